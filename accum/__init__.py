@@ -1,0 +1,16 @@
+"""accum-train: exact gradient accumulation ("subdivisions") for TensorFlow.
+
+The core package. ``config`` turns YAML into typed, validated objects;
+``engine`` holds the gradient cache and the one-graph-call update; ``models``
+and ``optim`` are the registries; ``train`` is the training loop that writes a
+run directory. The CLI (``accum_train.cli``) sits on top and is never imported
+from here.
+"""
+
+import os
+
+# TensorFlow's CPU allocator keeps peak-memory statistics only in its BFC
+# mode, read at TensorFlow's import; summary.json's peak_memory_bytes needs it.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+__version__ = "0.1.0"

@@ -1,0 +1,22 @@
+"""Errors that are the user's to fix.
+
+Everything raised as a UserError carries a one-line message that names what is
+wrong and how to fix it. The CLI prints it as ``error: <message>`` and exits
+with code 2; any other exception is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """Bad input: a config, a data file, a path. Exit code 2, no traceback."""
+
+
+class ConfigError(UserError):
+    """A config key has a value that is not allowed."""
+
+
+class DataError(UserError):
+    """A data file is missing, unreadable or not what it should be."""
+
+
+class RunDirError(UserError):
+    """An output or resume directory cannot be used."""

@@ -1,0 +1,431 @@
+"""The training loop and the run directory it leaves.
+
+``train(cfg, run_dir)`` does all setup first (data, model, optimizer, engine,
+checkpoint, first trace), then runs one plain loop: one graph call per update,
+a step count, and host syncs only every ``log_every`` updates, when the
+buffered losses are written to metrics.jsonl and TensorBoard. A run directory
+holds config.yaml, metrics.jsonl, tensorboard/, checkpoints/, weights.npz and
+summary.json; ``resume=True`` continues one from its latest checkpoint with
+the same data order, so it reaches the same weights as an uninterrupted run.
+
+Progress goes to a ``Progress`` object; the CLI draws bars with it, tests
+pass nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from .config import Config
+from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
+from .errors import RunDirError
+from .models import build_model
+from .optim import learning_rate_at, make_optimizer, make_schedule
+
+
+class Progress:
+    """Callbacks from the loop. The default does nothing."""
+
+    def epoch_start(self, epoch: int, epochs: int, micro_batches: int, done: int) -> None: ...
+
+    def updates(self, micro_done: int, loss: float, examples_per_s: float) -> None: ...
+
+    def epoch_end(self, record: dict) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class Interrupted(Exception):
+    """A signal stopped the run after a clean checkpoint."""
+    signum: int
+    run_dir: Path
+    step: int
+
+
+# ----------------------------------------------------------------------------
+# Files
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write then rename: a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a run's files are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / "config.yaml").is_file() and (Path(path) / "checkpoints").is_dir()
+
+
+def check_output_dir(path: Path) -> None:
+    """Refuse a directory we would damage or cannot use, before anything is written."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"--output-dir {path} is a file: name a directory")
+    if path.is_dir() and any(path.iterdir()):
+        hint = f"continue it with --resume {path}" if is_run_dir(path) else "choose an empty or new directory"
+        raise RunDirError(f"--output-dir {path} is not empty: {hint}")
+    parent = path if path.is_dir() else _existing_parent(path)
+    if not parent.is_dir():
+        raise RunDirError(f"--output-dir {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"--output-dir {path}: {parent} is not writable: choose another directory")
+
+
+def _existing_parent(path: Path) -> Path:
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return parent
+    return Path("/")
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM of this process (ru_maxrss would include a parent's peak across fork+exec)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_device() -> str:
+    return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+
+
+def allocator_peak_bytes() -> Optional[int]:
+    """TensorFlow's allocator peak since start (or the last reset); None if not kept."""
+    try:
+        return int(tf.config.experimental.get_memory_info(memory_device())["peak"])
+    except (ValueError, RuntimeError):
+        return None
+
+
+# ----------------------------------------------------------------------------
+# Data
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The permutation of epoch ``epoch`` (0-based): a pure function of (seed, epoch),
+    so a resumed run sees exactly the batches an uninterrupted one would."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def to_inputs(images, labels):
+    x = tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0
+    return x, tf.cast(labels, tf.int32)
+
+
+def batches(images: tf.Tensor, labels: tf.Tensor, order: np.ndarray, batch_size: int):
+    """Batches of a given order of indices, gathered and converted on the tf.data side."""
+    indices = tf.data.Dataset.from_tensor_slices(order.astype(np.int64)).batch(batch_size)
+    return indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx)),
+                       num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+
+
+# ----------------------------------------------------------------------------
+# The run
+
+
+class Run:
+    """Everything set up for training: built once, then driven by ``train``."""
+
+    def __init__(self, cfg: Config, data, run_dir: Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.train_images = tf.constant(data.train.images)
+        self.train_labels = tf.constant(data.train.labels)
+        self.test_images, self.test_labels = data.test.images, data.test.labels
+        self.n_train = len(data.train.labels)
+        self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+
+        self.model = build_model(cfg.model, cfg.seed)
+        for layer in self.model.norm_layers:
+            layer.deferred = True  # moving statistics move once per update
+        self.schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
+        self.optimizer = make_optimizer(cfg.optimizer, self.schedule, self.model.trainable_variables)
+        signature = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32))
+        loss_fn = sparse_softmax_loss(self.model.forward)
+        if cfg.baseline:
+            self.engine = PlainUpdate(loss_fn, self.model.trainable_variables, self.optimizer,
+                                      cfg.optimizer.clip_norm, self.model.norm_layers, signature)
+        else:
+            self.engine = AccumulatingUpdate(loss_fn, self.model.trainable_variables, self.optimizer,
+                                             cfg.subdivisions, cfg.optimizer.clip_norm,
+                                             self.model.norm_layers, signature)
+        self.eval_batch_size = max(2 * cfg.micro_batch_size, 100) if not cfg.baseline else cfg.batch_size
+        self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
+
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.bad_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates")
+        tracked = {"weights": self.model.variables, "optimizer": self.optimizer,
+                   "step": self.step, "bad_updates": self.bad_updates}
+        if isinstance(self.engine, AccumulatingUpdate):
+            tracked["subdivisions"] = self.engine.subdivisions
+        self.checkpoint = tf.train.Checkpoint(**tracked)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.run_dir / "checkpoints"),
+                                                  max_to_keep=cfg.checkpoint.keep)
+
+    def _evaluate_batch(self, x, y):
+        logits = self.model.forward(x, False)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.float32))
+        return tf.reduce_sum(losses), correct
+
+    def evaluate(self):
+        """(mean loss, accuracy) on the test split."""
+        loss_sum = correct = 0.0
+        n = len(self.test_labels)
+        for start in range(0, n, self.eval_batch_size):
+            x, y = to_inputs(self.test_images[start:start + self.eval_batch_size],
+                             self.test_labels[start:start + self.eval_batch_size])
+            batch_loss, batch_correct = self.evaluate_batch(x, y)
+            loss_sum += float(batch_loss)
+            correct += float(batch_correct)
+        return loss_sum / n, correct / n
+
+    def restore_latest(self) -> int:
+        latest = self.manager.latest_checkpoint
+        if latest is None:
+            raise RunDirError(f"--resume {self.run_dir}: no checkpoint in {self.run_dir / 'checkpoints'}; "
+                              f"start a new run instead")
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        return int(self.step.numpy())
+
+    def save_checkpoint(self) -> None:
+        self.manager.save(checkpoint_number=int(self.step.numpy()))
+
+    def save_weights(self) -> None:
+        arrays = {name: v.numpy() for name, v in self.model.named_weights().items()}
+        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".weights.", suffix=".npz")
+        os.close(fd)
+        try:
+            np.savez(tmp, **arrays)
+            os.chmod(tmp, 0o666 & ~_UMASK)
+            os.replace(tmp, self.run_dir / "weights.npz")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+class MetricsLog:
+    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+
+    def truncate_after(self, step: int, epochs_done: int) -> None:
+        """Drop records a resumed run will write again (those after its checkpoint)."""
+        if not self.path.exists():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if "test_accuracy" in record:
+                if record["epoch"] <= epochs_done:
+                    keep.append(line)
+            elif record.get("step", 0) <= step:
+                keep.append(line)
+        atomic_write(self.path, "".join(line + "\n" for line in keep).encode())
+
+    def write(self, records) -> None:
+        with open(self.path, "a") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+            handle.flush()
+        with self.writer.as_default():
+            for record in records:
+                if "test_accuracy" in record:
+                    step = record["step"]
+                    for key in ("test_loss", "test_accuracy", "train_loss", "examples_per_s"):
+                        tf.summary.scalar(f"epoch/{key}", record[key], step=step)
+                else:
+                    tf.summary.scalar("train/loss", record["loss"], step=record["step"])
+                    tf.summary.scalar("train/learning_rate", record["learning_rate"], step=record["step"])
+        self.writer.flush()
+
+    def read(self):
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag; the loop finishes the update in hand, checkpoints, stops."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def __enter__(self):
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum:  # a second signal: the user means it
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def load_data(cfg: Config):
+    from . import datasets
+    return datasets.load(cfg.data)
+
+
+def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resume: bool = False,
+          data=None) -> dict:
+    """Train as configured, leaving a complete run directory; returns summary.json's content."""
+    progress = progress or Progress()
+    run_dir = Path(run_dir)
+    if data is None:
+        data = load_data(cfg)  # before anything is written: bad data leaves no trace
+    if not resume:
+        check_output_dir(run_dir)
+    started = time.time()
+    cpu_started = time.process_time()
+    if not resume:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run_dir / "config.yaml", cfg.to_yaml().encode())
+    run = Run(cfg, data, run_dir)
+    log = MetricsLog(run_dir)
+    step = 0
+    if resume:
+        step = run.restore_latest()
+        log.truncate_after(step, step // run.steps_per_epoch)
+        progress.message(f"resuming {run_dir} at update {step} of {run.total_steps}")
+    else:
+        run.save_checkpoint()  # step 0: a run is resumable from its first moment
+    if not cfg.baseline:
+        k = int(run.engine.subdivisions.numpy())
+        progress.message(f"batch_size={cfg.batch_size} as {k} micro-batches of "
+                         f"{cfg.batch_size // k}-{math.ceil(cfg.batch_size / k)} examples")
+
+    with _StopFlag() as stop:
+        while step < run.total_steps:
+            epoch = step // run.steps_per_epoch
+            first = step % run.steps_per_epoch
+            order = epoch_order(cfg.seed, epoch, run.n_train)[first * cfg.batch_size:]
+            k = 1 if cfg.baseline else int(run.engine.subdivisions.numpy())
+            full, rest = divmod(run.n_train, cfg.batch_size)
+            progress.epoch_start(epoch + 1, cfg.epochs, full * k + min(k, rest), first * k)
+            epoch_started = time.time()
+            epoch_examples = 0
+            epoch_loss_sum = 0.0
+            micro_done = first * k
+            pending = []
+            for x, y in batches(run.train_images, run.train_labels, order, cfg.batch_size):
+                out = run.engine.update(x, y)
+                step += 1
+                n = int(y.shape[0])
+                epoch_examples += n
+                micro_done += min(k, n)
+                pending.append((step, n, out))
+                end_of_epoch = step % run.steps_per_epoch == 0
+                if len(pending) >= cfg.log_every or end_of_epoch or stop.signum:
+                    epoch_loss_sum += _flush(run, log, pending, progress, micro_done,
+                                             epoch_examples / max(time.time() - epoch_started, 1e-9))
+                    pending = []
+                if stop.signum:
+                    run.step.assign(step)
+                    run.save_checkpoint()
+                    raise Interrupted(stop.signum, run_dir, step)
+                if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 \
+                        and not end_of_epoch:
+                    run.step.assign(step)
+                    run.save_checkpoint()
+            test_loss, test_accuracy = run.evaluate()
+            elapsed = time.time() - epoch_started
+            record = {"epoch": epoch + 1, "step": step, "train_loss": epoch_loss_sum / max(epoch_examples, 1),
+                      "test_loss": test_loss, "test_accuracy": test_accuracy,
+                      "elapsed_s": elapsed, "examples_per_s": epoch_examples / max(elapsed, 1e-9)}
+            log.write([record])
+            run.step.assign(step)
+            run.save_checkpoint()
+            progress.epoch_end(record)
+
+    test_loss, test_accuracy = run.evaluate()
+    run.save_weights()
+    summary = {
+        "test_accuracy": test_accuracy,
+        "test_loss": test_loss,
+        "steps": step,
+        "examples_seen": _examples_seen(step, run.steps_per_epoch, run.n_train, cfg.batch_size),
+        "wall_time_s": time.time() - started,
+        "cpu_time_s": time.process_time() - cpu_started,
+        "peak_memory_bytes": allocator_peak_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "bad_updates": int(run.bad_updates.numpy()),
+        "subdivisions": 1 if cfg.baseline else int(run.engine.subdivisions.numpy()),
+        "batch_size": cfg.batch_size,
+        "baseline": cfg.baseline,
+    }
+    atomic_write(run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+    return summary
+
+
+def _examples_seen(step: int, steps_per_epoch: int, n_train: int, batch_size: int) -> int:
+    epochs, rest = divmod(step, steps_per_epoch)
+    return epochs * n_train + min(rest * batch_size, n_train)
+
+
+def _flush(run: Run, log: MetricsLog, pending, progress: Progress, micro_done: int,
+           examples_per_s: float) -> float:
+    """Bring buffered update results to the host: the only sync in the loop. Returns their loss sum."""
+    records = []
+    loss_sum = 0.0
+    for step, n, out in pending:
+        loss = float(out["loss"])
+        applied = bool(out["applied"])
+        if applied:
+            run.bad_updates.assign(0)
+        else:
+            run.bad_updates.assign_add(1)
+        loss_sum += loss * n
+        epoch = (step - 1) // run.steps_per_epoch
+        records.append({"epoch": epoch + 1, "step": step,
+                        "examples_seen": _examples_seen(step, run.steps_per_epoch, run.n_train,
+                                                        run.cfg.batch_size),
+                        "loss": loss, "learning_rate": learning_rate_at(run.schedule, step - 1),
+                        "skipped": not applied})
+    log.write(records)
+    progress.updates(micro_done, records[-1]["loss"], examples_per_s)
+    return loss_sum

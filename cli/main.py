@@ -1,0 +1,174 @@
+"""``accum-train``: the command line over the core (accum_train).
+
+Subcommands: ``run`` trains one config, ``compare`` trains the baseline and the
+subdivided run side by side, ``bench`` measures time and memory against k.
+Bad input of any kind (config, data, paths) ends as one line on stderr,
+``error: ...``, with exit code 2 and nothing written; TensorFlow is imported
+only after the config has been checked, so those errors come back at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from ..config import Config, load_config
+from ..errors import RunDirError, UserError
+
+# Keys a resumed run may change: they do not alter what is computed.
+RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir")
+
+
+def _quiet_tensorflow() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def default_output_dir(config_path) -> Path:
+    stem = Path(config_path).stem if config_path else "run"
+    return Path("runs") / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resolve_resume(run_dir: Path, config_path, overrides) -> tuple:
+    """The config of a run to continue, and whether it changed (allowed keys only)."""
+    from ..train import is_run_dir
+    if not run_dir.is_dir() or not is_run_dir(run_dir):
+        raise RunDirError(f"--resume {run_dir} is not a run directory (no config.yaml and checkpoints/): "
+                          f"pass a directory written by 'accum-train run'")
+    saved = load_config(run_dir / "config.yaml")
+    if config_path is None and not overrides:
+        return saved, False
+    wanted = load_config(config_path if config_path else run_dir / "config.yaml", overrides)
+    old, new = _flatten(saved.to_dict()), _flatten(wanted.to_dict())
+    changed = [k for k in new if old.get(k) != new[k]]
+    bad = [k for k in changed if not any(k == a or k.startswith(a + ".") for a in RESUMABLE_CHANGES)]
+    if bad:
+        key = bad[0]
+        raise RunDirError(f"--resume {run_dir}: the config changes {key} ({old.get(key)!r} -> {new[key]!r}), "
+                          f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change")
+    return wanted, bool(changed)
+
+
+class BarProgress:
+    """Progress bars (progressbar2) on a terminal, one line per epoch always."""
+
+    def __init__(self, show_bar: bool):
+        self.show_bar = show_bar
+        self.bar = None
+
+    def epoch_start(self, epoch, epochs, micro_batches, done):
+        self.epoch, self.epochs = epoch, epochs
+        if not self.show_bar:
+            return
+        import progressbar
+        widgets = [f"epoch {epoch}/{epochs} ", progressbar.Counter(), f"/{micro_batches} micro-batches ",
+                   progressbar.Bar(), " ", progressbar.Variable("loss", precision=4), " ",
+                   progressbar.Variable("examples_per_s", name="ex/s", precision=0), " ", progressbar.ETA()]
+        self.bar = progressbar.ProgressBar(max_value=micro_batches, widgets=widgets, initial_value=done)
+        self.bar.start()
+
+    def updates(self, micro_done, loss, examples_per_s):
+        if self.bar is not None:
+            self.bar.update(min(micro_done, self.bar.max_value), loss=loss, examples_per_s=examples_per_s)
+
+    def epoch_end(self, record):
+        if self.bar is not None:
+            self.bar.finish()
+            self.bar = None
+        click.echo(f"epoch {record['epoch']}/{self.epochs}: train loss {record['train_loss']:.4f}, "
+                   f"test loss {record['test_loss']:.4f}, test accuracy {record['test_accuracy']:.4f}, "
+                   f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s")
+
+    def message(self, text):
+        click.echo(text)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="accum-train")
+def main():
+    """Train TensorFlow models with exact gradient accumulation.
+
+    \b
+    accum-train run configs/fmnist.yaml
+    accum-train run configs/fmnist.yaml --set subdivisions=10 --output-dir runs/x
+    accum-train compare configs/fmnist.yaml
+    """
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=True, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config value, e.g. --set subdivisions=10 --set optimizer.learning_rate=0.002")
+@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory to create (default: runs/CONFIG-DATE-TIME).")
+@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
+              help="Continue the run in this directory from its latest checkpoint.")
+@click.option("--quiet", is_flag=True, help="No progress bar (also off when stdout is not a terminal).")
+def run(config, overrides, output_dir, resume_dir, quiet):
+    """Train the model a CONFIG describes and print its test accuracy.
+
+    \b
+    accum-train run configs/fmnist.yaml
+    accum-train run configs/smoke.yaml --set subdivisions=4 --output-dir runs/smoke
+    accum-train run --resume runs/smoke
+    """
+    try:
+        if resume_dir is not None:
+            if output_dir is not None and Path(output_dir) != Path(resume_dir):
+                raise RunDirError("--output-dir and --resume name different directories: "
+                                  "a resumed run stays in its own directory; drop --output-dir")
+            cfg, changed = resolve_resume(Path(resume_dir), config, overrides)
+            run_dir = Path(resume_dir)
+        else:
+            if config is None:
+                raise UserError("missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', "
+                                "or --resume RUN_DIR")
+            cfg, changed = load_config(config, overrides), False
+            run_dir = Path(output_dir) if output_dir else default_output_dir(config)
+        summary = _train(cfg, run_dir, resume=resume_dir is not None, rewrite_config=changed,
+                         quiet=quiet)
+    except UserError as err:
+        fail(str(err))
+    click.echo(f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
+               f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}")
+
+
+def _train(cfg: Config, run_dir: Path, resume: bool, rewrite_config: bool, quiet: bool) -> dict:
+    _quiet_tensorflow()
+    from ..train import Interrupted, atomic_write, check_output_dir, load_data, train
+    if not resume:
+        check_output_dir(run_dir)
+    data = load_data(cfg)
+    if rewrite_config:
+        atomic_write(run_dir / "config.yaml", cfg.to_yaml().encode())
+    show_bar = not quiet and sys.stdout.isatty()
+    try:
+        return train(cfg, run_dir, progress=BarProgress(show_bar), resume=resume, data=data)
+    except Interrupted as stop:
+        name = signal.Signals(stop.signum).name
+        click.echo(f"stopped by {name} after update {stop.step}; checkpoint saved. "
+                   f"Resume with: accum-train run --resume {stop.run_dir}", err=True)
+        sys.exit(128 + stop.signum)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

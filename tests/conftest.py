@@ -1,0 +1,27 @@
+"""Shared fixtures. Tests never touch the network: the data comes from Debian's
+dataset-fashion-mnist (installed by .ci/run) or $ACCUM_TRAIN_DATA."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import accum_train  # noqa: F401  (sets the allocator mode before TensorFlow loads)
+
+
+def _real_data_dir() -> Path:
+    for candidate in (os.environ.get("ACCUM_TRAIN_DATA"), "/usr/share/datasets/fashion-mnist"):
+        if candidate and (Path(candidate) / "train-images-idx3-ubyte.gz").is_file():
+            return Path(candidate)
+    pytest.fail("Fashion-MNIST is not installed: apt-get install dataset-fashion-mnist "
+                "(or set ACCUM_TRAIN_DATA); .ci/run does this")
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return _real_data_dir()
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
