@@ -114,6 +114,13 @@ class Config:
     baseline: bool = _spec(False, help="true: plain optimizer on the whole batch, no cache")
     log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
+    memory_limit: Optional[str] = _spec(None, choices="size",
+                                        help="stop a run whose TensorFlow allocator peak exceeds this "
+                                             "(e.g. 2GiB): a smaller device, simulated")
+
+    @property
+    def memory_limit_bytes(self) -> Optional[int]:
+        return None if self.memory_limit is None else parse_size(self.memory_limit, "memory_limit")
 
     @property
     def micro_batch_size(self) -> int:
@@ -274,6 +281,12 @@ def _check_value(tp, meta, value, key, where, overridden):
             raise ConfigError(f"{where}: {key}={_show(value)} must be a finite number{_range_text(meta)}")
         _check_range(value, meta, key, where)
         return float(value)
+    elif tp is str and meta.get("choices") == "size":
+        try:
+            parse_size(value, key)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        return str(value)
     elif tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: {key}={_show(value)} must be a string"

@@ -20,3 +20,12 @@ class DataError(UserError):
 
 class RunDirError(UserError):
     """An output or resume directory cannot be used."""
+
+
+class OutOfMemory(Exception):
+    """A run needed more memory than it has (or than memory_limit allows).
+
+    Not a UserError: the config is valid, the device is too small for it. The
+    CLI prints one line and exits with code 3, so that `compare` can tell it
+    apart from bad input.
+    """

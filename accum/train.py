@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from .config import Config
 from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
-from .errors import RunDirError
+from .errors import OutOfMemory, RunDirError
 from .models import build_model
 from .optim import learning_rate_at, make_optimizer, make_schedule
 
@@ -185,6 +185,7 @@ class Run:
         self.eval_batch_size = max(2 * cfg.micro_batch_size, 100) if not cfg.baseline else cfg.batch_size
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
 
+        self.memory_checked = False
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.bad_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates")
         tracked = {"weights": self.model.variables, "optimizer": self.optimizer,
@@ -353,7 +354,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
             micro_done = first * k
             pending = []
             for x, y in batches(run.train_images, run.train_labels, order, cfg.batch_size):
-                out = run.engine.update(x, y)
+                out = _update_within_memory(run, x, y, step)
                 step += 1
                 n = int(y.shape[0])
                 epoch_examples += n
@@ -400,6 +401,24 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     }
     atomic_write(run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
     return summary
+
+
+def _update_within_memory(run: Run, x, y, step: int):
+    """One update; out-of-memory (real, or over memory_limit) becomes OutOfMemory."""
+    try:
+        out = run.engine.update(x, y)
+        if run.cfg.memory_limit is not None and not run.memory_checked:
+            run.memory_checked = True
+            float(out["loss"])  # wait for the update, then read its peak
+            peak = allocator_peak_bytes()
+            if peak is not None and peak > run.cfg.memory_limit_bytes:
+                raise OutOfMemory(f"the first update of this process peaked at {peak / 2**20:.0f} MiB of TensorFlow memory, "
+                                  f"over memory_limit={run.cfg.memory_limit}: raise memory_limit or "
+                                  f"use more subdivisions")
+        return out
+    except tf.errors.ResourceExhaustedError as err:
+        raise OutOfMemory(f"update {step + 1} ran out of memory ({err.message.splitlines()[0]}): "
+                          f"use more subdivisions") from None
 
 
 def _examples_seen(step: int, steps_per_epoch: int, n_train: int, batch_size: int) -> int:

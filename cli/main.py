@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from ..config import Config, load_config
-from ..errors import RunDirError, UserError
+from ..errors import OutOfMemory, RunDirError, UserError
 
 # Keys a resumed run may change: they do not alter what is computed.
 RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir")
@@ -148,6 +148,9 @@ def run(config, overrides, output_dir, resume_dir, quiet):
                          quiet=quiet)
     except UserError as err:
         fail(str(err))
+    except OutOfMemory as err:
+        click.echo(f"error: out of memory: {err}", err=True)
+        sys.exit(3)
     click.echo(f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
                f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}")
 
@@ -168,6 +171,80 @@ def _train(cfg: Config, run_dir: Path, resume: bool, rewrite_config: bool, quiet
         click.echo(f"stopped by {name} after update {stop.step}; checkpoint saved. "
                    f"Resume with: accum-train run --resume {stop.run_dir}", err=True)
         sys.exit(128 + stop.signum)
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=True, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config value for both runs, e.g. --set epochs=3")
+@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for compare.json, compare.png and both runs (default: runs/compare-CONFIG-DATE-TIME).")
+def compare(config, overrides, output_dir):
+    """Train the baseline (whole batch) and the subdivided run side by side.
+
+    \b
+    accum-train compare configs/fmnist.yaml
+    accum-train compare configs/smoke.yaml --set model.norm=none --output-dir runs/cmp
+    """
+    try:
+        cfg = load_config(config, overrides)
+        out_dir = Path(output_dir) if output_dir else \
+            Path("runs") / f"compare-{default_output_dir(config).name}"
+        _quiet_tensorflow()
+        from ..compare import compare as run_compare
+        from ..train import check_output_dir, load_data
+        check_output_dir(out_dir)
+        data = load_data(cfg)
+        result = run_compare(cfg, data, out_dir, BarProgress(False))
+    except UserError as err:
+        fail(str(err))
+    except RuntimeError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)
+    click.echo(format_compare(result, out_dir))
+
+
+def _mib(value):
+    return f"{value / 2**20:.0f} MiB" if value else "n/a"
+
+
+def format_compare(result: dict, out_dir: Path) -> str:
+    """The side-by-side table: one row per epoch, then cost rows and the gradient check."""
+    base, sub = result["baseline"], result["subdivided"]
+    ok = base["status"] == "ok"
+    lines = [f"{'epoch':>5} | {'baseline':^29} | {'subdivided':^29}",
+             f"{'':>5} | {'train loss':>10} {'test loss':>9} {'acc':>7} | "
+             f"{'train loss':>10} {'test loss':>9} {'acc':>7}"]
+    curves = sub["curves"]
+    for i, epoch in enumerate(curves["epoch"]):
+        left = (f"{base['curves']['train_loss'][i]:>10.4f} {base['curves']['test_loss'][i]:>9.4f} "
+                f"{base['curves']['test_accuracy'][i]:>7.4f}") if ok else f"{'out of memory':^29}"
+        lines.append(f"{epoch:>5} | {left} | {curves['train_loss'][i]:>10.4f} "
+                     f"{curves['test_loss'][i]:>9.4f} {curves['test_accuracy'][i]:>7.4f}")
+    lines.append("")
+    lines.append(f"{'cost':<22} {'baseline':>12} {'subdivided':>12} {'ratio':>8}")
+    units = {"wall_time_s": ("wall time", lambda v: f"{v:.1f} s"),
+             "cpu_time_s": ("CPU time", lambda v: f"{v:.1f} s"),
+             "examples_per_s": ("examples/s", lambda v: f"{v:.0f}"),
+             "peak_memory_bytes": ("TF allocator peak", _mib),
+             "peak_rss_bytes": ("peak RSS", _mib)}
+    for key, (label, fmt) in units.items():
+        b = fmt(base["summary"][key]) if ok and base["summary"].get(key) is not None else "n/a"
+        s = fmt(sub["summary"][key]) if sub["summary"].get(key) is not None else "n/a"
+        r = result["ratios"][key] if result["ratios"] and result["ratios"].get(key) is not None else None
+        lines.append(f"{label:<22} {b:>12} {s:>12} {(f'{r:.2f}x' if r is not None else 'n/a'):>8}")
+    if not ok:
+        lines.append(f"baseline: {base['message']}")
+    check = result["gradient_check"]
+    lines.append("")
+    lines.append(f"gradient check, first batch, initial weights, k={check['subdivisions']}: "
+                 f"max abs diff {check['max_abs_diff']:.3g}, max rel diff {check['max_rel_diff']:.3g}")
+    if check["bn_inference_mode"]:
+        bn = check["bn_inference_mode"]
+        lines.append(f"  with BatchNorm in inference mode: max abs diff {bn['max_abs_diff']:.3g}, "
+                     f"max rel diff {bn['max_rel_diff']:.3g} (the rest is micro-batch statistics)")
+    lines.append(f"written: {out_dir / 'compare.json'}, {out_dir / 'compare.png'}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

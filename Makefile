@@ -1,0 +1,42 @@
+# Two commands on a fresh machine (see README):
+#   make main   install everything, then train configs/fmnist.yaml
+#   make test   install everything, then run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DATA   := /usr/share/datasets/fashion-mnist
+
+.PHONY: main setup data test test-all bench clean
+
+main: setup
+	$(BIN)/accum-train run configs/fmnist.yaml
+
+setup: data $(VENV)/.installed
+
+# Fashion-MNIST from Debian's package (needs root or sudo); otherwise say how.
+data:
+	@if [ -f $(DATA)/train-images-idx3-ubyte.gz ] || [ -n "$$ACCUM_TRAIN_DATA" ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	elif command -v sudo >/dev/null 2>&1; then \
+	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	else \
+	  echo "Fashion-MNIST is not installed and apt-get needs root: run 'sudo apt-get install dataset-fashion-mnist'," >&2; \
+	  echo "or put the four .gz files in a folder and export ACCUM_TRAIN_DATA=that/folder" >&2; exit 2; \
+	fi
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[cpu,test]"
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+# The default suite plus the slow fault-injection tests (what .ci/run runs).
+test-all: setup
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,192 @@
+"""Baseline vs subdivided: the evidence that accumulation buys memory with time.
+
+``gradient_check`` compares, at the initial weights and on the first batch,
+the accumulated gradient with the whole-batch gradient (and, for a model with
+BatchNorm, the same with BatchNorm in inference mode, to show that the only
+difference is micro-batch statistics). ``compare`` then trains the baseline
+and the subdivided run from the same seed (same initial weights, same data
+order), each in its own process so that each peak memory is its own, and
+writes compare.json and compare.png. A baseline that runs out of memory is
+reported, not fatal: that is the case subdivisions exist for.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .config import Config
+from .train import Progress, atomic_write
+
+OUT_OF_MEMORY_EXIT = 3
+COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
+
+
+def gradient_check(cfg: Config, data) -> dict:
+    """Accumulated vs whole-batch gradient on the first batch at the initial weights."""
+    import tensorflow as tf
+
+    from .engine import GradientCache, micro_bounds
+    from .models import build_model
+    from .train import epoch_order, to_inputs
+
+    model = build_model(cfg.model, cfg.seed)
+    for layer in model.norm_layers:
+        layer.deferred = True  # statistics are pooled and then discarded: the check moves nothing
+    order = epoch_order(cfg.seed, 0, len(data.train.labels))[:cfg.batch_size]
+    x, y = to_inputs(data.train.images[order], data.train.labels[order])
+    variables = model.trainable_variables
+    names = [v.name.split(":")[0] for v in variables]
+
+    def check(training: bool) -> dict:
+        def loss_sum(xb, yb):
+            logits = model.forward(xb, training)
+            return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
+
+        n = int(y.shape[0])
+        with tf.GradientTape() as tape:
+            full_loss = loss_sum(x, y) / n
+        full = tape.gradient(full_loss, variables)
+        cache = GradientCache(variables)
+        k = min(cfg.subdivisions, n)
+        for i in range(k):
+            start, end = micro_bounds(i, n, k)
+            with tf.GradientTape() as tape:
+                share = loss_sum(x[start:end], y[start:end]) / n
+            cache.add(tape.gradient(share, variables))
+        for layer in model.norm_layers:
+            layer.discard()
+        per_variable = {}
+        for name, acc, ref in zip(names, cache.gradients(), full):
+            acc, ref = acc.numpy().astype(np.float64), ref.numpy().astype(np.float64)
+            diff = acc - ref
+            per_variable[name] = {
+                "max_abs_diff": float(np.max(np.abs(diff))),
+                # relative to the gradient's own size: elementwise ratios blow up on zeros
+                "max_rel_diff": float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30)),
+            }
+        return {
+            "max_abs_diff": max(v["max_abs_diff"] for v in per_variable.values()),
+            "max_rel_diff": max(v["max_rel_diff"] for v in per_variable.values()),
+            "per_variable": per_variable,
+        }
+
+    result = check(training=True)
+    result["subdivisions"] = min(cfg.subdivisions, cfg.batch_size)
+    result["bn_inference_mode"] = check(training=False) if model.norm_layers else None
+    return result
+
+
+def _curves(run_dir: Path) -> dict:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    epochs = [r for r in records if "test_accuracy" in r]
+    return {key: [r[key] for r in epochs]
+            for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "examples_per_s")}
+
+
+def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progress) -> dict:
+    """Train one side in a fresh process; its summary and curves, or why it could not run."""
+    label = "baseline" if baseline else "subdivided"
+    command = [sys.executable, "-m", "accum_train.cli.main", "run", str(config_path),
+               "--set", f"baseline={'true' if baseline else 'false'}",
+               "--output-dir", str(run_dir), "--quiet"]
+    progress.message(f"== {label} ==")
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in child.stdout:
+        progress.message(f"  {line.rstrip()}")
+    stderr = child.stderr.read()
+    code = child.wait()
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    if code == OUT_OF_MEMORY_EXIT:
+        message = errors[-1][len("error: "):] if errors else "out of memory"
+        progress.message(f"  {label} could not run: {message}")
+        return {"status": "out_of_memory", "message": message, "run_dir": str(run_dir)}
+    if code != 0:
+        tail = errors[-1] if errors else (stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"the {label} run failed with exit code {code}: {tail}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curves = _curves(run_dir)
+    summary["examples_per_s"] = float(np.mean(curves["examples_per_s"])) if curves["examples_per_s"] else None
+    return {"status": "ok", "run_dir": str(run_dir), "curves": curves, "summary": summary}
+
+
+def ratios(baseline: dict, subdivided: dict) -> Optional[dict]:
+    if baseline["status"] != "ok" or subdivided["status"] != "ok":
+        return None
+    out = {}
+    for key in COST_KEYS:
+        a, b = subdivided["summary"].get(key), baseline["summary"].get(key)
+        out[key] = (a / b) if a is not None and b else None
+    return out
+
+
+def compare(cfg: Config, data, out_dir: Path, progress: Optional[Progress] = None) -> dict:
+    """Write out_dir/{config.yaml, baseline/, subdivided/, compare.json, compare.png}."""
+    progress = progress or Progress()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / "config.yaml"
+    atomic_write(config_path, cfg.to_yaml().encode())
+    check = gradient_check(cfg, data)
+    progress.message(f"gradient check (k={check['subdivisions']}): max abs diff {check['max_abs_diff']:.3g}, "
+                     f"max rel diff {check['max_rel_diff']:.3g}")
+    baseline = run_side(config_path, out_dir / "baseline", True, progress)
+    subdivided = run_side(config_path, out_dir / "subdivided", False, progress)
+    if subdivided["status"] != "ok":
+        raise RuntimeError(f"the subdivided run ran out of memory too: {subdivided['message']}")
+    result = {"config": cfg.to_dict(), "gradient_check": check, "baseline": baseline,
+              "subdivided": subdivided, "ratios": ratios(baseline, subdivided)}
+    atomic_write(out_dir / "compare.json", (json.dumps(result, indent=2) + "\n").encode())
+    plot(result, out_dir / "compare.png")
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = result["config"]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    sides = [("baseline", f"baseline (batch {cfg['batch_size']} in one pass)", "tab:blue", "-"),
+             ("subdivided", f"subdivided ({cfg['subdivisions']} micro-batches)", "tab:orange", "--")]
+    panels = [("train_loss", "train loss (cross-entropy)"), ("test_loss", "test loss (cross-entropy)"),
+              ("test_accuracy", "test accuracy (fraction correct)")]
+    for ax, (key, title) in zip(axes, panels):
+        for side, label, color, style in sides:
+            if result[side]["status"] == "ok":
+                curves = result[side]["curves"]
+                ax.plot(curves["epoch"], curves[key], style, color=color, marker="o", markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax = axes[3]
+    labels, allocator, rss = [], [], []
+    for side, _, _, _ in sides:
+        labels.append(side)
+        summary = result[side].get("summary") or {}
+        allocator.append((summary.get("peak_memory_bytes") or 0) / 2**20)
+        rss.append((summary.get("peak_rss_bytes") or 0) / 2**20)
+    pos = np.arange(len(labels))
+    ax.bar(pos - 0.2, allocator, 0.4, label="TensorFlow allocator peak", color="tab:green")
+    ax.bar(pos + 0.2, rss, 0.4, label="process peak RSS", color="tab:gray")
+    for i, side in enumerate(labels):
+        if result[side]["status"] != "ok":
+            ax.text(i, 0, "out of\nmemory", ha="center", va="bottom", color="red")
+    ax.set_xticks(pos, labels)
+    ax.set_ylabel("MiB")
+    ax.set_title("peak memory")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{cfg['model']['name']} x{cfg['model']['width']}, batch {cfg['batch_size']}, "
+                 f"{cfg['optimizer']['name']} lr {cfg['optimizer']['learning_rate']}")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

@@ -1,0 +1,170 @@
+"""`accum-train run` end to end on configs/smoke.yaml: every file of the run
+directory read back, interrupt + --resume equal to an uninterrupted run, and
+the run-directory errors."""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+from click.testing import CliRunner
+
+from accum_train.cli.main import main
+from accum_train.config import load_config
+from accum_train.train import Progress, Interrupted, train
+
+SUMMARY_KEYS = {"test_accuracy", "test_loss", "steps", "examples_seen", "wall_time_s", "peak_memory_bytes",
+                "peak_rss_bytes"}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, repo_root):
+    out = tmp_path_factory.mktemp("runs") / "smoke"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
+                                       "--output-dir", str(out), "--set", "checkpoint.every_steps=3"])
+    assert result.exit_code == 0, result.output
+    return out, result, load_config(repo_root / "configs" / "smoke.yaml", ["checkpoint.every_steps=3"])
+
+
+def test_run_prints_accuracy_and_epoch_lines(smoke_run):
+    out, result, cfg = smoke_run
+    lines = result.stdout.splitlines()
+    assert lines[0] == "batch_size=300 as 4 micro-batches of 75-75 examples"
+    assert [line.split(":")[0] for line in lines[1:3]] == ["epoch 1/2", "epoch 2/2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert lines[-1].startswith(f"test accuracy {summary['test_accuracy']:.4f} ")
+    assert lines[-1].endswith(f"run directory: {out}")
+
+
+def test_config_yaml_is_the_resolved_config(smoke_run):
+    out, _, cfg = smoke_run
+    assert load_config(out / "config.yaml") == cfg
+    assert yaml.safe_load((out / "config.yaml").read_text())["subdivisions"] == 4
+
+
+def test_metrics_jsonl_has_every_update_and_epoch(smoke_run):
+    out, _, cfg = smoke_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if "loss" in r]
+    epochs = [r for r in records if "test_accuracy" in r]
+    # 1000 examples / 300 = 3 full updates and one of 100, per epoch.
+    assert [r["step"] for r in updates] == list(range(1, 9))
+    assert [r["examples_seen"] for r in updates] == [300, 600, 900, 1000, 1300, 1600, 1900, 2000]
+    assert [r["epoch"] for r in updates] == [1] * 4 + [2] * 4
+    assert all(set(r) >= {"epoch", "step", "examples_seen", "loss", "learning_rate"} for r in updates)
+    assert all(r["learning_rate"] == pytest.approx(0.003) and np.isfinite(r["loss"]) for r in updates)
+    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 4), (2, 8)]
+    assert all(set(r) >= {"epoch", "test_loss", "test_accuracy", "elapsed_s", "examples_per_s"} for r in epochs)
+    assert updates[-1]["loss"] < updates[0]["loss"]
+
+
+def test_tensorboard_events_hold_the_scalars(smoke_run):
+    out, _, _ = smoke_run
+    files = list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    tags = {}
+    for event in tf.compat.v1.train.summary_iterator(str(files[0])):
+        for value in event.summary.value:
+            tags.setdefault(value.tag, []).append(event.step)
+    assert tags["train/loss"] == list(range(1, 9))
+    assert tags["epoch/test_accuracy"] == [4, 8]
+
+
+def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
+    out, _, _ = smoke_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert (summary["steps"], summary["examples_seen"]) == (8, 2000)
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
+    assert summary["peak_memory_bytes"] > 0 and summary["peak_rss_bytes"] > summary["peak_memory_bytes"] / 10
+    weights = np.load(out / "weights.npz")
+    assert "conv1/filters" in weights and "bn5/moving_var" in weights and "logits/weights" in weights
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest.endswith("ckpt-8")
+    reader = tf.train.load_checkpoint(latest)
+    saved = {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(latest) if k.startswith("weights/")}
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
+    assert sorted(int(a.size) for a in saved.values()) == sorted(int(a.size) for a in weights.values())
+    # checkpoint.every_steps=3 saved step 3 and 6 as well as epoch ends (keep=3 keeps the last three)
+    kept = sorted(int(p.split("-")[-1]) for p in tf.train.get_checkpoint_state(str(out / "checkpoints"))
+                  .all_model_checkpoint_paths)
+    assert kept == [4, 6, 8]
+
+
+class InterruptAt(Progress):
+    """Sends this process SIGINT when the loop reports reaching update ``step``."""
+
+    def __init__(self, step):
+        self.step, self.seen = step, 0
+
+    def updates(self, micro_done, loss, examples_per_s):
+        self.seen += 1
+        if self.seen == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("stop_at", [2, 5])
+def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, data_dir, stop_at):
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=1", "optimizer.schedule.name=cosine"])
+    full = train(cfg, tmp_path / "full")
+    with pytest.raises(Interrupted) as stop:
+        train(cfg, tmp_path / "cut", progress=InterruptAt(stop_at))
+    assert stop.value.step == stop_at and stop.value.signum == signal.SIGINT
+    assert not (tmp_path / "cut" / "weights.npz").exists()
+    resumed = train(cfg, tmp_path / "cut", resume=True)
+    a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
+    assert sorted(a) == sorted(b)
+    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
+    assert resumed["steps"] == full["steps"] == 8
+    assert resumed["test_accuracy"] == pytest.approx(full["test_accuracy"], abs=1e-6)
+    # metrics.jsonl: each update and epoch exactly once, as in the uninterrupted run
+    cut = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "loss" in r) for r in cut] == [(r["step"], "loss" in r) for r in ref]
+    assert [r.get("loss") for r in cut] == pytest.approx([r.get("loss") for r in ref], abs=1e-5)
+
+
+def test_cli_interrupt_exit_code_and_resume_line(tmp_path, repo_root, monkeypatch):
+    import accum_train.cli.main as cli
+    # smoke.yaml has log_every=2: the first report, and so the signal, comes after update 2
+    monkeypatch.setattr(cli, "BarProgress", lambda show_bar: InterruptAt(1))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
+    assert result.exit_code == 130
+    assert result.stderr == (f"stopped by SIGINT after update 2; checkpoint saved. "
+                             f"Resume with: accum-train run --resume {out}\n")
+    assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-2")
+
+
+def test_run_dir_errors(tmp_path, repo_root, smoke_run):
+    smoke = str(repo_root / "configs" / "smoke.yaml")
+    done, _, _ = smoke_run
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [
+        (["run", smoke, "--output-dir", str(busy)],
+         f"--output-dir {busy} is not empty: choose an empty or new directory"),
+        (["run", smoke, "--output-dir", str(done)],
+         f"--output-dir {done} is not empty: continue it with --resume {done}"),
+        (["run", smoke, "--output-dir", str(a_file)], f"--output-dir {a_file} is a file: name a directory"),
+        (["run", "--resume", str(busy)],
+         f"--resume {busy} is not a run directory (no config.yaml and checkpoints/): "
+         f"pass a directory written by 'accum-train run'"),
+        (["run", "--resume", str(done), "--set", "batch_size=200"],
+         f"--resume {done}: the config changes batch_size (300 -> 200), which the run cannot continue with; "
+         f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir may change"),
+        (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', "
+                  "or --resume RUN_DIR"),
+    ]
+    for args, message in cases:
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        result = CliRunner().invoke(main, args)
+        assert (result.exit_code, result.stderr) == (2, f"error: {message}\n"), args
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert (busy / "notes.txt").read_text() == "mine"

@@ -1,0 +1,134 @@
+"""Fashion-MNIST: found, verified by SHA-256 of the decompressed files, and
+refused with one exact line when missing, truncated, altered or malformed."""
+
+import gzip
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from accum_train.cli.main import main
+from accum_train.datasets import fashion_mnist as fm
+from accum_train.errors import DataError
+
+
+@pytest.fixture()
+def copy_dir(tmp_path, data_dir):
+    target = tmp_path / "fm"
+    shutil.copytree(data_dir, target)
+    return target
+
+
+def rewrite(path, change):
+    raw = bytearray(gzip.decompress(path.read_bytes()))
+    change(raw)
+    path.write_bytes(gzip.compress(bytes(raw)))
+
+
+def test_real_data_loads_with_known_facts(data_dir):
+    data = fm.load(str(data_dir), allow_download=False)
+    assert data.train.images.shape == (60000, 28, 28) and data.test.images.shape == (10000, 28, 28)
+    assert data.train.images.dtype == np.uint8
+    assert int(data.train.labels[0]) == 9  # ankle boot
+    assert np.bincount(data.train.labels).tolist() == [6000] * 10
+    assert np.bincount(data.test.labels).tolist() == [1000] * 10
+    limited = fm.load(str(data_dir), train_limit=1000, test_limit=300, allow_download=False)
+    assert (len(limited.train.labels), len(limited.test.labels)) == (1000, 300)
+    np.testing.assert_array_equal(limited.train.images, data.train.images[:1000])
+
+
+def test_lookup_order_config_then_env(tmp_path, data_dir, monkeypatch):
+    monkeypatch.setenv("ACCUM_TRAIN_DATA", str(data_dir))
+    assert fm.find_data_dir(None, allow_download=False) == data_dir
+    monkeypatch.setenv("ACCUM_TRAIN_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(DataError) as err:
+        fm.find_data_dir(None, allow_download=False)
+    assert str(err.value) == f"$ACCUM_TRAIN_DATA={tmp_path / 'nowhere'} does not exist: {fm.HOW_TO_GET}"
+    assert fm.find_data_dir(str(data_dir), allow_download=False) == data_dir  # data.dir wins
+
+
+def altered_pixel(raw):
+    raw[5000] ^= 0xFF
+
+
+def wrong_magic(raw):
+    raw[2] = 0x09
+
+
+def wrong_dims(raw):
+    raw[3] = 2
+
+
+def label_out_of_range(raw):
+    raw[8] = 12
+
+
+CASES = [
+    ("train-images-idx3-ubyte", altered_pixel,
+     "{p} failed its checksum: expected SHA-256 " + fm.FILES["train-images-idx3-ubyte"]
+     + " of the decompressed file, found {found}; " + fm.HOW_TO_GET),
+    ("t10k-images-idx3-ubyte", wrong_magic,
+     "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)"),
+    ("t10k-labels-idx1-ubyte", wrong_dims, "{p} has 2 dimensions, expected 1"),
+    ("train-labels-idx1-ubyte", label_out_of_range, "{p} has label 12; labels must be 0..9"),
+]
+
+
+@pytest.mark.parametrize("name, change, message", CASES, ids=[c[1].__name__ for c in CASES])
+def test_damaged_file_is_refused_with_exact_message(copy_dir, name, change, message):
+    import hashlib
+    path = copy_dir / f"{name}.gz"
+    rewrite(path, change)
+    found = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
+    with pytest.raises(DataError) as err:
+        fm.load(str(copy_dir), allow_download=False)
+    assert str(err.value) == message.format(p=path, found=found)
+
+
+def test_truncated_gzip(copy_dir):
+    path = copy_dir / "t10k-labels-idx1-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError) as err:
+        fm.load(str(copy_dir), allow_download=False)
+    assert str(err.value) == (f"{path} is not a complete gzip file (Compressed file ended before the "
+                              f"end-of-stream marker was reached): the file is truncated or damaged; "
+                              f"{fm.HOW_TO_GET}")
+
+
+def test_header_that_lies_about_the_size(copy_dir):
+    path = copy_dir / "t10k-labels-idx1-ubyte.gz"
+    rewrite(path, lambda raw: raw.__setitem__(slice(4, 8), (20000).to_bytes(4, "big")))
+    with pytest.raises(DataError) as err:
+        fm.load(str(copy_dir), allow_download=False)
+    assert str(err.value) == f"{path}: the header promises shape (20000,) (20008 bytes), the file has 10008"
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing_one", "data.dir={d} has no t10k-labels-idx1-ubyte.gz: " + fm.HOW_TO_GET),
+    ("empty", "data.dir={d} has no train-images-idx3-ubyte.gz (and 3 more missing): " + fm.HOW_TO_GET),
+    ("a_file", "data.dir={d} is not a directory: " + fm.HOW_TO_GET),
+])
+def test_incomplete_data_dir(tmp_path, data_dir, setup, message):
+    d = tmp_path / "fm"
+    if setup == "a_file":
+        d.write_text("not a folder")
+    elif setup == "empty":
+        d.mkdir()
+    else:
+        shutil.copytree(data_dir, d)
+        (d / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError) as err:
+        fm.load(str(d), allow_download=False)
+    assert str(err.value) == message.format(d=d)
+
+
+def test_cli_refuses_bad_data_before_writing_anything(copy_dir, tmp_path, repo_root):
+    rewrite(copy_dir / "train-images-idx3-ubyte.gz", altered_pixel)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
+                                       "--set", f"data.dir={copy_dir}", "--output-dir", str(out)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {copy_dir}/train-images-idx3-ubyte.gz failed its checksum")
+    assert result.stderr.count("\n") == 1
+    assert not out.exists()
