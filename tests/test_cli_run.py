@@ -32,7 +32,7 @@ def smoke_run(tmp_path_factory, repo_root):
 def test_run_prints_accuracy_and_epoch_lines(smoke_run):
     out, result, cfg = smoke_run
     lines = result.stdout.splitlines()
-    assert lines[0] == "batch_size=300 as 4 micro-batches of 75-75 examples"
+    assert lines[0] == "batch_size=64 as 4 micro-batches of 16-16 examples"
     assert [line.split(":")[0] for line in lines[1:3]] == ["epoch 1/2", "epoch 2/2"]
     summary = json.loads((out / "summary.json").read_text())
     assert lines[-1].startswith(f"test accuracy {summary['test_accuracy']:.4f} ")
@@ -50,13 +50,14 @@ def test_metrics_jsonl_has_every_update_and_epoch(smoke_run):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if "loss" in r]
     epochs = [r for r in records if "test_accuracy" in r]
-    # 1000 examples / 300 = 3 full updates and one of 100, per epoch.
-    assert [r["step"] for r in updates] == list(range(1, 9))
-    assert [r["examples_seen"] for r in updates] == [300, 600, 900, 1000, 1300, 1600, 1900, 2000]
-    assert [r["epoch"] for r in updates] == [1] * 4 + [2] * 4
+    # 3000 examples / 64 = 46 full updates and one of 56, per epoch.
+    assert [r["step"] for r in updates] == list(range(1, 95))
+    one_epoch = [64 * i for i in range(1, 47)] + [3000]
+    assert [r["examples_seen"] for r in updates] == one_epoch + [3000 + n for n in one_epoch]
+    assert [r["epoch"] for r in updates] == [1] * 47 + [2] * 47
     assert all(set(r) >= {"epoch", "step", "examples_seen", "loss", "learning_rate"} for r in updates)
     assert all(r["learning_rate"] == pytest.approx(0.003) and np.isfinite(r["loss"]) for r in updates)
-    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 4), (2, 8)]
+    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 47), (2, 94)]
     assert all(set(r) >= {"epoch", "test_loss", "test_accuracy", "elapsed_s", "examples_per_s"} for r in epochs)
     assert updates[-1]["loss"] < updates[0]["loss"]
 
@@ -69,29 +70,29 @@ def test_tensorboard_events_hold_the_scalars(smoke_run):
     for event in tf.compat.v1.train.summary_iterator(str(files[0])):
         for value in event.summary.value:
             tags.setdefault(value.tag, []).append(event.step)
-    assert tags["train/loss"] == list(range(1, 9))
-    assert tags["epoch/test_accuracy"] == [4, 8]
+    assert tags["train/loss"] == list(range(1, 95))
+    assert tags["epoch/test_accuracy"] == [47, 94]
 
 
 def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     out, _, _ = smoke_run
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
-    assert (summary["steps"], summary["examples_seen"]) == (8, 2000)
+    assert (summary["steps"], summary["examples_seen"]) == (94, 6000)
     assert 0.0 <= summary["test_accuracy"] <= 1.0
     assert summary["peak_memory_bytes"] > 0 and summary["peak_rss_bytes"] > summary["peak_memory_bytes"] / 10
     weights = np.load(out / "weights.npz")
     assert "conv1/filters" in weights and "bn5/moving_var" in weights and "logits/weights" in weights
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
-    assert latest.endswith("ckpt-8")
+    assert latest.endswith("ckpt-94")
     reader = tf.train.load_checkpoint(latest)
     saved = {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(latest) if k.startswith("weights/")}
-    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 94
     assert sorted(int(a.size) for a in saved.values()) == sorted(int(a.size) for a in weights.values())
-    # checkpoint.every_steps=3 saved step 3 and 6 as well as epoch ends (keep=3 keeps the last three)
+    # every_steps=3 saves steps 3, 6, ..., 93 as well as the epoch ends 47 and 94; keep=3 keeps the last three
     kept = sorted(int(p.split("-")[-1]) for p in tf.train.get_checkpoint_state(str(out / "checkpoints"))
                   .all_model_checkpoint_paths)
-    assert kept == [4, 6, 8]
+    assert kept == [90, 93, 94]
 
 
 class InterruptAt(Progress):
@@ -106,7 +107,7 @@ class InterruptAt(Progress):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-@pytest.mark.parametrize("stop_at", [2, 5])
+@pytest.mark.parametrize("stop_at", [2, 60])  # epoch 1, epoch 2
 def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, data_dir, stop_at):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=1", "optimizer.schedule.name=cosine"])
     full = train(cfg, tmp_path / "full")
@@ -118,7 +119,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, 
     a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
     assert sorted(a) == sorted(b)
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
-    assert resumed["steps"] == full["steps"] == 8
+    assert resumed["steps"] == full["steps"] == 94
     assert resumed["test_accuracy"] == pytest.approx(full["test_accuracy"], abs=1e-6)
     # metrics.jsonl: each update and epoch exactly once, as in the uninterrupted run
     cut = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
@@ -129,14 +130,14 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, 
 
 def test_cli_interrupt_exit_code_and_resume_line(tmp_path, repo_root, monkeypatch):
     import accum_train.cli.main as cli
-    # smoke.yaml has log_every=2: the first report, and so the signal, comes after update 2
+    # smoke.yaml has log_every=10: the first report, and so the signal, comes after update 10
     monkeypatch.setattr(cli, "BarProgress", lambda show_bar: InterruptAt(1))
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
     assert result.exit_code == 130
-    assert result.stderr == (f"stopped by SIGINT after update 2; checkpoint saved. "
+    assert result.stderr == (f"stopped by SIGINT after update 10; checkpoint saved. "
                              f"Resume with: accum-train run --resume {out}\n")
-    assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-2")
+    assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-10")
 
 
 def test_run_dir_errors(tmp_path, repo_root, smoke_run):
@@ -157,7 +158,7 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
          f"--resume {busy} is not a run directory (no config.yaml and checkpoints/): "
          f"pass a directory written by 'accum-train run'"),
         (["run", "--resume", str(done), "--set", "batch_size=200"],
-         f"--resume {done}: the config changes batch_size (300 -> 200), which the run cannot continue with; "
+         f"--resume {done}: the config changes batch_size (64 -> 200), which the run cannot continue with; "
          f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir may change"),
         (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', "
                   "or --resume RUN_DIR"),
