@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 from .config import Config
+from .errors import UserError
 from .train import Progress, atomic_write
 
 OUT_OF_MEMORY_EXIT = 3
@@ -128,6 +129,9 @@ def ratios(baseline: dict, subdivided: dict) -> Optional[dict]:
 def compare(cfg: Config, data, out_dir: Path, progress: Optional[Progress] = None) -> dict:
     """Write out_dir/{config.yaml, baseline/, subdivided/, compare.json, compare.png}."""
     progress = progress or Progress()
+    if cfg.auto_subdivisions:
+        raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): "
+                        "use --set subdivisions=K")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"

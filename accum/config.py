@@ -105,8 +105,9 @@ class Config:
     model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
     batch_size: int = _spec(500, minimum=1, maximum=MAX_BATCH_SIZE,
                             help="examples per update (the large batch)")
-    subdivisions: int = _spec(5, minimum=1, maximum=MAX_BATCH_SIZE,
-                              help="micro-batches per update; sizes differ by at most one")
+    subdivisions: Union[int, str] = _spec(5, minimum=1, maximum=MAX_BATCH_SIZE, choices="auto",
+                                          help="micro-batches per update; sizes differ by at most one; "
+                                               "auto: the fewest that fit in memory_limit")
     epochs: int = _spec(10, minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
     seed: int = _spec(0, minimum=0, maximum=2**31 - 1, help="weights and data order")
     optimizer: OptimizerConfig = _spec(default_factory=OptimizerConfig, help="the optimizer")
@@ -125,7 +126,13 @@ class Config:
     @property
     def micro_batch_size(self) -> int:
         """The largest micro-batch: what memory has to hold."""
+        if self.subdivisions == "auto":
+            raise ValueError("subdivisions=auto has no micro-batch size until the run measures one")
         return math.ceil(self.batch_size / self.subdivisions)
+
+    @property
+    def auto_subdivisions(self) -> bool:
+        return self.subdivisions == "auto"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -254,7 +261,15 @@ def _check_value(tp, meta, value, key, where, overridden):
     optional = False
     if typing.get_origin(tp) is Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        optional, tp = True, args[0]
+        optional = type(None) in typing.get_args(tp)
+        if meta.get("choices") == "auto":  # an integer, or the word auto
+            if value == "auto":
+                return value
+            if isinstance(value, str):
+                raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)} "
+                                  f"or auto")
+            meta = {**meta, "choices": None}
+        tp = args[0]
     if value is None:
         if optional:
             return None
@@ -341,7 +356,11 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
     def where(*keys):
         return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
 
-    if cfg.subdivisions > cfg.batch_size:
+    if cfg.auto_subdivisions:
+        if cfg.memory_limit is None:
+            raise ConfigError(f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
+                              f"(e.g. memory_limit: 2GiB) to know what fits")
+    elif cfg.subdivisions > cfg.batch_size:
         raise ConfigError(f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
                           f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)")
     limit = cfg.data.train_limit

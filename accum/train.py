@@ -122,6 +122,13 @@ def memory_device() -> str:
     return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
 
 
+def _reset_allocator_peak() -> None:
+    try:
+        tf.config.experimental.reset_memory_stats(memory_device())
+    except (ValueError, RuntimeError):
+        pass
+
+
 def allocator_peak_bytes() -> Optional[int]:
     """TensorFlow's allocator peak since start (or the last reset); None if not kept."""
     try:
@@ -179,10 +186,10 @@ class Run:
             self.engine = PlainUpdate(loss_fn, self.model.trainable_variables, self.optimizer,
                                       cfg.optimizer.clip_norm, self.model.norm_layers, signature)
         else:
+            # subdivisions=auto starts at 1; choose_subdivisions measures before training.
             self.engine = AccumulatingUpdate(loss_fn, self.model.trainable_variables, self.optimizer,
-                                             cfg.subdivisions, cfg.optimizer.clip_norm,
-                                             self.model.norm_layers, signature)
-        self.eval_batch_size = max(2 * cfg.micro_batch_size, 100) if not cfg.baseline else cfg.batch_size
+                                             1 if cfg.auto_subdivisions else cfg.subdivisions,
+                                             cfg.optimizer.clip_norm, self.model.norm_layers, signature)
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
 
         self.memory_checked = False
@@ -195,6 +202,58 @@ class Run:
         self.checkpoint = tf.train.Checkpoint(**tracked)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.run_dir / "checkpoints"),
                                                   max_to_keep=cfg.checkpoint.keep)
+
+    @property
+    def subdivisions(self) -> int:
+        return 1 if self.cfg.baseline else int(self.engine.subdivisions.numpy())
+
+    @property
+    def eval_batch_size(self) -> int:
+        # Evaluation holds no gradients: twice a training micro-batch fits where one did.
+        return max(2 * math.ceil(self.cfg.batch_size / self.subdivisions), 100)
+
+    def reset_update(self) -> None:
+        """Forget a half-done update: cache and pooled BatchNorm statistics."""
+        if isinstance(self.engine, AccumulatingUpdate):
+            self.engine.cache.clear()
+        for layer in self.model.norm_layers:
+            layer.discard()
+
+    def choose_subdivisions(self, progress: "Progress") -> int:
+        """subdivisions=auto: the smallest k (1, 2, 4, ...) whose micro-step fits memory_limit.
+
+        One micro-step (forward, backward, add to the cache) is run at each
+        candidate micro-batch size and TensorFlow's allocator peak is read; the
+        cache and statistics are cleared afterwards, so no weight moves.
+        """
+        limit = self.cfg.memory_limit_bytes
+        batch = self.cfg.batch_size
+        order = epoch_order(self.cfg.seed, 0, self.n_train)[:batch]
+        x, y = to_inputs(tf.gather(self.train_images, order), tf.gather(self.train_labels, order))
+        k = 1
+        while True:
+            micro = math.ceil(batch / k)
+            try:
+                _reset_allocator_peak()
+                float(self.engine.accumulate(x[:micro], y[:micro], batch))
+                peak = allocator_peak_bytes()
+                fits = peak is None or peak <= limit
+            except tf.errors.ResourceExhaustedError:
+                peak, fits = None, False
+            self.reset_update()
+            shown = f"{peak / 2**20:.0f} MiB" if peak is not None else "out of memory"
+            progress.message(f"subdivisions=auto: micro-batch of {micro} -> {shown} "
+                             f"(memory_limit={self.cfg.memory_limit}){'' if fits else ', too much'}")
+            if fits:
+                break
+            if k >= batch:
+                raise OutOfMemory(f"even one example per micro-batch needs {shown} of TensorFlow memory, "
+                                  f"over memory_limit={self.cfg.memory_limit}: raise memory_limit or use a "
+                                  f"smaller model")
+            k = min(2 * k, batch)
+        self.engine.set_subdivisions(k)
+        progress.message(f"subdivisions=auto chose {k}")
+        return k
 
     def _evaluate_batch(self, x, y):
         logits = self.model.forward(x, False)
@@ -334,9 +393,11 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
         log.truncate_after(step, step // run.steps_per_epoch)
         progress.message(f"resuming {run_dir} at update {step} of {run.total_steps}")
     else:
+        if cfg.auto_subdivisions and not cfg.baseline:
+            run.choose_subdivisions(progress)
         run.save_checkpoint()  # step 0: a run is resumable from its first moment
     if not cfg.baseline:
-        k = int(run.engine.subdivisions.numpy())
+        k = run.subdivisions
         progress.message(f"batch_size={cfg.batch_size} as {k} micro-batches of "
                          f"{cfg.batch_size // k}-{math.ceil(cfg.batch_size / k)} examples")
 
@@ -345,7 +406,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
             epoch = step // run.steps_per_epoch
             first = step % run.steps_per_epoch
             order = epoch_order(cfg.seed, epoch, run.n_train)[first * cfg.batch_size:]
-            k = 1 if cfg.baseline else int(run.engine.subdivisions.numpy())
+            k = run.subdivisions
             full, rest = divmod(run.n_train, cfg.batch_size)
             progress.epoch_start(epoch + 1, cfg.epochs, full * k + min(k, rest), first * k)
             epoch_started = time.time()
@@ -354,7 +415,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
             micro_done = first * k
             pending = []
             for x, y in batches(run.train_images, run.train_labels, order, cfg.batch_size):
-                out = _update_within_memory(run, x, y, step)
+                out = _update_within_memory(run, x, y, step, progress)
                 step += 1
                 n = int(y.shape[0])
                 epoch_examples += n
@@ -395,7 +456,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
         "peak_memory_bytes": allocator_peak_bytes(),
         "peak_rss_bytes": peak_rss_bytes(),
         "bad_updates": int(run.bad_updates.numpy()),
-        "subdivisions": 1 if cfg.baseline else int(run.engine.subdivisions.numpy()),
+        "subdivisions": run.subdivisions,
         "batch_size": cfg.batch_size,
         "baseline": cfg.baseline,
     }
@@ -403,22 +464,40 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     return summary
 
 
-def _update_within_memory(run: Run, x, y, step: int):
-    """One update; out-of-memory (real, or over memory_limit) becomes OutOfMemory."""
-    try:
-        out = run.engine.update(x, y)
-        if run.cfg.memory_limit is not None and not run.memory_checked:
-            run.memory_checked = True
-            float(out["loss"])  # wait for the update, then read its peak
-            peak = allocator_peak_bytes()
-            if peak is not None and peak > run.cfg.memory_limit_bytes:
-                raise OutOfMemory(f"the first update of this process peaked at {peak / 2**20:.0f} MiB of TensorFlow memory, "
-                                  f"over memory_limit={run.cfg.memory_limit}: raise memory_limit or "
-                                  f"use more subdivisions")
-        return out
-    except tf.errors.ResourceExhaustedError as err:
-        raise OutOfMemory(f"update {step + 1} ran out of memory ({err.message.splitlines()[0]}): "
-                          f"use more subdivisions") from None
+def _update_within_memory(run: Run, x, y, step: int, progress: Progress):
+    """One update, within memory.
+
+    Out of memory (TensorFlow's ResourceExhaustedError, or a first update whose
+    allocator peak exceeds memory_limit) is fatal (OutOfMemory) with a fixed k.
+    With subdivisions=auto, a ResourceExhaustedError instead doubles k and
+    retries the same batch from a cleared cache: the error comes before the
+    apply, so nothing of the batch was applied and none of it is lost.
+    """
+    while True:
+        try:
+            out = run.engine.update(x, y)
+            if run.cfg.memory_limit is not None and not run.memory_checked:
+                run.memory_checked = True
+                float(out["loss"])  # wait for the update, then read its peak
+                peak = allocator_peak_bytes()
+                if peak is not None and peak > run.cfg.memory_limit_bytes:
+                    raise OutOfMemory(f"the first update of this process peaked at {peak / 2**20:.0f} MiB of "
+                                      f"TensorFlow memory, over memory_limit={run.cfg.memory_limit}: raise "
+                                      f"memory_limit or use more subdivisions")
+            return out
+        except tf.errors.ResourceExhaustedError as err:
+            k = run.subdivisions
+            first_line = (err.message or "ResourceExhaustedError").splitlines()[0]
+            if not run.cfg.auto_subdivisions or k >= run.cfg.batch_size:
+                hint = "use more subdivisions or subdivisions: auto" if k < run.cfg.batch_size else \
+                    "even one example per micro-batch does not fit: use a smaller model"
+                raise OutOfMemory(f"update {step + 1} ran out of memory with subdivisions={k} "
+                                  f"({first_line}): {hint}") from None
+            run.reset_update()
+            new_k = min(2 * k, run.cfg.batch_size)
+            run.engine.set_subdivisions(new_k)
+            progress.message(f"update {step + 1} ran out of memory with subdivisions={k}: "
+                             f"retrying the same batch with subdivisions={new_k}")
 
 
 def _examples_seen(step: int, steps_per_epoch: int, n_train: int, batch_size: int) -> int:

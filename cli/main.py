@@ -204,6 +204,71 @@ def compare(config, overrides, output_dir):
     click.echo(format_compare(result, out_dir))
 
 
+def _parse_ks(text: str) -> list:
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 1 for k in ks):
+        raise UserError(f"--subdivisions {text!r} must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16")
+    return ks
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=True, path_type=Path))
+@click.option("--subdivisions", "ks", default="1,2,4,8,16", show_default=True,
+              help="Values of k to measure, comma-separated.")
+@click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Timed updates per k (after 2 warm-up updates).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value.")
+@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
+def bench(config, ks, steps, overrides, output_dir):
+    """Time and memory of one update for each number of subdivisions.
+
+    \b
+    accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
+    """
+    try:
+        cfg = load_config(config, overrides)
+        values = _parse_ks(ks)
+        too_many = [k for k in values if k > cfg.batch_size]
+        if too_many:
+            raise UserError(f"--subdivisions {too_many[0]} is more than batch_size={cfg.batch_size}: "
+                            f"a micro-batch holds at least one example")
+        out_dir = Path(output_dir) if output_dir else Path("runs") / f"bench-{default_output_dir(config).name}"
+        _quiet_tensorflow()
+        from ..bench import bench as run_bench
+        from ..train import check_output_dir, load_data
+        check_output_dir(out_dir)
+        load_data(cfg)  # bad data is reported here, once, not by every worker
+        result = run_bench(cfg, values, steps, out_dir, BarProgress(False))
+    except UserError as err:
+        fail(str(err))
+    except RuntimeError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)
+    click.echo(format_bench(result, out_dir))
+
+
+def format_bench(result: dict, out_dir: Path) -> str:
+    rows = result["rows"]
+    first = rows[0]
+    lines = [f"{'k':>4} {'micro':>6} {'s/update':>9} {'examples/s':>11} {'CPU ms/example':>15} "
+             f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'memory x':>9}"]
+    for r in rows:
+        time_ratio = r["median_s_per_update"] / first["median_s_per_update"]
+        mem_ratio = (r["peak_memory_bytes"] / first["peak_memory_bytes"]) if first["peak_memory_bytes"] else None
+        lines.append(f"{r['subdivisions']:>4} {r['micro_batch_size']:>6} {r['median_s_per_update']:>9.3f} "
+                     f"{r['examples_per_s']:>11.0f} {1000 * r['cpu_s_per_example']:>15.3f} "
+                     f"{_mib(r['peak_memory_bytes']):>9} {_mib(r['peak_rss_bytes']):>9} "
+                     f"{time_ratio:>6.2f}x {(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}")
+    lines.append(f"(ratios against k={first['subdivisions']}; median of {result['steps']} updates each, "
+                 f"one fresh process per k)")
+    lines.append(f"written: {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
+    return "\n".join(lines)
+
+
 def _mib(value):
     return f"{value / 2**20:.0f} MiB" if value else "n/a"
 

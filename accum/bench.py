@@ -1,0 +1,129 @@
+"""Time and memory of one update against the number of subdivisions.
+
+``bench`` runs ``measure`` once per k, each in a fresh process (so each peak
+memory is its own), and writes bench.json and bench.png. ``measure`` warms
+up (tracing), then times N updates of the configured batch, waiting for each
+to finish; the TensorFlow allocator peak is read over the timed updates only.
+
+Run as a module, it is the worker: ``python -m accum_train.bench CONFIG K STEPS``
+prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .config import Config, load_config
+from .train import Progress, atomic_write
+
+
+def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
+    import tensorflow as tf
+
+    from .train import Run, allocator_peak_bytes, epoch_order, memory_device, peak_rss_bytes, to_inputs
+
+    with tempfile.TemporaryDirectory() as scratch:
+        run = Run(cfg, data, Path(scratch))
+        order = epoch_order(cfg.seed, 0, len(data.train.labels))[:cfg.batch_size]
+        x, y = to_inputs(data.train.images[order], data.train.labels[order])
+        for _ in range(warmup):
+            float(run.engine.update(x, y)["loss"])
+        try:
+            tf.config.experimental.reset_memory_stats(memory_device())
+        except (ValueError, RuntimeError):
+            pass
+        wall, cpu_start = [], time.process_time()
+        for _ in range(steps):
+            start = time.perf_counter()
+            float(run.engine.update(x, y)["loss"])  # waits for the update
+            wall.append(time.perf_counter() - start)
+        cpu = time.process_time() - cpu_start
+    median = statistics.median(wall)
+    return {
+        "subdivisions": cfg.subdivisions,
+        "micro_batch_size": cfg.micro_batch_size,
+        "batch_size": cfg.batch_size,
+        "steps": steps,
+        "median_s_per_update": median,
+        "examples_per_s": cfg.batch_size / median,
+        "cpu_s_per_example": cpu / (steps * cfg.batch_size),
+        "peak_memory_bytes": allocator_peak_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
+          progress: Optional[Progress] = None) -> dict:
+    progress = progress or Progress()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for k in subdivisions:
+        one = dataclasses.replace(cfg, subdivisions=k, baseline=False)
+        config_path = out_dir / f"config-k{k}.yaml"
+        atomic_write(config_path, one.to_yaml().encode())
+        child = subprocess.run([sys.executable, "-m", "accum_train.bench", str(config_path), str(k), str(steps)],
+                               capture_output=True, text=True)
+        config_path.unlink()
+        if child.returncode != 0:
+            tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"bench worker for subdivisions={k} failed with exit code {child.returncode}: {tail}")
+        row = json.loads(child.stdout.strip().splitlines()[-1])
+        progress.message(f"subdivisions={k}: {row['median_s_per_update']:.3f} s/update, "
+                         f"{row['examples_per_s']:.0f} examples/s")
+        rows.append(row)
+    result = {"config": cfg.to_dict(), "steps": steps, "rows": rows}
+    atomic_write(out_dir / "bench.json", (json.dumps(result, indent=2) + "\n").encode())
+    plot(result, out_dir / "bench.png")
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    ks = [r["subdivisions"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(ks, [r["median_s_per_update"] for r in rows], "o-", color="tab:blue", label="time per update")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel(f"subdivisions (batch {result['config']['batch_size']})")
+    ax.set_ylabel("median seconds per update", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    mem = ax.twinx()
+    mem.plot(ks, [(r["peak_memory_bytes"] or 0) / 2**20 for r in rows], "s--", color="tab:green",
+             label="TensorFlow allocator peak")
+    mem.plot(ks, [r["peak_rss_bytes"] / 2**20 for r in rows], "^:", color="tab:gray", label="process peak RSS")
+    mem.set_ylabel("MiB")
+    mem.set_ylim(bottom=0)
+    handles = ax.get_legend_handles_labels()[0] + mem.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper center")
+    cfg = result["config"]
+    ax.set_title(f"{cfg['model']['name']} x{cfg['model']['width']}: time and memory against subdivisions")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _worker(argv) -> None:
+    config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
+    cfg = load_config(config_path, [f"subdivisions={k}"])
+    from .train import load_data
+    print(json.dumps(measure(cfg, load_data(cfg), steps)))
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1:])

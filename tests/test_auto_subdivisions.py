@@ -1,0 +1,135 @@
+"""subdivisions: auto, and the out-of-memory paths.
+
+The allocator peak and the ResourceExhaustedError are forced (a fake peak that
+grows with the micro-batch; an update that raises once), so the tests say
+exactly which k must be chosen and that no batch is lost or applied twice.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+import accum_train.train as train_module
+from accum_train.cli.main import main
+from accum_train.config import load_config
+from accum_train.engine import AccumulatingUpdate
+from accum_train.errors import OutOfMemory
+from accum_train.train import Progress, train
+
+MiB = 2**20
+
+
+class Messages(Progress):
+    def __init__(self):
+        self.lines = []
+
+    def message(self, text):
+        self.lines.append(text)
+
+
+@pytest.fixture()
+def fake_peak(monkeypatch):
+    """Allocator peak = 1 MiB per example of the last micro-step measured."""
+    peak = [0]
+    original = AccumulatingUpdate.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real = self.accumulate
+
+        def accumulate(x, y, n):
+            peak[0] = int(x.shape[0]) * MiB
+            return real(x, y, n)
+        self.accumulate = accumulate
+
+    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    monkeypatch.setattr(train_module, "allocator_peak_bytes", lambda: peak[0])
+    return peak
+
+
+@pytest.mark.parametrize("limit, chosen, tried", [
+    ("64MiB", 1, [64]),
+    ("40MiB", 2, [64, 32]),
+    ("20MiB", 4, [64, 32, 16]),
+    ("1MiB", 64, [64, 32, 16, 8, 4, 2, 1]),
+])
+def test_auto_picks_the_fewest_subdivisions_that_fit(tmp_path, repo_root, fake_peak, limit, chosen, tried):
+    cfg = load_config(repo_root / "configs" / "smoke.yaml",
+                      ["subdivisions=auto", f"memory_limit={limit}", "epochs=1"])
+    messages = Messages()
+    summary = train(cfg, tmp_path / "run", progress=messages)
+    assert summary["subdivisions"] == chosen
+    measured = [line for line in messages.lines if line.startswith("subdivisions=auto: micro-batch of ")]
+    assert [int(line.split()[3]) for line in measured] == tried
+    assert f"subdivisions=auto chose {chosen}" in messages.lines
+    assert f"batch_size=64 as {chosen} micro-batches of {64 // chosen}-{64 // chosen} examples" in messages.lines
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["subdivisions"] == chosen
+
+
+def test_auto_with_nothing_that_fits(tmp_path, repo_root, fake_peak):
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=auto", "memory_limit=512KiB"])
+    with pytest.raises(OutOfMemory) as err:
+        train(cfg, tmp_path / "run")
+    assert str(err.value) == ("even one example per micro-batch needs 1 MiB of TensorFlow memory, over "
+                              "memory_limit=512KiB: raise memory_limit or use a smaller model")
+
+
+@pytest.fixture()
+def oom_once(monkeypatch):
+    """Once armed, the 5th update call raises ResourceExhaustedError before anything is applied."""
+    calls = [0]
+    original = AccumulatingUpdate.__init__
+
+    def arm():
+        monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real = self.update
+
+        def update(x, y):
+            calls[0] += 1
+            if calls[0] == 5:
+                # half an update's worth of gradient is in the cache when memory runs out
+                self.cache.add([tf.ones_like(v) for v in self.variables])
+                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,8]")
+            return real(x, y)
+        self.update = update
+
+    return arm
+
+
+def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, oom_once):
+    # SGD: over 47 updates Adam would amplify float rounding of k=1 vs k=2 past any fixed bound
+    overrides = ["model.norm=none", "epochs=1", "log_every=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
+    reference = train(load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=1"]),
+                      tmp_path / "ref")
+    oom_once()
+    cfg = load_config(repo_root / "configs" / "smoke.yaml",
+                      overrides + ["subdivisions=auto", "memory_limit=4GiB"])
+    messages = Messages()
+    summary = train(cfg, tmp_path / "auto", progress=messages)
+    assert "update 5 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" \
+        in messages.lines
+    assert summary["subdivisions"] == 2 and summary["steps"] == reference["steps"] == 47
+    a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
+    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-5  # nothing lost, nothing twice
+    steps = [json.loads(x)["step"] for x in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(x)]
+    assert steps == list(range(1, 48))
+    # the new k is kept: it is in the checkpoint a resumed run restores
+    reader = tf.train.load_checkpoint(str(tmp_path / "auto" / "checkpoints"))
+    assert reader.get_tensor("subdivisions/.ATTRIBUTES/VARIABLE_VALUE") == 2
+
+
+def test_out_of_memory_with_fixed_subdivisions_is_exit_3(tmp_path, repo_root, oom_once):
+    oom_once()
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
+    assert result.exit_code == 3
+    assert result.stderr == ("error: out of memory: update 5 ran out of memory with subdivisions=4 "
+                             "(OOM when allocating tensor with shape[64,8]): use more subdivisions or "
+                             "subdivisions: auto\n")
