@@ -30,10 +30,14 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
 
     from .train import Run, allocator_peak_bytes, epoch_order, memory_device, peak_rss_bytes, to_inputs
 
+    order = epoch_order(cfg.seed, 0, len(data.train.labels))[:cfg.batch_size]
+    # Only the measured batch is handed to the run: the update's memory is what
+    # is measured, not a copy of the whole training set held as a constant.
+    batch = dataclasses.replace(data, train=dataclasses.replace(
+        data.train, images=data.train.images[order], labels=data.train.labels[order]))
     with tempfile.TemporaryDirectory() as scratch:
-        run = Run(cfg, data, Path(scratch))
-        order = epoch_order(cfg.seed, 0, len(data.train.labels))[:cfg.batch_size]
-        x, y = to_inputs(data.train.images[order], data.train.labels[order])
+        run = Run(cfg, batch, Path(scratch))
+        x, y = to_inputs(batch.train.images, batch.train.labels)
         for _ in range(warmup):
             float(run.engine.update(x, y)["loss"])
         try:
