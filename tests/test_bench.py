@@ -25,8 +25,9 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     assert rows[1]["peak_memory_bytes"] < rows[0]["peak_memory_bytes"]
     assert matplotlib.image.imread(out / "bench.png").shape[1] > 500
     table = result.stdout.splitlines()
-    assert table[-4].split()[:2] == ["k", "micro"]
-    assert table[-3].split()[:2] == ["1", "256"] and table[-2].split()[:2] == ["4", "64"]
+    assert table[-5].split()[:2] == ["k", "micro"]
+    assert table[-4].split()[:2] == ["1", "256"] and table[-3].split()[:2] == ["4", "64"]
+    assert table[-2] == "(ratios against k=1; median of 2 updates each, one fresh process per k)"
     assert table[-1] == f"written: {out / 'bench.json'}, {out / 'bench.png'}"
     assert not list(out.glob("config-k*.yaml"))  # the workers' configs are cleaned up
 
