@@ -115,6 +115,8 @@ class Config:
     baseline: bool = _spec(False, help="true: plain optimizer on the whole batch, no cache")
     log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
+    max_bad_updates: int = _spec(10, minimum=1, help="stop after this many updates in a row skipped "
+                                                     "for a non-finite loss or gradient")
     memory_limit: Optional[str] = _spec(None, choices="size",
                                         help="stop a run whose TensorFlow allocator peak exceeds this "
                                              "(e.g. 2GiB): a smaller device, simulated")

@@ -29,3 +29,10 @@ class OutOfMemory(Exception):
     CLI prints one line and exits with code 3, so that `compare` can tell it
     apart from bad input.
     """
+
+
+class TrainingStopped(Exception):
+    """Training cannot usefully go on (e.g. the loss keeps being non-finite).
+
+    The last good state has been checkpointed; the CLI prints one line, exit 1.
+    """

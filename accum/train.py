@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from .config import Config
 from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
-from .errors import OutOfMemory, RunDirError
+from .errors import OutOfMemory, RunDirError, TrainingStopped
 from .models import build_model
 from .optim import learning_rate_at, make_optimizer, make_schedule
 
@@ -194,9 +194,12 @@ class Run:
 
         self.memory_checked = False
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        # Updates skipped for a non-finite loss or gradient: in a row, and in all.
         self.bad_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates")
+        self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
         tracked = {"weights": self.model.variables, "optimizer": self.optimizer,
-                   "step": self.step, "bad_updates": self.bad_updates}
+                   "step": self.step, "bad_updates": self.bad_updates,
+                   "skipped_updates": self.skipped_updates}
         if isinstance(self.engine, AccumulatingUpdate):
             tracked["subdivisions"] = self.engine.subdivisions
         self.checkpoint = tf.train.Checkpoint(**tracked)
@@ -282,7 +285,16 @@ class Run:
         return int(self.step.numpy())
 
     def save_checkpoint(self) -> None:
-        self.manager.save(checkpoint_number=int(self.step.numpy()))
+        """Save; TensorFlow writes the files first and the 'checkpoint' pointer last,
+        so a failed or killed save leaves the previous checkpoint as the latest."""
+        try:
+            self.manager.save(checkpoint_number=int(self.step.numpy()))
+        except (tf.errors.OpError, OSError) as err:
+            message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
+            raise RunDirError(f"cannot write checkpoint {int(self.step.numpy())} in {self.manager.directory} "
+                              f"({message.splitlines()[0]}): free space or fix permissions, then resume with "
+                              f"--resume {self.run_dir} (the last complete checkpoint, "
+                              f"{Path(self.manager.latest_checkpoint or 'none').name}, is intact)") from None
 
     def save_weights(self) -> None:
         arrays = {name: v.numpy() for name, v in self.model.named_weights().items()}
@@ -331,9 +343,11 @@ class MetricsLog:
                 if "test_accuracy" in record:
                     step = record["step"]
                     for key in ("test_loss", "test_accuracy", "train_loss", "examples_per_s"):
-                        tf.summary.scalar(f"epoch/{key}", record[key], step=step)
+                        if record[key] is not None:
+                            tf.summary.scalar(f"epoch/{key}", record[key], step=step)
                 else:
-                    tf.summary.scalar("train/loss", record["loss"], step=record["step"])
+                    if record["loss"] is not None:  # a skipped update has no loss worth plotting
+                        tf.summary.scalar("train/loss", record["loss"], step=record["step"])
                     tf.summary.scalar("train/learning_rate", record["learning_rate"], step=record["step"])
         self.writer.flush()
 
@@ -412,6 +426,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
             epoch_started = time.time()
             epoch_examples = 0
             epoch_loss_sum = 0.0
+            epoch_applied_examples = 0
             micro_done = first * k
             pending = []
             for x, y in batches(run.train_images, run.train_labels, order, cfg.batch_size):
@@ -423,9 +438,19 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
                 pending.append((step, n, out))
                 end_of_epoch = step % run.steps_per_epoch == 0
                 if len(pending) >= cfg.log_every or end_of_epoch or stop.signum:
-                    epoch_loss_sum += _flush(run, log, pending, progress, micro_done,
-                                             epoch_examples / max(time.time() - epoch_started, 1e-9))
+                    loss_sum, examples = _flush(run, log, pending, progress, micro_done,
+                                                epoch_examples / max(time.time() - epoch_started, 1e-9))
+                    epoch_loss_sum += loss_sum
+                    epoch_applied_examples += examples
                     pending = []
+                    if int(run.bad_updates.numpy()) >= cfg.max_bad_updates:
+                        run.step.assign(step)
+                        run.save_checkpoint()  # skipped updates changed nothing: this is the last good state
+                        raise TrainingStopped(
+                            f"{int(run.bad_updates.numpy())} updates in a row had a non-finite loss or gradient "
+                            f"(max_bad_updates={cfg.max_bad_updates}), the last at update {step}; weights are "
+                            f"checkpointed as of the last good update: lower optimizer.learning_rate or set "
+                            f"optimizer.clip_norm, then resume with --resume {run_dir}")
                 if stop.signum:
                     run.step.assign(step)
                     run.save_checkpoint()
@@ -436,7 +461,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
                     run.save_checkpoint()
             test_loss, test_accuracy = run.evaluate()
             elapsed = time.time() - epoch_started
-            record = {"epoch": epoch + 1, "step": step, "train_loss": epoch_loss_sum / max(epoch_examples, 1),
+            record = {"epoch": epoch + 1, "step": step, "train_loss": epoch_loss_sum / epoch_applied_examples if epoch_applied_examples else None,
                       "test_loss": test_loss, "test_accuracy": test_accuracy,
                       "elapsed_s": elapsed, "examples_per_s": epoch_examples / max(elapsed, 1e-9)}
             log.write([record])
@@ -455,7 +480,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
         "cpu_time_s": time.process_time() - cpu_started,
         "peak_memory_bytes": allocator_peak_bytes(),
         "peak_rss_bytes": peak_rss_bytes(),
-        "bad_updates": int(run.bad_updates.numpy()),
+        "skipped_updates": int(run.skipped_updates.numpy()),
         "subdivisions": run.subdivisions,
         "batch_size": cfg.batch_size,
         "baseline": cfg.baseline,
@@ -506,24 +531,28 @@ def _examples_seen(step: int, steps_per_epoch: int, n_train: int, batch_size: in
 
 
 def _flush(run: Run, log: MetricsLog, pending, progress: Progress, micro_done: int,
-           examples_per_s: float) -> float:
-    """Bring buffered update results to the host: the only sync in the loop. Returns their loss sum."""
+           examples_per_s: float) -> tuple:
+    """Bring buffered update results to the host: the only sync in the loop.
+
+    Returns the loss sum and example count of the applied updates."""
     records = []
-    loss_sum = 0.0
+    loss_sum, examples = 0.0, 0
     for step, n, out in pending:
         loss = float(out["loss"])
         applied = bool(out["applied"])
         if applied:
             run.bad_updates.assign(0)
+            loss_sum += loss * n
+            examples += n
         else:
             run.bad_updates.assign_add(1)
-        loss_sum += loss * n
+            run.skipped_updates.assign_add(1)
         epoch = (step - 1) // run.steps_per_epoch
         records.append({"epoch": epoch + 1, "step": step,
                         "examples_seen": _examples_seen(step, run.steps_per_epoch, run.n_train,
                                                         run.cfg.batch_size),
-                        "loss": loss, "learning_rate": learning_rate_at(run.schedule, step - 1),
+                        "loss": loss if math.isfinite(loss) else None, "learning_rate": learning_rate_at(run.schedule, step - 1),
                         "skipped": not applied})
     log.write(records)
-    progress.updates(micro_done, records[-1]["loss"], examples_per_s)
-    return loss_sum
+    progress.updates(micro_done, loss_sum / examples if examples else float("nan"), examples_per_s)
+    return loss_sum, examples

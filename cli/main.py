@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from ..config import Config, load_config
-from ..errors import OutOfMemory, RunDirError, UserError
+from ..errors import OutOfMemory, RunDirError, TrainingStopped, UserError
 
 # Keys a resumed run may change: they do not alter what is computed.
 RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir")
@@ -94,7 +94,8 @@ class BarProgress:
         if self.bar is not None:
             self.bar.finish()
             self.bar = None
-        click.echo(f"epoch {record['epoch']}/{self.epochs}: train loss {record['train_loss']:.4f}, "
+        train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
+        click.echo(f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, "
                    f"test loss {record['test_loss']:.4f}, test accuracy {record['test_accuracy']:.4f}, "
                    f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s")
 
@@ -151,6 +152,9 @@ def run(config, overrides, output_dir, resume_dir, quiet):
     except OutOfMemory as err:
         click.echo(f"error: out of memory: {err}", err=True)
         sys.exit(3)
+    except TrainingStopped as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)
     click.echo(f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
                f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}")
 

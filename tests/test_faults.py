@@ -1,0 +1,142 @@
+"""Faults inside a run: non-finite updates, a checkpoint write that fails,
+and nothing listening on the network. (Kills are in test_kills.py, marked slow.)"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+from accum_train.cli.main import main
+from accum_train.config import load_config
+from accum_train.engine import AccumulatingUpdate
+from accum_train.errors import RunDirError, TrainingStopped
+from accum_train.train import train
+
+
+def poison(monkeypatch, bad_steps, snapshot_after=None):
+    """Update calls whose 1-based number is in bad_steps get a NaN in their last example.
+
+    With snapshot_after=N, the weights right after update N are kept in the returned dict."""
+    original = AccumulatingUpdate.__init__
+    calls, kept = [0], {}
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real = self.update
+
+        def update(x, y):
+            calls[0] += 1
+            if calls[0] in bad_steps:
+                x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
+            out = real(x, y)
+            if calls[0] == snapshot_after:
+                kept.update({v.name: v.numpy() for v in self.variables})
+            return out
+        self.update = update
+
+    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    return kept
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_non_finite_updates_are_skipped_and_counted(tmp_path, repo_root, monkeypatch):
+    poison(monkeypatch, {3, 4})
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1", "log_every=1"])
+    summary = train(cfg, tmp_path / "run")
+    updates = [r for r in records(tmp_path / "run") if "skipped" in r]
+    assert [r["step"] for r in updates if r["skipped"]] == [3, 4]
+    assert all(r["loss"] is None for r in updates if r["skipped"])
+    assert all(np.isfinite(r["loss"]) for r in updates if not r["skipped"])
+    assert summary["skipped_updates"] == 2 and summary["steps"] == 47
+    epoch = [r for r in records(tmp_path / "run") if "test_accuracy" in r][0]
+    assert np.isfinite(epoch["train_loss"])
+    assert all(np.all(np.isfinite(a)) for a in np.load(tmp_path / "run" / "weights.npz").values())
+
+
+def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp_path, repo_root, monkeypatch):
+    after_five = poison(monkeypatch, set(range(6, 100)), snapshot_after=5)
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1", "log_every=1", "max_bad_updates=3"])
+    with pytest.raises(TrainingStopped) as err:
+        train(cfg, tmp_path / "run")
+    assert str(err.value) == (
+        "3 updates in a row had a non-finite loss or gradient (max_bad_updates=3), the last at update 8; "
+        "weights are checkpointed as of the last good update: lower optimizer.learning_rate or set "
+        f"optimizer.clip_norm, then resume with --resume {tmp_path / 'run'}")
+    reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
+    assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 5  # 5 applied updates
+    saved = {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
+    trainable = [a for a in after_five.values()]
+    assert len(trainable) == 5 + 5 * 2 + 2  # conv filters, BatchNorm beta and gamma, dense
+    # every trainable variable as it was after update 5 is in the checkpoint, unchanged
+    for array in trainable:
+        assert any(a.shape == array.shape and np.array_equal(a, array) for a in saved.values())
+    assert load_config(repo_root / "configs" / "smoke.yaml").max_bad_updates == 10  # the default
+
+
+def test_cli_reports_the_stop_with_exit_1(tmp_path, repo_root, monkeypatch):
+    poison(monkeypatch, set(range(1, 100)))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out),
+                                       "--set", "max_bad_updates=2", "--set", "log_every=1"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: 2 updates in a row had a non-finite loss or gradient (max_bad_updates=2)")
+    assert result.stderr.count("\n") == 1
+
+
+def test_checkpoint_write_failure_keeps_the_last_checkpoint(tmp_path, repo_root, monkeypatch):
+    real_save = tf.train.CheckpointManager.save
+    saves = [0]
+
+    def full_disk(self, checkpoint_number=None, **kwargs):
+        saves[0] += 1
+        if saves[0] == 3:  # ckpt-0, ckpt-47 (epoch 1), then the disk is full
+            # a half-written file is left behind, as a real full disk would leave it
+            (tmp_path / "run" / "checkpoints" / f"ckpt-{checkpoint_number}_temp").mkdir()
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+        return real_save(self, checkpoint_number=checkpoint_number, **kwargs)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", full_disk)
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
+                                       "--output-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: cannot write checkpoint 94 in {tmp_path / 'run' / 'checkpoints'} (No space left on device): "
+        f"free space or fix permissions, then resume with --resume {tmp_path / 'run'} "
+        f"(the last complete checkpoint, ckpt-47, is intact)\n")
+    assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-47")
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run")])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 94
+
+
+def listening_inodes():
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if os.path.exists(table):
+            for line in open(table).read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    inodes.add(fields[9])
+    return inodes
+
+
+def test_a_run_opens_no_listening_socket(tmp_path, repo_root):
+    before = listening_inodes()
+    train(load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1"]), tmp_path / "run")
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[len("socket:["):-1])
+    assert not (mine & (listening_inodes() - before))
