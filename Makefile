@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DATA   := /usr/share/datasets/fashion-mnist
 
-.PHONY: main setup data test test-all bench clean
+.PHONY: main setup data test test-slow bench clean
 
 main: setup
 	$(BIN)/accum-train run configs/fmnist.yaml
@@ -34,9 +34,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The default suite plus the slow fault-injection tests (what .ci/run runs).
-test-all: setup
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+# The slow fault-injection tests (kill -9 / signals + resume), ~6 min; .ci/run runs them too.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+# The figures in the README: bench against k, and the side-by-side with the peers.
+bench: setup
+	$(BIN)/accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -169,3 +169,16 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
         assert (result.exit_code, result.stderr) == (2, f"error: {message}\n"), args
         assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert (busy / "notes.txt").read_text() == "mine"
+
+
+def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):
+    # Tests run as root, for whom chmod changes nothing: the permission check is what is exercised.
+    import accum_train.train as train_module
+    real_access = train_module.os.access
+    monkeypatch.setattr(train_module.os, "access",
+                        lambda path, mode: False if mode & os.W_OK else real_access(path, mode))
+    out = tmp_path / "locked" / "run"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: --output-dir {out}: {tmp_path} is not writable: choose another directory\n")
+    assert not (tmp_path / "locked").exists()

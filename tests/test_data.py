@@ -132,3 +132,66 @@ def test_cli_refuses_bad_data_before_writing_anything(copy_dir, tmp_path, repo_r
     assert result.stderr.startswith(f"error: {copy_dir}/train-images-idx3-ubyte.gz failed its checksum")
     assert result.stderr.count("\n") == 1
     assert not out.exists()
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def unreadable(monkeypatch, path):
+    # Tests run as root, for whom chmod 000 changes nothing: refuse the read instead.
+    import pathlib
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self == path:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+
+
+CLI_CASES = [
+    # (what to do to the copy of the data, file, expected message after "error: ")
+    ("alter", "train-images-idx3-ubyte", "{p} failed its checksum: expected SHA-256 "
+     + fm.FILES["train-images-idx3-ubyte"] + " of the decompressed file, found {found}; " + fm.HOW_TO_GET),
+    ("magic", "t10k-images-idx3-ubyte",
+     "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)"),
+    ("dims", "t10k-labels-idx1-ubyte", "{p} has 2 dimensions, expected 1"),
+    ("label", "train-labels-idx1-ubyte", "{p} has label 12; labels must be 0..9"),
+    ("truncate", "t10k-labels-idx1-ubyte", "{p} is not a complete gzip file (Compressed file ended before the "
+     "end-of-stream marker was reached): the file is truncated or damaged; " + fm.HOW_TO_GET),
+    ("unreadable", "train-labels-idx1-ubyte", "cannot read {p}: Permission denied: check its permissions"),
+    ("remove", "t10k-images-idx3-ubyte", "data.dir={d} has no t10k-images-idx3-ubyte.gz: " + fm.HOW_TO_GET),
+    ("empty", None, "data.dir={d} has no train-images-idx3-ubyte.gz (and 3 more missing): " + fm.HOW_TO_GET),
+    ("missing", None, "data.dir={d} does not exist: " + fm.HOW_TO_GET),
+    ("file", None, "data.dir={d} is not a directory: " + fm.HOW_TO_GET),
+]
+
+
+@pytest.mark.parametrize("action, name, message", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_bad_data_through_the_cli(tmp_path, data_dir, monkeypatch, repo_root, action, name, message):
+    import hashlib
+    d = tmp_path / "fm"
+    if action in ("alter", "magic", "dims", "label", "truncate", "unreadable", "remove"):
+        shutil.copytree(data_dir, d)
+    elif action == "empty":
+        d.mkdir()
+    elif action == "file":
+        d.write_text("x")
+    path = d / f"{name}.gz" if name else None
+    change = {"alter": altered_pixel, "magic": wrong_magic, "dims": wrong_dims, "label": label_out_of_range}
+    if action in change:
+        rewrite(path, change[action])
+    elif action == "truncate":
+        truncate(path)
+    elif action == "unreadable":
+        unreadable(monkeypatch, path)
+    elif action == "remove":
+        path.unlink()
+    found = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest() if action == "alter" else ""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
+                                       "--set", f"data.dir={d}", "--output-dir", str(out)])
+    assert result.exit_code == 2
+    assert result.stderr == "error: " + message.format(p=path, d=d, found=found) + "\n"
+    assert not out.exists()

@@ -1,0 +1,98 @@
+"""Runs the accum-train CLI with one fault armed, for test_kills.py.
+
+ACCUM_FAULT=POINT:N picks where this process kills itself with SIGKILL (no
+cleanup, no atexit, like a power cut or the OOM killer):
+  update:N           during the Nth update's graph call
+  checkpoint:N       during the Nth checkpoint save (TensorFlow is writing)
+  partial:N          the Nth checkpoint save has left a half-written data file
+  after_checkpoint:N right after the Nth checkpoint (e.g. between epochs)
+  metrics:N          halfway through the Nth metrics.jsonl line
+  weights:1          while weights.npz is being written
+"""
+
+import os
+import signal
+import sys
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+from accum_train.cli.main import main
+from accum_train.engine import AccumulatingUpdate
+from accum_train.train import MetricsLog, Run
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def counter(n):
+    seen = [0]
+
+    def hit():
+        seen[0] += 1
+        return seen[0] == n
+    return hit
+
+
+def arm(point, n):
+    hit = counter(n)
+    if point == "update":
+        original = AccumulatingUpdate.__init__
+
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            real = self.update
+
+            def update(x, y):
+                if hit():
+                    threading.Timer(0.002, die).start()
+                return real(x, y)
+            self.update = update
+        AccumulatingUpdate.__init__ = init
+    elif point in ("checkpoint", "partial", "after_checkpoint"):
+        real_save = Run.save_checkpoint
+
+        def save(self):
+            if not hit():
+                return real_save(self)
+            if point == "checkpoint":
+                threading.Timer(0.001, die).start()
+                real_save(self)
+                die()
+            if point == "partial":
+                target = self.run_dir / "checkpoints" / f"ckpt-{int(self.step.numpy())}.data-00000-of-00001"
+                target.write_bytes(b"\0" * 1000)
+                die()
+            real_save(self)
+            die()
+        Run.save_checkpoint = save
+    elif point == "metrics":
+        real_write = MetricsLog.write
+
+        def write(self, records):
+            if hit():
+                with open(self.path, "a") as handle:
+                    handle.write('{"epoch": 1, "st')
+                die()
+            return real_write(self, records)
+        MetricsLog.write = write
+    elif point == "weights":
+        real_savez = np.savez
+
+        def savez(path, **arrays):
+            with open(path, "wb") as handle:
+                handle.write(b"PK\3\4 half a zip")
+            die()
+            real_savez(path, **arrays)
+        np.savez = savez
+    else:
+        raise SystemExit(f"unknown fault point {point!r}")
+
+
+if __name__ == "__main__":
+    point, _, count = os.environ["ACCUM_FAULT"].partition(":")
+    arm(point, int(count or 1))
+    tf.get_logger().setLevel("ERROR")
+    sys.exit(main(sys.argv[1:]))
