@@ -71,8 +71,9 @@ def resolve_resume(run_dir: Path, config_path, overrides) -> tuple:
 class BarProgress:
     """Progress bars (progressbar2) on a terminal, one line per epoch always."""
 
-    def __init__(self, show_bar: bool):
+    def __init__(self, show_bar: bool, stream=None):
         self.show_bar = show_bar
+        self.stream = stream or sys.stderr
         self.bar = None
 
     def epoch_start(self, epoch, epochs, micro_batches, done):
@@ -82,8 +83,10 @@ class BarProgress:
         import progressbar
         widgets = [f"epoch {epoch}/{epochs} ", progressbar.Counter(), f"/{micro_batches} micro-batches ",
                    progressbar.Bar(), " ", progressbar.Variable("loss", precision=4), " ",
-                   progressbar.Variable("examples_per_s", name="ex/s", precision=0), " ", progressbar.ETA()]
-        self.bar = progressbar.ProgressBar(max_value=micro_batches, widgets=widgets, initial_value=done)
+                   progressbar.Variable("examples_per_s", format="{formatted_value} examples/s", precision=6),
+                   " ", progressbar.ETA()]
+        self.bar = progressbar.ProgressBar(max_value=micro_batches, widgets=widgets, initial_value=done,
+                                           fd=self.stream, line_breaks=False, is_terminal=True)
         self.bar.start()
 
     def updates(self, micro_done, loss, examples_per_s):

@@ -182,3 +182,20 @@ def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):
     assert (result.exit_code, result.stderr) == (
         2, f"error: --output-dir {out}: {tmp_path} is not writable: choose another directory\n")
     assert not (tmp_path / "locked").exists()
+
+
+def test_progress_bar_shows_micro_batches_loss_speed_and_eta(capsys):
+    import io
+
+    from accum_train.cli.main import BarProgress
+    stream = io.StringIO()
+    bar = BarProgress(True, stream=stream)
+    bar.epoch_start(1, 3, 40, 0)
+    bar.updates(20, 0.5432, 1234.0)
+    drawn = stream.getvalue()
+    assert "epoch 1/3" in drawn and "20/40 micro-batches" in drawn
+    assert "loss: 0.5432" in drawn and "1234.0 examples/s" in drawn and "ETA" in drawn
+    bar.epoch_end({"epoch": 1, "train_loss": 0.6, "test_loss": 0.5, "test_accuracy": 0.8125,
+                   "elapsed_s": 2.0, "examples_per_s": 1000.0})
+    assert capsys.readouterr().out == ("epoch 1/3: train loss 0.6000, test loss 0.5000, test accuracy 0.8125, "
+                                       "2.0 s, 1000 examples/s\n")
