@@ -284,11 +284,12 @@ class Run:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
         return int(self.step.numpy())
 
-    def save_checkpoint(self) -> None:
-        """Save; TensorFlow writes the files first and the 'checkpoint' pointer last,
+    def save_checkpoint(self, step: int) -> None:
+        """Save the state as of ``step`` updates; TensorFlow writes the files first and the 'checkpoint' pointer last,
         so a failed or killed save leaves the previous checkpoint as the latest."""
+        self.step.assign(step)
         try:
-            self.manager.save(checkpoint_number=int(self.step.numpy()))
+            self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as err:
             message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
             raise RunDirError(f"cannot write checkpoint {int(self.step.numpy())} in {self.manager.directory} "
@@ -409,7 +410,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
             run.choose_subdivisions(progress)
-        run.save_checkpoint()  # step 0: a run is resumable from its first moment
+        run.save_checkpoint(0)  # a run is resumable from its first moment
     if not cfg.baseline:
         k = run.subdivisions
         progress.message(f"batch_size={cfg.batch_size} as {k} micro-batches of "
@@ -444,29 +445,26 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
                     epoch_applied_examples += examples
                     pending = []
                     if int(run.bad_updates.numpy()) >= cfg.max_bad_updates:
-                        run.step.assign(step)
-                        run.save_checkpoint()  # skipped updates changed nothing: this is the last good state
+                        run.save_checkpoint(step)  # skipped updates changed nothing: this is the last good state
                         raise TrainingStopped(
                             f"{int(run.bad_updates.numpy())} updates in a row had a non-finite loss or gradient "
                             f"(max_bad_updates={cfg.max_bad_updates}), the last at update {step}; weights are "
                             f"checkpointed as of the last good update: lower optimizer.learning_rate or set "
                             f"optimizer.clip_norm, then resume with --resume {run_dir}")
                 if stop.signum:
-                    run.step.assign(step)
-                    run.save_checkpoint()
+                    run.save_checkpoint(step)
                     raise Interrupted(stop.signum, run_dir, step)
                 if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 \
                         and not end_of_epoch:
-                    run.step.assign(step)
-                    run.save_checkpoint()
+                    run.save_checkpoint(step)
             test_loss, test_accuracy = run.evaluate()
             elapsed = time.time() - epoch_started
-            record = {"epoch": epoch + 1, "step": step, "train_loss": epoch_loss_sum / epoch_applied_examples if epoch_applied_examples else None,
+            train_loss = epoch_loss_sum / epoch_applied_examples if epoch_applied_examples else None
+            record = {"epoch": epoch + 1, "step": step, "train_loss": train_loss,
                       "test_loss": test_loss, "test_accuracy": test_accuracy,
                       "elapsed_s": elapsed, "examples_per_s": epoch_examples / max(elapsed, 1e-9)}
             log.write([record])
-            run.step.assign(step)
-            run.save_checkpoint()
+            run.save_checkpoint(step)
             progress.epoch_end(record)
 
     test_loss, test_accuracy = run.evaluate()
@@ -551,7 +549,8 @@ def _flush(run: Run, log: MetricsLog, pending, progress: Progress, micro_done: i
         records.append({"epoch": epoch + 1, "step": step,
                         "examples_seen": _examples_seen(step, run.steps_per_epoch, run.n_train,
                                                         run.cfg.batch_size),
-                        "loss": loss if math.isfinite(loss) else None, "learning_rate": learning_rate_at(run.schedule, step - 1),
+                        "loss": loss if math.isfinite(loss) else None,
+                        "learning_rate": learning_rate_at(run.schedule, step - 1),
                         "skipped": not applied})
     log.write(records)
     progress.updates(micro_done, loss_sum / examples if examples else float("nan"), examples_per_s)

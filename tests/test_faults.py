@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.engine import AccumulatingUpdate
-from accum_train.errors import RunDirError, TrainingStopped
+from accum_train.errors import TrainingStopped
 from accum_train.train import train
 
 
