@@ -355,6 +355,18 @@ class MetricsLog:
     def read(self):
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
+    def epoch_losses(self, epoch: int) -> tuple:
+        """(loss sum, examples) of the applied updates logged so far in ``epoch``."""
+        loss_sum, examples, seen = 0.0, 0, 0
+        for record in self.read() if self.path.exists() else []:
+            if "loss" not in record:
+                continue
+            n, seen = record["examples_seen"] - seen, record["examples_seen"]  # records start at step 1
+            if record["epoch"] == epoch and not record["skipped"]:
+                loss_sum += record["loss"] * n
+                examples += n
+        return loss_sum, examples
+
 
 class _StopFlag:
     """SIGINT/SIGTERM set a flag; the loop finishes the update in hand, checkpoints, stops."""
@@ -426,8 +438,8 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
             progress.epoch_start(epoch + 1, cfg.epochs, full * k + min(k, rest), first * k)
             epoch_started = time.time()
             epoch_examples = 0
-            epoch_loss_sum = 0.0
-            epoch_applied_examples = 0
+            # A run resumed mid-epoch picks up the losses this epoch already logged.
+            epoch_loss_sum, epoch_applied_examples = log.epoch_losses(epoch + 1) if first else (0.0, 0)
             micro_done = first * k
             pending = []
             for x, y in batches(run.train_images, run.train_labels, order, cfg.batch_size):

@@ -126,6 +126,8 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, 
     ref = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], "loss" in r) for r in cut] == [(r["step"], "loss" in r) for r in ref]
     assert [r.get("loss") for r in cut] == pytest.approx([r.get("loss") for r in ref], abs=1e-5)
+    # the epoch resumed mid-way still reports the train loss of all its updates
+    assert [r.get("train_loss") for r in cut] == pytest.approx([r.get("train_loss") for r in ref], abs=1e-6)
 
 
 def test_cli_interrupt_exit_code_and_resume_line(tmp_path, repo_root, monkeypatch):
