@@ -31,7 +31,7 @@ NORM_NAMES = ("batchnorm", "none")
 OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop")
 SCHEDULE_NAMES = ("constant", "cosine", "exponential")
 DATASET_NAMES = ("fashion_mnist",)
-STRATEGY_NAMES = ("default",)
+STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
 
 # Large enough for any real run, small enough that a typo like 5e9 is caught
 # before it allocates anything.
@@ -95,6 +95,18 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class StrategyConfig:
+    name: str = _spec("default", choices=STRATEGY_NAMES,
+                      help="default: one device; mirrored: the visible devices of this machine; "
+                           "multi_worker: one process per machine, from TF_CONFIG or --workers")
+    cpu_devices: Optional[int] = _spec(None, minimum=1, maximum=64,
+                                       help="mirrored: split the CPU into this many logical devices")
+    worker_timeout_s: float = _spec(60.0, minimum=0.0, exclusive_min=True,
+                                    help="--workers: how long a worker may take to start, and how long "
+                                         "the others get to stop when one fails")
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = _spec(0, minimum=0, help="also checkpoint every N updates (0: epoch ends only)")
     keep: int = _spec(3, minimum=1, maximum=1000, help="checkpoints kept")
@@ -115,6 +127,7 @@ class Config:
     baseline: bool = _spec(False, help="true: plain optimizer on the whole batch, no cache")
     log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
+    strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
     max_bad_updates: int = _spec(10, minimum=1, help="stop after this many updates in a row skipped "
                                                      "for a non-finite loss or gradient")
     memory_limit: Optional[str] = _spec(None, choices="size",
@@ -365,6 +378,19 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
     elif cfg.subdivisions > cfg.batch_size:
         raise ConfigError(f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
                           f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)")
+    if cfg.strategy.name != "default":
+        name = cfg.strategy.name
+        for bad, why in ((cfg.model.norm != "none", "model.norm=none (BatchNorm statistics are not yet "
+                                                    "pooled across replicas)"),
+                         (cfg.optimizer.clip_norm is not None, "optimizer.clip_norm=null (clipping needs the "
+                                                               "all-reduced gradient, not yet supported)"),
+                         (cfg.auto_subdivisions, "a fixed subdivisions (auto is single-device only)"),
+                         (cfg.baseline, "baseline=false")):
+            if bad:
+                raise ConfigError(f"{where('strategy.name')}: strategy.name={name} needs {why}")
+    if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":
+        raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for "
+                          f"strategy.name=mirrored")
     limit = cfg.data.train_limit
     if limit is not None and limit < cfg.batch_size:
         raise ConfigError(f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "

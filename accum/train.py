@@ -14,6 +14,7 @@ pass nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from .errors import OutOfMemory, RunDirError, TrainingStopped
 from .models import build_model
 from .optim import learning_rate_at, make_optimizer, make_schedule
+from .rundir import _UMASK, atomic_write, check_output_dir, is_run_dir  # noqa: F401  (re-exported)
 
 
 class Progress:
@@ -56,53 +58,6 @@ class Interrupted(Exception):
 
 # ----------------------------------------------------------------------------
 # Files
-
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write then rename: a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a run's files are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def is_run_dir(path: Path) -> bool:
-    return (Path(path) / "config.yaml").is_file() and (Path(path) / "checkpoints").is_dir()
-
-
-def check_output_dir(path: Path) -> None:
-    """Refuse a directory we would damage or cannot use, before anything is written."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"--output-dir {path} is a file: name a directory")
-    if path.is_dir() and any(path.iterdir()):
-        hint = f"continue it with --resume {path}" if is_run_dir(path) else "choose an empty or new directory"
-        raise RunDirError(f"--output-dir {path} is not empty: {hint}")
-    parent = path if path.is_dir() else _existing_parent(path)
-    if not parent.is_dir():
-        raise RunDirError(f"--output-dir {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunDirError(f"--output-dir {path}: {parent} is not writable: choose another directory")
-
-
-def _existing_parent(path: Path) -> Path:
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return parent
-    return Path("/")
 
 
 def peak_rss_bytes() -> int:
@@ -166,7 +121,7 @@ def batches(images: tf.Tensor, labels: tf.Tensor, order: np.ndarray, batch_size:
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, run_dir: Path):
+    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.train_images = tf.constant(data.train.images)
         self.train_labels = tf.constant(data.train.labels)
@@ -175,14 +130,19 @@ class Run:
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.epochs
 
-        self.model = build_model(cfg.model, cfg.seed)
+        self.schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            self.model = build_model(cfg.model, cfg.seed)
+            self.optimizer = make_optimizer(cfg.optimizer, self.schedule, self.model.trainable_variables)
         for layer in self.model.norm_layers:
             layer.deferred = True  # moving statistics move once per update
-        self.schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
-        self.optimizer = make_optimizer(cfg.optimizer, self.schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn = sparse_softmax_loss(self.model.forward)
-        if cfg.baseline:
+        if strategy is not None:
+            from .distribute import DistributedUpdate
+            self.engine = DistributedUpdate(strategy, loss_fn, self.model.trainable_variables, self.optimizer,
+                                            cfg.subdivisions)
+        elif cfg.baseline:
             self.engine = PlainUpdate(loss_fn, self.model.trainable_variables, self.optimizer,
                                       cfg.optimizer.clip_norm, self.model.norm_layers, signature)
         else:
@@ -200,7 +160,7 @@ class Run:
         tracked = {"weights": self.model.variables, "optimizer": self.optimizer,
                    "step": self.step, "bad_updates": self.bad_updates,
                    "skipped_updates": self.skipped_updates}
-        if isinstance(self.engine, AccumulatingUpdate):
+        if not cfg.baseline:
             tracked["subdivisions"] = self.engine.subdivisions
         self.checkpoint = tf.train.Checkpoint(**tracked)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.run_dir / "checkpoints"),
@@ -276,10 +236,11 @@ class Run:
             correct += float(batch_correct)
         return loss_sum / n, correct / n
 
-    def restore_latest(self) -> int:
-        latest = self.manager.latest_checkpoint
+    def restore_latest(self, run_dir: Path) -> int:
+        """Restore the latest checkpoint of run_dir (the chief's, for every worker)."""
+        latest = tf.train.latest_checkpoint(str(Path(run_dir) / "checkpoints"))
         if latest is None:
-            raise RunDirError(f"--resume {self.run_dir}: no checkpoint in {self.run_dir / 'checkpoints'}; "
+            raise RunDirError(f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}; "
                               f"start a new run instead")
         self.checkpoint.restore(latest).assert_existing_objects_matched()
         return int(self.step.numpy())
@@ -399,9 +360,20 @@ def load_data(cfg: Config):
 
 
 def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resume: bool = False,
-          data=None) -> dict:
-    """Train as configured, leaving a complete run directory; returns summary.json's content."""
+          data=None, strategy=None) -> dict:
+    """Train as configured, leaving a complete run directory; returns summary.json's content.
+
+    Under a multi-worker strategy every worker calls this; only the chief writes
+    ``run_dir``, the others write their (required) checkpoints to a scratch folder."""
+    from .distribute import is_chief
     progress = progress or Progress()
+    shared_dir = Path(run_dir)
+    if not is_chief(strategy):
+        scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
+        run_dir, progress = Path(scratch.name) / "run", Progress()
+        if resume:  # the scratch folder needs the shape of a run to continue in
+            run_dir.mkdir()
+            atomic_write(run_dir / "config.yaml", cfg.to_yaml().encode())
     run_dir = Path(run_dir)
     if data is None:
         data = load_data(cfg)  # before anything is written: bad data leaves no trace
@@ -412,18 +384,24 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / "config.yaml", cfg.to_yaml().encode())
-    run = Run(cfg, data, run_dir)
+    run = Run(cfg, data, run_dir, strategy)
     log = MetricsLog(run_dir)
     step = 0
     if resume:
-        step = run.restore_latest()
+        step = run.restore_latest(shared_dir)
         log.truncate_after(step, step // run.steps_per_epoch)
         progress.message(f"resuming {run_dir} at update {step} of {run.total_steps}")
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
             run.choose_subdivisions(progress)
         run.save_checkpoint(0)  # a run is resumable from its first moment
-    if not cfg.baseline:
+    if strategy is not None:
+        replicas, k = strategy.num_replicas_in_sync, run.subdivisions
+        share = math.ceil(cfg.batch_size / replicas)
+        progress.message(f"batch_size={cfg.batch_size} over {replicas} replicas ({cfg.batch_size // replicas}-"
+                         f"{share} examples each), each as {k} micro-batches of up to {math.ceil(share / k)} "
+                         f"examples; one gradient all-reduce per update")
+    elif not cfg.baseline:
         k = run.subdivisions
         progress.message(f"batch_size={cfg.batch_size} as {k} micro-batches of "
                          f"{cfg.batch_size // k}-{math.ceil(cfg.batch_size / k)} examples")

@@ -50,7 +50,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def resolve_resume(run_dir: Path, config_path, overrides) -> tuple:
     """The config of a run to continue, and whether it changed (allowed keys only)."""
-    from ..train import is_run_dir
+    from ..rundir import is_run_dir
     if not run_dir.is_dir() or not is_run_dir(run_dir):
         raise RunDirError(f"--resume {run_dir} is not a run directory (no config.yaml and checkpoints/): "
                           f"pass a directory written by 'accum-train run'")
@@ -127,7 +127,9 @@ def main():
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
               help="Continue the run in this directory from its latest checkpoint.")
 @click.option("--quiet", is_flag=True, help="No progress bar (also off when stdout is not a terminal).")
-def run(config, overrides, output_dir, resume_dir, quiet):
+@click.option("--workers", type=click.IntRange(min=2), default=None,
+              help="Train on this many local worker processes (MultiWorkerMirroredStrategy on 127.0.0.1).")
+def run(config, overrides, output_dir, resume_dir, quiet, workers):
     """Train the model a CONFIG describes and print its test accuracy.
 
     \b
@@ -148,8 +150,11 @@ def run(config, overrides, output_dir, resume_dir, quiet):
                                 "or --resume RUN_DIR")
             cfg, changed = load_config(config, overrides), False
             run_dir = Path(output_dir) if output_dir else default_output_dir(config)
-        summary = _train(cfg, run_dir, resume=resume_dir is not None, rewrite_config=changed,
-                         quiet=quiet)
+        if workers:
+            summary = _launch(config, overrides, cfg, run_dir, resume_dir is not None, workers)
+        else:
+            summary = _train(cfg, run_dir, resume=resume_dir is not None, rewrite_config=changed,
+                             quiet=quiet)
     except UserError as err:
         fail(str(err))
     except OutOfMemory as err:
@@ -158,21 +163,56 @@ def run(config, overrides, output_dir, resume_dir, quiet):
     except TrainingStopped as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)
+    if workers:
+        return  # the chief's own output, echoed by the launcher, ended with the same line
     click.echo(f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
                f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}")
 
 
-def _train(cfg: Config, run_dir: Path, resume: bool, rewrite_config: bool, quiet: bool) -> dict:
+def _launch(config, overrides, cfg: Config, run_dir: Path, resume: bool, workers: int) -> dict:
+    """--workers N: check everything here once, then supervise N worker processes."""
+    import json
+    if cfg.strategy.name not in ("default", "multi_worker"):
+        raise UserError(f"--workers needs strategy.name=multi_worker (or default), not {cfg.strategy.name}")
+    multi = ["--set", "strategy.name=multi_worker"]
+    from ..config import config_from_dict
+    config_from_dict({**cfg.to_dict(), "strategy": {**cfg.to_dict()["strategy"], "name": "multi_worker"}},
+                     "--workers")  # the multi-worker limits, checked before any process starts
     _quiet_tensorflow()
-    from ..train import Interrupted, atomic_write, check_output_dir, load_data, train
+    from ..launcher import launch
+    from ..train import check_output_dir, load_data
     if not resume:
         check_output_dir(run_dir)
+    load_data(cfg)
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    args = ([str(config)] if config else []) + sets + multi + \
+        (["--resume", str(run_dir)] if resume else ["--output-dir", str(run_dir)]) + ["--quiet"]
+    code, message = launch(args, workers, cfg.strategy.worker_timeout_s, click.echo)
+    if code:
+        click.echo(f"error: {message}", err=True)
+        sys.exit(1)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _train(cfg: Config, run_dir: Path, resume: bool, rewrite_config: bool, quiet: bool) -> dict:
+    _quiet_tensorflow()
+    strategy = None
+    if cfg.strategy.name != "default":
+        # Before anything else touches TensorFlow: logical devices and the
+        # multi-worker runtime can only be set up in a fresh TensorFlow.
+        from ..distribute import make_strategy
+        strategy = make_strategy(cfg.strategy)
+    from ..distribute import is_chief
+    from ..train import Interrupted, atomic_write, check_output_dir, load_data, train
+    chief = is_chief(strategy)
+    if not resume and chief:  # other workers never touch the run directory
+        check_output_dir(run_dir)
     data = load_data(cfg)
-    if rewrite_config:
+    if rewrite_config and chief:
         atomic_write(run_dir / "config.yaml", cfg.to_yaml().encode())
     show_bar = not quiet and sys.stdout.isatty()
     try:
-        return train(cfg, run_dir, progress=BarProgress(show_bar), resume=resume, data=data)
+        return train(cfg, run_dir, progress=BarProgress(show_bar), resume=resume, data=data, strategy=strategy)
     except Interrupted as stop:
         name = signal.Signals(stop.signum).name
         click.echo(f"stopped by {name} after update {stop.step}; checkpoint saved. "

@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from accum_train.cli.main import main
+from accum_train.distribute import DistributedUpdate
 from accum_train.engine import AccumulatingUpdate
-from accum_train.train import MetricsLog, Run
 
 
 def die():
@@ -39,19 +39,21 @@ def counter(n):
 def arm(point, n):
     hit = counter(n)
     if point == "update":
-        original = AccumulatingUpdate.__init__
+        for cls in (AccumulatingUpdate, DistributedUpdate):
+            original = cls.__init__
 
-        def init(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            real = self.update
+            def init(self, *args, _original=original, **kwargs):
+                _original(self, *args, **kwargs)
+                real = self.update
 
-            def update(x, y):
-                if hit():
-                    threading.Timer(0.002, die).start()
-                return real(x, y)
-            self.update = update
-        AccumulatingUpdate.__init__ = init
+                def update(x, y):
+                    if hit():
+                        threading.Timer(0.002, die).start()
+                    return real(x, y)
+                self.update = update
+            cls.__init__ = init
     elif point in ("checkpoint", "partial", "after_checkpoint"):
+        from accum_train.train import Run  # late: a multi-worker strategy must come before TensorLayer's import
         real_save = Run.save_checkpoint
 
         def save(self, step):
@@ -69,6 +71,7 @@ def arm(point, n):
             die()
         Run.save_checkpoint = save
     elif point == "metrics":
+        from accum_train.train import MetricsLog
         real_write = MetricsLog.write
 
         def write(self, records):

@@ -1,0 +1,122 @@
+"""``accum-train run --workers N``: N local worker processes under a watchdog.
+
+Each worker is ``accum-train run`` with ``strategy.name=multi_worker`` and a
+TF_CONFIG naming N ports on 127.0.0.1 (worker 0 is the chief and writes the
+run directory). The watchdog stops every worker, within a bounded time, as
+soon as one fails or one has not started training within
+``strategy.worker_timeout_s``: a missing peer would otherwise leave the others
+blocked in a collective for minutes.
+
+TF's gRPC server listens on all interfaces without authentication, whatever
+address TF_CONFIG names: run workers on a private network (the tests use a
+private network namespace, ``unshare -rn``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, List, Sequence
+
+STARTED = "batch_size="  # the line the chief prints once every worker has joined and training begins
+
+
+def free_ports(count: int) -> List[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def worker_command(run_args: Sequence[str], index: int) -> List[str]:
+    return [sys.executable, "-m", "accum_train.cli.main", "run", *run_args]
+
+
+class _Worker:
+    def __init__(self, index: int, command: List[str], env: dict, echo: Callable[[str], None]):
+        self.index = index
+        self.started = False
+        self.last_error = ""
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, start_new_session=True)
+        self._readers = [threading.Thread(target=self._read, args=(self.process.stdout, echo), daemon=True),
+                         threading.Thread(target=self._read_errors, args=(self.process.stderr,), daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, echo):
+        for line in stream:
+            if line.startswith(STARTED):
+                self.started = True
+            if self.index == 0:
+                echo(line.rstrip("\n"))
+
+    def _read_errors(self, stream):
+        for line in stream:
+            if line.startswith("error: ") or line.startswith("stopped by "):
+                self.last_error = line.strip()
+            elif line.strip() and not line.startswith((" ", "I0000", "W0000", "WARNING", "To enable")) \
+                    and not self.last_error.startswith("error: "):
+                self.last_error = line.strip()  # e.g. the last line of a traceback
+
+    def stop(self, sig=signal.SIGKILL):
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def finish(self):
+        self.process.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+
+
+def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None]) -> tuple:
+    """Run the workers to the end; (exit code, message or None)."""
+    ports = free_ports(workers)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    pool = []
+    for index in range(workers):
+        command = worker_command(run_args, index)
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+               "ACCUM_TRAIN_WORKER": str(index)}
+        pool.append(_Worker(index, command, env, echo))
+    launched = time.monotonic()
+    failure = None
+    while failure is None:
+        codes = [w.process.poll() for w in pool]
+        if all(code == 0 for code in codes):
+            break
+        for worker, code in zip(pool, codes):
+            if code not in (None, 0):
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                detail = f": {worker.last_error}" if worker.last_error else ""
+                failure = f"worker {worker.index} {how}{detail}"
+                break
+        else:
+            # The chief starts only once every worker has joined: its first line means all are up.
+            if not pool[0].started and time.monotonic() - launched > timeout_s:
+                failure = (f"training did not start within {timeout_s:g} s: worker 0 was still waiting "
+                           f"for its peers")
+        time.sleep(0.1)
+    if failure is not None:
+        for worker in pool:
+            worker.stop()
+    for worker in pool:
+        worker.finish()
+    if failure is None:
+        return 0, None
+    return 1, f"{failure}; stopped all {workers} workers (the last checkpoint stays readable)"

@@ -1,0 +1,29 @@
+"""Runs `accum-train run --workers N` with one worker replaced, for test_distribute.py.
+
+ACCUM_LAUNCH_FAULT=hang   worker 1 never comes up (sleeps)
+ACCUM_LAUNCH_FAULT=die:N  worker 1 kills itself (SIGKILL) during its Nth update
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import accum_train.launcher as launcher
+from accum_train.cli.main import main
+
+real_command = launcher.worker_command
+
+
+def worker_command(run_args, index):
+    fault = os.environ["ACCUM_LAUNCH_FAULT"]
+    if index != 1:
+        return real_command(run_args, index)
+    if fault == "hang":
+        return [sys.executable, "-c", "import time; time.sleep(600)"]
+    os.environ["ACCUM_FAULT"] = "update:" + fault.split(":")[1]  # inherited by the workers started next
+    return [sys.executable, str(Path(__file__).with_name("fault_runner.py")), "run", *run_args]
+
+
+launcher.worker_command = worker_command
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
