@@ -34,7 +34,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The slow fault-injection tests (kill -9 / signals + resume), ~6 min; .ci/run runs them too.
+# The slow suites (kill -9 / signals + resume; tf.distribute in fresh processes), ~9 min; .ci/run runs them too.
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.slow  # fresh processes, about 3 minutes: `make test-slow`, run by CI
+
 CLI = [sys.executable, "-m", "accum_train.cli.main", "run"]
 HERE = Path(__file__).parent
 # 200 examples / batch 64: three updates and a short one of 8; 3 micro-batches per replica are ragged.
