@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import Config, load_config
+from .rundir import pyplot, save_figure
 from .train import Progress, atomic_write
 
 
@@ -91,9 +92,7 @@ def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = result["rows"]
     ks = [r["subdivisions"] for r in rows]
@@ -116,10 +115,7 @@ def plot(result: dict, path: Path) -> None:
     cfg = result["config"]
     ax.set_title(f"{cfg['model']['name']} x{cfg['model']['width']}: time and memory against subdivisions")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def _worker(argv) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .config import Config
 from .errors import UserError
+from .rundir import pyplot, save_figure
 from .train import Progress, atomic_write
 
 OUT_OF_MEMORY_EXIT = 3
@@ -151,9 +152,7 @@ def compare(cfg: Config, data, out_dir: Path, progress: Optional[Progress] = Non
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cfg = result["config"]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
@@ -190,7 +189,4 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"{cfg['model']['name']} x{cfg['model']['width']}, batch {cfg['batch_size']}, "
                  f"{cfg['optimizer']['name']} lr {cfg['optimizer']['learning_rate']}")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)

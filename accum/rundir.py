@@ -60,3 +60,20 @@ def _existing_parent(path: Path) -> Path:
     return Path("/")
 
 
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Save a PNG atomically and free the figure."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    pyplot().close(fig)
+    tmp.replace(path)

@@ -9,6 +9,7 @@ only after the config has been checked, so those errors come back at once.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -233,22 +234,33 @@ def compare(config, overrides, output_dir):
     accum-train compare configs/fmnist.yaml
     accum-train compare configs/smoke.yaml --set model.norm=none --output-dir runs/cmp
     """
-    try:
+    with _reported_errors():
         cfg = load_config(config, overrides)
-        out_dir = Path(output_dir) if output_dir else \
-            Path("runs") / f"compare-{default_output_dir(config).name}"
-        _quiet_tensorflow()
+        out_dir, data = _prepare(cfg, config, output_dir, "compare")
         from ..compare import compare as run_compare
-        from ..train import check_output_dir, load_data
-        check_output_dir(out_dir)
-        data = load_data(cfg)
         result = run_compare(cfg, data, out_dir, BarProgress(False))
+    click.echo(format_compare(result, out_dir))
+
+
+@contextlib.contextmanager
+def _reported_errors():
+    """Bad input: one line, exit 2. A child run that failed: one line, exit 1."""
+    try:
+        yield
     except UserError as err:
         fail(str(err))
     except RuntimeError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)
-    click.echo(format_compare(result, out_dir))
+
+
+def _prepare(cfg: Config, config, output_dir, prefix: str) -> tuple:
+    """The output directory (checked, not created) and the verified data, before any work."""
+    out_dir = Path(output_dir) if output_dir else Path("runs") / f"{prefix}-{default_output_dir(config).name}"
+    _quiet_tensorflow()
+    from ..train import check_output_dir, load_data
+    check_output_dir(out_dir)
+    return out_dir, load_data(cfg)
 
 
 def _parse_ks(text: str) -> list:
@@ -276,25 +288,16 @@ def bench(config, ks, steps, overrides, output_dir):
     \b
     accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
     """
-    try:
+    with _reported_errors():
         cfg = load_config(config, overrides)
         values = _parse_ks(ks)
         too_many = [k for k in values if k > cfg.batch_size]
         if too_many:
             raise UserError(f"--subdivisions {too_many[0]} is more than batch_size={cfg.batch_size}: "
                             f"a micro-batch holds at least one example")
-        out_dir = Path(output_dir) if output_dir else Path("runs") / f"bench-{default_output_dir(config).name}"
-        _quiet_tensorflow()
+        out_dir, _ = _prepare(cfg, config, output_dir, "bench")  # bad data is reported here, not by each worker
         from ..bench import bench as run_bench
-        from ..train import check_output_dir, load_data
-        check_output_dir(out_dir)
-        load_data(cfg)  # bad data is reported here, once, not by every worker
         result = run_bench(cfg, values, steps, out_dir, BarProgress(False))
-    except UserError as err:
-        fail(str(err))
-    except RuntimeError as err:
-        click.echo(f"error: {err}", err=True)
-        sys.exit(1)
     click.echo(format_bench(result, out_dir))
 
 
