@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import Config, load_config
-from .rundir import pyplot, save_figure
+from .rundir import pyplot, save_figure, write_json
 from .train import Progress, atomic_write
 
 
@@ -86,7 +86,7 @@ def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
                          f"{row['examples_per_s']:.0f} examples/s")
         rows.append(row)
     result = {"config": cfg.to_dict(), "steps": steps, "rows": rows}
-    atomic_write(out_dir / "bench.json", (json.dumps(result, indent=2) + "\n").encode())
+    write_json(out_dir / "bench.json", result)
     plot(result, out_dir / "bench.png")
     return result
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .config import Config
 from .errors import UserError
-from .rundir import pyplot, save_figure
+from .rundir import pyplot, save_figure, write_json
 from .train import Progress, atomic_write
 
 OUT_OF_MEMORY_EXIT = 3
@@ -146,7 +146,7 @@ def compare(cfg: Config, data, out_dir: Path, progress: Optional[Progress] = Non
         raise RuntimeError(f"the subdivided run ran out of memory too: {subdivided['message']}")
     result = {"config": cfg.to_dict(), "gradient_check": check, "baseline": baseline,
               "subdivided": subdivided, "ratios": ratios(baseline, subdivided)}
-    atomic_write(out_dir / "compare.json", (json.dumps(result, indent=2) + "\n").encode())
+    write_json(out_dir / "compare.json", result)
     plot(result, out_dir / "compare.png")
     return result
 

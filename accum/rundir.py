@@ -7,6 +7,7 @@ TensorFlow (or TensorLayer's import) runs anything.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -60,6 +61,11 @@ def _existing_parent(path: Path) -> Path:
     return Path("/")
 
 
+
+
+def write_json(path: Path, data) -> None:
+    """An indented JSON file, written atomically (summary.json, compare.json, bench.json)."""
+    atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def pyplot():

@@ -33,7 +33,7 @@ from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from .errors import OutOfMemory, RunDirError, TrainingStopped
 from .models import build_model
 from .optim import learning_rate_at, make_optimizer, make_schedule
-from .rundir import _UMASK, atomic_write, check_output_dir, is_run_dir  # noqa: F401  (re-exported)
+from .rundir import _UMASK, atomic_write, check_output_dir, is_run_dir, write_json  # noqa: F401  (re-exported)
 
 
 class Progress:
@@ -473,7 +473,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
         "batch_size": cfg.batch_size,
         "baseline": cfg.baseline,
     }
-    atomic_write(run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+    write_json(run_dir / "summary.json", summary)
     return summary
 
 
