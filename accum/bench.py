@@ -22,29 +22,25 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import Config, load_config
-from .rundir import pyplot, save_figure, write_json
-from .train import Progress, atomic_write
+from .errors import WorkerFailed
+from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_result
+from .train import Progress
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
-    import tensorflow as tf
+    from .data import first_batch
+    from .memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
+    from .train import Run
 
-    from .train import Run, allocator_peak_bytes, epoch_order, memory_device, peak_rss_bytes, to_inputs
-
-    order = epoch_order(cfg.seed, 0, len(data.train.labels))[:cfg.batch_size]
+    x, y = first_batch(data, cfg.seed, cfg.batch_size)
     # Only the measured batch is handed to the run: the update's memory is what
     # is measured, not a copy of the whole training set held as a constant.
-    batch = dataclasses.replace(data, train=dataclasses.replace(
-        data.train, images=data.train.images[order], labels=data.train.labels[order]))
+    batch = dataclasses.replace(data, train=dataclasses.replace(data.train, images=x[:0], labels=y[:0]))
     with tempfile.TemporaryDirectory() as scratch:
         run = Run(cfg, batch, Path(scratch))
-        x, y = to_inputs(batch.train.images, batch.train.labels)
         for _ in range(warmup):
             float(run.engine.update(x, y)["loss"])
-        try:
-            tf.config.experimental.reset_memory_stats(memory_device())
-        except (ValueError, RuntimeError):
-            pass
+        reset_allocator_peak()
         wall, cpu_start = [], time.process_time()
         for _ in range(steps):
             start = time.perf_counter()
@@ -67,8 +63,14 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
 
 def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
           progress: Optional[Progress] = None) -> dict:
+    """Measure each k in a fresh process; write out_dir/{bench.json, bench.png}.
+
+    The output directory and the data are checked here, once, before any worker starts."""
+    from .datasets import load
     progress = progress or Progress()
     out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    load(cfg.data)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in subdivisions:
@@ -80,14 +82,13 @@ def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
         config_path.unlink()
         if child.returncode != 0:
             tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
-            raise RuntimeError(f"bench worker for subdivisions={k} failed with exit code {child.returncode}: {tail}")
+            raise WorkerFailed(f"bench worker for subdivisions={k} failed with exit code {child.returncode}: {tail}")
         row = json.loads(child.stdout.strip().splitlines()[-1])
         progress.message(f"subdivisions={k}: {row['median_s_per_update']:.3f} s/update, "
                          f"{row['examples_per_s']:.0f} examples/s")
         rows.append(row)
     result = {"config": cfg.to_dict(), "steps": steps, "rows": rows}
-    write_json(out_dir / "bench.json", result)
-    plot(result, out_dir / "bench.png")
+    write_result(out_dir, "bench", result, plot)
     return result
 
 
@@ -121,8 +122,8 @@ def plot(result: dict, path: Path) -> None:
 def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
-    from .train import load_data
-    print(json.dumps(measure(cfg, load_data(cfg), steps)))
+    from .datasets import load
+    print(json.dumps(measure(cfg, load(cfg.data), steps)))
 
 
 if __name__ == "__main__":

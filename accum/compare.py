@@ -21,50 +21,45 @@ from typing import Optional
 import numpy as np
 
 from .config import Config
-from .errors import UserError
-from .rundir import pyplot, save_figure, write_json
-from .train import Progress, atomic_write
+from .errors import OutOfMemory, UserError, WorkerFailed
+from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_result
+from .train import Progress
 
 OUT_OF_MEMORY_EXIT = 3
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 
 
 def gradient_check(cfg: Config, data) -> dict:
-    """Accumulated vs whole-batch gradient on the first batch at the initial weights."""
+    """Accumulated vs whole-batch gradient on the first batch at the initial weights.
+
+    The accumulated side is the engine's own: AccumulatingUpdate fills its
+    cache with the k micro-batches of the batch, which is then read and
+    cleared, never applied."""
     import tensorflow as tf
 
-    from .engine import GradientCache, micro_bounds
+    from .data import first_batch
+    from .engine import AccumulatingUpdate
     from .models import build_model
-    from .train import epoch_order, to_inputs
 
-    model = build_model(cfg.model, cfg.seed)
-    for layer in model.norm_layers:
-        layer.deferred = True  # statistics are pooled and then discarded: the check moves nothing
-    order = epoch_order(cfg.seed, 0, len(data.train.labels))[:cfg.batch_size]
-    x, y = to_inputs(data.train.images[order], data.train.labels[order])
+    model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
+    x, y = first_batch(data, cfg.seed, cfg.batch_size)
     variables = model.trainable_variables
     names = [v.name.split(":")[0] for v in variables]
+    k = min(cfg.subdivisions, cfg.batch_size)
 
     def check(training: bool) -> dict:
-        def loss_sum(xb, yb):
-            logits = model.forward(xb, training)
-            return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
+        def losses(xb, yb):
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=model.forward(xb, training))
 
-        n = int(y.shape[0])
         with tf.GradientTape() as tape:
-            full_loss = loss_sum(x, y) / n
+            full_loss = tf.reduce_mean(losses(x, y))
         full = tape.gradient(full_loss, variables)
-        cache = GradientCache(variables)
-        k = min(cfg.subdivisions, n)
-        for i in range(k):
-            start, end = micro_bounds(i, n, k)
-            with tf.GradientTape() as tape:
-                share = loss_sum(x[start:end], y[start:end]) / n
-            cache.add(tape.gradient(share, variables))
-        for layer in model.norm_layers:
-            layer.discard()
+        engine = AccumulatingUpdate(losses, variables, None, k, norm_layers=model.norm_layers)
+        engine.accumulate_batch(x, y)
+        accumulated = engine.cache.gradients()
+        engine.reset()  # nothing is applied, no statistic moves
         per_variable = {}
-        for name, acc, ref in zip(names, cache.gradients(), full):
+        for name, acc, ref in zip(names, accumulated, full):
             acc, ref = acc.numpy().astype(np.float64), ref.numpy().astype(np.float64)
             diff = acc - ref
             per_variable[name] = {
@@ -79,7 +74,7 @@ def gradient_check(cfg: Config, data) -> dict:
         }
 
     result = check(training=True)
-    result["subdivisions"] = min(cfg.subdivisions, cfg.batch_size)
+    result["subdivisions"] = k
     result["bn_inference_mode"] = check(training=False) if model.norm_layers else None
     return result
 
@@ -110,7 +105,7 @@ def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progres
         return {"status": "out_of_memory", "message": message, "run_dir": str(run_dir)}
     if code != 0:
         tail = errors[-1] if errors else (stderr.strip().splitlines() or ["no message"])[-1]
-        raise RuntimeError(f"the {label} run failed with exit code {code}: {tail}")
+        raise WorkerFailed(f"the {label} run failed with exit code {code}: {tail}")
     summary = json.loads((run_dir / "summary.json").read_text())
     curves = _curves(run_dir)
     summary["examples_per_s"] = float(np.mean(curves["examples_per_s"])) if curves["examples_per_s"] else None
@@ -127,13 +122,19 @@ def ratios(baseline: dict, subdivided: dict) -> Optional[dict]:
     return out
 
 
-def compare(cfg: Config, data, out_dir: Path, progress: Optional[Progress] = None) -> dict:
-    """Write out_dir/{config.yaml, baseline/, subdivided/, compare.json, compare.png}."""
+def compare(cfg: Config, out_dir: Path, progress: Optional[Progress] = None, data=None) -> dict:
+    """Write out_dir/{config.yaml, baseline/, subdivided/, compare.json, compare.png}.
+
+    The config, the output directory and the data are checked before anything is written."""
     progress = progress or Progress()
     if cfg.auto_subdivisions:
         raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): "
                         "use --set subdivisions=K")
     out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    if data is None:
+        from .datasets import load
+        data = load(cfg.data)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     atomic_write(config_path, cfg.to_yaml().encode())
@@ -143,11 +144,10 @@ def compare(cfg: Config, data, out_dir: Path, progress: Optional[Progress] = Non
     baseline = run_side(config_path, out_dir / "baseline", True, progress)
     subdivided = run_side(config_path, out_dir / "subdivided", False, progress)
     if subdivided["status"] != "ok":
-        raise RuntimeError(f"the subdivided run ran out of memory too: {subdivided['message']}")
+        raise OutOfMemory(f"the subdivided run ran out of memory too: {subdivided['message']}")
     result = {"config": cfg.to_dict(), "gradient_check": check, "baseline": baseline,
               "subdivided": subdivided, "ratios": ratios(baseline, subdivided)}
-    write_json(out_dir / "compare.json", result)
-    plot(result, out_dir / "compare.png")
+    write_result(out_dir, "compare", result, plot)
     return result
 
 

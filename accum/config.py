@@ -149,6 +149,22 @@ class Config:
     def auto_subdivisions(self) -> bool:
         return self.subdivisions == "auto"
 
+    def with_decay_steps(self, decay_steps: Optional[int]) -> "Config":
+        schedule = dataclasses.replace(self.optimizer.schedule, decay_steps=decay_steps)
+        return dataclasses.replace(self, optimizer=dataclasses.replace(self.optimizer, schedule=schedule))
+
+    def resolved(self, total_steps: int) -> "Config":
+        """Fix what is computed from the run's length when the run starts.
+
+        A decaying schedule with decay_steps null decays over the whole run
+        (after warm-up). The length is resolved here and written into the
+        run's config.yaml, so a run resumed with more epochs keeps the curve
+        it started on instead of silently bending it."""
+        schedule = self.optimizer.schedule
+        if schedule.name == "constant" or schedule.decay_steps is not None:
+            return self
+        return self.with_decay_steps(max(1, total_steps - schedule.warmup_steps))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

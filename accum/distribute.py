@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from .config import StrategyConfig
-from .engine import micro_bounds
+from .engine import NAN, GradientCache, Update, all_finite, micro_bounds
 
 
 def make_strategy(cfg: StrategyConfig, cross_device_ops=None) -> Optional[tf.distribute.Strategy]:
@@ -56,24 +56,21 @@ def is_chief(strategy: Optional[tf.distribute.Strategy]) -> bool:
     return int(task.get("index", 0)) == 0
 
 
-class DistributedUpdate:
+class DistributedUpdate(Update):
     """The subdivided update across replicas; same interface as AccumulatingUpdate.update."""
 
     def __init__(self, strategy: tf.distribute.Strategy, loss_fn: Callable, variables: Sequence[tf.Variable],
                  optimizer, subdivisions: int):
+        super().__init__(variables, optimizer)
         self.strategy = strategy
         self.loss_fn = loss_fn
-        self.variables = list(variables)
-        self.optimizer = optimizer
         with strategy.scope():
-            self.cache = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"grad_cache_{i}",
-                                      synchronization=tf.VariableSynchronization.ON_READ,
-                                      aggregation=tf.VariableAggregation.SUM)
-                          for i, v in enumerate(self.variables)]
+            self.cache = GradientCache(self.variables, synchronization=tf.VariableSynchronization.ON_READ,
+                                       aggregation=tf.VariableAggregation.SUM)
         self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32, name="subdivisions")
         self._accumulate = tf.function(self._accumulate_all)
         self._apply = tf.function(lambda: strategy.run(self._apply_local))
-        self._clear = tf.function(lambda: strategy.run(self._clear_local))
+        self._clear = tf.function(lambda: strategy.run(self.cache.clear))
 
     def set_subdivisions(self, k: int) -> None:
         self.subdivisions.assign(int(k))
@@ -86,13 +83,9 @@ class DistributedUpdate:
             start, end = micro_bounds(i, local_n, k)
             with tf.GradientTape() as tape:
                 share = tf.reduce_sum(self.loss_fn(x[start:end], y[start:end])) / tf.cast(n, tf.float32)
-            for slot, grad in zip(self.cache, tape.gradient(share, self.variables)):
-                if grad is not None:
-                    slot.assign_add(grad)
+            self.cache.add(tape.gradient(share, self.variables))
             loss += share
-        bad = tf.cast(tf.logical_not(tf.math.is_finite(loss)), tf.float32)
-        for slot in self.cache:
-            bad += tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(slot.read_value()))), tf.float32)
+        bad = tf.cast(tf.logical_not(all_finite(loss, self.cache.gradients())), tf.float32)
         return tf.stack([loss, bad])
 
     def _accumulate_all(self, x, y):
@@ -109,21 +102,24 @@ class DistributedUpdate:
 
     def _apply_local(self):
         # In replica context Keras all-reduces (SUM) the gradients: the one gradient collective.
-        self.optimizer.apply_gradients(zip([slot.read_value() for slot in self.cache], self.variables))
-        self._clear_local()
-
-    def _clear_local(self):
-        for slot in self.cache:
-            slot.assign(tf.zeros_like(slot))
+        self.optimizer.apply_gradients(zip(self.cache.gradients(), self.variables))
+        self.cache.clear()
 
     def update(self, x, y):
         loss, bad = tf.unstack(self._accumulate(x, y))
         applied = float(bad) == 0.0  # the host decides: collectives cannot sit inside tf.cond
+        rate = float(self.learning_rate()) if applied else NAN
         if applied:
             self._apply()
+            self.bad_updates_in_a_row.assign(0)
         else:
             self._clear()
-        return {"loss": loss, "grad_norm": tf.constant(float("nan")), "applied": tf.constant(applied)}
+            self._skip()
+        return {"loss": loss, "grad_norm": tf.constant(NAN), "applied": tf.constant(applied),
+                "learning_rate": tf.constant(rate)}
+
+    def reset(self):
+        self._clear()
 
 
 class CountingCrossDeviceOps(tf.distribute.ReductionToOneDevice):

@@ -1,8 +1,9 @@
-"""Errors that are the user's to fix.
+"""The exceptions a run ends with, each with its exit code.
 
-Everything raised as a UserError carries a one-line message that names what is
-wrong and how to fix it. The CLI prints it as ``error: <message>`` and exits
-with code 2; any other exception is a bug and keeps its traceback.
+Every one carries a one-line message. The CLI maps them to exit codes in one
+place: UserError 2 (bad input: names what is wrong and how to fix it),
+OutOfMemory 3, TrainingStopped (and WorkerFailed) 1, Interrupted 128 + the
+signal's number. Any other exception is a bug and keeps its traceback.
 """
 
 
@@ -36,3 +37,19 @@ class TrainingStopped(Exception):
 
     The last good state has been checkpointed; the CLI prints one line, exit 1.
     """
+
+
+class WorkerFailed(TrainingStopped):
+    """A process the run depends on (a worker, a compare side, a bench worker) failed; exit 1."""
+
+
+class Interrupted(Exception):
+    """A signal stopped the run; exit 128 + the signal's number.
+
+    After one signal the update in hand finished and a checkpoint of ``step``
+    was written. A second signal stops at once (``forced``): ``step`` is then
+    the last checkpoint, which is intact."""
+
+    def __init__(self, signum: int, run_dir, step: int, forced: bool = False):
+        super().__init__(signum, run_dir, step, forced)
+        self.signum, self.run_dir, self.step, self.forced = signum, run_dir, step, forced

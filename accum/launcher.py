@@ -7,6 +7,10 @@ soon as one fails or one has not started training within
 ``strategy.worker_timeout_s``: a missing peer would otherwise leave the others
 blocked in a collective for minutes.
 
+The supervisor checks everything once (config, output directory, data) and
+hands every worker the same resolved config file; it never imports
+TensorFlow, so it stays light and cannot disturb the workers' runtime.
+
 TF's gRPC server listens on all interfaces without authentication, whatever
 address TF_CONFIG names: run workers on a private network (the tests use a
 private network namespace, ``unshare -rn``).
@@ -20,9 +24,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Callable, List, Sequence
+
+from .config import Config, config_from_dict
+from .errors import UserError, WorkerFailed
+from .rundir import check_output_dir
 
 STARTED = "batch_size="  # the line the chief prints once every worker has joined and training begins
 
@@ -120,3 +130,23 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
     if failure is None:
         return 0, None
     return 1, f"{failure}; stopped all {workers} workers (the last checkpoint stays readable)"
+
+
+def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None]) -> dict:
+    """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary."""
+    if cfg.strategy.name not in ("default", "multi_worker"):
+        raise UserError(f"--workers needs strategy.name=multi_worker (or default), not {cfg.strategy.name}")
+    resolved = config_from_dict({**cfg.to_dict(), "strategy": {**cfg.to_dict()["strategy"], "name": "multi_worker"}},
+                                "--workers")  # the multi-worker limits, checked before any process starts
+    if not resume:
+        check_output_dir(run_dir)
+    from .datasets import load
+    load(cfg.data)  # bad data is reported here, once, not by every worker
+    with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
+        config_path = Path(scratch) / "config.yaml"
+        config_path.write_text(resolved.to_yaml())
+        args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
+        code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
+    if code:
+        raise WorkerFailed(message)
+    return json.loads((Path(run_dir) / "summary.json").read_text())

@@ -22,7 +22,6 @@ from tensorlayer.layers import BatchNorm, Conv2d, Dense, Flatten, GlobalMeanPool
 
 from .config import MODEL_NAMES, ModelConfig
 
-NUM_CLASSES = 10
 SEED_CHANNELS = (128, 256, 384, 512, 640)
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
@@ -99,7 +98,7 @@ class AccumBatchNorm(BatchNorm):
 class Model:
     """A network and what the engine needs to train it."""
     network: tl.models.Model
-    forward: Callable  # (images float32 [n,28,28,1], training: bool) -> logits [n,10]
+    forward: Callable  # (images float32 [n, *input_shape], training: bool) -> logits [n, num_classes]
     norm_layers: List[AccumBatchNorm]
 
     @property
@@ -116,10 +115,10 @@ class Model:
         return {v.name.split(":")[0]: v for v in self.variables}
 
 
-def seed_convnet(cfg: ModelConfig) -> tl.models.Model:
-    """The seed's network: 5 x (3x3 conv, no bias; BatchNorm; leaky ReLU), mean pool, dense 10."""
+def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
+    """The seed's network: 5 x (3x3 conv, no bias; BatchNorm; leaky ReLU), mean pool, dense."""
     use_bn = cfg.norm == "batchnorm"
-    net = inputs = Input([None, 28, 28, 1], name="images")
+    net = inputs = Input([None, *input_shape], name="images")
     for i, (channels, stride) in enumerate(zip(SEED_CHANNELS, SEED_STRIDES), start=1):
         width = max(1, round(channels * cfg.width))
         net = Conv2d(width, (3, 3), (stride, stride), padding="SAME",
@@ -128,20 +127,20 @@ def seed_convnet(cfg: ModelConfig) -> tl.models.Model:
         if use_bn:
             net = AccumBatchNorm(act=tf.nn.leaky_relu, name=f"bn{i}")(net)
     net = GlobalMeanPool2d(name="pool")(net)
-    net = Dense(NUM_CLASSES, name="logits")(net)
+    net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
-def mlp(cfg: ModelConfig) -> tl.models.Model:
-    """784 -> hidden (ReLU, optional BatchNorm) -> 10."""
-    net = inputs = Input([None, 28, 28, 1], name="images")
+def mlp(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
+    """Flattened input -> hidden (ReLU, optional BatchNorm) -> classes."""
+    net = inputs = Input([None, *input_shape], name="images")
     net = Flatten(name="flatten")(net)
     if cfg.norm == "batchnorm":
         net = Dense(cfg.hidden, b_init=None, name="hidden")(net)
         net = AccumBatchNorm(act=tf.nn.relu, name="bn_hidden")(net)
     else:
         net = Dense(cfg.hidden, act=tf.nn.relu, name="hidden")(net)
-    net = Dense(NUM_CLASSES, name="logits")(net)
+    net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
@@ -150,10 +149,10 @@ if tuple(BUILDERS) != MODEL_NAMES:  # a registry out of step with the config is 
     raise ImportError(f"model registry {tuple(BUILDERS)} != config.MODEL_NAMES {MODEL_NAMES}")
 
 
-def build_model(cfg: ModelConfig, seed: int) -> Model:
-    """Build the named network with weights drawn from ``seed``."""
+def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int) -> Model:
+    """Build the named network for the dataset's input shape and class count, weights drawn from ``seed``."""
     tf.random.set_seed(seed)
-    network = BUILDERS[cfg.name](cfg)
+    network = BUILDERS[cfg.name](cfg, tuple(input_shape), int(num_classes))
     norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
 
     def forward(images, training: bool):

@@ -1,17 +1,24 @@
-"""Run directories and atomic files, without TensorFlow.
+"""Run directories and the files in them.
 
-Kept apart from the training loop so that the CLI can check paths before it
-imports TensorFlow: a multi-worker strategy must be created before
-TensorFlow (or TensorLayer's import) runs anything.
+Every file accum-train writes goes through ``atomic_write`` (write, fsync,
+rename): a reader, or a run resumed after kill -9, sees the old file or the
+new one, never half of one. metrics.jsonl is the one file appended to, and a
+resumed run drops what follows its checkpoint (``MetricsLog.truncate_after``).
+
+TensorFlow is imported only where a function needs it, so that paths and
+configs can be checked (and the ``--workers`` supervisor can run) without it.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 
+from .config import Config, load_config
 from .errors import RunDirError
 
 _UMASK = os.umask(0)
@@ -61,11 +68,15 @@ def _existing_parent(path: Path) -> Path:
     return Path("/")
 
 
-
-
 def write_json(path: Path, data) -> None:
     """An indented JSON file, written atomically (summary.json, compare.json, bench.json)."""
     atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def write_result(out_dir: Path, name: str, result: dict, plot) -> None:
+    """NAME.json and NAME.png (drawn by ``plot(result, path)``), both written atomically."""
+    write_json(Path(out_dir) / f"{name}.json", result)
+    plot(result, Path(out_dir) / f"{name}.png")
 
 
 def pyplot():
@@ -78,8 +89,139 @@ def pyplot():
 
 def save_figure(fig, path: Path) -> None:
     """Save a PNG atomically and free the figure."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     pyplot().close(fig)
-    tmp.replace(path)
+    atomic_write(path, buffer.getvalue())
+
+
+def save_weights(named_weights: dict, path: Path) -> None:
+    """weights.npz: name -> array, from a model's explicitly named variables."""
+    import numpy as np
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: v.numpy() for name, v in named_weights.items()})
+    atomic_write(path, buffer.getvalue())
+
+
+# ----------------------------------------------------------------------------
+# Resuming
+
+# Keys a resumed run may change: they do not alter what was computed so far.
+RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
+    """The config to continue ``run_dir`` with: its own, changed only in keys that allow it.
+
+    Values resolved when the run started (a schedule's decay_steps) stay as
+    resolved, even where the given config leaves them to be computed."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not is_run_dir(run_dir):
+        raise RunDirError(f"--resume {run_dir} is not a run directory (no config.yaml and checkpoints/): "
+                          f"pass a directory written by 'accum-train run'")
+    saved = load_config(run_dir / "config.yaml")
+    if config_path is None and not overrides:
+        return saved
+    wanted = load_config(config_path if config_path else run_dir / "config.yaml", overrides)
+    wanted = wanted.with_decay_steps(wanted.optimizer.schedule.decay_steps or saved.optimizer.schedule.decay_steps)
+    old, new = _flatten(saved.to_dict()), _flatten(wanted.to_dict())
+    changed = [k for k in new if old.get(k) != new[k]]
+    bad = [k for k in changed if not any(k == a or k.startswith(a + ".") for a in RESUMABLE_CHANGES)]
+    if bad:
+        key = bad[0]
+        raise RunDirError(f"--resume {run_dir}: the config changes {key} ({old.get(key)!r} -> {new[key]!r}), "
+                          f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change")
+    return wanted
+
+
+# ----------------------------------------------------------------------------
+# metrics.jsonl and TensorBoard
+
+
+class MetricsLog:
+    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
+
+    def __init__(self, run_dir: Path):
+        import tensorflow as tf
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+
+    def truncate_after(self, step: int, epochs_done: int) -> None:
+        """Drop records a resumed run will write again (those after its checkpoint)."""
+        if not self.path.exists():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if "test_accuracy" in record:
+                if record["epoch"] <= epochs_done:
+                    keep.append(line)
+            elif record.get("step", 0) <= step:
+                keep.append(line)
+        atomic_write(self.path, "".join(line + "\n" for line in keep).encode())
+
+    def write(self, records) -> None:
+        import tensorflow as tf
+        with open(self.path, "a") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())  # before the checkpoint that counts these updates as done
+        with self.writer.as_default():
+            for record in records:
+                if "test_accuracy" in record:
+                    for key in ("test_loss", "test_accuracy", "train_loss", "examples_per_s"):
+                        if record[key] is not None:
+                            tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
+                    continue
+                # a skipped update has no loss, and no rate was applied
+                for key, tag in (("loss", "train/loss"), ("learning_rate", "train/learning_rate")):
+                    if record[key] is not None:
+                        tf.summary.scalar(tag, record[key], step=record["step"])
+        self.writer.flush()
+
+    def write_updates(self, pending, examples_seen, steps_per_epoch: int) -> tuple:
+        """Records of buffered updates, (step, examples, engine output) each; (loss sum, examples) of the
+        applied ones. ``examples_seen(step)`` counts the training examples the first ``step`` updates used."""
+        records = []
+        loss_sum, examples = 0.0, 0
+        for step, n, out in pending:
+            loss, rate, applied = float(out["loss"]), float(out["learning_rate"]), bool(out["applied"])
+            if applied:
+                loss_sum += loss * n
+                examples += n
+            records.append({"epoch": (step - 1) // steps_per_epoch + 1, "step": step,
+                            "examples_seen": examples_seen(step),
+                            "loss": loss if math.isfinite(loss) else None,
+                            "learning_rate": rate if applied else None,  # the rate applied; none if skipped
+                            "skipped": not applied})
+        self.write(records)
+        return loss_sum, examples
+
+    def read(self):
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def epoch_losses(self, epoch: int) -> tuple:
+        """(loss sum, examples) of the applied updates logged so far in ``epoch``."""
+        loss_sum, examples, seen = 0.0, 0, 0
+        for record in self.read() if self.path.exists() else []:
+            if "loss" not in record:
+                continue
+            n, seen = record["examples_seen"] - seen, record["examples_seen"]  # records start at step 1
+            if record["epoch"] == epoch and not record["skipped"]:
+                loss_sum += record["loss"] * n
+                examples += n
+        return loss_sum, examples

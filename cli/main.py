@@ -18,55 +18,63 @@ from pathlib import Path
 
 import click
 
-from ..config import Config, load_config
-from ..errors import OutOfMemory, RunDirError, TrainingStopped, UserError
-
-# Keys a resumed run may change: they do not alter what is computed.
-RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir")
+from ..config import load_config
+from ..errors import Interrupted, OutOfMemory, TrainingStopped, UserError
 
 
-def _quiet_tensorflow() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def _quiet_tensorflow(verbose: bool, load: bool = True) -> None:
+    """TensorFlow's C++ log lines off unless --verbose: a first run should not look like a failure.
+
+    TF_CPP_MIN_LOG_LEVEL=3 silences its logging once it runs (grappler's
+    'remapper failed' among it); child processes (workers, compare's runs,
+    bench) inherit it. The oneDNN and absl lines printed while TensorFlow
+    loads ignore it, so the import itself runs with stderr closed. A Python
+    error in the import still shows, after stderr is back."""
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if not load or "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
-def fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+@contextlib.contextmanager
+def _exit_codes():
+    """The one place where a run's end becomes an exit code and one line on stderr."""
+    try:
+        yield
+    except UserError as err:
+        _die(f"error: {err}", 2)
+    except OutOfMemory as err:
+        _die(f"error: out of memory: {err}", 3)
+    except TrainingStopped as err:
+        _die(f"error: {err}", 1)
+    except Interrupted as stop:
+        name = signal.Signals(stop.signum).name
+        how = (f"stopped at once by a second {name}; the last checkpoint (update {stop.step}) is intact"
+               if stop.forced else f"stopped by {name} after update {stop.step}; checkpoint saved")
+        _die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", 128 + stop.signum)
 
 
-def default_output_dir(config_path) -> Path:
+def _die(line: str, code: int) -> None:
+    click.echo(line, err=True)
+    sys.exit(code)
+
+
+def default_output_dir(config_path, prefix: str = "") -> Path:
     stem = Path(config_path).stem if config_path else "run"
-    return Path("runs") / f"{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{prefix}{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def resolve_resume(run_dir: Path, config_path, overrides) -> tuple:
-    """The config of a run to continue, and whether it changed (allowed keys only)."""
-    from ..rundir import is_run_dir
-    if not run_dir.is_dir() or not is_run_dir(run_dir):
-        raise RunDirError(f"--resume {run_dir} is not a run directory (no config.yaml and checkpoints/): "
-                          f"pass a directory written by 'accum-train run'")
-    saved = load_config(run_dir / "config.yaml")
-    if config_path is None and not overrides:
-        return saved, False
-    wanted = load_config(config_path if config_path else run_dir / "config.yaml", overrides)
-    old, new = _flatten(saved.to_dict()), _flatten(wanted.to_dict())
-    changed = [k for k in new if old.get(k) != new[k]]
-    bad = [k for k in changed if not any(k == a or k.startswith(a + ".") for a in RESUMABLE_CHANGES)]
-    if bad:
-        key = bad[0]
-        raise RunDirError(f"--resume {run_dir}: the config changes {key} ({old.get(key)!r} -> {new[key]!r}), "
-                          f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change")
-    return wanted, bool(changed)
+verbose_option = click.option("--verbose", is_flag=True, help="Show TensorFlow's own log lines.")
 
 
 class BarProgress:
@@ -130,7 +138,8 @@ def main():
 @click.option("--quiet", is_flag=True, help="No progress bar (also off when stdout is not a terminal).")
 @click.option("--workers", type=click.IntRange(min=2), default=None,
               help="Train on this many local worker processes (MultiWorkerMirroredStrategy on 127.0.0.1).")
-def run(config, overrides, output_dir, resume_dir, quiet, workers):
+@verbose_option
+def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
     """Train the model a CONFIG describes and print its test accuracy.
 
     \b
@@ -138,87 +147,31 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers):
     accum-train run configs/smoke.yaml --set subdivisions=4 --output-dir runs/smoke
     accum-train run --resume runs/smoke
     """
-    try:
+    _quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
+    with _exit_codes():
         if resume_dir is not None:
             if output_dir is not None and Path(output_dir) != Path(resume_dir):
-                raise RunDirError("--output-dir and --resume name different directories: "
-                                  "a resumed run stays in its own directory; drop --output-dir")
-            cfg, changed = resolve_resume(Path(resume_dir), config, overrides)
-            run_dir = Path(resume_dir)
+                raise UserError("--output-dir and --resume name different directories: "
+                                "a resumed run stays in its own directory; drop --output-dir")
+            from ..rundir import resume_config
+            cfg, run_dir = resume_config(resume_dir, config, overrides), Path(resume_dir)
         else:
             if config is None:
                 raise UserError("missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', "
                                 "or --resume RUN_DIR")
-            cfg, changed = load_config(config, overrides), False
+            cfg = load_config(config, overrides)
             run_dir = Path(output_dir) if output_dir else default_output_dir(config)
         if workers:
-            summary = _launch(config, overrides, cfg, run_dir, resume_dir is not None, workers)
+            from ..launcher import launch_workers
+            summary = launch_workers(cfg, run_dir, resume_dir is not None, workers, click.echo)
         else:
-            summary = _train(cfg, run_dir, resume=resume_dir is not None, rewrite_config=changed,
-                             quiet=quiet)
-    except UserError as err:
-        fail(str(err))
-    except OutOfMemory as err:
-        click.echo(f"error: out of memory: {err}", err=True)
-        sys.exit(3)
-    except TrainingStopped as err:
-        click.echo(f"error: {err}", err=True)
-        sys.exit(1)
+            from ..train import train
+            progress = BarProgress(not quiet and sys.stdout.isatty())
+            summary = train(cfg, run_dir, progress=progress, resume=resume_dir is not None)
     if workers:
         return  # the chief's own output, echoed by the launcher, ended with the same line
     click.echo(f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
                f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}")
-
-
-def _launch(config, overrides, cfg: Config, run_dir: Path, resume: bool, workers: int) -> dict:
-    """--workers N: check everything here once, then supervise N worker processes."""
-    import json
-    if cfg.strategy.name not in ("default", "multi_worker"):
-        raise UserError(f"--workers needs strategy.name=multi_worker (or default), not {cfg.strategy.name}")
-    multi = ["--set", "strategy.name=multi_worker"]
-    from ..config import config_from_dict
-    config_from_dict({**cfg.to_dict(), "strategy": {**cfg.to_dict()["strategy"], "name": "multi_worker"}},
-                     "--workers")  # the multi-worker limits, checked before any process starts
-    _quiet_tensorflow()
-    from ..launcher import launch
-    from ..train import check_output_dir, load_data
-    if not resume:
-        check_output_dir(run_dir)
-    load_data(cfg)
-    sets = [arg for item in overrides for arg in ("--set", item)]
-    args = ([str(config)] if config else []) + sets + multi + \
-        (["--resume", str(run_dir)] if resume else ["--output-dir", str(run_dir)]) + ["--quiet"]
-    code, message = launch(args, workers, cfg.strategy.worker_timeout_s, click.echo)
-    if code:
-        click.echo(f"error: {message}", err=True)
-        sys.exit(1)
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def _train(cfg: Config, run_dir: Path, resume: bool, rewrite_config: bool, quiet: bool) -> dict:
-    _quiet_tensorflow()
-    strategy = None
-    if cfg.strategy.name != "default":
-        # Before anything else touches TensorFlow: logical devices and the
-        # multi-worker runtime can only be set up in a fresh TensorFlow.
-        from ..distribute import make_strategy
-        strategy = make_strategy(cfg.strategy)
-    from ..distribute import is_chief
-    from ..train import Interrupted, atomic_write, check_output_dir, load_data, train
-    chief = is_chief(strategy)
-    if not resume and chief:  # other workers never touch the run directory
-        check_output_dir(run_dir)
-    data = load_data(cfg)
-    if rewrite_config and chief:
-        atomic_write(run_dir / "config.yaml", cfg.to_yaml().encode())
-    show_bar = not quiet and sys.stdout.isatty()
-    try:
-        return train(cfg, run_dir, progress=BarProgress(show_bar), resume=resume, data=data, strategy=strategy)
-    except Interrupted as stop:
-        name = signal.Signals(stop.signum).name
-        click.echo(f"stopped by {name} after update {stop.step}; checkpoint saved. "
-                   f"Resume with: accum-train run --resume {stop.run_dir}", err=True)
-        sys.exit(128 + stop.signum)
 
 
 @main.command()
@@ -227,40 +180,21 @@ def _train(cfg: Config, run_dir: Path, resume: bool, rewrite_config: bool, quiet
               help="Override a config value for both runs, e.g. --set epochs=3")
 @click.option("--output-dir", type=click.Path(path_type=Path), default=None,
               help="Directory for compare.json, compare.png and both runs (default: runs/compare-CONFIG-DATE-TIME).")
-def compare(config, overrides, output_dir):
+@verbose_option
+def compare(config, overrides, output_dir, verbose):
     """Train the baseline (whole batch) and the subdivided run side by side.
 
     \b
     accum-train compare configs/fmnist.yaml
     accum-train compare configs/smoke.yaml --set model.norm=none --output-dir runs/cmp
     """
-    with _reported_errors():
+    _quiet_tensorflow(verbose)
+    with _exit_codes():
         cfg = load_config(config, overrides)
-        out_dir, data = _prepare(cfg, config, output_dir, "compare")
+        out_dir = Path(output_dir) if output_dir else default_output_dir(config, "compare-")
         from ..compare import compare as run_compare
-        result = run_compare(cfg, data, out_dir, BarProgress(False))
+        result = run_compare(cfg, out_dir, BarProgress(False))
     click.echo(format_compare(result, out_dir))
-
-
-@contextlib.contextmanager
-def _reported_errors():
-    """Bad input: one line, exit 2. A child run that failed: one line, exit 1."""
-    try:
-        yield
-    except UserError as err:
-        fail(str(err))
-    except RuntimeError as err:
-        click.echo(f"error: {err}", err=True)
-        sys.exit(1)
-
-
-def _prepare(cfg: Config, config, output_dir, prefix: str) -> tuple:
-    """The output directory (checked, not created) and the verified data, before any work."""
-    out_dir = Path(output_dir) if output_dir else Path("runs") / f"{prefix}-{default_output_dir(config).name}"
-    _quiet_tensorflow()
-    from ..train import check_output_dir, load_data
-    check_output_dir(out_dir)
-    return out_dir, load_data(cfg)
 
 
 def _parse_ks(text: str) -> list:
@@ -282,20 +216,22 @@ def _parse_ks(text: str) -> list:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value.")
 @click.option("--output-dir", type=click.Path(path_type=Path), default=None,
               help="Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
-def bench(config, ks, steps, overrides, output_dir):
+@verbose_option
+def bench(config, ks, steps, overrides, output_dir, verbose):
     """Time and memory of one update for each number of subdivisions.
 
     \b
     accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
     """
-    with _reported_errors():
+    _quiet_tensorflow(verbose)
+    with _exit_codes():
         cfg = load_config(config, overrides)
         values = _parse_ks(ks)
         too_many = [k for k in values if k > cfg.batch_size]
         if too_many:
             raise UserError(f"--subdivisions {too_many[0]} is more than batch_size={cfg.batch_size}: "
                             f"a micro-batch holds at least one example")
-        out_dir, _ = _prepare(cfg, config, output_dir, "bench")  # bad data is reported here, not by each worker
+        out_dir = Path(output_dir) if output_dir else default_output_dir(config, "bench-")
         from ..bench import bench as run_bench
         result = run_bench(cfg, values, steps, out_dir, BarProgress(False))
     click.echo(format_bench(result, out_dir))

@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 
-import numpy as np
 import tensorflow as tf
 
 from accum_train.cli.main import main
@@ -71,7 +70,7 @@ def arm(point, n):
             die()
         Run.save_checkpoint = save
     elif point == "metrics":
-        from accum_train.train import MetricsLog
+        from accum_train.rundir import MetricsLog
         real_write = MetricsLog.write
 
         def write(self, records):
@@ -82,14 +81,16 @@ def arm(point, n):
             return real_write(self, records)
         MetricsLog.write = write
     elif point == "weights":
-        real_savez = np.savez
+        import accum_train.rundir as rundir
+        real_atomic_write = rundir.atomic_write
 
-        def savez(path, **arrays):
-            with open(path, "wb") as handle:
-                handle.write(b"PK\3\4 half a zip")
+        def atomic_write(path, data):
+            if path.name != "weights.npz":
+                return real_atomic_write(path, data)
+            # as if killed inside atomic_write: half of the temporary file written, nothing renamed
+            (path.parent / f".{path.name}.half.tmp").write_bytes(data[:len(data) // 2])
             die()
-            real_savez(path, **arrays)
-        np.savez = savez
+        rundir.atomic_write = atomic_write
     else:
         raise SystemExit(f"unknown fault point {point!r}")
 

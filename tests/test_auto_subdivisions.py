@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
-import accum_train.train as train_module
+import accum_train.memory as memory_module
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.engine import AccumulatingUpdate
@@ -46,7 +46,7 @@ def fake_peak(monkeypatch):
         self.accumulate = accumulate
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
-    monkeypatch.setattr(train_module, "allocator_peak_bytes", lambda: peak[0])
+    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
     return peak
 
 
@@ -75,6 +75,40 @@ def test_auto_with_nothing_that_fits(tmp_path, repo_root, fake_peak):
         train(cfg, tmp_path / "run")
     assert str(err.value) == ("even one example per micro-batch needs 1 MiB of TensorFlow memory, over "
                               "memory_limit=512KiB: raise memory_limit or use a smaller model")
+
+
+def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, monkeypatch):
+    """The micro-step probe fits; the whole first update (1.5x a micro-step, say) does not."""
+    overrides = ["model.norm=none", "epochs=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
+    train(load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=2"]), tmp_path / "ref")
+    peak = [0]
+    original = AccumulatingUpdate.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real_micro, real_batch = self.accumulate, self.accumulate_batch
+
+        def accumulate(x, y, n):
+            peak[0] = int(x.shape[0]) * MiB
+            return real_micro(x, y, n)
+
+        def accumulate_batch(x, y):
+            peak[0] = 3 * (int(y.shape[0]) // int(self.subdivisions.numpy())) * MiB // 2
+            return real_batch(x, y)
+        self.accumulate, self.accumulate_batch = accumulate, accumulate_batch
+
+    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    messages = Messages()
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", "memory_limit=64MiB"])
+    summary = train(cfg, tmp_path / "auto", progress=messages)
+    assert messages.lines[:2] == ["subdivisions=auto: micro-batch of 64 -> 64 MiB (memory_limit=64MiB)",
+                                  "subdivisions=auto chose 1"]
+    assert ("update 1 peaked at 96 MiB of TensorFlow memory with subdivisions=1, over memory_limit=64MiB: "
+            "retrying the same batch with subdivisions=2") in messages.lines
+    assert summary["subdivisions"] == 2 and summary["steps"] == 47
+    a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
+    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6  # the batch applied once, at k=2
 
 
 @pytest.fixture()
@@ -112,7 +146,9 @@ def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root,
                       overrides + ["subdivisions=auto", "memory_limit=4GiB"])
     messages = Messages()
     summary = train(cfg, tmp_path / "auto", progress=messages)
-    assert "update 5 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" \
+    # under memory_limit the first update is accumulated and measured before it is applied, without
+    # calling update(): the 5th update() call is update 6
+    assert "update 6 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" \
         in messages.lines
     assert summary["subdivisions"] == 2 and summary["steps"] == reference["steps"] == 47
     a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")

@@ -14,7 +14,9 @@ from click.testing import CliRunner
 
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.train import Progress, Interrupted, train
+from accum_train.errors import Interrupted
+from accum_train.train import train
+from helpers import InterruptAt
 
 SUMMARY_KEYS = {"test_accuracy", "test_loss", "steps", "examples_seen", "wall_time_s", "peak_memory_bytes",
                 "peak_rss_bytes"}
@@ -79,7 +81,8 @@ def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert (summary["steps"], summary["examples_seen"]) == (94, 6000)
-    assert 0.0 <= summary["test_accuracy"] <= 1.0
+    # 10 classes: chance is 0.1; the smoke config reaches 0.696 (deterministic on CPU)
+    assert summary["test_accuracy"] >= 0.6
     assert summary["peak_memory_bytes"] > 0 and summary["peak_rss_bytes"] > summary["peak_memory_bytes"] / 10
     weights = np.load(out / "weights.npz")
     assert "conv1/filters" in weights and "bn5/moving_var" in weights and "logits/weights" in weights
@@ -93,18 +96,6 @@ def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     kept = sorted(int(p.split("-")[-1]) for p in tf.train.get_checkpoint_state(str(out / "checkpoints"))
                   .all_model_checkpoint_paths)
     assert kept == [90, 93, 94]
-
-
-class InterruptAt(Progress):
-    """Sends this process SIGINT when the loop reports reaching update ``step``."""
-
-    def __init__(self, step):
-        self.step, self.seen = step, 0
-
-    def updates(self, micro_done, loss, examples_per_s):
-        self.seen += 1
-        if self.seen == self.step:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 @pytest.mark.parametrize("stop_at", [2, 60])  # epoch 1, epoch 2
@@ -142,6 +133,22 @@ def test_cli_interrupt_exit_code_and_resume_line(tmp_path, repo_root, monkeypatc
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-10")
 
 
+def test_second_interrupt_stops_at_once_in_one_line(tmp_path, repo_root, monkeypatch):
+    import accum_train.cli.main as cli
+    monkeypatch.setattr(cli, "BarProgress", lambda show_bar: InterruptAt(1, signals=2))  # after update 10
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
+    assert result.exit_code == 130
+    # the second signal came before the first could checkpoint update 10: ckpt-0 is the last, and intact
+    assert result.stderr == (f"stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. "
+                             f"Resume with: accum-train run --resume {out}\n")
+    assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-0")
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(main, ["run", "--resume", str(out)])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((out / "summary.json").read_text())["steps"] == 94
+
+
 def test_run_dir_errors(tmp_path, repo_root, smoke_run):
     smoke = str(repo_root / "configs" / "smoke.yaml")
     done, _, _ = smoke_run
@@ -175,9 +182,9 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
 
 def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):
     # Tests run as root, for whom chmod changes nothing: the permission check is what is exercised.
-    import accum_train.train as train_module
-    real_access = train_module.os.access
-    monkeypatch.setattr(train_module.os, "access",
+    import accum_train.rundir as rundir_module
+    real_access = rundir_module.os.access
+    monkeypatch.setattr(rundir_module.os, "access",
                         lambda path, mode: False if mode & os.W_OK else real_access(path, mode))
     out = tmp_path / "locked" / "run"
     result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])

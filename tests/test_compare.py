@@ -37,6 +37,15 @@ def test_gradient_check_without_batchnorm_is_exact(repo_root, small_data, overri
     assert set(check["per_variable"]) >= {"logits/weights", "logits/biases"}
 
 
+def test_gradient_check_measures_the_engine_itself(repo_root, small_data, monkeypatch):
+    """Break the engine (each micro-batch counted twice) and the check must see it."""
+    from accum_train.engine import AccumulatingUpdate
+    real = AccumulatingUpdate._accumulate
+    monkeypatch.setattr(AccumulatingUpdate, "_accumulate", lambda self, x, y, n: real(self, x, y, n // 2))
+    check = gradient_check(load_config(repo_root / "configs" / "smoke.yaml", ["model.norm=none"]), small_data)
+    assert check["max_rel_diff"] == pytest.approx(1.0, rel=1e-4)  # twice the gradient: off by its own size
+
+
 def test_gradient_check_with_batchnorm_isolates_micro_batch_statistics(repo_root, small_data):
     cfg = load_config(repo_root / "configs" / "smoke.yaml")
     check = gradient_check(cfg, small_data)
@@ -110,9 +119,10 @@ def test_baseline_out_of_memory_is_reported_and_subdivided_still_runs(tmp_path, 
     assert result.exit_code == 0, result.output
     data = json.loads((out / "compare.json").read_text())
     assert data["baseline"]["status"] == "out_of_memory"
-    assert data["baseline"]["message"].startswith("out of memory: the first update of this process peaked at ")
+    assert data["baseline"]["message"].startswith("out of memory: update 1 peaked at ")
     assert data["baseline"]["message"].endswith(
-        "MiB of TensorFlow memory, over memory_limit=100MiB: raise memory_limit or use more subdivisions")
+        " MiB of TensorFlow memory with the whole batch in one pass, over memory_limit=100MiB: "
+        "raise memory_limit or use more subdivisions")
     assert data["subdivided"]["status"] == "ok" and data["ratios"] is None
     assert data["subdivided"]["summary"]["peak_memory_bytes"] < 100 * 2**20
     assert f"baseline: {data['baseline']['message']}" in result.stdout.splitlines()

@@ -75,6 +75,15 @@ def test_mirrored_on_two_logical_cpus_equals_single_device(tmp_path, repo_root, 
     assert json.loads((d / "summary.json").read_text())["steps"] == 8
 
 
+def test_two_workers_with_sgd_equal_single_device(tmp_path, repo_root, single):
+    """SGD is not scale-invariant (Adam nearly is): a MEAN-for-SUM or 1/num_workers error shows here."""
+    d = tmp_path / "workers"
+    done = run(private_network(CLI + [str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(d), *SMALL,
+                                      "--set", "optimizer.name=sgd", "--workers", "2"]))
+    assert done.returncode == 0, done.stderr
+    assert max_diff(weights(d), weights(single["sgd"])) < 1e-5
+
+
 def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, repo_root, single):
     d = tmp_path / "workers"
     done = run(private_network(CLI + [str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(d), *SMALL,
@@ -108,7 +117,7 @@ from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 k = int(sys.argv[1])
 with strategy.scope():
-    model = build_model(ModelConfig(name="mlp", norm="none", hidden=16), 0)
+    model = build_model(ModelConfig(name="mlp", norm="none", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
 update = DistributedUpdate(strategy, sparse_softmax_loss(model.forward), model.trainable_variables, opt, k)
 x, y = tf.random.uniform([64, 28, 28, 1]), tf.zeros([64], tf.int32)

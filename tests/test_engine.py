@@ -29,9 +29,7 @@ BATCHES = [(0, 24), (24, 48), (48, 64)]
 
 
 def tl_model(name="mlp", norm="none"):
-    model = build_model(ModelConfig(name=name, width=0.0625, norm=norm, hidden=32), seed=7)
-    for layer in model.norm_layers:
-        layer.deferred = True
+    model = build_model(ModelConfig(name=name, width=0.0625, norm=norm, hidden=32), 7, (28, 28, 1), 10)
     return model.trainable_variables, sparse_softmax_loss(model.forward), model
 
 
@@ -182,3 +180,27 @@ def test_non_finite_micro_batch_skips_the_whole_update():
     assert max_diff([s.numpy() for s in opt.variables], slots) == 0.0  # iterations and moments too
     assert all(float(tf.reduce_sum(tf.abs(g))) == 0.0 for g in engine.cache.gradients())
     assert bool(engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))["applied"])
+
+
+@pytest.mark.parametrize("k", [None, 3], ids=["plain", "accumulating"])
+def test_a_skipped_update_leaves_batchnorm_statistics_and_everything_else_unchanged(k):
+    variables, loss_fn, model = tl_model("seed_convnet", "batchnorm")
+    opt = keras.optimizers.Adam(0.01)
+    engine = PlainUpdate(loss_fn, variables, opt, None, model.norm_layers) if k is None else \
+        AccumulatingUpdate(loss_fn, variables, opt, k, None, model.norm_layers)
+    engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))  # a good update: statistics and moments have moved
+    state = {v.name: v.numpy() for v in model.variables}
+    assert {"bn1/moving_mean:0", "bn5/moving_var:0"} <= set(state)
+    assert float(np.max(np.abs(state["bn1/moving_var:0"] - 1.0))) > 1e-4  # it did move from its initial ones
+    slots = [s.numpy() for s in opt.variables]
+    bad = X[24:48].copy()
+    bad[20] = np.nan
+    out = engine.update(tf.constant(bad), tf.constant(Y[24:48]))
+    assert not bool(out["applied"]) and np.isnan(float(out["learning_rate"]))
+    assert all(np.array_equal(state[v.name], v.numpy()) for v in model.variables)
+    assert max_diff([s.numpy() for s in opt.variables], slots) == 0.0
+    # nothing pending from the bad batch leaks into the next update's statistics
+    assert all(float(layer.pending_count.numpy()) == 0.0 for layer in model.norm_layers)
+    assert (int(engine.bad_updates_in_a_row.numpy()), int(engine.skipped_updates.numpy())) == (1, 1)
+    assert bool(engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))["applied"])
+    assert (int(engine.bad_updates_in_a_row.numpy()), int(engine.skipped_updates.numpy())) == (0, 1)

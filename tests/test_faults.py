@@ -11,38 +11,9 @@ from click.testing import CliRunner
 
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.engine import AccumulatingUpdate
 from accum_train.errors import TrainingStopped
 from accum_train.train import train
-
-
-def poison(monkeypatch, bad_steps, snapshot_after=None):
-    """Update calls whose 1-based number is in bad_steps get a NaN in their last example.
-
-    With snapshot_after=N, the weights right after update N are kept in the returned dict."""
-    original = AccumulatingUpdate.__init__
-    calls, kept = [0], {}
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        real = self.update
-
-        def update(x, y):
-            calls[0] += 1
-            if calls[0] in bad_steps:
-                x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
-            out = real(x, y)
-            if calls[0] == snapshot_after:
-                kept.update({v.name: v.numpy() for v in self.variables})
-            return out
-        self.update = update
-
-    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
-    return kept
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+from helpers import poison, records
 
 
 def test_non_finite_updates_are_skipped_and_counted(tmp_path, repo_root, monkeypatch):

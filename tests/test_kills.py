@@ -53,19 +53,26 @@ def latest_is_readable(run_dir):
     return int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
-@pytest.mark.parametrize("fault", [
-    "update:7",             # mid-update, epoch 1
-    "update:60",            # mid-update, epoch 2
-    "checkpoint:3",         # during the step-20 checkpoint write
-    "partial:4",            # a half-written checkpoint file left behind
-    "after_checkpoint:6",   # right after the epoch-1 checkpoint: between epochs
-    "metrics:4",            # halfway through a metrics.jsonl line
-    "weights:1",            # while weights.npz is written, after the last checkpoint
+# A checkpoint every 3 updates while metrics are written every 10: the updates a
+# checkpoint counts must already be in metrics.jsonl.
+BUFFERED = ["--set", "checkpoint.every_steps=3", "--set", "log_every=10", "--quiet"]
+
+
+@pytest.mark.parametrize("fault, args", [
+    ("update:7", ARGS),             # mid-update, epoch 1
+    ("update:60", ARGS),            # mid-update, epoch 2
+    ("checkpoint:3", ARGS),         # during the step-20 checkpoint write
+    ("partial:4", ARGS),            # a half-written checkpoint file left behind
+    ("after_checkpoint:6", ARGS),   # right after the epoch-1 checkpoint: between epochs
+    ("metrics:4", ARGS),            # halfway through a metrics.jsonl line
+    ("weights:1", ARGS),            # while weights.npz is written, after the last checkpoint
+    ("after_checkpoint:2", BUFFERED),   # right after ckpt-3, with updates 1-3 not yet due for a metrics write
+    ("update:9", BUFFERED),         # between ckpt-6 and the first metrics write of the run
 ])
-def test_kill_then_resume_equals_uninterrupted(tmp_path, repo_root, reference, fault):
+def test_kill_then_resume_equals_uninterrupted(tmp_path, repo_root, reference, fault, args):
     out = tmp_path / "run"
     killed = run([sys.executable, str(RUNNER), "run", str(repo_root / "configs" / "smoke.yaml"),
-                  "--output-dir", str(out)] + ARGS, env={"ACCUM_FAULT": fault})
+                  "--output-dir", str(out)] + args, env={"ACCUM_FAULT": fault})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     latest_is_readable(out)
     resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
@@ -73,18 +80,53 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, repo_root, reference, f
     assert_same_as_reference(out, reference)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+def metrics_lines(run_dir):
+    try:
+        return (run_dir / "metrics.jsonl").read_text().count("\n")
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kill_at_a_random_moment(tmp_path, repo_root, reference, seed):
+    """Killed at a random point of its progress (a number of metrics lines), so surely before the end."""
     out = tmp_path / "run"
+    lines = random.Random(seed).randint(1, 60)  # of 96 (94 updates, 2 epochs), written 5 at a time
     child = subprocess.Popen(CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)]
                              + ARGS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(random.Random(seed).uniform(0.0, 3.0))
+    while metrics_lines(out) < lines and child.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
     child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
-    latest_is_readable(out)
+    assert child.wait(timeout=60) == -signal.SIGKILL  # died of the kill, not of finishing
+    assert not (out / "summary.json").exists() and not (out / "weights.npz").exists()
+    assert latest_is_readable(out) < 94
+    resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_as_reference(out, reference)
+
+
+def test_a_second_interrupt_exits_at_once_in_one_line(tmp_path, repo_root, reference):
+    out = tmp_path / "run"
+    child = subprocess.Popen(CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)]
+                             + ARGS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while metrics_lines(out) < 10 and time.time() < deadline:
+        time.sleep(0.005)
+    child.send_signal(signal.SIGINT)
+    child.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = child.communicate(timeout=120)
+    assert time.monotonic() - sent < 10
+    assert child.returncode == 130
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr
+    step = latest_is_readable(out)
+    assert lines[0] in (
+        f"stopped at once by a second SIGINT; the last checkpoint (update {step}) is intact. "
+        f"Resume with: accum-train run --resume {out}",
+        # the first signal's checkpoint may finish before the second signal lands
+        f"stopped by SIGINT after update {step}; checkpoint saved. Resume with: accum-train run --resume {out}")
     resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
     assert resumed.returncode == 0, resumed.stderr
     assert_same_as_reference(out, reference)

@@ -82,9 +82,7 @@ def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after
     y = tf.constant(RNG.integers(0, 10, 40).astype(np.int32))
     results = {}
     for k in (None, 4):
-        model = build_model(ModelConfig(width=0.0625, norm="batchnorm"), seed=3)
-        for layer in model.norm_layers:
-            layer.deferred = True
+        model = build_model(ModelConfig(width=0.0625, norm="batchnorm"), 3, (28, 28, 1), 10)
         opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
         loss_fn = sparse_softmax_loss(model.forward)
         engine = (PlainUpdate(loss_fn, model.trainable_variables, opt, None, model.norm_layers) if k is None
@@ -111,7 +109,7 @@ CONV = 9 * (1 * 8 + 8 * 16 + 16 * 24 + 24 * 32 + 32 * 40)  # 23112
 ])
 def test_registry_builds_every_model(name, norm, params):
     assert tuple(BUILDERS) == MODEL_NAMES
-    model = build_model(ModelConfig(name=name, norm=norm, width=0.0625, hidden=32), seed=0)
+    model = build_model(ModelConfig(name=name, norm=norm, width=0.0625, hidden=32), 0, (28, 28, 1), 10)
     assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == params
     logits = model.forward(tf.zeros([3, 28, 28, 1]), False)
     assert logits.shape == (3, 10)
@@ -121,9 +119,9 @@ def test_registry_builds_every_model(name, norm, params):
 
 
 def test_same_seed_same_weights():
-    a = build_model(ModelConfig(width=0.0625), seed=11).named_weights()
-    b = build_model(ModelConfig(width=0.0625), seed=11).named_weights()
-    c = build_model(ModelConfig(width=0.0625), seed=12).named_weights()
+    a = build_model(ModelConfig(width=0.0625), 11, (28, 28, 1), 10).named_weights()
+    b = build_model(ModelConfig(width=0.0625), 11, (28, 28, 1), 10).named_weights()
+    c = build_model(ModelConfig(width=0.0625), 12, (28, 28, 1), 10).named_weights()
     assert list(a) == list(b)
     assert all(np.array_equal(a[n].numpy(), b[n].numpy()) for n in a)
     assert not np.array_equal(a["conv1/filters"].numpy(), c["conv1/filters"].numpy())

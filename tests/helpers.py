@@ -1,0 +1,59 @@
+"""Tools the tests share: NaN poisoning of chosen updates, a progress that
+sends SIGINT at a chosen report, and metrics.jsonl read back."""
+
+import json
+import os
+import signal
+
+import tensorflow as tf
+
+from accum_train.engine import AccumulatingUpdate
+from accum_train.train import Progress
+
+
+def poison(monkeypatch, bad_steps, snapshot_after=None):
+    """update() calls whose 1-based number is in bad_steps get a NaN in their last example.
+
+    With snapshot_after=N, the weights right after update N are kept in the returned dict."""
+    original = AccumulatingUpdate.__init__
+    calls, kept = [0], {}
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real = self.update
+
+        def update(x, y):
+            calls[0] += 1
+            if calls[0] in bad_steps:
+                x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
+            out = real(x, y)
+            if calls[0] == snapshot_after:
+                kept.update({v.name: v.numpy() for v in self.variables})
+            return out
+        self.update = update
+
+    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    return kept
+
+
+class InterruptAt(Progress):
+    """Sends this process ``signals`` SIGINTs in a row when the loop's ``step``-th report comes."""
+
+    def __init__(self, step, signals=1):
+        self.step, self.seen, self.signals = step, 0, signals
+
+    def updates(self, micro_done, loss, examples_per_s):
+        self.seen += 1
+        if self.seen == self.step:
+            for _ in range(self.signals):
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def records(run_dir):
+    """Every record of metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def update_records(run_dir):
+    """The per-update records of metrics.jsonl (not the per-epoch ones)."""
+    return [r for r in records(run_dir) if "loss" in r]

@@ -1,0 +1,136 @@
+"""The training loop's edges, each asserted with numbers: one graph call per
+update, metrics.jsonl complete before every checkpoint, the max_bad_updates
+stop at the update that reaches it, the learning rate logged as applied, and
+a schedule that a longer resume does not bend."""
+
+
+import pytest
+import tensorflow as tf
+import yaml
+from tensorflow.python.eager.polymorphic_function import atomic_function
+
+from accum_train.config import load_config
+from accum_train.errors import Interrupted, TrainingStopped
+from accum_train.rundir import resume_config
+from accum_train.train import Progress, Run, train
+from helpers import InterruptAt, poison, update_records
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
+    """Python enters TensorFlow's graphs once per update, whatever k (evaluation and checkpoints aside)."""
+    calls, outside = [0], [0]
+    real_call = atomic_function.AtomicFunction.call_flat
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 0 if outside[0] else 1
+        return real_call(self, *args, **kwargs)
+
+    def elsewhere(method):
+        def wrapped(*args, **kwargs):
+            outside[0] += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                outside[0] -= 1
+        return wrapped
+
+    monkeypatch.setattr(atomic_function.AtomicFunction, "call_flat", counted)
+    monkeypatch.setattr(Run, "evaluate", elsewhere(Run.evaluate))
+    monkeypatch.setattr(Run, "save_checkpoint", elsewhere(Run.save_checkpoint))
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", [f"subdivisions={k}", "epochs=1", "log_every=7"])
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] == 47
+    assert calls[0] == 47
+
+
+class KilledAfter(BaseException):
+    """Stands in for kill -9: nothing after it runs, no handler catches it."""
+
+
+@pytest.mark.parametrize("every_steps, log_every, kill_after_save", [(3, 10, 2), (4, 3, 3), (5, 50, 4)])
+def test_every_checkpoint_follows_its_metrics(tmp_path, repo_root, monkeypatch, every_steps, log_every,
+                                              kill_after_save):
+    """A checkpoint never counts updates that metrics.jsonl lacks; after a kill and a resume every update
+    is in metrics.jsonl exactly once, whatever every_steps and log_every."""
+    cfg = load_config(repo_root / "configs" / "smoke.yaml",
+                      [f"checkpoint.every_steps={every_steps}", f"log_every={log_every}"])
+    real_save, saves = Run.save_checkpoint, [0]
+
+    def save_then_die(self, step):
+        real_save(self, step)
+        saves[0] += 1
+        if saves[0] == kill_after_save:  # ckpt-0 is the first save
+            raise KilledAfter(step)
+
+    monkeypatch.setattr(Run, "save_checkpoint", save_then_die)
+    with pytest.raises(KilledAfter) as killed:
+        train(cfg, tmp_path / "run")
+    step = killed.value.args[0]
+    assert step == every_steps * (kill_after_save - 1)
+    assert [r["step"] for r in update_records(tmp_path / "run")] == list(range(1, step + 1))
+    monkeypatch.undo()
+    train(cfg, tmp_path / "run", resume=True)
+    assert [r["step"] for r in update_records(tmp_path / "run")] == list(range(1, 95))
+
+
+@pytest.mark.parametrize("bad_steps, limit, stop_at", [
+    (set(range(6, 200)), 3, 8),                 # 6, 7, 8 in a row
+    ({2, 3, 5, 6, 8, 9, 10, 11}, 3, 10),       # the good updates 4 and 7 reset the count
+    (set(range(1, 200)), 1, 1),
+])
+def test_max_bad_updates_stops_at_the_update_that_reaches_it(tmp_path, repo_root, monkeypatch, bad_steps, limit,
+                                                             stop_at):
+    poison(monkeypatch, bad_steps)
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=50", f"max_bad_updates={limit}"])
+    with pytest.raises(TrainingStopped) as err:
+        train(cfg, tmp_path / "run")
+    assert str(err.value).startswith(f"{limit} updates in a row had a non-finite loss or gradient "
+                                     f"(max_bad_updates={limit}), the last at update {stop_at}; ")
+    reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == stop_at
+    assert reader.get_tensor("bad_updates_in_a_row/.ATTRIBUTES/VARIABLE_VALUE") == limit
+    assert reader.get_tensor("skipped_updates/.ATTRIBUTES/VARIABLE_VALUE") == len(bad_steps & set(range(stop_at + 1)))
+    records = update_records(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, stop_at + 1))
+    assert [r["step"] for r in records if r["skipped"]] == sorted(bad_steps & set(range(stop_at + 1)))
+
+
+def test_logged_learning_rate_is_the_one_applied_after_a_skip(tmp_path, repo_root, monkeypatch):
+    overrides = ["epochs=1", "log_every=5", "optimizer.schedule.name=cosine"]
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
+    train(cfg, tmp_path / "ref")
+    poison(monkeypatch, {3})
+    train(cfg, tmp_path / "skip")
+    ref = [r["learning_rate"] for r in update_records(tmp_path / "ref")]
+    skip = [r["learning_rate"] for r in update_records(tmp_path / "skip")]
+    assert len(set(ref)) == 47  # a rate that changes every update
+    # a skip does not advance the schedule: the update after it gets the rate the skipped one would have had
+    assert skip[:2] == ref[:2] and skip[2] is None and skip[3:] == ref[2:-1]
+
+
+def test_resume_with_more_epochs_keeps_the_schedule_it_started_on(tmp_path, repo_root):
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=1", "optimizer.schedule.name=cosine",
+                                                              "optimizer.schedule.min_ratio=0.1"])
+    train(cfg, tmp_path / "full")
+    with pytest.raises(Interrupted):
+        train(cfg, tmp_path / "cut", progress=InterruptAt(20))
+    # the length of a decay over "the whole run" is fixed when the run starts, in config.yaml
+    assert yaml.safe_load((tmp_path / "cut" / "config.yaml").read_text())["optimizer"]["schedule"]["decay_steps"] == 94
+    longer = resume_config(tmp_path / "cut", None, ["epochs=3"])
+    assert longer.optimizer.schedule.decay_steps == 94 and longer.epochs == 3
+    messages = []
+    progress = Progress()
+    progress.message = messages.append
+    train(longer, tmp_path / "cut", resume=True, progress=progress)
+    full = [r["learning_rate"] for r in update_records(tmp_path / "full")]
+    cut = [r["learning_rate"] for r in update_records(tmp_path / "cut")]
+    assert len(cut) == 141
+    assert cut[:94] == full  # the updates planned before the resume keep their rates
+    assert cut[94:] == [pytest.approx(0.1 * 0.003)] * 47  # then the schedule's final rate
+    assert ("note: the cosine schedule ends at update 94 (decay_steps=94, fixed when the run started); "
+            "later updates use its final learning rate") in messages
+    # a config that leaves decay_steps to be computed resumes with the resolved value, not a new one
+    assert resume_config(tmp_path / "cut", repo_root / "configs" / "smoke.yaml",
+                         ["log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1",
+                          "epochs=4"]).optimizer.schedule.decay_steps == 94
