@@ -41,7 +41,7 @@ test-slow: setup
 # The figures in the README: bench against k, and the side-by-side with the peers.
 bench: setup
 	$(BIN)/accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
-	$(BIN)/python benchmarks/peers.py
+	$(BIN)/python benchmarks/peers.py --output docs/peers.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -32,7 +32,7 @@ from typing import Callable, List, Sequence
 
 from .config import Config, config_from_dict
 from .errors import UserError, WorkerFailed
-from .rundir import check_output_dir
+from .rundir import atomic_write, check_output_dir
 
 STARTED = "batch_size="  # the line the chief prints once every worker has joined and training begins
 
@@ -144,7 +144,7 @@ def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo:
     load(cfg.data)  # bad data is reported here, once, not by every worker
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
         config_path = Path(scratch) / "config.yaml"
-        config_path.write_text(resolved.to_yaml())
+        atomic_write(config_path, resolved.to_yaml().encode())
         args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
         code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
     if code:
