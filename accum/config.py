@@ -17,7 +17,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Tuple, Union
 
 import yaml
 
@@ -26,11 +26,11 @@ from .errors import ConfigError
 # Registries. The implementations live in models.py, optim.py and the datasets
 # package; each checks at import that it implements exactly these names, so a
 # config that validates here always finds its implementation.
-MODEL_NAMES = ("seed_convnet", "mlp")
-NORM_NAMES = ("batchnorm", "none")
+MODEL_NAMES = ("seed_convnet", "mlp", "keras_file")
+NORM_NAMES = ("batchnorm", "groupnorm", "none")
 OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop")
 SCHEDULE_NAMES = ("constant", "cosine", "exponential")
-DATASET_NAMES = ("fashion_mnist",)
+DATASET_NAMES = ("fashion_mnist", "npz", "image_folder")
 STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
 
 # Large enough for any real run, small enough that a typo like 5e9 is caught
@@ -48,15 +48,36 @@ def _spec(default=dataclasses.MISSING, *, help: str, minimum=None, maximum=None,
     return field(default=default, metadata=meta)
 
 
+# seed_convnet's channels at width 1.0 (models.py builds from them; groupnorm's groups are checked against them).
+SEED_CHANNELS = (128, 256, 384, 512, 640)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _spec("seed_convnet", choices=MODEL_NAMES,
-                      help="seed_convnet: the seed's 5-conv net; mlp: a small dense net")
+                      help="seed_convnet: the seed's 5-conv net; mlp: a small dense net; "
+                           "keras_file: your own Keras 3 model from model.path")
     width: float = _spec(0.25, minimum=0.0, exclusive_min=True, maximum=8.0,
                          help="channel multiplier of seed_convnet (1.0 = 128..640 channels)")
     norm: str = _spec("batchnorm", choices=NORM_NAMES,
-                      help="batchnorm after each conv, or none (no batch-dependent layer)")
+                      help="seed_convnet and mlp: batchnorm after each conv (hidden layer), groupnorm "
+                           "(per example: micro-batch independent), or none")
     hidden: int = _spec(256, minimum=1, maximum=65536, help="hidden units of mlp")
+    groups: int = _spec(8, minimum=1, maximum=65536,
+                        help="norm=groupnorm: channel groups; must divide every normalised layer's channels")
+    path: Optional[str] = _spec(None, help="keras_file: a .keras file written by model.save() (loaded with "
+                                           "safe_mode=True: no Lambda layers or custom code)")
+    from_logits: bool = _spec(True, help="keras_file: true if the model outputs logits, false if it ends "
+                                         "in a softmax (trained on the logits under it; export keeps it)")
+
+    @property
+    def norm_channels(self) -> Tuple[int, ...]:
+        """Channels of each layer the built-in model normalises (groupnorm's groups must divide them)."""
+        if self.name == "seed_convnet":
+            return tuple(max(1, round(c * self.width)) for c in SEED_CHANNELS)
+        if self.name == "mlp":
+            return (self.hidden,)
+        return ()
 
 
 @dataclass(frozen=True)
@@ -87,9 +108,23 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = _spec("fashion_mnist", choices=DATASET_NAMES, help="dataset")
-    dir: Optional[str] = _spec(None, help="folder with the IDX .gz files "
+    name: str = _spec("fashion_mnist", choices=DATASET_NAMES,
+                      help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
+                           "image_folder: your PNG/JPEG files in class folders")
+    dir: Optional[str] = _spec(None, help="fashion_mnist: folder with the IDX .gz files "
                                           "(default: $ACCUM_TRAIN_DATA, Debian's, the cache)")
+    path: Optional[str] = _spec(None, help="npz: the .npz file (x_train, y_train, x_test, y_test, optional "
+                                           "class_names); image_folder: the folder holding train/CLASS/*.png "
+                                           "and test/CLASS/*.png (also .jpg, .jpeg)")
+    image_size: Optional[Tuple[int, int]] = _spec(None, minimum=1,
+                                                  help="image_folder: resize every image to [H, W] (bilinear); "
+                                                       "null: every image must already have one size")
+    channels: Optional[int] = _spec(None,  # 1 or 3: checked with the other data keys
+                                    help="image_folder: decode every image to 1 (grayscale) or 3 (RGB) "
+                                         "channels; null: 3, as keras.utils.image_dataset_from_directory")
+    num_classes: Optional[int] = _spec(None, minimum=2, maximum=1_000_000,
+                                       help="npz: the class count (null: the largest label + 1, or the "
+                                            "length of class_names); a label >= num_classes is an error")
     train_limit: Optional[int] = _spec(None, minimum=1, help="use only the first N training examples")
     test_limit: Optional[int] = _spec(None, minimum=1, help="use only the first N test examples")
 
@@ -166,7 +201,9 @@ class Config:
         return self.with_decay_steps(max(1, total_steps - schedule.warmup_steps))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        # YAML's safe dumper has no tuples (data.image_size): write them as lists.
+        return dataclasses.asdict(self, dict_factory=lambda items: {
+            key: list(value) if isinstance(value, tuple) else value for key, value in items})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -305,6 +342,15 @@ def _check_value(tp, meta, value, key, where, overridden):
         if optional:
             return None
         raise ConfigError(f"{where}: {key} is empty: {_expected(tp, meta)}")
+    if typing.get_origin(tp) is tuple:  # a fixed-length list of integers, e.g. data.image_size
+        size = len(typing.get_args(tp))
+        if (not isinstance(value, list) or len(value) != size
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < meta["min"] for v in value)):
+            words = {2: "two", 3: "three"}
+            example = "[28, 28]" if size == 2 else str([1] * size)
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a list of {words.get(size, size)} "
+                              f"integers >= {meta['min']}, e.g. {example}")
+        return tuple(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: {key}={_show(value)} must be a mapping of keys "
@@ -394,9 +440,12 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
     elif cfg.subdivisions > cfg.batch_size:
         raise ConfigError(f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
                           f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)")
+    _check_model_keys(cfg.model, where)
     if cfg.strategy.name != "default":
         name = cfg.strategy.name
-        for bad, why in ((cfg.model.norm != "none", "model.norm=none (BatchNorm statistics are not yet "
+        for bad, why in ((cfg.model.name == "keras_file", "a built-in model.name (keras_file is single-device "
+                                                          "only for now)"),
+                         (cfg.model.norm != "none", "model.norm=none (BatchNorm statistics are not yet "
                                                     "pooled across replicas)"),
                          (cfg.optimizer.clip_norm is not None, "optimizer.clip_norm=null (clipping needs the "
                                                                "all-reduced gradient, not yet supported)"),
@@ -407,10 +456,80 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
     if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":
         raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for "
                           f"strategy.name=mirrored")
+    _check_data_keys(cfg.data, where)
     limit = cfg.data.train_limit
     if limit is not None and limit < cfg.batch_size:
         raise ConfigError(f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
                           f"than batch_size={cfg.batch_size}: raise it or lower batch_size")
+
+
+# Model keys that only one kind of model reads: a value other than the default
+# for the other kind would be silently ignored, so it is refused.
+BUILT_IN_MODEL_KEYS = ("width", "norm", "hidden", "groups")
+
+
+def _check_model_keys(model: ModelConfig, where) -> None:
+    default = ModelConfig()
+    if model.name == "keras_file":
+        if model.path is None:
+            raise ConfigError(f"{where('model.name', 'model.path')}: model.name=keras_file needs model.path "
+                              f"(e.g. model: {{name: keras_file, path: my_model.keras}})")
+        if not model.path.endswith(".keras"):
+            raise ConfigError(f"{where('model.path')}: model.path={_show(model.path)} must name a .keras file "
+                              f"(Keras 3's format, written by model.save('my_model.keras'))")
+        for key in BUILT_IN_MODEL_KEYS:
+            if getattr(model, key) != getattr(default, key):
+                raise ConfigError(f"{where('model.' + key, 'model.name')}: model.{key} is only for the built-in "
+                                  f"models (seed_convnet, mlp), not keras_file, whose layers come from its file: "
+                                  f"remove it, or replace the whole model mapping: "
+                                  f"--set 'model={{name: keras_file, path: {model.path}}}'")
+        return
+    for key, hint in (("path", "remove it or set model.name=keras_file"),
+                      ("from_logits", "the built-in models output logits; remove it")):
+        if getattr(model, key) != getattr(default, key):
+            raise ConfigError(f"{where('model.' + key, 'model.name')}: model.{key} is only for "
+                              f"model.name=keras_file, not {model.name}: {hint}")
+    if model.norm != "groupnorm":
+        if model.groups != default.groups:
+            raise ConfigError(f"{where('model.groups', 'model.norm')}: model.groups is only for "
+                              f"model.norm=groupnorm, not {model.norm}: remove it or set model.norm=groupnorm")
+        return
+    channels = model.norm_channels
+    if any(c % model.groups for c in channels):
+        fits = max(g for g in range(1, model.groups + 1) if all(c % g == 0 for c in channels))
+        key = "width" if model.name == "seed_convnet" else "hidden"
+        raise ConfigError(f"{where('model.groups', 'model.' + key)}: model.groups={model.groups} must divide the "
+                          f"channels of every normalised layer of {model.name} (model.{key}={getattr(model, key):g}: "
+                          f"{', '.join(map(str, channels))}): set model.groups={fits} or change model.{key}")
+
+
+# Which data.name each dataset key is for (name, dir, train_limit, test_limit are for all).
+DATA_KEYS_FOR = {"dir": ("fashion_mnist",), "path": ("npz", "image_folder"),
+                 "image_size": ("image_folder",), "channels": ("image_folder",), "num_classes": ("npz",)}
+DATA_KEY_HINTS = {
+    ("dir", "npz"): "give the .npz file as data.path",
+    ("dir", "image_folder"): "give the folder as data.path",
+    ("path", "fashion_mnist"): "Fashion-MNIST's folder is data.dir; for your own data set data.name to npz "
+                               "or image_folder",
+    ("image_size", "npz"): "an .npz's images are used at their own size",
+    ("channels", "npz"): "an .npz's channels are its images' last axis",
+    ("num_classes", "image_folder"): "the classes are the folder's class folders",
+}
+
+
+def _check_data_keys(data: DataConfig, where) -> None:
+    for key, names in DATA_KEYS_FOR.items():
+        if getattr(data, key) is not None and data.name not in names:
+            hint = DATA_KEY_HINTS.get((key, data.name), f"remove it or set data.name to {' or '.join(names)}")
+            raise ConfigError(f"{where('data.' + key, 'data.name')}: data.{key} is only for data.name="
+                              f"{' or '.join(names)}, not {data.name}: {hint}")
+    if data.name in DATA_KEYS_FOR["path"] and data.path is None:
+        example = "mydata.npz" if data.name == "npz" else "my_images"
+        raise ConfigError(f"{where('data.name', 'data.path')}: data.name={data.name} needs data.path "
+                          f"(e.g. data: {{name: {data.name}, path: {example}}})")
+    if data.channels is not None and data.channels not in (1, 3):
+        raise ConfigError(f"{where('data.channels')}: data.channels={data.channels} must be 1 (grayscale) "
+                          f"or 3 (RGB)")
 
 
 def _show(value) -> str:

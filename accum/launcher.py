@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, List, Sequence
 
 from .config import Config, config_from_dict
-from .errors import UserError, WorkerFailed
+from .errors import DataError, UserError, WorkerFailed
 from .rundir import atomic_write, check_output_dir
 
 STARTED = "batch_size="  # the line the chief prints once every worker has joined and training begins
@@ -132,6 +132,17 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
     return 1, f"{failure}; stopped all {workers} workers (the last checkpoint stays readable)"
 
 
+def _check_data(config_path: Path) -> None:
+    """Load and check the data in a child process (python -m accum_train.datasets): one line if bad."""
+    child = subprocess.run([sys.executable, "-m", "accum_train.datasets", str(config_path)],
+                           capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if child.returncode == 2 and child.stderr.startswith("error: "):
+        raise DataError(child.stderr.strip().splitlines()[-1][len("error: "):])
+    if child.returncode != 0:
+        raise WorkerFailed(f"the data check failed with exit code {child.returncode}: "
+                           f"{(child.stderr.strip().splitlines() or ['no message'])[-1]}")
+
+
 def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None]) -> dict:
     """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary."""
     if cfg.strategy.name not in ("default", "multi_worker"):
@@ -140,11 +151,10 @@ def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo:
                                 "--workers")  # the multi-worker limits, checked before any process starts
     if not resume:
         check_output_dir(run_dir)
-    from .datasets import load
-    load(cfg.data)  # bad data is reported here, once, not by every worker
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
         config_path = Path(scratch) / "config.yaml"
         atomic_write(config_path, resolved.to_yaml().encode())
+        _check_data(config_path)  # bad data is reported here, once, not by every worker
         args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
         code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
     if code:

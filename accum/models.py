@@ -1,28 +1,44 @@
-"""Model registry: the seed's conv net and a small MLP, built with TensorLayer.
+"""Model registry: the seed's conv net and a small MLP (TensorLayer), or your
+own Keras 3 model from a .keras file.
 
-``build_model(cfg)`` returns a ``Model``: the TensorLayer network, a
-``forward(x, training)`` that gives logits, and the BatchNorm layers whose
-moving statistics the engine commits once per update.
+``build_model(cfg, ...)`` returns a ``Model``: the network, a
+``forward(x, training)`` that gives logits, the variables to train and to
+checkpoint, and the norm layers whose moving statistics the engine commits
+once per update (objects with ``deferred``, ``commit()`` and ``discard()``).
 
 TensorLayer 2.2.5's BatchNorm does not work inside tf.function on current
 TensorFlow (it rebinds its moving-statistics attributes to the result of an
 assign and pollutes them during the static build; ../shared/NOTES.md).
 ``AccumBatchNorm`` replaces its forward: statistics are updated in place,
-never during the build pass, and moving_var starts at ones as in Keras.
+never during the build pass, and moving_var starts at ones as in Keras. TL's
+GroupNorm needs a static batch size, so ``GroupNorm`` is our own.
+
+A ``keras_file`` model is loaded with ``safe_mode=True`` (no Python code from
+the file runs) and checked against the dataset's input shape and class count.
+Its ``BatchNormalization`` layers are swapped for ``KerasAccumBatchNorm``, a
+subclass with the same weights that pools its statistics over the
+micro-batches of an update; export swaps them back (accum/export.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, List
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, List, Tuple
 
+import keras
 import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import BatchNorm, Conv2d, Dense, Flatten, GlobalMeanPool2d, Input
 
-from .config import MODEL_NAMES, ModelConfig
+from .config import MODEL_NAMES, NORM_NAMES, SEED_CHANNELS, ModelConfig
+from .errors import ConfigError
 
-SEED_CHANNELS = (128, 256, 384, 512, 640)
+__all__ = ["SEED_CHANNELS", "SEED_STRIDES", "AccumBatchNorm", "GroupNorm", "KerasAccumBatchNorm", "Model",
+           "KerasModel", "BUILDERS", "build_model"]
+
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
 
@@ -94,12 +110,123 @@ class AccumBatchNorm(BatchNorm):
         self.pending_sq.assign(tf.zeros_like(self.pending_sq))
 
 
+class GroupNorm(tl.layers.Layer):
+    """Group normalisation (Wu & He, 2018) over the last axis, for [n, C] or [n, H, W, C].
+
+    Each example is normalised by the mean and variance of each of ``groups``
+    groups of its own channels (and positions); gamma and beta are per
+    channel. Nothing depends on the other examples of the batch, so a
+    subdivided update computes what a whole batch does. TL 2.2.5's GroupNorm
+    bakes the batch size of the build pass into a reshape, hence this layer.
+    Same arithmetic as keras.layers.GroupNormalization (export maps to it).
+    """
+
+    def __init__(self, groups, epsilon=1e-5, act=None, name=None):
+        super().__init__(name, act=act)
+        self.groups, self.epsilon = int(groups), float(epsilon)
+
+    def build(self, inputs_shape):
+        channels = int(inputs_shape[-1])
+        if channels % self.groups:  # the config checks this; a direct caller gets the same rule
+            raise ValueError(f"{self.name}: {channels} channels do not split into {self.groups} groups")
+        self.gamma = self._get_weights("gamma", shape=(channels,), init=tl.initializers.ones())
+        self.beta = self._get_weights("beta", shape=(channels,), init=tl.initializers.zeros())
+
+    def forward(self, inputs):
+        channels = inputs.shape[-1]
+        shape = tf.shape(inputs)
+        grouped = tf.reshape(inputs, tf.concat([shape[:-1], [self.groups, channels // self.groups]], 0))
+        rank = len(inputs.shape) + 1
+        # every axis but the batch and the group index: positions and the channels within a group
+        axes = list(range(1, rank - 2)) + [rank - 1]
+        mean, var = tf.nn.moments(grouped, axes, keepdims=True)
+        normed = tf.reshape((grouped - mean) * tf.math.rsqrt(var + self.epsilon), shape)
+        outputs = normed * self.gamma + self.beta
+        return self.act(outputs) if self.act else outputs
+
+
+class KerasAccumBatchNorm(keras.layers.BatchNormalization):
+    """keras.layers.BatchNormalization with the engine's norm-layer API (as AccumBatchNorm).
+
+    Same config, same four weights, same inference. In training it normalises
+    with the statistics of the (micro-)batch it sees; ``deferred=False``
+    moves the moving statistics right away as Keras does, ``deferred=True``
+    pools count, mean and sum of squared deviations over the micro-batches
+    (Chan et al.'s pairwise update: no cancellation, unlike sum and sum of
+    squares) and ``commit()`` moves them once per update with Keras'
+    momentum: ``moving = moving * momentum + batch * (1 - momentum)``, the
+    batch variance biased as Keras' own.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if self.renorm:  # load_keras_file refuses it with a message naming the file
+            raise ValueError("batch renormalisation is not supported")
+        self.deferred = False
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        shape = tuple(self.moving_mean.shape)
+        # Plain tf.Variables, which Keras does not track: scratch space, zero
+        # between updates, not weights (not saved, not in the trainable list).
+        self.pending_count = tf.Variable(0.0, trainable=False, name=f"{self.name}_pending_count")
+        self.pending_mean = tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_pending_mean")
+        self.pending_m2 = tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_pending_m2")
+
+    def call(self, inputs, training=None, mask=None):
+        if not (training and self.trainable):  # inference, a frozen layer, or Keras' symbolic build
+            return super().call(inputs, training=training, mask=mask)
+        if mask is not None:
+            raise NotImplementedError(f"{self.name}: masked inputs to BatchNormalization are not supported")
+        # Keras' own arithmetic (float32 moments, ops.batch_normalization), so that a
+        # whole batch here gives what keras.layers.BatchNormalization gives.
+        x = keras.ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+        mean, var = keras.ops.moments(x, axes=self._reduction_axes)
+        if self.deferred:
+            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), self._reduction_axes)), tf.float32)
+            self._pool(count, mean, var)
+        else:
+            self._move(mean, var)
+        outputs = keras.ops.batch_normalization(x, mean, var, axis=self.axis, offset=self.beta if self.center
+                                                else None, scale=self.gamma if self.scale else None,
+                                                epsilon=self.epsilon)
+        return keras.ops.cast(outputs, self.compute_dtype)
+
+    def _pool(self, count, mean, var):
+        total = self.pending_count + count
+        share = tf.maximum(total, 1.0)  # never 0/0 (the engine makes no empty micro-batch anyway)
+        delta = mean - self.pending_mean
+        self.pending_mean.assign_add(delta * (count / share))
+        self.pending_m2.assign_add(var * count + tf.square(delta) * (self.pending_count * count / share))
+        self.pending_count.assign(total)
+
+    def _move(self, mean, var):
+        self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
+        self.moving_variance.assign(self.moving_variance * self.momentum + var * (1.0 - self.momentum))
+
+    def commit(self):
+        """Fold the pooled statistics of this update into the moving averages (graph-safe)."""
+        seen = self.pending_count > 0
+        var = self.pending_m2 / tf.maximum(self.pending_count, 1.0)
+        self.moving_mean.assign(tf.where(
+            seen, self.moving_mean * self.momentum + self.pending_mean * (1.0 - self.momentum), self.moving_mean))
+        self.moving_variance.assign(tf.where(
+            seen, self.moving_variance * self.momentum + var * (1.0 - self.momentum), self.moving_variance))
+        self.discard()
+
+    def discard(self):
+        """Forget the pooled statistics (an update that is skipped or retried)."""
+        self.pending_count.assign(0.0)
+        self.pending_mean.assign(tf.zeros_like(self.pending_mean))
+        self.pending_m2.assign(tf.zeros_like(self.pending_m2))
+
+
 @dataclass
 class Model:
-    """A network and what the engine needs to train it."""
-    network: tl.models.Model
+    """A TensorLayer network and what the engine needs to train it."""
+    network: Any  # tl.models.Model here; keras.Model in KerasModel
     forward: Callable  # (images float32 [n, *input_shape], training: bool) -> logits [n, num_classes]
-    norm_layers: List[AccumBatchNorm]
+    norm_layers: List[Any]  # AccumBatchNorm or KerasAccumBatchNorm
 
     @property
     def trainable_variables(self):
@@ -107,7 +234,7 @@ class Model:
 
     @property
     def variables(self):
-        """Everything that defines the model: weights and moving statistics."""
+        """Everything that defines the model: weights and moving statistics (what a checkpoint holds)."""
         return list(self.network.all_weights)
 
     def named_weights(self) -> dict:
@@ -115,49 +242,273 @@ class Model:
         return {v.name.split(":")[0]: v for v in self.variables}
 
 
+@dataclass
+class KerasModel(Model):
+    """A keras_file network. Its variables are handed out as the tf.Variables
+    under Keras' own (the same storage), so the engine, the optimizer and
+    tf.train.Checkpoint see what they see for TensorLayer. ``peeled`` pairs
+    the output layer trained without its softmax (from_logits=false) with the
+    file's original, which export puts back."""
+    peeled: List[Tuple[Any, Any]] = field(default_factory=list)
+
+    @property
+    def trainable_variables(self):
+        return [_storage(v) for v in self.network.trainable_variables]
+
+    @property
+    def variables(self):
+        # includes the state of dropout's seed generators: a resumed run draws the same masks
+        return [_storage(v) for v in self.network.variables]
+
+    def named_weights(self) -> dict:
+        """LAYER/WEIGHT names (nested models as MODEL/LAYER/WEIGHT) -> variables, for weights.npz.
+
+        Built from the layer tree, not from Keras' variable paths, which depend
+        on where a layer was first built (a clone's prefix, or none after a load)."""
+        names: dict = {}
+
+        def add(name, variable):
+            unique, n = name, 0
+            while unique in names:  # two weights of one name (a layer with inner layers): _1, _2, ...
+                n += 1
+                unique = f"{name}_{n}"
+            names[unique] = _storage(variable)
+
+        def walk(layer, prefix):
+            if isinstance(layer, keras.Model):
+                for inner in layer.layers:
+                    walk(inner, f"{prefix}{layer.name}/")
+                return
+            for v in layer.variables:
+                tail = v.path.rsplit(f"{layer.name}/", 1)[-1] if f"{layer.name}/" in v.path else v.name
+                add(f"{prefix}{layer.name}/{tail}", v)
+
+        for layer in self.network.layers:
+            walk(layer, "")
+        named = {id(v) for v in names.values()}
+        for v in self.network.variables:  # any variable no layer owns
+            if id(_storage(v)) not in named:
+                add(v.path, v)
+        return names
+
+
+def _storage(variable):
+    """The tf.Variable under a Keras 3 variable (outside autocast scopes, ``value`` is it)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+# ----------------------------------------------------------------------------
+# The built-ins
+
+
+def _norm_layer(cfg: ModelConfig, act, index) -> tl.layers.Layer:
+    """The normalisation layer model.norm names (its activation fused in), or None for none."""
+    return {"batchnorm": lambda: AccumBatchNorm(act=act, name=f"bn{index}"),
+            "groupnorm": lambda: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
+            "none": lambda: None}[cfg.norm]()
+
+
+if set(NORM_NAMES) != {"batchnorm", "groupnorm", "none"}:  # a registry out of step with the config is a bug
+    raise ImportError(f"norm layers out of step with config.NORM_NAMES {NORM_NAMES}")
+
+
 def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
-    """The seed's network: 5 x (3x3 conv, no bias; BatchNorm; leaky ReLU), mean pool, dense."""
-    use_bn = cfg.norm == "batchnorm"
+    """The seed's network: 5 x (3x3 conv, no bias; norm; leaky ReLU), mean pool, dense."""
+    use_norm = cfg.norm != "none"
     net = inputs = Input([None, *input_shape], name="images")
-    for i, (channels, stride) in enumerate(zip(SEED_CHANNELS, SEED_STRIDES), start=1):
-        width = max(1, round(channels * cfg.width))
+    for i, (width, stride) in enumerate(zip(cfg.norm_channels, SEED_STRIDES), start=1):
         net = Conv2d(width, (3, 3), (stride, stride), padding="SAME",
-                     b_init=None if use_bn else tl.initializers.constant(0.0),
-                     act=None if use_bn else tf.nn.leaky_relu, name=f"conv{i}")(net)
-        if use_bn:
-            net = AccumBatchNorm(act=tf.nn.leaky_relu, name=f"bn{i}")(net)
+                     b_init=None if use_norm else tl.initializers.constant(0.0),
+                     act=None if use_norm else tf.nn.leaky_relu, name=f"conv{i}")(net)
+        if use_norm:
+            net = _norm_layer(cfg, tf.nn.leaky_relu, i)(net)
     net = GlobalMeanPool2d(name="pool")(net)
     net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
 def mlp(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
-    """Flattened input -> hidden (ReLU, optional BatchNorm) -> classes."""
+    """Flattened input -> hidden (ReLU, optional norm) -> classes."""
     net = inputs = Input([None, *input_shape], name="images")
     net = Flatten(name="flatten")(net)
-    if cfg.norm == "batchnorm":
+    if cfg.norm != "none":
         net = Dense(cfg.hidden, b_init=None, name="hidden")(net)
-        net = AccumBatchNorm(act=tf.nn.relu, name="bn_hidden")(net)
+        net = _norm_layer(cfg, tf.nn.relu, "_hidden")(net)
     else:
         net = Dense(cfg.hidden, act=tf.nn.relu, name="hidden")(net)
     net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
-BUILDERS = {"seed_convnet": seed_convnet, "mlp": mlp}
+def _tensorlayer(builder) -> Callable:
+    def build(cfg: ModelConfig, input_shape, num_classes: int) -> Model:
+        network = builder(cfg, input_shape, num_classes)
+        norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
+
+        def forward(images, training: bool):
+            # TL fixes train/eval mode at trace time: the engine traces training and
+            # evaluation as separate tf.functions.
+            return network(images, is_train=training)
+
+        return Model(network=network, forward=forward, norm_layers=norm_layers)
+    return build
+
+
+# ----------------------------------------------------------------------------
+# keras_file
+
+
+def _file_error(path: str, problem: str) -> ConfigError:
+    return ConfigError(f"model.path={path} {problem}")
+
+
+def _custom_code(node) -> list:
+    """What a .keras config.json names from outside Keras: custom classes and Python functions."""
+    found = []
+    if isinstance(node, dict):
+        module = node.get("module")
+        if "class_name" in node and isinstance(module, str) and module.split(".")[0] != "keras":
+            found.append(f"the Python function {node.get('config')!r}" if node["class_name"] == "function"
+                         else f"the custom class {node.get('registered_name') or node['class_name']!r}")
+        for value in node.values():
+            found += _custom_code(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _custom_code(value)
+    return found
+
+
+def load_keras_file(path: str) -> keras.Model:
+    """keras.models.load_model(path, safe_mode=True, compile=False); every failure as one line."""
+    save_hint = "save your model with model.save('my_model.keras') and give that file"
+    file = Path(path)
+    if not file.exists():
+        raise _file_error(path, f"does not exist: {save_hint}")
+    if file.is_dir():
+        raise _file_error(path, f"is a directory: {save_hint}")
+    try:
+        with zipfile.ZipFile(file) as archive:
+            config = json.loads(archive.read("config.json"))
+    except zipfile.BadZipFile:
+        raise _file_error(path, f"is not a .keras archive (truncated, corrupt or another format): "
+                                f"{save_hint}") from None
+    except KeyError:
+        raise _file_error(path, f"is a zip archive without config.json, not a Keras model: {save_hint}") from None
+    except (OSError, ValueError) as err:  # unreadable, a damaged member, JSON that does not parse
+        raise _file_error(path, f"cannot be read ({str(err).splitlines()[0]}): {save_hint}") from None
+    custom = _custom_code(config)
+    if custom:  # refused before Keras sees it: loading would need that code
+        raise _file_error(path, f"uses {custom[0]}, which is not part of Keras: accum-train loads only built-in "
+                                f"Keras layers and functions (no custom code); rebuild the model from them")
+    try:
+        model = keras.models.load_model(file, safe_mode=True, compile=False)
+    except Exception as err:  # noqa: BLE001 - whatever Keras raises, the user gets one line
+        text = str(err)
+        if "arbitrary code execution" in text or "safe_mode" in text:
+            raise _file_error(path, "holds Python code (a Lambda layer or a lambda), which loading with "
+                                    "safe_mode=True refuses: rebuild the model from built-in Keras layers") from None
+        raise _file_error(path, f"could not be loaded by keras.models.load_model ({type(err).__name__}: "
+                                f"{text.splitlines()[0][:160] if text else 'no message'}): {save_hint}") from None
+    if not isinstance(model, keras.Model):
+        raise _file_error(path, f"holds a {type(model).__name__}, not a model: {save_hint}")
+    return model
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
+def _check_interface(model: keras.Model, path: str, input_shape, num_classes: int) -> None:
+    """One image input of the dataset's shape, one output of num_classes values per example."""
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise _file_error(path, f"has {len(model.inputs)} inputs and {len(model.outputs)} outputs: accum-train "
+                                f"feeds one image tensor and reads one output of class scores")
+    given = tuple(model.inputs[0].shape[1:])
+    if len(given) != len(input_shape) or any(g is not None and g != d for g, d in zip(given, input_shape)):
+        raise _file_error(path, f"takes inputs of shape {_shape_text(given)} but the dataset's images are "
+                                f"{_shape_text(input_shape)} (height, width, channels): build the model on "
+                                f"keras.Input(shape={_shape_text(input_shape)})")
+    out = tuple(model.outputs[0].shape[1:])
+    if out != (num_classes,):
+        raise _file_error(path, f"outputs shape {_shape_text(out)} per example but the dataset has {num_classes} "
+                                f"classes: end the model in a Dense({num_classes}) layer")
+
+
+def _output_layer(model: keras.Model):
+    """The innermost layer that computes the model's output."""
+    layer = model.outputs[0]._keras_history.operation
+    return _output_layer(layer) if isinstance(layer, keras.Model) else layer
+
+
+def _is_softmax(layer) -> bool:
+    return (isinstance(layer, keras.layers.Softmax)
+            or getattr(layer, "activation", None) is keras.activations.softmax)
+
+
+def _without_softmax(layer):
+    """The same layer computing the logits under its softmax (weights copied after the clone)."""
+    if isinstance(layer, (keras.layers.Softmax, keras.layers.Activation)):
+        return keras.layers.Identity(name=layer.name)
+    return type(layer).from_config({**layer.get_config(), "activation": "linear"})
+
+
+def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
+    """The model in model.path, checked, its BatchNormalization layers made accumulating."""
+    loaded = load_keras_file(cfg.path)
+    _check_interface(loaded, cfg.path, input_shape, num_classes)
+    last = _output_layer(loaded)
+    if not cfg.from_logits and not _is_softmax(last):
+        raise _file_error(cfg.path, f"ends in {type(last).__name__} {last.name!r}, not a softmax, but "
+                                    f"model.from_logits=false says it outputs probabilities: remove "
+                                    f"model.from_logits if it outputs logits, or end it in activation='softmax'")
+    for layer in _leaves(loaded):
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm:
+            raise _file_error(cfg.path, f"has BatchNormalization {layer.name!r} with renorm=True, whose "
+                                        f"corrections cannot be pooled over micro-batches: use renorm=False")
+
+    replaced, peeled = [], []
+
+    def swap(layer):
+        if layer is last and not cfg.from_logits:
+            new = _without_softmax(layer)
+            peeled.append((new, layer))
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            new = KerasAccumBatchNorm.from_config(layer.get_config())
+        else:
+            return layer  # reused as it is: its weights stay the file's
+        replaced.append((layer, new))
+        return new
+
+    network = keras.models.clone_model(loaded, clone_function=swap, recursive=True)
+    for old, new in replaced:  # clone_model builds the new layers; the weights are the file's
+        new.set_weights(old.get_weights())
+    norm_layers = [layer for layer in _leaves(network) if isinstance(layer, KerasAccumBatchNorm)]
+
+    def forward(images, training: bool):
+        return network(images, training=training)
+
+    return KerasModel(network=network, forward=forward, norm_layers=norm_layers, peeled=peeled)
+
+
+def _leaves(model: keras.Model) -> list:
+    """Every layer of a model, nested Functional and Sequential models opened."""
+    layers = []
+    for layer in model.layers:
+        layers += _leaves(layer) if isinstance(layer, keras.Model) else [layer]
+    return layers
+
+
+BUILDERS = {"seed_convnet": _tensorlayer(seed_convnet), "mlp": _tensorlayer(mlp), "keras_file": keras_file}
 if tuple(BUILDERS) != MODEL_NAMES:  # a registry out of step with the config is a bug
     raise ImportError(f"model registry {tuple(BUILDERS)} != config.MODEL_NAMES {MODEL_NAMES}")
 
 
 def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int) -> Model:
-    """Build the named network for the dataset's input shape and class count, weights drawn from ``seed``."""
-    tf.random.set_seed(seed)
-    network = BUILDERS[cfg.name](cfg, tuple(input_shape), int(num_classes))
-    norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
+    """Build the named network for the dataset's input shape and class count.
 
-    def forward(images, training: bool):
-        # TL fixes train/eval mode at trace time: the engine traces training and
-        # evaluation as separate tf.functions.
-        return network(images, is_train=training)
-
-    return Model(network=network, forward=forward, norm_layers=norm_layers)
+    Built-in weights are drawn from ``seed``; a keras_file model starts from
+    its file's weights (the seed still fixes dropout masks and the data order).
+    Keras' layers draw their seed generators' seeds from Python's ``random``
+    when the file is loaded, hence Keras' own seeding (it includes TensorFlow's)."""
+    keras.utils.set_random_seed(seed)
+    return BUILDERS[cfg.name](cfg, tuple(input_shape), int(num_classes))

@@ -15,6 +15,7 @@ uninterrupted run would.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import signal
 import tempfile
@@ -23,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 from .config import Config
-from .data import batches, describe_split, epoch_order, examples_seen, first_batch, to_inputs
+from .data import describe_split, epoch_order, examples_seen, first_batch
 from .errors import Interrupted, RunDirError, TrainingStopped
 from .memory import allocator_peak_bytes, choose_subdivisions, peak_rss_bytes, update_within_memory
 from .rundir import MetricsLog, atomic_write, check_output_dir, save_weights, write_json
@@ -54,11 +56,8 @@ class Run:
         from .models import build_model
         from .optim import make_optimizer, make_schedule
 
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.train_images = tf.constant(data.train.images)
-        self.train_labels = tf.constant(data.train.labels)
-        self.test_images, self.test_labels = data.test.images, data.test.labels
-        self.n_train = len(data.train.labels)
+        self.cfg, self.run_dir, self.data = cfg, Path(run_dir), data
+        self.n_train = len(data.train)
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.epochs
 
@@ -111,10 +110,9 @@ class Run:
     def evaluate(self):
         """(mean loss, accuracy) on the test split."""
         loss_sum = correct = 0.0
-        n, size = len(self.test_labels), self.eval_batch_size
-        for start in range(0, n, size):
-            batch_loss, batch_correct = self.evaluate_batch(
-                *to_inputs(self.test_images[start:start + size], self.test_labels[start:start + size]))
+        n = len(self.data.test)
+        for x, y in self.data.test.batches(np.arange(n), self.eval_batch_size):
+            batch_loss, batch_correct = self.evaluate_batch(x, y)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
         return loss_sum / n, correct / n
@@ -188,14 +186,14 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
         run_dir, progress = Path(scratch.name) / "run", Progress()
     elif not resume:
         check_output_dir(run_dir)
-    steps_per_epoch = math.ceil(len(data.train.labels) / cfg.batch_size)
+    steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
     cfg = cfg.resolved(steps_per_epoch * cfg.epochs)
     started, cpu_started = time.time(), time.process_time()
+    run = Run(cfg, data, run_dir, strategy)  # before any write: a model file that does not fit leaves no trace
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_text = cfg.to_yaml()
-    if not (run_dir / "config.yaml").is_file() or (run_dir / "config.yaml").read_text() != config_text:
-        atomic_write(run_dir / "config.yaml", config_text.encode())
-    run = Run(cfg, data, run_dir, strategy)
+    for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
+        if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
+            atomic_write(run_dir / name, text.encode())
     log = MetricsLog(run_dir)
     step = _start(run, log, shared_dir, resume, data, progress)
 
@@ -252,7 +250,7 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     # A run resumed mid-epoch picks up the losses this epoch already logged.
     loss_sum, applied_examples = log.epoch_losses(epoch + 1) if first else (0.0, 0)
     micro_done, pending = first * k, []
-    for x, y in batches(run.train_images, run.train_labels, order, cfg.batch_size):
+    for x, y in run.data.train.batches(order, cfg.batch_size):
         out = update_within_memory(run.engine, x, y, step, cfg, not run.memory_checked, progress.message)
         run.memory_checked = True
         step += 1

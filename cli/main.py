@@ -1,7 +1,10 @@
 """``accum-train``: the command line over the core (accum_train).
 
 Subcommands: ``run`` trains one config, ``compare`` trains the baseline and the
-subdivided run side by side, ``bench`` measures time and memory against k.
+subdivided run side by side, ``bench`` measures time and memory against k;
+``plan``, ``evaluate`` and ``predict`` (use.py) and ``export`` (export.py) work
+before and after training. The commands parse flags and print; the core does
+the work, and ``common.exit_codes`` turns how it ended into an exit code.
 Bad input of any kind (config, data, paths) ends as one line on stderr,
 ``error: ...``, with exit code 2 and nothing written; TensorFlow is imported
 only after the config has been checked, so those errors come back at once.
@@ -9,72 +12,16 @@ only after the config has been checked, so those errors come back at once.
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import os
-import signal
 import sys
 from pathlib import Path
 
 import click
 
 from ..config import load_config
-from ..errors import Interrupted, OutOfMemory, TrainingStopped, UserError
-
-
-def _quiet_tensorflow(verbose: bool, load: bool = True) -> None:
-    """TensorFlow's C++ log lines off unless --verbose: a first run should not look like a failure.
-
-    TF_CPP_MIN_LOG_LEVEL=3 silences its logging once it runs (grappler's
-    'remapper failed' among it); child processes (workers, compare's runs,
-    bench) inherit it. The oneDNN and absl lines printed while TensorFlow
-    loads ignore it, so the import itself runs with stderr closed. A Python
-    error in the import still shows, after stderr is back."""
-    if verbose:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if not load or "tensorflow" in sys.modules:
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-@contextlib.contextmanager
-def _exit_codes():
-    """The one place where a run's end becomes an exit code and one line on stderr."""
-    try:
-        yield
-    except UserError as err:
-        _die(f"error: {err}", 2)
-    except OutOfMemory as err:
-        _die(f"error: out of memory: {err}", 3)
-    except TrainingStopped as err:
-        _die(f"error: {err}", 1)
-    except Interrupted as stop:
-        name = signal.Signals(stop.signum).name
-        how = (f"stopped at once by a second {name}; the last checkpoint (update {stop.step}) is intact"
-               if stop.forced else f"stopped by {name} after update {stop.step}; checkpoint saved")
-        _die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", 128 + stop.signum)
-
-
-def _die(line: str, code: int) -> None:
-    click.echo(line, err=True)
-    sys.exit(code)
-
-
-def default_output_dir(config_path, prefix: str = "") -> Path:
-    stem = Path(config_path).stem if config_path else "run"
-    return Path("runs") / f"{prefix}{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-verbose_option = click.option("--verbose", is_flag=True, help="Show TensorFlow's own log lines.")
+from ..errors import UserError
+from .common import default_output_dir, exit_codes, output_dir_option, quiet_tensorflow, set_option, verbose_option
+from .export import export
+from .use import evaluate, plan, predict
 
 
 class BarProgress:
@@ -129,10 +76,8 @@ def main():
 
 @main.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=True, path_type=Path))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config value, e.g. --set subdivisions=10 --set optimizer.learning_rate=0.002")
-@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory to create (default: runs/CONFIG-DATE-TIME).")
+@set_option("Override a config value, e.g. --set subdivisions=10 --set optimizer.learning_rate=0.002")
+@output_dir_option("Run directory to create (default: runs/CONFIG-DATE-TIME).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
               help="Continue the run in this directory from its latest checkpoint.")
 @click.option("--quiet", is_flag=True, help="No progress bar (also off when stdout is not a terminal).")
@@ -147,8 +92,8 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
     accum-train run configs/smoke.yaml --set subdivisions=4 --output-dir runs/smoke
     accum-train run --resume runs/smoke
     """
-    _quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
-    with _exit_codes():
+    quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
+    with exit_codes():
         if resume_dir is not None:
             if output_dir is not None and Path(output_dir) != Path(resume_dir):
                 raise UserError("--output-dir and --resume name different directories: "
@@ -176,10 +121,8 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
 
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=True, path_type=Path))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config value for both runs, e.g. --set epochs=3")
-@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
-              help="Directory for compare.json, compare.png and both runs (default: runs/compare-CONFIG-DATE-TIME).")
+@set_option("Override a config value for both runs, e.g. --set epochs=3")
+@output_dir_option("Directory for compare.json, compare.png and both runs (default: runs/compare-CONFIG-DATE-TIME).")
 @verbose_option
 def compare(config, overrides, output_dir, verbose):
     """Train the baseline (whole batch) and the subdivided run side by side.
@@ -188,8 +131,8 @@ def compare(config, overrides, output_dir, verbose):
     accum-train compare configs/fmnist.yaml
     accum-train compare configs/smoke.yaml --set model.norm=none --output-dir runs/cmp
     """
-    _quiet_tensorflow(verbose)
-    with _exit_codes():
+    quiet_tensorflow(verbose)
+    with exit_codes():
         cfg = load_config(config, overrides)
         out_dir = Path(output_dir) if output_dir else default_output_dir(config, "compare-")
         from ..compare import compare as run_compare
@@ -213,9 +156,8 @@ def _parse_ks(text: str) -> list:
               help="Values of k to measure, comma-separated.")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1),
               help="Timed updates per k (after 2 warm-up updates).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value.")
-@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
-              help="Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
+@set_option("Override a config value.")
+@output_dir_option("Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
 @verbose_option
 def bench(config, ks, steps, overrides, output_dir, verbose):
     """Time and memory of one update for each number of subdivisions.
@@ -223,8 +165,8 @@ def bench(config, ks, steps, overrides, output_dir, verbose):
     \b
     accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
     """
-    _quiet_tensorflow(verbose)
-    with _exit_codes():
+    quiet_tensorflow(verbose)
+    with exit_codes():
         cfg = load_config(config, overrides)
         values = _parse_ks(ks)
         too_many = [k for k in values if k > cfg.batch_size]
@@ -296,6 +238,10 @@ def format_compare(result: dict, out_dir: Path) -> str:
                      f"max rel diff {bn['max_rel_diff']:.3g} (the rest is micro-batch statistics)")
     lines.append(f"written: {out_dir / 'compare.json'}, {out_dir / 'compare.png'}")
     return "\n".join(lines)
+
+
+for command in (plan, evaluate, predict, export):
+    main.add_command(command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,13 +1,16 @@
 """Datasets, by the name a config gives in ``data.name``.
 
-Each loader returns uint8 images and labels, already verified; turning them
-into batches is the training loop's job (accum_train.train).
+Each loader takes the validated DataConfig and returns a verified
+``base.Dataset`` (two splits, input shape, class names); ``load`` then applies
+data.train_limit and data.test_limit. Turning a split into batches is the
+split's own job (``batches``), in the order the training loop gives.
 """
 
 from ..config import DATASET_NAMES
-from . import fashion_mnist
+from . import fashion_mnist, image_folder, npz
 
-LOADERS = {"fashion_mnist": fashion_mnist.load}
+LOADERS = {"fashion_mnist": lambda cfg: fashion_mnist.load(cfg.dir), "npz": npz.load,
+           "image_folder": image_folder.load}
 
 if tuple(LOADERS) != DATASET_NAMES:  # a registry out of step with the config is a bug
     raise ImportError(f"dataset registry {tuple(LOADERS)} != config.DATASET_NAMES {DATASET_NAMES}")
@@ -15,4 +18,4 @@ if tuple(LOADERS) != DATASET_NAMES:  # a registry out of step with the config is
 
 def load(data_config):
     """Load the dataset a validated DataConfig names."""
-    return LOADERS[data_config.name](data_config.dir, data_config.train_limit, data_config.test_limit)
+    return LOADERS[data_config.name](data_config).limited(data_config.train_limit, data_config.test_limit)

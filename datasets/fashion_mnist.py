@@ -15,7 +15,6 @@ import hashlib
 import os
 import urllib.request
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..rundir import atomic_write
+from .base import ArraySplit, Dataset
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
@@ -35,27 +35,14 @@ FILES = {
     "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
     "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
 }
-NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)
 HOW_TO_GET = (f"install it with 'apt-get install dataset-fashion-mnist' or download the four "
               f".gz files from {MIRROR} into a folder named by data.dir or ${ENV_VAR}")
 
 
-@dataclass(frozen=True)
-class Split:
-    images: np.ndarray  # uint8 [n, 28, 28]
-    labels: np.ndarray  # uint8 [n]
-
-
-@dataclass(frozen=True)
-class FashionMNIST:
-    train: Split
-    test: Split
-    source: Path
-
-    # What a model is built for: the dataset says, nothing else hard-codes it.
-    input_shape = (*IMAGE_SHAPE, 1)
-    num_classes = NUM_CLASSES
+# The labels' meaning, from Fashion-MNIST's README.
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+               "Ankle boot")
 
 
 def cache_dir() -> Path:
@@ -158,7 +145,7 @@ def parse_idx(raw: bytes, path: str, expect_dims: int) -> np.ndarray:
 
 
 def load(configured_dir: Optional[str] = None, train_limit: Optional[int] = None,
-         test_limit: Optional[int] = None, allow_download: bool = True) -> FashionMNIST:
+         test_limit: Optional[int] = None, allow_download: bool = True) -> Dataset:
     folder = find_data_dir(configured_dir, allow_download)
     arrays = {}
     for name in FILES:
@@ -169,14 +156,12 @@ def load(configured_dir: Optional[str] = None, train_limit: Optional[int] = None
         if "images" in name and array.shape[1:] != IMAGE_SHAPE:
             raise DataError(f"{path} holds images of {array.shape[1]}x{array.shape[2]}, "
                             f"expected 28x28")
-        if "labels" in name and array.size and array.max() >= NUM_CLASSES:
-            raise DataError(f"{path} has label {int(array.max())}; labels must be 0..{NUM_CLASSES - 1}")
+        if "labels" in name and array.size and array.max() >= len(CLASS_NAMES):
+            raise DataError(f"{path} has label {int(array.max())}; labels must be 0..{len(CLASS_NAMES) - 1}")
         verify_checksum(path, name, raw)
         arrays[name] = array
-    splits = []
-    for prefix, limit in (("train", train_limit), ("t10k", test_limit)):
-        images, labels = arrays[f"{prefix}-images-idx3-ubyte"], arrays[f"{prefix}-labels-idx1-ubyte"]
-        if limit is not None:
-            images, labels = images[:limit], labels[:limit]
-        splits.append(Split(images, labels))
-    return FashionMNIST(train=splits[0], test=splits[1], source=folder)
+    splits = [ArraySplit(arrays[f"{prefix}-images-idx3-ubyte"], arrays[f"{prefix}-labels-idx1-ubyte"])
+              for prefix in ("train", "t10k")]
+    data = Dataset(train=splits[0], test=splits[1], input_shape=(*IMAGE_SHAPE, 1), class_names=CLASS_NAMES,
+                   source=str(folder))
+    return data.limited(train_limit, test_limit)

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from accum_train.cli.main import main
 
 
+@pytest.mark.slow  # one fresh process per k
 def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     out = tmp_path / "bench"
     result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"), "--subdivisions", "1,4",

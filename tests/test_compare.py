@@ -54,7 +54,7 @@ def test_gradient_check_with_batchnorm_isolates_micro_batch_statistics(repo_root
     assert "bn1/gamma" in check["per_variable"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # two training runs in fresh processes: the tests using it are slow
 def compared(tmp_path_factory, repo_root):
     out = tmp_path_factory.mktemp("cmp") / "cmp"
     result = CliRunner().invoke(main, ["compare", str(repo_root / "configs" / "smoke.yaml"),
@@ -63,6 +63,7 @@ def compared(tmp_path_factory, repo_root):
     return out, result
 
 
+@pytest.mark.slow
 def test_compare_json_has_every_field(compared):
     out, _ = compared
     data = json.loads((out / "compare.json").read_text())
@@ -90,12 +91,14 @@ def test_compare_json_has_every_field(compared):
     assert dataclasses.replace(base_cfg, baseline=False) == sub_cfg == load_config(out / "config.yaml")
 
 
+@pytest.mark.slow
 def test_compare_png_decodes(compared):
     out, _ = compared
     image = matplotlib.image.imread(out / "compare.png")
     assert image.shape[0] > 300 and image.shape[1] > 1000
 
 
+@pytest.mark.slow
 def test_compare_table(compared):
     out, result = compared
     lines = result.stdout.splitlines()
@@ -109,6 +112,7 @@ def test_compare_table(compared):
     assert lines[-1] == f"written: {out / 'compare.json'}, {out / 'compare.png'}"
 
 
+@pytest.mark.slow
 def test_baseline_out_of_memory_is_reported_and_subdivided_still_runs(tmp_path, repo_root):
     # Measured: with batch 1000, the whole-batch first update peaks near 130 MiB of
     # TensorFlow memory and the 10-way subdivided one near 70 MiB.

@@ -30,6 +30,7 @@ def test_real_data_loads_with_known_facts(data_dir):
     data = fm.load(str(data_dir), allow_download=False)
     assert data.train.images.shape == (60000, 28, 28) and data.test.images.shape == (10000, 28, 28)
     assert data.train.images.dtype == np.uint8
+    assert (data.input_shape, data.num_classes, data.class_names[9]) == ((28, 28, 1), 10, "Ankle boot")
     assert int(data.train.labels[0]) == 9  # ankle boot
     assert np.bincount(data.train.labels).tolist() == [6000] * 10
     assert np.bincount(data.test.labels).tolist() == [1000] * 10
@@ -64,10 +65,13 @@ def label_out_of_range(raw):
     raw[8] = 12
 
 
+# The checksum cases re-compress and hash all 60,000 training images (~12 s each): slow suite.
+SLOW = pytest.mark.slow
+
 CASES = [
-    ("train-images-idx3-ubyte", altered_pixel,
-     "{p} failed its checksum: expected SHA-256 " + fm.FILES["train-images-idx3-ubyte"]
-     + " of the decompressed file, found {found}; " + fm.HOW_TO_GET),
+    pytest.param("train-images-idx3-ubyte", altered_pixel,
+                 "{p} failed its checksum: expected SHA-256 " + fm.FILES["train-images-idx3-ubyte"]
+                 + " of the decompressed file, found {found}; " + fm.HOW_TO_GET, marks=SLOW, id="altered_pixel"),
     ("t10k-images-idx3-ubyte", wrong_magic,
      "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)"),
     ("t10k-labels-idx1-ubyte", wrong_dims, "{p} has 2 dimensions, expected 1"),
@@ -75,7 +79,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, change, message", CASES, ids=[c[1].__name__ for c in CASES])
+@pytest.mark.parametrize("name, change, message", CASES,
+                         ids=[c.id if hasattr(c, "id") else c[1].__name__ for c in CASES])
 def test_damaged_file_is_refused_with_exact_message(copy_dir, name, change, message):
     import hashlib
     path = copy_dir / f"{name}.gz"
@@ -123,6 +128,7 @@ def test_incomplete_data_dir(tmp_path, data_dir, setup, message):
     assert str(err.value) == message.format(d=d)
 
 
+@SLOW  # checks all four files of a full copy (~12 s)
 def test_cli_refuses_bad_data_before_writing_anything(copy_dir, tmp_path, repo_root):
     rewrite(copy_dir / "train-images-idx3-ubyte.gz", altered_pixel)
     out = tmp_path / "run"
@@ -152,8 +158,9 @@ def unreadable(monkeypatch, path):
 
 CLI_CASES = [
     # (what to do to the copy of the data, file, expected message after "error: ")
-    ("alter", "train-images-idx3-ubyte", "{p} failed its checksum: expected SHA-256 "
-     + fm.FILES["train-images-idx3-ubyte"] + " of the decompressed file, found {found}; " + fm.HOW_TO_GET),
+    pytest.param("alter", "train-images-idx3-ubyte", "{p} failed its checksum: expected SHA-256 "
+                 + fm.FILES["train-images-idx3-ubyte"] + " of the decompressed file, found {found}; " + fm.HOW_TO_GET,
+                 marks=SLOW, id="alter"),
     ("magic", "t10k-images-idx3-ubyte",
      "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)"),
     ("dims", "t10k-labels-idx1-ubyte", "{p} has 2 dimensions, expected 1"),
@@ -168,7 +175,8 @@ CLI_CASES = [
 ]
 
 
-@pytest.mark.parametrize("action, name, message", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+@pytest.mark.parametrize("action, name, message", CLI_CASES,
+                         ids=[c.id if hasattr(c, "id") else c[0] for c in CLI_CASES])
 def test_bad_data_through_the_cli(tmp_path, data_dir, monkeypatch, repo_root, action, name, message):
     import hashlib
     d = tmp_path / "fm"

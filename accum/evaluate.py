@@ -1,0 +1,160 @@
+"""A trained run measured again on its test split (``accum-train evaluate``).
+
+``evaluate(run_dir, out_dir)`` loads the run's own model at its latest
+checkpoint, with the data its config.yaml names (changed, if asked, in
+``data.*`` keys only: the model and how it was trained stay the run's), and
+computes the test loss and accuracy the way training does (the same batches,
+the same sums, so an unchanged config reproduces summary.json) plus a
+confusion matrix: rows are the true class, columns the predicted one.
+It writes evaluate.json (the numbers, per-class precision and recall) and
+evaluate.png (the matrix, counts in the cells) into ``out_dir``; bad input is
+refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .config import load_config
+from .errors import ConfigError, DataError, RunDirError
+from .rundir import check_output_dir, pyplot, save_figure, write_result
+
+# Keys `evaluate --set` may change: which test data is read. The rest (model,
+# optimizer, batch, ...) describes the trained run and is not the caller's to change.
+CHANGEABLE_PREFIX = "data."
+# Past this many classes the cells are too small to print counts in (evaluate.json has them all),
+# and the figure stops growing so that it stays an image one can open.
+MAX_CLASSES_WITH_COUNTS = 40
+MAX_FIGURE_INCHES = 24.0
+
+
+def evaluation_config(run_dir: Path, overrides: Sequence[str] = ()):
+    """The run's config with ``--set data.KEY=VALUE`` overrides; any other key is refused."""
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if not key.startswith(CHANGEABLE_PREFIX):
+            raise ConfigError(f"--set {item}: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
+                              f"{key or 'the key'} is part of the trained run")
+    return load_config(Path(run_dir) / "config.yaml", overrides)
+
+
+def check_compatible(data, info: dict, run_dir: Path) -> None:
+    """The data must be what the model was built for: the same input shape and classes."""
+    shape, run_shape = tuple(data.input_shape), tuple(info["input_shape"])
+    if shape != run_shape:
+        raise DataError(f"the data has inputs of {_shape_text(shape)}, but the model of {run_dir} takes "
+                        f"{_shape_text(run_shape)}: evaluate it on data like its training data")
+    names, run_names = list(data.class_names), list(info["class_names"])
+    if names != run_names:
+        raise DataError(f"the data has classes {_names_text(names)}, but the model of {run_dir} was trained on "
+                        f"{_names_text(run_names)}: labels would mean different classes")
+
+
+def _shape_text(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _names_text(names, shown: int = 4) -> str:
+    text = ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+    return f"[{text}] ({len(names)})"
+
+
+def default_output_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "evaluate"
+
+
+def evaluate(run_dir: Path, out_dir: Optional[Path] = None, overrides: Sequence[str] = (), data=None) -> dict:
+    """Evaluate ``run_dir`` on its (possibly changed) test data; write evaluate.json and .png into ``out_dir``
+    (default RUN_DIR/evaluate). Like every output directory of the tool, it must be new or empty: an
+    earlier evaluation is never overwritten."""
+    from .trained import describe_run, load_run
+    run_dir = Path(run_dir)
+    info = describe_run(run_dir)  # refuses a directory that is not a run
+    cfg = evaluation_config(run_dir, overrides)
+    if out_dir is None:
+        out_dir = default_output_dir(run_dir)
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            raise RunDirError(f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, "
+                              f"or remove it")
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    if data is None:
+        from .datasets import load
+        data = load(cfg.data)
+    check_compatible(data, info, run_dir)
+    if len(data.test) == 0:
+        raise DataError("the test split is empty: nothing to evaluate")
+    run = load_run(run_dir, data)
+    result = measure(run, data, info["class_names"])
+    result["run_dir"], result["data"] = str(run_dir), {**dataclasses.asdict(cfg.data), "source": data.source}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_result(out_dir, "evaluate", result, plot_confusion)
+    return result
+
+
+def measure(run, data, class_names: Sequence[str], batch_size: Optional[int] = None) -> dict:
+    """Test loss, accuracy and confusion matrix of ``run``'s model on ``data.test``.
+
+    Batches and sums are those of ``Run.evaluate`` (the same batch size, float32
+    sums per batch added in Python), so the loss matches summary.json's."""
+    import tensorflow as tf
+    batch_size = batch_size or run.eval_batch_size
+    signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
+
+    @tf.function(input_signature=signature)
+    def batch_outcome(x, y):
+        logits = run.model.forward(x, False)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        return tf.reduce_sum(losses), tf.argmax(logits, 1, output_type=tf.int32)
+
+    n, classes = len(data.test), len(class_names)
+    confusion = np.zeros((classes, classes), np.int64)
+    loss_sum = 0.0
+    for x, y in data.test.batches(np.arange(n), batch_size):
+        batch_loss, predicted = batch_outcome(x, y)
+        loss_sum += float(batch_loss)
+        np.add.at(confusion, (y.numpy(), predicted.numpy()), 1)
+    correct = int(np.trace(confusion))
+    return {"test_loss": loss_sum / n, "test_accuracy": correct / n, "test_examples": n, "correct": correct,
+            "class_names": list(class_names), "confusion": confusion.tolist(),
+            "per_class": per_class(confusion, class_names)}
+
+
+def per_class(confusion: np.ndarray, class_names: Sequence[str]) -> list:
+    """Precision and recall of each class; null where undefined (nothing predicted, or no example of it)."""
+    rows = []
+    for i, name in enumerate(class_names):
+        hits, predicted, actual = int(confusion[i, i]), int(confusion[:, i].sum()), int(confusion[i].sum())
+        rows.append({"class": name, "examples": actual, "predicted": predicted, "correct": hits,
+                     "precision": hits / predicted if predicted else None,
+                     "recall": hits / actual if actual else None})
+    return rows
+
+
+def plot_confusion(result: dict, path: Path) -> None:
+    plt = pyplot()
+    confusion = np.array(result["confusion"])
+    names = result["class_names"]
+    size = min(MAX_FIGURE_INCHES, max(4.0, 0.55 * len(names) + 2.5))
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    image = ax.imshow(confusion, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ticks = np.arange(len(names))
+    ax.set_xticks(ticks, names, rotation=45, ha="right")
+    ax.set_yticks(ticks, names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    # Dark text on light cells, light on dark, so every count stays readable.
+    threshold = confusion.max() / 2 if confusion.size else 0
+    if len(names) <= MAX_CLASSES_WITH_COUNTS:
+        for (row, col), count in np.ndenumerate(confusion):
+            ax.text(col, row, str(count), ha="center", va="center", fontsize=7 if len(names) > 12 else 9,
+                    color="white" if count > threshold else "black")
+    ax.set_title(f"test accuracy {result['test_accuracy']:.4f} on {result['test_examples']} examples\n"
+                 f"{result['run_dir']}", fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path)

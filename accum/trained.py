@@ -1,0 +1,51 @@
+"""A run directory loaded back: its config, what it was trained on, and its
+model with the latest checkpoint's weights (for export, evaluate, predict).
+
+The model is rebuilt from config.yaml for the input shape and classes in
+dataset.json, so a trained run can be used without its training data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .config import load_config
+from .errors import RunDirError
+from .rundir import is_run_dir
+
+
+def load_run(run_dir: Path, data=None):
+    """The ``train.Run`` of ``run_dir`` with its latest weights.
+
+    ``data`` (a loaded Dataset) is needed only to evaluate; without it the
+    run's splits are empty and only its model is of use."""
+    from .datasets.base import ArraySplit, Dataset
+    from .train import Run
+
+    run_dir = Path(run_dir)
+    info = describe_run(run_dir)
+    cfg = load_config(run_dir / "config.yaml")
+    if data is None:
+        shape = tuple(info["input_shape"])
+        empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))
+        data = Dataset(train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]),
+                       source=info["source"])
+    run = Run(cfg, data, run_dir)
+    run.restore_latest(run_dir)
+    return run
+
+
+def describe_run(run_dir: Path) -> dict:
+    """dataset.json of a run: input_shape, class_names, source, split sizes."""
+    run_dir = Path(run_dir)
+    if not is_run_dir(run_dir):
+        raise RunDirError(f"{run_dir} is not a run directory (no config.yaml and checkpoints/): "
+                          f"pass a directory written by 'accum-train run'")
+    try:
+        return json.loads((run_dir / "dataset.json").read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"{run_dir} has no dataset.json (written by accum-train 0.2 and later): "
+                          f"resume it once with 'accum-train run --resume {run_dir}' to write it") from None

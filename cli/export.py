@@ -1,0 +1,30 @@
+"""``accum-train export``: a run's trained model as a standard Keras file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import exit_codes, quiet_tensorflow, verbose_option
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--output", type=click.Path(dir_okay=True, path_type=Path), default=None,
+              help="The .keras file to write (default: RUN_DIR/model.keras).")
+@click.option("--overwrite", is_flag=True, help="Replace the output file if it exists (atomically).")
+@verbose_option
+def export(run_dir, output, overwrite, verbose):
+    """Write a run's trained model as a Keras file that keras.models.load_model
+    opens without accum-train (BatchNorm with its trained moving statistics).
+
+    \b
+    accum-train export runs/smoke
+    accum-train export runs/smoke --output smoke.keras --overwrite
+    """
+    quiet_tensorflow(verbose)
+    with exit_codes():
+        from ..export import export_run
+        path = export_run(run_dir, output, overwrite)
+    click.echo(f"written: {path}")

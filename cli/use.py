@@ -1,0 +1,165 @@
+"""``accum-train plan``, ``evaluate`` and ``predict``: before and after training.
+
+``plan`` shows what a config will do without training (the split of each
+batch, the updates, the learning rate, warnings); ``evaluate`` measures a
+trained run on its test data and draws its confusion matrix; ``predict``
+gives class probabilities for image or .npz files. The work is in the core
+(accum_train.plan, .evaluate, .predict); this module parses flags and
+formats the results. Errors follow the rest of the tool: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..config import load_config
+from .common import exit_codes, output_dir_option, quiet_tensorflow, set_option, verbose_option
+
+LABEL_WIDTH = 15
+CLASS_NAMES_SHOWN = 5
+
+
+@click.command(short_help="The split of each batch, the updates, the learning rate; trains nothing.")
+@click.argument("config", type=click.Path(dir_okay=True, path_type=Path))
+@set_option("Override a config value, e.g. --set subdivisions=10")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document.")
+@verbose_option
+def plan(config, overrides, as_json, verbose):
+    """Show what a run of CONFIG would do, without training or writing anything.
+
+    \b
+    accum-train plan configs/fmnist.yaml
+    accum-train plan configs/smoke.yaml --set subdivisions=5
+    """
+    with exit_codes():
+        cfg = load_config(config, overrides)  # before TensorFlow loads: a bad config answers at once
+        quiet_tensorflow(verbose)  # image_folder decodes with TensorFlow while it checks the files
+        from ..datasets import load
+        data = load(cfg.data)
+        from ..plan import plan as make_plan
+        result = make_plan(cfg, data)
+    click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
+
+
+def _row(label: str, text: str) -> str:
+    return f"{label:<{LABEL_WIDTH}}{text}"
+
+
+def _split_text(n: int, micro_batches) -> str:
+    """'64 = 1 x 12 + 4 x 13': counts and sizes of the micro-batches of a batch of n."""
+    return f"{n} = " + " + ".join(f"{count} x {size}" for count, size in micro_batches)
+
+
+def _rate(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def format_plan(result: dict) -> str:
+    data, model, rate = result["data"], result["model"], result["learning_rate"]
+    names = data["class_names"]
+    shown = ", ".join(names[:CLASS_NAMES_SHOWN]) + (", ..." if len(names) > CLASS_NAMES_SHOWN else "")
+    layers = model["batchnorm_layers"]
+    norm = f", {layers} BatchNorm layer{'s' if layers > 1 else ''}" if layers else ", no BatchNorm"
+    name = f"{model['name']} {model['path']}" if model["path"] else model["name"]
+    lines = [_row("data", f"{data['name']}, {data['source']}"),
+             _row("examples", f"{data['train_examples']} train, {data['test_examples']} test"),
+             _row("input", "x".join(str(d) for d in data["input_shape"])),
+             _row("classes", f"{data['num_classes']}: {shown}"),
+             _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
+             _row("batch_size", f"{result['batch_size']} examples per update")]
+    full, last = result["full_batch"], result["last_batch"]
+    if result["baseline"]:
+        lines.append(_row("micro-batches", "none: baseline=true runs each batch whole, no gradient cache"))
+    elif full["micro_batches"] is None:
+        lines.append(_row("micro-batches", f"chosen when the run starts (subdivisions=auto, "
+                                           f"memory_limit={result['memory_limit']})"))
+    else:
+        lines.append(_row("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} "
+                                           f"(subdivisions={result['subdivisions']})"))
+    lines.append(_row("updates", f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = "
+                                 f"{result['total_updates']}"))
+    if last is None:
+        lines.append(_row("last batch", f"none: every batch is full "
+                                        f"({data['train_examples']} = {full['count']} x {full['size']})"))
+    else:
+        split = f": {_split_text(last['size'], last['micro_batches'])}" if last["micro_batches"] and \
+            not result["baseline"] else ""
+        only = " (the only batch)" if not full["count"] else ""
+        lines.append(_row("last batch", f"{last['size']} examples{only}{split}"))
+    schedule = rate["schedule"]
+    settings = [f"{key}={rate[key]}" for key in ("warmup_steps", "decay_steps") if rate[key]]
+    lines.append(_row("optimizer", f"{rate['optimizer']}, learning_rate {rate['peak']:g}, schedule {schedule}"
+                                   + (f" ({', '.join(settings)})" if settings else "")))
+    if schedule == "constant" and not rate["warmup_steps"]:
+        lines.append(_row("learning rate", f"{_rate(rate['first']['value'])} throughout"))
+    else:
+        points = [(rate["first"], "first")]
+        if rate["warmup_end"]:
+            points.append((rate["warmup_end"], "end of warm-up"))
+        points.append((rate["last"], "last"))
+        lines.append(_row("learning rate", ", ".join(f"{_rate(p['value'])} at update {p['update']} ({what})"
+                                                     for p, what in points)))
+    lines += [f"warning: {text}" for text in result["warnings"]]
+    return "\n".join(lines)
+
+
+@click.command(short_help="Test loss, accuracy and confusion matrix of a trained run.")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@set_option("Change the test data (data.* keys only), e.g. --set data.test_limit=1000")
+@output_dir_option("Directory for evaluate.json and evaluate.png (default: RUN_DIR/evaluate).")
+@verbose_option
+def evaluate(run_dir, overrides, output_dir, verbose):
+    """Test loss, accuracy and confusion matrix of a trained run (latest checkpoint).
+
+    \b
+    accum-train evaluate runs/smoke
+    accum-train evaluate runs/smoke --set data.test_limit=100 --output-dir runs/smoke/eval-100
+    """
+    quiet_tensorflow(verbose)
+    with exit_codes():
+        from ..evaluate import default_output_dir, evaluate as run_evaluate
+        out_dir = Path(output_dir) if output_dir else default_output_dir(run_dir)
+        result = run_evaluate(run_dir, output_dir, overrides)
+    click.echo(f"test loss {result['test_loss']:.4f}, test accuracy {result['test_accuracy']:.4f} "
+               f"({result['correct']}/{result['test_examples']} correct)")
+    click.echo(f"written: {out_dir / 'evaluate.json'}, {out_dir / 'evaluate.png'}")
+
+
+@click.command(short_help="Class probabilities for image or .npz files from a trained run.")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document: a list of {input, prediction, probabilities}.")
+@click.option("--top", "top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Classes shown per input, most probable first (at most the class count).")
+@verbose_option
+def predict(run_dir, files, as_json, top, verbose):
+    """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x).
+
+    \b
+    accum-train predict runs/smoke shoe.png shirt.jpg
+    accum-train predict runs/smoke images.npz --top 5
+    accum-train predict runs/smoke images.npz --json
+    """
+    quiet_tensorflow(verbose)
+    with exit_codes():
+        from ..predict import predict as run_predict
+        rows = run_predict(run_dir, files)
+    click.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, top))
+
+
+def format_predictions(rows: list, top: int) -> str:
+    """One row per input: the predicted class, its probability, the top classes with theirs."""
+    from ..predict import top_k
+    k = min(top, len(rows[0]["probabilities"]))
+    table = [(row["input"], row["prediction"], f"{row['probabilities'][row['prediction']]:.4f}",
+              ", ".join(f"{name} {p:.4f}" for name, p in top_k(row["probabilities"], k))) for row in rows]
+    header = ("input", "prediction", "probability", f"top {k}")
+    widths = [max(len(header[i]), *(len(r[i]) for r in table)) for i in range(3)]
+    lines = []
+    for cells in (header, *table):
+        lines.append(f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]:>{widths[2]}}  {cells[3]}")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""What every dataset gives the training loop: two splits, the input shape,
+the class count and the class names.
+
+A split is read by index. ``batches(order, batch_size)`` streams the examples
+in a given order through tf.data, converted to float32 images
+``[b, *input_shape]`` in [0, 1] (uint8 is scaled by 1/255, float is taken as
+it is) and int32 labels; ``take(indices)`` gives one such batch at once. The
+order is the caller's (a pure function of seed and epoch), so a resumed run
+sees the same batches. ``ArraySplit`` holds its arrays in memory (and
+``batches`` gives a tf.data.Dataset); ``image_folder.FileSplit`` holds only
+paths and streams from disk (its ``batches`` is an iterable of the same
+(x, y) batches). Callers only iterate what ``batches`` returns.
+
+TensorFlow is imported only inside the methods: loading and checking
+Fashion-MNIST or an .npz (which the ``--workers`` supervisor does) needs none
+of it; checking an image folder decodes every file with TensorFlow's decoder,
+the one training uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def to_inputs(images, labels):
+    """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
+    import tensorflow as tf
+    x = tf.convert_to_tensor(images)
+    x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+    if x.shape.rank == 3:
+        x = x[..., tf.newaxis]
+    return x, tf.cast(labels, tf.int32)
+
+
+class ArraySplit:
+    """A split held in memory as numpy arrays."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        if len(images) != len(labels):  # loaders check this with a user-facing message first
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.labels = images, labels
+        self._tensors = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def head(self, n: int) -> "ArraySplit":
+        return ArraySplit(self.images[:n], self.labels[:n])
+
+    def take(self, indices: np.ndarray):
+        return to_inputs(self.images[indices], self.labels[indices])
+
+    def batches(self, order: np.ndarray, batch_size: int):
+        """Batches in ``order``, gathered and converted on the tf.data side from one copy in TF memory."""
+        import tensorflow as tf
+        if self._tensors is None:
+            self._tensors = tf.constant(self.images), tf.constant(self.labels)
+        images, labels = self._tensors
+        indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
+        return indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx)),
+                           num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A loaded, verified dataset."""
+    train: ArraySplit
+    test: ArraySplit
+    input_shape: Tuple[int, ...]  # of one example as the model sees it, channels last: (H, W, C)
+    class_names: Tuple[str, ...]
+    source: str
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def limited(self, train_limit: Optional[int], test_limit: Optional[int]) -> "Dataset":
+        """The first N examples of each split (data.train_limit, data.test_limit)."""
+        return replace(self, train=self.train.head(train_limit) if train_limit else self.train,
+                       test=self.test.head(test_limit) if test_limit else self.test)
+
+    def describe(self) -> dict:
+        """What a trained model needs to know of its data (a run's dataset.json)."""
+        return {"source": self.source, "input_shape": list(self.input_shape),
+                "class_names": list(self.class_names), "train_examples": len(self.train),
+                "test_examples": len(self.test)}
+
+
+def class_names_of(count: int, names: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+    return tuple(names) if names is not None else tuple(str(i) for i in range(count))

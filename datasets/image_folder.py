@@ -1,0 +1,305 @@
+"""Your own images: a folder of class folders (``data.name: image_folder``).
+
+Layout: ``DIR/train/CLASS/*.png`` and ``DIR/test/CLASS/*.png`` (also .jpg,
+.jpeg, any case; subfolders of a class folder count, names starting with '.'
+and other files are ignored). The classes are the sorted names of the class
+folders of train, as keras.utils.image_dataset_from_directory has them; test
+must have the same ones. Within a split, files are sorted by path and
+interleaved by class (the first file of every class, then the second, ...),
+so data.train_limit keeps the classes balanced; the training order is still
+``epoch_order(seed, epoch)`` over that list.
+
+A split holds only paths and labels (``FileSplit``): ``batches`` reads,
+decodes and resizes the files of each batch in a parallel tf.data map, in the
+caller's order, so a set larger than memory trains and a resumed run sees the
+same batches. Decoding is ``decode`` everywhere: TensorFlow's decoder
+(``decode_image``), converted to ``data.channels`` (null: 3, RGB) by the
+decoder, resized bilinearly to ``data.image_size`` (an identity at the same
+size). ``read_image`` decodes one file the same way, for ``predict``.
+
+Before training, every file is decoded once with that same decoder, streamed
+(``verify``): a file that cannot be read or decoded (truncated, corrupt, not
+an image) is named in one line, and with ``data.image_size`` null the first
+image whose size differs from the first one is. A file that breaks during the
+run is named the same way when its batch comes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import DataError
+from .base import Dataset
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+DEFAULT_CHANNELS = 3  # RGB, the default of keras.utils.image_dataset_from_directory
+VERIFY_BATCH = 256  # files per step of the check; a failing step is searched file by file
+LAYOUT = "images go in DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (or .jpg, .jpeg)"
+UNDECODABLE = "is not a readable PNG or JPEG image (truncated or corrupt)"
+
+
+def load(data_config) -> Dataset:
+    """Scan, limit, verify: the Dataset of data.path, with nothing decoded kept."""
+    root = Path(data_config.path)
+    channels = data_config.channels or DEFAULT_CHANNELS
+    _check_root(root)
+    classes = _class_folders(root, "train")
+    _same_classes(root, classes, _class_folders(root, "test"))
+    # The limits are applied before the check: a slice of a large folder is checked, not the folder.
+    scanned = {split: _limit(_scan(root / split, classes), limit)
+               for split, limit in (("train", data_config.train_limit), ("test", data_config.test_limit))}
+    sizes = {split: verify(paths, channels) for split, (paths, _) in scanned.items()}
+    if data_config.image_size is not None:
+        height, width = data_config.image_size
+    else:
+        height, width = _common_size(scanned, sizes)
+    shape = (int(height), int(width), channels)
+    train, test = (FileSplit(*scanned[split], shape) for split in ("train", "test"))
+    return Dataset(train=train, test=test, input_shape=shape, class_names=tuple(classes),
+                   source=str(root.resolve()))
+
+
+# ----------------------------------------------------------------------------
+# Decoding: one function for training, the check and predict
+
+
+def decode(contents, input_shape):
+    """Encoded PNG/JPEG bytes (a string tensor) -> float32 [H, W, C] in [0, 1]; graph-safe."""
+    import tensorflow as tf
+    height, width, channels = input_shape
+    image = tf.io.decode_image(contents, channels=channels, expand_animations=False)  # uint8 [h, w, C]
+    # Bilinear, without antialiasing, as image_dataset_from_directory; exact identity at the same size,
+    # so images that need no resizing give the same numbers as the same uint8 array in an .npz.
+    image = tf.image.resize(image, (height, width), method="bilinear")
+    return image / 255.0
+
+
+def read_image(path, input_shape) -> np.ndarray:
+    """One image file decoded as training decodes it: float32 [H, W, C] in [0, 1].
+
+    ``input_shape`` is the run's (H, W, C) (dataset.json); any image size is
+    resized to H x W, C must be 1 or 3. Raises DataError naming the path."""
+    import tensorflow as tf
+    height, width, channels = input_shape
+    if channels not in (1, 3):
+        raise DataError(f"the model takes images of {channels} channels: only 1 (grayscale) or 3 (RGB) can be "
+                        f"decoded from {path}; pass the images as an .npz array instead")
+    try:
+        contents = Path(path).read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        return decode(tf.constant(contents), (height, width, channels)).numpy()
+    except tf.errors.OpError:
+        raise DataError(f"{path} {UNDECODABLE}: pass a PNG or JPEG file") from None
+
+
+def _problem(path: bytes, channels: int) -> Optional[str]:
+    """What is wrong with one file, as training would meet it; None if it decodes."""
+    import tensorflow as tf
+    try:
+        contents = Path(os.fsdecode(path)).read_bytes()
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    try:
+        tf.io.decode_image(contents, channels=channels, expand_animations=False)
+    except tf.errors.OpError:
+        return UNDECODABLE
+    return None
+
+
+def _decoded_size(path, channels: int):
+    import tensorflow as tf
+    return tf.shape(tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False))[:2]
+
+
+def verify(paths: np.ndarray, channels: int) -> np.ndarray:
+    """Decode every file once, streamed; their sizes [n, 2] (height, width), or a DataError naming the file.
+
+    Parallel and in order (deterministic): when a step fails, its files are
+    the next VERIFY_BATCH of ``paths``, and the first bad one is found by
+    decoding them one by one."""
+    import tensorflow as tf
+    steps = (tf.data.Dataset.from_tensor_slices(paths)
+             .map(lambda path: _decoded_size(path, channels), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=True)
+             .batch(VERIFY_BATCH).prefetch(2))
+    sizes: List[np.ndarray] = []
+    iterator, done = iter(steps), 0
+    while True:
+        try:
+            step = next(iterator)
+        except StopIteration:
+            break
+        except tf.errors.OpError as err:
+            _raise_first_bad(paths[done:done + VERIFY_BATCH], channels, err, during_run=False)
+        sizes.append(step.numpy())
+        done += len(sizes[-1])
+    return np.concatenate(sizes) if sizes else np.zeros((0, 2), np.int32)
+
+
+def _raise_first_bad(paths: np.ndarray, channels: int, err, during_run: bool):
+    for path in paths:
+        what = _problem(path, channels)
+        if what is None:
+            continue
+        name = os.fsdecode(path)
+        if during_run:
+            raise DataError(f"{name} {what}; it was fine when the run started: restore it, then resume "
+                            f"the run with --resume")
+        fix = "check its permissions" if what.startswith("cannot be read") else "replace or remove it"
+        raise DataError(f"{name} {what}: {fix}")
+    # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
+    message = (getattr(err, "message", "") or str(err)).splitlines()[0]
+    raise DataError(f"reading the images failed ({message}), although each of the files involved decodes "
+                    f"on its own: run again")
+
+
+# ----------------------------------------------------------------------------
+# The folder
+
+
+def _check_root(root: Path) -> None:
+    if not root.exists():
+        raise DataError(f"data.path={root} does not exist: for data.name=image_folder it is a folder; {LAYOUT}")
+    if not root.is_dir():
+        raise DataError(f"data.path={root} is a file, not a folder: for data.name=image_folder {LAYOUT}; "
+                        f"an .npz file is data.name=npz")
+    for split in ("train", "test"):
+        if not (root / split).is_dir():
+            raise DataError(f"data.path={root} has no {split} folder: {LAYOUT}")
+
+
+def _class_folders(root: Path, split: str) -> List[str]:
+    folder = root / split
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    except OSError as err:
+        raise DataError(f"cannot read {folder}: {err.strerror}: check its permissions") from None
+    if not names:
+        raise DataError(f"{folder} has no class folders: put each class's images in a folder named after "
+                        f"the class, e.g. {folder / 'cat' / '0001.png'}")
+    return names
+
+
+def _same_classes(root: Path, train: List[str], test: List[str]) -> None:
+    missing, extra = sorted(set(train) - set(test)), sorted(set(test) - set(train))
+    more = lambda names: f" (and {len(names) - 1} more)" if len(names) > 1 else ""  # noqa: E731
+    if missing:
+        raise DataError(f"{root / 'test'} has no class folder {missing[0]!r}{more(missing)}, which "
+                        f"{root / 'train'} has: train and test need the same class folders")
+    if extra:
+        raise DataError(f"{root / 'test'} has a class folder {extra[0]!r}{more(extra)}, which "
+                        f"{root / 'train'} lacks: train and test need the same class folders")
+
+
+def _scan(split_dir: Path, classes: List[str]) -> Tuple[np.ndarray, np.ndarray]:
+    """(paths as bytes, int32 labels), sorted by path within a class and interleaved by class."""
+    per_class = [_images_of(split_dir / name) for name in classes]
+    ranked = sorted((rank, label) for label, files in enumerate(per_class) for rank in range(len(files)))
+    paths = np.array([os.fsencode(per_class[label][rank]) for rank, label in ranked])
+    return paths, np.array([label for _, label in ranked], np.int32)
+
+
+def _images_of(folder: Path) -> List[str]:
+    found, others = [], []
+
+    def refuse(err):
+        raise DataError(f"cannot read {err.filename}: {err.strerror}: check its permissions")
+
+    for parent, subfolders, files in os.walk(folder, onerror=refuse):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        for name in files:
+            if not name.startswith("."):
+                (found if name.lower().endswith(IMAGE_EXTENSIONS) else others).append(os.path.join(parent, name))
+    if not found:
+        besides = f" (only other files, e.g. {Path(sorted(others)[0]).name})" if others else ""
+        raise DataError(f"{folder} holds no .png, .jpg or .jpeg file{besides}: add the class's images or "
+                        f"remove the folder")
+    return sorted(found)
+
+
+def _limit(scanned, limit: Optional[int]):
+    paths, labels = scanned
+    return (paths[:limit], labels[:limit]) if limit else (paths, labels)
+
+
+def _common_size(scanned, sizes) -> Tuple[int, int]:
+    """The one size of every image (data.image_size null), or a DataError naming the first odd file."""
+    first_path, reference = scanned["train"][0][0], tuple(int(n) for n in sizes["train"][0])
+    for split in ("train", "test"):
+        odd = np.flatnonzero((sizes[split] != reference).any(axis=1))
+        if len(odd):
+            h, w = (int(n) for n in sizes[split][odd[0]])
+            raise DataError(f"{os.fsdecode(scanned[split][0][odd[0]])} is {h}x{w} but "
+                            f"{os.fsdecode(first_path)} is {reference[0]}x{reference[1]}: with data.image_size "
+                            f"null every image must have one size; set data.image_size to resize them all, "
+                            f"e.g. [{reference[0]}, {reference[1]}]")
+    return reference
+
+
+# ----------------------------------------------------------------------------
+# The split
+
+
+class FileSplit:
+    """A split of image files: paths and labels only; images are read when their batch is."""
+
+    def __init__(self, paths: np.ndarray, labels: np.ndarray, input_shape: Tuple[int, int, int]):
+        if len(paths) != len(labels):  # the scan makes them together
+            raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
+        self.paths, self.labels, self.input_shape = paths, labels, tuple(input_shape)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def head(self, n: int) -> "FileSplit":
+        return FileSplit(self.paths[:n], self.labels[:n], self.input_shape)
+
+    def take(self, indices: np.ndarray):
+        import tensorflow as tf
+        indices = np.asarray(indices, np.int64)
+        if len(indices) == 0:
+            return tf.zeros([0, *self.input_shape], tf.float32), tf.zeros([0], tf.int32)
+        return next(iter(self.batches(indices, len(indices))))
+
+    def batches(self, order: np.ndarray, batch_size: int) -> "StreamedBatches":
+        return StreamedBatches(self, np.asarray(order, np.int64), batch_size)
+
+
+class StreamedBatches:
+    """The batches of a FileSplit in a given order: iterate it for (x, y) tensors.
+
+    ``dataset`` is the tf.data pipeline itself; iterating through this class
+    turns a file that breaks during the run into a DataError naming it."""
+
+    def __init__(self, split: FileSplit, order: np.ndarray, batch_size: int):
+        self.split, self.order, self.batch_size = split, order, batch_size
+
+    @property
+    def dataset(self):
+        import tensorflow as tf
+        shape = self.split.input_shape
+        examples = tf.data.Dataset.from_tensor_slices((self.split.paths[self.order], self.split.labels[self.order]))
+        # deterministic=True: parallel decoding, batches still in the caller's order.
+        return (examples.map(lambda path, label: (decode(tf.io.read_file(path), shape), label),
+                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                .batch(self.batch_size).prefetch(2))
+
+    def __iter__(self):
+        import tensorflow as tf
+        iterator, done = iter(self.dataset), 0
+        while True:
+            try:
+                x, y = next(iterator)
+            except StopIteration:
+                return
+            except tf.errors.OpError as err:
+                upcoming = self.split.paths[self.order[done:done + self.batch_size]]
+                _raise_first_bad(upcoming, self.split.input_shape[2], err, during_run=True)
+            done += int(y.shape[0])
+            yield x, y
