@@ -91,8 +91,8 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
     assert done.returncode == 0, done.stderr
     assert max_diff(weights(d), weights(single["adam"])) < 1e-5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["workers"]
-    assert sorted(p.name for p in d.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json",
-                                                  "tensorboard", "weights.npz"]
+    assert sorted(p.name for p in d.iterdir()) == ["checkpoints", "config.yaml", "dataset.json", "metrics.jsonl",
+                                                  "summary.json", "tensorboard", "weights.npz"]
     records = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, 9))  # written once, by the chief
