@@ -164,3 +164,30 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, 
         latest = tf.train.latest_checkpoint(str(d / "checkpoints"))
         assert latest is not None
         tf.train.load_checkpoint(latest).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")
+
+
+def test_kill_one_worker_then_resume_reaches_the_uninterrupted_weights(tmp_path, repo_root):
+    """kill -9 of worker 1 at its 6th update: the chief stops within worker_timeout_s with one line, and
+    `--resume --workers 2` ends where an uninterrupted 2-worker run ends, to 1e-6."""
+    args = [str(repo_root / "configs" / "smoke.yaml"), *SMALL, "--set", "optimizer.name=sgd",
+            "--set", "checkpoint.every_steps=2", "--set", "strategy.worker_timeout_s=15", "--workers", "2"]
+    whole = run(private_network(CLI + args + ["--output-dir", str(tmp_path / "whole")]))
+    assert whole.returncode == 0, whole.stderr
+    cut = tmp_path / "cut"
+    started = time.monotonic()
+    killed = subprocess.run(private_network([sys.executable, str(HERE / "launch_runner.py"), "run", *args,
+                                             "--output-dir", str(cut)]),
+                            capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "ACCUM_LAUNCH_FAULT": "die:6"})
+    assert killed.returncode == 1
+    assert killed.stderr.strip().splitlines()[-1] == ("error: worker 1 was killed by SIGKILL; stopped all 2 workers "
+                                                      "(the last checkpoint stays readable)")
+    assert time.monotonic() - started < 15 + 60  # the start, then at most worker_timeout_s
+    step = int(tf.train.load_checkpoint(tf.train.latest_checkpoint(str(cut / "checkpoints")))
+               .get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert 0 < step < 8 and not (cut / "weights.npz").exists()
+    resumed = run(private_network(CLI + ["--resume", str(cut), "--workers", "2", "--quiet"]))
+    assert resumed.returncode == 0, resumed.stderr
+    assert max_diff(weights(cut), weights(tmp_path / "whole")) < 1e-6
+    steps = [json.loads(x)["step"] for x in (cut / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(x)]
+    assert steps == list(range(1, 9))  # every update once, written by the chief
