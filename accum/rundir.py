@@ -103,6 +103,26 @@ def save_weights(named_weights: dict, path: Path) -> None:
     atomic_write(path, buffer.getvalue())
 
 
+# A keras_file run keeps a copy of the file it started from: resume, export,
+# evaluate and predict rebuild the model from it (the checkpoint holds the
+# weights), so the run does not depend on model.path staying where it was.
+MODEL_COPY = "initial_model.keras"
+
+
+def keep_model_file(run_dir: Path, model_cfg) -> None:
+    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
+        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
+
+
+def kept_model(run_dir: Path, model_cfg):
+    """``model_cfg``, reading a keras_file run's model from its copy in ``run_dir`` when there is one."""
+    import dataclasses
+    copy = Path(run_dir) / MODEL_COPY
+    if model_cfg.name == "keras_file" and copy.is_file():
+        return dataclasses.replace(model_cfg, path=str(copy))
+    return model_cfg
+
+
 # ----------------------------------------------------------------------------
 # Resuming
 

@@ -31,7 +31,7 @@ from .config import Config
 from .data import describe_split, epoch_order, examples_seen, first_batch
 from .errors import Interrupted, RunDirError, TrainingStopped
 from .memory import allocator_peak_bytes, choose_subdivisions, peak_rss_bytes, update_within_memory
-from .rundir import MetricsLog, atomic_write, check_output_dir, save_weights, write_json
+from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
 
 
 class Progress:
@@ -63,7 +63,7 @@ class Run:
 
         schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            self.model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
+            self.model = build_model(kept_model(run_dir, cfg.model), cfg.seed, data.input_shape, data.num_classes)
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn, variables = sparse_softmax_loss(self.model.forward), self.model.trainable_variables
@@ -191,6 +191,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     started, cpu_started = time.time(), time.process_time()
     run = Run(cfg, data, run_dir, strategy)  # before any write: a model file that does not fit leaves no trace
     run_dir.mkdir(parents=True, exist_ok=True)
+    keep_model_file(run_dir, cfg.model)
     for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
         if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
             atomic_write(run_dir / name, text.encode())

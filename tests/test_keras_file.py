@@ -262,6 +262,24 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(files, tmp_path, data
     assert resumed["test_accuracy"] == pytest.approx(full["test_accuracy"], abs=1e-6)
 
 
+def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(files, tmp_path, data_dir):
+    import shutil
+
+    from accum_train.export import export_run
+    own = tmp_path / "mine.keras"
+    shutil.copy(files["functional"], own)
+    cfg = load_config(None, overrides(own, data_dir, "subdivisions=3", "log_every=1"))
+    full = train(cfg, tmp_path / "full")
+    with pytest.raises(Interrupted):
+        train(cfg, tmp_path / "cut", progress=InterruptAt(6))
+    assert (tmp_path / "cut" / "initial_model.keras").read_bytes() == own.read_bytes()
+    own.unlink()  # the user moves or deletes the file the run started from
+    train(cfg, tmp_path / "cut", resume=True)
+    a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
+    assert max_diff(dict(a), dict(b)) < 1e-6
+    assert export_run(tmp_path / "full").is_file()
+
+
 # ----------------------------------------------------------------------------
 # Files that cannot be used
 
