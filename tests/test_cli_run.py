@@ -208,3 +208,21 @@ def test_progress_bar_shows_micro_batches_loss_speed_and_eta(capsys):
                    "elapsed_s": 2.0, "examples_per_s": 1000.0})
     assert capsys.readouterr().out == ("epoch 1/3: train loss 0.6000, test loss 0.5000, test accuracy 0.8125, "
                                        "2.0 s, 1000 examples/s\n")
+
+
+def test_a_run_starts_quietly_unless_verbose(tmp_path, repo_root):
+    """No TensorFlow start-up or C++ log lines (oneDNN, absl, grappler's remapper for norm=none) on stderr."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-m", "accum_train.cli.main", "run",
+                           str(repo_root / "configs" / "smoke.yaml"), "--set", "model.norm=none", "--set", "epochs=1",
+                           "--output-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.splitlines()[-1].startswith("test accuracy ")
+    check = ("import os, sys; from accum_train.cli.common import quiet_tensorflow; quiet_tensorflow(True); "
+             "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), 'tensorflow' in sys.modules)")
+    verbose = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, env=env)
+    assert verbose.stdout.split() == ["None", "False"]  # --verbose: TensorFlow's logging left as it is
