@@ -89,35 +89,24 @@ def evaluate(run_dir: Path, out_dir: Optional[Path] = None, overrides: Sequence[
     if len(data.test) == 0:
         raise DataError("the test split is empty: nothing to evaluate")
     run = load_run(run_dir, data)
-    result = measure(run, data, info["class_names"])
+    result = measure(run, info["class_names"])
     result["run_dir"], result["data"] = str(run_dir), {**dataclasses.asdict(cfg.data), "source": data.source}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_result(out_dir, "evaluate", result, plot_confusion)
     return result
 
 
-def measure(run, data, class_names: Sequence[str], batch_size: Optional[int] = None) -> dict:
-    """Test loss, accuracy and confusion matrix of ``run``'s model on ``data.test``.
+def measure(run, class_names: Sequence[str]) -> dict:
+    """Test loss, accuracy and confusion matrix of ``run``'s model on its test split.
 
-    Batches and sums are those of ``Run.evaluate`` (the same batch size, float32
-    sums per batch added in Python), so the loss matches summary.json's."""
-    import tensorflow as tf
-    batch_size = batch_size or run.eval_batch_size
-    signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
-
-    @tf.function(input_signature=signature)
-    def batch_outcome(x, y):
-        logits = run.model.forward(x, False)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-        return tf.reduce_sum(losses), tf.argmax(logits, 1, output_type=tf.int32)
-
-    n, classes = len(data.test), len(class_names)
+    The batches and sums are ``Run.evaluate``'s (``Run.test_batches``), so the
+    loss and accuracy match summary.json's."""
+    n, classes = len(run.data.test), len(class_names)
     confusion = np.zeros((classes, classes), np.int64)
     loss_sum = 0.0
-    for x, y in data.test.batches(np.arange(n), batch_size):
-        batch_loss, predicted = batch_outcome(x, y)
-        loss_sum += float(batch_loss)
-        np.add.at(confusion, (y.numpy(), predicted.numpy()), 1)
+    for batch_loss, labels, predicted in run.test_batches():
+        loss_sum += batch_loss
+        np.add.at(confusion, (labels, predicted), 1)
     correct = int(np.trace(confusion))
     return {"test_loss": loss_sum / n, "test_accuracy": correct / n, "test_examples": n, "correct": correct,
             "class_names": list(class_names), "confusion": confusion.tolist(),

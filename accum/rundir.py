@@ -46,6 +46,15 @@ def is_run_dir(path: Path) -> bool:
     return (Path(path) / "config.yaml").is_file() and (Path(path) / "checkpoints").is_dir()
 
 
+def require_run_dir(path: Path, flag: str = "") -> Path:
+    """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it)."""
+    path = Path(path)
+    if not path.is_dir() or not is_run_dir(path):
+        raise RunDirError(f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "
+                          f"checkpoints/): pass a directory written by 'accum-train run'")
+    return path
+
+
 def check_output_dir(path: Path) -> None:
     """Refuse a directory we would damage or cannot use, before anything is written."""
     path = Path(path)
@@ -145,10 +154,7 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
 
     Values resolved when the run started (a schedule's decay_steps) stay as
     resolved, even where the given config leaves them to be computed."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir() or not is_run_dir(run_dir):
-        raise RunDirError(f"--resume {run_dir} is not a run directory (no config.yaml and checkpoints/): "
-                          f"pass a directory written by 'accum-train run'")
+    run_dir = require_run_dir(run_dir, "--resume")
     saved = load_config(run_dir / "config.yaml")
     if config_path is None and not overrides:
         return saved

@@ -104,18 +104,21 @@ class Run:
     def _evaluate_batch(self, x, y):
         logits = self.model.forward(x, False)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.float32))
-        return tf.reduce_sum(losses), correct
+        return tf.reduce_sum(losses), tf.argmax(logits, 1, output_type=tf.int32)
+
+    def test_batches(self):
+        """(loss sum, labels, predicted classes) of each test batch: what evaluate and a confusion matrix sum."""
+        for x, y in self.data.test.batches(np.arange(len(self.data.test)), self.eval_batch_size):
+            batch_loss, predicted = self.evaluate_batch(x, y)
+            yield float(batch_loss), y.numpy(), predicted.numpy()
 
     def evaluate(self):
         """(mean loss, accuracy) on the test split."""
         loss_sum = correct = 0.0
-        n = len(self.data.test)
-        for x, y in self.data.test.batches(np.arange(n), self.eval_batch_size):
-            batch_loss, batch_correct = self.evaluate_batch(x, y)
-            loss_sum += float(batch_loss)
-            correct += float(batch_correct)
-        return loss_sum / n, correct / n
+        for batch_loss, labels, predicted in self.test_batches():
+            loss_sum += batch_loss
+            correct += int(np.sum(labels == predicted))
+        return loss_sum / len(self.data.test), correct / len(self.data.test)
 
     def restore_latest(self, run_dir: Path) -> int:
         """Restore the latest checkpoint of run_dir (the chief's, for every worker)."""
@@ -196,7 +199,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
         if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
             atomic_write(run_dir / name, text.encode())
     log = MetricsLog(run_dir)
-    step = _start(run, log, shared_dir, resume, data, progress)
+    step = _start(run, log, shared_dir, resume, progress)
 
     with _StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
         while step < run.total_steps:
@@ -214,7 +217,7 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     return summary
 
 
-def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, data, progress: Progress) -> int:
+def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: Progress) -> int:
     """Restore or begin (choosing k for subdivisions=auto), say how the batch is split; the first step."""
     cfg = run.cfg
     step = 0
@@ -229,7 +232,7 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, data, prog
                              f"fixed when the run started); later updates use its final learning rate")
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
-            x, y = first_batch(data, cfg.seed, cfg.batch_size)
+            x, y = first_batch(run.data, cfg.seed, cfg.batch_size)
             choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
         run.save_checkpoint(0)  # a run is resumable from its first moment
     if not cfg.baseline:
@@ -262,8 +265,8 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
         bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
         end_of_epoch = step % run.steps_per_epoch == 0
         checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
-        if pending and (len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum
-                        or bad >= cfg.max_bad_updates):
+        if (len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum
+                or bad >= cfg.max_bad_updates):
             # Before any checkpoint: a checkpoint never counts an update metrics.jsonl lacks.
             flushed = log.write_updates(pending, lambda i: examples_seen(i, run.steps_per_epoch, run.n_train,
                                                                           cfg.batch_size), run.steps_per_epoch)

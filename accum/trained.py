@@ -14,7 +14,7 @@ import numpy as np
 
 from .config import load_config
 from .errors import RunDirError
-from .rundir import is_run_dir
+from .rundir import require_run_dir
 
 
 def load_run(run_dir: Path, data=None):
@@ -40,10 +40,7 @@ def load_run(run_dir: Path, data=None):
 
 def describe_run(run_dir: Path) -> dict:
     """dataset.json of a run: input_shape, class_names, source, split sizes."""
-    run_dir = Path(run_dir)
-    if not is_run_dir(run_dir):
-        raise RunDirError(f"{run_dir} is not a run directory (no config.yaml and checkpoints/): "
-                          f"pass a directory written by 'accum-train run'")
+    run_dir = require_run_dir(run_dir)
     try:
         return json.loads((run_dir / "dataset.json").read_text())
     except FileNotFoundError:
