@@ -445,11 +445,6 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
         name = cfg.strategy.name
         for bad, why in ((cfg.model.name == "keras_file", "a built-in model.name (keras_file is single-device "
                                                           "only for now)"),
-                         (cfg.model.norm != "none", "model.norm=none (BatchNorm statistics are not yet "
-                                                    "pooled across replicas)"),
-                         (cfg.optimizer.clip_norm is not None, "optimizer.clip_norm=null (clipping needs the "
-                                                               "all-reduced gradient, not yet supported)"),
-                         (cfg.auto_subdivisions, "a fixed subdivisions (auto is single-device only)"),
                          (cfg.baseline, "baseline=false")):
             if bad:
                 raise ConfigError(f"{where('strategy.name')}: strategy.name={name} needs {why}")

@@ -1,4 +1,5 @@
-"""The accumulation engine: a gradient cache and a one-graph-call update.
+"""The accumulation engine: a gradient cache and a one-graph-call update, on
+one device or on any tf.distribute strategy.
 
 A batch of ``n`` examples is cut into ``k = min(subdivisions, n)`` contiguous
 micro-batches whose sizes differ by at most one. Each micro-batch adds the
@@ -8,15 +9,29 @@ split: ragged micro-batches and a short last batch are weighted by their
 example counts. (Dividing by ``subdivisions``, or averaging micro-batch means
 as equals, is biased as soon as the sizes differ.)
 
-The pieces are separately usable: ``GradientCache.clear``,
-``AccumulatingUpdate.accumulate`` (one micro-batch),
-``AccumulatingUpdate.accumulate_batch`` (all k micro-batches of a batch) and
-``AccumulatingUpdate.finish`` (apply the cache once, or skip it if anything in
-it is not finite). ``AccumulatingUpdate.update`` composes them into ONE
-tf.function call per batch: the micro-batch loop is a ``tf.range`` loop
-inside the graph, so only one micro-batch of activations is alive at a time
-and Python is entered once per update. Nothing here knows TensorLayer: any
-list of variables and per-example loss function will do.
+One device is tf.distribute's default strategy: the same code runs there and
+on MirroredStrategy or MultiWorkerMirroredStrategy. Under a strategy each
+replica takes its contiguous share of the global batch and cuts that into k
+micro-batches; the cache (and the BatchNorm layers' pending statistics) are
+replica-local ``ON_READ``/``SUM`` variables, so no collective runs inside the
+micro-batch loop. An update then makes ONE collective: a single all-reduce of
+the accumulated gradients, the loss, a retry flag and the BatchNorm sums.
+Norm, clipping and the finite check act on the reduced (global) values, the
+same on every replica; the apply-or-skip decision is a ``tf.cond`` in
+cross-replica context (``merge_call``), whose apply branch goes back to the
+replicas for ``apply_gradients`` (``call_for_each_replica``). Neither branch
+holds a collective, so the replicas cannot disagree inside one. Keras'
+optimizer would all-reduce the gradients a second time inside
+``apply_gradients``; the engine turns that off (``_all_reduce_sum_gradients``,
+its one private Keras hook, guarded by a test that a double reduction fails).
+
+The pieces are separately usable: ``reset``, ``accumulate`` (one
+micro-batch), ``accumulate_batch`` (all k micro-batches of a batch) and
+``finish`` (reduce, then apply once or skip, then clear). ``update`` composes
+them into ONE tf.function call per batch: the micro-batch loop is a
+``tf.range`` loop inside the graph, so only one micro-batch of activations is
+alive at a time and Python is entered once per update. Nothing here knows
+TensorLayer: any list of variables and per-example loss function will do.
 
 Every engine counts, inside its graph, the updates it skipped in all and in a
 row; the training loop reads the counters after each update and checkpoints
@@ -30,31 +45,33 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 NAN = float("nan")
+REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
 
 
 class GradientCache:
-    """One zero-initialised tf.Variable per trainable variable, created once.
+    """One zero-initialised, replica-local tf.Variable per trainable variable, and one for the loss."""
 
-    ``variable_kwargs`` go to every slot, e.g. ``synchronization`` and
-    ``aggregation`` for replica-local slots under tf.distribute."""
-
-    def __init__(self, variables: Sequence[tf.Variable], **variable_kwargs):
+    def __init__(self, variables: Sequence[tf.Variable]):
         self.variables = list(variables)
-        self.slots = [
-            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"grad_cache_{i}", **variable_kwargs)
-            for i, v in enumerate(self.variables)
-        ]
+        self.slots = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"grad_cache_{i}",
+                                  **REPLICA_LOCAL) for i, v in enumerate(self.variables)]
+        self.loss = tf.Variable(0.0, trainable=False, name="loss_cache", **REPLICA_LOCAL)
 
     def clear(self):
+        # tf.zeros of the shape, not zeros_like(slot): reading a replica-local variable in cross-replica
+        # context would be a collective
         for slot in self.slots:
-            slot.assign(tf.zeros_like(slot))
+            slot.assign(tf.zeros(slot.shape, slot.dtype))
+        self.loss.assign(0.0)
 
-    def add(self, gradients):
+    def add(self, gradients, loss=0.0):
         for slot, grad in zip(self.slots, gradients):
             if grad is not None:  # a variable the loss does not touch keeps a zero gradient
                 slot.assign_add(tf.convert_to_tensor(grad))
+        self.loss.assign_add(loss)
 
     def gradients(self):
+        """This replica's sums (on one device: the cache); read on the host, the sum over replicas."""
         return [slot.read_value() for slot in self.slots]
 
 
@@ -71,58 +88,21 @@ def all_finite(loss, gradients):
     return finite
 
 
-class Update:
-    """What every engine shares: one clipped apply per update, or a skip.
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list:
+    """The global ids of this process's replicas (all of them, except under multi-worker)."""
+    ids = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group))
+    return [int(i) for i in strategy.experimental_local_results(ids)]
 
-    ``norm_layers`` are objects with ``deferred``, ``commit()`` and
-    ``discard()`` (AccumBatchNorm): the engine defers their moving statistics
-    and folds them in once per applied update.
-    """
 
-    def __init__(self, variables: Sequence[tf.Variable], optimizer, clip_norm: Optional[float] = None,
-                 norm_layers=()):
-        self.variables = list(variables)
-        self.optimizer = optimizer
-        self.clip_norm = clip_norm
-        self.norm_layers = list(norm_layers)
-        for layer in self.norm_layers:
-            layer.deferred = True  # moving statistics move once per update, not per micro-batch
-        self.bad_updates_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates_in_a_row")
-        self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
+def _first(strategy, structure):
+    """The value of replica 0 of this process (every replica computes the same one)."""
+    return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], structure)
 
-    def learning_rate(self):
-        """The rate the next apply_gradients uses (the schedule at optimizer.iterations)."""
-        return tf.cast(self.optimizer.learning_rate, tf.float32)
 
-    def _apply_gradients(self, gradients):
-        """Clip, apply once, commit BatchNorm statistics; (global norm, learning rate used)."""
-        norm = tf.linalg.global_norm(gradients)
-        if self.clip_norm is not None:
-            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm, use_norm=norm)
-        rate = self.learning_rate()  # read before the apply advances optimizer.iterations
-        self.optimizer.apply_gradients([(g, v) for g, v in zip(gradients, self.variables) if g is not None])
-        for layer in self.norm_layers:
-            layer.commit()
-        self.bad_updates_in_a_row.assign(0)
-        return norm, rate
-
-    def _skip(self):
-        """Drop a bad update: weights, optimizer state and statistics stay as they were."""
-        for layer in self.norm_layers:
-            layer.discard()
-        self.bad_updates_in_a_row.assign_add(1)
-        self.skipped_updates.assign_add(1)
-        return tf.constant(NAN), tf.constant(NAN)
-
-    def _finish(self, loss, gradients):
-        applied = all_finite(loss, gradients)
-        grad_norm, rate = tf.cond(applied, lambda: self._apply_gradients(gradients), self._skip)
-        return {"loss": loss, "grad_norm": grad_norm, "applied": applied, "learning_rate": rate}
-
-    def reset(self):
-        """Forget a half-done update (pooled BatchNorm statistics)."""
-        for layer in self.norm_layers:
-            layer.discard()
+def _size(y, n=None):
+    """The global batch size as the graphs take it (a tensor: a Python int would retrace per value)."""
+    return tf.constant(len(y) if n is None else int(n), tf.int32)
 
 
 def _function(fn, input_signature):
@@ -130,82 +110,231 @@ def _function(fn, input_signature):
     return tf.function(fn, **kwargs)
 
 
+class Update:
+    """What every engine shares: the one all-reduce, then one clipped apply per update, or a skip.
+
+    ``norm_layers`` are objects with ``deferred``, ``pending.values()``,
+    ``fold(values)`` and ``discard()`` (AccumBatchNorm): the engine defers their
+    moving statistics and folds them in once per applied update, from the sums
+    of every micro-batch on every replica. ``strategy`` None is one device.
+    """
+
+    def __init__(self, variables: Sequence[tf.Variable], optimizer, clip_norm: Optional[float] = None,
+                 norm_layers=(), strategy: Optional[tf.distribute.Strategy] = None):
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.variables = list(variables)
+        self.optimizer = optimizer
+        self.clip_norm = clip_norm
+        self.norm_layers = list(norm_layers)
+        for layer in self.norm_layers:
+            layer.deferred = True  # moving statistics move once per update, not per micro-batch
+        self.replica_ids = local_replica_ids(self.strategy)
+        with self.strategy.scope():
+            self.bad_updates_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates_in_a_row")
+            self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
+        if optimizer is not None:
+            if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+                raise RuntimeError("this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
+                                   "it from reducing the gradients a second time; use Keras 3.x with TensorFlow")
+            # The gradients reaching apply_gradients are already the global sum (the one all-reduce).
+            optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def largest_over_workers(self, value: int) -> int:
+        """The largest ``value`` any worker holds (every worker must call this at the same point)."""
+        if self.replicas == len(self.replica_ids):
+            return int(value)  # one process: nothing to agree on
+        def every():  # each replica puts its value at its own place: the SUM holds every replica's
+            ctx = tf.distribute.get_replica_context()
+            mine = tf.one_hot(ctx.replica_id_in_sync_group, self.replicas) * float(value)
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+        return int(tf.reduce_max(_first(self.strategy, tf.function(lambda: self.strategy.run(every))())))
+
+    def learning_rate(self):
+        """The rate the next apply_gradients uses (the schedule at optimizer.iterations)."""
+        return tf.cast(self.optimizer.learning_rate, tf.float32)
+
+    def _conclude(self, loss, gradients, retry):
+        """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context."""
+        ctx = tf.distribute.get_replica_context()
+        used = [g is not None for g in gradients]
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self.variables)]
+        stats = [s for layer in self.norm_layers for s in layer.pending.values()]
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + stats + [loss, tf.cast(retry, tf.float32)])
+        grads, stats, (loss, retried) = reduced[:len(grads)], reduced[len(grads):-2], reduced[-2:]
+        retry = retried > 0  # any replica of any worker asked for it: all drop the update together
+        applied = tf.logical_and(all_finite(loss, grads), tf.logical_not(retry))
+        norm = tf.linalg.global_norm(grads)
+        if self.clip_norm is not None:
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
+        rate = self.learning_rate()  # read before the apply advances optimizer.iterations
+        ctx.merge_call(self._decide, args=(applied, retry, tuple(grads), tuple(stats), tuple(used)))
+        for layer in self.norm_layers:
+            layer.discard()
+        nan = tf.constant(NAN)
+        return {"loss": loss, "grad_norm": tf.where(applied, norm, nan), "applied": applied,
+                "learning_rate": tf.where(applied, rate, nan), "retry": retry}
+
+    def _decide(self, strategy, applied, retry, grads, stats, used):
+        """Cross-replica context: every replica holds the same decision; the branches hold no collective."""
+        def apply():
+            def apply_local(*local):
+                self.optimizer.apply_gradients([(g, v) for g, v, u in zip(local, self.variables, used) if u])
+            strategy.extended.call_for_each_replica(apply_local, args=grads)
+            for i, layer in enumerate(self.norm_layers):
+                layer.fold(_first(strategy, list(stats[3 * i:3 * i + 3])))
+            self.bad_updates_in_a_row.assign(0)
+            return tf.constant(True)
+
+        def skip():  # weights, optimizer state and statistics stay as they were
+            self.bad_updates_in_a_row.assign_add(1)
+            self.skipped_updates.assign_add(1)
+            return tf.constant(False)
+
+        return tf.cond(_first(strategy, applied), apply,
+                       lambda: tf.cond(_first(strategy, retry), lambda: tf.constant(False), skip))
+
+    def reset(self):
+        """Forget a half-done update (pooled BatchNorm statistics)."""
+        for layer in self.norm_layers:
+            layer.discard()
+
+
 class AccumulatingUpdate(Update):
-    """The subdivided update: accumulate k micro-batches, apply once.
+    """The subdivided update: accumulate k micro-batches per replica, reduce and apply once.
 
     ``loss_fn(x, y)`` returns the per-example loss (a vector) of a micro-batch
-    in training mode.
+    in training mode. ``input_signature`` is (x, y) of a batch; ``update``,
+    ``accumulate_batch`` and ``finish`` take this process's examples of the
+    global batch (all of them, except under multi-worker: the shares of its
+    replicas, in replica order, see ``data.worker_order``) and ``n``, the
+    global batch size.
     """
 
     def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
                  subdivisions: int, clip_norm: Optional[float] = None, norm_layers=(),
-                 input_signature=None):
-        super().__init__(variables, optimizer, clip_norm, norm_layers)
+                 input_signature=None, strategy: Optional[tf.distribute.Strategy] = None):
+        super().__init__(variables, optimizer, clip_norm, norm_layers, strategy)
         self.loss_fn = loss_fn
-        self.cache = GradientCache(self.variables)
-        # A variable, not a Python int, so that changing k (subdivisions: auto,
-        # retry after out-of-memory) never retraces the graph.
-        self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32,
-                                        name="subdivisions")
-        self.update = _function(self._update, input_signature)
-        self.accumulate_batch = _function(self._accumulate_batch, input_signature)
-        self.accumulate = tf.function(self._accumulate, reduce_retracing=True)
-        self.finish = tf.function(self._finish_cache)
+        with self.strategy.scope():
+            self.cache = GradientCache(self.variables)
+            # A variable, not a Python int, so that changing k (subdivisions: auto,
+            # retry after out-of-memory) never retraces the graph.
+            self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32,
+                                            name="subdivisions")
+        signature = (*input_signature, tf.TensorSpec([], tf.int32)) if input_signature else None
+        self._update = _function(self._update_all, signature)
+        self._accumulate_batch = _function(self._accumulate_all, signature)
+        self._finish = tf.function(lambda retry: self.strategy.run(self._finish_replica, args=(retry,)))
+        self._accumulate = tf.function(lambda x, y, n: self.strategy.run(self._accumulate_micro, args=(x, y, n)),
+                                       reduce_retracing=True)
+        self._reset = tf.function(lambda: self.strategy.run(self._reset_replica))
 
     def set_subdivisions(self, k: int) -> None:
         self.subdivisions.assign(int(k))
 
-    def _accumulate(self, x, y, batch_examples):
+    # -- the separately usable pieces (host side)
+
+    def update(self, x, y, n=None):
+        """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry}."""
+        return _first(self.strategy, self._update(x, y, _size(y, n)))
+
+    def accumulate_batch(self, x, y, n=None):
+        """All k micro-batches of a batch into the cache, nothing applied; this replica's loss share."""
+        return _first(self.strategy, self._accumulate_batch(x, y, _size(y, n)))
+
+    def finish(self, retry=False):
+        """Reduce the cache, then apply it once (or skip it if anything is not finite, or drop it if any
+        worker asks to ``retry``), then clear it; the update's record, as ``update`` gives it."""
+        return _first(self.strategy, self._finish(tf.constant(bool(retry))))
+
+    def accumulate(self, x, y, batch_examples):
+        """One micro-batch (the same on every replica) into the cache; its share of the batch's mean loss."""
+        return _first(self.strategy, self._accumulate(x, y, _size(y, batch_examples)))
+
+    def apply(self):
+        """Reduce and apply what the cache holds (as ``finish``); the global norm of the applied gradient."""
+        return self.finish()["grad_norm"]
+
+    def reset(self):
+        """Forget a half-done update: the cache and the pooled BatchNorm statistics (on every replica,
+        in replica context: no collective, so workers may reset different numbers of times)."""
+        self._reset()
+
+    def _reset_replica(self):
+        self.cache.clear()
+        super().reset()
+
+    # -- inside the graph
+
+    def _accumulate_micro(self, x, y, batch_examples):
         """Add the gradient of this micro-batch's share of the batch's mean loss."""
         with tf.GradientTape() as tape:
             losses = self.loss_fn(x, y)
             share = tf.reduce_sum(losses) / tf.cast(batch_examples, losses.dtype)
-        self.cache.add(tape.gradient(share, self.variables))
+        self.cache.add(tape.gradient(share, self.variables), share)
         return share
 
-    def _accumulate_batch(self, x, y):
-        """All k micro-batches of one batch into the cache; the batch's mean loss."""
-        n = tf.shape(y)[0]
-        k = tf.minimum(self.subdivisions, n)  # a short last batch may have fewer examples than k
+    def _accumulate_replica(self, x, y, n):
+        """This replica's share (x, y) of a batch of n, as k micro-batches, into its cache."""
+        local_n = tf.shape(y)[0]
+        k = tf.minimum(self.subdivisions, local_n)  # a short share may have fewer examples than k, even none
         loss = tf.constant(0.0)
         for i in tf.range(k):
-            start, end = micro_bounds(i, n, k)
-            loss += self._accumulate(x[start:end], y[start:end], n)
+            start, end = micro_bounds(i, local_n, k)
+            loss += self._accumulate_micro(x[start:end], y[start:end], n)
         return loss
 
-    def _finish_cache(self, loss):
-        """Apply what the cache holds once (or skip it if anything is not finite), then clear it."""
-        out = self._finish(loss, self.cache.gradients())
+    def _finish_replica(self, retry):
+        out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry)
         self.cache.clear()
         return out
 
-    def _update(self, x, y):
-        return self._finish_cache(self._accumulate_batch(x, y))
+    def _shares(self, x, y, n):
+        """Each local replica's contiguous share of the global batch, from this process's examples."""
+        if len(self.replica_ids) == 1 and self.replicas == 1:
+            return x, y  # one device: the batch itself
+        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
 
-    def apply(self):
-        """Clip and apply the cached gradient once, fold BatchNorm statistics, clear; the global norm."""
-        norm, _ = self._apply_gradients(self.cache.gradients())
-        self.cache.clear()
-        return norm
+        def share(ctx, tensor):
+            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
+            return tensor[start - offset:end - offset]
 
-    def reset(self):
-        self.cache.clear()
-        super().reset()
+        return (self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
+                self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)))
+
+    def _accumulate_all(self, x, y, n):
+        xs, ys = self._shares(x, y, n)
+        return self.strategy.run(self._accumulate_replica, args=(xs, ys, n))
+
+    def _update_all(self, x, y, n):
+        xs, ys = self._shares(x, y, n)
+
+        def replica_update(x, y):
+            self._accumulate_replica(x, y, n)
+            return self._finish_replica(False)
+        return self.strategy.run(replica_update, args=(xs, ys))
 
 
 class PlainUpdate(Update):
-    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``)."""
+    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``), one device."""
 
     def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
                  clip_norm: Optional[float] = None, norm_layers=(), input_signature=None):
         super().__init__(variables, optimizer, clip_norm, norm_layers)
         self.loss_fn = loss_fn
-        self.update = _function(self._update, input_signature)
+        self._update = _function(self._update_batch, input_signature)
 
-    def _update(self, x, y):
+    def update(self, x, y, n=None):
+        return self._update(x, y)
+
+    def _update_batch(self, x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(self.loss_fn(x, y))
-        return self._finish(loss, tape.gradient(loss, self.variables))
+        return self._conclude(loss, tape.gradient(loss, self.variables), False)
 
 
 def sparse_softmax_loss(forward: Callable) -> Callable:

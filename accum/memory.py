@@ -68,12 +68,14 @@ def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: 
     """subdivisions=auto: the smallest k (1, 2, 4, ...) whose micro-step fits the limit.
 
     One micro-step (forward, backward, add to the cache) runs at each candidate
-    micro-batch size; the cache and statistics are cleared afterwards, so no
-    weight moves."""
+    micro-batch size of a replica's share of the batch; the cache and
+    statistics are cleared afterwards, so no weight moves. Under several
+    workers each probes its own device, and all take the largest k any chose."""
     batch = int(y.shape[0])
+    share = math.ceil(batch / engine.replicas)
     k = 1
     while True:
-        micro = math.ceil(batch / k)
+        micro = math.ceil(share / k)
         try:
             _, peak = peak_during(lambda: engine.accumulate(x[:micro], y[:micro], batch))
             fits = peak is None or peak <= limit_bytes
@@ -84,17 +86,18 @@ def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: 
             f"(memory_limit={memory_limit}){'' if fits else ', too much'}")
         if fits:
             break
-        if k >= batch:
+        if k >= share:
             raise OutOfMemory(f"even one example per micro-batch needs {_mib(peak)} of TensorFlow memory, "
                               f"over memory_limit={memory_limit}: raise memory_limit or use a smaller model")
-        k = min(2 * k, batch)
-    engine.set_subdivisions(k)
-    say(f"subdivisions=auto chose {k}")
-    return k
+        k = min(2 * k, share)
+    agreed = engine.largest_over_workers(k)
+    engine.set_subdivisions(agreed)
+    say(f"subdivisions=auto chose {agreed}" + ("" if agreed == k else f" (another worker needs it; {k} fits here)"))
+    return agreed
 
 
-def update_within_memory(engine, x, y, step: int, cfg, check_peak: bool, say: Callable[[str], None]):
-    """One update (``step`` is its 0-based index), within memory.
+def update_within_memory(engine, x, y, n: int, step: int, cfg, check_peak: bool, say: Callable[[str], None]):
+    """One update (``step`` is its 0-based index) of a global batch of ``n``, within memory.
 
     With ``check_peak`` (the first update of a process under memory_limit)
     the batch is accumulated, its allocator peak read, and only then applied.
@@ -102,30 +105,47 @@ def update_within_memory(engine, x, y, step: int, cfg, check_peak: bool, say: Ca
     with a fixed k is fatal (OutOfMemory). With subdivisions=auto it doubles k
     and retries the same batch from a cleared cache: nothing of the batch was
     applied, so none of it is lost or applied twice.
+
+    Several workers must agree: with subdivisions=auto every update then
+    accumulates in one graph call and finishes in a second, whose one
+    all-reduce carries each worker's "retry" flag, so that all workers drop the
+    update and double k together when any one of them ran out of memory. With
+    a fixed k a worker's out-of-memory ends the run (the launcher stops the
+    others), as its peers wait in the update's all-reduce.
     """
-    # The baseline and the distributed engine apply in the same call: over the
-    # limit they stop (a fixed k), so applying before the check loses nothing.
+    # The baseline applies in the same call as it computes: over the limit it
+    # stops (a fixed k), so applying before the check loses nothing.
     separable = hasattr(engine, "accumulate_batch")
+    several_workers = engine.replicas > len(engine.replica_ids)
+    agree = separable and several_workers and cfg.auto_subdivisions
     while True:
-        k = int(engine.subdivisions.numpy()) if hasattr(engine, "subdivisions") else 1
-        how = f"subdivisions={k}" if hasattr(engine, "subdivisions") else "the whole batch in one pass"
-        detail = ""
+        k = int(engine.subdivisions.numpy()) if separable else 1
+        how = f"subdivisions={k}" if separable else "the whole batch in one pass"
+        problem = detail = ""
+        fix = "raise memory_limit or use more subdivisions"
         try:
-            if not check_peak:
-                return engine.update(x, y)
-            if separable:
-                loss, peak = peak_during(lambda: engine.accumulate_batch(x, y))
+            if not (check_peak or agree):
+                return engine.update(x, y, n)
+            if not separable:
+                out, peak = peak_during(lambda: engine.update(x, y, n))
             else:
-                out, peak = peak_during(lambda: engine.update(x, y))
-            if peak is None or peak <= cfg.memory_limit_bytes:
-                return engine.finish(loss) if separable else out
-            problem = (f"peaked at {peak / 2**20:.0f} MiB of TensorFlow memory with {how}, "
-                       f"over memory_limit={cfg.memory_limit}")
-            fix = "raise memory_limit or use more subdivisions"
+                _, peak = peak_during(lambda: engine.accumulate_batch(x, y, n))
+            if check_peak and peak is not None and peak > cfg.memory_limit_bytes:
+                problem = (f"peaked at {peak / 2**20:.0f} MiB of TensorFlow memory with {how}, "
+                           f"over memory_limit={cfg.memory_limit}")
         except tf.errors.ResourceExhaustedError as err:
             problem = f"ran out of memory with {how}"
             detail = f" ({(err.message or 'ResourceExhaustedError').splitlines()[0]})"
             fix = "use more subdivisions or subdivisions: auto"
+            if several_workers and not (check_peak or agree):
+                raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}") from None
+        if separable:
+            out = engine.finish(retry=bool(problem))  # under a strategy: the workers agree here
+            if not bool(out["retry"]):
+                return out
+            problem = problem or f"ran out of memory or over memory_limit on another worker with {how}"
+        elif not problem:
+            return out
         engine.reset()
         if k >= cfg.batch_size:
             fix = "even one example per micro-batch does not fit: use a smaller model"

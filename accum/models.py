@@ -42,6 +42,59 @@ __all__ = ["SEED_CHANNELS", "SEED_STRIDES", "AccumBatchNorm", "GroupNorm", "Kera
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
 
+class PendingStats:
+    """The BatchNorm statistics of one update so far: count, sum and sum of squares.
+
+    Sums of ``h - shift`` rather than of ``h``, with ``shift`` the moving mean
+    (the same on every replica, and fixed during an update), so that the sum of
+    squares does not cancel. Sums are additive: micro-batches add to them, and
+    replicas sum them in the engine's one all-reduce. The variables are
+    replica-local (``ON_READ``/``SUM``) under tf.distribute and plain on one
+    device. Not weights: zero between updates, never saved or trained.
+    """
+
+    def __init__(self, name: str, shape):
+        local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                     aggregation=tf.VariableAggregation.SUM)
+        self.count = tf.Variable(0.0, name=f"{name}_pending_count", **local)
+        self.sum = tf.Variable(tf.zeros(shape), name=f"{name}_pending_sum", **local)
+        self.sq = tf.Variable(tf.zeros(shape), name=f"{name}_pending_sq", **local)
+
+    def add(self, count, mean, var, shift):
+        """Pool a (micro-)batch of ``count`` values per channel with these moments."""
+        delta = mean - shift
+        self.count.assign_add(count)
+        self.sum.assign_add(count * delta)
+        self.sq.assign_add(count * (var + tf.square(delta)))
+
+    def values(self) -> list:
+        """This replica's sums, in the order ``fold`` takes them."""
+        return [self.count.read_value(), self.sum.read_value(), self.sq.read_value()]
+
+    def clear(self):
+        self.count.assign(0.0)
+        self.sum.assign(tf.zeros(self.sum.shape))  # not zeros_like: no read (a collective, across replicas)
+        self.sq.assign(tf.zeros(self.sq.shape))
+
+
+def move_statistics(moving_mean, moving_var, momentum, mean, var, seen=True):
+    """moving = moving * momentum + batch * (1 - momentum); nothing moves unless ``seen``."""
+    moving_mean.assign(tf.where(seen, moving_mean * momentum + mean * (1.0 - momentum), moving_mean))
+    moving_var.assign(tf.where(seen, moving_var * momentum + var * (1.0 - momentum), moving_var))
+
+
+def fold_statistics(moving_mean, moving_var, momentum, values):
+    """Move the moving statistics once by the pooled ones, from (summed) PendingStats values.
+
+    The shift of the sums is the moving mean, read here before anything moves.
+    Nothing moves when the update saw no example (count 0)."""
+    count, total, squares = values
+    n = tf.maximum(count, 1.0)
+    delta = total / n
+    move_statistics(moving_mean, moving_var, momentum, moving_mean + delta,
+                    tf.maximum(squares / n - tf.square(delta), 0.0), count > 0)
+
+
 class AccumBatchNorm(BatchNorm):
     """BatchNorm that works in graph mode and can defer its moving-average update.
 
@@ -49,9 +102,10 @@ class AccumBatchNorm(BatchNorm):
     a micro-batch, as darknet and the seed do). The moving statistics are
     updated either right away (``deferred=False``: what a plain loop wants) or,
     with ``deferred=True``, from the statistics of the whole update, pooled over
-    its micro-batches by example count and committed once by ``commit()``. The
-    deferred moving statistics are then exactly those a single pass over the
-    whole batch would produce, and they move once per update, not per micro-step.
+    its micro-batches (and replicas) by example count and folded in once by the
+    engine (``fold``; ``commit`` on one device). The deferred moving statistics
+    are then exactly those a single pass over the whole batch would produce, and
+    they move once per update, not per micro-step.
     """
 
     def __init__(self, decay=0.9, epsilon=1e-5, act=None, name=None):
@@ -61,12 +115,8 @@ class AccumBatchNorm(BatchNorm):
 
     def build(self, inputs_shape):
         super().build(inputs_shape)
-        shape = self.moving_mean.shape
-        # Plain attributes, not TL weights: they are scratch space, zero between
-        # updates, and must not appear in weights.npz or the trainable list.
-        self.pending_count = tf.Variable(0.0, trainable=False, name=f"{self.name}_pending_count")
-        self.pending_sum = tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_pending_sum")
-        self.pending_sq = tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_pending_sq")
+        # Plain attributes, not TL weights: not in weights.npz or the trainable list.
+        self.pending = PendingStats(self.name, self.moving_mean.shape)
 
     def forward(self, inputs):
         self._check_input_shape(inputs)
@@ -79,35 +129,26 @@ class AccumBatchNorm(BatchNorm):
             if self._nodes_fixed:
                 if self.deferred:
                     count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), self.axes)), tf.float32)
-                    self.pending_count.assign_add(count)
-                    self.pending_sum.assign_add(count * mean)
-                    self.pending_sq.assign_add(count * (var + tf.square(mean)))
+                    self.pending.add(count, mean, var, self.moving_mean)
                 else:
-                    self._move(mean, var)
+                    move_statistics(self.moving_mean, self.moving_var, self.decay, mean, var)
         else:
             mean, var = self.moving_mean, self.moving_var
         outputs = tf.nn.batch_normalization(inputs, mean, var, self.beta, self.gamma, self.epsilon)
         return self.act(outputs) if self.act else outputs
 
-    def _move(self, mean, var):
-        self.moving_mean.assign_sub((self.moving_mean - mean) * (1.0 - self.decay))
-        self.moving_var.assign_sub((self.moving_var - var) * (1.0 - self.decay))
+    def fold(self, values):
+        """Fold pooled statistics (this layer's PendingStats values, summed over replicas) into the moving ones."""
+        fold_statistics(self.moving_mean, self.moving_var, self.decay, values)
 
     def commit(self):
-        """Fold the pooled statistics of this update into the moving averages (graph-safe)."""
-        count = tf.maximum(self.pending_count, 1.0)
-        mean = self.pending_sum / count
-        var = tf.maximum(self.pending_sq / count - tf.square(mean), 0.0)
-        keep = tf.cast(self.pending_count > 0, tf.float32)
-        self.moving_mean.assign_sub(keep * (self.moving_mean - mean) * (1.0 - self.decay))
-        self.moving_var.assign_sub(keep * (self.moving_var - var) * (1.0 - self.decay))
+        """Fold this layer's own pooled statistics in and forget them (one device)."""
+        self.fold(self.pending.values())
         self.discard()
 
     def discard(self):
-        """Forget the pooled statistics (an update that is skipped or retried)."""
-        self.pending_count.assign(0.0)
-        self.pending_sum.assign(tf.zeros_like(self.pending_sum))
-        self.pending_sq.assign(tf.zeros_like(self.pending_sq))
+        """Forget the pooled statistics (an update that is folded, skipped or retried)."""
+        self.pending.clear()
 
 
 class GroupNorm(tl.layers.Layer):
@@ -151,11 +192,9 @@ class KerasAccumBatchNorm(keras.layers.BatchNormalization):
     Same config, same four weights, same inference. In training it normalises
     with the statistics of the (micro-)batch it sees; ``deferred=False``
     moves the moving statistics right away as Keras does, ``deferred=True``
-    pools count, mean and sum of squared deviations over the micro-batches
-    (Chan et al.'s pairwise update: no cancellation, unlike sum and sum of
-    squares) and ``commit()`` moves them once per update with Keras'
-    momentum: ``moving = moving * momentum + batch * (1 - momentum)``, the
-    batch variance biased as Keras' own.
+    pools them (PendingStats) and the engine folds them in once per update with
+    Keras' momentum: ``moving = moving * momentum + batch * (1 - momentum)``,
+    the batch variance biased as Keras' own.
     """
 
     def __init__(self, **kwargs):
@@ -166,12 +205,8 @@ class KerasAccumBatchNorm(keras.layers.BatchNormalization):
 
     def build(self, input_shape):
         super().build(input_shape)
-        shape = tuple(self.moving_mean.shape)
-        # Plain tf.Variables, which Keras does not track: scratch space, zero
-        # between updates, not weights (not saved, not in the trainable list).
-        self.pending_count = tf.Variable(0.0, trainable=False, name=f"{self.name}_pending_count")
-        self.pending_mean = tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_pending_mean")
-        self.pending_m2 = tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_pending_m2")
+        # Plain tf.Variables, which Keras does not track: not weights (not saved, not trained).
+        self.pending = PendingStats(self.name, tuple(self.moving_mean.shape))
 
     def call(self, inputs, training=None, mask=None):
         if not (training and self.trainable):  # inference, a frozen layer, or Keras' symbolic build
@@ -184,41 +219,26 @@ class KerasAccumBatchNorm(keras.layers.BatchNormalization):
         mean, var = keras.ops.moments(x, axes=self._reduction_axes)
         if self.deferred:
             count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), self._reduction_axes)), tf.float32)
-            self._pool(count, mean, var)
+            self.pending.add(count, mean, var, tf.convert_to_tensor(self.moving_mean))
         else:
-            self._move(mean, var)
+            move_statistics(self.moving_mean, self.moving_variance, self.momentum, mean, var)
         outputs = keras.ops.batch_normalization(x, mean, var, axis=self.axis, offset=self.beta if self.center
                                                 else None, scale=self.gamma if self.scale else None,
                                                 epsilon=self.epsilon)
         return keras.ops.cast(outputs, self.compute_dtype)
 
-    def _pool(self, count, mean, var):
-        total = self.pending_count + count
-        share = tf.maximum(total, 1.0)  # never 0/0 (the engine makes no empty micro-batch anyway)
-        delta = mean - self.pending_mean
-        self.pending_mean.assign_add(delta * (count / share))
-        self.pending_m2.assign_add(var * count + tf.square(delta) * (self.pending_count * count / share))
-        self.pending_count.assign(total)
-
-    def _move(self, mean, var):
-        self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
-        self.moving_variance.assign(self.moving_variance * self.momentum + var * (1.0 - self.momentum))
+    def fold(self, values):
+        """Fold pooled statistics (this layer's PendingStats values, summed over replicas) into the moving ones."""
+        fold_statistics(self.moving_mean, self.moving_variance, self.momentum, values)
 
     def commit(self):
-        """Fold the pooled statistics of this update into the moving averages (graph-safe)."""
-        seen = self.pending_count > 0
-        var = self.pending_m2 / tf.maximum(self.pending_count, 1.0)
-        self.moving_mean.assign(tf.where(
-            seen, self.moving_mean * self.momentum + self.pending_mean * (1.0 - self.momentum), self.moving_mean))
-        self.moving_variance.assign(tf.where(
-            seen, self.moving_variance * self.momentum + var * (1.0 - self.momentum), self.moving_variance))
+        """Fold this layer's own pooled statistics in and forget them (one device)."""
+        self.fold(self.pending.values())
         self.discard()
 
     def discard(self):
-        """Forget the pooled statistics (an update that is skipped or retried)."""
-        self.pending_count.assign(0.0)
-        self.pending_mean.assign(tf.zeros_like(self.pending_mean))
-        self.pending_m2.assign(tf.zeros_like(self.pending_m2))
+        """Forget the pooled statistics (an update that is folded, skipped or retried)."""
+        self.pending.clear()
 
 
 @dataclass

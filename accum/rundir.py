@@ -233,6 +233,8 @@ class MetricsLog:
                             "examples_seen": examples_seen(step),
                             "loss": loss if math.isfinite(loss) else None,
                             "learning_rate": rate if applied else None,  # the rate applied; none if skipped
+                            # the global norm of the update's gradient, before clipping
+                            "grad_norm": float(out["grad_norm"]) if applied else None,
                             "skipped": not applied})
         self.write(records)
         return loss_sum, examples

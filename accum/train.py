@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from .config import Config
-from .data import describe_split, epoch_order, examples_seen, first_batch
+from .data import describe_split, epoch_order, examples_seen, first_batch, worker_batches
 from .errors import Interrupted, RunDirError, TrainingStopped
 from .memory import allocator_peak_bytes, choose_subdivisions, peak_rss_bytes, update_within_memory
 from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
@@ -67,17 +67,14 @@ class Run:
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn, variables = sparse_softmax_loss(self.model.forward), self.model.trainable_variables
-        if strategy is not None:
-            from .distribute import DistributedUpdate
-            self.engine = DistributedUpdate(strategy, loss_fn, variables, self.optimizer, cfg.subdivisions)
-        elif cfg.baseline:
+        if cfg.baseline:
             self.engine = PlainUpdate(loss_fn, variables, self.optimizer, cfg.optimizer.clip_norm,
                                       self.model.norm_layers, signature)
         else:
             # subdivisions=auto starts at 1; choose_subdivisions measures before training.
             self.engine = AccumulatingUpdate(loss_fn, variables, self.optimizer,
                                              1 if cfg.auto_subdivisions else cfg.subdivisions,
-                                             cfg.optimizer.clip_norm, self.model.norm_layers, signature)
+                                             cfg.optimizer.clip_norm, self.model.norm_layers, signature, strategy)
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
 
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -236,9 +233,8 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: 
             choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
         run.save_checkpoint(0)  # a run is resumable from its first moment
     if not cfg.baseline:
-        strategy = getattr(run.engine, "strategy", None)
         progress.message(describe_split(cfg.batch_size, run.subdivisions,
-                                        strategy.num_replicas_in_sync if strategy else None))
+                                        run.engine.replicas if cfg.strategy.name != "default" else None))
     return step
 
 
@@ -254,11 +250,11 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     # A run resumed mid-epoch picks up the losses this epoch already logged.
     loss_sum, applied_examples = log.epoch_losses(epoch + 1) if first else (0.0, 0)
     micro_done, pending = first * k, []
-    for x, y in run.data.train.batches(order, cfg.batch_size):
-        out = update_within_memory(run.engine, x, y, step, cfg, not run.memory_checked, progress.message)
+    engine = run.engine
+    for n, x, y in worker_batches(run.data.train, order, cfg.batch_size, engine.replicas, engine.replica_ids):
+        out = update_within_memory(run.engine, x, y, n, step, cfg, not run.memory_checked, progress.message)
         run.memory_checked = True
         step += 1
-        n = int(y.shape[0])
         epoch_examples += n
         micro_done += min(run.subdivisions, n)
         pending.append((step, n, out))

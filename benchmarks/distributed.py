@@ -1,12 +1,10 @@
 """Accumulate-then-reduce vs a reduction per micro-batch, on MirroredStrategy.
 
-(a) accum-train's DistributedUpdate: each replica accumulates its k local
-    micro-batches in a tf.range loop (no collective inside), then one
-    all-reduce of the gradients per update (inside Keras' apply_gradients).
-    The skip of a non-finite update is decided on the host (collectives
-    cannot sit inside tf.cond), so an update is two graph calls: accumulate
-    (ending in one small SUM reduction of [loss, non-finite count], read on
-    the host), then apply (or clear).
+(a) accum-train's engine (AccumulatingUpdate on the strategy): each replica
+    accumulates its k local micro-batches in a tf.range loop (no collective
+    inside), then ONE all-reduce per update carries the gradients, the loss
+    and the retry flag; the apply-or-skip decision is a tf.cond in
+    cross-replica context, all in one graph call.
 (n) the naive way, in ONE graph call per update, so that the ratio measures
     the collectives and not Python call overhead: one tf.function whose
     replica function runs the k micro-batches Python-unrolled (collectives
@@ -15,8 +13,7 @@
     apply_gradients performs in replica context: each replica hands in its
     last local gradient plus 1/replicas of the sum already reduced, so the
     applied gradient is the exact sum with k gradient all-reduces, not k + 1.
-    (n) checks nothing, reports no loss, makes one graph call to (a)'s two,
-    and its unrolled loop is a little faster than a tf.range loop on CPU
+    (n) checks nothing, reports no loss, clips nothing, and its unrolled loop is a little faster than a tf.range loop on CPU
     (see NOTES): every difference other than the collectives favours (n).
 
 Both on the seed convnet (norm none) over --devices logical CPUs, the same
@@ -138,8 +135,7 @@ def main():
     import tensorflow as tf
 
     from accum_train.config import ModelConfig, OptimizerConfig
-    from accum_train.distribute import DistributedUpdate
-    from accum_train.engine import micro_bounds, sparse_softmax_loss
+    from accum_train.engine import AccumulatingUpdate, micro_bounds, sparse_softmax_loss
     from accum_train.models import build_model
     from accum_train.optim import make_optimizer
 
@@ -156,7 +152,7 @@ def main():
     y = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
 
     model, opt, loss_fn = setup()
-    ours = DistributedUpdate(strategy, loss_fn, model.trainable_variables, opt, k)
+    ours = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, strategy=strategy)
 
     naive_model, naive_opt, naive_loss = setup()
     variables = naive_model.trainable_variables
@@ -238,7 +234,7 @@ def main():
     print(f"{'':<28} {'/update':>11} {'all-reduces':>10} {'x-dev':>7} {'x-dev':>5} {'(wall)':>16} {'':>13}")
     for name in methods:
         log = counts[name]["log"]
-        gradient = sum(1 for kind, _, size in log if kind != "broadcast" and size == gradient_elements)
+        gradient = sum(1 for kind, _, size in log if kind != "broadcast" and size >= gradient_elements)
         counts[name]["gradient_all_reduces"] = gradient
         counts[name]["other_collectives"] = len(log) - gradient
         print(f"{name:<28} {counts[name]['graph_calls']:>11} {gradient:>10} {len(log) - gradient:>7} "
@@ -250,9 +246,9 @@ def main():
             summary[entry] = summary.get(entry, 0) + 1
         print(f"  {name}: " + ", ".join(f"{n} x {kind}({tensors}, {size})" for (kind, tensors, size), n
                                          in summary.items()))
-    print("  (batch_reduce of all gradients: a gradient all-reduce; reduce(1, 2): DistributedUpdate's\n"
-          "   [loss, non-finite] SUM, a strategy.reduce; broadcast(1, 1): Keras' optimizer.iterations, an\n"
-          "   ONLY_FIRST_REPLICA variable, moved once per apply_gradients by either method)")
+    print("  (batch_reduce of all gradients: a gradient all-reduce (the engine's also carries the loss and its\n"
+          "   retry flag); broadcast(1, 1): Keras' optimizer.iterations, an ONLY_FIRST_REPLICA variable, moved\n"
+          "   once per apply_gradients by either method)")
     a, n = "(a) accumulate-then-reduce", "(n) reduce per micro-batch"
     wall_ratio = statistics.median(wall[n]) / statistics.median(wall[a])
     cpu_ratio = statistics.median(cpu[n]) / statistics.median(cpu[a])

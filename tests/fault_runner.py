@@ -18,7 +18,6 @@ import threading
 import tensorflow as tf
 
 from accum_train.cli.main import main
-from accum_train.distribute import DistributedUpdate
 from accum_train.engine import AccumulatingUpdate
 
 
@@ -38,19 +37,18 @@ def counter(n):
 def arm(point, n):
     hit = counter(n)
     if point == "update":
-        for cls in (AccumulatingUpdate, DistributedUpdate):
-            original = cls.__init__
+        original = AccumulatingUpdate.__init__
 
-            def init(self, *args, _original=original, **kwargs):
-                _original(self, *args, **kwargs)
-                real = self.update
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            real = self.update
 
-                def update(x, y):
-                    if hit():
-                        threading.Timer(0.002, die).start()
-                    return real(x, y)
-                self.update = update
-            cls.__init__ = init
+            def update(x, y, n=None):
+                if hit():
+                    threading.Timer(0.002, die).start()
+                return real(x, y, n)
+            self.update = update
+        AccumulatingUpdate.__init__ = init
     elif point in ("checkpoint", "partial", "after_checkpoint"):
         from accum_train.train import Run  # late: a multi-worker strategy must come before TensorLayer's import
         real_save = Run.save_checkpoint

@@ -22,11 +22,11 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
         original(self, *args, **kwargs)
         real = self.update
 
-        def update(x, y):
+        def update(x, y, n=None):
             calls[0] += 1
             if calls[0] in bad_steps:
                 x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
-            out = real(x, y)
+            out = real(x, y, n)
             if calls[0] == snapshot_after:
                 kept.update({v.name: v.numpy() for v in self.variables})
             return out

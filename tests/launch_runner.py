@@ -2,6 +2,7 @@
 
 ACCUM_LAUNCH_FAULT=hang   worker 1 never comes up (sleeps)
 ACCUM_LAUNCH_FAULT=die:N  worker 1 kills itself (SIGKILL) during its Nth update
+ACCUM_LAUNCH_FAULT=peaks  every worker runs with fake memory peaks (peak_runner.py)
 """
 
 import os
@@ -16,6 +17,8 @@ real_command = launcher.worker_command
 
 def worker_command(run_args, index):
     fault = os.environ["ACCUM_LAUNCH_FAULT"]
+    if fault == "peaks":
+        return [sys.executable, str(Path(__file__).with_name("peak_runner.py")), "run", *run_args]
     if index != 1:
         return real_command(run_args, index)
     if fault == "hang":

@@ -92,9 +92,9 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
             peak[0] = int(x.shape[0]) * MiB
             return real_micro(x, y, n)
 
-        def accumulate_batch(x, y):
+        def accumulate_batch(x, y, n=None):
             peak[0] = 3 * (int(y.shape[0]) // int(self.subdivisions.numpy())) * MiB // 2
-            return real_batch(x, y)
+            return real_batch(x, y, n)
         self.accumulate, self.accumulate_batch = accumulate, accumulate_batch
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
@@ -124,13 +124,13 @@ def oom_once(monkeypatch):
         original(self, *args, **kwargs)
         real = self.update
 
-        def update(x, y):
+        def update(x, y, n=None):
             calls[0] += 1
             if calls[0] == 5:
                 # half an update's worth of gradient is in the cache when memory runs out
                 self.cache.add([tf.ones_like(v) for v in self.variables])
                 raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,8]")
-            return real(x, y)
+            return real(x, y, n)
         self.update = update
 
     return arm

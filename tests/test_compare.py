@@ -40,8 +40,8 @@ def test_gradient_check_without_batchnorm_is_exact(repo_root, small_data, overri
 def test_gradient_check_measures_the_engine_itself(repo_root, small_data, monkeypatch):
     """Break the engine (each micro-batch counted twice) and the check must see it."""
     from accum_train.engine import AccumulatingUpdate
-    real = AccumulatingUpdate._accumulate
-    monkeypatch.setattr(AccumulatingUpdate, "_accumulate", lambda self, x, y, n: real(self, x, y, n // 2))
+    real = AccumulatingUpdate._accumulate_micro
+    monkeypatch.setattr(AccumulatingUpdate, "_accumulate_micro", lambda self, x, y, n: real(self, x, y, n // 2))
     check = gradient_check(load_config(repo_root / "configs" / "smoke.yaml", ["model.norm=none"]), small_data)
     assert check["max_rel_diff"] == pytest.approx(1.0, rel=1e-4)  # twice the gradient: off by its own size
 

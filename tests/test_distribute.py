@@ -1,5 +1,6 @@
 """tf.distribute: 2 logical CPUs (mirrored) and 2 local workers equal single-device
-training; one gradient all-reduce per update; the launcher's watchdog.
+training, with BatchNorm, clipping and subdivisions=auto; one all-reduce per update;
+the launcher's watchdog; a killed worker, then resume.
 
 Every case runs in fresh processes: logical devices and the multi-worker runtime
 can only be set up before TensorFlow has run anything. Worker traffic stays on
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-pytestmark = pytest.mark.slow  # fresh processes, about 3 minutes: `make test-slow`, run by CI
+pytestmark = pytest.mark.slow  # fresh processes, about 5 minutes: `make test-slow`, run by CI
 
 CLI = [sys.executable, "-m", "accum_train.cli.main", "run"]
 HERE = Path(__file__).parent
@@ -103,6 +104,99 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
     assert json.loads((d / "summary.json").read_text())["steps"] == 16
 
 
+# BatchNorm on, clipping at 0.5 (active: the updates' norms are near 1). 200 examples in batches of 64:
+# three full updates and a short one of 8. Global batch sizes are even, so 2 replicas x k micro-batches
+# cut every batch exactly where 1 device x 2k does (micro-batches of 10-11, then 1-2).
+BN_CLIP = ["--set", "epochs=2", "--set", "optimizer.clip_norm=0.5", "--quiet"]
+# Replicas sum their halves, one device sums in sequence: the two differ by float rounding (1e-8), which
+# BatchNorm on tiny micro-batches and large steps amplify. Measured at k=8 against 16: SGD at 0.2 and
+# Adam at 0.01 end 1e-3 apart; at these rates, 6e-8 (SGD) and 1.2e-7 (Adam).
+LEARNING_RATE = {"sgd": "0.05", "adam": "0.003"}
+# The subdivisions=auto cases take full batches only (192 examples): with the short batch cut into
+# one-example micro-batches the same rounding grows to 6e-4 by the last update (SGD, k=8).
+REFERENCES = [("sgd", 6, 200), ("adam", 6, 200), ("sgd", 4, 192), ("adam", 4, 192), ("sgd", 8, 192),
+              ("adam", 8, 192)]
+
+
+def bn_args(optimizer, examples):
+    return [*BN_CLIP, "--set", f"data.train_limit={examples}", "--set", f"optimizer.name={optimizer}",
+            "--set", f"optimizer.learning_rate={LEARNING_RATE[optimizer]}"]
+
+
+@pytest.fixture(scope="module")
+def single_bn(tmp_path_factory, repo_root):
+    """One device, BatchNorm and clipping, with the subdivisions 2 replicas x k cut the same way."""
+    out = {}
+    for optimizer, k, examples in REFERENCES:
+        d = tmp_path_factory.mktemp("single_bn") / f"{optimizer}-{k}"
+        done = run(CLI + [str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(d),
+                          *bn_args(optimizer, examples), "--set", f"subdivisions={k}"])
+        assert done.returncode == 0, done.stderr
+        out[optimizer, k] = d
+    return out
+
+
+def distributed(where, args, output_dir, env=None):
+    """A run on 2 logical CPUs (mirrored) or 2 local workers; the finished process."""
+    if where == "mirrored":
+        command = CLI + [*args, "--output-dir", str(output_dir), "--set", "strategy.name=mirrored",
+                         "--set", "strategy.cpu_devices=2"]
+        runner = HERE / "peak_runner.py"
+    else:
+        command = CLI + [*args, "--output-dir", str(output_dir), "--workers", "2"]
+        runner = HERE / "launch_runner.py"
+    if env:
+        command = [sys.executable, str(runner), *command[len(CLI) - 1:]]
+    return subprocess.run(private_network(command), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_micro_batches(
+        tmp_path, repo_root, single_bn, where, optimizer):
+    d = tmp_path / where
+    done = distributed(where, [str(repo_root / "configs" / "smoke.yaml"), *bn_args(optimizer, 200),
+                               "--set", "subdivisions=3"], d)
+    assert done.returncode == 0, done.stderr
+    ours, reference = weights(d), weights(single_bn[optimizer, 6])
+    # every weight and the moving statistics (weights.npz holds both), after 8 updates
+    assert max_diff(ours, reference) < 1e-5
+    assert float(np.max(np.abs(ours["bn1/moving_var"] - 1.0))) > 1e-3  # the statistics did move
+    norms = [r["grad_norm"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+             if "grad_norm" in r and r["grad_norm"] is not None]
+    assert len(norms) == 8 and max(norms) > 0.5  # clipping acted
+
+
+@pytest.mark.parametrize("where, optimizer, lines, k", [
+    # one process: the probe fits at k=1, the first whole update does not; retried at k=2
+    ("mirrored", "sgd", ["subdivisions=auto: micro-batch of 32 -> 32 MiB (memory_limit=40MiB)",
+                         "subdivisions=auto chose 1",
+                         "update 1 peaked at 48 MiB of TensorFlow memory with subdivisions=1, over "
+                         "memory_limit=40MiB: retrying the same batch with subdivisions=2"], 2),
+    # worker 1 needs twice the memory: both take its k=2, and both retry the first update at k=4
+    ("workers", "adam", ["subdivisions=auto: micro-batch of 32 -> 32 MiB (memory_limit=40MiB)",
+                         "subdivisions=auto chose 2 (another worker needs it; 1 fits here)",
+                         "update 1 ran out of memory or over memory_limit on another worker with "
+                         "subdivisions=2: retrying the same batch with subdivisions=4"], 4),
+    ("mirrored", "adam", None, 2),
+    ("workers", "sgd", None, 4),
+])
+def test_auto_subdivisions_agree_on_every_replica_and_worker(tmp_path, repo_root, single_bn, where, optimizer,
+                                                             lines, k):
+    d = tmp_path / where
+    done = distributed(where, [str(repo_root / "configs" / "smoke.yaml"), *bn_args(optimizer, 192),
+                               "--set", "subdivisions=auto", "--set", "memory_limit=40MiB"], d,
+                       env={"ACCUM_LAUNCH_FAULT": "peaks"})
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    if lines:  # the probe and the choice, then (after the line on the split) the retry
+        assert printed[:len(lines) - 1] == lines[:-1] and lines[-1] in printed
+    assert json.loads((d / "summary.json").read_text())["subdivisions"] == k
+    # the retried first update was applied once, at the agreed k: 1 device with 2k gives the same weights
+    assert max_diff(weights(d), weights(single_bn[optimizer, 2 * k])) < 1e-5
+
+
 COUNT_SCRIPT = """
 import json, sys
 import tensorflow as tf
@@ -111,15 +205,15 @@ from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.distribute import DistributedUpdate
-from accum_train.engine import sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 k = int(sys.argv[1])
 with strategy.scope():
-    model = build_model(ModelConfig(name="mlp", norm="none", hidden=16), 0, (28, 28, 1), 10)
+    model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
-update = DistributedUpdate(strategy, sparse_softmax_loss(model.forward), model.trainable_variables, opt, k)
+update = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, k,
+                            clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
 x, y = tf.random.uniform([64, 28, 28, 1]), tf.zeros([64], tf.int32)
 counts = []
 for _ in range(3):
@@ -135,10 +229,8 @@ def test_one_gradient_all_reduce_per_update(k):
     done = run([sys.executable, "-c", COUNT_SCRIPT, str(k)])
     assert done.returncode == 0, done.stderr
     counts = json.loads(done.stdout.strip().splitlines()[-1])
-    # The first update traces its graphs: one batched all-reduce of all gradients
-    # (inside apply_gradients), whatever k is. (The [loss, non-finite count] sum
-    # over two local replicas does not go through the cross-device ops; across
-    # workers it is one more collective of two floats.)
+    # The first update traces its graph: one batched all-reduce of the gradients, the loss, the
+    # retry flag and the BatchNorm sums, whatever k is; clipping and the skip decision add none.
     assert counts[0] == [1, 0]
     assert counts[1:] == [[0, 0], [0, 0]]  # later updates reuse the traced graphs: no new collectives
 

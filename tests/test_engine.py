@@ -200,7 +200,7 @@ def test_a_skipped_update_leaves_batchnorm_statistics_and_everything_else_unchan
     assert all(np.array_equal(state[v.name], v.numpy()) for v in model.variables)
     assert max_diff([s.numpy() for s in opt.variables], slots) == 0.0
     # nothing pending from the bad batch leaks into the next update's statistics
-    assert all(float(layer.pending_count.numpy()) == 0.0 for layer in model.norm_layers)
+    assert all(float(layer.pending.count.numpy()) == 0.0 for layer in model.norm_layers)
     assert (int(engine.bad_updates_in_a_row.numpy()), int(engine.skipped_updates.numpy())) == (1, 1)
     assert bool(engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))["applied"])
     assert (int(engine.bad_updates_in_a_row.numpy()), int(engine.skipped_updates.numpy())) == (0, 1)

@@ -240,7 +240,7 @@ def test_one_subdivided_update_moves_the_first_bn_as_one_whole_batch_pass(files,
     np.testing.assert_allclose(ours.moving_mean.numpy(), theirs.moving_mean.numpy(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(ours.moving_variance.numpy(), theirs.moving_variance.numpy(), rtol=0, atol=1e-6)
     assert float(np.max(np.abs(ours.moving_mean.numpy()))) > 0.01
-    assert float(ours.pending_count.numpy()) == 0.0  # nothing left for the next update
+    assert float(ours.pending.count.numpy()) == 0.0  # nothing left for the next update
 
 
 # ----------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_deferred_statistics_equal_one_pass_over_the_whole_batch():
     var = whole.var(axis=(0, 1, 2))
     np.testing.assert_allclose(bn.moving_mean.numpy(), 0.1 * mean, atol=1e-5)
     np.testing.assert_allclose(bn.moving_var.numpy(), 0.9 + 0.1 * var, rtol=1e-5)
-    assert float(bn.pending_count.numpy()) == 0.0
+    assert float(bn.pending.count.numpy()) == 0.0
 
 
 def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after():

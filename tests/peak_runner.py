@@ -1,0 +1,36 @@
+"""Runs the accum-train CLI with fake allocator peaks, for the subdivisions=auto cases of test_distribute.py.
+
+A micro-step probe of m examples peaks at m MiB, a whole update at k at 1.5 MiB per example of one
+micro-batch of a replica's share; worker 1 of a multi-worker run (ACCUM_TRAIN_WORKER=1) needs twice
+as much, so the workers must agree on a k and on a retry that only one of them needs.
+"""
+
+import math
+import os
+import sys
+
+import accum_train.memory as memory
+from accum_train.cli.main import main
+from accum_train.engine import AccumulatingUpdate
+
+MiB = 2 ** 20
+SCALE = 2 if os.environ.get("ACCUM_TRAIN_WORKER") == "1" else 1
+peak = [0]
+real_accumulate, real_accumulate_batch = AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_batch
+
+
+def accumulate(self, x, y, batch_examples):
+    peak[0] = SCALE * int(x.shape[0]) * MiB
+    return real_accumulate(self, x, y, batch_examples)
+
+
+def accumulate_batch(self, x, y, n=None):
+    share = math.ceil((len(y) if n is None else int(n)) / self.replicas)
+    peak[0] = SCALE * 3 * math.ceil(share / int(self.subdivisions.numpy())) * MiB // 2
+    return real_accumulate_batch(self, x, y, n)
+
+
+AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_batch = accumulate, accumulate_batch
+memory.allocator_peak_bytes = lambda: peak[0]
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
