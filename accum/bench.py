@@ -1,9 +1,16 @@
-"""Time and memory of one update against the number of subdivisions.
+"""Time and memory of one update against the number of subdivisions (and the precision).
 
-``bench`` runs ``measure`` once per k, each in a fresh process (so each peak
-memory is its own), and writes bench.json and bench.png. ``measure`` warms
-up (tracing), then times N updates of the configured batch, waiting for each
-to finish; the TensorFlow allocator peak is read over the timed updates only.
+``bench`` runs ``measure`` once per variant (a precision and a k) and round,
+each in a fresh process (so each peak memory is its own), and writes
+bench.json and bench.png. ``measure`` warms up (tracing), then times N
+updates of the configured batch, waiting for each to finish; the TensorFlow
+allocator peak is read over the timed updates only.
+
+On a shared machine the load drifts between one process and the next, so a
+ratio of two variants measured one after the other is noise. With
+``rounds`` > 1 the variants alternate round by round, and each ratio to the
+first variant is taken within a round, then reported as the median over the
+rounds with its spread (min, max).
 
 Run as a module, it is the worker: ``python -m accum_train.bench CONFIG K STEPS``
 prints one JSON line.
@@ -61,8 +68,8 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
 
 
 def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
-          progress: Optional[Progress] = None) -> dict:
-    """Measure each k in a fresh process; write out_dir/{bench.json, bench.png}.
+          progress: Optional[Progress] = None, precisions: Sequence[str] = (), rounds: int = 1) -> dict:
+    """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
     from .datasets import load
@@ -71,35 +78,69 @@ def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
     check_output_dir(out_dir)
     load(cfg.data)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for k in subdivisions:
-        one = dataclasses.replace(cfg, subdivisions=k, baseline=False)
-        config_path = out_dir / f"config-k{k}.yaml"
-        atomic_write(config_path, one.to_yaml().encode())
-        child = subprocess.run([sys.executable, "-m", "accum_train.bench", str(config_path), str(k), str(steps)],
-                               capture_output=True, text=True)
-        config_path.unlink()
-        if child.returncode != 0:
-            tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
-            raise WorkerFailed(f"bench worker for subdivisions={k} failed with exit code {child.returncode}: {tail}")
-        row = json.loads(child.stdout.strip().splitlines()[-1])
-        progress.message(f"subdivisions={k}: {row['median_s_per_update']:.3f} s/update, "
-                         f"{row['examples_per_s']:.0f} examples/s")
-        rows.append(row)
-    result = {"config": cfg.to_dict(), "steps": steps, "rows": rows}
+    variants = [(p, k) for p in (precisions or [cfg.precision]) for k in subdivisions]
+    samples = {v: [] for v in variants}
+    for r in range(rounds):
+        for precision, k in variants:
+            row = _measure_in_child(dataclasses.replace(cfg, subdivisions=k, baseline=False, precision=precision),
+                                    steps, out_dir)
+            samples[precision, k].append(row)
+            progress.message(f"round {r + 1}/{rounds}, {precision}, subdivisions={k}: "
+                             f"{row['median_s_per_update']:.3f} s/update, {row['examples_per_s']:.0f} examples/s")
+    first = samples[variants[0]]
+    rows = [_summarise(samples[v], first) for v in variants]
+    result = {"config": cfg.to_dict(), "steps": steps, "rounds": rounds, "rows": rows}
     write_result(out_dir, "bench", result, plot)
     return result
+
+
+def _measure_in_child(cfg: Config, steps: int, out_dir: Path) -> dict:
+    config_path = out_dir / f"config-k{cfg.subdivisions}.yaml"
+    atomic_write(config_path, cfg.to_yaml().encode())
+    child = subprocess.run([sys.executable, "-m", "accum_train.bench", str(config_path), str(cfg.subdivisions),
+                            str(steps)], capture_output=True, text=True)
+    config_path.unlink()
+    if child.returncode != 0:
+        tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
+        raise WorkerFailed(f"bench worker for subdivisions={cfg.subdivisions} ({cfg.precision}) failed with "
+                           f"exit code {child.returncode}: {tail}")
+    row = json.loads(child.stdout.strip().splitlines()[-1])
+    row["precision"] = cfg.precision
+    return row
+
+
+def _spread(values) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _summarise(rounds: list, first: list) -> dict:
+    """One variant over its rounds: medians, and each ratio to the first variant taken within a round."""
+    row = dict(rounds[0])
+    row["median_s_per_update"] = statistics.median(r["median_s_per_update"] for r in rounds)
+    row["examples_per_s"] = row["batch_size"] / row["median_s_per_update"]
+    row["cpu_s_per_example"] = statistics.median(r["cpu_s_per_example"] for r in rounds)
+    for key in ("peak_memory_bytes", "peak_rss_bytes"):
+        values = [r[key] for r in rounds if r[key] is not None]
+        row[key] = max(values) if values else None
+    row["rounds_s_per_update"] = [r["median_s_per_update"] for r in rounds]
+    row["rounds_cpu_s_per_example"] = [r["cpu_s_per_example"] for r in rounds]
+    row["time_ratio"] = _spread([r["median_s_per_update"] / f["median_s_per_update"] for r, f in zip(rounds, first)])
+    row["cpu_ratio"] = _spread([r["cpu_s_per_example"] / f["cpu_s_per_example"] for r, f in zip(rounds, first)])
+    row["memory_ratio"] = (row["peak_memory_bytes"] / max(r["peak_memory_bytes"] for r in first)
+                           if row["peak_memory_bytes"] and first[0]["peak_memory_bytes"] else None)
+    return row
 
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
 
     rows = result["rows"]
-    ks = [r["subdivisions"] for r in rows]
+    labels = [f"{r['subdivisions']}" if len({x["precision"] for x in rows}) == 1
+              else f"{r['subdivisions']}\n{r['precision'].replace('mixed_', '')}" for r in rows]
+    ks = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(ks, [r["median_s_per_update"] for r in rows], "o-", color="tab:blue", label="time per update")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xticks(ks, labels)
     ax.set_xlabel(f"subdivisions (batch {result['config']['batch_size']})")
     ax.set_ylabel("median seconds per update", color="tab:blue")
     ax.set_ylim(bottom=0)

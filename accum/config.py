@@ -32,6 +32,7 @@ OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop")
 SCHEDULE_NAMES = ("constant", "cosine", "exponential")
 DATASET_NAMES = ("fashion_mnist", "npz", "image_folder")
 STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 # Large enough for any real run, small enough that a typo like 5e9 is caught
 # before it allocates anything.
@@ -142,6 +143,14 @@ class StrategyConfig:
 
 
 @dataclass(frozen=True)
+class LossScaleConfig:
+    initial: float = _spec(32768.0, minimum=1.0, maximum=2.0**64,
+                           help="mixed_float16: the loss scale of the first update")
+    growth_updates: int = _spec(2000, minimum=1,
+                                help="mixed_float16: double the scale after this many applied updates in a row")
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = _spec(0, minimum=0, help="also checkpoint every N updates (0: epoch ends only)")
     keep: int = _spec(3, minimum=1, maximum=1000, help="checkpoints kept")
@@ -165,6 +174,11 @@ class Config:
     strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
     max_bad_updates: int = _spec(10, minimum=1, help="stop after this many updates in a row skipped "
                                                      "for a non-finite loss or gradient")
+    precision: str = _spec("float32", choices=PRECISIONS,
+                           help="float32 | mixed_bfloat16 | mixed_float16: compute in 16 bits, with weights, "
+                                "gradient cache and optimizer state in float32")
+    loss_scale: LossScaleConfig = _spec(default_factory=LossScaleConfig,
+                                        help="mixed_float16 only: one dynamic loss scale per update")
     memory_limit: Optional[str] = _spec(None, choices="size",
                                         help="stop a run whose TensorFlow allocator peak exceeds this "
                                              "(e.g. 2GiB): a smaller device, simulated")
@@ -448,6 +462,9 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
                          (cfg.baseline, "baseline=false")):
             if bad:
                 raise ConfigError(f"{where('strategy.name')}: strategy.name={name} needs {why}")
+    if cfg.precision != "mixed_float16" and cfg.loss_scale != LossScaleConfig():
+        raise ConfigError(f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for precision=mixed_float16 "
+                          f"(precision={cfg.precision} needs no loss scaling): remove it or set the precision")
     if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":
         raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for "
                           f"strategy.name=mirrored")

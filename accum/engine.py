@@ -49,11 +49,14 @@ REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggrega
 
 
 class GradientCache:
-    """One zero-initialised, replica-local tf.Variable per trainable variable, and one for the loss."""
+    """One zero-initialised, replica-local float32 tf.Variable per trainable variable, and one for the loss.
+
+    float32 whatever the compute precision: k micro-batch gradients summed in 16 bits would lose what
+    accumulation is for."""
 
     def __init__(self, variables: Sequence[tf.Variable]):
         self.variables = list(variables)
-        self.slots = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"grad_cache_{i}",
+        self.slots = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"grad_cache_{i}",
                                   **REPLICA_LOCAL) for i, v in enumerate(self.variables)]
         self.loss = tf.Variable(0.0, trainable=False, name="loss_cache", **REPLICA_LOCAL)
 
@@ -67,7 +70,7 @@ class GradientCache:
     def add(self, gradients, loss=0.0):
         for slot, grad in zip(self.slots, gradients):
             if grad is not None:  # a variable the loss does not touch keeps a zero gradient
-                slot.assign_add(tf.convert_to_tensor(grad))
+                slot.assign_add(tf.cast(grad, tf.float32))
         self.loss.assign_add(loss)
 
     def gradients(self):
@@ -120,7 +123,8 @@ class Update:
     """
 
     def __init__(self, variables: Sequence[tf.Variable], optimizer, clip_norm: Optional[float] = None,
-                 norm_layers=(), strategy: Optional[tf.distribute.Strategy] = None):
+                 norm_layers=(), strategy: Optional[tf.distribute.Strategy] = None,
+                 loss_scale: Optional[float] = None, growth_updates: int = 2000):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.variables = list(variables)
         self.optimizer = optimizer
@@ -132,6 +136,12 @@ class Update:
         with self.strategy.scope():
             self.bad_updates_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates_in_a_row")
             self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
+            # Dynamic loss scaling (mixed_float16): ONE scale per update. Every micro-batch is scaled by
+            # it, the accumulated gradient is unscaled once, and it changes only between updates.
+            self.dynamic = loss_scale is not None
+            self.growth_updates = int(growth_updates)
+            self.loss_scale = tf.Variable(float(loss_scale or 1.0), trainable=False, name="loss_scale")
+            self.good_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_updates")
         if optimizer is not None:
             if not hasattr(optimizer, "_all_reduce_sum_gradients"):
                 raise RuntimeError("this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
@@ -157,41 +167,69 @@ class Update:
         """The rate the next apply_gradients uses (the schedule at optimizer.iterations)."""
         return tf.cast(self.optimizer.learning_rate, tf.float32)
 
+    def _scaled(self, loss):
+        """What a micro-batch differentiates: its loss share times the update's loss scale."""
+        return loss * self.loss_scale if self.dynamic else loss
+
     def _conclude(self, loss, gradients, retry):
         """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context."""
         ctx = tf.distribute.get_replica_context()
         used = [g is not None for g in gradients]
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self.variables)]
+        grads = [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
+                 for g, v in zip(gradients, self.variables)]
         stats = [s for layer in self.norm_layers for s in layer.pending.values()]
         reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + stats + [loss, tf.cast(retry, tf.float32)])
         grads, stats, (loss, retried) = reduced[:len(grads)], reduced[len(grads):-2], reduced[-2:]
+        scale = self.loss_scale.read_value()
+        if self.dynamic:
+            grads = [g * (1.0 / scale) for g in grads]  # unscaled once, for the whole update
         retry = retried > 0  # any replica of any worker asked for it: all drop the update together
-        applied = tf.logical_and(all_finite(loss, grads), tf.logical_not(retry))
+        finite = all_finite(loss, grads)
+        # An overflow of the scaled gradient (the loss itself finite): a smaller scale will fix it.
+        overflow = tf.logical_and(tf.logical_not(finite), tf.logical_and(tf.math.is_finite(loss), scale > 1.0)) \
+            if self.dynamic else tf.constant(False)
+        applied = tf.logical_and(finite, tf.logical_not(retry))
         norm = tf.linalg.global_norm(grads)
         if self.clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
         rate = self.learning_rate()  # read before the apply advances optimizer.iterations
-        ctx.merge_call(self._decide, args=(applied, retry, tuple(grads), tuple(stats), tuple(used)))
+        ctx.merge_call(self._decide, args=(applied, retry, overflow, tuple(grads), tuple(stats), tuple(used)))
         for layer in self.norm_layers:
             layer.discard()
         nan = tf.constant(NAN)
-        return {"loss": loss, "grad_norm": tf.where(applied, norm, nan), "applied": applied,
-                "learning_rate": tf.where(applied, rate, nan), "retry": retry}
+        out = {"loss": loss, "grad_norm": tf.where(applied, norm, nan), "applied": applied,
+               "learning_rate": tf.where(applied, rate, nan), "retry": retry}
+        if self.dynamic:
+            out.update(loss_scale=scale, overflow=overflow)
+        return out
 
-    def _decide(self, strategy, applied, retry, grads, stats, used):
+    def _decide(self, strategy, applied, retry, overflow, grads, stats, used):
         """Cross-replica context: every replica holds the same decision; the branches hold no collective."""
         def apply():
             def apply_local(*local):
-                self.optimizer.apply_gradients([(g, v) for g, v, u in zip(local, self.variables, used) if u])
+                self.optimizer.apply_gradients([(tf.cast(g, v.dtype), v) for g, v, u
+                                                in zip(local, self.variables, used) if u])
             strategy.extended.call_for_each_replica(apply_local, args=grads)
             for i, layer in enumerate(self.norm_layers):
                 layer.fold(_first(strategy, list(stats[3 * i:3 * i + 3])))
             self.bad_updates_in_a_row.assign(0)
+            if self.dynamic:  # grow after growth_updates applied updates in a row: counted in updates
+                grow = self.good_updates + 1 >= self.growth_updates
+                self.loss_scale.assign(tf.where(grow, self.loss_scale * 2.0, self.loss_scale))
+                self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_updates + 1))
             return tf.constant(True)
 
         def skip():  # weights, optimizer state and statistics stay as they were
-            self.bad_updates_in_a_row.assign_add(1)
             self.skipped_updates.assign_add(1)
+            if not self.dynamic:
+                self.bad_updates_in_a_row.assign_add(1)
+                return tf.constant(False)
+            # An overflow while the scale searches halves it, once for the whole update, and is not a
+            # bad update; anything else (a non-finite loss, or still non-finite at scale 1) is.
+            over = _first(strategy, overflow)
+            self.bad_updates_in_a_row.assign_add(tf.where(over, tf.constant(0, tf.int64), tf.constant(1, tf.int64)))
+            self.loss_scale.assign(tf.where(over, tf.maximum(self.loss_scale / 2.0, 1.0), self.loss_scale))
+            self.good_updates.assign(0)
             return tf.constant(False)
 
         return tf.cond(_first(strategy, applied), apply,
@@ -216,8 +254,9 @@ class AccumulatingUpdate(Update):
 
     def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
                  subdivisions: int, clip_norm: Optional[float] = None, norm_layers=(),
-                 input_signature=None, strategy: Optional[tf.distribute.Strategy] = None):
-        super().__init__(variables, optimizer, clip_norm, norm_layers, strategy)
+                 input_signature=None, strategy: Optional[tf.distribute.Strategy] = None,
+                 loss_scale: Optional[float] = None, growth_updates: int = 2000):
+        super().__init__(variables, optimizer, clip_norm, norm_layers, strategy, loss_scale, growth_updates)
         self.loss_fn = loss_fn
         with self.strategy.scope():
             self.cache = GradientCache(self.variables)
@@ -275,7 +314,8 @@ class AccumulatingUpdate(Update):
         with tf.GradientTape() as tape:
             losses = self.loss_fn(x, y)
             share = tf.reduce_sum(losses) / tf.cast(batch_examples, losses.dtype)
-        self.cache.add(tape.gradient(share, self.variables), share)
+            scaled = self._scaled(share)
+        self.cache.add(tape.gradient(scaled, self.variables), share)
         return share
 
     def _accumulate_replica(self, x, y, n):
@@ -323,8 +363,10 @@ class PlainUpdate(Update):
     """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``), one device."""
 
     def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
-                 clip_norm: Optional[float] = None, norm_layers=(), input_signature=None):
-        super().__init__(variables, optimizer, clip_norm, norm_layers)
+                 clip_norm: Optional[float] = None, norm_layers=(), input_signature=None,
+                 loss_scale: Optional[float] = None, growth_updates: int = 2000):
+        super().__init__(variables, optimizer, clip_norm, norm_layers, loss_scale=loss_scale,
+                         growth_updates=growth_updates)
         self.loss_fn = loss_fn
         self._update = _function(self._update_batch, input_signature)
 
@@ -334,7 +376,8 @@ class PlainUpdate(Update):
     def _update_batch(self, x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(self.loss_fn(x, y))
-        return self._conclude(loss, tape.gradient(loss, self.variables), False)
+            scaled = self._scaled(loss)
+        return self._conclude(loss, tape.gradient(scaled, self.variables), False)
 
 
 def sparse_softmax_loss(forward: Callable) -> Callable:

@@ -34,7 +34,7 @@ def export_run(run_dir: Path, output: Optional[Path] = None, overwrite: bool = F
     describe_run(run_dir)  # a directory that is not a run fails here, before anything is built
     output = Path(output) if output is not None else run_dir / "model.keras"
     _check_output(output, overwrite)
-    run = load_run(run_dir)
+    run = load_run(run_dir, float32=True)  # a plain Keras file, float32 as the weights are
     atomic_write(output, _keras_bytes(to_keras(run.model, run.data.input_shape)))
     return output
 

@@ -112,6 +112,7 @@ class AccumBatchNorm(BatchNorm):
         super().__init__(decay=decay, epsilon=epsilon, act=act, name=name,
                          moving_var_init=tl.initializers.ones())
         self.deferred = False
+        self.compute_dtype = tf.float32  # bfloat16/float16 under mixed precision (set_precision)
 
     def build(self, inputs_shape):
         super().build(inputs_shape)
@@ -119,6 +120,8 @@ class AccumBatchNorm(BatchNorm):
         self.pending = PendingStats(self.name, self.moving_mean.shape)
 
     def forward(self, inputs):
+        if self.compute_dtype != tf.float32:
+            return self._forward_fused(inputs)
         self._check_input_shape(inputs)
         self.channel_axis = len(inputs.shape) - 1
         if self.axes is None:
@@ -135,6 +138,31 @@ class AccumBatchNorm(BatchNorm):
         else:
             mean, var = self.moving_mean, self.moving_var
         outputs = tf.nn.batch_normalization(inputs, mean, var, self.beta, self.gamma, self.epsilon)
+        return self.act(outputs) if self.act else outputs
+
+    def _forward_fused(self, inputs):
+        """Mixed precision: one FusedBatchNormV3 on the 16-bit activations, its statistics and scale in
+        float32 (no float32 copy of the activations is kept for the backward pass, unlike a cast)."""
+        shape = tf.shape(inputs)
+        channels = inputs.shape[-1]
+        x = inputs if len(inputs.shape) == 4 else tf.reshape(inputs, [-1, 1, 1, channels])
+        empty = tf.zeros([0], tf.float32)
+        if self.is_train:
+            y, mean, var, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+                x=x, scale=self.gamma, offset=self.beta, mean=empty, variance=empty, epsilon=self.epsilon,
+                is_training=True)
+            count = tf.cast(tf.size(x) // channels, tf.float32)
+            var = var * tf.maximum(count - 1.0, 0.0) / tf.maximum(count, 1.0)  # the op's variance is Bessel's
+            if self._nodes_fixed:
+                if self.deferred:
+                    self.pending.add(count, mean, var, self.moving_mean)
+                else:
+                    move_statistics(self.moving_mean, self.moving_var, self.decay, mean, var)
+        else:
+            # the raw op: tf.nn.fused_batch_norm raises epsilon to at least 1.001e-5
+            y = tf.raw_ops.FusedBatchNormV3(x=x, scale=self.gamma, offset=self.beta, mean=self.moving_mean,
+                                            variance=self.moving_var, epsilon=self.epsilon, is_training=False)[0]
+        outputs = tf.reshape(y, shape)
         return self.act(outputs) if self.act else outputs
 
     def fold(self, values):
@@ -523,7 +551,58 @@ if tuple(BUILDERS) != MODEL_NAMES:  # a registry out of step with the config is 
     raise ImportError(f"model registry {tuple(BUILDERS)} != config.MODEL_NAMES {MODEL_NAMES}")
 
 
-def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int) -> Model:
+def _compute_dtype(precision: str):
+    return {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}[precision]
+
+
+def _cast_weights_forward(layer, dtype):
+    """layer.forward in ``dtype``: its input and its float32 weights cast for the call (their gradients come
+    back float32 through the cast). TL keeps the weights as attributes (self.W, self.b) apart from its
+    weight lists, so swapping the attributes for the length of one call changes nothing else."""
+    original = layer.forward
+    names = [k for k, v in vars(layer).items() if isinstance(v, tf.Variable) and v.dtype == tf.float32]
+
+    def forward(inputs, *args, **kwargs):
+        saved = {k: layer.__dict__[k] for k in names}
+        try:
+            for k, v in saved.items():
+                layer.__dict__[k] = tf.cast(v, dtype)
+            return original(tf.cast(inputs, dtype) if inputs.dtype.is_floating else inputs, *args, **kwargs)
+        finally:
+            layer.__dict__.update(saved)
+    return forward
+
+
+def _float32_forward(layer, dtype):
+    """layer.forward in float32 (GroupNorm: no fused op), its output back in ``dtype``."""
+    original = layer.forward
+    return lambda inputs, *args, **kwargs: tf.cast(original(tf.cast(inputs, tf.float32), *args, **kwargs), dtype)
+
+
+def set_precision(model: Model, precision: str) -> Model:
+    """Compute in bfloat16/float16 with float32 variables (a Keras mixed policy); logits come out float32.
+
+    Weights, their gradients, BatchNorm statistics and everything the engine keeps stay float32."""
+    if precision == "float32":
+        return model
+    dtype = _compute_dtype(precision)
+    if isinstance(model, KerasModel):
+        for layer in _leaves(model.network):
+            if not isinstance(layer, keras.layers.InputLayer):
+                layer.dtype_policy = keras.DTypePolicy(precision)  # a global policy does nothing to a file's layers
+    else:
+        for layer in model.network.all_layers:
+            if isinstance(layer, AccumBatchNorm):
+                layer.compute_dtype = dtype
+            else:
+                layer.forward = (_float32_forward if isinstance(layer, GroupNorm) else _cast_weights_forward)(
+                    layer, dtype)
+    forward = model.forward
+    model.forward = lambda images, training: tf.cast(forward(images, training), tf.float32)
+    return model
+
+
+def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int, precision: str = "float32") -> Model:
     """Build the named network for the dataset's input shape and class count.
 
     Built-in weights are drawn from ``seed``; a keras_file model starts from
@@ -531,4 +610,4 @@ def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int) -> M
     Keras' layers draw their seed generators' seeds from Python's ``random``
     when the file is loaded, hence Keras' own seeding (it includes TensorFlow's)."""
     keras.utils.set_random_seed(seed)
-    return BUILDERS[cfg.name](cfg, tuple(input_shape), int(num_classes))
+    return set_precision(BUILDERS[cfg.name](cfg, tuple(input_shape), int(num_classes)), precision)

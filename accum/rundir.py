@@ -229,13 +229,16 @@ class MetricsLog:
             if applied:
                 loss_sum += loss * n
                 examples += n
-            records.append({"epoch": (step - 1) // steps_per_epoch + 1, "step": step,
-                            "examples_seen": examples_seen(step),
-                            "loss": loss if math.isfinite(loss) else None,
-                            "learning_rate": rate if applied else None,  # the rate applied; none if skipped
-                            # the global norm of the update's gradient, before clipping
-                            "grad_norm": float(out["grad_norm"]) if applied else None,
-                            "skipped": not applied})
+            record = {"epoch": (step - 1) // steps_per_epoch + 1, "step": step,
+                      "examples_seen": examples_seen(step),
+                      "loss": loss if math.isfinite(loss) else None,
+                      "learning_rate": rate if applied else None,  # the rate applied; none if skipped
+                      # the global norm of the update's gradient, before clipping
+                      "grad_norm": float(out["grad_norm"]) if applied else None,
+                      "skipped": not applied}
+            if "loss_scale" in out:  # mixed_float16: the scale this update used; an overflow skip
+                record.update(loss_scale=float(out["loss_scale"]), overflow=bool(out["overflow"]))
+            records.append(record)
         self.write(records)
         return loss_sum, examples
 

@@ -14,7 +14,6 @@ uninterrupted run would.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import signal
@@ -62,19 +61,23 @@ class Run:
         self.total_steps = self.steps_per_epoch * cfg.epochs
 
         schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            self.model = build_model(kept_model(run_dir, cfg.model), cfg.seed, data.input_shape, data.num_classes)
+        with (strategy or tf.distribute.get_strategy()).scope():
+            self.model = build_model(kept_model(run_dir, cfg.model), cfg.seed, data.input_shape, data.num_classes,
+                                     cfg.precision)
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn, variables = sparse_softmax_loss(self.model.forward), self.model.trainable_variables
+        scaling = dict(loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
+                       growth_updates=cfg.loss_scale.growth_updates)
         if cfg.baseline:
             self.engine = PlainUpdate(loss_fn, variables, self.optimizer, cfg.optimizer.clip_norm,
-                                      self.model.norm_layers, signature)
+                                      self.model.norm_layers, signature, **scaling)
         else:
             # subdivisions=auto starts at 1; choose_subdivisions measures before training.
             self.engine = AccumulatingUpdate(loss_fn, variables, self.optimizer,
                                              1 if cfg.auto_subdivisions else cfg.subdivisions,
-                                             cfg.optimizer.clip_norm, self.model.norm_layers, signature, strategy)
+                                             cfg.optimizer.clip_norm, self.model.norm_layers, signature, strategy,
+                                             **scaling)
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
 
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -85,6 +88,8 @@ class Run:
                    "skipped_updates": self.engine.skipped_updates}
         if not cfg.baseline:
             tracked["subdivisions"] = self.engine.subdivisions
+        if self.engine.dynamic:
+            tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
         self.checkpoint = tf.train.Checkpoint(**tracked)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.run_dir / "checkpoints"),
                                                   max_to_keep=cfg.checkpoint.keep)
@@ -209,7 +214,8 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
                "wall_time_s": time.time() - started, "cpu_time_s": time.process_time() - cpu_started,
                "peak_memory_bytes": allocator_peak_bytes(), "peak_rss_bytes": peak_rss_bytes(),
                "skipped_updates": int(run.engine.skipped_updates.numpy()), "subdivisions": run.subdivisions,
-               "batch_size": cfg.batch_size, "baseline": cfg.baseline}
+               "batch_size": cfg.batch_size, "baseline": cfg.baseline, "precision": cfg.precision,
+               "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None}
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -235,6 +241,9 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: 
     if not cfg.baseline:
         progress.message(describe_split(cfg.batch_size, run.subdivisions,
                                         run.engine.replicas if cfg.strategy.name != "default" else None))
+    if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+        progress.message("note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
+                         "measured); mixed_bfloat16 is a CPU's 16-bit precision")
     return step
 
 

@@ -7,27 +7,32 @@ dataset.json, so a trained run can be used without its training data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
-from .config import load_config
+from .config import LossScaleConfig, load_config
 from .errors import RunDirError
 from .rundir import require_run_dir
 
 
-def load_run(run_dir: Path, data=None):
+def load_run(run_dir: Path, data=None, float32: bool = False):
     """The ``train.Run`` of ``run_dir`` with its latest weights.
 
     ``data`` (a loaded Dataset) is needed only to evaluate; without it the
-    run's splits are empty and only its model is of use."""
+    run's splits are empty and only its model is of use. The model computes
+    in the run's precision (so evaluate reproduces its summary), or in float32
+    with ``float32`` (export: the weights are float32 in every precision)."""
     from .datasets.base import ArraySplit, Dataset
     from .train import Run
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
     cfg = load_config(run_dir / "config.yaml")
+    if float32:
+        cfg = dataclasses.replace(cfg, precision="float32", loss_scale=LossScaleConfig())
     if data is None:
         shape = tuple(info["input_shape"])
         empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))

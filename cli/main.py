@@ -156,14 +156,20 @@ def _parse_ks(text: str) -> list:
               help="Values of k to measure, comma-separated.")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1),
               help="Timed updates per k (after 2 warm-up updates).")
+@click.option("--precision", "precisions", default=None,
+              help="Precisions to measure, comma-separated (float32, mixed_bfloat16, mixed_float16); "
+                   "default: the config's.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Measure every variant this many times, alternating; ratios are medians over the rounds.")
 @set_option("Override a config value.")
 @output_dir_option("Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
 @verbose_option
-def bench(config, ks, steps, overrides, output_dir, verbose):
-    """Time and memory of one update for each number of subdivisions.
+def bench(config, ks, steps, precisions, rounds, overrides, output_dir, verbose):
+    """Time and memory of one update for each number of subdivisions (and precision).
 
     \b
-    accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
+    accum-train bench configs/fmnist.yaml --subdivisions 1,8 --rounds 5
+    accum-train bench configs/fmnist.yaml --subdivisions 8 --precision float32,mixed_bfloat16 --rounds 5
     """
     quiet_tensorflow(verbose)
     with exit_codes():
@@ -173,26 +179,43 @@ def bench(config, ks, steps, overrides, output_dir, verbose):
         if too_many:
             raise UserError(f"--subdivisions {too_many[0]} is more than batch_size={cfg.batch_size}: "
                             f"a micro-batch holds at least one example")
+        chosen = _parse_precisions(precisions) if precisions is not None else [cfg.precision]
         out_dir = Path(output_dir) if output_dir else default_output_dir(config, "bench-")
         from ..bench import bench as run_bench
-        result = run_bench(cfg, values, steps, out_dir, BarProgress(False))
+        result = run_bench(cfg, values, steps, out_dir, BarProgress(False), chosen, rounds)
     click.echo(format_bench(result, out_dir))
+
+
+def _parse_precisions(text: str) -> list:
+    from ..config import PRECISIONS
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [p for p in chosen if p not in PRECISIONS]
+    if not chosen or bad:
+        raise UserError(f"--precision {text!r} must be a comma-separated list of {', '.join(PRECISIONS)}")
+    return chosen
 
 
 def format_bench(result: dict, out_dir: Path) -> str:
     rows = result["rows"]
     first = rows[0]
-    lines = [f"{'k':>4} {'micro':>6} {'s/update':>9} {'examples/s':>11} {'CPU ms/example':>15} "
-             f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'memory x':>9}"]
+    several = result["rounds"] > 1
+
+    def ratio(spread):
+        return f"{spread['median']:.2f}x" + (f" [{spread['min']:.2f}-{spread['max']:.2f}]" if several else "")
+
+    lines = [f"{'precision':<15} {'k':>4} {'micro':>6} {'s/update':>9} {'examples/s':>11} {'CPU ms/example':>15} "
+             f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'CPU x':>7} {'memory x':>9}"]
     for r in rows:
-        time_ratio = r["median_s_per_update"] / first["median_s_per_update"]
-        mem_ratio = (r["peak_memory_bytes"] / first["peak_memory_bytes"]) if first["peak_memory_bytes"] else None
-        lines.append(f"{r['subdivisions']:>4} {r['micro_batch_size']:>6} {r['median_s_per_update']:>9.3f} "
-                     f"{r['examples_per_s']:>11.0f} {1000 * r['cpu_s_per_example']:>15.3f} "
-                     f"{_mib(r['peak_memory_bytes']):>9} {_mib(r['peak_rss_bytes']):>9} "
-                     f"{time_ratio:>6.2f}x {(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}")
-    lines.append(f"(ratios against k={first['subdivisions']}; median of {result['steps']} updates each, "
-                 f"one fresh process per k)")
+        mem_ratio = r["memory_ratio"]
+        lines.append(f"{r['precision']:<15} {r['subdivisions']:>4} {r['micro_batch_size']:>6} "
+                     f"{r['median_s_per_update']:>9.3f} {r['examples_per_s']:>11.0f} "
+                     f"{1000 * r['cpu_s_per_example']:>15.3f} {_mib(r['peak_memory_bytes']):>9} "
+                     f"{_mib(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
+                     f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}")
+    how = (f"medians over {result['rounds']} alternating rounds, [min-max] of the per-round ratios" if several
+           else "one round")
+    lines.append(f"(ratios against {first['precision']} k={first['subdivisions']}; {result['steps']} updates per "
+                 f"measurement, one fresh process each; {how})")
     lines.append(f"written: {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
     return "\n".join(lines)
 

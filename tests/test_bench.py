@@ -26,11 +26,33 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     assert rows[1]["peak_memory_bytes"] < rows[0]["peak_memory_bytes"]
     assert matplotlib.image.imread(out / "bench.png").shape[1] > 500
     table = result.stdout.splitlines()
-    assert table[-5].split()[:2] == ["k", "micro"]
-    assert table[-4].split()[:2] == ["1", "256"] and table[-3].split()[:2] == ["4", "64"]
-    assert table[-2] == "(ratios against k=1; median of 2 updates each, one fresh process per k)"
+    assert table[-5].split()[:3] == ["precision", "k", "micro"]
+    assert table[-4].split()[:3] == ["float32", "1", "256"] and table[-3].split()[:3] == ["float32", "4", "64"]
+    assert table[-2] == ("(ratios against float32 k=1; 2 updates per measurement, one fresh process each; "
+                         "one round)")
     assert table[-1] == f"written: {out / 'bench.json'}, {out / 'bench.png'}"
     assert not list(out.glob("config-k*.yaml"))  # the workers' configs are cleaned up
+
+
+@pytest.mark.slow  # 2 rounds x 2 variants, a fresh process each
+def test_bench_rounds_alternate_precisions_and_report_ratio_spreads(tmp_path, repo_root):
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"), "--subdivisions", "4",
+                                       "--precision", "float32,mixed_bfloat16", "--rounds", "2", "--steps", "2",
+                                       "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "bench.json").read_text())
+    assert data["rounds"] == 2
+    first, bf16 = data["rows"]
+    assert (first["precision"], bf16["precision"]) == ("float32", "mixed_bfloat16")
+    assert len(bf16["rounds_s_per_update"]) == len(bf16["rounds_cpu_s_per_example"]) == 2
+    # each ratio is taken within a round: the median of the two per-round ratios
+    ratios = [b / f for b, f in zip(bf16["rounds_cpu_s_per_example"], first["rounds_cpu_s_per_example"])]
+    assert bf16["cpu_ratio"] == pytest.approx({"median": sum(ratios) / 2, "min": min(ratios), "max": max(ratios)})
+    assert first["cpu_ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    lines = result.stdout.splitlines()
+    assert lines[-4].split()[:3] == ["float32", "4", "16"] and lines[-3].split()[:3] == ["mixed_bfloat16", "4", "16"]
+    assert lines[-2].endswith("medians over 2 alternating rounds, [min-max] of the per-round ratios)")
 
 
 @pytest.mark.parametrize("value, message", [
@@ -42,5 +64,14 @@ def test_bench_bad_subdivisions(tmp_path, repo_root, value, message):
     out = tmp_path / "bench"
     result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"),
                                        "--subdivisions", value, "--output-dir", str(out)])
+    assert (result.exit_code, result.stderr) == (2, f"error: {message}\n")
+    assert not out.exists()
+
+
+def test_bench_bad_precision(tmp_path, repo_root):
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"),
+                                       "--precision", "float32,fp16", "--output-dir", str(out)])
+    message = "--precision 'float32,fp16' must be a comma-separated list of float32, mixed_bfloat16, mixed_float16"
     assert (result.exit_code, result.stderr) == (2, f"error: {message}\n")
     assert not out.exists()

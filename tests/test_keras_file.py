@@ -427,3 +427,20 @@ def test_the_readme_example_model(tmp_path, repo_root, monkeypatch):
     model = build_model(ModelConfig(name="keras_file", path=str(path)), 0, SHAPE, 10)
     assert len(model.norm_layers) == 1
     assert model.forward(tf.zeros((2, *SHAPE)), False).shape == (2, 10)
+
+
+def test_mixed_bfloat16_trains_a_file_in_16_bits_and_exports_it_in_float32(files, tmp_path, data_dir):
+    from accum_train.export import export_run
+    from accum_train.trained import load_run
+    cfg = load_config(None, overrides(files["functional"], data_dir, "subdivisions=4", "precision=mixed_bfloat16"))
+    summary = train(cfg, tmp_path / "run")
+    assert summary["precision"] == "mixed_bfloat16" and summary["steps"] == 8
+    run = load_run(tmp_path / "run")
+    layers = {layer.name: layer for layer in _bn_layers(run.model.network)}
+    assert layers["bn_first"].dtype_policy.name == "mixed_bfloat16"
+    assert run.model.forward(tf.zeros([2, *SHAPE]), False).dtype == tf.float32
+    exported = keras.models.load_model(export_run(tmp_path / "run"))
+    assert {layer.dtype_policy.name for layer in exported.layers} == {"float32"}
+    trained = np.load(tmp_path / "run" / "weights.npz")
+    assert float(np.max(np.abs(exported.get_layer("bn_first").moving_variance.numpy()
+                               - trained["bn_first/moving_variance"]))) == 0.0
