@@ -38,7 +38,7 @@ def main():
                 raise SystemExit(f"{name} {precision}: an update was skipped")
         return np.concatenate([v.numpy().ravel() for v in model.variables])
 
-    print(f"{'model':<24} {'optimizer':<9} {'precision':<15} {'rel L2 k=1 vs k=4':>18} {'max abs':>10}")
+    print(f"{'model':<28} {'optimizer':<9} {'precision':<15} {'rel L2 k=1 vs k=4':>18} {'max abs':>10}")
     for name, norm in (("mlp", "none"), ("seed_convnet", "groupnorm")):
         for optimizer, lr in (("sgd", 0.1), ("adam", 1e-3)):
             for precision in ("float32", "mixed_bfloat16", "mixed_float16"):
@@ -46,7 +46,7 @@ def main():
                 b = weights_after(name, norm, precision, 4, optimizer, lr)
                 rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
                 label = name if norm == "none" else f"{name} x1/8 {norm}"
-                print(f"{label:<24} {optimizer:<9} {precision:<15} {rel:>18.2e} {float(np.max(np.abs(a - b))):>10.2e}",
+                print(f"{label:<28} {optimizer:<9} {precision:<15} {rel:>18.2e} {float(np.max(np.abs(a - b))):>10.2e}",
                       flush=True)
 
 

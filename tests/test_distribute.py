@@ -224,6 +224,47 @@ print(json.dumps(counts))
 """
 
 
+SKIP_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+from accum_train.config import StrategyConfig
+from accum_train.distribute import make_strategy
+strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
+from accum_train.config import ModelConfig, OptimizerConfig
+from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.models import build_model
+from accum_train.optim import make_optimizer
+with strategy.scope():
+    model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
+    opt = make_optimizer(OptimizerConfig(name="adam", learning_rate=0.01), 0.01, model.trainable_variables)
+update = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, 3,
+                            clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
+x = np.random.default_rng(0).random((40, 28, 28, 1), dtype=np.float32)
+y = np.arange(40, dtype=np.int32) % 10
+bad = x.copy()
+bad[30, 5, 5, 0] = np.nan  # in replica 1's share (examples 20-39) only
+before = [v.numpy().copy() for v in model.variables + opt.variables]
+skipped = update.update(tf.constant(bad), tf.constant(y))
+unchanged = all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables + opt.variables))
+applied = update.update(tf.constant(x), tf.constant(y))
+moved = not np.array_equal(before[0], model.variables[0].numpy())
+print(json.dumps({"skipped": not bool(skipped["applied"]), "unchanged": unchanged, "applied": bool(applied["applied"]),
+                  "moved": moved, "skipped_updates": int(update.skipped_updates.numpy()),
+                  "bad_in_a_row": int(update.bad_updates_in_a_row.numpy()),
+                  "iterations": int(opt.iterations.numpy())}))
+"""
+
+
+def test_a_nan_on_one_replica_skips_the_update_on_all_in_one_graph_call():
+    """The finite check acts on the all-reduced values: one replica's NaN makes every replica skip."""
+    done = run([sys.executable, "-c", SKIP_SCRIPT])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"skipped": True, "unchanged": True, "applied": True, "moved": True, "skipped_updates": 1,
+                      "bad_in_a_row": 0, "iterations": 1}
+
+
 @pytest.mark.parametrize("k", [1, 8])
 def test_one_gradient_all_reduce_per_update(k):
     done = run([sys.executable, "-c", COUNT_SCRIPT, str(k)])
