@@ -95,7 +95,20 @@ def fold_statistics(moving_mean, moving_var, momentum, values):
                     tf.maximum(squares / n - tf.square(delta), 0.0), count > 0)
 
 
-class AccumBatchNorm(BatchNorm):
+class DeferredStatistics:
+    """The engine's norm-layer API on top of a layer's ``pending`` (PendingStats) and ``fold(values)``."""
+
+    def commit(self):
+        """Fold this layer's own pooled statistics in and forget them (one device)."""
+        self.fold(self.pending.values())
+        self.discard()
+
+    def discard(self):
+        """Forget the pooled statistics (an update that is folded, skipped or retried)."""
+        self.pending.clear()
+
+
+class AccumBatchNorm(DeferredStatistics, BatchNorm):
     """BatchNorm that works in graph mode and can defer its moving-average update.
 
     Training normalises with the statistics of the batch it sees (for the engine,
@@ -169,15 +182,6 @@ class AccumBatchNorm(BatchNorm):
         """Fold pooled statistics (this layer's PendingStats values, summed over replicas) into the moving ones."""
         fold_statistics(self.moving_mean, self.moving_var, self.decay, values)
 
-    def commit(self):
-        """Fold this layer's own pooled statistics in and forget them (one device)."""
-        self.fold(self.pending.values())
-        self.discard()
-
-    def discard(self):
-        """Forget the pooled statistics (an update that is folded, skipped or retried)."""
-        self.pending.clear()
-
 
 class GroupNorm(tl.layers.Layer):
     """Group normalisation (Wu & He, 2018) over the last axis, for [n, C] or [n, H, W, C].
@@ -214,7 +218,7 @@ class GroupNorm(tl.layers.Layer):
         return self.act(outputs) if self.act else outputs
 
 
-class KerasAccumBatchNorm(keras.layers.BatchNormalization):
+class KerasAccumBatchNorm(DeferredStatistics, keras.layers.BatchNormalization):
     """keras.layers.BatchNormalization with the engine's norm-layer API (as AccumBatchNorm).
 
     Same config, same four weights, same inference. In training it normalises
@@ -258,15 +262,6 @@ class KerasAccumBatchNorm(keras.layers.BatchNormalization):
     def fold(self, values):
         """Fold pooled statistics (this layer's PendingStats values, summed over replicas) into the moving ones."""
         fold_statistics(self.moving_mean, self.moving_variance, self.momentum, values)
-
-    def commit(self):
-        """Fold this layer's own pooled statistics in and forget them (one device)."""
-        self.fold(self.pending.values())
-        self.discard()
-
-    def discard(self):
-        """Forget the pooled statistics (an update that is folded, skipped or retried)."""
-        self.pending.clear()
 
 
 @dataclass
