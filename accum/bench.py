@@ -163,7 +163,9 @@ def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
     from .datasets import load
-    print(json.dumps(measure(cfg, load(cfg.data), steps)))
+    from .threads import configure
+    threads = configure(cfg)  # as a run would, before any op
+    print(json.dumps({**measure(cfg, load(cfg.data), steps), **threads}))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,15 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
+class AugmentConfig:
+    flip: bool = _spec(False, help="mirror each training image left-right with probability 1/2 (only for "
+                                   "data whose mirror image keeps its class: clothes, not digits or text)")
+    crop: int = _spec(0, minimum=0, maximum=4096,
+                      help="pad each training image with this many zero pixels per side and cut a random "
+                           "window of its own size: shifts of up to crop pixels")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     name: str = _spec("fashion_mnist", choices=DATASET_NAMES,
                       help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
@@ -128,6 +137,12 @@ class DataConfig:
                                             "length of class_names); a label >= num_classes is an error")
     train_limit: Optional[int] = _spec(None, minimum=1, help="use only the first N training examples")
     test_limit: Optional[int] = _spec(None, minimum=1, help="use only the first N test examples")
+    validation: int = _spec(0, minimum=0,
+                            help="hold out this many training examples (the same random choice in every run) "
+                                 "as a validation split, evaluated every epoch: choose settings on it and "
+                                 "keep the test split for the final figure")
+    augment: AugmentConfig = _spec(default_factory=AugmentConfig,
+                                   help="random changes to each training image, drawn from (seed, update)")
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,10 @@ class Config:
                                 "gradient cache and optimizer state in float32")
     loss_scale: LossScaleConfig = _spec(default_factory=LossScaleConfig,
                                         help="mixed_float16 only: one dynamic loss scale per update")
+    parallel_micro_steps: Union[int, str] = _spec(
+        "auto", minimum=1, maximum=64, choices="auto",
+        help="micro-batches computed at once, each on its share of the CPU cores (memory then holds this "
+             "many); auto: 2 on a machine without a GPU when subdivisions > 1 (measured faster there), else 1")
     memory_limit: Optional[str] = _spec(None, choices="size",
                                         help="stop a run whose TensorFlow allocator peak exceeds this "
                                              "(e.g. 2GiB): a smaller device, simulated")
@@ -454,6 +473,10 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
     elif cfg.subdivisions > cfg.batch_size:
         raise ConfigError(f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
                           f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)")
+    if cfg.baseline and cfg.parallel_micro_steps not in ("auto", 1):
+        raise ConfigError(f"{where('parallel_micro_steps', 'baseline')}: parallel_micro_steps="
+                          f"{cfg.parallel_micro_steps} needs baseline=false (the baseline has no micro-steps): "
+                          f"remove it or set baseline=false")
     _check_model_keys(cfg.model, where)
     if cfg.strategy.name != "default":
         name = cfg.strategy.name
@@ -470,6 +493,9 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
                           f"strategy.name=mirrored")
     _check_data_keys(cfg.data, where)
     limit = cfg.data.train_limit
+    if limit is not None and cfg.data.validation >= limit:
+        raise ConfigError(f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
+                          f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit")
     if limit is not None and limit < cfg.batch_size:
         raise ConfigError(f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
                           f"than batch_size={cfg.batch_size}: raise it or lower batch_size")

@@ -30,8 +30,14 @@ micro-batch), ``accumulate_batch`` (all k micro-batches of a batch) and
 ``finish`` (reduce, then apply once or skip, then clear). ``update`` composes
 them into ONE tf.function call per batch: the micro-batch loop is a
 ``tf.range`` loop inside the graph, so only one micro-batch of activations is
-alive at a time and Python is entered once per update. Nothing here knows
-TensorLayer: any list of variables and per-example loss function will do.
+alive at a time and Python is entered once per update. With ``parallel`` > 1
+the loop carries the sums as tensors instead (a ``tf.while_loop`` with
+``parallel_iterations``) and writes them to the cache once, so that up to that
+many micro-steps run at once: on a few CPU cores, small micro-batches keep the
+cores busier that way than with threads inside each op (threads.py). The sums
+add in micro-batch order either way: the two paths give the same bits.
+Nothing here knows TensorLayer: any list of variables and per-example loss
+function will do.
 
 Every engine counts, inside its graph, the updates it skipped in all and in a
 row; the training loop reads the counters after each update and checkpoints
@@ -40,6 +46,7 @@ them, so they are never stale.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
@@ -255,9 +262,13 @@ class AccumulatingUpdate(Update):
     def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
                  subdivisions: int, clip_norm: Optional[float] = None, norm_layers=(),
                  input_signature=None, strategy: Optional[tf.distribute.Strategy] = None,
-                 loss_scale: Optional[float] = None, growth_updates: int = 2000):
+                 loss_scale: Optional[float] = None, growth_updates: int = 2000, parallel: int = 1):
         super().__init__(variables, optimizer, clip_norm, norm_layers, strategy, loss_scale, growth_updates)
         self.loss_fn = loss_fn
+        # Micro-steps in flight at once: 1 adds each micro-batch to the cache variables as it is done
+        # (the least memory); more carries the sums as tensors (one more gradient-sized buffer, and up
+        # to ``parallel`` micro-batches of activations alive) so that micro-steps can overlap.
+        self.parallel = int(parallel)
         with self.strategy.scope():
             self.cache = GradientCache(self.variables)
             # A variable, not a Python int, so that changing k (subdivisions: auto,
@@ -309,23 +320,57 @@ class AccumulatingUpdate(Update):
 
     # -- inside the graph
 
-    def _accumulate_micro(self, x, y, batch_examples):
-        """Add the gradient of this micro-batch's share of the batch's mean loss."""
+    def _micro_gradients(self, x, y, batch_examples):
+        """This micro-batch's share of the batch's mean loss, and its (scaled) gradients."""
         with tf.GradientTape() as tape:
             losses = self.loss_fn(x, y)
             share = tf.reduce_sum(losses) / tf.cast(batch_examples, losses.dtype)
             scaled = self._scaled(share)
-        self.cache.add(tape.gradient(scaled, self.variables), share)
+        return share, tape.gradient(scaled, self.variables)
+
+    def _accumulate_micro(self, x, y, batch_examples):
+        """Add the gradient of this micro-batch's share of the batch's mean loss."""
+        share, gradients = self._micro_gradients(x, y, batch_examples)
+        self.cache.add(gradients, share)
         return share
 
     def _accumulate_replica(self, x, y, n):
         """This replica's share (x, y) of a batch of n, as k micro-batches, into its cache."""
         local_n = tf.shape(y)[0]
         k = tf.minimum(self.subdivisions, local_n)  # a short share may have fewer examples than k, even none
+        if self.parallel > 1:
+            return self._accumulate_carried(x, y, n, local_n, k)
         loss = tf.constant(0.0)
         for i in tf.range(k):
             start, end = micro_bounds(i, local_n, k)
             loss += self._accumulate_micro(x[start:end], y[start:end], n)
+        return loss
+
+    def _accumulate_carried(self, x, y, n, local_n, k):
+        """The same k micro-batches with their sums carried through the loop as tensors and written to
+        the cache once. No variable is written inside the loop, so up to ``parallel`` micro-steps can
+        run at once (``parallel_iterations``); each sum still adds in micro-batch order, the order the
+        cache adds in."""
+        pending = [layer.pending for layer in self.norm_layers]
+
+        def body(i, loss, grads, stats):
+            start, end = micro_bounds(i, local_n, k)
+            with contextlib.ExitStack() as stack:
+                collected = [stack.enter_context(p.collect()) for p in pending]
+                share, micro_grads = self._micro_gradients(x[start:end], y[start:end], n)
+            grads = [total if g is None else total + tf.cast(g, tf.float32) for total, g in zip(grads, micro_grads)]
+            stats = list(stats)
+            for j, calls in enumerate(collected):
+                for sums in calls:  # one per call of the layer in this micro-batch
+                    stats[3 * j:3 * j + 3] = [total + s for total, s in zip(stats[3 * j:3 * j + 3], sums)]
+            return i + 1, loss + share, grads, stats
+
+        start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, tf.float32) for v in self.variables],
+                 [tf.zeros(v.shape, v.dtype) for p in pending for v in p.variables()])
+        _, loss, grads, stats = tf.while_loop(lambda i, *_: i < k, body, start, parallel_iterations=self.parallel)
+        self.cache.add(grads, loss)
+        for variable, total in zip([v for p in pending for v in p.variables()], stats):
+            variable.assign_add(total)
         return loss
 
     def _finish_replica(self, retry):

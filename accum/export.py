@@ -105,8 +105,10 @@ def _activation(fn, name):
     import tensorflow as tf
     if fn is None:
         return []
-    layers = {tf.nn.leaky_relu: lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu"),
-              tf.nn.relu: lambda: keras.layers.ReLU(name=f"{name}_relu")}  # TF's leaky_relu slope is 0.2
+    from .models import leaky_relu
+    leaky = lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")  # noqa: E731
+    layers = {leaky_relu: leaky, tf.nn.leaky_relu: leaky,  # TF's leaky_relu slope is 0.2, as the built-ins'
+              tf.nn.relu: lambda: keras.layers.ReLU(name=f"{name}_relu")}
     if fn not in layers:
         raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
     return [layers[fn]()]

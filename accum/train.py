@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from .config import Config
-from .data import describe_split, epoch_order, examples_seen, first_batch, worker_batches
+from .data import describe_split, epoch_order, examples_seen, first_batch, worker_batches, worker_part
 from .errors import Interrupted, RunDirError, TrainingStopped
 from .memory import allocator_peak_bytes, choose_subdivisions, peak_rss_bytes, update_within_memory
 from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
@@ -54,6 +54,7 @@ class Run:
         from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
         from .models import build_model
         from .optim import make_optimizer, make_schedule
+        from .threads import parallel_micro_steps
 
         self.cfg, self.run_dir, self.data = cfg, Path(run_dir), data
         self.n_train = len(data.train)
@@ -77,8 +78,10 @@ class Run:
             self.engine = AccumulatingUpdate(loss_fn, variables, self.optimizer,
                                              1 if cfg.auto_subdivisions else cfg.subdivisions,
                                              cfg.optimizer.clip_norm, self.model.norm_layers, signature, strategy,
-                                             **scaling)
+                                             parallel=parallel_micro_steps(cfg), **scaling)
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
+        from .augment import Augment
+        self.augment = Augment(cfg.data.augment, cfg.seed)
 
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.saved_step = 0
@@ -108,19 +111,22 @@ class Run:
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
         return tf.reduce_sum(losses), tf.argmax(logits, 1, output_type=tf.int32)
 
-    def test_batches(self):
-        """(loss sum, labels, predicted classes) of each test batch: what evaluate and a confusion matrix sum."""
-        for x, y in self.data.test.batches(np.arange(len(self.data.test)), self.eval_batch_size):
+    def test_batches(self, split=None):
+        """(loss sum, labels, predicted classes) of each batch of the test split (or ``split``): what
+        evaluate and a confusion matrix sum."""
+        split = self.data.test if split is None else split
+        for x, y in split.batches(np.arange(len(split)), self.eval_batch_size):
             batch_loss, predicted = self.evaluate_batch(x, y)
             yield float(batch_loss), y.numpy(), predicted.numpy()
 
-    def evaluate(self):
-        """(mean loss, accuracy) on the test split."""
+    def evaluate(self, split=None):
+        """(mean loss, accuracy) on the test split (or ``split``: the validation split)."""
+        split = self.data.test if split is None else split
         loss_sum = correct = 0.0
-        for batch_loss, labels, predicted in self.test_batches():
+        for batch_loss, labels, predicted in self.test_batches(split):
             loss_sum += batch_loss
             correct += int(np.sum(labels == predicted))
-        return loss_sum / len(self.data.test), correct / len(self.data.test)
+        return loss_sum / len(split), correct / len(split)
 
     def restore_latest(self, run_dir: Path) -> int:
         """Restore the latest checkpoint of run_dir (the chief's, for every worker)."""
@@ -179,6 +185,8 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     Under a multi-worker strategy every worker calls this; only the chief writes
     ``run_dir``, the others write their (required) checkpoints to a scratch folder."""
     from .distribute import is_chief, make_strategy
+    from .threads import configure
+    threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
         strategy = make_strategy(cfg.strategy)  # before any other op: see distribute.py
     progress = progress or Progress()
@@ -209,13 +217,16 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
 
     test_loss, test_accuracy = run.evaluate()
     save_weights(run.model.named_weights(), run_dir / "weights.npz")
-    summary = {"test_accuracy": test_accuracy, "test_loss": test_loss, "steps": step,
+    validation = {}
+    if data.validation is not None:
+        validation["validation_loss"], validation["validation_accuracy"] = run.evaluate(data.validation)
+    summary = {"test_accuracy": test_accuracy, "test_loss": test_loss, **validation, "steps": step,
                "examples_seen": examples_seen(step, run.steps_per_epoch, run.n_train, cfg.batch_size),
                "wall_time_s": time.time() - started, "cpu_time_s": time.process_time() - cpu_started,
                "peak_memory_bytes": allocator_peak_bytes(), "peak_rss_bytes": peak_rss_bytes(),
                "skipped_updates": int(run.engine.skipped_updates.numpy()), "subdivisions": run.subdivisions,
                "batch_size": cfg.batch_size, "baseline": cfg.baseline, "precision": cfg.precision,
-               "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None}
+               "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None, **threads}
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -261,6 +272,7 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     micro_done, pending = first * k, []
     engine = run.engine
     for n, x, y in worker_batches(run.data.train, order, cfg.batch_size, engine.replicas, engine.replica_ids):
+        x = run.augment(x, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
         out = update_within_memory(run.engine, x, y, n, step, cfg, not run.memory_checked, progress.message)
         run.memory_checked = True
         step += 1
@@ -292,10 +304,13 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
         if checkpoint_due and not end_of_epoch:
             run.save_checkpoint(step)
     test_loss, test_accuracy = run.evaluate()
+    validation = {}
+    if run.data.validation is not None:
+        validation["val_loss"], validation["val_accuracy"] = run.evaluate(run.data.validation)
     elapsed = time.time() - epoch_started
     record = {"epoch": epoch + 1, "step": step,
               "train_loss": loss_sum / applied_examples if applied_examples else None,
-              "test_loss": test_loss, "test_accuracy": test_accuracy,
+              "test_loss": test_loss, "test_accuracy": test_accuracy, **validation,
               "elapsed_s": elapsed, "examples_per_s": epoch_examples / max(elapsed, 1e-9)}
     log.write([record])
     run.save_checkpoint(step)

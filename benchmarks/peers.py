@@ -4,18 +4,23 @@ One run, interleaved rounds, ratios printed. Methods, all on the seed convnet
 (scaled by --width; a Keras-layer twin and a raw-op TF1 twin where a peer
 needs its own), the same Fashion-MNIST batch and the same micro-batch:
 
-  (a)  accum-train: AccumulatingUpdate, one graph call per update
+  (a)  accum-train: AccumulatingUpdate, one graph call per update, with the
+       micro-steps in flight and the thread pools accum-train itself chooses
+       (threads.py: on this CPU two micro-steps at once, one thread per op)
+  (a1) the same, one micro-step at a time, TensorFlow's default threads
   (b)  Keras 3: Adam(gradient_accumulation_steps=k) with model.fit, compile
        defaults (jit_compile="auto", steps_per_execution=1)
   (b') the same with steps_per_execution=k: one graph call per k micro-steps,
        i.e. per update, like (a)
+  (b'') (b') under (a)'s thread pools, in case they suit Keras too
   (c)  the seed's TF1 pattern: graph + Session, accumulate op run once per
        micro-batch through feed_dict, then the apply op
   (d)  plain training at the micro-batch size (the cost floor)
   (e)  one pass over the whole batch (the memory ceiling)
 
-Time: each round runs --updates updates of every method in turn, each in its
-idiomatic form: (a), (c), (d), (e) a Python loop of --updates updates; (b) and
+Time: every method lives in its own process (thread pools are fixed per
+process), built and warmed up once; each round then asks every process in turn
+for --updates updates, each in its idiomatic form: (a), (c), (d), (e) a Python loop of --updates updates; (b) and
 (b') ONE model.fit call per round (epochs=1, batch_size=micro-batch, graph
 mode) over --updates copies of the batch, i.e. --updates x k micro-batches,
 so that fit's per-call setup (data adapter, iterator, callbacks) is paid once
@@ -29,7 +34,7 @@ over the timed updates.
 Ratios are kept at full precision in the JSON (--output) and printed with 3
 decimals rounded against accum-train (down where higher is better for it, up
 where lower is better), so the display never flatters it. The a/b ratios are
-taken against the faster of (b) and (b').
+taken against the fastest of (b), (b') and (b'').
 
     python benchmarks/peers.py --output docs/peers.json   # the README's figures
     python benchmarks/peers.py --rounds 3 --updates 5 --mem-batch 1024   # quicker
@@ -58,6 +63,7 @@ from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
 from accum_train.optim import make_optimizer
+from accum_train.threads import cpu_cores
 
 LR = 0.001
 INPUT_SHAPE, NUM_CLASSES = (28, 28, 1), 10  # Fashion-MNIST; the Keras and TF1 twins hard-code them too
@@ -72,7 +78,7 @@ def channels(width):
 
 # ---------------------------------------------------------------- (a), (d), (e)
 
-def ours(width, k, x, y, plain=False):
+def ours(width, k, x, y, plain=False, parallel=1):
     model = build_model(ModelConfig(width=width), 0, INPUT_SHAPE, NUM_CLASSES)
     opt = make_optimizer(OptimizerConfig(learning_rate=LR), LR, model.trainable_variables)
     loss_fn = sparse_softmax_loss(model.forward)
@@ -81,7 +87,7 @@ def ours(width, k, x, y, plain=False):
                              norm_layers=model.norm_layers)
     else:
         engine = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, clip_norm=None,
-                                    norm_layers=model.norm_layers)
+                                    norm_layers=model.norm_layers, parallel=parallel)
 
     def run(updates):  # a training loop: one engine call per update, the loss read back
         for _ in range(updates):
@@ -168,55 +174,131 @@ def tf1_session(width, k, micro, xs, ys):
 
 # ---------------------------------------------------------------- timing
 
-A, B, B_SPE, C, D, E = ("(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k",
-                        "(c) tf1 session", "(d) plain, micro-batch", "(e) plain, whole batch")
+A, A1, B, B_SPE, B_SPE_T, C, D, E = (
+    "(a) accum-train", "(a1) accum-train, 1 at a time", "(b) keras GA, fit", "(b') keras GA, fit, spe=k",
+    "(b'') keras GA, spe=k, threads", "(c) tf1 session", "(d) plain, micro-batch", "(e) plain, whole batch")
+KERAS = (B, B_SPE, B_SPE_T)
+ONE_THREAD = {"intra": 1, "inter": 2}  # what accum-train sets for 2 micro-steps at once on 2 cores
+
+
+def method_spec(args):
+    """name: (thread pools or None for TensorFlow's defaults, examples per update)."""
+    k, micro = args.k, args.micro
+    ours_threads = configure_threads(k)
+    return {A: (ours_threads, k * micro), A1: (None, k * micro), B: (None, k * micro), B_SPE: (None, k * micro),
+            B_SPE_T: (ONE_THREAD, k * micro), C: (None, k * micro), D: (None, micro), E: (None, k * micro)}
+
+
+def configure_threads(k):
+    """The pools accum-train itself sets for this k (threads.configure), as a dict, or None for defaults."""
+    from accum_train.threads import parallel_micro_steps
+    cfg = config_from_dict({"batch_size": 1024, "subdivisions": k})
+    parallel = parallel_micro_steps(cfg)
+    return None if parallel == 1 else {"intra": max(1, cpu_cores() // parallel), "inter": max(2, parallel),
+                                       "parallel": parallel}
+
+
+def build_method(name, args, x, y):
+    k, micro, updates = args.k, args.micro, args.updates
+    batch = k * micro
+    if name == A:
+        threads = configure_threads(k)
+        return ours(args.width, k, x[:batch], y[:batch], parallel=threads["parallel"] if threads else 1)
+    if name == A1:
+        return ours(args.width, k, x[:batch], y[:batch], parallel=1)
+    if name in KERAS:
+        return KerasAccumulation(args.width, k, micro, x[:batch], y[:batch], updates,
+                                 steps_per_execution=1 if name == B else k)
+    if name == C:
+        return tf1_session(args.width, k, micro, x[:batch], y[:batch])
+    if name == D:
+        return ours(args.width, 1, x[:micro], y[:micro], plain=True)
+    return ours(args.width, 1, x[:batch], y[:batch], plain=True)
+
+
+def serve(name, args, x, y):
+    """The child: build one method, warm it up, then time one round per 'run' line on stdin.
+
+    Each method lives in its own process so that it runs under its own thread pools (fixed per
+    process), while the parent still interleaves the methods round by round."""
+    run = build_method(name, args, x, y)
+    run(args.updates)  # warm-up: tracing, graph building
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        c0, w0 = time.process_time(), time.perf_counter()
+        run(args.updates)
+        print(json.dumps({"cpu": time.process_time() - c0, "wall": time.perf_counter() - w0}), flush=True)
+    final = {"done": True}
+    if isinstance(run, KerasAccumulation):
+        final.update(optimizer_updates=run.optimizer_updates(), jit_compile=bool(run.model.jit_compile))
+    print(json.dumps(final), flush=True)
 
 
 def time_methods(args, x, y):
-    k, micro, updates = args.k, args.micro, args.updates
-    batch = k * micro
-    keras_default = KerasAccumulation(args.width, k, micro, x[:batch], y[:batch], updates)
-    keras_spe = KerasAccumulation(args.width, k, micro, x[:batch], y[:batch], updates, steps_per_execution=k)
-    methods = {  # name: (run, examples per update)
-        A: (ours(args.width, k, x[:batch], y[:batch]), batch),
-        B: (keras_default, batch),
-        B_SPE: (keras_spe, batch),
-        C: (tf1_session(args.width, k, micro, x[:batch], y[:batch]), batch),
-        D: (ours(args.width, 1, x[:micro], y[:micro], plain=True), micro),
-        E: (ours(args.width, 1, x[:batch], y[:batch], plain=True), batch),
-    }
-    for run, _ in methods.values():  # warm up with one untimed round: tracing, graph building
-        run(updates)
-    for name, fit in ((B, keras_default), (B_SPE, keras_spe)):
-        if fit.optimizer_updates() != updates:
-            raise RuntimeError(f"{name}: one fit made {fit.optimizer_updates()} optimizer updates, not {updates}")
-    cpu = {name: [] for name in methods}
-    wall = {name: [] for name in methods}
+    spec = method_spec(args)
+    children = {}
+    for name in spec:  # started one at a time: each warms up while the others wait
+        argv = [sys.executable, __file__, "--serve", name] + [f"--{key.replace('_', '-')}={value}" for key, value
+                                                                in vars(args).items() if key in SHARED_ARGS]
+        env = dict(os.environ)
+        threads = spec[name][0]
+        for variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+            env.pop(variable, None)
+        if threads:  # read when the child's runtime starts (TensorLayer's import already runs ops)
+            env.update(TF_NUM_INTRAOP_THREADS=str(threads["intra"]), TF_NUM_INTEROP_THREADS=str(threads["inter"]))
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if not json.loads(_last_json(child)).get("ready"):
+            raise RuntimeError(f"{name}: the timing process did not start")
+        children[name] = child
+    cpu = {name: [] for name in spec}
+    wall = {name: [] for name in spec}
     for _ in range(args.rounds):
-        for name, (run, n) in methods.items():
-            c0, w0 = time.process_time(), time.perf_counter()
-            run(updates)
-            cpu[name].append((time.process_time() - c0) / (updates * n))
-            wall[name].append((time.perf_counter() - w0) / (updates * n))
-    for name, fit in ((B, keras_default), (B_SPE, keras_spe)):
-        expected = (args.rounds + 1) * updates
-        if fit.optimizer_updates() != expected:
-            raise RuntimeError(f"{name}: {fit.optimizer_updates()} optimizer updates in all, not {expected}")
-    keras_jit = {name: bool(fit.model.jit_compile) for name, fit in ((B, keras_default), (B_SPE, keras_spe))}
+        for name, child in children.items():
+            child.stdin.write("run\n")
+            child.stdin.flush()
+            sample = json.loads(_last_json(child))
+            n = spec[name][1]
+            cpu[name].append(sample["cpu"] / (args.updates * n))
+            wall[name].append(sample["wall"] / (args.updates * n))
+    finals = {}
+    for name, child in children.items():
+        child.stdin.write("quit\n")
+        child.stdin.flush()
+        finals[name] = json.loads(_last_json(child))
+        child.wait()
+    for name in KERAS:
+        expected = (args.rounds + 1) * args.updates
+        if finals[name]["optimizer_updates"] != expected:
+            raise RuntimeError(f"{name}: {finals[name]['optimizer_updates']} optimizer updates in all, not {expected}")
+    keras_jit = {name: finals[name]["jit_compile"] for name in KERAS}
     return {name: {"cpu_s_per_example": statistics.median(cpu[name]),
                    "wall_s_per_example": statistics.median(wall[name]),
                    "examples_per_s": 1.0 / statistics.median(wall[name]),
                    "examples_per_cpu_s": 1.0 / statistics.median(cpu[name]),
+                   "threads": spec[name][0] or "tensorflow defaults",
                    "rounds_cpu_s_per_example": cpu[name],
-                   "rounds_wall_s_per_example": wall[name]} for name in methods}, keras_jit
+                   "rounds_wall_s_per_example": wall[name]} for name in spec}, keras_jit
+
+
+def _last_json(child) -> str:
+    line = child.stdout.readline()
+    if not line:
+        child.wait()
+        raise RuntimeError(f"a timing process ended early (exit code {child.returncode})")
+    return line
 
 
 def memory(args):
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for label, baseline, k in ((A, False, args.mem_k), (E, True, 1)):
+        # (a1): accum-train with one micro-step at a time (what auto chooses with a GPU, and the least
+        # memory); (a): auto on this machine (on a CPU, two at once: two micro-batches of activations).
+        for label, baseline, k, parallel in ((A1, False, args.mem_k, 1), (A, False, args.mem_k, "auto"),
+                                             (E, True, 1, "auto")):
             cfg = config_from_dict({"model": {"width": args.width}, "batch_size": args.mem_batch,
-                                    "subdivisions": k, "baseline": baseline})
+                                    "subdivisions": k, "baseline": baseline, "parallel_micro_steps": parallel})
             path = Path(scratch) / "cfg.yaml"
             path.write_text(cfg.to_yaml())
             out = subprocess.run([sys.executable, "-m", "accum_train.bench", str(path), str(k), "2"],
@@ -233,8 +315,10 @@ TARGETS = {
     "a/b examples per wall-second": (None, True),
     "a/c examples per second": (">= 1.00", True),
     "a/d CPU time per example": ("<= 1.03", False),
-    "a/e TF allocator peak": ("<= 0.125", False),
+    "a1/e TF allocator peak": ("<= 0.125", False),
+    "a/e TF allocator peak": (None, False),
 }
+SHARED_ARGS = ("width", "k", "micro", "updates")
 
 
 def shown(value, higher_is_better):
@@ -254,26 +338,31 @@ def main():
     parser.add_argument("--mem-batch", type=int, default=4096)
     parser.add_argument("--mem-k", type=int, default=16)
     parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # a timing child: see serve()
     args = parser.parse_args()
 
     from accum_train.datasets import fashion_mnist
     data = fashion_mnist.load(train_limit=args.k * args.micro)
     x = data.train.images[..., None].astype(np.float32) / 255.0
     y = data.train.labels.astype(np.int32)
+    if args.serve:
+        return serve(args.serve, args, x, y)
 
     load_before = os.getloadavg()
     started = time.perf_counter()
     times, keras_jit = time_methods(args, x, y)
     print(f"time: seed convnet x{args.width}, k={args.k}, micro-batch {args.micro}, {args.rounds} rounds x "
-          f"{args.updates} updates per method (one fit per round for (b), (b')), medians; keras jit_compile "
-          f"resolved to {keras_jit[B]}")
-    print(f"{'method':<27} {'CPU ms/example':>15} {'wall ms/example':>16} {'examples/s':>11}")
+          f"{args.updates} updates per method (one fit per round for Keras), each method in its own process, "
+          f"medians; keras jit_compile resolved to {keras_jit[B]}")
+    print(f"{'method':<31} {'CPU ms/example':>15} {'wall ms/example':>16} {'examples/s':>11}  threads")
     for name, r in times.items():
-        print(f"{name:<27} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
-              f"{r['examples_per_s']:>11.0f}")
+        threads = r["threads"] if isinstance(r["threads"], str) else f"intra {r['threads']['intra']}, " \
+                                                                      f"inter {r['threads']['inter']}"
+        print(f"{name:<31} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
+              f"{r['examples_per_s']:>11.0f}  {threads}")
     a = times[A]
-    best_cpu = min((B, B_SPE), key=lambda name: times[name]["cpu_s_per_example"])
-    best_wall = min((B, B_SPE), key=lambda name: times[name]["wall_s_per_example"])
+    best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
+    best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
     ratios = {
         "a/b examples per CPU-second": a["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
         "a/b examples per wall-second": a["examples_per_s"] / times[best_wall]["examples_per_s"],
@@ -285,13 +374,18 @@ def main():
         "a/b examples per CPU-second, (b') spe=k": a["examples_per_cpu_s"] / times[B_SPE]["examples_per_cpu_s"],
         "a/b examples per wall-second, (b) compile defaults": a["examples_per_s"] / times[B]["examples_per_s"],
         "a/b examples per wall-second, (b') spe=k": a["examples_per_s"] / times[B_SPE]["examples_per_s"],
+        "a/b examples per CPU-second, (b'') spe=k, threads": a["examples_per_cpu_s"] / times[B_SPE_T]["examples_per_cpu_s"],
+        "a/b examples per wall-second, (b'') spe=k, threads": a["examples_per_s"] / times[B_SPE_T]["examples_per_s"],
+        "a1/b examples per wall-second (one micro-step at a time)": times[A1]["examples_per_s"] / times[best_wall]["examples_per_s"],
+        "a1/b examples per CPU-second (one micro-step at a time)": times[A1]["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
     }
     timing_s = time.perf_counter() - started
     mem = memory(args)
+    ratios["a1/e TF allocator peak"] = (mem[A1]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"])
     ratios["a/e TF allocator peak"] = (mem[A]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"])
-    print(f"\nmemory: batch {args.mem_batch}, (a) at k={args.mem_k} vs (e) one pass, fresh process each")
+    print(f"\nmemory: batch {args.mem_batch}, (a1) and (a) at k={args.mem_k} vs (e) one pass, fresh process each")
     for name, r in mem.items():
-        print(f"{name:<27} TF allocator peak {r['peak_memory_bytes'] / 2**20:>7.0f} MiB, "
+        print(f"{name:<31} TF allocator peak {r['peak_memory_bytes'] / 2**20:>7.0f} MiB, "
               f"peak RSS {r['peak_rss_bytes'] / 2**20:>6.0f} MiB")
     print(f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
           f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}")
@@ -300,7 +394,7 @@ def main():
         target, higher = TARGETS[name]
         print(f"  {name:<32} {target or '-':>8} {shown(value, higher):>9}  {value!r}")
     for name, value in details.items():
-        print(f"  {name:<50} {shown(value, True):>9}  {value!r}")
+        print(f"  {name:<58} {shown(value, True):>9}  {value!r}")
     if args.output:
         args.output.write_text(json.dumps({
             "args": {k: str(v) for k, v in vars(args).items()},

@@ -54,7 +54,9 @@ class BarProgress:
             self.bar.finish()
             self.bar = None
         train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
-        click.echo(f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, "
+        validation = (f"val loss {record['val_loss']:.4f}, val accuracy {record['val_accuracy']:.4f}, "
+                      if "val_accuracy" in record else "")
+        click.echo(f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, {validation}"
                    f"test loss {record['test_loss']:.4f}, test accuracy {record['test_accuracy']:.4f}, "
                    f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s")
 

@@ -17,5 +17,6 @@ if tuple(LOADERS) != DATASET_NAMES:  # a registry out of step with the config is
 
 
 def load(data_config):
-    """Load the dataset a validated DataConfig names."""
-    return LOADERS[data_config.name](data_config).limited(data_config.train_limit, data_config.test_limit)
+    """Load the dataset a validated DataConfig names: limited, then the validation split held out."""
+    dataset = LOADERS[data_config.name](data_config).limited(data_config.train_limit, data_config.test_limit)
+    return dataset.with_validation(data_config.validation)

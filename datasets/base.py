@@ -50,6 +50,9 @@ class ArraySplit:
     def head(self, n: int) -> "ArraySplit":
         return ArraySplit(self.images[:n], self.labels[:n])
 
+    def subset(self, indices: np.ndarray) -> "ArraySplit":
+        return ArraySplit(self.images[indices], self.labels[indices])
+
     def take(self, indices: np.ndarray):
         return to_inputs(self.images[indices], self.labels[indices])
 
@@ -72,6 +75,11 @@ class Dataset:
     input_shape: Tuple[int, ...]  # of one example as the model sees it, channels last: (H, W, C)
     class_names: Tuple[str, ...]
     source: str
+    validation: Optional[ArraySplit] = None  # data.validation: held out of the training split
+
+    # The validation choice is fixed (not drawn from the run's seed): runs that differ in their seed
+    # are compared on the same examples.
+    VALIDATION_SEED = 20260101
 
     @property
     def num_classes(self) -> int:
@@ -82,11 +90,28 @@ class Dataset:
         return replace(self, train=self.train.head(train_limit) if train_limit else self.train,
                        test=self.test.head(test_limit) if test_limit else self.test)
 
+    def with_validation(self, n: int) -> "Dataset":
+        """Hold ``n`` training examples out as the validation split: a fixed random choice, so that a
+        file ordered by class gives a validation split of every class. Both keep the file's order."""
+        if n == 0:
+            return self
+        if n >= len(self.train):
+            from ..errors import DataError
+            raise DataError(f"data.validation={n} leaves no training examples of the {len(self.train)} there "
+                            f"are: lower it")
+        held = np.zeros(len(self.train), bool)
+        held[np.random.default_rng(self.VALIDATION_SEED).permutation(len(self.train))[:n]] = True
+        return replace(self, train=self.train.subset(np.flatnonzero(~held)),
+                       validation=self.train.subset(np.flatnonzero(held)))
+
     def describe(self) -> dict:
         """What a trained model needs to know of its data (a run's dataset.json)."""
-        return {"source": self.source, "input_shape": list(self.input_shape),
-                "class_names": list(self.class_names), "train_examples": len(self.train),
-                "test_examples": len(self.test)}
+        described = {"source": self.source, "input_shape": list(self.input_shape),
+                     "class_names": list(self.class_names), "train_examples": len(self.train),
+                     "test_examples": len(self.test)}
+        if self.validation is not None:
+            described["validation_examples"] = len(self.validation)
+        return described
 
 
 def class_names_of(count: int, names: Optional[Sequence[str]] = None) -> Tuple[str, ...]:

@@ -260,6 +260,9 @@ class FileSplit:
     def head(self, n: int) -> "FileSplit":
         return FileSplit(self.paths[:n], self.labels[:n], self.input_shape)
 
+    def subset(self, indices: np.ndarray) -> "FileSplit":
+        return FileSplit(self.paths[indices], self.labels[indices], self.input_shape)
+
     def take(self, indices: np.ndarray):
         import tensorflow as tf
         indices = np.asarray(indices, np.int64)

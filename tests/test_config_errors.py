@@ -62,6 +62,19 @@ CASES = [
      "--set batch_size.x: batch_size is 500 in {cfg}, not a mapping, so it has no key 'x'"),
     ("batch_size: 64\n", ["--set", "subdivisions=65"],
      "--set: subdivisions=65 must be <= batch_size=64 (a micro-batch holds at least one example)"),
+    ("parallel_micro_steps: 0\n", [], "{cfg}: parallel_micro_steps=0 must be >= 1 and <= 64"),
+    ("parallel_micro_steps: fast\n", [],
+     "{cfg}: parallel_micro_steps='fast' must be an integer >= 1 and <= 64 or auto"),
+    ("baseline: true\nparallel_micro_steps: 2\n", [],
+     "{cfg}: parallel_micro_steps=2 needs baseline=false (the baseline has no micro-steps): remove it or set "
+     "baseline=false"),
+    ("data: {validation: 600, train_limit: 600}\n", [],
+     "{cfg}: data.validation=600 leaves no training examples of data.train_limit=600: lower it or raise the limit"),
+    ("data: {validation: -1}\n", [], "{cfg}: data.validation=-1 must be >= 0"),
+    ("data: {augment: {crop: -1}}\n", [], "{cfg}: data.augment.crop=-1 must be >= 0 and <= 4096"),
+    ("data: {augment: {flip: 'yes'}}\n", [], "{cfg}: data.augment.flip='yes' must be true or false"),
+    ("data: {augment: {flips: true}}\n", [],
+     "{cfg}: unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)"),
 ]
 
 

@@ -1,0 +1,67 @@
+"""How many micro-steps run at once, and the CPU thread pools that go with it.
+
+Measured on the 2-core development machine (README, "Where the time goes"):
+a micro-batch of 32 is too small for TensorFlow's intra-op threads to pay
+for themselves, so k=8 with two threads per op costs ~1.4x the CPU time of
+one pass. One thread per op, with two micro-steps in flight at once (the
+engine's loop-carried accumulation, ``parallel_iterations``), keeps both cores
+busy on useful work instead. With a GPU the device is the bottleneck and
+memory is what accumulation is for, so micro-steps stay one at a time there.
+
+Thread pools are per process and fixed once TensorFlow's runtime starts:
+``configure`` must run before the first op. A process that has already started
+it (a test, a notebook) keeps its threads; the run still works, only slower.
+TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from .config import Config
+
+AUTO_PARALLEL = 2  # micro-steps in flight under auto on a CPU: the most measured to help (2 cores)
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity, which containers narrow), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def parallel_micro_steps(cfg: Config) -> int:
+    """The configured number, or auto's choice: 1 unless there is no GPU, the batch is subdivided,
+    and the CPU has cores to share out; never more than the micro-batches of an update."""
+    if cfg.baseline:
+        return 1
+    limit = cfg.batch_size if cfg.auto_subdivisions else cfg.subdivisions
+    if cfg.parallel_micro_steps != "auto":
+        return min(cfg.parallel_micro_steps, limit)
+    if cfg.strategy.name == "mirrored" or tf.config.list_physical_devices("GPU"):
+        return 1  # mirrored: the replicas already share the cores out
+    return max(1, min(AUTO_PARALLEL, cpu_cores(), limit))
+
+
+def configure(cfg: Config) -> dict:
+    """Set this process's thread pools for the run's micro-steps (before any op); what is in effect.
+
+    ``parallel`` micro-steps at once get ``cores // parallel`` threads each within an op and ``parallel``
+    ops side by side. One micro-step at a time keeps TensorFlow's defaults (0: as many as cores)."""
+    parallel = parallel_micro_steps(cfg)
+    if parallel > 1 and not tf.config.list_physical_devices("GPU"):
+        wanted = {"intra": max(1, cpu_cores() // parallel), "inter": max(2, parallel)}
+        for pool, variable in (("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS")):
+            if os.environ.get(variable):
+                continue
+            setter = getattr(tf.config.threading, f"set_{pool}_op_parallelism_threads")
+            try:
+                setter(wanted[pool])
+            except RuntimeError:  # the runtime already started in this process: it keeps its pools
+                pass
+    return {"parallel_micro_steps": parallel,
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}

@@ -1,0 +1,120 @@
+"""data.augment (random crops and flips) and data.validation, asserted with numbers.
+
+Augmentation draws are a function of (seed, update, position in the global
+batch): the same update gives the same images, a worker's rows are the rows of
+the whole batch, and a run killed and resumed reaches an uninterrupted run's
+weights. The validation split is a fixed choice held out of training.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from accum_train.augment import Augment
+from accum_train.config import AugmentConfig, load_config
+from accum_train.datasets import load
+from accum_train.train import Run, train
+
+N, SIZE = 64, 12
+ROW, COL = 5, 3  # one bright pixel per image, away from the border by more than the crop
+
+
+def dots():
+    x = np.zeros((N, SIZE, SIZE, 1), np.float32)
+    x[:, ROW, COL, 0] = 1.0
+    return tf.constant(x)
+
+
+def where_the_dot_is(x):
+    x = np.asarray(x)[..., 0]
+    found = [np.argwhere(image > 0) for image in x]
+    assert all(len(f) == 1 for f in found), "each image keeps exactly one bright pixel"
+    assert np.allclose(x.sum(axis=(1, 2)), 1.0)
+    return np.array([f[0] for f in found])
+
+
+def test_crop_shifts_each_image_by_its_own_offset_within_the_padding():
+    moved = where_the_dot_is(Augment(AugmentConfig(crop=2), seed=0)(dots(), step=0, n=N))
+    shifts = moved - [ROW, COL]
+    assert np.abs(shifts).max() <= 2
+    assert len({tuple(s) for s in shifts}) >= 15  # of the 25 possible: per example, not one for the batch
+
+
+def test_flip_mirrors_about_half_the_images_left_right():
+    cols = where_the_dot_is(Augment(AugmentConfig(flip=True), seed=0)(dots(), step=3, n=N))[:, 1]
+    assert set(cols) == {COL, SIZE - 1 - COL}
+    assert 16 <= int(np.sum(cols == COL)) <= 48
+
+
+@pytest.mark.parametrize("cfg", [AugmentConfig(crop=3), AugmentConfig(flip=True), AugmentConfig(crop=1, flip=True)])
+def test_draws_depend_on_seed_and_update_only(cfg):
+    x = tf.constant(np.random.default_rng(0).random((N, SIZE, SIZE, 2), np.float32))
+    augment = Augment(cfg, seed=7)
+    first = augment(x, step=11, n=N).numpy()
+    np.testing.assert_array_equal(first, Augment(cfg, seed=7)(x, step=11, n=N).numpy())  # a resumed run
+    assert not np.array_equal(first, augment(x, step=12, n=N).numpy())
+    assert not np.array_equal(first, Augment(cfg, seed=8)(x, step=11, n=N).numpy())
+
+
+@pytest.mark.parametrize("begin, end", [(0, 32), (32, 64), (21, 43)])
+def test_a_workers_rows_are_those_rows_of_the_whole_batch(begin, end):
+    x = tf.constant(np.random.default_rng(1).random((N, SIZE, SIZE, 1), np.float32))
+    augment = Augment(AugmentConfig(crop=2, flip=True), seed=0)
+    whole = augment(x, step=5, n=N).numpy()
+    np.testing.assert_array_equal(augment(x[begin:end], step=5, n=N, begin=begin).numpy(), whole[begin:end])
+
+
+def test_no_augmentation_leaves_the_batch_alone():
+    x = dots()
+    assert Augment(AugmentConfig(), seed=0)(x, step=0, n=N) is x
+
+
+def test_validation_is_a_fixed_choice_held_out_of_training(data_dir):
+    cfg = load_config(None, [f"data.dir={data_dir}", "data.train_limit=2000", "data.validation=500",
+                             "batch_size=100"])
+    data, again = load(cfg.data), load(cfg.data)
+    full = load(load_config(None, [f"data.dir={data_dir}", "data.train_limit=2000", "batch_size=100"]).data)
+    assert (len(data.train), len(data.validation)) == (1500, 500)
+    np.testing.assert_array_equal(data.validation.labels, again.validation.labels)
+    np.testing.assert_array_equal(data.validation.images, again.validation.images)
+    # disjoint and together the whole training split: match rows of the full split
+    rows = {image.tobytes(): i for i, image in enumerate(full.train.images)}
+    held = sorted(rows[image.tobytes()] for image in data.validation.images)
+    kept = sorted(rows[image.tobytes()] for image in data.train.images)
+    assert sorted(held + kept) == list(range(2000))
+    assert held != list(range(1500, 2000))  # a random choice, not the file's tail
+    assert len(set(data.validation.labels)) == 10  # every class
+
+
+class KilledAfter(BaseException):
+    """Stands in for kill -9: nothing after it runs, no handler catches it."""
+
+
+def test_augmented_run_killed_and_resumed_reaches_the_uninterrupted_weights(tmp_path, repo_root, monkeypatch):
+    overrides = ["data.augment.crop=2", "data.augment.flip=true", "data.validation=300", "checkpoint.every_steps=10"]
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
+    whole = train(cfg, tmp_path / "whole")
+    real_save, saves = Run.save_checkpoint, [0]
+
+    def save_then_die(self, step):
+        real_save(self, step)
+        saves[0] += 1
+        if saves[0] == 5:  # ckpt-0, 10, 20, 30, then dies at 40 of 2 x 43 updates
+            raise KilledAfter(step)
+
+    monkeypatch.setattr(Run, "save_checkpoint", save_then_die)
+    with pytest.raises(KilledAfter):
+        train(cfg, tmp_path / "cut")
+    monkeypatch.undo()
+    resumed = train(cfg, tmp_path / "cut", resume=True)
+    assert resumed["steps"] == whole["steps"] == 86
+    a, b = np.load(tmp_path / "whole" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
+    assert sorted(a.files) == sorted(b.files)
+    assert max(float(np.max(np.abs(a[name] - b[name]))) for name in a.files) < 1e-6
+    assert resumed["validation_accuracy"] == pytest.approx(whole["validation_accuracy"], abs=1e-9)
+    epochs = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+              if '"test_accuracy"' in line]
+    assert [e["epoch"] for e in epochs] == [1, 2] and all(0.0 <= e["val_accuracy"] <= 1.0 for e in epochs)
+    assert json.loads((tmp_path / "cut" / "dataset.json").read_text())["validation_examples"] == 300
