@@ -18,6 +18,7 @@ from collections import Counter
 from typing import List
 
 from .config import Config
+from .threads import parallel_micro_steps
 
 # The threshold: BatchNorm's statistics over fewer examples than this
 # are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
@@ -61,6 +62,8 @@ def plan(cfg: Config, data=None, model=None) -> dict:
 
     result = {
         "data": {"name": cfg.data.name, "source": data.source, "train_examples": n_train,
+                 "validation_examples": len(data.validation) if data.validation is not None else 0,
+                 "augment": {"flip": cfg.data.augment.flip, "crop": cfg.data.augment.crop},
                  "test_examples": len(data.test), "input_shape": list(data.input_shape),
                  "num_classes": data.num_classes, "class_names": list(data.class_names)},
         "model": {"name": cfg.model.name, "path": cfg.model.path,
@@ -68,6 +71,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
                   "batchnorm_layers": len(model.norm_layers)},
         "batch_size": cfg.batch_size,
         "subdivisions": cfg.subdivisions,
+        "parallel_micro_steps": parallel_micro_steps(cfg),
         "baseline": cfg.baseline,
         "memory_limit": cfg.memory_limit,
         "strategy": cfg.strategy.name,

@@ -65,7 +65,9 @@ def format_plan(result: dict) -> str:
     norm = f", {layers} BatchNorm layer{'s' if layers > 1 else ''}" if layers else ", no BatchNorm"
     name = f"{model['name']} {model['path']}" if model["path"] else model["name"]
     lines = [_row("data", f"{data['name']}, {data['source']}"),
-             _row("examples", f"{data['train_examples']} train, {data['test_examples']} test"),
+             _row("examples", f"{data['train_examples']} train, "
+                              + (f"{data['validation_examples']} validation (held out of train), "
+                                 if data["validation_examples"] else "") + f"{data['test_examples']} test"),
              _row("input", "x".join(str(d) for d in data["input_shape"])),
              _row("classes", f"{data['num_classes']}: {shown}"),
              _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
@@ -79,6 +81,13 @@ def format_plan(result: dict) -> str:
     else:
         lines.append(_row("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} "
                                            f"(subdivisions={result['subdivisions']})"))
+    if not result["baseline"] and result["parallel_micro_steps"] > 1:
+        lines.append(_row("in flight", f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
+                                       f"memory holds {result['parallel_micro_steps']})"))
+    augment = [text for on, text in ((data["augment"]["flip"], "flip"),
+                                     (data["augment"]["crop"], f"crop {data['augment']['crop']}")) if on]
+    if augment:
+        lines.append(_row("augment", ", ".join(augment) + " (training images, drawn from seed and update)"))
     lines.append(_row("updates", f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = "
                                  f"{result['total_updates']}"))
     if last is None:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets.base import ArraySplit, Dataset
+from accum_train import threads
 from accum_train.plan import micro_split, plan
 
 FMNIST_PLAN = """\
@@ -25,13 +26,15 @@ data           fashion_mnist, {source}
 examples       60000 train, 10000 test
 input          28x28x1
 classes        10: T-shirt/top, Trouser, Pullover, Dress, Coat, ...
-model          seed_convnet, 93594 trainable parameters, 5 BatchNorm layers
+model          seed_convnet, 371498 trainable parameters, 5 BatchNorm layers
 batch_size     500 examples per update
 micro-batches  500 = 5 x 100 (subdivisions=5)
-updates        120 per epoch x 20 epochs = 2400
+in flight      2 micro-batches at once (parallel_micro_steps; memory holds 2)
+augment        crop 1 (training images, drawn from seed and update)
+updates        120 per epoch x 30 epochs = 3600
 last batch     none: every batch is full (60000 = 120 x 500)
-optimizer      adam, learning_rate 0.003, schedule cosine (warmup_steps=120, decay_steps=2280)
-learning rate  2.5e-05 at update 1 (first), 0.003 at update 120 (end of warm-up), 1.431e-09 at update 2400 (last)
+optimizer      adam, learning_rate 0.003, schedule cosine (warmup_steps=120, decay_steps=3480)
+learning rate  2.5e-05 at update 1 (first), 0.003 at update 120 (end of warm-up), 6.258e-10 at update 3600 (last)
 """
 
 SMOKE_5_PLAN = """\
@@ -42,6 +45,7 @@ classes        10: T-shirt/top, Trouser, Pullover, Dress, Coat, ...
 model          seed_convnet, 23762 trainable parameters, 5 BatchNorm layers
 batch_size     64 examples per update
 micro-batches  64 = 1 x 12 + 4 x 13 (subdivisions=5)
+in flight      2 micro-batches at once (parallel_micro_steps; memory holds 2)
 updates        47 per epoch x 2 epochs = 94
 last batch     56 examples: 56 = 4 x 11 + 1 x 12
 optimizer      adam, learning_rate 0.003, schedule constant
@@ -60,7 +64,9 @@ def in_empty_dir(tmp_path, monkeypatch):
     ("fmnist.yaml", [], FMNIST_PLAN),
     ("smoke.yaml", ["--set", "subdivisions=5"], SMOKE_5_PLAN),
 ])
-def test_plan_prints_the_plan_and_writes_nothing(repo_root, data_dir, in_empty_dir, config, extra, expected):
+def test_plan_prints_the_plan_and_writes_nothing(repo_root, data_dir, in_empty_dir, config, extra, expected,
+                                                  monkeypatch):
+    monkeypatch.setattr(threads, "cpu_cores", lambda: 2)  # "in flight" as on the 2-core CI machine (no GPU)
     result = CliRunner().invoke(main, ["plan", str(repo_root / "configs" / config), *extra])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     assert result.stdout == expected.format(source=data_dir)
@@ -149,7 +155,8 @@ def test_a_keras_file_with_batchnorm_is_warned_about(tmp_path):
 
 def test_warnings_are_printed_after_the_plan(tmp_path, data_dir):
     config = tmp_path / "c.yaml"
-    config.write_text(f"batch_size: 64\nsubdivisions: 16\ndata: {{dir: {data_dir}, train_limit: 130}}\n")
+    config.write_text(f"batch_size: 64\nsubdivisions: 16\nparallel_micro_steps: 1\n"
+                      f"data: {{dir: {data_dir}, train_limit: 130}}\n")
     result = CliRunner().invoke(main, ["plan", str(config)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -199,6 +206,7 @@ def test_json_is_the_plan(repo_root, data_dir):
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["data"] == {"name": "fashion_mnist", "source": str(data_dir), "train_examples": 3000,
+                                "validation_examples": 0, "augment": {"flip": False, "crop": 0},
                                 "test_examples": 500, "input_shape": [28, 28, 1], "num_classes": 10,
                                 "class_names": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                                                 "Shirt", "Sneaker", "Bag", "Ankle boot"]}
