@@ -197,7 +197,8 @@ class Config:
     parallel_micro_steps: Union[int, str] = _spec(
         "auto", minimum=1, maximum=64, choices="auto",
         help="micro-batches computed at once, each on its share of the CPU cores (memory then holds this "
-             "many); auto: 2 on a machine without a GPU when subdivisions > 1 (measured faster there), else 1")
+             "many); auto: 2 on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
+             "(measured faster there), else 1")
     memory_limit: Optional[str] = _spec(None, choices="size",
                                         help="stop a run whose TensorFlow allocator peak exceeds this "
                                              "(e.g. 2GiB): a smaller device, simulated")

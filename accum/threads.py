@@ -34,15 +34,16 @@ def cpu_cores() -> int:
 
 
 def parallel_micro_steps(cfg: Config) -> int:
-    """The configured number, or auto's choice: 1 unless there is no GPU, the batch is subdivided,
-    and the CPU has cores to share out; never more than the micro-batches of an update."""
+    """The configured number, or auto's choice: 1 unless there is no GPU, no memory_limit, the batch
+    is subdivided and the CPU has cores to share out; never more than the micro-batches of an update."""
     if cfg.baseline:
         return 1
     limit = cfg.batch_size if cfg.auto_subdivisions else cfg.subdivisions
     if cfg.parallel_micro_steps != "auto":
         return min(cfg.parallel_micro_steps, limit)
-    if cfg.strategy.name == "mirrored" or tf.config.list_physical_devices("GPU"):
-        return 1  # mirrored: the replicas already share the cores out
+    if cfg.memory_limit is not None or cfg.strategy.name == "mirrored" or tf.config.list_physical_devices("GPU"):
+        # memory_limit: memory is what this run is short of; mirrored: the replicas already share the cores out
+        return 1
     return max(1, min(AUTO_PARALLEL, cpu_cores(), limit))
 
 

@@ -85,7 +85,9 @@ BASE = {"batch_size": 256, "subdivisions": 8}
     ({"parallel_micro_steps": 1}, False, 2, 1),
     ({"baseline": True}, False, 2, 1),
     ({"strategy": {"name": "mirrored"}}, False, 2, 1),  # the replicas share the cores out already
-    ({"subdivisions": "auto", "memory_limit": "1GiB"}, False, 2, 2),
+    ({"subdivisions": "auto", "memory_limit": "1GiB"}, False, 2, 1),  # memory is what the run is short of
+    ({"memory_limit": "1GiB"}, False, 2, 1),
+    ({"memory_limit": "1GiB", "parallel_micro_steps": 2}, False, 2, 2),
 ])
 def test_parallel_micro_steps_auto_and_configured(monkeypatch, changes, gpu, cores, expected):
     monkeypatch.setattr(threads, "cpu_cores", lambda: cores)
