@@ -359,18 +359,18 @@ class AccumulatingUpdate(Update):
                 collected = [stack.enter_context(p.collect()) for p in pending]
                 share, micro_grads = self._micro_gradients(x[start:end], y[start:end], n)
             grads = [total if g is None else total + tf.cast(g, tf.float32) for total, g in zip(grads, micro_grads)]
-            stats = list(stats)
+            stats = list(stats)  # one [count, sum, sum of squares] per layer
             for j, calls in enumerate(collected):
                 for sums in calls:  # one per call of the layer in this micro-batch
-                    stats[3 * j:3 * j + 3] = [total + s for total, s in zip(stats[3 * j:3 * j + 3], sums)]
+                    stats[j] = [total + s for total, s in zip(stats[j], sums)]
             return i + 1, loss + share, grads, stats
 
         start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, tf.float32) for v in self.variables],
-                 [tf.zeros(v.shape, v.dtype) for p in pending for v in p.variables()])
+                 [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending])
         _, loss, grads, stats = tf.while_loop(lambda i, *_: i < k, body, start, parallel_iterations=self.parallel)
         self.cache.add(grads, loss)
-        for variable, total in zip([v for p in pending for v in p.variables()], stats):
-            variable.assign_add(total)
+        for p, sums in zip(pending, stats):
+            p.add_sums(sums)
         return loss
 
     def _finish_replica(self, retry):

@@ -70,7 +70,11 @@ class PendingStats:
         sums = [count, count * delta, count * (var + tf.square(delta))]
         if self._collected is not None:
             self._collected.append(sums)
-            return
+        else:
+            self.add_sums(sums)
+
+    def add_sums(self, sums):
+        """Add [count, sum, sum of squares] (one ``add``'s, or a loop's total of them) to the variables."""
         for variable, value in zip(self.variables(), sums):
             variable.assign_add(value)
 

@@ -17,6 +17,7 @@ TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import tensorflow as tf
 
@@ -47,22 +48,39 @@ def parallel_micro_steps(cfg: Config) -> int:
     return max(1, min(AUTO_PARALLEL, cpu_cores(), limit))
 
 
-def configure(cfg: Config) -> dict:
-    """Set this process's thread pools for the run's micro-steps (before any op); what is in effect.
+ENV = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"}
 
-    ``parallel`` micro-steps at once get ``cores // parallel`` threads each within an op and ``parallel``
-    ops side by side. One micro-step at a time keeps TensorFlow's defaults (0: as many as cores)."""
+
+def thread_pools(parallel: int) -> Optional[dict]:
+    """The pools for ``parallel`` micro-steps at once on this CPU, or None for TensorFlow's defaults.
+
+    ``parallel`` micro-steps get ``cores // parallel`` threads each within an op and ``max(2, parallel)``
+    ops side by side. One micro-step at a time keeps the defaults (0: as many as cores)."""
+    if parallel <= 1:
+        return None
+    return {"intra": max(1, cpu_cores() // parallel), "inter": max(2, parallel)}
+
+
+def child_environment(pools: Optional[dict]) -> dict:
+    """This process's environment for a child whose runtime should start with ``pools`` (None: the
+    defaults), through the variables TensorFlow reads when its runtime starts."""
+    env = {key: value for key, value in os.environ.items() if key not in ENV.values()}
+    env.update({ENV[pool]: str(threads) for pool, threads in (pools or {}).items()})
+    return env
+
+
+def configure(cfg: Config) -> dict:
+    """Set this process's thread pools for the run's micro-steps (before any op); what is in effect."""
     parallel = parallel_micro_steps(cfg)
-    if parallel > 1 and not tf.config.list_physical_devices("GPU"):
-        wanted = {"intra": max(1, cpu_cores() // parallel), "inter": max(2, parallel)}
-        for pool, variable in (("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS")):
-            if os.environ.get(variable):
-                continue
-            setter = getattr(tf.config.threading, f"set_{pool}_op_parallelism_threads")
-            try:
-                setter(wanted[pool])
-            except RuntimeError:  # the runtime already started in this process: it keeps its pools
-                pass
+    pools = None if tf.config.list_physical_devices("GPU") else thread_pools(parallel)
+    for pool, threads in (pools or {}).items():
+        if os.environ.get(ENV[pool]):
+            continue
+        setter = getattr(tf.config.threading, f"set_{pool}_op_parallelism_threads")
+        try:
+            setter(threads)
+        except RuntimeError:  # the runtime already started in this process: it keeps its pools
+            pass
     return {"parallel_micro_steps": parallel,
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}

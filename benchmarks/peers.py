@@ -63,7 +63,7 @@ from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
 from accum_train.optim import make_optimizer
-from accum_train.threads import cpu_cores
+from accum_train.threads import child_environment, parallel_micro_steps, thread_pools
 
 LR = 0.001
 INPUT_SHAPE, NUM_CLASSES = (28, 28, 1), 10  # Fashion-MNIST; the Keras and TF1 twins hard-code them too
@@ -178,32 +178,26 @@ A, A1, B, B_SPE, B_SPE_T, C, D, E = (
     "(a) accum-train", "(a1) accum-train, 1 at a time", "(b) keras GA, fit", "(b') keras GA, fit, spe=k",
     "(b'') keras GA, spe=k, threads", "(c) tf1 session", "(d) plain, micro-batch", "(e) plain, whole batch")
 KERAS = (B, B_SPE, B_SPE_T)
-ONE_THREAD = {"intra": 1, "inter": 2}  # what accum-train sets for 2 micro-steps at once on 2 cores
+
+
+def ours_parallel(k):
+    """The micro-steps in flight that accum-train's auto chooses for this k on this machine."""
+    return parallel_micro_steps(config_from_dict({"batch_size": 1024, "subdivisions": k}))
 
 
 def method_spec(args):
     """name: (thread pools or None for TensorFlow's defaults, examples per update)."""
     k, micro = args.k, args.micro
-    ours_threads = configure_threads(k)
-    return {A: (ours_threads, k * micro), A1: (None, k * micro), B: (None, k * micro), B_SPE: (None, k * micro),
-            B_SPE_T: (ONE_THREAD, k * micro), C: (None, k * micro), D: (None, micro), E: (None, k * micro)}
-
-
-def configure_threads(k):
-    """The pools accum-train itself sets for this k (threads.configure), as a dict, or None for defaults."""
-    from accum_train.threads import parallel_micro_steps
-    cfg = config_from_dict({"batch_size": 1024, "subdivisions": k})
-    parallel = parallel_micro_steps(cfg)
-    return None if parallel == 1 else {"intra": max(1, cpu_cores() // parallel), "inter": max(2, parallel),
-                                       "parallel": parallel}
+    ours_pools = thread_pools(ours_parallel(k))  # what threads.configure sets for (a)
+    return {A: (ours_pools, k * micro), A1: (None, k * micro), B: (None, k * micro), B_SPE: (None, k * micro),
+            B_SPE_T: (ours_pools, k * micro), C: (None, k * micro), D: (None, micro), E: (None, k * micro)}
 
 
 def build_method(name, args, x, y):
     k, micro, updates = args.k, args.micro, args.updates
     batch = k * micro
     if name == A:
-        threads = configure_threads(k)
-        return ours(args.width, k, x[:batch], y[:batch], parallel=threads["parallel"] if threads else 1)
+        return ours(args.width, k, x[:batch], y[:batch], parallel=ours_parallel(k))
     if name == A1:
         return ours(args.width, k, x[:batch], y[:batch], parallel=1)
     if name in KERAS:
@@ -242,13 +236,9 @@ def time_methods(args, x, y):
     for name in spec:  # started one at a time: each warms up while the others wait
         argv = [sys.executable, __file__, "--serve", name] + [f"--{key.replace('_', '-')}={value}" for key, value
                                                                 in vars(args).items() if key in SHARED_ARGS]
-        env = dict(os.environ)
-        threads = spec[name][0]
-        for variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
-            env.pop(variable, None)
-        if threads:  # read when the child's runtime starts (TensorLayer's import already runs ops)
-            env.update(TF_NUM_INTRAOP_THREADS=str(threads["intra"]), TF_NUM_INTEROP_THREADS=str(threads["inter"]))
-        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        # through the environment, read when the child's runtime starts (TensorLayer's import already runs ops)
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=child_environment(spec[name][0]))
         if not json.loads(_last_json(child)).get("ready"):
             raise RuntimeError(f"{name}: the timing process did not start")
         children[name] = child

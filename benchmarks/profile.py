@@ -7,7 +7,8 @@ after a warm-up:
   k=1            one pass over the batch, TensorFlow's default threads
   k=8, 1 at once the micro-steps one after another, default threads
   k=8, 2 at once what accum-train chooses on a CPU (threads.py): two micro-steps
-                 in flight, one thread per op, two ops side by side
+                 in flight, each op on half the cores (one thread on 2 cores),
+                 two ops side by side
 
 Kernel time is each op's duration in the trace (TensorFlow's executor
 threads), summed over those threads and divided by the updates. An op that
@@ -35,14 +36,13 @@ import argparse
 import collections
 import glob
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 
-VARIANTS = {"k=1": (1, 1, None), "k=8, 1 at once": (8, 1, None), "k=8, 2 at once": (8, 2, (1, 2))}
+VARIANTS = {"k=1": (1, 1), "k=8, 1 at once": (8, 1), "k=8, 2 at once": (8, 2)}  # label: (k, parallel)
 KINDS = ("convolutions", "batch norm", "activations", "accumulation", "loop, slicing", "other in loop",
          "after the loop")
 LOOP_CONTROL = {"Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond", "StridedSlice", "Less",
@@ -119,12 +119,12 @@ def main():
         print(json.dumps(measure(*args.child, args.updates)))
         return
     rows = {}
-    for label, (k, parallel, threads) in VARIANTS.items():
-        env = {key: value for key, value in os.environ.items() if not key.startswith("TF_NUM_")}
-        if threads:
-            env.update(TF_NUM_INTRAOP_THREADS=str(threads[0]), TF_NUM_INTEROP_THREADS=str(threads[1]))
+    from accum_train.threads import child_environment, thread_pools
+    for label, (k, parallel) in VARIANTS.items():
+        # the pools threads.configure sets for that many micro-steps in flight (none: TensorFlow's defaults)
         out = subprocess.run([sys.executable, __file__, "--updates", str(args.updates), "--child", str(k),
-                              str(parallel)], capture_output=True, text=True, env=env)
+                              str(parallel)], capture_output=True, text=True,
+                             env=child_environment(thread_pools(parallel)))
         if out.returncode:
             raise SystemExit(f"{label} failed:\n{out.stderr[-3000:]}")
         rows[label] = json.loads(out.stdout.strip().splitlines()[-1])
