@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DATA   := /usr/share/datasets/fashion-mnist
 
-.PHONY: main setup data test test-slow bench clean
+.PHONY: main setup data test test-slow lint bench clean
 
 main: setup
 	$(BIN)/accum-train run configs/fmnist.yaml
@@ -33,6 +33,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# ruff: the linter and the formatter's check, rules in pyproject.toml; zero findings (CI runs it).
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The slow suites (kill -9 / signals + resume; tf.distribute in fresh processes), ~9 min; .ci/run runs them too.
 test-slow: setup

@@ -35,11 +35,11 @@ class Augment:
         if self.crop:
             pad, height, width = self.crop, x.shape[1], x.shape[2]
             # one (top, left) per example of the global batch: shifts of -crop..crop pixels
-            corner = tf.random.stateless_uniform([n, 2], seed, 0, 2 * pad + 1, tf.int32)[begin:begin + rows]
+            corner = tf.random.stateless_uniform([n, 2], seed, 0, 2 * pad + 1, tf.int32)[begin : begin + rows]
             padded = tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
             padded = tf.gather(padded, corner[:, :1] + tf.range(height)[None], axis=1, batch_dims=1)
             x = tf.gather(padded, corner[:, 1:] + tf.range(width)[None], axis=2, batch_dims=1)
         if self.flip:
-            mirrored = tf.random.stateless_uniform([n], seed + [0, 1 << 40], 0, 2, tf.int32)[begin:begin + rows] > 0
+            mirrored = tf.random.stateless_uniform([n], seed + [0, 1 << 40], 0, 2, tf.int32)[begin : begin + rows] > 0
             x = tf.where(mirrored[:, None, None, None], tf.reverse(x, [2]), x)
         return x

@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from .config import Config, load_config
 from .errors import WorkerFailed
@@ -67,12 +67,20 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
     }
 
 
-def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
-          progress: Optional[Progress] = None, precisions: Sequence[str] = (), rounds: int = 1) -> dict:
+def bench(
+    cfg: Config,
+    subdivisions: Sequence[int],
+    steps: int,
+    out_dir: Path,
+    progress: Progress | None = None,
+    precisions: Sequence[str] = (),
+    rounds: int = 1,
+) -> dict:
     """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
     from .datasets import load
+
     progress = progress or Progress()
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
@@ -82,11 +90,14 @@ def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
     samples = {v: [] for v in variants}
     for r in range(rounds):
         for precision, k in variants:
-            row = _measure_in_child(dataclasses.replace(cfg, subdivisions=k, baseline=False, precision=precision),
-                                    steps, out_dir)
+            row = _measure_in_child(
+                dataclasses.replace(cfg, subdivisions=k, baseline=False, precision=precision), steps, out_dir
+            )
             samples[precision, k].append(row)
-            progress.message(f"round {r + 1}/{rounds}, {precision}, subdivisions={k}: "
-                             f"{row['median_s_per_update']:.3f} s/update, {row['examples_per_s']:.0f} examples/s")
+            progress.message(
+                f"round {r + 1}/{rounds}, {precision}, subdivisions={k}: "
+                f"{row['median_s_per_update']:.3f} s/update, {row['examples_per_s']:.0f} examples/s"
+            )
     first = samples[variants[0]]
     rows = [_summarise(samples[v], first) for v in variants]
     result = {"config": cfg.to_dict(), "steps": steps, "rounds": rounds, "rows": rows}
@@ -97,13 +108,18 @@ def bench(cfg: Config, subdivisions: Sequence[int], steps: int, out_dir: Path,
 def _measure_in_child(cfg: Config, steps: int, out_dir: Path) -> dict:
     config_path = out_dir / f"config-k{cfg.subdivisions}.yaml"
     atomic_write(config_path, cfg.to_yaml().encode())
-    child = subprocess.run([sys.executable, "-m", "accum_train.bench", str(config_path), str(cfg.subdivisions),
-                            str(steps)], capture_output=True, text=True)
+    child = subprocess.run(
+        [sys.executable, "-m", "accum_train.bench", str(config_path), str(cfg.subdivisions), str(steps)],
+        capture_output=True,
+        text=True,
+    )
     config_path.unlink()
     if child.returncode != 0:
         tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
-        raise WorkerFailed(f"bench worker for subdivisions={cfg.subdivisions} ({cfg.precision}) failed with "
-                           f"exit code {child.returncode}: {tail}")
+        raise WorkerFailed(
+            f"bench worker for subdivisions={cfg.subdivisions} ({cfg.precision}) failed with "
+            f"exit code {child.returncode}: {tail}"
+        )
     row = json.loads(child.stdout.strip().splitlines()[-1])
     row["precision"] = cfg.precision
     return row
@@ -126,8 +142,11 @@ def _summarise(rounds: list, first: list) -> dict:
     row["rounds_cpu_s_per_example"] = [r["cpu_s_per_example"] for r in rounds]
     row["time_ratio"] = _spread([r["median_s_per_update"] / f["median_s_per_update"] for r, f in zip(rounds, first)])
     row["cpu_ratio"] = _spread([r["cpu_s_per_example"] / f["cpu_s_per_example"] for r, f in zip(rounds, first)])
-    row["memory_ratio"] = (row["peak_memory_bytes"] / max(r["peak_memory_bytes"] for r in first)
-                           if row["peak_memory_bytes"] and first[0]["peak_memory_bytes"] else None)
+    row["memory_ratio"] = (
+        row["peak_memory_bytes"] / max(r["peak_memory_bytes"] for r in first)
+        if row["peak_memory_bytes"] and first[0]["peak_memory_bytes"]
+        else None
+    )
     return row
 
 
@@ -135,8 +154,12 @@ def plot(result: dict, path: Path) -> None:
     plt = pyplot()
 
     rows = result["rows"]
-    labels = [f"{r['subdivisions']}" if len({x["precision"] for x in rows}) == 1
-              else f"{r['subdivisions']}\n{r['precision'].replace('mixed_', '')}" for r in rows]
+    labels = [
+        f"{r['subdivisions']}"
+        if len({x["precision"] for x in rows}) == 1
+        else f"{r['subdivisions']}\n{r['precision'].replace('mixed_', '')}"
+        for r in rows
+    ]
     ks = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(ks, [r["median_s_per_update"] for r in rows], "o-", color="tab:blue", label="time per update")
@@ -146,8 +169,13 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     mem = ax.twinx()
-    mem.plot(ks, [(r["peak_memory_bytes"] or 0) / 2**20 for r in rows], "s--", color="tab:green",
-             label="TensorFlow allocator peak")
+    mem.plot(
+        ks,
+        [(r["peak_memory_bytes"] or 0) / 2**20 for r in rows],
+        "s--",
+        color="tab:green",
+        label="TensorFlow allocator peak",
+    )
     mem.plot(ks, [r["peak_rss_bytes"] / 2**20 for r in rows], "^:", color="tab:gray", label="process peak RSS")
     mem.set_ylabel("MiB")
     mem.set_ylim(bottom=0)
@@ -164,6 +192,7 @@ def _worker(argv) -> None:
     cfg = load_config(config_path, [f"subdivisions={k}"])
     from .datasets import load
     from .threads import configure
+
     threads = configure(cfg)  # as a run would, before any op
     print(json.dumps({**measure(cfg, load(cfg.data), steps), **threads}))
 

@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -60,12 +59,12 @@ def gradient_check(cfg: Config, data) -> dict:
         engine.reset()  # nothing is applied, no statistic moves
         per_variable = {}
         for name, acc, ref in zip(names, accumulated, full):
-            acc, ref = acc.numpy().astype(np.float64), ref.numpy().astype(np.float64)
-            diff = acc - ref
+            reference = ref.numpy().astype(np.float64)
+            diff = acc.numpy().astype(np.float64) - reference
             per_variable[name] = {
                 "max_abs_diff": float(np.max(np.abs(diff))),
                 # relative to the gradient's own size: elementwise ratios blow up on zeros
-                "max_rel_diff": float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30)),
+                "max_rel_diff": float(np.linalg.norm(diff) / max(np.linalg.norm(reference), 1e-30)),
             }
         return {
             "max_abs_diff": max(v["max_abs_diff"] for v in per_variable.values()),
@@ -82,16 +81,26 @@ def gradient_check(cfg: Config, data) -> dict:
 def _curves(run_dir: Path) -> dict:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     epochs = [r for r in records if "test_accuracy" in r]
-    return {key: [r[key] for r in epochs]
-            for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "examples_per_s")}
+    return {
+        key: [r[key] for r in epochs] for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "examples_per_s")
+    }
 
 
 def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progress) -> dict:
     """Train one side in a fresh process; its summary and curves, or why it could not run."""
     label = "baseline" if baseline else "subdivided"
-    command = [sys.executable, "-m", "accum_train.cli.main", "run", str(config_path),
-               "--set", f"baseline={'true' if baseline else 'false'}",
-               "--output-dir", str(run_dir), "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "accum_train.cli.main",
+        "run",
+        str(config_path),
+        "--set",
+        f"baseline={'true' if baseline else 'false'}",
+        "--output-dir",
+        str(run_dir),
+        "--quiet",
+    ]
     progress.message(f"== {label} ==")
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in child.stdout:
@@ -100,7 +109,7 @@ def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progres
     code = child.wait()
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     if code == OUT_OF_MEMORY_EXIT:
-        message = errors[-1][len("error: "):] if errors else "out of memory"
+        message = errors[-1][len("error: ") :] if errors else "out of memory"
         progress.message(f"  {label} could not run: {message}")
         return {"status": "out_of_memory", "message": message, "run_dir": str(run_dir)}
     if code != 0:
@@ -112,7 +121,7 @@ def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progres
     return {"status": "ok", "run_dir": str(run_dir), "curves": curves, "summary": summary}
 
 
-def ratios(baseline: dict, subdivided: dict) -> Optional[dict]:
+def ratios(baseline: dict, subdivided: dict) -> dict | None:
     if baseline["status"] != "ok" or subdivided["status"] != "ok":
         return None
     out = {}
@@ -122,31 +131,38 @@ def ratios(baseline: dict, subdivided: dict) -> Optional[dict]:
     return out
 
 
-def compare(cfg: Config, out_dir: Path, progress: Optional[Progress] = None, data=None) -> dict:
+def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=None) -> dict:
     """Write out_dir/{config.yaml, baseline/, subdivided/, compare.json, compare.png}.
 
     The config, the output directory and the data are checked before anything is written."""
     progress = progress or Progress()
     if cfg.auto_subdivisions:
-        raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): "
-                        "use --set subdivisions=K")
+        raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): use --set subdivisions=K")
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
         from .datasets import load
+
         data = load(cfg.data)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     atomic_write(config_path, cfg.to_yaml().encode())
     check = gradient_check(cfg, data)
-    progress.message(f"gradient check (k={check['subdivisions']}): max abs diff {check['max_abs_diff']:.3g}, "
-                     f"max rel diff {check['max_rel_diff']:.3g}")
+    progress.message(
+        f"gradient check (k={check['subdivisions']}): max abs diff {check['max_abs_diff']:.3g}, "
+        f"max rel diff {check['max_rel_diff']:.3g}"
+    )
     baseline = run_side(config_path, out_dir / "baseline", True, progress)
     subdivided = run_side(config_path, out_dir / "subdivided", False, progress)
     if subdivided["status"] != "ok":
         raise OutOfMemory(f"the subdivided run ran out of memory too: {subdivided['message']}")
-    result = {"config": cfg.to_dict(), "gradient_check": check, "baseline": baseline,
-              "subdivided": subdivided, "ratios": ratios(baseline, subdivided)}
+    result = {
+        "config": cfg.to_dict(),
+        "gradient_check": check,
+        "baseline": baseline,
+        "subdivided": subdivided,
+        "ratios": ratios(baseline, subdivided),
+    }
     write_result(out_dir, "compare", result, plot)
     return result
 
@@ -156,10 +172,15 @@ def plot(result: dict, path: Path) -> None:
 
     cfg = result["config"]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
-    sides = [("baseline", f"baseline (batch {cfg['batch_size']} in one pass)", "tab:blue", "-"),
-             ("subdivided", f"subdivided ({cfg['subdivisions']} micro-batches)", "tab:orange", "--")]
-    panels = [("train_loss", "train loss (cross-entropy)"), ("test_loss", "test loss (cross-entropy)"),
-              ("test_accuracy", "test accuracy (fraction correct)")]
+    sides = [
+        ("baseline", f"baseline (batch {cfg['batch_size']} in one pass)", "tab:blue", "-"),
+        ("subdivided", f"subdivided ({cfg['subdivisions']} micro-batches)", "tab:orange", "--"),
+    ]
+    panels = [
+        ("train_loss", "train loss (cross-entropy)"),
+        ("test_loss", "test loss (cross-entropy)"),
+        ("test_accuracy", "test accuracy (fraction correct)"),
+    ]
     for ax, (key, title) in zip(axes, panels):
         for side, label, color, style in sides:
             if result[side]["status"] == "ok":
@@ -186,7 +207,9 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("MiB")
     ax.set_title("peak memory")
     ax.legend(fontsize=8)
-    fig.suptitle(f"{cfg['model']['name']} x{cfg['model']['width']}, batch {cfg['batch_size']}, "
-                 f"{cfg['optimizer']['name']} lr {cfg['optimizer']['learning_rate']}")
+    fig.suptitle(
+        f"{cfg['model']['name']} x{cfg['model']['width']}, batch {cfg['batch_size']}, "
+        f"{cfg['optimizer']['name']} lr {cfg['optimizer']['learning_rate']}"
+    )
     fig.tight_layout()
     save_figure(fig, path)

@@ -17,7 +17,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Union
 
 import yaml
 
@@ -40,10 +40,17 @@ MAX_BATCH_SIZE = 1_000_000
 MAX_EPOCHS = 100_000
 
 
-def _spec(default=dataclasses.MISSING, *, help: str, minimum=None, maximum=None,
-          choices=None, exclusive_min=False, default_factory=dataclasses.MISSING):
-    meta = {"help": help, "min": minimum, "max": maximum, "choices": choices,
-            "exclusive_min": exclusive_min}
+def _spec(
+    default=dataclasses.MISSING,
+    *,
+    help: str,
+    minimum=None,
+    maximum=None,
+    choices=None,
+    exclusive_min=False,
+    default_factory=dataclasses.MISSING,
+):
+    meta = {"help": help, "min": minimum, "max": maximum, "choices": choices, "exclusive_min": exclusive_min}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -55,24 +62,45 @@ SEED_CHANNELS = (128, 256, 384, 512, 640)
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = _spec("seed_convnet", choices=MODEL_NAMES,
-                      help="seed_convnet: the seed's 5-conv net; mlp: a small dense net; "
-                           "keras_file: your own Keras 3 model from model.path")
-    width: float = _spec(0.25, minimum=0.0, exclusive_min=True, maximum=8.0,
-                         help="channel multiplier of seed_convnet (1.0 = 128..640 channels)")
-    norm: str = _spec("batchnorm", choices=NORM_NAMES,
-                      help="seed_convnet and mlp: batchnorm after each conv (hidden layer), groupnorm "
-                           "(per example: micro-batch independent), or none")
+    name: str = _spec(
+        "seed_convnet",
+        choices=MODEL_NAMES,
+        help="seed_convnet: the seed's 5-conv net; mlp: a small dense net; "
+        "keras_file: your own Keras 3 model from model.path",
+    )
+    width: float = _spec(
+        0.25,
+        minimum=0.0,
+        exclusive_min=True,
+        maximum=8.0,
+        help="channel multiplier of seed_convnet (1.0 = 128..640 channels)",
+    )
+    norm: str = _spec(
+        "batchnorm",
+        choices=NORM_NAMES,
+        help="seed_convnet and mlp: batchnorm after each conv (hidden layer), groupnorm "
+        "(per example: micro-batch independent), or none",
+    )
     hidden: int = _spec(256, minimum=1, maximum=65536, help="hidden units of mlp")
-    groups: int = _spec(8, minimum=1, maximum=65536,
-                        help="norm=groupnorm: channel groups; must divide every normalised layer's channels")
-    path: Optional[str] = _spec(None, help="keras_file: a .keras file written by model.save() (loaded with "
-                                           "safe_mode=True: no Lambda layers or custom code)")
-    from_logits: bool = _spec(True, help="keras_file: true if the model outputs logits, false if it ends "
-                                         "in a softmax (trained on the logits under it; export keeps it)")
+    groups: int = _spec(
+        8,
+        minimum=1,
+        maximum=65536,
+        help="norm=groupnorm: channel groups; must divide every normalised layer's channels",
+    )
+    path: str | None = _spec(
+        None,
+        help="keras_file: a .keras file written by model.save() (loaded with "
+        "safe_mode=True: no Lambda layers or custom code)",
+    )
+    from_logits: bool = _spec(
+        True,
+        help="keras_file: true if the model outputs logits, false if it ends "
+        "in a softmax (trained on the logits under it; export keeps it)",
+    )
 
     @property
-    def norm_channels(self) -> Tuple[int, ...]:
+    def norm_channels(self) -> tuple[int, ...]:
         """Channels of each layer the built-in model normalises (groupnorm's groups must divide them)."""
         if self.name == "seed_convnet":
             return tuple(max(1, round(c * self.width)) for c in SEED_CHANNELS)
@@ -83,86 +111,121 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    name: str = _spec("constant", choices=SCHEDULE_NAMES,
-                      help="learning-rate schedule, counted in updates (steps)")
+    name: str = _spec("constant", choices=SCHEDULE_NAMES, help="learning-rate schedule, counted in updates (steps)")
     warmup_steps: int = _spec(0, minimum=0, help="linear warm-up from 0, in updates")
-    decay_steps: Optional[int] = _spec(None, minimum=1,
-                                       help="cosine: length (default: the whole run); "
-                                            "exponential: updates per factor decay_rate")
-    decay_rate: float = _spec(0.5, minimum=0.0, exclusive_min=True, maximum=1.0,
-                              help="exponential: factor per decay_steps")
-    min_ratio: float = _spec(0.0, minimum=0.0, maximum=1.0,
-                             help="cosine: final learning rate as a fraction of the peak")
+    decay_steps: int | None = _spec(
+        None, minimum=1, help="cosine: length (default: the whole run); exponential: updates per factor decay_rate"
+    )
+    decay_rate: float = _spec(
+        0.5, minimum=0.0, exclusive_min=True, maximum=1.0, help="exponential: factor per decay_steps"
+    )
+    min_ratio: float = _spec(
+        0.0, minimum=0.0, maximum=1.0, help="cosine: final learning rate as a fraction of the peak"
+    )
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
     name: str = _spec("adam", choices=OPTIMIZER_NAMES, help="optimizer")
-    learning_rate: float = _spec(0.001, minimum=0.0, exclusive_min=True, maximum=100.0,
-                                 help="peak learning rate")
-    momentum: float = _spec(0.9, minimum=0.0, maximum=1.0,
-                            help="momentum (momentum) or rho (rmsprop)")
-    clip_norm: Optional[float] = _spec(None, minimum=0.0, exclusive_min=True,
-                                       help="clip the accumulated gradient to this global norm")
+    learning_rate: float = _spec(0.001, minimum=0.0, exclusive_min=True, maximum=100.0, help="peak learning rate")
+    momentum: float = _spec(0.9, minimum=0.0, maximum=1.0, help="momentum (momentum) or rho (rmsprop)")
+    clip_norm: float | None = _spec(
+        None, minimum=0.0, exclusive_min=True, help="clip the accumulated gradient to this global norm"
+    )
     schedule: ScheduleConfig = _spec(default_factory=ScheduleConfig, help="learning-rate schedule")
 
 
 @dataclass(frozen=True)
 class AugmentConfig:
-    flip: bool = _spec(False, help="mirror each training image left-right with probability 1/2 (only for "
-                                   "data whose mirror image keeps its class: clothes, not digits or text)")
-    crop: int = _spec(0, minimum=0, maximum=4096,
-                      help="pad each training image with this many zero pixels per side and cut a random "
-                           "window of its own size: shifts of up to crop pixels")
+    flip: bool = _spec(
+        False,
+        help="mirror each training image left-right with probability 1/2 (only for "
+        "data whose mirror image keeps its class: clothes, not digits or text)",
+    )
+    crop: int = _spec(
+        0,
+        minimum=0,
+        maximum=4096,
+        help="pad each training image with this many zero pixels per side and cut a random "
+        "window of its own size: shifts of up to crop pixels",
+    )
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = _spec("fashion_mnist", choices=DATASET_NAMES,
-                      help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
-                           "image_folder: your PNG/JPEG files in class folders")
-    dir: Optional[str] = _spec(None, help="fashion_mnist: folder with the IDX .gz files "
-                                          "(default: $ACCUM_TRAIN_DATA, Debian's, the cache)")
-    path: Optional[str] = _spec(None, help="npz: the .npz file (x_train, y_train, x_test, y_test, optional "
-                                           "class_names); image_folder: the folder holding train/CLASS/*.png "
-                                           "and test/CLASS/*.png (also .jpg, .jpeg)")
-    image_size: Optional[Tuple[int, int]] = _spec(None, minimum=1,
-                                                  help="image_folder: resize every image to [H, W] (bilinear); "
-                                                       "null: every image must already have one size")
-    channels: Optional[int] = _spec(None,  # 1 or 3: checked with the other data keys
-                                    help="image_folder: decode every image to 1 (grayscale) or 3 (RGB) "
-                                         "channels; null: 3, as keras.utils.image_dataset_from_directory")
-    num_classes: Optional[int] = _spec(None, minimum=2, maximum=1_000_000,
-                                       help="npz: the class count (null: the largest label + 1, or the "
-                                            "length of class_names); a label >= num_classes is an error")
-    train_limit: Optional[int] = _spec(None, minimum=1, help="use only the first N training examples")
-    test_limit: Optional[int] = _spec(None, minimum=1, help="use only the first N test examples")
-    validation: int = _spec(0, minimum=0,
-                            help="hold out this many training examples (the same random choice in every run) "
-                                 "as a validation split, evaluated every epoch: choose settings on it and "
-                                 "keep the test split for the final figure")
-    augment: AugmentConfig = _spec(default_factory=AugmentConfig,
-                                   help="random changes to each training image, drawn from (seed, update)")
+    name: str = _spec(
+        "fashion_mnist",
+        choices=DATASET_NAMES,
+        help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
+        "image_folder: your PNG/JPEG files in class folders",
+    )
+    dir: str | None = _spec(
+        None, help="fashion_mnist: folder with the IDX .gz files (default: $ACCUM_TRAIN_DATA, Debian's, the cache)"
+    )
+    path: str | None = _spec(
+        None,
+        help="npz: the .npz file (x_train, y_train, x_test, y_test, optional "
+        "class_names); image_folder: the folder holding train/CLASS/*.png "
+        "and test/CLASS/*.png (also .jpg, .jpeg)",
+    )
+    image_size: tuple[int, int] | None = _spec(
+        None,
+        minimum=1,
+        help="image_folder: resize every image to [H, W] (bilinear); null: every image must already have one size",
+    )
+    channels: int | None = _spec(
+        None,  # 1 or 3: checked with the other data keys
+        help="image_folder: decode every image to 1 (grayscale) or 3 (RGB) "
+        "channels; null: 3, as keras.utils.image_dataset_from_directory",
+    )
+    num_classes: int | None = _spec(
+        None,
+        minimum=2,
+        maximum=1_000_000,
+        help="npz: the class count (null: the largest label + 1, or the "
+        "length of class_names); a label >= num_classes is an error",
+    )
+    train_limit: int | None = _spec(None, minimum=1, help="use only the first N training examples")
+    test_limit: int | None = _spec(None, minimum=1, help="use only the first N test examples")
+    validation: int = _spec(
+        0,
+        minimum=0,
+        help="hold out this many training examples (the same random choice in every run) "
+        "as a validation split, evaluated every epoch: choose settings on it and "
+        "keep the test split for the final figure",
+    )
+    augment: AugmentConfig = _spec(
+        default_factory=AugmentConfig, help="random changes to each training image, drawn from (seed, update)"
+    )
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    name: str = _spec("default", choices=STRATEGY_NAMES,
-                      help="default: one device; mirrored: the visible devices of this machine; "
-                           "multi_worker: one process per machine, from TF_CONFIG or --workers")
-    cpu_devices: Optional[int] = _spec(None, minimum=1, maximum=64,
-                                       help="mirrored: split the CPU into this many logical devices")
-    worker_timeout_s: float = _spec(60.0, minimum=0.0, exclusive_min=True,
-                                    help="--workers: how long a worker may take to start, and how long "
-                                         "the others get to stop when one fails")
+    name: str = _spec(
+        "default",
+        choices=STRATEGY_NAMES,
+        help="default: one device; mirrored: the visible devices of this machine; "
+        "multi_worker: one process per machine, from TF_CONFIG or --workers",
+    )
+    cpu_devices: int | None = _spec(
+        None, minimum=1, maximum=64, help="mirrored: split the CPU into this many logical devices"
+    )
+    worker_timeout_s: float = _spec(
+        60.0,
+        minimum=0.0,
+        exclusive_min=True,
+        help="--workers: how long a worker may take to start, and how long the others get to stop when one fails",
+    )
 
 
 @dataclass(frozen=True)
 class LossScaleConfig:
-    initial: float = _spec(32768.0, minimum=1.0, maximum=2.0**64,
-                           help="mixed_float16: the loss scale of the first update")
-    growth_updates: int = _spec(2000, minimum=1,
-                                help="mixed_float16: double the scale after this many applied updates in a row")
+    initial: float = _spec(
+        32768.0, minimum=1.0, maximum=2.0**64, help="mixed_float16: the loss scale of the first update"
+    )
+    growth_updates: int = _spec(
+        2000, minimum=1, help="mixed_float16: double the scale after this many applied updates in a row"
+    )
 
 
 @dataclass(frozen=True)
@@ -174,11 +237,14 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
-    batch_size: int = _spec(500, minimum=1, maximum=MAX_BATCH_SIZE,
-                            help="examples per update (the large batch)")
-    subdivisions: Union[int, str] = _spec(5, minimum=1, maximum=MAX_BATCH_SIZE, choices="auto",
-                                          help="micro-batches per update; sizes differ by at most one; "
-                                               "auto: the fewest that fit in memory_limit")
+    batch_size: int = _spec(500, minimum=1, maximum=MAX_BATCH_SIZE, help="examples per update (the large batch)")
+    subdivisions: int | str = _spec(
+        5,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        choices="auto",
+        help="micro-batches per update; sizes differ by at most one; auto: the fewest that fit in memory_limit",
+    )
     epochs: int = _spec(10, minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
     seed: int = _spec(0, minimum=0, maximum=2**31 - 1, help="weights and data order")
     optimizer: OptimizerConfig = _spec(default_factory=OptimizerConfig, help="the optimizer")
@@ -187,24 +253,35 @@ class Config:
     log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
     strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
-    max_bad_updates: int = _spec(10, minimum=1, help="stop after this many updates in a row skipped "
-                                                     "for a non-finite loss or gradient")
-    precision: str = _spec("float32", choices=PRECISIONS,
-                           help="float32 | mixed_bfloat16 | mixed_float16: compute in 16 bits, with weights, "
-                                "gradient cache and optimizer state in float32")
-    loss_scale: LossScaleConfig = _spec(default_factory=LossScaleConfig,
-                                        help="mixed_float16 only: one dynamic loss scale per update")
-    parallel_micro_steps: Union[int, str] = _spec(
-        "auto", minimum=1, maximum=64, choices="auto",
+    max_bad_updates: int = _spec(
+        10, minimum=1, help="stop after this many updates in a row skipped for a non-finite loss or gradient"
+    )
+    precision: str = _spec(
+        "float32",
+        choices=PRECISIONS,
+        help="float32 | mixed_bfloat16 | mixed_float16: compute in 16 bits, with weights, "
+        "gradient cache and optimizer state in float32",
+    )
+    loss_scale: LossScaleConfig = _spec(
+        default_factory=LossScaleConfig, help="mixed_float16 only: one dynamic loss scale per update"
+    )
+    parallel_micro_steps: int | str = _spec(
+        "auto",
+        minimum=1,
+        maximum=64,
+        choices="auto",
         help="micro-batches computed at once, each on its share of the CPU cores (memory then holds this "
-             "many); auto: 2 on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
-             "(measured faster there), else 1")
-    memory_limit: Optional[str] = _spec(None, choices="size",
-                                        help="stop a run whose TensorFlow allocator peak exceeds this "
-                                             "(e.g. 2GiB): a smaller device, simulated")
+        "many); auto: 2 on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
+        "(measured faster there), else 1",
+    )
+    memory_limit: str | None = _spec(
+        None,
+        choices="size",
+        help="stop a run whose TensorFlow allocator peak exceeds this (e.g. 2GiB): a smaller device, simulated",
+    )
 
     @property
-    def memory_limit_bytes(self) -> Optional[int]:
+    def memory_limit_bytes(self) -> int | None:
         return None if self.memory_limit is None else parse_size(self.memory_limit, "memory_limit")
 
     @property
@@ -218,11 +295,11 @@ class Config:
     def auto_subdivisions(self) -> bool:
         return self.subdivisions == "auto"
 
-    def with_decay_steps(self, decay_steps: Optional[int]) -> "Config":
+    def with_decay_steps(self, decay_steps: int | None) -> Config:
         schedule = dataclasses.replace(self.optimizer.schedule, decay_steps=decay_steps)
         return dataclasses.replace(self, optimizer=dataclasses.replace(self.optimizer, schedule=schedule))
 
-    def resolved(self, total_steps: int) -> "Config":
+    def resolved(self, total_steps: int) -> Config:
         """Fix what is computed from the run's length when the run starts.
 
         A decaying schedule with decay_steps null decays over the whole run
@@ -236,8 +313,12 @@ class Config:
 
     def to_dict(self) -> dict:
         # YAML's safe dumper has no tuples (data.image_size): write them as lists.
-        return dataclasses.asdict(self, dict_factory=lambda items: {
-            key: list(value) if isinstance(value, tuple) else value for key, value in items})
+        return dataclasses.asdict(
+            self,
+            dict_factory=lambda items: {
+                key: list(value) if isinstance(value, tuple) else value for key, value in items
+            },
+        )
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -247,7 +328,7 @@ class Config:
 # Parsing
 
 
-def load_config(path: Union[str, Path, None], overrides: typing.Sequence[str] = ()) -> Config:
+def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML file (or only defaults, if path is None), apply overrides."""
     source = str(path) if path is not None else "defaults"
     raw: dict = {}
@@ -263,8 +344,9 @@ def load_config(path: Union[str, Path, None], overrides: typing.Sequence[str] = 
 
 def config_from_dict(raw: Any, source: str = "config", overridden: typing.Collection[str] = ()) -> Config:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the config must be a mapping of keys "
-                          f"(e.g. 'batch_size: 500'), got {_type_word(raw)}")
+        raise ConfigError(
+            f"{source}: the config must be a mapping of keys (e.g. 'batch_size: 500'), got {_type_word(raw)}"
+        )
     cfg = _build(Config, raw, "", source, set(overridden))
     _check_relations(cfg, source, set(overridden))
     return cfg
@@ -274,8 +356,9 @@ def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist: pass the path of a YAML file, "
-                          f"e.g. configs/fmnist.yaml") from None
+        raise ConfigError(
+            f"config file {path} does not exist: pass the path of a YAML file, e.g. configs/fmnist.yaml"
+        ) from None
     except IsADirectoryError:
         raise ConfigError(f"config file {path} is a directory: pass the path of a YAML file") from None
     except PermissionError:
@@ -302,8 +385,9 @@ def _parse_override(item: str):
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
-        raise ConfigError(f"--set {item!r}: the value {text!r} is not valid YAML; "
-                          f"quote strings, e.g. --set model.name=mlp") from None
+        raise ConfigError(
+            f"--set {item!r}: the value {text!r} is not valid YAML; quote strings, e.g. --set model.name=mlp"
+        ) from None
     return key, value
 
 
@@ -315,17 +399,27 @@ def _set_dotted(raw: dict, key: str, value: Any, source: str) -> None:
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
-            prefix = ".".join(parts[:depth + 1])
-            raise ConfigError(f"--set {key}: {prefix} is {_show(child)} in {source}, "
-                              f"not a mapping, so it has no key {parts[depth + 1]!r}")
+            prefix = ".".join(parts[: depth + 1])
+            raise ConfigError(
+                f"--set {key}: {prefix} is {_show(child)} in {source}, "
+                f"not a mapping, so it has no key {parts[depth + 1]!r}"
+            )
         node = child
     node[parts[-1]] = value
 
 
 # Names other tools use for our keys, which difflib cannot guess from spelling.
-ALIASES = {"lr": "learning_rate", "lrate": "learning_rate", "bs": "batch_size",
-           "batch": "batch_size", "subdiv": "subdivisions", "accumulation_steps": "subdivisions",
-           "gradient_accumulation_steps": "subdivisions", "optim": "optimizer", "network": "model"}
+ALIASES = {
+    "lr": "learning_rate",
+    "lrate": "learning_rate",
+    "bs": "batch_size",
+    "batch": "batch_size",
+    "subdiv": "subdivisions",
+    "accumulation_steps": "subdivisions",
+    "gradient_accumulation_steps": "subdivisions",
+    "optim": "optimizer",
+    "network": "model",
+}
 
 
 def _hint(key: str, valid: typing.Sequence[str], prefix: str = "") -> str:
@@ -368,8 +462,7 @@ def _check_value(tp, meta, value, key, where, overridden):
             if value == "auto":
                 return value
             if isinstance(value, str):
-                raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)} "
-                                  f"or auto")
+                raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)} or auto")
             meta = {**meta, "choices": None}
         tp = args[0]
     if value is None:
@@ -378,18 +471,25 @@ def _check_value(tp, meta, value, key, where, overridden):
         raise ConfigError(f"{where}: {key} is empty: {_expected(tp, meta)}")
     if typing.get_origin(tp) is tuple:  # a fixed-length list of integers, e.g. data.image_size
         size = len(typing.get_args(tp))
-        if (not isinstance(value, list) or len(value) != size
-                or any(isinstance(v, bool) or not isinstance(v, int) or v < meta["min"] for v in value)):
+        if (
+            not isinstance(value, list)
+            or len(value) != size
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < meta["min"] for v in value)
+        ):
             words = {2: "two", 3: "three"}
             example = "[28, 28]" if size == 2 else str([1] * size)
-            raise ConfigError(f"{where}: {key}={_show(value)} must be a list of {words.get(size, size)} "
-                              f"integers >= {meta['min']}, e.g. {example}")
+            raise ConfigError(
+                f"{where}: {key}={_show(value)} must be a list of {words.get(size, size)} "
+                f"integers >= {meta['min']}, e.g. {example}"
+            )
         return tuple(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: {key}={_show(value)} must be a mapping of keys "
-                              f"(e.g. {key}: {{{dataclasses.fields(tp)[0].name}: ...}})")
-        return _build(tp, value, key + ".", where if where == "--set" else where, overridden)
+            raise ConfigError(
+                f"{where}: {key}={_show(value)} must be a mapping of keys "
+                f"(e.g. {key}: {{{dataclasses.fields(tp)[0].name}: ...}})"
+            )
+        return _build(tp, value, key + ".", where, overridden)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key}={_show(value)} must be true or false")
@@ -415,8 +515,10 @@ def _check_value(tp, meta, value, key, where, overridden):
         return str(value)
     elif tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: {key}={_show(value)} must be a string"
-                              + (f" (one of {', '.join(meta['choices'])})" if meta.get("choices") else ""))
+            raise ConfigError(
+                f"{where}: {key}={_show(value)} must be a string"
+                + (f" (one of {', '.join(meta['choices'])})" if meta.get("choices") else "")
+            )
         choices = meta.get("choices")
         if choices and value not in choices:
             close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
@@ -469,37 +571,49 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
 
     if cfg.auto_subdivisions:
         if cfg.memory_limit is None:
-            raise ConfigError(f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
-                              f"(e.g. memory_limit: 2GiB) to know what fits")
+            raise ConfigError(
+                f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
+                f"(e.g. memory_limit: 2GiB) to know what fits"
+            )
     elif cfg.subdivisions > cfg.batch_size:
-        raise ConfigError(f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
-                          f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)")
+        raise ConfigError(
+            f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
+            f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)"
+        )
     if cfg.baseline and cfg.parallel_micro_steps not in ("auto", 1):
-        raise ConfigError(f"{where('parallel_micro_steps', 'baseline')}: parallel_micro_steps="
-                          f"{cfg.parallel_micro_steps} needs baseline=false (the baseline has no micro-steps): "
-                          f"remove it or set baseline=false")
+        raise ConfigError(
+            f"{where('parallel_micro_steps', 'baseline')}: parallel_micro_steps="
+            f"{cfg.parallel_micro_steps} needs baseline=false (the baseline has no micro-steps): "
+            f"remove it or set baseline=false"
+        )
     _check_model_keys(cfg.model, where)
     if cfg.strategy.name != "default":
         name = cfg.strategy.name
-        for bad, why in ((cfg.model.name == "keras_file", "a built-in model.name (keras_file is single-device "
-                                                          "only for now)"),
-                         (cfg.baseline, "baseline=false")):
+        for bad, why in (
+            (cfg.model.name == "keras_file", "a built-in model.name (keras_file is single-device only for now)"),
+            (cfg.baseline, "baseline=false"),
+        ):
             if bad:
                 raise ConfigError(f"{where('strategy.name')}: strategy.name={name} needs {why}")
     if cfg.precision != "mixed_float16" and cfg.loss_scale != LossScaleConfig():
-        raise ConfigError(f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for precision=mixed_float16 "
-                          f"(precision={cfg.precision} needs no loss scaling): remove it or set the precision")
+        raise ConfigError(
+            f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for "
+            f"precision=mixed_float16 (precision={cfg.precision} needs no loss scaling): remove it or set the precision"
+        )
     if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":
-        raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for "
-                          f"strategy.name=mirrored")
+        raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for strategy.name=mirrored")
     _check_data_keys(cfg.data, where)
     limit = cfg.data.train_limit
     if limit is not None and cfg.data.validation >= limit:
-        raise ConfigError(f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
-                          f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit")
+        raise ConfigError(
+            f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
+            f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit"
+        )
     if limit is not None and limit < cfg.batch_size:
-        raise ConfigError(f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
-                          f"than batch_size={cfg.batch_size}: raise it or lower batch_size")
+        raise ConfigError(
+            f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
+            f"than batch_size={cfg.batch_size}: raise it or lower batch_size"
+        )
 
 
 # Model keys that only one kind of model reads: a value other than the default
@@ -511,45 +625,64 @@ def _check_model_keys(model: ModelConfig, where) -> None:
     default = ModelConfig()
     if model.name == "keras_file":
         if model.path is None:
-            raise ConfigError(f"{where('model.name', 'model.path')}: model.name=keras_file needs model.path "
-                              f"(e.g. model: {{name: keras_file, path: my_model.keras}})")
+            raise ConfigError(
+                f"{where('model.name', 'model.path')}: model.name=keras_file needs model.path "
+                f"(e.g. model: {{name: keras_file, path: my_model.keras}})"
+            )
         if not model.path.endswith(".keras"):
-            raise ConfigError(f"{where('model.path')}: model.path={_show(model.path)} must name a .keras file "
-                              f"(Keras 3's format, written by model.save('my_model.keras'))")
+            raise ConfigError(
+                f"{where('model.path')}: model.path={_show(model.path)} must name a .keras file "
+                f"(Keras 3's format, written by model.save('my_model.keras'))"
+            )
         for key in BUILT_IN_MODEL_KEYS:
             if getattr(model, key) != getattr(default, key):
-                raise ConfigError(f"{where('model.' + key, 'model.name')}: model.{key} is only for the built-in "
-                                  f"models (seed_convnet, mlp), not keras_file, whose layers come from its file: "
-                                  f"remove it, or replace the whole model mapping: "
-                                  f"--set 'model={{name: keras_file, path: {model.path}}}'")
+                raise ConfigError(
+                    f"{where('model.' + key, 'model.name')}: model.{key} is only for the built-in "
+                    f"models (seed_convnet, mlp), not keras_file, whose layers come from its file: "
+                    f"remove it, or replace the whole model mapping: "
+                    f"--set 'model={{name: keras_file, path: {model.path}}}'"
+                )
         return
-    for key, hint in (("path", "remove it or set model.name=keras_file"),
-                      ("from_logits", "the built-in models output logits; remove it")):
+    for key, hint in (
+        ("path", "remove it or set model.name=keras_file"),
+        ("from_logits", "the built-in models output logits; remove it"),
+    ):
         if getattr(model, key) != getattr(default, key):
-            raise ConfigError(f"{where('model.' + key, 'model.name')}: model.{key} is only for "
-                              f"model.name=keras_file, not {model.name}: {hint}")
+            raise ConfigError(
+                f"{where('model.' + key, 'model.name')}: model.{key} is only for "
+                f"model.name=keras_file, not {model.name}: {hint}"
+            )
     if model.norm != "groupnorm":
         if model.groups != default.groups:
-            raise ConfigError(f"{where('model.groups', 'model.norm')}: model.groups is only for "
-                              f"model.norm=groupnorm, not {model.norm}: remove it or set model.norm=groupnorm")
+            raise ConfigError(
+                f"{where('model.groups', 'model.norm')}: model.groups is only for "
+                f"model.norm=groupnorm, not {model.norm}: remove it or set model.norm=groupnorm"
+            )
         return
     channels = model.norm_channels
     if any(c % model.groups for c in channels):
         fits = max(g for g in range(1, model.groups + 1) if all(c % g == 0 for c in channels))
         key = "width" if model.name == "seed_convnet" else "hidden"
-        raise ConfigError(f"{where('model.groups', 'model.' + key)}: model.groups={model.groups} must divide the "
-                          f"channels of every normalised layer of {model.name} (model.{key}={getattr(model, key):g}: "
-                          f"{', '.join(map(str, channels))}): set model.groups={fits} or change model.{key}")
+        raise ConfigError(
+            f"{where('model.groups', 'model.' + key)}: model.groups={model.groups} must divide the "
+            f"channels of every normalised layer of {model.name} (model.{key}={getattr(model, key):g}: "
+            f"{', '.join(map(str, channels))}): set model.groups={fits} or change model.{key}"
+        )
 
 
 # Which data.name each dataset key is for (name, dir, train_limit, test_limit are for all).
-DATA_KEYS_FOR = {"dir": ("fashion_mnist",), "path": ("npz", "image_folder"),
-                 "image_size": ("image_folder",), "channels": ("image_folder",), "num_classes": ("npz",)}
+DATA_KEYS_FOR = {
+    "dir": ("fashion_mnist",),
+    "path": ("npz", "image_folder"),
+    "image_size": ("image_folder",),
+    "channels": ("image_folder",),
+    "num_classes": ("npz",),
+}
 DATA_KEY_HINTS = {
     ("dir", "npz"): "give the .npz file as data.path",
     ("dir", "image_folder"): "give the folder as data.path",
     ("path", "fashion_mnist"): "Fashion-MNIST's folder is data.dir; for your own data set data.name to npz "
-                               "or image_folder",
+    "or image_folder",
     ("image_size", "npz"): "an .npz's images are used at their own size",
     ("channels", "npz"): "an .npz's channels are its images' last axis",
     ("num_classes", "image_folder"): "the classes are the folder's class folders",
@@ -560,15 +693,18 @@ def _check_data_keys(data: DataConfig, where) -> None:
     for key, names in DATA_KEYS_FOR.items():
         if getattr(data, key) is not None and data.name not in names:
             hint = DATA_KEY_HINTS.get((key, data.name), f"remove it or set data.name to {' or '.join(names)}")
-            raise ConfigError(f"{where('data.' + key, 'data.name')}: data.{key} is only for data.name="
-                              f"{' or '.join(names)}, not {data.name}: {hint}")
+            raise ConfigError(
+                f"{where('data.' + key, 'data.name')}: data.{key} is only for data.name="
+                f"{' or '.join(names)}, not {data.name}: {hint}"
+            )
     if data.name in DATA_KEYS_FOR["path"] and data.path is None:
         example = "mydata.npz" if data.name == "npz" else "my_images"
-        raise ConfigError(f"{where('data.name', 'data.path')}: data.name={data.name} needs data.path "
-                          f"(e.g. data: {{name: {data.name}, path: {example}}})")
+        raise ConfigError(
+            f"{where('data.name', 'data.path')}: data.name={data.name} needs data.path "
+            f"(e.g. data: {{name: {data.name}, path: {example}}})"
+        )
     if data.channels is not None and data.channels not in (1, 3):
-        raise ConfigError(f"{where('data.channels')}: data.channels={data.channels} must be 1 (grayscale) "
-                          f"or 3 (RGB)")
+        raise ConfigError(f"{where('data.channels')}: data.channels={data.channels} must be 1 (grayscale) or 3 (RGB)")
 
 
 def _show(value) -> str:
@@ -583,14 +719,15 @@ def _show(value) -> str:
 
 
 def _type_word(value) -> str:
-    return {list: "a list", str: "a string", int: "a number", float: "a number",
-            bool: "a boolean"}.get(type(value), type(value).__name__)
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
 
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
 
 
-def parse_size(text: Union[str, int], key: str = "size") -> int:
+def parse_size(text: str | int, key: str = "size") -> int:
     """'2GiB' -> 2147483648. KiB/MiB/GiB and bare K/M/G are powers of 1024; KB/MB/GB of 1000."""
     if isinstance(text, bool):
         raise ConfigError(f"{key}={_show(text)} must be a size such as 2GiB or 512MB")
@@ -604,7 +741,7 @@ def parse_size(text: Union[str, int], key: str = "size") -> int:
     number, unit, binary, byte = match.groups()
     power = " KMGT".index(unit.upper()) if unit else 0
     base = 1000 if (unit and byte and not binary) else 1024
-    size = int(float(number) * base ** power)
+    size = int(float(number) * base**power)
     if size <= 0:
         raise ConfigError(f"{key}={_show(text)} must be > 0 bytes")
     return size

@@ -8,7 +8,6 @@ turn an order into batches (datasets/base.py).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 
@@ -32,7 +31,7 @@ def worker_order(order: np.ndarray, batch_size: int, replicas: int, replica_ids)
     replicas' examples, in the exact order a single device would see them."""
     parts = []
     for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+        batch = order[start : start + batch_size]
         begin, end = worker_part(len(batch), replicas, replica_ids)
         parts.append(batch[begin:end])
     return np.concatenate(parts) if parts else order[:0]
@@ -43,7 +42,7 @@ def worker_batches(split, order: np.ndarray, batch_size: int, replicas: int, rep
     begin, end = worker_part(batch_size, replicas, replica_ids)
     parts = iter(split.batches(worker_order(order, batch_size, replicas, replica_ids), max(end - begin, 1)))
     for start in range(0, len(order), batch_size):
-        n = len(order[start:start + batch_size])
+        n = len(order[start : start + batch_size])
         begin, end = worker_part(n, replicas, replica_ids)
         x, y = next(parts) if end > begin else split.take(order[:0])  # a short batch left this process nothing
         yield n, x, y
@@ -60,10 +59,12 @@ def examples_seen(step: int, steps_per_epoch: int, n_train: int, batch_size: int
     return epochs * n_train + min(rest * batch_size, n_train)
 
 
-def describe_split(batch_size: int, k: int, replicas: Optional[int] = None) -> str:
+def describe_split(batch_size: int, k: int, replicas: int | None = None) -> str:
     """The line a run starts with: how each batch is cut."""
     if replicas is None:
         return f"batch_size={batch_size} as {k} micro-batches of {batch_size // k}-{math.ceil(batch_size / k)} examples"
     share = math.ceil(batch_size / replicas)
-    return (f"batch_size={batch_size} over {replicas} replicas ({batch_size // replicas}-{share} examples each), "
-            f"each as {k} micro-batches of up to {math.ceil(share / k)} examples; one gradient all-reduce per update")
+    return (
+        f"batch_size={batch_size} over {replicas} replicas ({batch_size // replicas}-{share} examples each), "
+        f"each as {k} micro-batches of up to {math.ceil(share / k)} examples; one gradient all-reduce per update"
+    )

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 import tensorflow as tf
 
 from .config import StrategyConfig
 
 
-def make_strategy(cfg: StrategyConfig, cross_device_ops=None) -> Optional[tf.distribute.Strategy]:
+def make_strategy(cfg: StrategyConfig, cross_device_ops=None) -> tf.distribute.Strategy | None:
     if cfg.name == "default":
         return None
     if cfg.name == "mirrored":
         if cfg.cpu_devices:
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cfg.cpu_devices)])
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cfg.cpu_devices)]
+            )
             devices = [f"/cpu:{i}" for i in range(cfg.cpu_devices)]
             return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
         return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
@@ -32,7 +32,7 @@ def make_strategy(cfg: StrategyConfig, cross_device_ops=None) -> Optional[tf.dis
     raise ValueError(f"unknown strategy {cfg.name!r}")  # the config module lets only known names through
 
 
-def is_chief(strategy: Optional[tf.distribute.Strategy]) -> bool:
+def is_chief(strategy: tf.distribute.Strategy | None) -> bool:
     """The chief (task 'chief', or worker 0 when there is none) writes the run directory."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True

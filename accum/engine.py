@@ -47,7 +47,7 @@ them, so they are never stale.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -63,8 +63,10 @@ class GradientCache:
 
     def __init__(self, variables: Sequence[tf.Variable]):
         self.variables = list(variables)
-        self.slots = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"grad_cache_{i}",
-                                  **REPLICA_LOCAL) for i, v in enumerate(self.variables)]
+        self.slots = [
+            tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"grad_cache_{i}", **REPLICA_LOCAL)
+            for i, v in enumerate(self.variables)
+        ]
         self.loss = tf.Variable(0.0, trainable=False, name="loss_cache", **REPLICA_LOCAL)
 
     def clear(self):
@@ -100,8 +102,7 @@ def all_finite(loss, gradients):
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list:
     """The global ids of this process's replicas (all of them, except under multi-worker)."""
-    ids = strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.constant(ctx.replica_id_in_sync_group))
+    ids = strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant(ctx.replica_id_in_sync_group))
     return [int(i) for i in strategy.experimental_local_results(ids)]
 
 
@@ -129,9 +130,16 @@ class Update:
     of every micro-batch on every replica. ``strategy`` None is one device.
     """
 
-    def __init__(self, variables: Sequence[tf.Variable], optimizer, clip_norm: Optional[float] = None,
-                 norm_layers=(), strategy: Optional[tf.distribute.Strategy] = None,
-                 loss_scale: Optional[float] = None, growth_updates: int = 2000):
+    def __init__(
+        self,
+        variables: Sequence[tf.Variable],
+        optimizer,
+        clip_norm: float | None = None,
+        norm_layers=(),
+        strategy: tf.distribute.Strategy | None = None,
+        loss_scale: float | None = None,
+        growth_updates: int = 2000,
+    ):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.variables = list(variables)
         self.optimizer = optimizer
@@ -151,10 +159,12 @@ class Update:
             self.good_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_updates")
         if optimizer is not None:
             if not hasattr(optimizer, "_all_reduce_sum_gradients"):
-                raise RuntimeError("this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
-                                   "it from reducing the gradients a second time; use Keras 3.x with TensorFlow")
+                raise RuntimeError(
+                    "this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
+                    "it from reducing the gradients a second time; use Keras 3.x with TensorFlow"
+                )
             # The gradients reaching apply_gradients are already the global sum (the one all-reduce).
-            optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+            optimizer._all_reduce_sum_gradients = list
 
     @property
     def replicas(self) -> int:
@@ -164,10 +174,12 @@ class Update:
         """The largest ``value`` any worker holds (every worker must call this at the same point)."""
         if self.replicas == len(self.replica_ids):
             return int(value)  # one process: nothing to agree on
+
         def every():  # each replica puts its value at its own place: the SUM holds every replica's
             ctx = tf.distribute.get_replica_context()
             mine = tf.one_hot(ctx.replica_id_in_sync_group, self.replicas) * float(value)
             return ctx.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
         return int(tf.reduce_max(_first(self.strategy, tf.function(lambda: self.strategy.run(every))())))
 
     def learning_rate(self):
@@ -182,19 +194,24 @@ class Update:
         """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context."""
         ctx = tf.distribute.get_replica_context()
         used = [g is not None for g in gradients]
-        grads = [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
-                 for g, v in zip(gradients, self.variables)]
+        grads = [
+            tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
+            for g, v in zip(gradients, self.variables)
+        ]
         stats = [s for layer in self.norm_layers for s in layer.pending.values()]
         reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + stats + [loss, tf.cast(retry, tf.float32)])
-        grads, stats, (loss, retried) = reduced[:len(grads)], reduced[len(grads):-2], reduced[-2:]
+        grads, stats, (loss, retried) = reduced[: len(grads)], reduced[len(grads) : -2], reduced[-2:]
         scale = self.loss_scale.read_value()
         if self.dynamic:
             grads = [g * (1.0 / scale) for g in grads]  # unscaled once, for the whole update
         retry = retried > 0  # any replica of any worker asked for it: all drop the update together
         finite = all_finite(loss, grads)
         # An overflow of the scaled gradient (the loss itself finite): a smaller scale will fix it.
-        overflow = tf.logical_and(tf.logical_not(finite), tf.logical_and(tf.math.is_finite(loss), scale > 1.0)) \
-            if self.dynamic else tf.constant(False)
+        overflow = (
+            tf.logical_and(tf.logical_not(finite), tf.logical_and(tf.math.is_finite(loss), scale > 1.0))
+            if self.dynamic
+            else tf.constant(False)
+        )
         applied = tf.logical_and(finite, tf.logical_not(retry))
         norm = tf.linalg.global_norm(grads)
         if self.clip_norm is not None:
@@ -204,21 +221,29 @@ class Update:
         for layer in self.norm_layers:
             layer.discard()
         nan = tf.constant(NAN)
-        out = {"loss": loss, "grad_norm": tf.where(applied, norm, nan), "applied": applied,
-               "learning_rate": tf.where(applied, rate, nan), "retry": retry}
+        out = {
+            "loss": loss,
+            "grad_norm": tf.where(applied, norm, nan),
+            "applied": applied,
+            "learning_rate": tf.where(applied, rate, nan),
+            "retry": retry,
+        }
         if self.dynamic:
             out.update(loss_scale=scale, overflow=overflow)
         return out
 
     def _decide(self, strategy, applied, retry, overflow, grads, stats, used):
         """Cross-replica context: every replica holds the same decision; the branches hold no collective."""
+
         def apply():
             def apply_local(*local):
-                self.optimizer.apply_gradients([(tf.cast(g, v.dtype), v) for g, v, u
-                                                in zip(local, self.variables, used) if u])
+                self.optimizer.apply_gradients(
+                    [(tf.cast(g, v.dtype), v) for g, v, u in zip(local, self.variables, used) if u]
+                )
+
             strategy.extended.call_for_each_replica(apply_local, args=grads)
             for i, layer in enumerate(self.norm_layers):
-                layer.fold(_first(strategy, list(stats[3 * i:3 * i + 3])))
+                layer.fold(_first(strategy, list(stats[3 * i : 3 * i + 3])))
             self.bad_updates_in_a_row.assign(0)
             if self.dynamic:  # grow after growth_updates applied updates in a row: counted in updates
                 grow = self.good_updates + 1 >= self.growth_updates
@@ -239,8 +264,9 @@ class Update:
             self.good_updates.assign(0)
             return tf.constant(False)
 
-        return tf.cond(_first(strategy, applied), apply,
-                       lambda: tf.cond(_first(strategy, retry), lambda: tf.constant(False), skip))
+        return tf.cond(
+            _first(strategy, applied), apply, lambda: tf.cond(_first(strategy, retry), lambda: tf.constant(False), skip)
+        )
 
     def reset(self):
         """Forget a half-done update (pooled BatchNorm statistics)."""
@@ -259,10 +285,20 @@ class AccumulatingUpdate(Update):
     global batch size.
     """
 
-    def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
-                 subdivisions: int, clip_norm: Optional[float] = None, norm_layers=(),
-                 input_signature=None, strategy: Optional[tf.distribute.Strategy] = None,
-                 loss_scale: Optional[float] = None, growth_updates: int = 2000, parallel: int = 1):
+    def __init__(
+        self,
+        loss_fn: Callable,
+        variables: Sequence[tf.Variable],
+        optimizer,
+        subdivisions: int,
+        clip_norm: float | None = None,
+        norm_layers=(),
+        input_signature=None,
+        strategy: tf.distribute.Strategy | None = None,
+        loss_scale: float | None = None,
+        growth_updates: int = 2000,
+        parallel: int = 1,
+    ):
         super().__init__(variables, optimizer, clip_norm, norm_layers, strategy, loss_scale, growth_updates)
         self.loss_fn = loss_fn
         # Micro-steps in flight at once: 1 adds each micro-batch to the cache variables as it is done
@@ -273,14 +309,14 @@ class AccumulatingUpdate(Update):
             self.cache = GradientCache(self.variables)
             # A variable, not a Python int, so that changing k (subdivisions: auto,
             # retry after out-of-memory) never retraces the graph.
-            self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32,
-                                            name="subdivisions")
+            self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32, name="subdivisions")
         signature = (*input_signature, tf.TensorSpec([], tf.int32)) if input_signature else None
         self._update = _function(self._update_all, signature)
         self._accumulate_batch = _function(self._accumulate_all, signature)
         self._finish = tf.function(lambda retry: self.strategy.run(self._finish_replica, args=(retry,)))
-        self._accumulate = tf.function(lambda x, y, n: self.strategy.run(self._accumulate_micro, args=(x, y, n)),
-                                       reduce_retracing=True)
+        self._accumulate = tf.function(
+            lambda x, y, n: self.strategy.run(self._accumulate_micro, args=(x, y, n)), reduce_retracing=True
+        )
         self._reset = tf.function(lambda: self.strategy.run(self._reset_replica))
 
     def set_subdivisions(self, k: int) -> None:
@@ -365,8 +401,12 @@ class AccumulatingUpdate(Update):
                     stats[j] = [total + s for total, s in zip(stats[j], sums)]
             return i + 1, loss + share, grads, stats
 
-        start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, tf.float32) for v in self.variables],
-                 [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending])
+        start = (
+            tf.constant(0),
+            tf.constant(0.0),
+            [tf.zeros(v.shape, tf.float32) for v in self.variables],
+            [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending],
+        )
         _, loss, grads, stats = tf.while_loop(lambda i, *_: i < k, body, start, parallel_iterations=self.parallel)
         self.cache.add(grads, loss)
         for p, sums in zip(pending, stats):
@@ -386,10 +426,12 @@ class AccumulatingUpdate(Update):
 
         def share(ctx, tensor):
             start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
-            return tensor[start - offset:end - offset]
+            return tensor[start - offset : end - offset]
 
-        return (self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
-                self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)))
+        return (
+            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
+            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)),
+        )
 
     def _accumulate_all(self, x, y, n):
         xs, ys = self._shares(x, y, n)
@@ -401,17 +443,27 @@ class AccumulatingUpdate(Update):
         def replica_update(x, y):
             self._accumulate_replica(x, y, n)
             return self._finish_replica(False)
+
         return self.strategy.run(replica_update, args=(xs, ys))
 
 
 class PlainUpdate(Update):
     """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``), one device."""
 
-    def __init__(self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer,
-                 clip_norm: Optional[float] = None, norm_layers=(), input_signature=None,
-                 loss_scale: Optional[float] = None, growth_updates: int = 2000):
-        super().__init__(variables, optimizer, clip_norm, norm_layers, loss_scale=loss_scale,
-                         growth_updates=growth_updates)
+    def __init__(
+        self,
+        loss_fn: Callable,
+        variables: Sequence[tf.Variable],
+        optimizer,
+        clip_norm: float | None = None,
+        norm_layers=(),
+        input_signature=None,
+        loss_scale: float | None = None,
+        growth_updates: int = 2000,
+    ):
+        super().__init__(
+            variables, optimizer, clip_norm, norm_layers, loss_scale=loss_scale, growth_updates=growth_updates
+        )
         self.loss_fn = loss_fn
         self._update = _function(self._update_batch, input_signature)
 
@@ -427,7 +479,9 @@ class PlainUpdate(Update):
 
 def sparse_softmax_loss(forward: Callable) -> Callable:
     """Per-example cross-entropy of integer labels against logits in training mode."""
+
     def loss_fn(x, y):
         logits = forward(x, True)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=logits)
+
     return loss_fn

@@ -14,8 +14,8 @@ refused before anything is written.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -37,8 +37,10 @@ def evaluation_config(run_dir: Path, overrides: Sequence[str] = ()):
     for item in overrides:
         key = item.partition("=")[0].strip()
         if not key.startswith(CHANGEABLE_PREFIX):
-            raise ConfigError(f"--set {item}: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
-                              f"{key or 'the key'} is part of the trained run")
+            raise ConfigError(
+                f"--set {item}: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
+                f"{key or 'the key'} is part of the trained run"
+            )
     return load_config(Path(run_dir) / "config.yaml", overrides)
 
 
@@ -46,12 +48,16 @@ def check_compatible(data, info: dict, run_dir: Path) -> None:
     """The data must be what the model was built for: the same input shape and classes."""
     shape, run_shape = tuple(data.input_shape), tuple(info["input_shape"])
     if shape != run_shape:
-        raise DataError(f"the data has inputs of {_shape_text(shape)}, but the model of {run_dir} takes "
-                        f"{_shape_text(run_shape)}: evaluate it on data like its training data")
+        raise DataError(
+            f"the data has inputs of {_shape_text(shape)}, but the model of {run_dir} takes "
+            f"{_shape_text(run_shape)}: evaluate it on data like its training data"
+        )
     names, run_names = list(data.class_names), list(info["class_names"])
     if names != run_names:
-        raise DataError(f"the data has classes {_names_text(names)}, but the model of {run_dir} was trained on "
-                        f"{_names_text(run_names)}: labels would mean different classes")
+        raise DataError(
+            f"the data has classes {_names_text(names)}, but the model of {run_dir} was trained on "
+            f"{_names_text(run_names)}: labels would mean different classes"
+        )
 
 
 def _shape_text(shape) -> str:
@@ -67,23 +73,26 @@ def default_output_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "evaluate"
 
 
-def evaluate(run_dir: Path, out_dir: Optional[Path] = None, overrides: Sequence[str] = (), data=None) -> dict:
+def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str] = (), data=None) -> dict:
     """Evaluate ``run_dir`` on its (possibly changed) test data; write evaluate.json and .png into ``out_dir``
     (default RUN_DIR/evaluate). Like every output directory of the tool, it must be new or empty: an
     earlier evaluation is never overwritten."""
     from .trained import describe_run, load_run
+
     run_dir = Path(run_dir)
     info = describe_run(run_dir)  # refuses a directory that is not a run
     cfg = evaluation_config(run_dir, overrides)
     if out_dir is None:
         out_dir = default_output_dir(run_dir)
         if out_dir.is_dir() and any(out_dir.iterdir()):
-            raise RunDirError(f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, "
-                              f"or remove it")
+            raise RunDirError(
+                f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, or remove it"
+            )
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
         from .datasets import load
+
         data = load(cfg.data)
     check_compatible(data, info, run_dir)
     if len(data.test) == 0:
@@ -108,9 +117,15 @@ def measure(run, class_names: Sequence[str]) -> dict:
         loss_sum += batch_loss
         np.add.at(confusion, (labels, predicted), 1)
     correct = int(np.trace(confusion))
-    return {"test_loss": loss_sum / n, "test_accuracy": correct / n, "test_examples": n, "correct": correct,
-            "class_names": list(class_names), "confusion": confusion.tolist(),
-            "per_class": per_class(confusion, class_names)}
+    return {
+        "test_loss": loss_sum / n,
+        "test_accuracy": correct / n,
+        "test_examples": n,
+        "correct": correct,
+        "class_names": list(class_names),
+        "confusion": confusion.tolist(),
+        "per_class": per_class(confusion, class_names),
+    }
 
 
 def per_class(confusion: np.ndarray, class_names: Sequence[str]) -> list:
@@ -118,9 +133,16 @@ def per_class(confusion: np.ndarray, class_names: Sequence[str]) -> list:
     rows = []
     for i, name in enumerate(class_names):
         hits, predicted, actual = int(confusion[i, i]), int(confusion[:, i].sum()), int(confusion[i].sum())
-        rows.append({"class": name, "examples": actual, "predicted": predicted, "correct": hits,
-                     "precision": hits / predicted if predicted else None,
-                     "recall": hits / actual if actual else None})
+        rows.append(
+            {
+                "class": name,
+                "examples": actual,
+                "predicted": predicted,
+                "correct": hits,
+                "precision": hits / predicted if predicted else None,
+                "recall": hits / actual if actual else None,
+            }
+        )
     return rows
 
 
@@ -141,9 +163,18 @@ def plot_confusion(result: dict, path: Path) -> None:
     threshold = confusion.max() / 2 if confusion.size else 0
     if len(names) <= MAX_CLASSES_WITH_COUNTS:
         for (row, col), count in np.ndenumerate(confusion):
-            ax.text(col, row, str(count), ha="center", va="center", fontsize=7 if len(names) > 12 else 9,
-                    color="white" if count > threshold else "black")
-    ax.set_title(f"test accuracy {result['test_accuracy']:.4f} on {result['test_examples']} examples\n"
-                 f"{result['run_dir']}", fontsize=9)
+            ax.text(
+                col,
+                row,
+                str(count),
+                ha="center",
+                va="center",
+                fontsize=7 if len(names) > 12 else 9,
+                color="white" if count > threshold else "black",
+            )
+    ax.set_title(
+        f"test accuracy {result['test_accuracy']:.4f} on {result['test_examples']} examples\n{result['run_dir']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     save_figure(fig, path)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from .errors import RunDirError, UserError
 from .rundir import atomic_write
 
 
-def export_run(run_dir: Path, output: Optional[Path] = None, overwrite: bool = False) -> Path:
+def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = False) -> Path:
     """Write the run's trained model to ``output`` (default RUN_DIR/model.keras); the path written.
 
     An existing file is replaced only with ``overwrite`` (atomically: a reader
@@ -65,6 +64,7 @@ def _keras_bytes(model) -> bytes:
 def to_keras(model, input_shape):
     """The plain Keras model computing what ``model.forward(x, training=False)`` computes."""
     from .models import KerasModel
+
     if isinstance(model, KerasModel):
         return _keras_file_model(model)
     return _tensorlayer_model(model.network, input_shape)
@@ -103,12 +103,17 @@ def _activation(fn, name):
     """The Keras layer of a TL layer's fused activation (none: [])."""
     import keras
     import tensorflow as tf
+
     if fn is None:
         return []
     from .models import leaky_relu
+
     leaky = lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")  # noqa: E731
-    layers = {leaky_relu: leaky, tf.nn.leaky_relu: leaky,  # TF's leaky_relu slope is 0.2, as the built-ins'
-              tf.nn.relu: lambda: keras.layers.ReLU(name=f"{name}_relu")}
+    layers = {
+        leaky_relu: leaky,
+        tf.nn.leaky_relu: leaky,  # TF's leaky_relu slope is 0.2, as the built-ins'
+        tf.nn.relu: lambda: keras.layers.ReLU(name=f"{name}_relu"),
+    }
     if fn not in layers:
         raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
     return [layers[fn]()]
@@ -125,18 +130,32 @@ def _converters():
         return [v for v in variables if v is not None]
 
     return {
-        Conv2d: lambda t: (keras.layers.Conv2D(t.n_filter, t.filter_size, t.strides, padding=t.padding.lower(),
-                                               dilation_rate=t.dilation_rate, use_bias=t.b_init is not None,
-                                               name=t.name),
-                           present(t.W, getattr(t, "b", None) if t.b_init is not None else None)),
-        Dense: lambda t: (keras.layers.Dense(t.n_units, use_bias=t.b_init is not None, name=t.name),
-                          present(t.W, getattr(t, "b", None) if t.b_init is not None else None)),
-        AccumBatchNorm: lambda t: (keras.layers.BatchNormalization(momentum=t.decay, epsilon=t.epsilon,
-                                                                   scale=t.gamma is not None,
-                                                                   center=t.beta is not None, name=t.name),
-                                   present(t.gamma, t.beta, t.moving_mean, t.moving_var)),
-        GroupNorm: lambda t: (keras.layers.GroupNormalization(t.groups, epsilon=t.epsilon, name=t.name),
-                              [t.gamma, t.beta]),
+        Conv2d: lambda t: (
+            keras.layers.Conv2D(
+                t.n_filter,
+                t.filter_size,
+                t.strides,
+                padding=t.padding.lower(),
+                dilation_rate=t.dilation_rate,
+                use_bias=t.b_init is not None,
+                name=t.name,
+            ),
+            present(t.W, getattr(t, "b", None) if t.b_init is not None else None),
+        ),
+        Dense: lambda t: (
+            keras.layers.Dense(t.n_units, use_bias=t.b_init is not None, name=t.name),
+            present(t.W, getattr(t, "b", None) if t.b_init is not None else None),
+        ),
+        AccumBatchNorm: lambda t: (
+            keras.layers.BatchNormalization(
+                momentum=t.decay, epsilon=t.epsilon, scale=t.gamma is not None, center=t.beta is not None, name=t.name
+            ),
+            present(t.gamma, t.beta, t.moving_mean, t.moving_var),
+        ),
+        GroupNorm: lambda t: (
+            keras.layers.GroupNormalization(t.groups, epsilon=t.epsilon, name=t.name),
+            [t.gamma, t.beta],
+        ),
         Flatten: lambda t: (keras.layers.Flatten(name=t.name), []),
         GlobalMeanPool2d: lambda t: (keras.layers.GlobalAveragePooling2D(name=t.name), []),
     }
@@ -145,6 +164,7 @@ def _converters():
 def _tensorlayer_model(network, input_shape):
     """A Keras Functional model equal to a TL chain (the built-ins are chains), weights copied."""
     import keras
+
     # tl.layers.Input is a function; the layer it makes is this (TL exports it under this name)
     from tensorlayer.layers.inputs import _InputLayer
 

@@ -18,6 +18,7 @@ private network namespace, ``unshare -rn``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,8 +28,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, List, Sequence
 
 from .config import Config, config_from_dict
 from .errors import DataError, UserError, WorkerFailed
@@ -37,7 +38,7 @@ from .rundir import atomic_write, check_output_dir
 STARTED = "batch_size="  # the line the chief prints once every worker has joined and training begins
 
 
-def free_ports(count: int) -> List[int]:
+def free_ports(count: int) -> list[int]:
     sockets = []
     try:
         for _ in range(count):
@@ -50,19 +51,22 @@ def free_ports(count: int) -> List[int]:
             sock.close()
 
 
-def worker_command(run_args: Sequence[str], index: int) -> List[str]:
+def worker_command(run_args: Sequence[str], index: int) -> list[str]:
     return [sys.executable, "-m", "accum_train.cli.main", "run", *run_args]
 
 
 class _Worker:
-    def __init__(self, index: int, command: List[str], env: dict, echo: Callable[[str], None]):
+    def __init__(self, index: int, command: list[str], env: dict, echo: Callable[[str], None]):
         self.index = index
         self.started = False
         self.last_error = ""
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, start_new_session=True)
-        self._readers = [threading.Thread(target=self._read, args=(self.process.stdout, echo), daemon=True),
-                         threading.Thread(target=self._read_errors, args=(self.process.stderr,), daemon=True)]
+        self.process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.process.stdout, echo), daemon=True),
+            threading.Thread(target=self._read_errors, args=(self.process.stderr,), daemon=True),
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -75,18 +79,19 @@ class _Worker:
 
     def _read_errors(self, stream):
         for line in stream:
-            if line.startswith("error: ") or line.startswith("stopped by "):
+            if line.startswith(("error: ", "stopped by ")):
                 self.last_error = line.strip()
-            elif line.strip() and not line.startswith((" ", "I0000", "W0000", "WARNING", "To enable")) \
-                    and not self.last_error.startswith("error: "):
+            elif (
+                line.strip()
+                and not line.startswith((" ", "I0000", "W0000", "WARNING", "To enable"))
+                and not self.last_error.startswith("error: ")
+            ):
                 self.last_error = line.strip()  # e.g. the last line of a traceback
 
     def stop(self, sig=signal.SIGKILL):
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def finish(self):
         self.process.wait()
@@ -101,8 +106,11 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
     pool = []
     for index in range(workers):
         command = worker_command(run_args, index)
-        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-               "ACCUM_TRAIN_WORKER": str(index)}
+        env = {
+            **os.environ,
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+            "ACCUM_TRAIN_WORKER": str(index),
+        }
         pool.append(_Worker(index, command, env, echo))
     launched = time.monotonic()
     failure = None
@@ -119,8 +127,7 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
         else:
             # The chief starts only once every worker has joined: its first line means all are up.
             if not pool[0].started and time.monotonic() - launched > timeout_s:
-                failure = (f"training did not start within {timeout_s:g} s: worker 0 was still waiting "
-                           f"for its peers")
+                failure = f"training did not start within {timeout_s:g} s: worker 0 was still waiting for its peers"
         time.sleep(0.1)
     if failure is not None:
         for worker in pool:
@@ -134,21 +141,28 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
 
 def _check_data(config_path: Path) -> None:
     """Load and check the data in a child process (python -m accum_train.datasets): one line if bad."""
-    child = subprocess.run([sys.executable, "-m", "accum_train.datasets", str(config_path)],
-                           capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    child = subprocess.run(
+        [sys.executable, "-m", "accum_train.datasets", str(config_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     if child.returncode == 2 and child.stderr.startswith("error: "):
-        raise DataError(child.stderr.strip().splitlines()[-1][len("error: "):])
+        raise DataError(child.stderr.strip().splitlines()[-1][len("error: ") :])
     if child.returncode != 0:
-        raise WorkerFailed(f"the data check failed with exit code {child.returncode}: "
-                           f"{(child.stderr.strip().splitlines() or ['no message'])[-1]}")
+        raise WorkerFailed(
+            f"the data check failed with exit code {child.returncode}: "
+            f"{(child.stderr.strip().splitlines() or ['no message'])[-1]}"
+        )
 
 
 def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None]) -> dict:
     """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary."""
     if cfg.strategy.name not in ("default", "multi_worker"):
         raise UserError(f"--workers needs strategy.name=multi_worker (or default), not {cfg.strategy.name}")
-    resolved = config_from_dict({**cfg.to_dict(), "strategy": {**cfg.to_dict()["strategy"], "name": "multi_worker"}},
-                                "--workers")  # the multi-worker limits, checked before any process starts
+    resolved = config_from_dict(
+        {**cfg.to_dict(), "strategy": {**cfg.to_dict()["strategy"], "name": "multi_worker"}}, "--workers"
+    )  # the multi-worker limits, checked before any process starts
     if not resume:
         check_output_dir(run_dir)
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:

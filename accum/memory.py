@@ -11,8 +11,9 @@ timed updates.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -29,6 +30,7 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -37,13 +39,11 @@ def memory_device() -> str:
 
 
 def reset_allocator_peak() -> None:
-    try:
+    with contextlib.suppress(ValueError, RuntimeError):  # an allocator that keeps no statistics
         tf.config.experimental.reset_memory_stats(memory_device())
-    except (ValueError, RuntimeError):  # an allocator that keeps no statistics
-        pass
 
 
-def allocator_peak_bytes() -> Optional[int]:
+def allocator_peak_bytes() -> int | None:
     """TensorFlow's allocator peak since start (or the last reset); None if not kept."""
     try:
         return int(tf.config.experimental.get_memory_info(memory_device())["peak"])
@@ -60,7 +60,7 @@ def peak_during(work: Callable[[], tf.Tensor]):
     return result, allocator_peak_bytes()
 
 
-def _mib(peak: Optional[int]) -> str:
+def _mib(peak: int | None) -> str:
     return f"{peak / 2**20:.0f} MiB" if peak is not None else "out of memory"
 
 
@@ -77,18 +77,22 @@ def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: 
     while True:
         micro = math.ceil(share / k)
         try:
-            _, peak = peak_during(lambda: engine.accumulate(x[:micro], y[:micro], batch))
+            _, peak = peak_during(lambda micro=micro: engine.accumulate(x[:micro], y[:micro], batch))
             fits = peak is None or peak <= limit_bytes
         except tf.errors.ResourceExhaustedError:
             peak, fits = None, False
         engine.reset()
-        say(f"subdivisions=auto: micro-batch of {micro} -> {_mib(peak)} "
-            f"(memory_limit={memory_limit}){'' if fits else ', too much'}")
+        say(
+            f"subdivisions=auto: micro-batch of {micro} -> {_mib(peak)} "
+            f"(memory_limit={memory_limit}){'' if fits else ', too much'}"
+        )
         if fits:
             break
         if k >= share:
-            raise OutOfMemory(f"even one example per micro-batch needs {_mib(peak)} of TensorFlow memory, "
-                              f"over memory_limit={memory_limit}: raise memory_limit or use a smaller model")
+            raise OutOfMemory(
+                f"even one example per micro-batch needs {_mib(peak)} of TensorFlow memory, "
+                f"over memory_limit={memory_limit}: raise memory_limit or use a smaller model"
+            )
         k = min(2 * k, share)
     agreed = engine.largest_over_workers(k)
     engine.set_subdivisions(agreed)
@@ -131,8 +135,10 @@ def update_within_memory(engine, x, y, n: int, step: int, cfg, check_peak: bool,
             else:
                 _, peak = peak_during(lambda: engine.accumulate_batch(x, y, n))
             if check_peak and peak is not None and peak > cfg.memory_limit_bytes:
-                problem = (f"peaked at {peak / 2**20:.0f} MiB of TensorFlow memory with {how}, "
-                           f"over memory_limit={cfg.memory_limit}")
+                problem = (
+                    f"peaked at {peak / 2**20:.0f} MiB of TensorFlow memory with {how}, "
+                    f"over memory_limit={cfg.memory_limit}"
+                )
         except tf.errors.ResourceExhaustedError as err:
             problem = f"ran out of memory with {how}"
             detail = f" ({(err.message or 'ResourceExhaustedError').splitlines()[0]})"

@@ -25,9 +25,10 @@ from __future__ import annotations
 import contextlib
 import json
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Tuple
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -37,8 +38,17 @@ from tensorlayer.layers import BatchNorm, Conv2d, Dense, Flatten, GlobalMeanPool
 from .config import MODEL_NAMES, NORM_NAMES, SEED_CHANNELS, ModelConfig
 from .errors import ConfigError
 
-__all__ = ["SEED_CHANNELS", "SEED_STRIDES", "AccumBatchNorm", "GroupNorm", "KerasAccumBatchNorm", "Model",
-           "KerasModel", "BUILDERS", "build_model"]
+__all__ = [
+    "BUILDERS",
+    "SEED_CHANNELS",
+    "SEED_STRIDES",
+    "AccumBatchNorm",
+    "GroupNorm",
+    "KerasAccumBatchNorm",
+    "KerasModel",
+    "Model",
+    "build_model",
+]
 
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
@@ -55,8 +65,9 @@ class PendingStats:
     """
 
     def __init__(self, name: str, shape):
-        local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                     aggregation=tf.VariableAggregation.SUM)
+        local = dict(
+            trainable=False, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+        )
         self.count = tf.Variable(0.0, name=f"{name}_pending_count", **local)
         self.sum = tf.Variable(tf.zeros(shape), name=f"{name}_pending_sum", **local)
         self.sq = tf.Variable(tf.zeros(shape), name=f"{name}_pending_sq", **local)
@@ -115,8 +126,14 @@ def fold_statistics(moving_mean, moving_var, momentum, values):
     count, total, squares = values
     n = tf.maximum(count, 1.0)
     delta = total / n
-    move_statistics(moving_mean, moving_var, momentum, moving_mean + delta,
-                    tf.maximum(squares / n - tf.square(delta), 0.0), count > 0)
+    move_statistics(
+        moving_mean,
+        moving_var,
+        momentum,
+        moving_mean + delta,
+        tf.maximum(squares / n - tf.square(delta), 0.0),
+        count > 0,
+    )
 
 
 class DeferredStatistics:
@@ -146,8 +163,7 @@ class AccumBatchNorm(DeferredStatistics, BatchNorm):
     """
 
     def __init__(self, decay=0.9, epsilon=1e-5, act=None, name=None):
-        super().__init__(decay=decay, epsilon=epsilon, act=act, name=name,
-                         moving_var_init=tl.initializers.ones())
+        super().__init__(decay=decay, epsilon=epsilon, act=act, name=name, moving_var_init=tl.initializers.ones())
         self.deferred = False
 
     def build(self, inputs_shape):
@@ -167,8 +183,14 @@ class AccumBatchNorm(DeferredStatistics, BatchNorm):
         empty = tf.zeros([0], tf.float32)
         if self.is_train:
             y, mean, var, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x, scale=self.gamma, offset=self.beta, mean=empty, variance=empty, epsilon=self.epsilon,
-                is_training=True)
+                x=x,
+                scale=self.gamma,
+                offset=self.beta,
+                mean=empty,
+                variance=empty,
+                epsilon=self.epsilon,
+                is_training=True,
+            )
             count = tf.cast(tf.size(x) // channels, tf.float32)
             var = var * tf.maximum(count - 1.0, 0.0) / tf.maximum(count, 1.0)  # the op's variance is Bessel's
             if self._nodes_fixed:
@@ -178,8 +200,15 @@ class AccumBatchNorm(DeferredStatistics, BatchNorm):
                     move_statistics(self.moving_mean, self.moving_var, self.decay, mean, var)
         else:
             # the raw op: tf.nn.fused_batch_norm raises epsilon to at least 1.001e-5
-            y = tf.raw_ops.FusedBatchNormV3(x=x, scale=self.gamma, offset=self.beta, mean=self.moving_mean,
-                                            variance=self.moving_var, epsilon=self.epsilon, is_training=False)[0]
+            y = tf.raw_ops.FusedBatchNormV3(
+                x=x,
+                scale=self.gamma,
+                offset=self.beta,
+                mean=self.moving_mean,
+                variance=self.moving_var,
+                epsilon=self.epsilon,
+                is_training=False,
+            )[0]
         outputs = tf.reshape(y, shape)
         return self.act(outputs) if self.act else outputs
 
@@ -259,9 +288,15 @@ class KerasAccumBatchNorm(DeferredStatistics, keras.layers.BatchNormalization):
             self.pending.add(count, mean, var, tf.convert_to_tensor(self.moving_mean))
         else:
             move_statistics(self.moving_mean, self.moving_variance, self.momentum, mean, var)
-        outputs = keras.ops.batch_normalization(x, mean, var, axis=self.axis, offset=self.beta if self.center
-                                                else None, scale=self.gamma if self.scale else None,
-                                                epsilon=self.epsilon)
+        outputs = keras.ops.batch_normalization(
+            x,
+            mean,
+            var,
+            axis=self.axis,
+            offset=self.beta if self.center else None,
+            scale=self.gamma if self.scale else None,
+            epsilon=self.epsilon,
+        )
         return keras.ops.cast(outputs, self.compute_dtype)
 
     def fold(self, values):
@@ -272,9 +307,10 @@ class KerasAccumBatchNorm(DeferredStatistics, keras.layers.BatchNormalization):
 @dataclass
 class Model:
     """A TensorLayer network and what the engine needs to train it."""
+
     network: Any  # tl.models.Model here; keras.Model in KerasModel
     forward: Callable  # (images float32 [n, *input_shape], training: bool) -> logits [n, num_classes]
-    norm_layers: List[Any]  # AccumBatchNorm or KerasAccumBatchNorm
+    norm_layers: list[Any]  # AccumBatchNorm or KerasAccumBatchNorm
 
     @property
     def trainable_variables(self):
@@ -297,7 +333,8 @@ class KerasModel(Model):
     tf.train.Checkpoint see what they see for TensorLayer. ``peeled`` pairs
     the output layer trained without its softmax (from_logits=false) with the
     file's original, which export puts back."""
-    peeled: List[Tuple[Any, Any]] = field(default_factory=list)
+
+    peeled: list[tuple[Any, Any]] = field(default_factory=list)
 
     @property
     def trainable_variables(self):
@@ -362,14 +399,17 @@ def leaky_relu(features):
 
     def grad(upstream):
         return tf.where(outputs > 0, upstream, upstream * tf.cast(0.2, upstream.dtype))
+
     return outputs, grad
 
 
 def _norm_layer(cfg: ModelConfig, act, index) -> tl.layers.Layer:
     """The normalisation layer model.norm names (its activation fused in), or None for none."""
-    return {"batchnorm": lambda: AccumBatchNorm(act=act, name=f"bn{index}"),
-            "groupnorm": lambda: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
-            "none": lambda: None}[cfg.norm]()
+    return {
+        "batchnorm": lambda: AccumBatchNorm(act=act, name=f"bn{index}"),
+        "groupnorm": lambda: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
+        "none": lambda: None,
+    }[cfg.norm]()
 
 
 if set(NORM_NAMES) != {"batchnorm", "groupnorm", "none"}:  # a registry out of step with the config is a bug
@@ -381,9 +421,15 @@ def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.M
     use_norm = cfg.norm != "none"
     net = inputs = Input([None, *input_shape], name="images")
     for i, (width, stride) in enumerate(zip(cfg.norm_channels, SEED_STRIDES), start=1):
-        net = Conv2d(width, (3, 3), (stride, stride), padding="SAME",
-                     b_init=None if use_norm else tl.initializers.constant(0.0),
-                     act=None if use_norm else leaky_relu, name=f"conv{i}")(net)
+        net = Conv2d(
+            width,
+            (3, 3),
+            (stride, stride),
+            padding="SAME",
+            b_init=None if use_norm else tl.initializers.constant(0.0),
+            act=None if use_norm else leaky_relu,
+            name=f"conv{i}",
+        )(net)
         if use_norm:
             net = _norm_layer(cfg, leaky_relu, i)(net)
     net = GlobalMeanPool2d(name="pool")(net)
@@ -415,6 +461,7 @@ def _tensorlayer(builder) -> Callable:
             return network(images, is_train=training)
 
         return Model(network=network, forward=forward, norm_layers=norm_layers)
+
     return build
 
 
@@ -432,8 +479,11 @@ def _custom_code(node) -> list:
     if isinstance(node, dict):
         module = node.get("module")
         if "class_name" in node and isinstance(module, str) and module.split(".")[0] != "keras":
-            found.append(f"the Python function {node.get('config')!r}" if node["class_name"] == "function"
-                         else f"the custom class {node.get('registered_name') or node['class_name']!r}")
+            found.append(
+                f"the Python function {node.get('config')!r}"
+                if node["class_name"] == "function"
+                else f"the custom class {node.get('registered_name') or node['class_name']!r}"
+            )
         for value in node.values():
             found += _custom_code(value)
     elif isinstance(node, list):
@@ -454,25 +504,35 @@ def load_keras_file(path: str) -> keras.Model:
         with zipfile.ZipFile(file) as archive:
             config = json.loads(archive.read("config.json"))
     except zipfile.BadZipFile:
-        raise _file_error(path, f"is not a .keras archive (truncated, corrupt or another format): "
-                                f"{save_hint}") from None
+        raise _file_error(
+            path, f"is not a .keras archive (truncated, corrupt or another format): {save_hint}"
+        ) from None
     except KeyError:
         raise _file_error(path, f"is a zip archive without config.json, not a Keras model: {save_hint}") from None
     except (OSError, ValueError) as err:  # unreadable, a damaged member, JSON that does not parse
         raise _file_error(path, f"cannot be read ({str(err).splitlines()[0]}): {save_hint}") from None
     custom = _custom_code(config)
     if custom:  # refused before Keras sees it: loading would need that code
-        raise _file_error(path, f"uses {custom[0]}, which is not part of Keras: accum-train loads only built-in "
-                                f"Keras layers and functions (no custom code); rebuild the model from them")
+        raise _file_error(
+            path,
+            f"uses {custom[0]}, which is not part of Keras: accum-train loads only built-in "
+            f"Keras layers and functions (no custom code); rebuild the model from them",
+        )
     try:
         model = keras.models.load_model(file, safe_mode=True, compile=False)
-    except Exception as err:  # noqa: BLE001 - whatever Keras raises, the user gets one line
+    except Exception as err:
         text = str(err)
         if "arbitrary code execution" in text or "safe_mode" in text:
-            raise _file_error(path, "holds Python code (a Lambda layer or a lambda), which loading with "
-                                    "safe_mode=True refuses: rebuild the model from built-in Keras layers") from None
-        raise _file_error(path, f"could not be loaded by keras.models.load_model ({type(err).__name__}: "
-                                f"{text.splitlines()[0][:160] if text else 'no message'}): {save_hint}") from None
+            raise _file_error(
+                path,
+                "holds Python code (a Lambda layer or a lambda), which loading with "
+                "safe_mode=True refuses: rebuild the model from built-in Keras layers",
+            ) from None
+        raise _file_error(
+            path,
+            f"could not be loaded by keras.models.load_model ({type(err).__name__}: "
+            f"{text.splitlines()[0][:160] if text else 'no message'}): {save_hint}",
+        ) from None
     if not isinstance(model, keras.Model):
         raise _file_error(path, f"holds a {type(model).__name__}, not a model: {save_hint}")
     return model
@@ -485,17 +545,26 @@ def _shape_text(shape) -> str:
 def _check_interface(model: keras.Model, path: str, input_shape, num_classes: int) -> None:
     """One image input of the dataset's shape, one output of num_classes values per example."""
     if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise _file_error(path, f"has {len(model.inputs)} inputs and {len(model.outputs)} outputs: accum-train "
-                                f"feeds one image tensor and reads one output of class scores")
+        raise _file_error(
+            path,
+            f"has {len(model.inputs)} inputs and {len(model.outputs)} outputs: accum-train "
+            f"feeds one image tensor and reads one output of class scores",
+        )
     given = tuple(model.inputs[0].shape[1:])
     if len(given) != len(input_shape) or any(g is not None and g != d for g, d in zip(given, input_shape)):
-        raise _file_error(path, f"takes inputs of shape {_shape_text(given)} but the dataset's images are "
-                                f"{_shape_text(input_shape)} (height, width, channels): build the model on "
-                                f"keras.Input(shape={_shape_text(input_shape)})")
+        raise _file_error(
+            path,
+            f"takes inputs of shape {_shape_text(given)} but the dataset's images are "
+            f"{_shape_text(input_shape)} (height, width, channels): build the model on "
+            f"keras.Input(shape={_shape_text(input_shape)})",
+        )
     out = tuple(model.outputs[0].shape[1:])
     if out != (num_classes,):
-        raise _file_error(path, f"outputs shape {_shape_text(out)} per example but the dataset has {num_classes} "
-                                f"classes: end the model in a Dense({num_classes}) layer")
+        raise _file_error(
+            path,
+            f"outputs shape {_shape_text(out)} per example but the dataset has {num_classes} "
+            f"classes: end the model in a Dense({num_classes}) layer",
+        )
 
 
 def _output_layer(model: keras.Model):
@@ -505,8 +574,7 @@ def _output_layer(model: keras.Model):
 
 
 def _is_softmax(layer) -> bool:
-    return (isinstance(layer, keras.layers.Softmax)
-            or getattr(layer, "activation", None) is keras.activations.softmax)
+    return isinstance(layer, keras.layers.Softmax) or getattr(layer, "activation", None) is keras.activations.softmax
 
 
 def _without_softmax(layer):
@@ -522,13 +590,19 @@ def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
     _check_interface(loaded, cfg.path, input_shape, num_classes)
     last = _output_layer(loaded)
     if not cfg.from_logits and not _is_softmax(last):
-        raise _file_error(cfg.path, f"ends in {type(last).__name__} {last.name!r}, not a softmax, but "
-                                    f"model.from_logits=false says it outputs probabilities: remove "
-                                    f"model.from_logits if it outputs logits, or end it in activation='softmax'")
+        raise _file_error(
+            cfg.path,
+            f"ends in {type(last).__name__} {last.name!r}, not a softmax, but "
+            f"model.from_logits=false says it outputs probabilities: remove "
+            f"model.from_logits if it outputs logits, or end it in activation='softmax'",
+        )
     for layer in _leaves(loaded):
         if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm:
-            raise _file_error(cfg.path, f"has BatchNormalization {layer.name!r} with renorm=True, whose "
-                                        f"corrections cannot be pooled over micro-batches: use renorm=False")
+            raise _file_error(
+                cfg.path,
+                f"has BatchNormalization {layer.name!r} with renorm=True, whose "
+                f"corrections cannot be pooled over micro-batches: use renorm=False",
+            )
 
     replaced, peeled = [], []
 
@@ -586,6 +660,7 @@ def _cast_weights_forward(layer, dtype):
             return original(tf.cast(inputs, dtype) if inputs.dtype.is_floating else inputs, *args, **kwargs)
         finally:
             layer.__dict__.update(saved)
+
     return forward
 
 
@@ -610,7 +685,8 @@ def set_precision(model: Model, precision: str) -> Model:
         for layer in model.network.all_layers:
             if not isinstance(layer, AccumBatchNorm):  # the fused op takes 16-bit activations as they come
                 layer.forward = (_float32_forward if isinstance(layer, GroupNorm) else _cast_weights_forward)(
-                    layer, dtype)
+                    layer, dtype
+                )
     forward = model.forward
     model.forward = lambda images, training: tf.cast(forward(images, training), tf.float32)
     return model

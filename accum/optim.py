@@ -24,8 +24,11 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
-        decayed = tf.cast(self.after(step - self.warmup_steps), tf.float32) \
-            if callable(self.after) else tf.constant(self.after, tf.float32)
+        decayed = (
+            tf.cast(self.after(step - self.warmup_steps), tf.float32)
+            if callable(self.after)
+            else tf.constant(self.after, tf.float32)
+        )
         if self.warmup_steps == 0:
             return decayed
         ramp = self.peak * (step + 1.0) / self.warmup_steps
@@ -42,10 +45,12 @@ def make_schedule(lr: float, cfg: ScheduleConfig, total_steps: int):
         after = lr
     elif cfg.name == "cosine":
         after = keras.optimizers.schedules.CosineDecay(
-            lr, decay_steps=cfg.decay_steps or decay_len, alpha=cfg.min_ratio)
+            lr, decay_steps=cfg.decay_steps or decay_len, alpha=cfg.min_ratio
+        )
     elif cfg.name == "exponential":
         after = keras.optimizers.schedules.ExponentialDecay(
-            lr, decay_steps=cfg.decay_steps or decay_len, decay_rate=cfg.decay_rate)
+            lr, decay_steps=cfg.decay_steps or decay_len, decay_rate=cfg.decay_rate
+        )
     else:  # unreachable: the config module only lets registered names through
         raise ValueError(f"unknown schedule {cfg.name!r}")
     if cfg.warmup_steps == 0 and cfg.name == "constant":

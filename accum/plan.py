@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import List
 
 from .config import Config
 from .threads import parallel_micro_steps
@@ -26,12 +25,13 @@ from .threads import parallel_micro_steps
 MIN_BATCHNORM_MICRO_BATCH = 8
 
 
-def micro_split(n: int, subdivisions: int) -> List[List[int]]:
+def micro_split(n: int, subdivisions: int) -> list[list[int]]:
     """[[count, size], ...] of the micro-batches a batch of ``n`` examples is cut into, smallest first.
 
     The engine cuts a batch into ``min(subdivisions, n)`` pieces with
     ``micro_bounds`` (sizes differ by at most one); this counts them."""
     from .engine import micro_bounds
+
     k = min(subdivisions, n)
     sizes = Counter(end - start for start, end in (micro_bounds(i, n, k) for i in range(k)))
     return [[sizes[size], size] for size in sorted(sizes)]
@@ -41,6 +41,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     """The plan of a run of ``cfg``; ``data`` and ``model`` are loaded/built unless given."""
     if data is None:
         from .datasets import load
+
         data = load(cfg.data)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
     updates_per_epoch = math.ceil(n_train / cfg.batch_size)
@@ -48,27 +49,40 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
     if model is None:
         from .models import build_model
+
         model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions
     rest = n_train % cfg.batch_size
     fixed_k = None if subdivisions == "auto" else subdivisions
-    full_batch = {"size": cfg.batch_size, "count": n_train // cfg.batch_size,
-                  "micro_batches": micro_split(cfg.batch_size, fixed_k) if fixed_k else None}
+    full_batch = {
+        "size": cfg.batch_size,
+        "count": n_train // cfg.batch_size,
+        "micro_batches": micro_split(cfg.batch_size, fixed_k) if fixed_k else None,
+    }
     last_batch = None
     if rest:
         last_batch = {"size": rest, "micro_batches": micro_split(rest, fixed_k) if fixed_k else None}
 
     result = {
-        "data": {"name": cfg.data.name, "source": data.source, "train_examples": n_train,
-                 "validation_examples": len(data.validation) if data.validation is not None else 0,
-                 "augment": {"flip": cfg.data.augment.flip, "crop": cfg.data.augment.crop},
-                 "test_examples": len(data.test), "input_shape": list(data.input_shape),
-                 "num_classes": data.num_classes, "class_names": list(data.class_names)},
-        "model": {"name": cfg.model.name, "path": cfg.model.path,
-                  "trainable_parameters": sum(int(v.shape.num_elements()) for v in model.trainable_variables),
-                  "batchnorm_layers": len(model.norm_layers)},
+        "data": {
+            "name": cfg.data.name,
+            "source": data.source,
+            "train_examples": n_train,
+            "validation_examples": len(data.validation) if data.validation is not None else 0,
+            "augment": {"flip": cfg.data.augment.flip, "crop": cfg.data.augment.crop},
+            "test_examples": len(data.test),
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "class_names": list(data.class_names),
+        },
+        "model": {
+            "name": cfg.model.name,
+            "path": cfg.model.path,
+            "trainable_parameters": sum(int(v.shape.num_elements()) for v in model.trainable_variables),
+            "batchnorm_layers": len(model.norm_layers),
+        },
         "batch_size": cfg.batch_size,
         "subdivisions": cfg.subdivisions,
         "parallel_micro_steps": parallel_micro_steps(cfg),
@@ -89,6 +103,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
 def _learning_rates(cfg: Config, total_updates: int) -> dict:
     """The rate the optimizer applies at the first update, at the end of warm-up and at the last update."""
     from .optim import learning_rate_at, make_schedule
+
     schedule_cfg = cfg.optimizer.schedule
     schedule = make_schedule(cfg.optimizer.learning_rate, schedule_cfg, total_updates)
     warmup = schedule_cfg.warmup_steps
@@ -96,51 +111,74 @@ def _learning_rates(cfg: Config, total_updates: int) -> dict:
     def at(update: int) -> dict:  # 1-based update numbers, as metrics.jsonl counts them
         return {"update": update, "value": learning_rate_at(schedule, update - 1)}
 
-    return {"optimizer": cfg.optimizer.name, "peak": cfg.optimizer.learning_rate, "schedule": schedule_cfg.name,
-            "warmup_steps": warmup, "decay_steps": schedule_cfg.decay_steps,
-            "first": at(1), "warmup_end": at(warmup) if 0 < warmup <= total_updates else None,
-            "last": at(total_updates)}
+    return {
+        "optimizer": cfg.optimizer.name,
+        "peak": cfg.optimizer.learning_rate,
+        "schedule": schedule_cfg.name,
+        "warmup_steps": warmup,
+        "decay_steps": schedule_cfg.decay_steps,
+        "first": at(1),
+        "warmup_end": at(warmup) if 0 < warmup <= total_updates else None,
+        "last": at(total_updates),
+    }
 
 
-def _warnings(result: dict, cfg: Config) -> List[str]:
+def _warnings(result: dict, cfg: Config) -> list[str]:
     warnings = []
     n_train, batch_size, k = result["data"]["train_examples"], cfg.batch_size, result["subdivisions"]
     last = result["last_batch"]
     if n_train < batch_size:
-        warnings.append(f"the training set has {n_train} examples, fewer than batch_size={batch_size}: "
-                        f"every update is one short batch of {n_train}; lower batch_size to at most {n_train}")
+        warnings.append(
+            f"the training set has {n_train} examples, fewer than batch_size={batch_size}: "
+            f"every update is one short batch of {n_train}; lower batch_size to at most {n_train}"
+        )
     if k == "auto" and not cfg.baseline:
-        warnings.append(f"subdivisions=auto: the split is chosen when the run starts, the fewest micro-batches "
-                        f"whose update fits in memory_limit={cfg.memory_limit}; the micro-batch checks are "
-                        f"skipped")
+        warnings.append(
+            f"subdivisions=auto: the split is chosen when the run starts, the fewest micro-batches "
+            f"whose update fits in memory_limit={cfg.memory_limit}; the micro-batch checks are "
+            f"skipped"
+        )
     elif k != "auto" and not cfg.baseline and last and last["size"] < k:
-        warnings.append(f"subdivisions={k} is more than the {last['size']} examples of each epoch's last "
-                        f"batch: that batch runs as {last['size']} micro-batches of 1")
+        warnings.append(
+            f"subdivisions={k} is more than the {last['size']} examples of each epoch's last "
+            f"batch: that batch runs as {last['size']} micro-batches of 1"
+        )
     if result["model"]["batchnorm_layers"] and result["full_batch"]["micro_batches"] and not cfg.baseline:
         warnings += _batchnorm_warning(result)
     if cfg.strategy.name != "default":
-        warnings.append(f"strategy.name={cfg.strategy.name}: batch_size is global; each replica takes its share "
-                        f"and cuts it into subdivisions={k} micro-batches, so micro-batches are smaller than "
-                        f"shown here (which is for one device)")
+        warnings.append(
+            f"strategy.name={cfg.strategy.name}: batch_size is global; each replica takes its share "
+            f"and cuts it into subdivisions={k} micro-batches, so micro-batches are smaller than "
+            f"shown here (which is for one device)"
+        )
     if result["learning_rate"]["warmup_steps"] > result["total_updates"]:
         rate = result["learning_rate"]
-        warnings.append(f"optimizer.schedule.warmup_steps={rate['warmup_steps']} is more than the run's "
-                        f"{result['total_updates']} updates: the learning rate never reaches {rate['peak']:g}")
+        warnings.append(
+            f"optimizer.schedule.warmup_steps={rate['warmup_steps']} is more than the run's "
+            f"{result['total_updates']} updates: the learning rate never reaches {rate['peak']:g}"
+        )
     return warnings
 
 
-def _batchnorm_warning(result: dict) -> List[str]:
+def _batchnorm_warning(result: dict) -> list[str]:
     """Micro-batches under MIN_BATCHNORM_MICRO_BATCH examples, in full batches or in each epoch's last one."""
     full, last = result["full_batch"], result["last_batch"]
-    norm_fix = ("replace the model file's BatchNormalization layers (e.g. by GroupNormalization)"
-                if result["model"]["name"] == "keras_file" else "set model.norm=groupnorm or model.norm=none")
+    norm_fix = (
+        "replace the model file's BatchNormalization layers (e.g. by GroupNormalization)"
+        if result["model"]["name"] == "keras_file"
+        else "set model.norm=groupnorm or model.norm=none"
+    )
     smallest = full["micro_batches"][0][1]
     if full["count"] and smallest < MIN_BATCHNORM_MICRO_BATCH:
-        return [f"micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
-                f"statistics: {norm_fix}, or use fewer subdivisions"]
+        return [
+            f"micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
+            f"statistics: {norm_fix}, or use fewer subdivisions"
+        ]
     smallest = last["micro_batches"][0][1] if last else None
     if smallest is not None and smallest < MIN_BATCHNORM_MICRO_BATCH:
-        return [f"the last batch of each epoch ({last['size']} examples) has micro-batches of {smallest} "
-                f"(under {MIN_BATCHNORM_MICRO_BATCH}), which give BatchNorm noisy statistics: {norm_fix}, or use "
-                f"a training set that batch_size divides (data.train_limit)"]
+        return [
+            f"the last batch of each epoch ({last['size']} examples) has micro-batches of {smallest} "
+            f"(under {MIN_BATCHNORM_MICRO_BATCH}), which give BatchNorm noisy statistics: {norm_fix}, or use "
+            f"a training set that batch_size divides (data.train_limit)"
+        ]
     return []

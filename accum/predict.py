@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -35,6 +35,7 @@ def _first_line(err: Exception) -> str:
 def read_npz(path: Path, input_shape) -> np.ndarray:
     """The images of an .npz's ``x`` as float32 [N,H,W,C], converted as training converts them."""
     from .datasets.base import to_inputs
+
     damaged = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
     how = f"save the images with numpy.savez('{path.name}', {NPZ_KEY}=images)"
     try:
@@ -52,31 +53,35 @@ def read_npz(path: Path, input_shape) -> np.ndarray:
         try:
             images = archive[NPZ_KEY]
         except ValueError:  # only an object array needs pickle; refusing it is the point of allow_pickle=False
-            raise DataError(f"{path}: '{NPZ_KEY}' is an object array, which would need unpickling (refused "
-                            f"for safety): save a numeric array of images") from None
+            raise DataError(
+                f"{path}: '{NPZ_KEY}' is an object array, which would need unpickling (refused "
+                f"for safety): save a numeric array of images"
+            ) from None
         except damaged as err:
             raise DataError(f"{path} is not a readable .npz file ({_first_line(err)}): {how}") from None
     if images.ndim not in (3, 4):
-        raise DataError(f"{path}: '{NPZ_KEY}' has shape {_shape_text(images.shape)}; expected images "
-                        f"[N,H,W] or [N,H,W,C]")
+        raise DataError(
+            f"{path}: '{NPZ_KEY}' has shape {_shape_text(images.shape)}; expected images [N,H,W] or [N,H,W,C]"
+        )
     if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
-        raise DataError(f"{path}: '{NPZ_KEY}' has dtype {images.dtype}; expected uint8 (0..255) or float "
-                        f"(0..1) images")
+        raise DataError(f"{path}: '{NPZ_KEY}' has dtype {images.dtype}; expected uint8 (0..255) or float (0..1) images")
     if len(images) == 0:
         raise DataError(f"{path}: '{NPZ_KEY}' holds no images")
     if images.dtype != np.uint8 and not np.isfinite(images).all():
         raise DataError(f"{path}: '{NPZ_KEY}' holds NaN or infinite values")
     shape = images.shape[1:] if images.ndim == 4 else (*images.shape[1:], 1)
     if tuple(shape) != tuple(input_shape):
-        raise DataError(f"{path}: '{NPZ_KEY}' holds images of {_shape_text(shape)}, but the model takes "
-                        f"{_shape_text(input_shape)}")
+        raise DataError(
+            f"{path}: '{NPZ_KEY}' holds images of {_shape_text(shape)}, but the model takes {_shape_text(input_shape)}"
+        )
     x, _ = to_inputs(images, np.zeros(len(images), np.int32))
     return x.numpy()
 
 
-def read_inputs(paths: Sequence[Path], input_shape) -> Tuple[List[str], np.ndarray]:
+def read_inputs(paths: Sequence[Path], input_shape) -> tuple[list[str], np.ndarray]:
     """(one name per input row, float32 images [N, *input_shape]) of image and .npz files."""
     from .datasets.image_folder import IMAGE_EXTENSIONS, read_image
+
     names, arrays = [], []
     for path in map(Path, paths):
         if not path.exists():
@@ -92,8 +97,10 @@ def read_inputs(paths: Sequence[Path], input_shape) -> Tuple[List[str], np.ndarr
             names.append(str(path))
             arrays.append(np.asarray(read_image(path, tuple(input_shape)), np.float32)[np.newaxis])
         else:
-            raise DataError(f"{path}: not an image or .npz file (suffix {path.suffix or 'none'}): pass "
-                            f"{', '.join(IMAGE_EXTENSIONS)} or .npz files")
+            raise DataError(
+                f"{path}: not an image or .npz file (suffix {path.suffix or 'none'}): pass "
+                f"{', '.join(IMAGE_EXTENSIONS)} or .npz files"
+            )
     return names, np.concatenate(arrays)
 
 
@@ -105,21 +112,29 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
     def batch_probabilities(images):
         return tf.nn.softmax(run.model.forward(images, False))
 
-    return np.concatenate([batch_probabilities(x[start:start + batch_size]).numpy()
-                           for start in range(0, len(x), batch_size)])
+    return np.concatenate(
+        [batch_probabilities(x[start : start + batch_size]).numpy() for start in range(0, len(x), batch_size)]
+    )
 
 
-def predict(run_dir: Path, paths: Sequence[Path]) -> List[dict]:
+def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, prediction, probabilities: {class: p}} per input row, in the order given."""
     from .trained import describe_run, load_run
+
     info = describe_run(run_dir)  # refuses a directory that is not a run
     names, x = read_inputs(paths, info["input_shape"])
     classes = info["class_names"]
     probs = probabilities(load_run(run_dir), x)
-    return [{"input": name, "prediction": classes[int(np.argmax(p))],
-             "probabilities": {c: float(v) for c, v in zip(classes, p)}} for name, p in zip(names, probs)]
+    return [
+        {
+            "input": name,
+            "prediction": classes[int(np.argmax(p))],
+            "probabilities": {c: float(v) for c, v in zip(classes, p)},
+        }
+        for name, p in zip(names, probs)
+    ]
 
 
-def top_k(probabilities: dict, k: int) -> List[Tuple[str, float]]:
+def top_k(probabilities: dict, k: int) -> list[tuple[str, float]]:
     """The k most probable (class, p), most probable first; ties keep class order."""
     return sorted(probabilities.items(), key=lambda item: -item[1])[:k]

@@ -50,8 +50,10 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
     """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it)."""
     path = Path(path)
     if not path.is_dir() or not is_run_dir(path):
-        raise RunDirError(f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "
-                          f"checkpoints/): pass a directory written by 'accum-train run'")
+        raise RunDirError(
+            f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "
+            f"checkpoints/): pass a directory written by 'accum-train run'"
+        )
     return path
 
 
@@ -91,8 +93,10 @@ def write_result(out_dir: Path, name: str, result: dict, plot) -> None:
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -107,6 +111,7 @@ def save_figure(fig, path: Path) -> None:
 def save_weights(named_weights: dict, path: Path) -> None:
     """weights.npz: name -> array, from a model's explicitly named variables."""
     import numpy as np
+
     buffer = io.BytesIO()
     np.savez(buffer, **{name: v.numpy() for name, v in named_weights.items()})
     atomic_write(path, buffer.getvalue())
@@ -126,6 +131,7 @@ def keep_model_file(run_dir: Path, model_cfg) -> None:
 def kept_model(run_dir: Path, model_cfg):
     """``model_cfg``, reading a keras_file run's model from its copy in ``run_dir`` when there is one."""
     import dataclasses
+
     copy = Path(run_dir) / MODEL_COPY
     if model_cfg.name == "keras_file" and copy.is_file():
         return dataclasses.replace(model_cfg, path=str(copy))
@@ -165,8 +171,10 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
     bad = [k for k in changed if not any(k == a or k.startswith(a + ".") for a in RESUMABLE_CHANGES)]
     if bad:
         key = bad[0]
-        raise RunDirError(f"--resume {run_dir}: the config changes {key} ({old.get(key)!r} -> {new[key]!r}), "
-                          f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change")
+        raise RunDirError(
+            f"--resume {run_dir}: the config changes {key} ({old.get(key)!r} -> {new[key]!r}), "
+            f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change"
+        )
     return wanted
 
 
@@ -179,6 +187,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path):
         import tensorflow as tf
+
         self.path = Path(run_dir) / "metrics.jsonl"
         self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
 
@@ -201,6 +210,7 @@ class MetricsLog:
 
     def write(self, records) -> None:
         import tensorflow as tf
+
         with open(self.path, "a") as handle:
             for record in records:
                 handle.write(json.dumps(record) + "\n")
@@ -229,13 +239,16 @@ class MetricsLog:
             if applied:
                 loss_sum += loss * n
                 examples += n
-            record = {"epoch": (step - 1) // steps_per_epoch + 1, "step": step,
-                      "examples_seen": examples_seen(step),
-                      "loss": loss if math.isfinite(loss) else None,
-                      "learning_rate": rate if applied else None,  # the rate applied; none if skipped
-                      # the global norm of the update's gradient, before clipping
-                      "grad_norm": float(out["grad_norm"]) if applied else None,
-                      "skipped": not applied}
+            record = {
+                "epoch": (step - 1) // steps_per_epoch + 1,
+                "step": step,
+                "examples_seen": examples_seen(step),
+                "loss": loss if math.isfinite(loss) else None,
+                "learning_rate": rate if applied else None,  # the rate applied; none if skipped
+                # the global norm of the update's gradient, before clipping
+                "grad_norm": float(out["grad_norm"]) if applied else None,
+                "skipped": not applied,
+            }
             if "loss_scale" in out:  # mixed_float16: the scale this update used; an overflow skip
                 record.update(loss_scale=float(out["loss_scale"]), overflow=bool(out["overflow"]))
             records.append(record)

@@ -16,8 +16,8 @@ TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Optional
 
 import tensorflow as tf
 
@@ -51,7 +51,7 @@ def parallel_micro_steps(cfg: Config) -> int:
 ENV = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"}
 
 
-def thread_pools(parallel: int) -> Optional[dict]:
+def thread_pools(parallel: int) -> dict | None:
     """The pools for ``parallel`` micro-steps at once on this CPU, or None for TensorFlow's defaults.
 
     ``parallel`` micro-steps get ``cores // parallel`` threads each within an op and ``max(2, parallel)``
@@ -61,7 +61,7 @@ def thread_pools(parallel: int) -> Optional[dict]:
     return {"intra": max(1, cpu_cores() // parallel), "inter": max(2, parallel)}
 
 
-def child_environment(pools: Optional[dict]) -> dict:
+def child_environment(pools: dict | None) -> dict:
     """This process's environment for a child whose runtime should start with ``pools`` (None: the
     defaults), through the variables TensorFlow reads when its runtime starts."""
     env = {key: value for key, value in os.environ.items() if key not in ENV.values()}
@@ -77,10 +77,10 @@ def configure(cfg: Config) -> dict:
         if os.environ.get(ENV[pool]):
             continue
         setter = getattr(tf.config.threading, f"set_{pool}_op_parallelism_threads")
-        try:
+        with contextlib.suppress(RuntimeError):  # the runtime already started in this process: it keeps its pools
             setter(threads)
-        except RuntimeError:  # the runtime already started in this process: it keeps its pools
-            pass
-    return {"parallel_micro_steps": parallel,
-            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+    return {
+        "parallel_micro_steps": parallel,
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+    }

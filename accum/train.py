@@ -21,7 +21,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -63,39 +62,63 @@ class Run:
 
         schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
         with (strategy or tf.distribute.get_strategy()).scope():
-            self.model = build_model(kept_model(run_dir, cfg.model), cfg.seed, data.input_shape, data.num_classes,
-                                     cfg.precision)
+            self.model = build_model(
+                kept_model(run_dir, cfg.model), cfg.seed, data.input_shape, data.num_classes, cfg.precision
+            )
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn, variables = sparse_softmax_loss(self.model.forward), self.model.trainable_variables
-        scaling = dict(loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
-                       growth_updates=cfg.loss_scale.growth_updates)
+        scaling = dict(
+            loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
+            growth_updates=cfg.loss_scale.growth_updates,
+        )
         if cfg.baseline:
-            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, cfg.optimizer.clip_norm,
-                                      self.model.norm_layers, signature, **scaling)
+            self.engine = PlainUpdate(
+                loss_fn,
+                variables,
+                self.optimizer,
+                cfg.optimizer.clip_norm,
+                self.model.norm_layers,
+                signature,
+                **scaling,
+            )
         else:
             # subdivisions=auto starts at 1; choose_subdivisions measures before training.
-            self.engine = AccumulatingUpdate(loss_fn, variables, self.optimizer,
-                                             1 if cfg.auto_subdivisions else cfg.subdivisions,
-                                             cfg.optimizer.clip_norm, self.model.norm_layers, signature, strategy,
-                                             parallel=parallel_micro_steps(cfg), **scaling)
+            self.engine = AccumulatingUpdate(
+                loss_fn,
+                variables,
+                self.optimizer,
+                1 if cfg.auto_subdivisions else cfg.subdivisions,
+                cfg.optimizer.clip_norm,
+                self.model.norm_layers,
+                signature,
+                strategy,
+                parallel=parallel_micro_steps(cfg),
+                **scaling,
+            )
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
         from .augment import Augment
+
         self.augment = Augment(cfg.data.augment, cfg.seed)
 
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.saved_step = 0
         self.memory_checked = cfg.memory_limit is None  # the first update of a process is checked
-        tracked = {"weights": self.model.variables, "optimizer": self.optimizer, "step": self.step,
-                   "bad_updates_in_a_row": self.engine.bad_updates_in_a_row,
-                   "skipped_updates": self.engine.skipped_updates}
+        tracked = {
+            "weights": self.model.variables,
+            "optimizer": self.optimizer,
+            "step": self.step,
+            "bad_updates_in_a_row": self.engine.bad_updates_in_a_row,
+            "skipped_updates": self.engine.skipped_updates,
+        }
         if not cfg.baseline:
             tracked["subdivisions"] = self.engine.subdivisions
         if self.engine.dynamic:
             tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
         self.checkpoint = tf.train.Checkpoint(**tracked)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.run_dir / "checkpoints"),
-                                                  max_to_keep=cfg.checkpoint.keep)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
+        )
 
     @property
     def subdivisions(self) -> int:
@@ -132,8 +155,9 @@ class Run:
         """Restore the latest checkpoint of run_dir (the chief's, for every worker)."""
         latest = tf.train.latest_checkpoint(str(Path(run_dir) / "checkpoints"))
         if latest is None:
-            raise RunDirError(f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}; "
-                              f"start a new run instead")
+            raise RunDirError(
+                f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}; start a new run instead"
+            )
         self.checkpoint.restore(latest).assert_existing_objects_matched()
         self.saved_step = int(self.step.numpy())
         return self.saved_step
@@ -146,10 +170,12 @@ class Run:
             self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as err:
             message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
-            raise RunDirError(f"cannot write checkpoint {step} in {self.manager.directory} "
-                              f"({message.splitlines()[0]}): free space or fix permissions, then resume with "
-                              f"--resume {self.run_dir} (the last complete checkpoint, "
-                              f"{Path(self.manager.latest_checkpoint or 'none').name}, is intact)") from None
+            raise RunDirError(
+                f"cannot write checkpoint {step} in {self.manager.directory} "
+                f"({message.splitlines()[0]}): free space or fix permissions, then resume with "
+                f"--resume {self.run_dir} (the last complete checkpoint, "
+                f"{Path(self.manager.latest_checkpoint or 'none').name}, is intact)"
+            ) from None
         self.saved_step = step
 
 
@@ -178,20 +204,23 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resume: bool = False,
-          data=None, strategy=None) -> dict:
+def train(
+    cfg: Config, run_dir: Path, progress: Progress | None = None, resume: bool = False, data=None, strategy=None
+) -> dict:
     """Train as configured, leaving a complete run directory; returns summary.json's content.
 
     Under a multi-worker strategy every worker calls this; only the chief writes
     ``run_dir``, the others write their (required) checkpoints to a scratch folder."""
     from .distribute import is_chief, make_strategy
     from .threads import configure
+
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
         strategy = make_strategy(cfg.strategy)  # before any other op: see distribute.py
     progress = progress or Progress()
     if data is None:
         from .datasets import load
+
         data = load(cfg.data)  # before anything is written: bad data leaves no trace
     shared_dir = run_dir = Path(run_dir)
     if not is_chief(strategy):
@@ -220,13 +249,24 @@ def train(cfg: Config, run_dir: Path, progress: Optional[Progress] = None, resum
     validation = {}
     if data.validation is not None:
         validation["validation_loss"], validation["validation_accuracy"] = run.evaluate(data.validation)
-    summary = {"test_accuracy": test_accuracy, "test_loss": test_loss, **validation, "steps": step,
-               "examples_seen": examples_seen(step, run.steps_per_epoch, run.n_train, cfg.batch_size),
-               "wall_time_s": time.time() - started, "cpu_time_s": time.process_time() - cpu_started,
-               "peak_memory_bytes": allocator_peak_bytes(), "peak_rss_bytes": peak_rss_bytes(),
-               "skipped_updates": int(run.engine.skipped_updates.numpy()), "subdivisions": run.subdivisions,
-               "batch_size": cfg.batch_size, "baseline": cfg.baseline, "precision": cfg.precision,
-               "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None, **threads}
+    summary = {
+        "test_accuracy": test_accuracy,
+        "test_loss": test_loss,
+        **validation,
+        "steps": step,
+        "examples_seen": examples_seen(step, run.steps_per_epoch, run.n_train, cfg.batch_size),
+        "wall_time_s": time.time() - started,
+        "cpu_time_s": time.process_time() - cpu_started,
+        "peak_memory_bytes": allocator_peak_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "skipped_updates": int(run.engine.skipped_updates.numpy()),
+        "subdivisions": run.subdivisions,
+        "batch_size": cfg.batch_size,
+        "baseline": cfg.baseline,
+        "precision": cfg.precision,
+        "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
+        **threads,
+    }
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -242,19 +282,26 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: 
         schedule = cfg.optimizer.schedule
         end = schedule.warmup_steps + (schedule.decay_steps or 0)
         if schedule.name == "cosine" and end < run.total_steps:
-            progress.message(f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
-                             f"fixed when the run started); later updates use its final learning rate")
+            progress.message(
+                f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
+                f"fixed when the run started); later updates use its final learning rate"
+            )
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
             x, y = first_batch(run.data, cfg.seed, cfg.batch_size)
             choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
         run.save_checkpoint(0)  # a run is resumable from its first moment
     if not cfg.baseline:
-        progress.message(describe_split(cfg.batch_size, run.subdivisions,
-                                        run.engine.replicas if cfg.strategy.name != "default" else None))
+        progress.message(
+            describe_split(
+                cfg.batch_size, run.subdivisions, run.engine.replicas if cfg.strategy.name != "default" else None
+            )
+        )
     if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
-        progress.message("note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
-                         "measured); mixed_bfloat16 is a CPU's 16-bit precision")
+        progress.message(
+            "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
+            "measured); mixed_bfloat16 is a CPU's 16-bit precision"
+        )
     return step
 
 
@@ -262,7 +309,7 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     """The rest of the epoch that ``step`` (updates done) falls in; the step it ends at."""
     cfg = run.cfg
     epoch, first = divmod(step, run.steps_per_epoch)
-    order = epoch_order(cfg.seed, epoch, run.n_train)[first * cfg.batch_size:]
+    order = epoch_order(cfg.seed, epoch, run.n_train)[first * cfg.batch_size :]
     k = run.subdivisions
     full, rest = divmod(run.n_train, cfg.batch_size)
     progress.epoch_start(epoch + 1, cfg.epochs, full * k + min(k, rest), first * k)
@@ -271,8 +318,8 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     loss_sum, applied_examples = log.epoch_losses(epoch + 1) if first else (0.0, 0)
     micro_done, pending = first * k, []
     engine = run.engine
-    for n, x, y in worker_batches(run.data.train, order, cfg.batch_size, engine.replicas, engine.replica_ids):
-        x = run.augment(x, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
+    for n, raw, y in worker_batches(run.data.train, order, cfg.batch_size, engine.replicas, engine.replica_ids):
+        x = run.augment(raw, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
         out = update_within_memory(run.engine, x, y, n, step, cfg, not run.memory_checked, progress.message)
         run.memory_checked = True
         step += 1
@@ -282,14 +329,19 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
         bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
         end_of_epoch = step % run.steps_per_epoch == 0
         checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
-        if (len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum
-                or bad >= cfg.max_bad_updates):
+        if len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum or bad >= cfg.max_bad_updates:
             # Before any checkpoint: a checkpoint never counts an update metrics.jsonl lacks.
-            flushed = log.write_updates(pending, lambda i: examples_seen(i, run.steps_per_epoch, run.n_train,
-                                                                          cfg.batch_size), run.steps_per_epoch)
+            flushed = log.write_updates(
+                pending,
+                lambda i: examples_seen(i, run.steps_per_epoch, run.n_train, cfg.batch_size),
+                run.steps_per_epoch,
+            )
             loss_sum, applied_examples = loss_sum + flushed[0], applied_examples + flushed[1]
-            progress.updates(micro_done, flushed[0] / flushed[1] if flushed[1] else float("nan"),
-                             epoch_examples / max(time.time() - epoch_started, 1e-9))
+            progress.updates(
+                micro_done,
+                flushed[0] / flushed[1] if flushed[1] else float("nan"),
+                epoch_examples / max(time.time() - epoch_started, 1e-9),
+            )
             pending = []
         if bad >= cfg.max_bad_updates:
             run.save_checkpoint(step)  # skipped updates changed nothing: this is the last good state
@@ -297,7 +349,8 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
                 f"{bad} updates in a row had a non-finite loss or gradient (max_bad_updates="
                 f"{cfg.max_bad_updates}), the last at update {step}; weights are checkpointed as of the last "
                 f"good update: lower optimizer.learning_rate or set optimizer.clip_norm, then resume with "
-                f"--resume {run.run_dir}")
+                f"--resume {run.run_dir}"
+            )
         if stop.signum:
             run.save_checkpoint(step)
             raise Interrupted(stop.signum, run.run_dir, step)
@@ -308,12 +361,17 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     if run.data.validation is not None:
         validation["val_loss"], validation["val_accuracy"] = run.evaluate(run.data.validation)
     elapsed = time.time() - epoch_started
-    record = {"epoch": epoch + 1, "step": step,
-              "train_loss": loss_sum / applied_examples if applied_examples else None,
-              "test_loss": test_loss, "test_accuracy": test_accuracy, **validation,
-              "elapsed_s": elapsed, "examples_per_s": epoch_examples / max(elapsed, 1e-9)}
+    record = {
+        "epoch": epoch + 1,
+        "step": step,
+        "train_loss": loss_sum / applied_examples if applied_examples else None,
+        "test_loss": test_loss,
+        "test_accuracy": test_accuracy,
+        **validation,
+        "elapsed_s": elapsed,
+        "examples_per_s": epoch_examples / max(elapsed, 1e-9),
+    }
     log.write([record])
     run.save_checkpoint(step)
     progress.epoch_end(record)
     return step
-

@@ -36,8 +36,9 @@ def load_run(run_dir: Path, data=None, float32: bool = False):
     if data is None:
         shape = tuple(info["input_shape"])
         empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))
-        data = Dataset(train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]),
-                       source=info["source"])
+        data = Dataset(
+            train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
+        )
     run = Run(cfg, data, run_dir)
     run.restore_latest(run_dir)
     return run
@@ -49,5 +50,7 @@ def describe_run(run_dir: Path) -> dict:
     try:
         return json.loads((run_dir / "dataset.json").read_text())
     except FileNotFoundError:
-        raise RunDirError(f"{run_dir} has no dataset.json (written by accum-train 0.2 and later): "
-                          f"resume it once with 'accum-train run --resume {run_dir}' to write it") from None
+        raise RunDirError(
+            f"{run_dir} has no dataset.json (written by accum-train 0.2 and later): "
+            f"resume it once with 'accum-train run --resume {run_dir}' to write it"
+        ) from None

@@ -13,8 +13,8 @@
     apply_gradients performs in replica context: each replica hands in its
     last local gradient plus 1/replicas of the sum already reduced, so the
     applied gradient is the exact sum with k gradient all-reduces, not k + 1.
-    (n) checks nothing, reports no loss, clips nothing, and its unrolled loop is a little faster than a tf.range loop on CPU
-    (see NOTES): every difference other than the collectives favours (n).
+    (n) checks nothing, reports no loss, clips nothing, and its unrolled loop is a little faster than a
+    tf.range loop on CPU (see NOTES): every difference other than the collectives favours (n).
 
 Both on the seed convnet (norm none) over --devices logical CPUs, the same
 batch and initial weights (their first updates are checked to agree);
@@ -69,18 +69,23 @@ class LoggingCrossDeviceOps(CountingCrossDeviceOps):
             self._inside -= 1
 
     def reduce(self, reduce_op, per_replica_value, destinations, options=None):
-        return self._collective(("reduce", 1, self._size(per_replica_value)),
-                                lambda: super(LoggingCrossDeviceOps, self).reduce(
-                                    reduce_op, per_replica_value, destinations, options))
+        return self._collective(
+            ("reduce", 1, self._size(per_replica_value)),
+            lambda: super(LoggingCrossDeviceOps, self).reduce(reduce_op, per_replica_value, destinations, options),
+        )
 
     def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
         pairs = list(value_destination_pairs)
-        return self._collective(("batch_reduce", len(pairs), sum(self._size(v) for v, _ in pairs)),
-                                lambda: super(LoggingCrossDeviceOps, self).batch_reduce(reduce_op, pairs, options))
+        return self._collective(
+            ("batch_reduce", len(pairs), sum(self._size(v) for v, _ in pairs)),
+            lambda: super(LoggingCrossDeviceOps, self).batch_reduce(reduce_op, pairs, options),
+        )
 
     def broadcast(self, tensor, destinations):
-        return self._collective(("broadcast", 1, self._size(tensor)),
-                                lambda: super(LoggingCrossDeviceOps, self).broadcast(tensor, destinations))
+        return self._collective(
+            ("broadcast", 1, self._size(tensor)),
+            lambda: super(LoggingCrossDeviceOps, self).broadcast(tensor, destinations),
+        )
 
     def watch(self, strategy):
         """Log strategy.extended.reduce_to (behind strategy.reduce) too, whichever CrossDeviceOps runs it."""
@@ -88,8 +93,10 @@ class LoggingCrossDeviceOps(CountingCrossDeviceOps):
         original = extended.reduce_to
 
         def reduce_to(reduce_op, value, destinations, options=None):
-            return self._collective(("reduce", 1, self._size(value)),
-                                    lambda: original(reduce_op, value, destinations, options))
+            return self._collective(
+                ("reduce", 1, self._size(value)), lambda: original(reduce_op, value, destinations, options)
+            )
+
         extended.reduce_to = reduce_to
 
 
@@ -97,6 +104,7 @@ class LoggingCrossDeviceOps(CountingCrossDeviceOps):
 def graph_calls():
     """Count top-level tf.function calls, and the traces each of them made, while inside."""
     import tensorflow as tf
+
     cls = type(tf.function(lambda: None))
     original = cls.__call__
     calls, depth = [], [0]
@@ -133,7 +141,6 @@ def main():
     ops.watch(strategy)
     import numpy as np
     import tensorflow as tf
-
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.engine import AccumulatingUpdate, micro_bounds, sparse_softmax_loss
     from accum_train.models import build_model
@@ -182,6 +189,7 @@ def main():
         def share(ctx, tensor):
             start, end = micro_bounds(ctx.replica_id_in_sync_group, batch, ctx.num_replicas_in_sync)
             return tensor[start:end]
+
         xs = strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, xb))
         ys = strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, yb))
         strategy.run(naive_local, args=(xs, ys))
@@ -202,11 +210,15 @@ def main():
             fn()
         retraced = [f for f, traces in calls if traces != 1]
         if retraced or len({id(f) for f, _ in calls}) != len(calls):
-            raise SystemExit(f"{name}: a graph traced more than once or called twice in one update; "
-                             f"per-update collective counts would be wrong")
+            raise SystemExit(
+                f"{name}: a graph traced more than once or called twice in one update; "
+                f"per-update collective counts would be wrong"
+            )
         counts[name] = {"log": list(ops.log)}
-    worst = max(float(tf.reduce_max(tf.abs(a - b)) / (tf.reduce_max(tf.abs(a)) + 1e-12))
-                for a, b in zip(model.trainable_variables, variables))
+    worst = max(
+        float(tf.reduce_max(tf.abs(a - b)) / (tf.reduce_max(tf.abs(a)) + 1e-12))
+        for a, b in zip(model.trainable_variables, variables)
+    )
     if worst > 1e-4:
         raise SystemExit(f"the two methods' first updates disagree: max relative difference {worst:.2e}")
     for name, fn in methods.items():  # one warm update: graph calls at run time
@@ -226,34 +238,46 @@ def main():
             cpu[name].append((time.process_time() - c0) / args.updates)
             wall[name].append((time.perf_counter() - w0) / args.updates)
 
-    print(f"MirroredStrategy over {replicas} logical CPUs, k={k} micro-batches of {args.micro} per replica "
-          f"(batch {batch}), seed convnet x{args.width} (norm none, {gradient_elements} gradient floats), "
-          f"{args.rounds} rounds x {args.updates} updates; first updates agree to {worst:.1e} (max relative)")
-    print(f"{'method':<28} {'graph calls':>11} {'gradient':>10} {'other':>7} {'all':>5} "
-          f"{'median s/update':>16} {'CPU s/update':>13}")
+    print(
+        f"MirroredStrategy over {replicas} logical CPUs, k={k} micro-batches of {args.micro} per replica "
+        f"(batch {batch}), seed convnet x{args.width} (norm none, {gradient_elements} gradient floats), "
+        f"{args.rounds} rounds x {args.updates} updates; first updates agree to {worst:.1e} (max relative)"
+    )
+    print(
+        f"{'method':<28} {'graph calls':>11} {'gradient':>10} {'other':>7} {'all':>5} "
+        f"{'median s/update':>16} {'CPU s/update':>13}"
+    )
     print(f"{'':<28} {'/update':>11} {'all-reduces':>10} {'x-dev':>7} {'x-dev':>5} {'(wall)':>16} {'':>13}")
     for name in methods:
         log = counts[name]["log"]
         gradient = sum(1 for kind, _, size in log if kind != "broadcast" and size >= gradient_elements)
         counts[name]["gradient_all_reduces"] = gradient
         counts[name]["other_collectives"] = len(log) - gradient
-        print(f"{name:<28} {counts[name]['graph_calls']:>11} {gradient:>10} {len(log) - gradient:>7} "
-              f"{len(log):>5} {statistics.median(wall[name]):>16.4f} {statistics.median(cpu[name]):>13.4f}")
+        print(
+            f"{name:<28} {counts[name]['graph_calls']:>11} {gradient:>10} {len(log) - gradient:>7} "
+            f"{len(log):>5} {statistics.median(wall[name]):>16.4f} {statistics.median(cpu[name]):>13.4f}"
+        )
     print("collectives traced per update (kind, tensors, elements per replica):")
     for name in methods:
         summary = {}
         for entry in counts[name]["log"]:
             summary[entry] = summary.get(entry, 0) + 1
-        print(f"  {name}: " + ", ".join(f"{n} x {kind}({tensors}, {size})" for (kind, tensors, size), n
-                                         in summary.items()))
-    print("  (batch_reduce of all gradients: a gradient all-reduce (the engine's also carries the loss and its\n"
-          "   retry flag); broadcast(1, 1): Keras' optimizer.iterations, an ONLY_FIRST_REPLICA variable, moved\n"
-          "   once per apply_gradients by either method)")
+        print(
+            f"  {name}: "
+            + ", ".join(f"{n} x {kind}({tensors}, {size})" for (kind, tensors, size), n in summary.items())
+        )
+    print(
+        "  (batch_reduce of all gradients: a gradient all-reduce (the engine's also carries the loss and its\n"
+        "   retry flag); broadcast(1, 1): Keras' optimizer.iterations, an ONLY_FIRST_REPLICA variable, moved\n"
+        "   once per apply_gradients by either method)"
+    )
     a, n = "(a) accumulate-then-reduce", "(n) reduce per micro-batch"
     wall_ratio = statistics.median(wall[n]) / statistics.median(wall[a])
     cpu_ratio = statistics.median(cpu[n]) / statistics.median(cpu[a])
-    print(f"(n)/(a) time per update, 3 decimals rounded down (against accum-train), then full precision:\n"
-          f"  wall {floor3(wall_ratio)}  {wall_ratio!r}\n  CPU  {floor3(cpu_ratio)}  {cpu_ratio!r}")
+    print(
+        f"(n)/(a) time per update, 3 decimals rounded down (against accum-train), then full precision:\n"
+        f"  wall {floor3(wall_ratio)}  {wall_ratio!r}\n  CPU  {floor3(cpu_ratio)}  {cpu_ratio!r}"
+    )
 
 
 def floor3(value):

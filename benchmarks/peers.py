@@ -58,7 +58,6 @@ import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow lo
 import keras
 import numpy as np
 import tensorflow as tf
-
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
@@ -78,31 +77,36 @@ def channels(width):
 
 # ---------------------------------------------------------------- (a), (d), (e)
 
+
 def ours(width, k, x, y, plain=False, parallel=1):
     model = build_model(ModelConfig(width=width), 0, INPUT_SHAPE, NUM_CLASSES)
     opt = make_optimizer(OptimizerConfig(learning_rate=LR), LR, model.trainable_variables)
     loss_fn = sparse_softmax_loss(model.forward)
     if plain:
-        engine = PlainUpdate(loss_fn, model.trainable_variables, opt, clip_norm=None,
-                             norm_layers=model.norm_layers)
+        engine = PlainUpdate(loss_fn, model.trainable_variables, opt, clip_norm=None, norm_layers=model.norm_layers)
     else:
-        engine = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, clip_norm=None,
-                                    norm_layers=model.norm_layers, parallel=parallel)
+        engine = AccumulatingUpdate(
+            loss_fn, model.trainable_variables, opt, k, clip_norm=None, norm_layers=model.norm_layers, parallel=parallel
+        )
 
     def run(updates):  # a training loop: one engine call per update, the loss read back
         for _ in range(updates):
             float(engine.update(tf.constant(x), tf.constant(y))["loss"])
+
     return run
 
 
 # ---------------------------------------------------------------- (b), (b')
 
+
 def keras_twin(width):
     layers = [keras.Input(INPUT_SHAPE)]
     for c, s in zip(channels(width), SEED_STRIDES):
-        layers += [keras.layers.Conv2D(c, 3, s, padding="same", use_bias=False),
-                   keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5),
-                   keras.layers.LeakyReLU(negative_slope=0.2)]
+        layers += [
+            keras.layers.Conv2D(c, 3, s, padding="same", use_bias=False),
+            keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5),
+            keras.layers.LeakyReLU(negative_slope=0.2),
+        ]
     layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(NUM_CLASSES)]
     return keras.Sequential(layers)
 
@@ -113,9 +117,11 @@ class KerasAccumulation:
     def __init__(self, width, k, micro, x, y, updates, steps_per_execution=1):
         keras.utils.set_random_seed(0)
         self.model = keras_twin(width)
-        self.model.compile(optimizer=keras.optimizers.Adam(LR, gradient_accumulation_steps=k),
-                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                           steps_per_execution=steps_per_execution)
+        self.model.compile(
+            optimizer=keras.optimizers.Adam(LR, gradient_accumulation_steps=k),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=steps_per_execution,
+        )
         # `updates` copies of the batch: updates x k micro-batches, built once
         # (data preparation, not a cost of accumulation).
         self.updates = updates
@@ -133,6 +139,7 @@ class KerasAccumulation:
 
 
 # ---------------------------------------------------------------- (c)
+
 
 def tf1_session(width, k, micro, xs, ys):
     graph = tf.Graph()
@@ -167,16 +174,24 @@ def tf1_session(width, k, micro, xs, ys):
     def run(updates):  # the seed's loop: k feeds of the accumulate op, then the apply op
         for _ in range(updates):
             for i in range(k):
-                session.run(accumulate, {x: xs[i * micro:(i + 1) * micro], y: ys[i * micro:(i + 1) * micro]})
+                session.run(accumulate, {x: xs[i * micro : (i + 1) * micro], y: ys[i * micro : (i + 1) * micro]})
             session.run(apply_and_clear)
+
     return run
 
 
 # ---------------------------------------------------------------- timing
 
 A, A1, B, B_SPE, B_SPE_T, C, D, E = (
-    "(a) accum-train", "(a1) accum-train, 1 at a time", "(b) keras GA, fit", "(b') keras GA, fit, spe=k",
-    "(b'') keras GA, spe=k, threads", "(c) tf1 session", "(d) plain, micro-batch", "(e) plain, whole batch")
+    "(a) accum-train",
+    "(a1) accum-train, 1 at a time",
+    "(b) keras GA, fit",
+    "(b') keras GA, fit, spe=k",
+    "(b'') keras GA, spe=k, threads",
+    "(c) tf1 session",
+    "(d) plain, micro-batch",
+    "(e) plain, whole batch",
+)
 KERAS = (B, B_SPE, B_SPE_T)
 
 
@@ -189,8 +204,16 @@ def method_spec(args):
     """name: (thread pools or None for TensorFlow's defaults, examples per update)."""
     k, micro = args.k, args.micro
     ours_pools = thread_pools(ours_parallel(k))  # what threads.configure sets for (a)
-    return {A: (ours_pools, k * micro), A1: (None, k * micro), B: (None, k * micro), B_SPE: (None, k * micro),
-            B_SPE_T: (ours_pools, k * micro), C: (None, k * micro), D: (None, micro), E: (None, k * micro)}
+    return {
+        A: (ours_pools, k * micro),
+        A1: (None, k * micro),
+        B: (None, k * micro),
+        B_SPE: (None, k * micro),
+        B_SPE_T: (ours_pools, k * micro),
+        C: (None, k * micro),
+        D: (None, micro),
+        E: (None, k * micro),
+    }
 
 
 def build_method(name, args, x, y):
@@ -201,8 +224,9 @@ def build_method(name, args, x, y):
     if name == A1:
         return ours(args.width, k, x[:batch], y[:batch], parallel=1)
     if name in KERAS:
-        return KerasAccumulation(args.width, k, micro, x[:batch], y[:batch], updates,
-                                 steps_per_execution=1 if name == B else k)
+        return KerasAccumulation(
+            args.width, k, micro, x[:batch], y[:batch], updates, steps_per_execution=1 if name == B else k
+        )
     if name == C:
         return tf1_session(args.width, k, micro, x[:batch], y[:batch])
     if name == D:
@@ -234,11 +258,13 @@ def time_methods(args, x, y):
     spec = method_spec(args)
     children = {}
     for name in spec:  # started one at a time: each warms up while the others wait
-        argv = [sys.executable, __file__, "--serve", name] + [f"--{key.replace('_', '-')}={value}" for key, value
-                                                                in vars(args).items() if key in SHARED_ARGS]
+        argv = [sys.executable, __file__, "--serve", name] + [
+            f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items() if key in SHARED_ARGS
+        ]
         # through the environment, read when the child's runtime starts (TensorLayer's import already runs ops)
-        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 env=child_environment(spec[name][0]))
+        child = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_environment(spec[name][0])
+        )
         if not json.loads(_last_json(child)).get("ready"):
             raise RuntimeError(f"{name}: the timing process did not start")
         children[name] = child
@@ -263,13 +289,18 @@ def time_methods(args, x, y):
         if finals[name]["optimizer_updates"] != expected:
             raise RuntimeError(f"{name}: {finals[name]['optimizer_updates']} optimizer updates in all, not {expected}")
     keras_jit = {name: finals[name]["jit_compile"] for name in KERAS}
-    return {name: {"cpu_s_per_example": statistics.median(cpu[name]),
-                   "wall_s_per_example": statistics.median(wall[name]),
-                   "examples_per_s": 1.0 / statistics.median(wall[name]),
-                   "examples_per_cpu_s": 1.0 / statistics.median(cpu[name]),
-                   "threads": spec[name][0] or "tensorflow defaults",
-                   "rounds_cpu_s_per_example": cpu[name],
-                   "rounds_wall_s_per_example": wall[name]} for name in spec}, keras_jit
+    return {
+        name: {
+            "cpu_s_per_example": statistics.median(cpu[name]),
+            "wall_s_per_example": statistics.median(wall[name]),
+            "examples_per_s": 1.0 / statistics.median(wall[name]),
+            "examples_per_cpu_s": 1.0 / statistics.median(cpu[name]),
+            "threads": spec[name][0] or "tensorflow defaults",
+            "rounds_cpu_s_per_example": cpu[name],
+            "rounds_wall_s_per_example": wall[name],
+        }
+        for name in spec
+    }, keras_jit
 
 
 def _last_json(child) -> str:
@@ -285,14 +316,25 @@ def memory(args):
     with tempfile.TemporaryDirectory() as scratch:
         # (a1): accum-train with one micro-step at a time (what auto chooses with a GPU, and the least
         # memory); (a): auto on this machine (on a CPU, two at once: two micro-batches of activations).
-        for label, baseline, k, parallel in ((A1, False, args.mem_k, 1), (A, False, args.mem_k, "auto"),
-                                             (E, True, 1, "auto")):
-            cfg = config_from_dict({"model": {"width": args.width}, "batch_size": args.mem_batch,
-                                    "subdivisions": k, "baseline": baseline, "parallel_micro_steps": parallel})
+        for label, baseline, k, parallel in (
+            (A1, False, args.mem_k, 1),
+            (A, False, args.mem_k, "auto"),
+            (E, True, 1, "auto"),
+        ):
+            cfg = config_from_dict(
+                {
+                    "model": {"width": args.width},
+                    "batch_size": args.mem_batch,
+                    "subdivisions": k,
+                    "baseline": baseline,
+                    "parallel_micro_steps": parallel,
+                }
+            )
             path = Path(scratch) / "cfg.yaml"
             path.write_text(cfg.to_yaml())
-            out = subprocess.run([sys.executable, "-m", "accum_train.bench", str(path), str(k), "2"],
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-m", "accum_train.bench", str(path), str(k), "2"], capture_output=True, text=True
+            )
             if out.returncode != 0:
                 raise SystemExit(f"memory worker for {label} failed ({out.returncode}):\n{out.stderr[-3000:]}")
             rows[label] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -323,8 +365,9 @@ def main():
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--micro", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--updates", type=int, default=20,
-                        help="updates per method per round (for (b): one fit over this many updates)")
+    parser.add_argument(
+        "--updates", type=int, default=20, help="updates per method per round (for (b): one fit over this many updates)"
+    )
     parser.add_argument("--mem-batch", type=int, default=4096)
     parser.add_argument("--mem-k", type=int, default=16)
     parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
@@ -332,6 +375,7 @@ def main():
     args = parser.parse_args()
 
     from accum_train.datasets import fashion_mnist
+
     data = fashion_mnist.load(train_limit=args.k * args.micro)
     x = data.train.images[..., None].astype(np.float32) / 255.0
     y = data.train.labels.astype(np.int32)
@@ -341,15 +385,22 @@ def main():
     load_before = os.getloadavg()
     started = time.perf_counter()
     times, keras_jit = time_methods(args, x, y)
-    print(f"time: seed convnet x{args.width}, k={args.k}, micro-batch {args.micro}, {args.rounds} rounds x "
-          f"{args.updates} updates per method (one fit per round for Keras), each method in its own process, "
-          f"medians; keras jit_compile resolved to {keras_jit[B]}")
+    print(
+        f"time: seed convnet x{args.width}, k={args.k}, micro-batch {args.micro}, {args.rounds} rounds x "
+        f"{args.updates} updates per method (one fit per round for Keras), each method in its own process, "
+        f"medians; keras jit_compile resolved to {keras_jit[B]}"
+    )
     print(f"{'method':<31} {'CPU ms/example':>15} {'wall ms/example':>16} {'examples/s':>11}  threads")
     for name, r in times.items():
-        threads = r["threads"] if isinstance(r["threads"], str) else f"intra {r['threads']['intra']}, " \
-                                                                      f"inter {r['threads']['inter']}"
-        print(f"{name:<31} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
-              f"{r['examples_per_s']:>11.0f}  {threads}")
+        threads = (
+            r["threads"]
+            if isinstance(r["threads"], str)
+            else f"intra {r['threads']['intra']}, inter {r['threads']['inter']}"
+        )
+        print(
+            f"{name:<31} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
+            f"{r['examples_per_s']:>11.0f}  {threads}"
+        )
     a = times[A]
     best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
     best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
@@ -364,21 +415,28 @@ def main():
         "a/b examples per CPU-second, (b') spe=k": a["examples_per_cpu_s"] / times[B_SPE]["examples_per_cpu_s"],
         "a/b examples per wall-second, (b) compile defaults": a["examples_per_s"] / times[B]["examples_per_s"],
         "a/b examples per wall-second, (b') spe=k": a["examples_per_s"] / times[B_SPE]["examples_per_s"],
-        "a/b examples per CPU-second, (b'') spe=k, threads": a["examples_per_cpu_s"] / times[B_SPE_T]["examples_per_cpu_s"],
+        "a/b examples per CPU-second, (b'') spe=k, threads": a["examples_per_cpu_s"]
+        / times[B_SPE_T]["examples_per_cpu_s"],
         "a/b examples per wall-second, (b'') spe=k, threads": a["examples_per_s"] / times[B_SPE_T]["examples_per_s"],
-        "a1/b examples per wall-second (one micro-step at a time)": times[A1]["examples_per_s"] / times[best_wall]["examples_per_s"],
-        "a1/b examples per CPU-second (one micro-step at a time)": times[A1]["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
+        "a1/b examples per wall-second (one micro-step at a time)": times[A1]["examples_per_s"]
+        / times[best_wall]["examples_per_s"],
+        "a1/b examples per CPU-second (one micro-step at a time)": times[A1]["examples_per_cpu_s"]
+        / times[best_cpu]["examples_per_cpu_s"],
     }
     timing_s = time.perf_counter() - started
     mem = memory(args)
-    ratios["a1/e TF allocator peak"] = (mem[A1]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"])
-    ratios["a/e TF allocator peak"] = (mem[A]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"])
+    ratios["a1/e TF allocator peak"] = mem[A1]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"]
+    ratios["a/e TF allocator peak"] = mem[A]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"]
     print(f"\nmemory: batch {args.mem_batch}, (a1) and (a) at k={args.mem_k} vs (e) one pass, fresh process each")
     for name, r in mem.items():
-        print(f"{name:<31} TF allocator peak {r['peak_memory_bytes'] / 2**20:>7.0f} MiB, "
-              f"peak RSS {r['peak_rss_bytes'] / 2**20:>6.0f} MiB")
-    print(f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
-          f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}")
+        print(
+            f"{name:<31} TF allocator peak {r['peak_memory_bytes'] / 2**20:>7.0f} MiB, "
+            f"peak RSS {r['peak_rss_bytes'] / 2**20:>6.0f} MiB"
+        )
+    print(
+        f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
+        f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}"
+    )
     print(f"  {'ratio':<32} {'target':>8} {'measured':>9}  full precision")
     for name, value in ratios.items():
         target, higher = TARGETS[name]
@@ -386,16 +444,31 @@ def main():
     for name, value in details.items():
         print(f"  {name:<58} {shown(value, True):>9}  {value!r}")
     if args.output:
-        args.output.write_text(json.dumps({
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "environment": {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__,
-                            "python": platform.python_version(), "cpus": os.cpu_count(),
-                            "load_average_before": load_before, "timing_wall_s": timing_s,
-                            "keras_jit_compile": keras_jit},
-            "time": times, "memory": mem, "ratios": ratios, "ratios_a_b_per_keras_variant": details,
-            "a_b_against": {"cpu": best_cpu, "wall": best_wall},
-            "targets": {name: {"target": t, "higher_is_better": h} for name, (t, h) in TARGETS.items()},
-        }, indent=2) + "\n")
+        args.output.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "environment": {
+                        "tensorflow": tf.__version__,
+                        "keras": keras.__version__,
+                        "numpy": np.__version__,
+                        "python": platform.python_version(),
+                        "cpus": os.cpu_count(),
+                        "load_average_before": load_before,
+                        "timing_wall_s": timing_s,
+                        "keras_jit_compile": keras_jit,
+                    },
+                    "time": times,
+                    "memory": mem,
+                    "ratios": ratios,
+                    "ratios_a_b_per_keras_variant": details,
+                    "a_b_against": {"cpu": best_cpu, "wall": best_wall},
+                    "targets": {name: {"target": t, "higher_is_better": h} for name, (t, h) in TARGETS.items()},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

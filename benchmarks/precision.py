@@ -10,14 +10,11 @@ k changes what it computes in any precision. mixed_float16 runs at a fixed loss 
 
 from __future__ import annotations
 
-import numpy as np
-
 import accum_train  # noqa: F401
+import numpy as np
 
 
 def main():
-    import tensorflow as tf
-
     from accum_train.config import DataConfig, ModelConfig, OptimizerConfig
     from accum_train.datasets import load
     from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
@@ -28,11 +25,19 @@ def main():
     batches = list(data.train.batches(np.arange(640), 64))
 
     def weights_after(name, norm, precision, k, optimizer, lr):
-        model = build_model(ModelConfig(name=name, width=0.125, norm=norm, hidden=64), 3, data.input_shape,
-                            data.num_classes, precision)
+        model = build_model(
+            ModelConfig(name=name, width=0.125, norm=norm, hidden=64), 3, data.input_shape, data.num_classes, precision
+        )
         opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, model.trainable_variables)
-        engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, k, None,
-                                    model.norm_layers, loss_scale=4096.0 if precision == "mixed_float16" else None)
+        engine = AccumulatingUpdate(
+            sparse_softmax_loss(model.forward),
+            model.trainable_variables,
+            opt,
+            k,
+            None,
+            model.norm_layers,
+            loss_scale=4096.0 if precision == "mixed_float16" else None,
+        )
         for x, y in batches:
             if not bool(engine.update(x, y)["applied"]):
                 raise SystemExit(f"{name} {precision}: an update was skipped")
@@ -46,8 +51,10 @@ def main():
                 b = weights_after(name, norm, precision, 4, optimizer, lr)
                 rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
                 label = name if norm == "none" else f"{name} x1/8 {norm}"
-                print(f"{label:<28} {optimizer:<9} {precision:<15} {rel:>18.2e} {float(np.max(np.abs(a - b))):>10.2e}",
-                      flush=True)
+                print(
+                    f"{label:<28} {optimizer:<9} {precision:<15} {rel:>18.2e} {float(np.max(np.abs(a - b))):>10.2e}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

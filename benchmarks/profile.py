@@ -43,10 +43,32 @@ import tempfile
 import time
 
 VARIANTS = {"k=1": (1, 1), "k=8, 1 at once": (8, 1), "k=8, 2 at once": (8, 2)}  # label: (k, parallel)
-KINDS = ("convolutions", "batch norm", "activations", "accumulation", "loop, slicing", "other in loop",
-         "after the loop")
-LOOP_CONTROL = {"Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond", "StridedSlice", "Less",
-                "FloorDiv", "Minimum", "Identity", "Const", "Shape", "Cast", "Pack"}
+KINDS = (
+    "convolutions",
+    "batch norm",
+    "activations",
+    "accumulation",
+    "loop, slicing",
+    "other in loop",
+    "after the loop",
+)
+LOOP_CONTROL = {
+    "Enter",
+    "Exit",
+    "Merge",
+    "Switch",
+    "NextIteration",
+    "LoopCond",
+    "StridedSlice",
+    "Less",
+    "FloorDiv",
+    "Minimum",
+    "Identity",
+    "Const",
+    "Shape",
+    "Cast",
+    "Pack",
+}
 
 
 def kind(name: str, op: str) -> str:
@@ -56,10 +78,13 @@ def kind(name: str, op: str) -> str:
         return "convolutions"
     if "FusedBatchNorm" in op:
         return "batch norm"
-    if op in ("LeakyRelu", "LeakyReluGrad", "SparseSoftmaxCrossEntropyWithLogits", "Mean", "Tile", "BroadcastTo",
-              "Sum") and "pending" not in name:
+    if (
+        op
+        in ("LeakyRelu", "LeakyReluGrad", "SparseSoftmaxCrossEntropyWithLogits", "Mean", "Tile", "BroadcastTo", "Sum")
+        and "pending" not in name
+    ):
         return "activations"
-    if op == "AssignAddVariableOp" or re.search(r"while/add_\d+$", name) and "gradient_tape" not in name:
+    if op == "AssignAddVariableOp" or (re.search(r"while/add_\d+$", name) and "gradient_tape" not in name):
         return "accumulation"
     if op in LOOP_CONTROL:
         return "loop, slicing"
@@ -67,24 +92,29 @@ def kind(name: str, op: str) -> str:
 
 
 def measure(k: int, parallel: int, updates: int) -> dict:
+    import accum_train  # noqa: F401
     import numpy as np
     import tensorflow as tf
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    import accum_train  # noqa: F401
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.datasets import fashion_mnist
     from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
     from accum_train.models import build_model
     from accum_train.optim import make_optimizer
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     data = fashion_mnist.load(train_limit=256)
     x = tf.constant(data.train.images[..., None].astype(np.float32) / 255.0)
     y = tf.constant(data.train.labels.astype(np.int32))
     model = build_model(ModelConfig(width=0.125), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(learning_rate=1e-3), 1e-3, model.trainable_variables)
-    engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, k,
-                                norm_layers=model.norm_layers, parallel=parallel)
+    engine = AccumulatingUpdate(
+        sparse_softmax_loss(model.forward),
+        model.trainable_variables,
+        opt,
+        k,
+        norm_layers=model.norm_layers,
+        parallel=parallel,
+    )
     for _ in range(3):
         float(engine.update(x, y)["loss"])
     trace = tempfile.mkdtemp()
@@ -120,11 +150,15 @@ def main():
         return
     rows = {}
     from accum_train.threads import child_environment, thread_pools
+
     for label, (k, parallel) in VARIANTS.items():
         # the pools threads.configure sets for that many micro-steps in flight (none: TensorFlow's defaults)
-        out = subprocess.run([sys.executable, __file__, "--updates", str(args.updates), "--child", str(k),
-                              str(parallel)], capture_output=True, text=True,
-                             env=child_environment(thread_pools(parallel)))
+        out = subprocess.run(
+            [sys.executable, __file__, "--updates", str(args.updates), "--child", str(k), str(parallel)],
+            capture_output=True,
+            text=True,
+            env=child_environment(thread_pools(parallel)),
+        )
         if out.returncode:
             raise SystemExit(f"{label} failed:\n{out.stderr[-3000:]}")
         rows[label] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -132,10 +166,13 @@ def main():
     print(f"ms per update (seed convnet x1/8, batch 256, {args.updates} traced updates each)")
     print(f"{'':<28}" + "".join(f"{label:>16}" for label in labels))
     for key in ("wall_ms", "cpu_ms"):
-        print(f"{'wall' if key == 'wall_ms' else 'CPU':<28}" + "".join(f"{rows[l][key]:>16.1f}" for l in labels))
+        print(
+            f"{'wall' if key == 'wall_ms' else 'CPU':<28}" + "".join(f"{rows[label][key]:>16.1f}" for label in labels)
+        )
     for name in KINDS:
-        print(f"{'  ' + name:<28}" + "".join(f"{rows[l]['op_ms'].get(name, 0.0):>16.1f}" for l in labels))
-    print(f"{'  all kernels':<28}" + "".join(f"{sum(rows[l]['op_ms'].values()):>16.1f}" for l in labels))
+        kernels = "".join(f"{rows[label]['op_ms'].get(name, 0.0):>16.1f}" for label in labels)
+        print(f"{'  ' + name:<28}" + kernels)
+    print(f"{'  all kernels':<28}" + "".join(f"{sum(rows[label]['op_ms'].values()):>16.1f}" for label in labels))
 
 
 if __name__ == "__main__":

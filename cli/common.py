@@ -52,8 +52,11 @@ def exit_codes():
         die(f"error: {err}", 1)
     except Interrupted as stop:
         name = signal.Signals(stop.signum).name
-        how = (f"stopped at once by a second {name}; the last checkpoint (update {stop.step}) is intact"
-               if stop.forced else f"stopped by {name} after update {stop.step}; checkpoint saved")
+        how = (
+            f"stopped at once by a second {name}; the last checkpoint (update {stop.step}) is intact"
+            if stop.forced
+            else f"stopped by {name} after update {stop.step}; checkpoint saved"
+        )
         die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", 128 + stop.signum)
 
 

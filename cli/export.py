@@ -11,8 +11,12 @@ from .common import exit_codes, quiet_tensorflow, verbose_option
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--output", type=click.Path(dir_okay=True, path_type=Path), default=None,
-              help="The .keras file to write (default: RUN_DIR/model.keras).")
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=True, path_type=Path),
+    default=None,
+    help="The .keras file to write (default: RUN_DIR/model.keras).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists (atomically).")
 @verbose_option
 def export(run_dir, output, overwrite, verbose):
@@ -26,5 +30,6 @@ def export(run_dir, output, overwrite, verbose):
     quiet_tensorflow(verbose)
     with exit_codes():
         from ..export import export_run
+
         path = export_run(run_dir, output, overwrite)
     click.echo(f"written: {path}")

@@ -37,12 +37,27 @@ class BarProgress:
         if not self.show_bar:
             return
         import progressbar
-        widgets = [f"epoch {epoch}/{epochs} ", progressbar.Counter(), f"/{micro_batches} micro-batches ",
-                   progressbar.Bar(), " ", progressbar.Variable("loss", precision=4), " ",
-                   progressbar.Variable("examples_per_s", format="{formatted_value} examples/s", precision=6),
-                   " ", progressbar.ETA()]
-        self.bar = progressbar.ProgressBar(max_value=micro_batches, widgets=widgets, initial_value=done,
-                                           fd=self.stream, line_breaks=False, is_terminal=True)
+
+        widgets = [
+            f"epoch {epoch}/{epochs} ",
+            progressbar.Counter(),
+            f"/{micro_batches} micro-batches ",
+            progressbar.Bar(),
+            " ",
+            progressbar.Variable("loss", precision=4),
+            " ",
+            progressbar.Variable("examples_per_s", format="{formatted_value} examples/s", precision=6),
+            " ",
+            progressbar.ETA(),
+        ]
+        self.bar = progressbar.ProgressBar(
+            max_value=micro_batches,
+            widgets=widgets,
+            initial_value=done,
+            fd=self.stream,
+            line_breaks=False,
+            is_terminal=True,
+        )
         self.bar.start()
 
     def updates(self, micro_done, loss, examples_per_s):
@@ -54,11 +69,16 @@ class BarProgress:
             self.bar.finish()
             self.bar = None
         train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
-        validation = (f"val loss {record['val_loss']:.4f}, val accuracy {record['val_accuracy']:.4f}, "
-                      if "val_accuracy" in record else "")
-        click.echo(f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, {validation}"
-                   f"test loss {record['test_loss']:.4f}, test accuracy {record['test_accuracy']:.4f}, "
-                   f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s")
+        validation = (
+            f"val loss {record['val_loss']:.4f}, val accuracy {record['val_accuracy']:.4f}, "
+            if "val_accuracy" in record
+            else ""
+        )
+        click.echo(
+            f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, {validation}"
+            f"test loss {record['test_loss']:.4f}, test accuracy {record['test_accuracy']:.4f}, "
+            f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s"
+        )
 
     def message(self, text):
         click.echo(text)
@@ -80,11 +100,20 @@ def main():
 @click.argument("config", required=False, type=click.Path(dir_okay=True, path_type=Path))
 @set_option("Override a config value, e.g. --set subdivisions=10 --set optimizer.learning_rate=0.002")
 @output_dir_option("Run directory to create (default: runs/CONFIG-DATE-TIME).")
-@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
-              help="Continue the run in this directory from its latest checkpoint.")
+@click.option(
+    "--resume",
+    "resume_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Continue the run in this directory from its latest checkpoint.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar (also off when stdout is not a terminal).")
-@click.option("--workers", type=click.IntRange(min=2), default=None,
-              help="Train on this many local worker processes (MultiWorkerMirroredStrategy on 127.0.0.1).")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Train on this many local worker processes (MultiWorkerMirroredStrategy on 127.0.0.1).",
+)
 @verbose_option
 def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
     """Train the model a CONFIG describes and print its test accuracy.
@@ -98,27 +127,35 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
     with exit_codes():
         if resume_dir is not None:
             if output_dir is not None and Path(output_dir) != Path(resume_dir):
-                raise UserError("--output-dir and --resume name different directories: "
-                                "a resumed run stays in its own directory; drop --output-dir")
+                raise UserError(
+                    "--output-dir and --resume name different directories: "
+                    "a resumed run stays in its own directory; drop --output-dir"
+                )
             from ..rundir import resume_config
+
             cfg, run_dir = resume_config(resume_dir, config, overrides), Path(resume_dir)
         else:
             if config is None:
-                raise UserError("missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', "
-                                "or --resume RUN_DIR")
+                raise UserError(
+                    "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', or --resume RUN_DIR"
+                )
             cfg = load_config(config, overrides)
             run_dir = Path(output_dir) if output_dir else default_output_dir(config)
         if workers:
             from ..launcher import launch_workers
+
             summary = launch_workers(cfg, run_dir, resume_dir is not None, workers, click.echo)
         else:
             from ..train import train
+
             progress = BarProgress(not quiet and sys.stdout.isatty())
             summary = train(cfg, run_dir, progress=progress, resume=resume_dir is not None)
     if workers:
         return  # the chief's own output, echoed by the launcher, ended with the same line
-    click.echo(f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
-               f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}")
+    click.echo(
+        f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
+        f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}"
+    )
 
 
 @main.command()
@@ -138,6 +175,7 @@ def compare(config, overrides, output_dir, verbose):
         cfg = load_config(config, overrides)
         out_dir = Path(output_dir) if output_dir else default_output_dir(config, "compare-")
         from ..compare import compare as run_compare
+
         result = run_compare(cfg, out_dir, BarProgress(False))
     click.echo(format_compare(result, out_dir))
 
@@ -154,15 +192,29 @@ def _parse_ks(text: str) -> list:
 
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=True, path_type=Path))
-@click.option("--subdivisions", "ks", default="1,2,4,8,16", show_default=True,
-              help="Values of k to measure, comma-separated.")
-@click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1),
-              help="Timed updates per k (after 2 warm-up updates).")
-@click.option("--precision", "precisions", default=None,
-              help="Precisions to measure, comma-separated (float32, mixed_bfloat16, mixed_float16); "
-                   "default: the config's.")
-@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Measure every variant this many times, alternating; ratios are medians over the rounds.")
+@click.option(
+    "--subdivisions", "ks", default="1,2,4,8,16", show_default=True, help="Values of k to measure, comma-separated."
+)
+@click.option(
+    "--steps",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed updates per k (after 2 warm-up updates).",
+)
+@click.option(
+    "--precision",
+    "precisions",
+    default=None,
+    help="Precisions to measure, comma-separated (float32, mixed_bfloat16, mixed_float16); default: the config's.",
+)
+@click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Measure every variant this many times, alternating; ratios are medians over the rounds.",
+)
 @set_option("Override a config value.")
 @output_dir_option("Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
 @verbose_option
@@ -179,17 +231,21 @@ def bench(config, ks, steps, precisions, rounds, overrides, output_dir, verbose)
         values = _parse_ks(ks)
         too_many = [k for k in values if k > cfg.batch_size]
         if too_many:
-            raise UserError(f"--subdivisions {too_many[0]} is more than batch_size={cfg.batch_size}: "
-                            f"a micro-batch holds at least one example")
+            raise UserError(
+                f"--subdivisions {too_many[0]} is more than batch_size={cfg.batch_size}: "
+                f"a micro-batch holds at least one example"
+            )
         chosen = _parse_precisions(precisions) if precisions is not None else [cfg.precision]
         out_dir = Path(output_dir) if output_dir else default_output_dir(config, "bench-")
         from ..bench import bench as run_bench
+
         result = run_bench(cfg, values, steps, out_dir, BarProgress(False), chosen, rounds)
     click.echo(format_bench(result, out_dir))
 
 
 def _parse_precisions(text: str) -> list:
     from ..config import PRECISIONS
+
     chosen = [part.strip() for part in text.split(",") if part.strip()]
     bad = [p for p in chosen if p not in PRECISIONS]
     if not chosen or bad:
@@ -205,19 +261,28 @@ def format_bench(result: dict, out_dir: Path) -> str:
     def ratio(spread):
         return f"{spread['median']:.2f}x" + (f" [{spread['min']:.2f}-{spread['max']:.2f}]" if several else "")
 
-    lines = [f"{'precision':<15} {'k':>4} {'micro':>6} {'s/update':>9} {'examples/s':>11} {'CPU ms/example':>15} "
-             f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'CPU x':>7} {'memory x':>9}"]
+    lines = [
+        f"{'precision':<15} {'k':>4} {'micro':>6} {'s/update':>9} {'examples/s':>11} {'CPU ms/example':>15} "
+        f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'CPU x':>7} {'memory x':>9}"
+    ]
     for r in rows:
         mem_ratio = r["memory_ratio"]
-        lines.append(f"{r['precision']:<15} {r['subdivisions']:>4} {r['micro_batch_size']:>6} "
-                     f"{r['median_s_per_update']:>9.3f} {r['examples_per_s']:>11.0f} "
-                     f"{1000 * r['cpu_s_per_example']:>15.3f} {_mib(r['peak_memory_bytes']):>9} "
-                     f"{_mib(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
-                     f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}")
-    how = (f"medians over {result['rounds']} alternating rounds, [min-max] of the per-round ratios" if several
-           else "one round")
-    lines.append(f"(ratios against {first['precision']} k={first['subdivisions']}; {result['steps']} updates per "
-                 f"measurement, one fresh process each; {how})")
+        lines.append(
+            f"{r['precision']:<15} {r['subdivisions']:>4} {r['micro_batch_size']:>6} "
+            f"{r['median_s_per_update']:>9.3f} {r['examples_per_s']:>11.0f} "
+            f"{1000 * r['cpu_s_per_example']:>15.3f} {_mib(r['peak_memory_bytes']):>9} "
+            f"{_mib(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
+            f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}"
+        )
+    how = (
+        f"medians over {result['rounds']} alternating rounds, [min-max] of the per-round ratios"
+        if several
+        else "one round"
+    )
+    lines.append(
+        f"(ratios against {first['precision']} k={first['subdivisions']}; {result['steps']} updates per "
+        f"measurement, one fresh process each; {how})"
+    )
     lines.append(f"written: {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
     return "\n".join(lines)
 
@@ -230,22 +295,33 @@ def format_compare(result: dict, out_dir: Path) -> str:
     """The side-by-side table: one row per epoch, then cost rows and the gradient check."""
     base, sub = result["baseline"], result["subdivided"]
     ok = base["status"] == "ok"
-    lines = [f"{'epoch':>5} | {'baseline':^29} | {'subdivided':^29}",
-             f"{'':>5} | {'train loss':>10} {'test loss':>9} {'acc':>7} | "
-             f"{'train loss':>10} {'test loss':>9} {'acc':>7}"]
+    lines = [
+        f"{'epoch':>5} | {'baseline':^29} | {'subdivided':^29}",
+        f"{'':>5} | {'train loss':>10} {'test loss':>9} {'acc':>7} | {'train loss':>10} {'test loss':>9} {'acc':>7}",
+    ]
     curves = sub["curves"]
     for i, epoch in enumerate(curves["epoch"]):
-        left = (f"{base['curves']['train_loss'][i]:>10.4f} {base['curves']['test_loss'][i]:>9.4f} "
-                f"{base['curves']['test_accuracy'][i]:>7.4f}") if ok else f"{'out of memory':^29}"
-        lines.append(f"{epoch:>5} | {left} | {curves['train_loss'][i]:>10.4f} "
-                     f"{curves['test_loss'][i]:>9.4f} {curves['test_accuracy'][i]:>7.4f}")
+        left = (
+            (
+                f"{base['curves']['train_loss'][i]:>10.4f} {base['curves']['test_loss'][i]:>9.4f} "
+                f"{base['curves']['test_accuracy'][i]:>7.4f}"
+            )
+            if ok
+            else f"{'out of memory':^29}"
+        )
+        lines.append(
+            f"{epoch:>5} | {left} | {curves['train_loss'][i]:>10.4f} "
+            f"{curves['test_loss'][i]:>9.4f} {curves['test_accuracy'][i]:>7.4f}"
+        )
     lines.append("")
     lines.append(f"{'cost':<22} {'baseline':>12} {'subdivided':>12} {'ratio':>8}")
-    units = {"wall_time_s": ("wall time", lambda v: f"{v:.1f} s"),
-             "cpu_time_s": ("CPU time", lambda v: f"{v:.1f} s"),
-             "examples_per_s": ("examples/s", lambda v: f"{v:.0f}"),
-             "peak_memory_bytes": ("TF allocator peak", _mib),
-             "peak_rss_bytes": ("peak RSS", _mib)}
+    units = {
+        "wall_time_s": ("wall time", lambda v: f"{v:.1f} s"),
+        "cpu_time_s": ("CPU time", lambda v: f"{v:.1f} s"),
+        "examples_per_s": ("examples/s", lambda v: f"{v:.0f}"),
+        "peak_memory_bytes": ("TF allocator peak", _mib),
+        "peak_rss_bytes": ("peak RSS", _mib),
+    }
     for key, (label, fmt) in units.items():
         b = fmt(base["summary"][key]) if ok and base["summary"].get(key) is not None else "n/a"
         s = fmt(sub["summary"][key]) if sub["summary"].get(key) is not None else "n/a"
@@ -255,12 +331,16 @@ def format_compare(result: dict, out_dir: Path) -> str:
         lines.append(f"baseline: {base['message']}")
     check = result["gradient_check"]
     lines.append("")
-    lines.append(f"gradient check, first batch, initial weights, k={check['subdivisions']}: "
-                 f"max abs diff {check['max_abs_diff']:.3g}, max rel diff {check['max_rel_diff']:.3g}")
+    lines.append(
+        f"gradient check, first batch, initial weights, k={check['subdivisions']}: "
+        f"max abs diff {check['max_abs_diff']:.3g}, max rel diff {check['max_rel_diff']:.3g}"
+    )
     if check["bn_inference_mode"]:
         bn = check["bn_inference_mode"]
-        lines.append(f"  with BatchNorm in inference mode: max abs diff {bn['max_abs_diff']:.3g}, "
-                     f"max rel diff {bn['max_rel_diff']:.3g} (the rest is micro-batch statistics)")
+        lines.append(
+            f"  with BatchNorm in inference mode: max abs diff {bn['max_abs_diff']:.3g}, "
+            f"max rel diff {bn['max_rel_diff']:.3g} (the rest is micro-batch statistics)"
+        )
     lines.append(f"written: {out_dir / 'compare.json'}, {out_dir / 'compare.png'}")
     return "\n".join(lines)
 

@@ -38,8 +38,10 @@ def plan(config, overrides, as_json, verbose):
         cfg = load_config(config, overrides)  # before TensorFlow loads: a bad config answers at once
         quiet_tensorflow(verbose)  # image_folder decodes with TensorFlow while it checks the files
         from ..datasets import load
+
         data = load(cfg.data)
         from ..plan import plan as make_plan
+
         result = make_plan(cfg, data)
     click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
@@ -64,44 +66,83 @@ def format_plan(result: dict) -> str:
     layers = model["batchnorm_layers"]
     norm = f", {layers} BatchNorm layer{'s' if layers > 1 else ''}" if layers else ", no BatchNorm"
     name = f"{model['name']} {model['path']}" if model["path"] else model["name"]
-    lines = [_row("data", f"{data['name']}, {data['source']}"),
-             _row("examples", f"{data['train_examples']} train, "
-                              + (f"{data['validation_examples']} validation (held out of train), "
-                                 if data["validation_examples"] else "") + f"{data['test_examples']} test"),
-             _row("input", "x".join(str(d) for d in data["input_shape"])),
-             _row("classes", f"{data['num_classes']}: {shown}"),
-             _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
-             _row("batch_size", f"{result['batch_size']} examples per update")]
+    lines = [
+        _row("data", f"{data['name']}, {data['source']}"),
+        _row(
+            "examples",
+            f"{data['train_examples']} train, "
+            + (f"{data['validation_examples']} validation (held out of train), " if data["validation_examples"] else "")
+            + f"{data['test_examples']} test",
+        ),
+        _row("input", "x".join(str(d) for d in data["input_shape"])),
+        _row("classes", f"{data['num_classes']}: {shown}"),
+        _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
+        _row("batch_size", f"{result['batch_size']} examples per update"),
+    ]
     full, last = result["full_batch"], result["last_batch"]
     if result["baseline"]:
         lines.append(_row("micro-batches", "none: baseline=true runs each batch whole, no gradient cache"))
     elif full["micro_batches"] is None:
-        lines.append(_row("micro-batches", f"chosen when the run starts (subdivisions=auto, "
-                                           f"memory_limit={result['memory_limit']})"))
+        lines.append(
+            _row(
+                "micro-batches",
+                f"chosen when the run starts (subdivisions=auto, memory_limit={result['memory_limit']})",
+            )
+        )
     else:
-        lines.append(_row("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} "
-                                           f"(subdivisions={result['subdivisions']})"))
+        lines.append(
+            _row(
+                "micro-batches",
+                f"{_split_text(full['size'], full['micro_batches'])} (subdivisions={result['subdivisions']})",
+            )
+        )
     if not result["baseline"] and result["parallel_micro_steps"] > 1:
-        lines.append(_row("in flight", f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
-                                       f"memory holds {result['parallel_micro_steps']})"))
-    augment = [text for on, text in ((data["augment"]["flip"], "flip"),
-                                     (data["augment"]["crop"], f"crop {data['augment']['crop']}")) if on]
+        lines.append(
+            _row(
+                "in flight",
+                f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
+                f"memory holds {result['parallel_micro_steps']})",
+            )
+        )
+    augment = [
+        text
+        for on, text in (
+            (data["augment"]["flip"], "flip"),
+            (data["augment"]["crop"], f"crop {data['augment']['crop']}"),
+        )
+        if on
+    ]
     if augment:
         lines.append(_row("augment", ", ".join(augment) + " (training images, drawn from seed and update)"))
-    lines.append(_row("updates", f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = "
-                                 f"{result['total_updates']}"))
+    lines.append(
+        _row(
+            "updates",
+            f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = {result['total_updates']}",
+        )
+    )
     if last is None:
-        lines.append(_row("last batch", f"none: every batch is full "
-                                        f"({data['train_examples']} = {full['count']} x {full['size']})"))
+        lines.append(
+            _row(
+                "last batch", f"none: every batch is full ({data['train_examples']} = {full['count']} x {full['size']})"
+            )
+        )
     else:
-        split = f": {_split_text(last['size'], last['micro_batches'])}" if last["micro_batches"] and \
-            not result["baseline"] else ""
+        split = (
+            f": {_split_text(last['size'], last['micro_batches'])}"
+            if last["micro_batches"] and not result["baseline"]
+            else ""
+        )
         only = " (the only batch)" if not full["count"] else ""
         lines.append(_row("last batch", f"{last['size']} examples{only}{split}"))
     schedule = rate["schedule"]
     settings = [f"{key}={rate[key]}" for key in ("warmup_steps", "decay_steps") if rate[key]]
-    lines.append(_row("optimizer", f"{rate['optimizer']}, learning_rate {rate['peak']:g}, schedule {schedule}"
-                                   + (f" ({', '.join(settings)})" if settings else "")))
+    lines.append(
+        _row(
+            "optimizer",
+            f"{rate['optimizer']}, learning_rate {rate['peak']:g}, schedule {schedule}"
+            + (f" ({', '.join(settings)})" if settings else ""),
+        )
+    )
     if schedule == "constant" and not rate["warmup_steps"]:
         lines.append(_row("learning rate", f"{_rate(rate['first']['value'])} throughout"))
     else:
@@ -109,8 +150,12 @@ def format_plan(result: dict) -> str:
         if rate["warmup_end"]:
             points.append((rate["warmup_end"], "end of warm-up"))
         points.append((rate["last"], "last"))
-        lines.append(_row("learning rate", ", ".join(f"{_rate(p['value'])} at update {p['update']} ({what})"
-                                                     for p, what in points)))
+        lines.append(
+            _row(
+                "learning rate",
+                ", ".join(f"{_rate(p['value'])} at update {p['update']} ({what})" for p, what in points),
+            )
+        )
     lines += [f"warning: {text}" for text in result["warnings"]]
     return "\n".join(lines)
 
@@ -129,21 +174,32 @@ def evaluate(run_dir, overrides, output_dir, verbose):
     """
     quiet_tensorflow(verbose)
     with exit_codes():
-        from ..evaluate import default_output_dir, evaluate as run_evaluate
+        from ..evaluate import default_output_dir
+        from ..evaluate import evaluate as run_evaluate
+
         out_dir = Path(output_dir) if output_dir else default_output_dir(run_dir)
         result = run_evaluate(run_dir, output_dir, overrides)
-    click.echo(f"test loss {result['test_loss']:.4f}, test accuracy {result['test_accuracy']:.4f} "
-               f"({result['correct']}/{result['test_examples']} correct)")
+    click.echo(
+        f"test loss {result['test_loss']:.4f}, test accuracy {result['test_accuracy']:.4f} "
+        f"({result['correct']}/{result['test_examples']} correct)"
+    )
     click.echo(f"written: {out_dir / 'evaluate.json'}, {out_dir / 'evaluate.png'}")
 
 
 @click.command(short_help="Class probabilities for image or .npz files from a trained run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON document: a list of {input, prediction, probabilities}.")
-@click.option("--top", "top", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Classes shown per input, most probable first (at most the class count).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document: a list of {input, prediction, probabilities}."
+)
+@click.option(
+    "--top",
+    "top",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Classes shown per input, most probable first (at most the class count).",
+)
 @verbose_option
 def predict(run_dir, files, as_json, top, verbose):
     """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x).
@@ -156,6 +212,7 @@ def predict(run_dir, files, as_json, top, verbose):
     quiet_tensorflow(verbose)
     with exit_codes():
         from ..predict import predict as run_predict
+
         rows = run_predict(run_dir, files)
     click.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, top))
 
@@ -163,9 +220,17 @@ def predict(run_dir, files, as_json, top, verbose):
 def format_predictions(rows: list, top: int) -> str:
     """One row per input: the predicted class, its probability, the top classes with theirs."""
     from ..predict import top_k
+
     k = min(top, len(rows[0]["probabilities"]))
-    table = [(row["input"], row["prediction"], f"{row['probabilities'][row['prediction']]:.4f}",
-              ", ".join(f"{name} {p:.4f}" for name, p in top_k(row["probabilities"], k))) for row in rows]
+    table = [
+        (
+            row["input"],
+            row["prediction"],
+            f"{row['probabilities'][row['prediction']]:.4f}",
+            ", ".join(f"{name} {p:.4f}" for name, p in top_k(row["probabilities"], k)),
+        )
+        for row in rows
+    ]
     header = ("input", "prediction", "probability", f"top {k}")
     widths = [max(len(header[i]), *(len(r[i]) for r in table)) for i in range(3)]
     lines = []

@@ -9,8 +9,7 @@ split's own job (``batches``), in the order the training loop gives.
 from ..config import DATASET_NAMES
 from . import fashion_mnist, image_folder, npz
 
-LOADERS = {"fashion_mnist": lambda cfg: fashion_mnist.load(cfg.dir), "npz": npz.load,
-           "image_folder": image_folder.load}
+LOADERS = {"fashion_mnist": lambda cfg: fashion_mnist.load(cfg.dir), "npz": npz.load, "image_folder": image_folder.load}
 
 if tuple(LOADERS) != DATASET_NAMES:  # a registry out of step with the config is a bug
     raise ImportError(f"dataset registry {tuple(LOADERS)} != config.DATASET_NAMES {DATASET_NAMES}")

@@ -19,8 +19,8 @@ the one training uses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,6 +28,7 @@ import numpy as np
 def to_inputs(images, labels):
     """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
     import tensorflow as tf
+
     x = tf.convert_to_tensor(images)
     x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
     if x.shape.rank == 3:
@@ -47,10 +48,10 @@ class ArraySplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def head(self, n: int) -> "ArraySplit":
+    def head(self, n: int) -> ArraySplit:
         return ArraySplit(self.images[:n], self.labels[:n])
 
-    def subset(self, indices: np.ndarray) -> "ArraySplit":
+    def subset(self, indices: np.ndarray) -> ArraySplit:
         return ArraySplit(self.images[indices], self.labels[indices])
 
     def take(self, indices: np.ndarray):
@@ -59,23 +60,26 @@ class ArraySplit:
     def batches(self, order: np.ndarray, batch_size: int):
         """Batches in ``order``, gathered and converted on the tf.data side from one copy in TF memory."""
         import tensorflow as tf
+
         if self._tensors is None:
             self._tensors = tf.constant(self.images), tf.constant(self.labels)
         images, labels = self._tensors
         indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-        return indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx)),
-                           num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+        return indices.map(
+            lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx)), num_parallel_calls=tf.data.AUTOTUNE
+        ).prefetch(2)
 
 
 @dataclass(frozen=True)
 class Dataset:
     """A loaded, verified dataset."""
+
     train: ArraySplit
     test: ArraySplit
-    input_shape: Tuple[int, ...]  # of one example as the model sees it, channels last: (H, W, C)
-    class_names: Tuple[str, ...]
+    input_shape: tuple[int, ...]  # of one example as the model sees it, channels last: (H, W, C)
+    class_names: tuple[str, ...]
     source: str
-    validation: Optional[ArraySplit] = None  # data.validation: held out of the training split
+    validation: ArraySplit | None = None  # data.validation: held out of the training split
 
     # The validation choice is fixed (not drawn from the run's seed): runs that differ in their seed
     # are compared on the same examples.
@@ -85,34 +89,44 @@ class Dataset:
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def limited(self, train_limit: Optional[int], test_limit: Optional[int]) -> "Dataset":
+    def limited(self, train_limit: int | None, test_limit: int | None) -> Dataset:
         """The first N examples of each split (data.train_limit, data.test_limit)."""
-        return replace(self, train=self.train.head(train_limit) if train_limit else self.train,
-                       test=self.test.head(test_limit) if test_limit else self.test)
+        return replace(
+            self,
+            train=self.train.head(train_limit) if train_limit else self.train,
+            test=self.test.head(test_limit) if test_limit else self.test,
+        )
 
-    def with_validation(self, n: int) -> "Dataset":
+    def with_validation(self, n: int) -> Dataset:
         """Hold ``n`` training examples out as the validation split: a fixed random choice, so that a
         file ordered by class gives a validation split of every class. Both keep the file's order."""
         if n == 0:
             return self
         if n >= len(self.train):
             from ..errors import DataError
-            raise DataError(f"data.validation={n} leaves no training examples of the {len(self.train)} there "
-                            f"are: lower it")
+
+            raise DataError(
+                f"data.validation={n} leaves no training examples of the {len(self.train)} there are: lower it"
+            )
         held = np.zeros(len(self.train), bool)
         held[np.random.default_rng(self.VALIDATION_SEED).permutation(len(self.train))[:n]] = True
-        return replace(self, train=self.train.subset(np.flatnonzero(~held)),
-                       validation=self.train.subset(np.flatnonzero(held)))
+        return replace(
+            self, train=self.train.subset(np.flatnonzero(~held)), validation=self.train.subset(np.flatnonzero(held))
+        )
 
     def describe(self) -> dict:
         """What a trained model needs to know of its data (a run's dataset.json)."""
-        described = {"source": self.source, "input_shape": list(self.input_shape),
-                     "class_names": list(self.class_names), "train_examples": len(self.train),
-                     "test_examples": len(self.test)}
+        described = {
+            "source": self.source,
+            "input_shape": list(self.input_shape),
+            "class_names": list(self.class_names),
+            "train_examples": len(self.train),
+            "test_examples": len(self.test),
+        }
         if self.validation is not None:
             described["validation_examples"] = len(self.validation)
         return described
 
 
-def class_names_of(count: int, names: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+def class_names_of(count: int, names: Sequence[str] | None = None) -> tuple[str, ...]:
     return tuple(names) if names is not None else tuple(str(i) for i in range(count))

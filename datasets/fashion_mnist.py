@@ -16,7 +16,6 @@ import os
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -36,13 +35,14 @@ FILES = {
     "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
 }
 IMAGE_SHAPE = (28, 28)
-HOW_TO_GET = (f"install it with 'apt-get install dataset-fashion-mnist' or download the four "
-              f".gz files from {MIRROR} into a folder named by data.dir or ${ENV_VAR}")
+HOW_TO_GET = (
+    f"install it with 'apt-get install dataset-fashion-mnist' or download the four "
+    f".gz files from {MIRROR} into a folder named by data.dir or ${ENV_VAR}"
+)
 
 
 # The labels' meaning, from Fashion-MNIST's README.
-CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-               "Ankle boot")
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
 def cache_dir() -> Path:
@@ -50,7 +50,7 @@ def cache_dir() -> Path:
     return Path(base) / "accum-train" / "fashion-mnist"
 
 
-def candidate_dirs(configured: Optional[str]) -> list:
+def candidate_dirs(configured: str | None) -> list:
     """Folders to look in, in order. An explicit choice is never second-guessed."""
     if configured:
         return [("data.dir", Path(configured))]
@@ -59,7 +59,7 @@ def candidate_dirs(configured: Optional[str]) -> list:
     return [("Debian's package", DEBIAN_DIR), ("the cache", cache_dir())]
 
 
-def find_data_dir(configured: Optional[str], allow_download: bool = True) -> Path:
+def find_data_dir(configured: str | None, allow_download: bool = True) -> Path:
     candidates = candidate_dirs(configured)
     for label, folder in candidates:
         if _has_all(folder):
@@ -83,9 +83,11 @@ def _explain_missing(label: str, folder: Path) -> None:
     if not os.access(folder, os.R_OK | os.X_OK):
         raise DataError(f"{label}={folder} is not readable: check its permissions")
     missing = [n for n in FILES if not ((folder / f"{n}.gz").is_file() or (folder / n).is_file())]
-    raise DataError(f"{label}={folder} has no {missing[0]}.gz"
-                    + (f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else "")
-                    + f": {HOW_TO_GET}")
+    raise DataError(
+        f"{label}={folder} has no {missing[0]}.gz"
+        + (f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else "")
+        + f": {HOW_TO_GET}"
+    )
 
 
 def download(folder: Path) -> Path:  # pragma: no cover - needs the internet, never run in tests
@@ -99,8 +101,9 @@ def download(folder: Path) -> Path:  # pragma: no cover - needs the internet, ne
             with urllib.request.urlopen(url, timeout=60) as response:
                 atomic_write(target, response.read())  # 26 MB at most; checked by SHA-256 on load
         except OSError as err:
-            raise DataError(f"Fashion-MNIST not found locally and the download of {url} failed "
-                            f"({err}): {HOW_TO_GET}") from None
+            raise DataError(
+                f"Fashion-MNIST not found locally and the download of {url} failed ({err}): {HOW_TO_GET}"
+            ) from None
     return folder
 
 
@@ -116,36 +119,45 @@ def read_idx_bytes(folder: Path, name: str) -> tuple:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as err:
-            raise DataError(f"{path} is not a complete gzip file ({err}): the file is truncated "
-                            f"or damaged; {HOW_TO_GET}") from None
+            raise DataError(
+                f"{path} is not a complete gzip file ({err}): the file is truncated or damaged; {HOW_TO_GET}"
+            ) from None
     return path, raw
 
 
 def verify_checksum(path: Path, name: str, raw: bytes) -> None:
     found = hashlib.sha256(raw).hexdigest()
     if found != FILES[name]:
-        raise DataError(f"{path} failed its checksum: expected SHA-256 {FILES[name]} of the "
-                        f"decompressed file, found {found}; {HOW_TO_GET}")
+        raise DataError(
+            f"{path} failed its checksum: expected SHA-256 {FILES[name]} of the "
+            f"decompressed file, found {found}; {HOW_TO_GET}"
+        )
 
 
 def parse_idx(raw: bytes, path: str, expect_dims: int) -> np.ndarray:
     """An IDX array of unsigned bytes. The header is checked, not trusted."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise DataError(f"{path} is not an IDX file of unsigned bytes "
-                        f"(header starts {raw[:4].hex() or 'empty'}, expected 000008..)")
+        raise DataError(
+            f"{path} is not an IDX file of unsigned bytes (header starts {raw[:4].hex() or 'empty'}, expected 000008..)"
+        )
     dims = raw[3]
     if dims != expect_dims:
         raise DataError(f"{path} has {dims} dimensions, expected {expect_dims}")
     header = 4 + 4 * dims
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(dims))
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims))
     if len(raw) != header + int(np.prod(shape)):
-        raise DataError(f"{path}: the header promises shape {shape} "
-                        f"({header + int(np.prod(shape))} bytes), the file has {len(raw)}")
+        raise DataError(
+            f"{path}: the header promises shape {shape} ({header + int(np.prod(shape))} bytes), the file has {len(raw)}"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def load(configured_dir: Optional[str] = None, train_limit: Optional[int] = None,
-         test_limit: Optional[int] = None, allow_download: bool = True) -> Dataset:
+def load(
+    configured_dir: str | None = None,
+    train_limit: int | None = None,
+    test_limit: int | None = None,
+    allow_download: bool = True,
+) -> Dataset:
     folder = find_data_dir(configured_dir, allow_download)
     arrays = {}
     for name in FILES:
@@ -154,14 +166,16 @@ def load(configured_dir: Optional[str] = None, train_limit: Optional[int] = None
         # that says what is wrong, not only that the bytes differ.
         array = parse_idx(raw, str(path), 3 if "images" in name else 1)
         if "images" in name and array.shape[1:] != IMAGE_SHAPE:
-            raise DataError(f"{path} holds images of {array.shape[1]}x{array.shape[2]}, "
-                            f"expected 28x28")
+            raise DataError(f"{path} holds images of {array.shape[1]}x{array.shape[2]}, expected 28x28")
         if "labels" in name and array.size and array.max() >= len(CLASS_NAMES):
             raise DataError(f"{path} has label {int(array.max())}; labels must be 0..{len(CLASS_NAMES) - 1}")
         verify_checksum(path, name, raw)
         arrays[name] = array
-    splits = [ArraySplit(arrays[f"{prefix}-images-idx3-ubyte"], arrays[f"{prefix}-labels-idx1-ubyte"])
-              for prefix in ("train", "t10k")]
-    data = Dataset(train=splits[0], test=splits[1], input_shape=(*IMAGE_SHAPE, 1), class_names=CLASS_NAMES,
-                   source=str(folder))
+    splits = [
+        ArraySplit(arrays[f"{prefix}-images-idx3-ubyte"], arrays[f"{prefix}-labels-idx1-ubyte"])
+        for prefix in ("train", "t10k")
+    ]
+    data = Dataset(
+        train=splits[0], test=splits[1], input_shape=(*IMAGE_SHAPE, 1), class_names=CLASS_NAMES, source=str(folder)
+    )
     return data.limited(train_limit, test_limit)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -50,8 +49,10 @@ def load(data_config) -> Dataset:
     classes = _class_folders(root, "train")
     _same_classes(root, classes, _class_folders(root, "test"))
     # The limits are applied before the check: a slice of a large folder is checked, not the folder.
-    scanned = {split: _limit(_scan(root / split, classes), limit)
-               for split, limit in (("train", data_config.train_limit), ("test", data_config.test_limit))}
+    scanned = {
+        split: _limit(_scan(root / split, classes), limit)
+        for split, limit in (("train", data_config.train_limit), ("test", data_config.test_limit))
+    }
     sizes = {split: verify(paths, channels) for split, (paths, _) in scanned.items()}
     if data_config.image_size is not None:
         height, width = data_config.image_size
@@ -59,8 +60,7 @@ def load(data_config) -> Dataset:
         height, width = _common_size(scanned, sizes)
     shape = (int(height), int(width), channels)
     train, test = (FileSplit(*scanned[split], shape) for split in ("train", "test"))
-    return Dataset(train=train, test=test, input_shape=shape, class_names=tuple(classes),
-                   source=str(root.resolve()))
+    return Dataset(train=train, test=test, input_shape=shape, class_names=tuple(classes), source=str(root.resolve()))
 
 
 # ----------------------------------------------------------------------------
@@ -70,6 +70,7 @@ def load(data_config) -> Dataset:
 def decode(contents, input_shape):
     """Encoded PNG/JPEG bytes (a string tensor) -> float32 [H, W, C] in [0, 1]; graph-safe."""
     import tensorflow as tf
+
     height, width, channels = input_shape
     image = tf.io.decode_image(contents, channels=channels, expand_animations=False)  # uint8 [h, w, C]
     # Bilinear, without antialiasing, as image_dataset_from_directory; exact identity at the same size,
@@ -84,10 +85,13 @@ def read_image(path, input_shape) -> np.ndarray:
     ``input_shape`` is the run's (H, W, C) (dataset.json); any image size is
     resized to H x W, C must be 1 or 3. Raises DataError naming the path."""
     import tensorflow as tf
+
     height, width, channels = input_shape
     if channels not in (1, 3):
-        raise DataError(f"the model takes images of {channels} channels: only 1 (grayscale) or 3 (RGB) can be "
-                        f"decoded from {path}; pass the images as an .npz array instead")
+        raise DataError(
+            f"the model takes images of {channels} channels: only 1 (grayscale) or 3 (RGB) can be "
+            f"decoded from {path}; pass the images as an .npz array instead"
+        )
     try:
         contents = Path(path).read_bytes()
     except OSError as err:
@@ -98,9 +102,10 @@ def read_image(path, input_shape) -> np.ndarray:
         raise DataError(f"{path} {UNDECODABLE}: pass a PNG or JPEG file") from None
 
 
-def _problem(path: bytes, channels: int) -> Optional[str]:
+def _problem(path: bytes, channels: int) -> str | None:
     """What is wrong with one file, as training would meet it; None if it decodes."""
     import tensorflow as tf
+
     try:
         contents = Path(os.fsdecode(path)).read_bytes()
     except OSError as err:
@@ -114,6 +119,7 @@ def _problem(path: bytes, channels: int) -> Optional[str]:
 
 def _decoded_size(path, channels: int):
     import tensorflow as tf
+
     return tf.shape(tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False))[:2]
 
 
@@ -124,11 +130,14 @@ def verify(paths: np.ndarray, channels: int) -> np.ndarray:
     the next VERIFY_BATCH of ``paths``, and the first bad one is found by
     decoding them one by one."""
     import tensorflow as tf
-    steps = (tf.data.Dataset.from_tensor_slices(paths)
-             .map(lambda path: _decoded_size(path, channels), num_parallel_calls=tf.data.AUTOTUNE,
-                  deterministic=True)
-             .batch(VERIFY_BATCH).prefetch(2))
-    sizes: List[np.ndarray] = []
+
+    steps = (
+        tf.data.Dataset.from_tensor_slices(paths)
+        .map(lambda path: _decoded_size(path, channels), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .batch(VERIFY_BATCH)
+        .prefetch(2)
+    )
+    sizes: list[np.ndarray] = []
     iterator, done = iter(steps), 0
     while True:
         try:
@@ -136,7 +145,7 @@ def verify(paths: np.ndarray, channels: int) -> np.ndarray:
         except StopIteration:
             break
         except tf.errors.OpError as err:
-            _raise_first_bad(paths[done:done + VERIFY_BATCH], channels, err, during_run=False)
+            _raise_first_bad(paths[done : done + VERIFY_BATCH], channels, err, during_run=False)
         sizes.append(step.numpy())
         done += len(sizes[-1])
     return np.concatenate(sizes) if sizes else np.zeros((0, 2), np.int32)
@@ -149,14 +158,16 @@ def _raise_first_bad(paths: np.ndarray, channels: int, err, during_run: bool):
             continue
         name = os.fsdecode(path)
         if during_run:
-            raise DataError(f"{name} {what}; it was fine when the run started: restore it, then resume "
-                            f"the run with --resume")
+            raise DataError(
+                f"{name} {what}; it was fine when the run started: restore it, then resume the run with --resume"
+            )
         fix = "check its permissions" if what.startswith("cannot be read") else "replace or remove it"
         raise DataError(f"{name} {what}: {fix}")
     # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
     message = (getattr(err, "message", "") or str(err)).splitlines()[0]
-    raise DataError(f"reading the images failed ({message}), although each of the files involved decodes "
-                    f"on its own: run again")
+    raise DataError(
+        f"reading the images failed ({message}), although each of the files involved decodes on its own: run again"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -167,37 +178,45 @@ def _check_root(root: Path) -> None:
     if not root.exists():
         raise DataError(f"data.path={root} does not exist: for data.name=image_folder it is a folder; {LAYOUT}")
     if not root.is_dir():
-        raise DataError(f"data.path={root} is a file, not a folder: for data.name=image_folder {LAYOUT}; "
-                        f"an .npz file is data.name=npz")
+        raise DataError(
+            f"data.path={root} is a file, not a folder: for data.name=image_folder {LAYOUT}; "
+            f"an .npz file is data.name=npz"
+        )
     for split in ("train", "test"):
         if not (root / split).is_dir():
             raise DataError(f"data.path={root} has no {split} folder: {LAYOUT}")
 
 
-def _class_folders(root: Path, split: str) -> List[str]:
+def _class_folders(root: Path, split: str) -> list[str]:
     folder = root / split
     try:
         names = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     except OSError as err:
         raise DataError(f"cannot read {folder}: {err.strerror}: check its permissions") from None
     if not names:
-        raise DataError(f"{folder} has no class folders: put each class's images in a folder named after "
-                        f"the class, e.g. {folder / 'cat' / '0001.png'}")
+        raise DataError(
+            f"{folder} has no class folders: put each class's images in a folder named after "
+            f"the class, e.g. {folder / 'cat' / '0001.png'}"
+        )
     return names
 
 
-def _same_classes(root: Path, train: List[str], test: List[str]) -> None:
+def _same_classes(root: Path, train: list[str], test: list[str]) -> None:
     missing, extra = sorted(set(train) - set(test)), sorted(set(test) - set(train))
     more = lambda names: f" (and {len(names) - 1} more)" if len(names) > 1 else ""  # noqa: E731
     if missing:
-        raise DataError(f"{root / 'test'} has no class folder {missing[0]!r}{more(missing)}, which "
-                        f"{root / 'train'} has: train and test need the same class folders")
+        raise DataError(
+            f"{root / 'test'} has no class folder {missing[0]!r}{more(missing)}, which "
+            f"{root / 'train'} has: train and test need the same class folders"
+        )
     if extra:
-        raise DataError(f"{root / 'test'} has a class folder {extra[0]!r}{more(extra)}, which "
-                        f"{root / 'train'} lacks: train and test need the same class folders")
+        raise DataError(
+            f"{root / 'test'} has a class folder {extra[0]!r}{more(extra)}, which "
+            f"{root / 'train'} lacks: train and test need the same class folders"
+        )
 
 
-def _scan(split_dir: Path, classes: List[str]) -> Tuple[np.ndarray, np.ndarray]:
+def _scan(split_dir: Path, classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(paths as bytes, int32 labels), sorted by path within a class and interleaved by class."""
     per_class = [_images_of(split_dir / name) for name in classes]
     ranked = sorted((rank, label) for label, files in enumerate(per_class) for rank in range(len(files)))
@@ -205,7 +224,7 @@ def _scan(split_dir: Path, classes: List[str]) -> Tuple[np.ndarray, np.ndarray]:
     return paths, np.array([label for _, label in ranked], np.int32)
 
 
-def _images_of(folder: Path) -> List[str]:
+def _images_of(folder: Path) -> list[str]:
     found, others = [], []
 
     def refuse(err):
@@ -218,27 +237,30 @@ def _images_of(folder: Path) -> List[str]:
                 (found if name.lower().endswith(IMAGE_EXTENSIONS) else others).append(os.path.join(parent, name))
     if not found:
         besides = f" (only other files, e.g. {Path(sorted(others)[0]).name})" if others else ""
-        raise DataError(f"{folder} holds no .png, .jpg or .jpeg file{besides}: add the class's images or "
-                        f"remove the folder")
+        raise DataError(
+            f"{folder} holds no .png, .jpg or .jpeg file{besides}: add the class's images or remove the folder"
+        )
     return sorted(found)
 
 
-def _limit(scanned, limit: Optional[int]):
+def _limit(scanned, limit: int | None):
     paths, labels = scanned
     return (paths[:limit], labels[:limit]) if limit else (paths, labels)
 
 
-def _common_size(scanned, sizes) -> Tuple[int, int]:
+def _common_size(scanned, sizes) -> tuple[int, int]:
     """The one size of every image (data.image_size null), or a DataError naming the first odd file."""
     first_path, reference = scanned["train"][0][0], tuple(int(n) for n in sizes["train"][0])
     for split in ("train", "test"):
         odd = np.flatnonzero((sizes[split] != reference).any(axis=1))
         if len(odd):
             h, w = (int(n) for n in sizes[split][odd[0]])
-            raise DataError(f"{os.fsdecode(scanned[split][0][odd[0]])} is {h}x{w} but "
-                            f"{os.fsdecode(first_path)} is {reference[0]}x{reference[1]}: with data.image_size "
-                            f"null every image must have one size; set data.image_size to resize them all, "
-                            f"e.g. [{reference[0]}, {reference[1]}]")
+            raise DataError(
+                f"{os.fsdecode(scanned[split][0][odd[0]])} is {h}x{w} but "
+                f"{os.fsdecode(first_path)} is {reference[0]}x{reference[1]}: with data.image_size "
+                f"null every image must have one size; set data.image_size to resize them all, "
+                f"e.g. [{reference[0]}, {reference[1]}]"
+            )
     return reference
 
 
@@ -249,7 +271,7 @@ def _common_size(scanned, sizes) -> Tuple[int, int]:
 class FileSplit:
     """A split of image files: paths and labels only; images are read when their batch is."""
 
-    def __init__(self, paths: np.ndarray, labels: np.ndarray, input_shape: Tuple[int, int, int]):
+    def __init__(self, paths: np.ndarray, labels: np.ndarray, input_shape: tuple[int, int, int]):
         if len(paths) != len(labels):  # the scan makes them together
             raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
         self.paths, self.labels, self.input_shape = paths, labels, tuple(input_shape)
@@ -257,20 +279,21 @@ class FileSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def head(self, n: int) -> "FileSplit":
+    def head(self, n: int) -> FileSplit:
         return FileSplit(self.paths[:n], self.labels[:n], self.input_shape)
 
-    def subset(self, indices: np.ndarray) -> "FileSplit":
+    def subset(self, indices: np.ndarray) -> FileSplit:
         return FileSplit(self.paths[indices], self.labels[indices], self.input_shape)
 
     def take(self, indices: np.ndarray):
         import tensorflow as tf
+
         indices = np.asarray(indices, np.int64)
         if len(indices) == 0:
             return tf.zeros([0, *self.input_shape], tf.float32), tf.zeros([0], tf.int32)
         return next(iter(self.batches(indices, len(indices))))
 
-    def batches(self, order: np.ndarray, batch_size: int) -> "StreamedBatches":
+    def batches(self, order: np.ndarray, batch_size: int) -> StreamedBatches:
         return StreamedBatches(self, np.asarray(order, np.int64), batch_size)
 
 
@@ -286,15 +309,23 @@ class StreamedBatches:
     @property
     def dataset(self):
         import tensorflow as tf
+
         shape = self.split.input_shape
         examples = tf.data.Dataset.from_tensor_slices((self.split.paths[self.order], self.split.labels[self.order]))
         # deterministic=True: parallel decoding, batches still in the caller's order.
-        return (examples.map(lambda path, label: (decode(tf.io.read_file(path), shape), label),
-                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-                .batch(self.batch_size).prefetch(2))
+        return (
+            examples.map(
+                lambda path, label: (decode(tf.io.read_file(path), shape), label),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+            .batch(self.batch_size)
+            .prefetch(2)
+        )
 
     def __iter__(self):
         import tensorflow as tf
+
         iterator, done = iter(self.dataset), 0
         while True:
             try:
@@ -302,7 +333,7 @@ class StreamedBatches:
             except StopIteration:
                 return
             except tf.errors.OpError as err:
-                upcoming = self.split.paths[self.order[done:done + self.batch_size]]
+                upcoming = self.split.paths[self.order[done : done + self.batch_size]]
                 _raise_first_bad(upcoming, self.split.input_shape[2], err, during_run=True)
             done += int(y.shape[0])
             yield x, y

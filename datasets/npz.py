@@ -21,7 +21,6 @@ from __future__ import annotations
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -29,8 +28,7 @@ from ..errors import DataError
 from .base import ArraySplit, Dataset
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
-HOW_TO_SAVE = ("numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) "
-               "(keras.datasets layout)")
+HOW_TO_SAVE = "numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) (keras.datasets layout)"
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip with members, an empty zip
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -39,15 +37,17 @@ def load(data_config) -> Dataset:
     return load_npz(Path(data_config.path), data_config.num_classes)
 
 
-def load_npz(path: Path, num_classes: Optional[int] = None) -> Dataset:
+def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
     """The verified arrays of ``path``; ``num_classes`` is data.num_classes (None: from the file)."""
     archive = _open(path)
     with archive:
         missing = [key for key in REQUIRED_KEYS if key not in archive.files]
         if missing:
             found = ", ".join(archive.files) or "no arrays"
-            raise DataError(f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
-                            f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}")
+            raise DataError(
+                f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
+                f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}"
+            )
         arrays = {key: _read(archive, path, key) for key in REQUIRED_KEYS}
         names = _read(archive, path, "class_names") if "class_names" in archive.files else None
 
@@ -57,45 +57,57 @@ def load_npz(path: Path, num_classes: Optional[int] = None) -> Dataset:
         _check_images(path, f"x_{split}", x)
         arrays[f"y_{split}"] = y = _check_labels(path, f"y_{split}", y)
         if len(x) != len(y):
-            raise DataError(f"{path}: x_{split} holds {len(x)} images but y_{split} {len(y)} labels: "
-                            f"each image needs exactly one label")
+            raise DataError(
+                f"{path}: x_{split} holds {len(x)} images but y_{split} {len(y)} labels: "
+                f"each image needs exactly one label"
+            )
         shapes[split] = x.shape[1:] if x.ndim == 4 else (*x.shape[1:], 1)
     if shapes["test"] != shapes["train"]:
-        raise DataError(f"{path}: x_test holds {_size(shapes['test'])} images but x_train "
-                        f"{_size(shapes['train'])}: both splits need one image shape")
+        raise DataError(
+            f"{path}: x_test holds {_size(shapes['test'])} images but x_train "
+            f"{_size(shapes['train'])}: both splits need one image shape"
+        )
 
     class_names = _class_names(path, names, num_classes, arrays["y_train"], arrays["y_test"])
     for key in ("x_train", "x_test"):
         if arrays[key].dtype == np.float64:  # float32 is what the model takes: half the memory
             arrays[key] = arrays[key].astype(np.float32)
-    return Dataset(train=ArraySplit(arrays["x_train"], arrays["y_train"]),
-                   test=ArraySplit(arrays["x_test"], arrays["y_test"]),
-                   input_shape=tuple(int(n) for n in shapes["train"]), class_names=class_names,
-                   source=str(path.resolve()))
+    return Dataset(
+        train=ArraySplit(arrays["x_train"], arrays["y_train"]),
+        test=ArraySplit(arrays["x_test"], arrays["y_test"]),
+        input_shape=tuple(int(n) for n in shapes["train"]),
+        class_names=class_names,
+        source=str(path.resolve()),
+    )
 
 
 def _open(path: Path):
     if not path.exists():
         raise DataError(f"data.path={path} does not exist: give the .npz file, written with {HOW_TO_SAVE}")
     if path.is_dir():
-        raise DataError(f"data.path={path} is a folder: data.name=npz reads one .npz file "
-                        f"(a folder of class folders of images is data.name=image_folder)")
+        raise DataError(
+            f"data.path={path} is a folder: data.name=npz reads one .npz file "
+            f"(a folder of class folders of images is data.name=image_folder)"
+        )
     try:
         with open(path, "rb") as f:
             magic = f.read(6)
     except OSError as err:
         raise DataError(f"cannot read {path}: {err.strerror}: check its permissions") from None
     if magic == NPY_MAGIC:
-        raise DataError(f"{path} is a single .npy array, not an .npz: save the four arrays together with "
-                        f"{HOW_TO_SAVE}")
+        raise DataError(f"{path} is a single .npy array, not an .npz: save the four arrays together with {HOW_TO_SAVE}")
     if magic[:4] not in ZIP_MAGIC:
-        raise DataError(f"{path} is not an .npz file (it starts with {magic[:4].hex() or 'nothing'}, not the "
-                        f"zip signature 504b0304): write it with {HOW_TO_SAVE}")
+        raise DataError(
+            f"{path} is not an .npz file (it starts with {magic[:4].hex() or 'nothing'}, not the "
+            f"zip signature 504b0304): write it with {HOW_TO_SAVE}"
+        )
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise DataError(f"{path} is not a readable .npz file ({_first_line(err)}): it is truncated or "
-                        f"damaged; write it again with {HOW_TO_SAVE}") from None
+        raise DataError(
+            f"{path} is not a readable .npz file ({_first_line(err)}): it is truncated or "
+            f"damaged; write it again with {HOW_TO_SAVE}"
+        ) from None
 
 
 def _read(archive, path: Path, key: str) -> np.ndarray:
@@ -103,81 +115,116 @@ def _read(archive, path: Path, key: str) -> np.ndarray:
         return archive[key]
     except ValueError as err:
         if "allow_pickle" in str(err):  # numpy's refusal of an object array (pickled Python objects)
-            raise DataError(f"{path}: {key} is an object array (pickled Python objects), which is never "
-                            f"loaded (allow_pickle=False: loading it could run code); save plain numeric "
-                            f"arrays, e.g. {key}=numpy.asarray({key}, dtype='uint8')") from None
-        raise DataError(f"{path}: cannot read {key} ({_first_line(err)}): the file is truncated or damaged; "
-                        f"write it again with {HOW_TO_SAVE}") from None
+            raise DataError(
+                f"{path}: {key} is an object array (pickled Python objects), which is never "
+                f"loaded (allow_pickle=False: loading it could run code); save plain numeric "
+                f"arrays, e.g. {key}=numpy.asarray({key}, dtype='uint8')"
+            ) from None
+        raise DataError(
+            f"{path}: cannot read {key} ({_first_line(err)}): the file is truncated or damaged; "
+            f"write it again with {HOW_TO_SAVE}"
+        ) from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        raise DataError(f"{path}: cannot read {key} ({_first_line(err)}): the file is truncated or damaged; "
-                        f"write it again with {HOW_TO_SAVE}") from None
+        raise DataError(
+            f"{path}: cannot read {key} ({_first_line(err)}): the file is truncated or damaged; "
+            f"write it again with {HOW_TO_SAVE}"
+        ) from None
 
 
 def _check_images(path: Path, key: str, x: np.ndarray) -> None:
     if x.ndim not in (3, 4):
-        raise DataError(f"{path}: {key} has shape {x.shape} ({x.ndim} dimensions): images must be "
-                        f"[N, H, W] or [N, H, W, C]; reshape it, e.g. {key}.reshape(N, H, W)")
+        raise DataError(
+            f"{path}: {key} has shape {x.shape} ({x.ndim} dimensions): images must be "
+            f"[N, H, W] or [N, H, W, C]; reshape it, e.g. {key}.reshape(N, H, W)"
+        )
     if not (x.dtype == np.uint8 or x.dtype.kind == "f"):
-        raise DataError(f"{path}: {key} has dtype {x.dtype}: images must be uint8 (0..255, scaled by 1/255) "
-                        f"or float (used as it is, e.g. in [0, 1]); convert it, e.g. "
-                        f"{key}.astype('float32') / {key}.max()")
+        raise DataError(
+            f"{path}: {key} has dtype {x.dtype}: images must be uint8 (0..255, scaled by 1/255) "
+            f"or float (used as it is, e.g. in [0, 1]); convert it, e.g. "
+            f"{key}.astype('float32') / {key}.max()"
+        )
     if x.ndim == 4 and x.shape[1] in (1, 3) and x.shape[3] not in (1, 3, 4):
-        raise DataError(f"{path}: {key} has shape {x.shape}, which looks channels-first: images must be "
-                        f"[N, H, W, C] (channels last); convert with numpy.moveaxis({key}, 1, -1)")
+        raise DataError(
+            f"{path}: {key} has shape {x.shape}, which looks channels-first: images must be "
+            f"[N, H, W, C] (channels last); convert with numpy.moveaxis({key}, 1, -1)"
+        )
     if len(x) == 0 or 0 in x.shape[1:]:
-        raise DataError(f"{path}: {key} has shape {x.shape}: each split needs at least one image of at "
-                        f"least 1x1 pixels")
+        raise DataError(
+            f"{path}: {key} has shape {x.shape}: each split needs at least one image of at least 1x1 pixels"
+        )
     if x.dtype.kind == "f":
         finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
         if not finite.all():
             index = int(np.argmin(finite))
             what = "NaN" if np.isnan(x[index]).any() else "an infinite value"
-            raise DataError(f"{path}: {key}[{index}] has {what}: float images must be finite; "
-                            f"fix or drop that example")
+            raise DataError(f"{path}: {key}[{index}] has {what}: float images must be finite; fix or drop that example")
 
 
 def _check_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]  # keras' cifar10 layout: [N, 1]
     if y.ndim != 1:
-        raise DataError(f"{path}: {key} has shape {y.shape}: labels must be [N] class indices (not one-hot); "
-                        f"convert one-hot labels with {key}.argmax(axis=1)")
+        raise DataError(
+            f"{path}: {key} has shape {y.shape}: labels must be [N] class indices (not one-hot); "
+            f"convert one-hot labels with {key}.argmax(axis=1)"
+        )
     if y.dtype.kind not in "iu":
-        raise DataError(f"{path}: {key} has dtype {y.dtype}: labels must be integers 0..K-1; "
-                        f"convert with {key}.astype('int64')")
+        raise DataError(
+            f"{path}: {key} has dtype {y.dtype}: labels must be integers 0..K-1; convert with {key}.astype('int64')"
+        )
     if len(y) and y.min() < 0:
         index = int(np.argmin(y))
         raise DataError(f"{path}: {key}[{index}] is {int(y[index])}: labels must be integers 0..K-1")
     return y
 
 
-def _class_names(path: Path, names: Optional[np.ndarray], num_classes: Optional[int],
-                 y_train: np.ndarray, y_test: np.ndarray) -> Tuple[str, ...]:
+def _class_names(
+    path: Path, names: np.ndarray | None, num_classes: int | None, y_train: np.ndarray, y_test: np.ndarray
+) -> tuple[str, ...]:
     if names is not None:
         if names.dtype.kind != "U" or names.ndim != 1:
-            raise DataError(f"{path}: class_names has dtype {names.dtype} and shape {names.shape}: it must be "
-                            f"a 1-D array of strings, e.g. numpy.array(['cat', 'dog'])")
+            raise DataError(
+                f"{path}: class_names has dtype {names.dtype} and shape {names.shape}: it must be "
+                f"a 1-D array of strings, e.g. numpy.array(['cat', 'dog'])"
+            )
         if num_classes is not None and len(names) != num_classes:
-            raise DataError(f"{path}: class_names lists {len(names)} names but data.num_classes={num_classes}: "
-                            f"give one name per class, or drop data.num_classes")
+            raise DataError(
+                f"{path}: class_names lists {len(names)} names but data.num_classes={num_classes}: "
+                f"give one name per class, or drop data.num_classes"
+            )
         unique, counts = np.unique(names, return_counts=True)
         if counts.max(initial=0) > 1:
-            raise DataError(f"{path}: class_names lists {str(unique[np.argmax(counts)])!r} more than once: "
-                            f"each class needs its own name")
+            raise DataError(
+                f"{path}: class_names lists {str(unique[np.argmax(counts)])!r} more than once: "
+                f"each class needs its own name"
+            )
     for key, y in (("y_train", y_train), ("y_test", y_test)):
-        limit, because = ((len(names), f"class_names lists {len(names)} names") if names is not None else
-                          (num_classes, f"data.num_classes={num_classes}") if num_classes is not None else
-                          (None, ""))
+        limit, because = (
+            (len(names), f"class_names lists {len(names)} names")
+            if names is not None
+            else (num_classes, f"data.num_classes={num_classes}")
+            if num_classes is not None
+            else (None, "")
+        )
         if limit is not None and len(y) and y.max() >= limit:
             index = int(np.argmax(y))
             fix = "add names to class_names" if names is not None else "raise data.num_classes"
-            raise DataError(f"{path}: {key}[{index}] is {int(y[index])}, but {because}: labels must be "
-                            f"0..{limit - 1}; {fix} or fix the label")
-    count = (len(names) if names is not None else num_classes if num_classes is not None
-             else int(max(y_train.max(), y_test.max())) + 1)
+            raise DataError(
+                f"{path}: {key}[{index}] is {int(y[index])}, but {because}: labels must be "
+                f"0..{limit - 1}; {fix} or fix the label"
+            )
+    count = (
+        len(names)
+        if names is not None
+        else num_classes
+        if num_classes is not None
+        else int(max(y_train.max(), y_test.max())) + 1
+    )
     if count < 2:
-        raise DataError(f"{path}: every label is 0, so there is only one class: a classifier needs at least "
-                        f"two (set data.num_classes if a class has no examples)")
+        raise DataError(
+            f"{path}: every label is 0, so there is only one class: a classifier needs at least "
+            f"two (set data.num_classes if a class has no examples)"
+        )
     return tuple(names.tolist()) if names is not None else tuple(str(i) for i in range(count))
 
 

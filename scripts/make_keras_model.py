@@ -1,9 +1,10 @@
 """Write a small Keras 3 model for Fashion-MNIST-shaped images (28x28x1, 10 logits) to a .keras file.
 
-    python scripts/make_keras_model.py my_model.keras
-    accum-train run configs/fmnist.yaml --set 'model={name: keras_file, path: my_model.keras}'
-    accum-train export runs/fmnist-DATE-TIME
+python scripts/make_keras_model.py my_model.keras
+accum-train run configs/fmnist.yaml --set 'model={name: keras_file, path: my_model.keras}'
+accum-train export runs/fmnist-DATE-TIME
 """
+
 import sys
 
 import keras

@@ -31,11 +31,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
 from accum_train.datasets import fashion_mnist
 from accum_train.errors import UserError
 from accum_train.rundir import atomic_write
+from PIL import Image
 
 
 def folder_name(class_name: str) -> str:
@@ -58,8 +57,14 @@ def write(out: Path, train: int, test: int, data_dir=None) -> dict:
     data = fashion_mnist.load(data_dir, train_limit=train, test_limit=test, allow_download=False)
     folders = [folder_name(name) for name in data.class_names]
     buffer = io.BytesIO()
-    np.savez(buffer, x_train=data.train.images, y_train=data.train.labels, x_test=data.test.images,
-             y_test=data.test.labels, class_names=np.array(folders))
+    np.savez(
+        buffer,
+        x_train=data.train.images,
+        y_train=data.train.labels,
+        x_test=data.test.images,
+        y_test=data.test.labels,
+        class_names=np.array(folders),
+    )
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(npz_path, buffer.getvalue())
     for split, part in (("train", data.train), ("test", data.test)):
@@ -85,8 +90,10 @@ def main(argv=None) -> int:
     except UserError as err:  # Fashion-MNIST missing or damaged, or OUT taken
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out / 'fashion.npz'} and {args.out / 'images'} "
-          f"({counts['train']} train, {counts['test']} test examples)")
+    print(
+        f"wrote {args.out / 'fashion.npz'} and {args.out / 'images'} "
+        f"({counts['train']} train, {counts['test']} test examples)"
+    )
     return 0
 
 

@@ -4,17 +4,18 @@ dataset-fashion-mnist (installed by .ci/run) or $ACCUM_TRAIN_DATA."""
 import os
 from pathlib import Path
 
-import pytest
-
 import accum_train  # noqa: F401  (sets the allocator mode before TensorFlow loads)
+import pytest
 
 
 def _real_data_dir() -> Path:
     for candidate in (os.environ.get("ACCUM_TRAIN_DATA"), "/usr/share/datasets/fashion-mnist"):
         if candidate and (Path(candidate) / "train-images-idx3-ubyte.gz").is_file():
             return Path(candidate)
-    pytest.fail("Fashion-MNIST is not installed: apt-get install dataset-fashion-mnist "
-                "(or set ACCUM_TRAIN_DATA); .ci/run does this")
+    pytest.fail(
+        "Fashion-MNIST is not installed: apt-get install dataset-fashion-mnist "
+        "(or set ACCUM_TRAIN_DATA); .ci/run does this"
+    )
 
 
 @pytest.fixture(scope="session")

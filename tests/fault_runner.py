@@ -16,7 +16,6 @@ import sys
 import threading
 
 import tensorflow as tf
-
 from accum_train.cli.main import main
 from accum_train.engine import AccumulatingUpdate
 
@@ -31,6 +30,7 @@ def counter(n):
     def hit():
         seen[0] += 1
         return seen[0] == n
+
     return hit
 
 
@@ -47,10 +47,13 @@ def arm(point, n):
                 if hit():
                     threading.Timer(0.002, die).start()
                 return real(x, y, n)
+
             self.update = update
+
         AccumulatingUpdate.__init__ = init
     elif point in ("checkpoint", "partial", "after_checkpoint"):
         from accum_train.train import Run  # late: a multi-worker strategy must come before TensorLayer's import
+
         real_save = Run.save_checkpoint
 
         def save(self, step):
@@ -66,9 +69,11 @@ def arm(point, n):
                 die()
             real_save(self, step)
             die()
+
         Run.save_checkpoint = save
     elif point == "metrics":
         from accum_train.rundir import MetricsLog
+
         real_write = MetricsLog.write
 
         def write(self, records):
@@ -77,17 +82,20 @@ def arm(point, n):
                     handle.write('{"epoch": 1, "st')
                 die()
             return real_write(self, records)
+
         MetricsLog.write = write
     elif point == "weights":
         import accum_train.rundir as rundir
+
         real_atomic_write = rundir.atomic_write
 
         def atomic_write(path, data):
             if path.name != "weights.npz":
                 return real_atomic_write(path, data)
             # as if killed inside atomic_write: half of the temporary file written, nothing renamed
-            (path.parent / f".{path.name}.half.tmp").write_bytes(data[:len(data) // 2])
+            (path.parent / f".{path.name}.half.tmp").write_bytes(data[: len(data) // 2])
             die()
+
         rundir.atomic_write = atomic_write
     else:
         raise SystemExit(f"unknown fault point {point!r}")

@@ -6,7 +6,6 @@ import os
 import signal
 
 import tensorflow as tf
-
 from accum_train.engine import AccumulatingUpdate
 from accum_train.train import Progress
 
@@ -30,6 +29,7 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
             if calls[0] == snapshot_after:
                 kept.update({v.name: v.numpy() for v in self.variables})
             return out
+
         self.update = update
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)

@@ -13,7 +13,7 @@ import accum_train.memory as memory
 from accum_train.cli.main import main
 from accum_train.engine import AccumulatingUpdate
 
-MiB = 2 ** 20
+MiB = 2**20
 SCALE = 2 if os.environ.get("ACCUM_TRAIN_WORKER") == "1" else 1
 peak = [0]
 real_accumulate, real_accumulate_batch = AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_batch

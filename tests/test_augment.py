@@ -11,7 +11,6 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from accum_train.augment import Augment
 from accum_train.config import AugmentConfig, load_config
 from accum_train.datasets import load
@@ -72,8 +71,7 @@ def test_no_augmentation_leaves_the_batch_alone():
 
 
 def test_validation_is_a_fixed_choice_held_out_of_training(data_dir):
-    cfg = load_config(None, [f"data.dir={data_dir}", "data.train_limit=2000", "data.validation=500",
-                             "batch_size=100"])
+    cfg = load_config(None, [f"data.dir={data_dir}", "data.train_limit=2000", "data.validation=500", "batch_size=100"])
     data, again = load(cfg.data), load(cfg.data)
     full = load(load_config(None, [f"data.dir={data_dir}", "data.train_limit=2000", "batch_size=100"]).data)
     assert (len(data.train), len(data.validation)) == (1500, 500)
@@ -114,7 +112,10 @@ def test_augmented_run_killed_and_resumed_reaches_the_uninterrupted_weights(tmp_
     assert sorted(a.files) == sorted(b.files)
     assert max(float(np.max(np.abs(a[name] - b[name]))) for name in a.files) < 1e-6
     assert resumed["validation_accuracy"] == pytest.approx(whole["validation_accuracy"], abs=1e-9)
-    epochs = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-              if '"test_accuracy"' in line]
+    epochs = [
+        json.loads(line)
+        for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+        if '"test_accuracy"' in line
+    ]
     assert [e["epoch"] for e in epochs] == [1, 2] and all(0.0 <= e["val_accuracy"] <= 1.0 for e in epochs)
     assert json.loads((tmp_path / "cut" / "dataset.json").read_text())["validation_examples"] == 300

@@ -7,17 +7,16 @@ exactly which k must be chosen and that no batch is lost or applied twice.
 
 import json
 
+import accum_train.memory as memory_module
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-
-import accum_train.memory as memory_module
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.engine import AccumulatingUpdate
 from accum_train.errors import OutOfMemory
 from accum_train.train import Progress, train
+from click.testing import CliRunner
 
 MiB = 2**20
 
@@ -43,6 +42,7 @@ def fake_peak(monkeypatch):
         def accumulate(x, y, n):
             peak[0] = int(x.shape[0]) * MiB
             return real(x, y, n)
+
         self.accumulate = accumulate
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
@@ -50,15 +50,17 @@ def fake_peak(monkeypatch):
     return peak
 
 
-@pytest.mark.parametrize("limit, chosen, tried", [
-    ("64MiB", 1, [64]),
-    ("40MiB", 2, [64, 32]),
-    ("20MiB", 4, [64, 32, 16]),
-    ("1MiB", 64, [64, 32, 16, 8, 4, 2, 1]),
-])
+@pytest.mark.parametrize(
+    "limit, chosen, tried",
+    [
+        ("64MiB", 1, [64]),
+        ("40MiB", 2, [64, 32]),
+        ("20MiB", 4, [64, 32, 16]),
+        ("1MiB", 64, [64, 32, 16, 8, 4, 2, 1]),
+    ],
+)
 def test_auto_picks_the_fewest_subdivisions_that_fit(tmp_path, repo_root, fake_peak, limit, chosen, tried):
-    cfg = load_config(repo_root / "configs" / "smoke.yaml",
-                      ["subdivisions=auto", f"memory_limit={limit}", "epochs=1"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=auto", f"memory_limit={limit}", "epochs=1"])
     messages = Messages()
     summary = train(cfg, tmp_path / "run", progress=messages)
     assert summary["subdivisions"] == chosen
@@ -73,8 +75,10 @@ def test_auto_with_nothing_that_fits(tmp_path, repo_root, fake_peak):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=auto", "memory_limit=512KiB"])
     with pytest.raises(OutOfMemory) as err:
         train(cfg, tmp_path / "run")
-    assert str(err.value) == ("even one example per micro-batch needs 1 MiB of TensorFlow memory, over "
-                              "memory_limit=512KiB: raise memory_limit or use a smaller model")
+    assert str(err.value) == (
+        "even one example per micro-batch needs 1 MiB of TensorFlow memory, over "
+        "memory_limit=512KiB: raise memory_limit or use a smaller model"
+    )
 
 
 def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, monkeypatch):
@@ -95,6 +99,7 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
         def accumulate_batch(x, y, n=None):
             peak[0] = 3 * (int(y.shape[0]) // int(self.subdivisions.numpy())) * MiB // 2
             return real_batch(x, y, n)
+
         self.accumulate, self.accumulate_batch = accumulate, accumulate_batch
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
@@ -102,10 +107,14 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
     messages = Messages()
     cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", "memory_limit=64MiB"])
     summary = train(cfg, tmp_path / "auto", progress=messages)
-    assert messages.lines[:2] == ["subdivisions=auto: micro-batch of 64 -> 64 MiB (memory_limit=64MiB)",
-                                  "subdivisions=auto chose 1"]
-    assert ("update 1 peaked at 96 MiB of TensorFlow memory with subdivisions=1, over memory_limit=64MiB: "
-            "retrying the same batch with subdivisions=2") in messages.lines
+    assert messages.lines[:2] == [
+        "subdivisions=auto: micro-batch of 64 -> 64 MiB (memory_limit=64MiB)",
+        "subdivisions=auto chose 1",
+    ]
+    assert (
+        "update 1 peaked at 96 MiB of TensorFlow memory with subdivisions=1, over memory_limit=64MiB: "
+        "retrying the same batch with subdivisions=2"
+    ) in messages.lines
     assert summary["subdivisions"] == 2 and summary["steps"] == 47
     a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6  # the batch applied once, at k=2
@@ -131,6 +140,7 @@ def oom_once(monkeypatch):
                 self.cache.add([tf.ones_like(v) for v in self.variables])
                 raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,8]")
             return real(x, y, n)
+
         self.update = update
 
     return arm
@@ -139,22 +149,26 @@ def oom_once(monkeypatch):
 def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, oom_once):
     # SGD: over 47 updates Adam would amplify float rounding of k=1 vs k=2 past any fixed bound
     overrides = ["model.norm=none", "epochs=1", "log_every=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
-    reference = train(load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=1"]),
-                      tmp_path / "ref")
+    reference = train(
+        load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=1"]), tmp_path / "ref"
+    )
     oom_once()
-    cfg = load_config(repo_root / "configs" / "smoke.yaml",
-                      overrides + ["subdivisions=auto", "memory_limit=4GiB"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", "memory_limit=4GiB"])
     messages = Messages()
     summary = train(cfg, tmp_path / "auto", progress=messages)
     # under memory_limit the first update is accumulated and measured before it is applied, without
     # calling update(): the 5th update() call is update 6
-    assert "update 6 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" \
-        in messages.lines
+    assert (
+        "update 6 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" in messages.lines
+    )
     assert summary["subdivisions"] == 2 and summary["steps"] == reference["steps"] == 47
     a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-5  # nothing lost, nothing twice
-    steps = [json.loads(x)["step"] for x in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()
-             if "loss" in json.loads(x)]
+    steps = [
+        json.loads(x)["step"]
+        for x in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(x)
+    ]
     assert steps == list(range(1, 48))
     # the new k is kept: it is in the checkpoint a resumed run restores
     reader = tf.train.load_checkpoint(str(tmp_path / "auto" / "checkpoints"))
@@ -166,6 +180,8 @@ def test_out_of_memory_with_fixed_subdivisions_is_exit_3(tmp_path, repo_root, oo
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
     assert result.exit_code == 3
-    assert result.stderr == ("error: out of memory: update 5 ran out of memory with subdivisions=4 "
-                             "(OOM when allocating tensor with shape[64,8]): use more subdivisions or "
-                             "subdivisions: auto\n")
+    assert result.stderr == (
+        "error: out of memory: update 5 ran out of memory with subdivisions=4 "
+        "(OOM when allocating tensor with shape[64,8]): use more subdivisions or "
+        "subdivisions: auto\n"
+    )

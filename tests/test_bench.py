@@ -5,16 +5,28 @@ import json
 
 import matplotlib.image
 import pytest
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
+from click.testing import CliRunner
 
 
 @pytest.mark.slow  # one fresh process per k
 def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     out = tmp_path / "bench"
-    result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"), "--subdivisions", "1,4",
-                                       "--steps", "2", "--set", "batch_size=256", "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--subdivisions",
+            "1,4",
+            "--steps",
+            "2",
+            "--set",
+            "batch_size=256",
+            "--output-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "bench.json").read_text())
     rows = data["rows"]
@@ -28,8 +40,7 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     table = result.stdout.splitlines()
     assert table[-5].split()[:3] == ["precision", "k", "micro"]
     assert table[-4].split()[:3] == ["float32", "1", "256"] and table[-3].split()[:3] == ["float32", "4", "64"]
-    assert table[-2] == ("(ratios against float32 k=1; 2 updates per measurement, one fresh process each; "
-                         "one round)")
+    assert table[-2] == ("(ratios against float32 k=1; 2 updates per measurement, one fresh process each; one round)")
     assert table[-1] == f"written: {out / 'bench.json'}, {out / 'bench.png'}"
     assert not list(out.glob("config-k*.yaml"))  # the workers' configs are cleaned up
 
@@ -37,9 +48,23 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
 @pytest.mark.slow  # 2 rounds x 2 variants, a fresh process each
 def test_bench_rounds_alternate_precisions_and_report_ratio_spreads(tmp_path, repo_root):
     out = tmp_path / "bench"
-    result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"), "--subdivisions", "4",
-                                       "--precision", "float32,mixed_bfloat16", "--rounds", "2", "--steps", "2",
-                                       "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--subdivisions",
+            "4",
+            "--precision",
+            "float32,mixed_bfloat16",
+            "--rounds",
+            "2",
+            "--steps",
+            "2",
+            "--output-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "bench.json").read_text())
     assert data["rounds"] == 2
@@ -55,23 +80,29 @@ def test_bench_rounds_alternate_precisions_and_report_ratio_spreads(tmp_path, re
     assert lines[-2].endswith("medians over 2 alternating rounds, [min-max] of the per-round ratios)")
 
 
-@pytest.mark.parametrize("value, message", [
-    ("1,x", "--subdivisions '1,x' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16"),
-    ("0,2", "--subdivisions '0,2' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16"),
-    ("1,100", "--subdivisions 100 is more than batch_size=64: a micro-batch holds at least one example"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("1,x", "--subdivisions '1,x' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16"),
+        ("0,2", "--subdivisions '0,2' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16"),
+        ("1,100", "--subdivisions 100 is more than batch_size=64: a micro-batch holds at least one example"),
+    ],
+)
 def test_bench_bad_subdivisions(tmp_path, repo_root, value, message):
     out = tmp_path / "bench"
-    result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--subdivisions", value, "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main, ["bench", str(repo_root / "configs" / "smoke.yaml"), "--subdivisions", value, "--output-dir", str(out)]
+    )
     assert (result.exit_code, result.stderr) == (2, f"error: {message}\n")
     assert not out.exists()
 
 
 def test_bench_bad_precision(tmp_path, repo_root):
     out = tmp_path / "bench"
-    result = CliRunner().invoke(main, ["bench", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--precision", "float32,fp16", "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        ["bench", str(repo_root / "configs" / "smoke.yaml"), "--precision", "float32,fp16", "--output-dir", str(out)],
+    )
     message = "--precision 'float32,fp16' must be a comma-separated list of float32, mixed_bfloat16, mixed_float16"
     assert (result.exit_code, result.stderr) == (2, f"error: {message}\n")
     assert not out.exists()

@@ -10,29 +10,44 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import Interrupted
 from accum_train.train import train
+from click.testing import CliRunner
 from helpers import InterruptAt
 
-SUMMARY_KEYS = {"test_accuracy", "test_loss", "steps", "examples_seen", "wall_time_s", "peak_memory_bytes",
-                "peak_rss_bytes"}
+SUMMARY_KEYS = {
+    "test_accuracy",
+    "test_loss",
+    "steps",
+    "examples_seen",
+    "wall_time_s",
+    "peak_memory_bytes",
+    "peak_rss_bytes",
+}
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, repo_root):
     out = tmp_path_factory.mktemp("runs") / "smoke"
-    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--output-dir", str(out), "--set", "checkpoint.every_steps=3"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--output-dir",
+            str(out),
+            "--set",
+            "checkpoint.every_steps=3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return out, result, load_config(repo_root / "configs" / "smoke.yaml", ["checkpoint.every_steps=3"])
 
 
 def test_run_prints_accuracy_and_epoch_lines(smoke_run):
-    out, result, cfg = smoke_run
+    out, result, _ = smoke_run
     lines = result.stdout.splitlines()
     assert lines[0] == "batch_size=64 as 4 micro-batches of 16-16 examples"
     assert [line.split(":")[0] for line in lines[1:3]] == ["epoch 1/2", "epoch 2/2"]
@@ -48,7 +63,7 @@ def test_config_yaml_is_the_resolved_config(smoke_run):
 
 
 def test_metrics_jsonl_has_every_update_and_epoch(smoke_run):
-    out, _, cfg = smoke_run
+    out, _, _ = smoke_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if "loss" in r]
     epochs = [r for r in records if "test_accuracy" in r]
@@ -79,7 +94,7 @@ def test_tensorboard_events_hold_the_scalars(smoke_run):
 def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     out, _, _ = smoke_run
     summary = json.loads((out / "summary.json").read_text())
-    assert SUMMARY_KEYS <= set(summary)
+    assert set(summary) >= SUMMARY_KEYS
     assert (summary["steps"], summary["examples_seen"]) == (94, 6000)
     # 10 classes: chance is 0.1; the smoke config reaches 0.696 (deterministic on CPU)
     assert summary["test_accuracy"] >= 0.6
@@ -93,8 +108,10 @@ def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 94
     assert sorted(int(a.size) for a in saved.values()) == sorted(int(a.size) for a in weights.values())
     # every_steps=3 saves steps 3, 6, ..., 93 as well as the epoch ends 47 and 94; keep=3 keeps the last three
-    kept = sorted(int(p.split("-")[-1]) for p in tf.train.get_checkpoint_state(str(out / "checkpoints"))
-                  .all_model_checkpoint_paths)
+    kept = sorted(
+        int(p.split("-")[-1])
+        for p in tf.train.get_checkpoint_state(str(out / "checkpoints")).all_model_checkpoint_paths
+    )
     assert kept == [90, 93, 94]
 
 
@@ -123,25 +140,30 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, 
 
 def test_cli_interrupt_exit_code_and_resume_line(tmp_path, repo_root, monkeypatch):
     import accum_train.cli.main as cli
+
     # smoke.yaml has log_every=10: the first report, and so the signal, comes after update 10
     monkeypatch.setattr(cli, "BarProgress", lambda show_bar: InterruptAt(1))
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
     assert result.exit_code == 130
-    assert result.stderr == (f"stopped by SIGINT after update 10; checkpoint saved. "
-                             f"Resume with: accum-train run --resume {out}\n")
+    assert result.stderr == (
+        f"stopped by SIGINT after update 10; checkpoint saved. Resume with: accum-train run --resume {out}\n"
+    )
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-10")
 
 
 def test_second_interrupt_stops_at_once_in_one_line(tmp_path, repo_root, monkeypatch):
     import accum_train.cli.main as cli
+
     monkeypatch.setattr(cli, "BarProgress", lambda show_bar: InterruptAt(1, signals=2))  # after update 10
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
     assert result.exit_code == 130
     # the second signal came before the first could checkpoint update 10: ckpt-0 is the last, and intact
-    assert result.stderr == (f"stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. "
-                             f"Resume with: accum-train run --resume {out}\n")
+    assert result.stderr == (
+        f"stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. "
+        f"Resume with: accum-train run --resume {out}\n"
+    )
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-0")
     monkeypatch.undo()
     resumed = CliRunner().invoke(main, ["run", "--resume", str(out)])
@@ -158,19 +180,26 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     cases = [
-        (["run", smoke, "--output-dir", str(busy)],
-         f"--output-dir {busy} is not empty: choose an empty or new directory"),
-        (["run", smoke, "--output-dir", str(done)],
-         f"--output-dir {done} is not empty: continue it with --resume {done}"),
+        (
+            ["run", smoke, "--output-dir", str(busy)],
+            f"--output-dir {busy} is not empty: choose an empty or new directory",
+        ),
+        (
+            ["run", smoke, "--output-dir", str(done)],
+            f"--output-dir {done} is not empty: continue it with --resume {done}",
+        ),
         (["run", smoke, "--output-dir", str(a_file)], f"--output-dir {a_file} is a file: name a directory"),
-        (["run", "--resume", str(busy)],
-         f"--resume {busy} is not a run directory (no config.yaml and checkpoints/): "
-         f"pass a directory written by 'accum-train run'"),
-        (["run", "--resume", str(done), "--set", "batch_size=200"],
-         f"--resume {done}: the config changes batch_size (64 -> 200), which the run cannot continue with; "
-         f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir may change"),
-        (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', "
-                  "or --resume RUN_DIR"),
+        (
+            ["run", "--resume", str(busy)],
+            f"--resume {busy} is not a run directory (no config.yaml and checkpoints/): "
+            f"pass a directory written by 'accum-train run'",
+        ),
+        (
+            ["run", "--resume", str(done), "--set", "batch_size=200"],
+            f"--resume {done}: the config changes batch_size (64 -> 200), which the run cannot continue with; "
+            f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir may change",
+        ),
+        (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', or --resume RUN_DIR"),
     ]
     for args, message in cases:
         before = sorted(p.name for p in tmp_path.rglob("*"))
@@ -183,13 +212,17 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
 def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):
     # Tests run as root, for whom chmod changes nothing: the permission check is what is exercised.
     import accum_train.rundir as rundir_module
+
     real_access = rundir_module.os.access
-    monkeypatch.setattr(rundir_module.os, "access",
-                        lambda path, mode: False if mode & os.W_OK else real_access(path, mode))
+    monkeypatch.setattr(
+        rundir_module.os, "access", lambda path, mode: False if mode & os.W_OK else real_access(path, mode)
+    )
     out = tmp_path / "locked" / "run"
     result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)])
     assert (result.exit_code, result.stderr) == (
-        2, f"error: --output-dir {out}: {tmp_path} is not writable: choose another directory\n")
+        2,
+        f"error: --output-dir {out}: {tmp_path} is not writable: choose another directory\n",
+    )
     assert not (tmp_path / "locked").exists()
 
 
@@ -197,6 +230,7 @@ def test_progress_bar_shows_micro_batches_loss_speed_and_eta(capsys):
     import io
 
     from accum_train.cli.main import BarProgress
+
     stream = io.StringIO()
     bar = BarProgress(True, stream=stream)
     bar.epoch_start(1, 3, 40, 0)
@@ -204,25 +238,52 @@ def test_progress_bar_shows_micro_batches_loss_speed_and_eta(capsys):
     drawn = stream.getvalue()
     assert "epoch 1/3" in drawn and "20/40 micro-batches" in drawn
     assert "loss: 0.5432" in drawn and "1234.0 examples/s" in drawn and "ETA" in drawn
-    bar.epoch_end({"epoch": 1, "train_loss": 0.6, "test_loss": 0.5, "test_accuracy": 0.8125,
-                   "elapsed_s": 2.0, "examples_per_s": 1000.0})
-    assert capsys.readouterr().out == ("epoch 1/3: train loss 0.6000, test loss 0.5000, test accuracy 0.8125, "
-                                       "2.0 s, 1000 examples/s\n")
+    bar.epoch_end(
+        {
+            "epoch": 1,
+            "train_loss": 0.6,
+            "test_loss": 0.5,
+            "test_accuracy": 0.8125,
+            "elapsed_s": 2.0,
+            "examples_per_s": 1000.0,
+        }
+    )
+    assert capsys.readouterr().out == (
+        "epoch 1/3: train loss 0.6000, test loss 0.5000, test accuracy 0.8125, 2.0 s, 1000 examples/s\n"
+    )
 
 
 def test_a_run_starts_quietly_unless_verbose(tmp_path, repo_root):
     """No TensorFlow start-up or C++ log lines (oneDNN, absl, grappler's remapper for norm=none) on stderr."""
     import subprocess
     import sys
+
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    done = subprocess.run([sys.executable, "-m", "accum_train.cli.main", "run",
-                           str(repo_root / "configs" / "smoke.yaml"), "--set", "model.norm=none", "--set", "epochs=1",
-                           "--output-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accum_train.cli.main",
+            "run",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--set",
+            "model.norm=none",
+            "--set",
+            "epochs=1",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert done.stdout.splitlines()[-1].startswith("test accuracy ")
-    check = ("import os, sys; from accum_train.cli.common import quiet_tensorflow; quiet_tensorflow(True); "
-             "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), 'tensorflow' in sys.modules)")
+    check = (
+        "import os, sys; from accum_train.cli.common import quiet_tensorflow; quiet_tensorflow(True); "
+        "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), 'tensorflow' in sys.modules)"
+    )
     verbose = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, env=env)
     assert verbose.stdout.split() == ["None", "False"]  # --verbose: TensorFlow's logging left as it is

@@ -7,15 +7,22 @@ import json
 
 import matplotlib.image
 import pytest
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.compare import gradient_check
 from accum_train.config import load_config
 from accum_train.datasets import fashion_mnist
+from click.testing import CliRunner
 
-SUMMARY_KEYS = {"test_accuracy", "test_loss", "steps", "examples_seen", "wall_time_s", "cpu_time_s",
-                "peak_memory_bytes", "peak_rss_bytes"}
+SUMMARY_KEYS = {
+    "test_accuracy",
+    "test_loss",
+    "steps",
+    "examples_seen",
+    "wall_time_s",
+    "cpu_time_s",
+    "peak_memory_bytes",
+    "peak_rss_bytes",
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +30,14 @@ def small_data(data_dir):
     return fashion_mnist.load(str(data_dir), train_limit=3000, test_limit=500, allow_download=False)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["model.norm=none"],
-    ["model.norm=none", "subdivisions=7"],  # 64 / 7: ragged micro-batches
-    ["model.name=mlp", "model.norm=none", "subdivisions=64"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.norm=none"],
+        ["model.norm=none", "subdivisions=7"],  # 64 / 7: ragged micro-batches
+        ["model.name=mlp", "model.norm=none", "subdivisions=64"],
+    ],
+)
 def test_gradient_check_without_batchnorm_is_exact(repo_root, small_data, overrides):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
     check = gradient_check(cfg, small_data)
@@ -40,6 +50,7 @@ def test_gradient_check_without_batchnorm_is_exact(repo_root, small_data, overri
 def test_gradient_check_measures_the_engine_itself(repo_root, small_data, monkeypatch):
     """Break the engine (each micro-batch counted twice) and the check must see it."""
     from accum_train.engine import AccumulatingUpdate
+
     real = AccumulatingUpdate._accumulate_micro
     monkeypatch.setattr(AccumulatingUpdate, "_accumulate_micro", lambda self, x, y, n: real(self, x, y, n // 2))
     check = gradient_check(load_config(repo_root / "configs" / "smoke.yaml", ["model.norm=none"]), small_data)
@@ -57,8 +68,9 @@ def test_gradient_check_with_batchnorm_isolates_micro_batch_statistics(repo_root
 @pytest.fixture(scope="module")  # two training runs in fresh processes: the tests using it are slow
 def compared(tmp_path_factory, repo_root):
     out = tmp_path_factory.mktemp("cmp") / "cmp"
-    result = CliRunner().invoke(main, ["compare", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--set", "epochs=2", "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main, ["compare", str(repo_root / "configs" / "smoke.yaml"), "--set", "epochs=2", "--output-dir", str(out)]
+    )
     assert result.exit_code == 0, result.output
     return out, result
 
@@ -71,14 +83,15 @@ def test_compare_json_has_every_field(compared):
     assert set(check) >= {"max_abs_diff", "max_rel_diff", "per_variable", "bn_inference_mode"}
     for side in ("baseline", "subdivided"):
         assert data[side]["status"] == "ok"
-        assert SUMMARY_KEYS <= set(data[side]["summary"])
+        assert set(data[side]["summary"]) >= SUMMARY_KEYS
         curves = data[side]["curves"]
         assert curves["epoch"] == [1, 2]
         assert all(len(curves[k]) == 2 for k in ("train_loss", "test_loss", "test_accuracy"))
         # each side left a complete run directory
         run_dir = out / side
-        assert json.loads((run_dir / "summary.json").read_text()) == \
-            {k: v for k, v in data[side]["summary"].items() if k != "examples_per_s"}
+        assert json.loads((run_dir / "summary.json").read_text()) == {
+            k: v for k, v in data[side]["summary"].items() if k != "examples_per_s"
+        }
     assert data["baseline"]["summary"]["baseline"] is True
     assert data["subdivided"]["summary"]["subdivisions"] == 4
     ratios = data["ratios"]
@@ -118,16 +131,31 @@ def test_baseline_out_of_memory_is_reported_and_subdivided_still_runs(tmp_path, 
     # whole-batch update peaks near 88 MiB of TensorFlow memory, the 10-way subdivided one near 20 MiB
     # (two micro-steps in flight on a CPU; 11 MiB one at a time).
     out = tmp_path / "cmp"
-    result = CliRunner().invoke(main, ["compare", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out),
-                                       "--set", "batch_size=1000", "--set", "subdivisions=10",
-                                       "--set", "epochs=1", "--set", "memory_limit=60MiB"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--output-dir",
+            str(out),
+            "--set",
+            "batch_size=1000",
+            "--set",
+            "subdivisions=10",
+            "--set",
+            "epochs=1",
+            "--set",
+            "memory_limit=60MiB",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "compare.json").read_text())
     assert data["baseline"]["status"] == "out_of_memory"
     assert data["baseline"]["message"].startswith("out of memory: update 1 peaked at ")
     assert data["baseline"]["message"].endswith(
         " MiB of TensorFlow memory with the whole batch in one pass, over memory_limit=60MiB: "
-        "raise memory_limit or use more subdivisions")
+        "raise memory_limit or use more subdivisions"
+    )
     assert data["subdivided"]["status"] == "ok" and data["ratios"] is None
     assert data["subdivided"]["summary"]["peak_memory_bytes"] < 60 * 2**20
     assert f"baseline: {data['baseline']['message']}" in result.stdout.splitlines()

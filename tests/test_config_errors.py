@@ -5,10 +5,9 @@ config file's path. None of these reaches TensorFlow or the data.
 """
 
 import pytest
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.config import Config, ConfigError, load_config, parse_size
+from click.testing import CliRunner
 
 CASES = [
     # (config text, extra CLI args, expected message)
@@ -20,8 +19,11 @@ CASES = [
     ("batch_size: 5000000\n", [], "{cfg}: batch_size=5000000 must be <= 1000000"),
     ("batch_size:\n", [], "{cfg}: batch_size is empty: set it to an integer >= 1 and <= 1000000"),
     ("subdivisions: 0\n", [], "{cfg}: subdivisions=0 must be >= 1 and <= 1000000"),
-    ("subdivisions: 600\n", [],
-     "{cfg}: subdivisions=600 must be <= batch_size=500 (a micro-batch holds at least one example)"),
+    (
+        "subdivisions: 600\n",
+        [],
+        "{cfg}: subdivisions=600 must be <= batch_size=500 (a micro-batch holds at least one example)",
+    ),
     ("subdivision: 5\n", [], "{cfg}: unknown key 'subdivision' (did you mean 'subdivisions'?)"),
     ("epochs: 0\n", [], "{cfg}: epochs=0 must be >= 1 and <= 100000"),
     ("epochs: .inf\n", [], "{cfg}: epochs=inf must be an integer >= 1 and <= 100000"),
@@ -30,51 +32,93 @@ CASES = [
     ("baseline: 'yes'\n", [], "{cfg}: baseline='yes' must be true or false"),
     ("model: conv\n", [], "{cfg}: model='conv' must be a mapping of keys (e.g. model: {{name: ...}})"),
     ("model: {name: resnet}\n", [], "{cfg}: model.name='resnet' is not one of seed_convnet, mlp, keras_file"),
-    ("model: {name: seed_convnt}\n", [],
-     "{cfg}: model.name='seed_convnt' is not one of seed_convnet, mlp, keras_file; did you mean 'seed_convnet'?"),
+    (
+        "model: {name: seed_convnt}\n",
+        [],
+        "{cfg}: model.name='seed_convnt' is not one of seed_convnet, mlp, keras_file; did you mean 'seed_convnet'?",
+    ),
     ("model: {width: 0}\n", [], "{cfg}: model.width=0 must be > 0.0 and <= 8.0"),
     ("model: {norm: layernorm}\n", [], "{cfg}: model.norm='layernorm' is not one of batchnorm, groupnorm, none"),
-    ("optimizer: {name: adamw}\n", [],
-     "{cfg}: optimizer.name='adamw' is not one of adam, sgd, momentum, rmsprop; did you mean 'adam'?"),
+    (
+        "optimizer: {name: adamw}\n",
+        [],
+        "{cfg}: optimizer.name='adamw' is not one of adam, sgd, momentum, rmsprop; did you mean 'adam'?",
+    ),
     ("optimizer: {learning_rate: -1}\n", [], "{cfg}: optimizer.learning_rate=-1 must be > 0.0 and <= 100.0"),
     ("optimizer: {lr: 0.1}\n", [], "{cfg}: unknown key 'optimizer.lr' (did you mean 'optimizer.learning_rate'?)"),
     ("optimizer: {clip_norm: 0}\n", [], "{cfg}: optimizer.clip_norm=0 must be > 0.0"),
     ("optimizer: {momentum: 1.5}\n", [], "{cfg}: optimizer.momentum=1.5 must be <= 1.0"),
-    ("optimizer: {schedule: {name: linear}}\n", [],
-     "{cfg}: optimizer.schedule.name='linear' is not one of constant, cosine, exponential"),
+    (
+        "optimizer: {schedule: {name: linear}}\n",
+        [],
+        "{cfg}: optimizer.schedule.name='linear' is not one of constant, cosine, exponential",
+    ),
     ("data: {name: mnist}\n", [], "{cfg}: data.name='mnist' is not one of fashion_mnist, npz, image_folder"),
-    ("data: {train_limit: 100}\n", [],
-     "{cfg}: data.train_limit=100 is smaller than batch_size=500: raise it or lower batch_size"),
+    (
+        "data: {train_limit: 100}\n",
+        [],
+        "{cfg}: data.train_limit=100 is smaller than batch_size=500: raise it or lower batch_size",
+    ),
     ("data: {tain_limit: 100}\n", [], "{cfg}: unknown key 'data.tain_limit' (did you mean 'data.train_limit'?)"),
-    ("batch_size: [1, 2\n", [],
-     "{cfg}: YAML syntax error at line 2, column 1: expected ',' or ']', but got '<stream end>'"),
-    ("model:\n  name: mlp\n   width: 2\n", [],
-     "{cfg}: YAML syntax error at line 3, column 9: mapping values are not allowed here"),
+    (
+        "batch_size: [1, 2\n",
+        [],
+        "{cfg}: YAML syntax error at line 2, column 1: expected ',' or ']', but got '<stream end>'",
+    ),
+    (
+        "model:\n  name: mlp\n   width: 2\n",
+        [],
+        "{cfg}: YAML syntax error at line 3, column 9: mapping values are not allowed here",
+    ),
     ("- 1\n- 2\n", [], "{cfg}: the config must be a mapping of keys (e.g. 'batch_size: 500'), got a list"),
-    ("!!python/object/apply:os.system ['echo hi']\n", [],
-     "{cfg}: YAML syntax error at line 1, column 1: could not determine a constructor for the tag "
-     "'tag:yaml.org,2002:python/object/apply:os.system'"),
+    (
+        "!!python/object/apply:os.system ['echo hi']\n",
+        [],
+        "{cfg}: YAML syntax error at line 1, column 1: could not determine a constructor for the tag "
+        "'tag:yaml.org,2002:python/object/apply:os.system'",
+    ),
     ("", ["--set", "subdivisions=0"], "--set: subdivisions=0 must be >= 1 and <= 1000000"),
-    ("", ["--set", "optimizer.lrate=0.1"],
-     "--set: unknown key 'optimizer.lrate' (did you mean 'optimizer.learning_rate'?)"),
+    (
+        "",
+        ["--set", "optimizer.lrate=0.1"],
+        "--set: unknown key 'optimizer.lrate' (did you mean 'optimizer.learning_rate'?)",
+    ),
     ("", ["--set", "nokey"], "--set 'nokey' must look like KEY=VALUE, e.g. --set subdivisions=10"),
-    ("batch_size: 500\n", ["--set", "batch_size.x=1"],
-     "--set batch_size.x: batch_size is 500 in {cfg}, not a mapping, so it has no key 'x'"),
-    ("batch_size: 64\n", ["--set", "subdivisions=65"],
-     "--set: subdivisions=65 must be <= batch_size=64 (a micro-batch holds at least one example)"),
+    (
+        "batch_size: 500\n",
+        ["--set", "batch_size.x=1"],
+        "--set batch_size.x: batch_size is 500 in {cfg}, not a mapping, so it has no key 'x'",
+    ),
+    (
+        "batch_size: 64\n",
+        ["--set", "subdivisions=65"],
+        "--set: subdivisions=65 must be <= batch_size=64 (a micro-batch holds at least one example)",
+    ),
     ("parallel_micro_steps: 0\n", [], "{cfg}: parallel_micro_steps=0 must be >= 1 and <= 64"),
-    ("parallel_micro_steps: fast\n", [],
-     "{cfg}: parallel_micro_steps='fast' must be an integer >= 1 and <= 64 or auto"),
-    ("baseline: true\nparallel_micro_steps: 2\n", [],
-     "{cfg}: parallel_micro_steps=2 needs baseline=false (the baseline has no micro-steps): remove it or set "
-     "baseline=false"),
-    ("data: {validation: 600, train_limit: 600}\n", [],
-     "{cfg}: data.validation=600 leaves no training examples of data.train_limit=600: lower it or raise the limit"),
+    (
+        "parallel_micro_steps: fast\n",
+        [],
+        "{cfg}: parallel_micro_steps='fast' must be an integer >= 1 and <= 64 or auto",
+    ),
+    (
+        "baseline: true\nparallel_micro_steps: 2\n",
+        [],
+        "{cfg}: parallel_micro_steps=2 needs baseline=false (the baseline has no micro-steps): remove it or set "
+        "baseline=false",
+    ),
+    (
+        "data: {validation: 600, train_limit: 600}\n",
+        [],
+        "{cfg}: data.validation=600 leaves no training examples of data.train_limit=600: lower it or raise the limit",
+    ),
     ("data: {validation: -1}\n", [], "{cfg}: data.validation=-1 must be >= 0"),
     ("data: {augment: {crop: -1}}\n", [], "{cfg}: data.augment.crop=-1 must be >= 0 and <= 4096"),
     ("data: {augment: {flip: 'yes'}}\n", [], "{cfg}: data.augment.flip='yes' must be true or false"),
-    ("data: {augment: {flips: true}}\n", [],
-     "{cfg}: unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)"),
+    (
+        "data: {augment: {flips: true}}\n",
+        [],
+        "{cfg}: unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)",
+    ),
 ]
 
 
@@ -90,11 +134,14 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, text, extra, ex
     assert not out.exists()
 
 
-@pytest.mark.parametrize("setup, message", [
-    ("missing", "config file {p} does not exist: pass the path of a YAML file, e.g. configs/fmnist.yaml"),
-    ("directory", "config file {p} is a directory: pass the path of a YAML file"),
-    ("binary", "config file {p} is not UTF-8 text: pass a YAML file"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        ("missing", "config file {p} does not exist: pass the path of a YAML file, e.g. configs/fmnist.yaml"),
+        ("directory", "config file {p} is a directory: pass the path of a YAML file"),
+        ("binary", "config file {p} is not UTF-8 text: pass a YAML file"),
+    ],
+)
 def test_unreadable_config_file(tmp_path, setup, message):
     path = tmp_path / "c.yaml"
     if setup == "directory":
@@ -122,19 +169,30 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     assert load_config(again) == cfg
 
 
-@pytest.mark.parametrize("text, size", [
-    ("2GiB", 2 * 1024**3), ("512MB", 512 * 1000**2), ("1.5G", int(1.5 * 1024**3)),
-    ("64k", 64 * 1024), ("100", 100), (4096, 4096), ("3 MiB", 3 * 1024**2),
-])
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("2GiB", 2 * 1024**3),
+        ("512MB", 512 * 1000**2),
+        ("1.5G", int(1.5 * 1024**3)),
+        ("64k", 64 * 1024),
+        ("100", 100),
+        (4096, 4096),
+        ("3 MiB", 3 * 1024**2),
+    ],
+)
 def test_parse_size(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text, message", [
-    ("lots", "memory_limit='lots' must be a size such as 2GiB, 512MB or 1073741824"),
-    (0, "memory_limit=0 must be > 0 bytes"),
-    ("0MB", "memory_limit='0MB' must be > 0 bytes"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("lots", "memory_limit='lots' must be a size such as 2GiB, 512MB or 1073741824"),
+        (0, "memory_limit=0 must be > 0 bytes"),
+        ("0MB", "memory_limit='0MB' must be > 0 bytes"),
+    ],
+)
 def test_parse_size_errors(text, message):
     with pytest.raises(ConfigError) as err:
         parse_size(text, "memory_limit")

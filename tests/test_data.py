@@ -6,11 +6,10 @@ import shutil
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.datasets import fashion_mnist as fm
 from accum_train.errors import DataError
+from click.testing import CliRunner
 
 
 @pytest.fixture()
@@ -69,20 +68,32 @@ def label_out_of_range(raw):
 SLOW = pytest.mark.slow
 
 CASES = [
-    pytest.param("train-images-idx3-ubyte", altered_pixel,
-                 "{p} failed its checksum: expected SHA-256 " + fm.FILES["train-images-idx3-ubyte"]
-                 + " of the decompressed file, found {found}; " + fm.HOW_TO_GET, marks=SLOW, id="altered_pixel"),
-    ("t10k-images-idx3-ubyte", wrong_magic,
-     "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)"),
+    pytest.param(
+        "train-images-idx3-ubyte",
+        altered_pixel,
+        "{p} failed its checksum: expected SHA-256 "
+        + fm.FILES["train-images-idx3-ubyte"]
+        + " of the decompressed file, found {found}; "
+        + fm.HOW_TO_GET,
+        marks=SLOW,
+        id="altered_pixel",
+    ),
+    (
+        "t10k-images-idx3-ubyte",
+        wrong_magic,
+        "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)",
+    ),
     ("t10k-labels-idx1-ubyte", wrong_dims, "{p} has 2 dimensions, expected 1"),
     ("train-labels-idx1-ubyte", label_out_of_range, "{p} has label 12; labels must be 0..9"),
 ]
 
 
-@pytest.mark.parametrize("name, change, message", CASES,
-                         ids=[c.id if hasattr(c, "id") else c[1].__name__ for c in CASES])
+@pytest.mark.parametrize(
+    "name, change, message", CASES, ids=[c.id if hasattr(c, "id") else c[1].__name__ for c in CASES]
+)
 def test_damaged_file_is_refused_with_exact_message(copy_dir, name, change, message):
     import hashlib
+
     path = copy_dir / f"{name}.gz"
     rewrite(path, change)
     found = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
@@ -96,9 +107,11 @@ def test_truncated_gzip(copy_dir):
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(DataError) as err:
         fm.load(str(copy_dir), allow_download=False)
-    assert str(err.value) == (f"{path} is not a complete gzip file (Compressed file ended before the "
-                              f"end-of-stream marker was reached): the file is truncated or damaged; "
-                              f"{fm.HOW_TO_GET}")
+    assert str(err.value) == (
+        f"{path} is not a complete gzip file (Compressed file ended before the "
+        f"end-of-stream marker was reached): the file is truncated or damaged; "
+        f"{fm.HOW_TO_GET}"
+    )
 
 
 def test_header_that_lies_about_the_size(copy_dir):
@@ -109,11 +122,14 @@ def test_header_that_lies_about_the_size(copy_dir):
     assert str(err.value) == f"{path}: the header promises shape (20000,) (20008 bytes), the file has 10008"
 
 
-@pytest.mark.parametrize("setup, message", [
-    ("missing_one", "data.dir={d} has no t10k-labels-idx1-ubyte.gz: " + fm.HOW_TO_GET),
-    ("empty", "data.dir={d} has no train-images-idx3-ubyte.gz (and 3 more missing): " + fm.HOW_TO_GET),
-    ("a_file", "data.dir={d} is not a directory: " + fm.HOW_TO_GET),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        ("missing_one", "data.dir={d} has no t10k-labels-idx1-ubyte.gz: " + fm.HOW_TO_GET),
+        ("empty", "data.dir={d} has no train-images-idx3-ubyte.gz (and 3 more missing): " + fm.HOW_TO_GET),
+        ("a_file", "data.dir={d} is not a directory: " + fm.HOW_TO_GET),
+    ],
+)
 def test_incomplete_data_dir(tmp_path, data_dir, setup, message):
     d = tmp_path / "fm"
     if setup == "a_file":
@@ -132,8 +148,10 @@ def test_incomplete_data_dir(tmp_path, data_dir, setup, message):
 def test_cli_refuses_bad_data_before_writing_anything(copy_dir, tmp_path, repo_root):
     rewrite(copy_dir / "train-images-idx3-ubyte.gz", altered_pixel)
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--set", f"data.dir={copy_dir}", "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        ["run", str(repo_root / "configs" / "smoke.yaml"), "--set", f"data.dir={copy_dir}", "--output-dir", str(out)],
+    )
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: {copy_dir}/train-images-idx3-ubyte.gz failed its checksum")
     assert result.stderr.count("\n") == 1
@@ -147,26 +165,42 @@ def truncate(path):
 def unreadable(monkeypatch, path):
     # Tests run as root, for whom chmod 000 changes nothing: refuse the read instead.
     import pathlib
+
     real = pathlib.Path.read_bytes
 
     def read_bytes(self):
         if self == path:
             raise PermissionError(13, "Permission denied")
         return real(self)
+
     monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
 
 
 CLI_CASES = [
     # (what to do to the copy of the data, file, expected message after "error: ")
-    pytest.param("alter", "train-images-idx3-ubyte", "{p} failed its checksum: expected SHA-256 "
-                 + fm.FILES["train-images-idx3-ubyte"] + " of the decompressed file, found {found}; " + fm.HOW_TO_GET,
-                 marks=SLOW, id="alter"),
-    ("magic", "t10k-images-idx3-ubyte",
-     "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)"),
+    pytest.param(
+        "alter",
+        "train-images-idx3-ubyte",
+        "{p} failed its checksum: expected SHA-256 "
+        + fm.FILES["train-images-idx3-ubyte"]
+        + " of the decompressed file, found {found}; "
+        + fm.HOW_TO_GET,
+        marks=SLOW,
+        id="alter",
+    ),
+    (
+        "magic",
+        "t10k-images-idx3-ubyte",
+        "{p} is not an IDX file of unsigned bytes (header starts 00000903, expected 000008..)",
+    ),
     ("dims", "t10k-labels-idx1-ubyte", "{p} has 2 dimensions, expected 1"),
     ("label", "train-labels-idx1-ubyte", "{p} has label 12; labels must be 0..9"),
-    ("truncate", "t10k-labels-idx1-ubyte", "{p} is not a complete gzip file (Compressed file ended before the "
-     "end-of-stream marker was reached): the file is truncated or damaged; " + fm.HOW_TO_GET),
+    (
+        "truncate",
+        "t10k-labels-idx1-ubyte",
+        "{p} is not a complete gzip file (Compressed file ended before the "
+        "end-of-stream marker was reached): the file is truncated or damaged; " + fm.HOW_TO_GET,
+    ),
     ("unreadable", "train-labels-idx1-ubyte", "cannot read {p}: Permission denied: check its permissions"),
     ("remove", "t10k-images-idx3-ubyte", "data.dir={d} has no t10k-images-idx3-ubyte.gz: " + fm.HOW_TO_GET),
     ("empty", None, "data.dir={d} has no train-images-idx3-ubyte.gz (and 3 more missing): " + fm.HOW_TO_GET),
@@ -175,10 +209,12 @@ CLI_CASES = [
 ]
 
 
-@pytest.mark.parametrize("action, name, message", CLI_CASES,
-                         ids=[c.id if hasattr(c, "id") else c[0] for c in CLI_CASES])
+@pytest.mark.parametrize(
+    "action, name, message", CLI_CASES, ids=[c.id if hasattr(c, "id") else c[0] for c in CLI_CASES]
+)
 def test_bad_data_through_the_cli(tmp_path, data_dir, monkeypatch, repo_root, action, name, message):
     import hashlib
+
     d = tmp_path / "fm"
     if action in ("alter", "magic", "dims", "label", "truncate", "unreadable", "remove"):
         shutil.copytree(data_dir, d)
@@ -198,8 +234,9 @@ def test_bad_data_through_the_cli(tmp_path, data_dir, monkeypatch, repo_root, ac
         path.unlink()
     found = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest() if action == "alter" else ""
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--set", f"data.dir={d}", "--output-dir", str(out)])
+    result = CliRunner().invoke(
+        main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--set", f"data.dir={d}", "--output-dir", str(out)]
+    )
     assert result.exit_code == 2
     assert result.stderr == "error: " + message.format(p=path, d=d, found=found) + "\n"
     assert not out.exists()

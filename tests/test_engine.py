@@ -15,7 +15,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from accum_train.config import ModelConfig, OptimizerConfig, ScheduleConfig
 from accum_train.engine import AccumulatingUpdate, GradientCache, PlainUpdate, micro_bounds, sparse_softmax_loss
 from accum_train.models import build_model
@@ -35,18 +34,25 @@ def tl_model(name="mlp", norm="none"):
 
 def keras_model():
     keras.utils.set_random_seed(7)
-    net = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
-                            keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(10)])
+    net = keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="tanh"),
+            keras.layers.Dense(10),
+        ]
+    )
 
     def loss_fn(x, y):
         return keras.losses.sparse_categorical_crossentropy(y, net(x, training=True), from_logits=True)
+
     return net.trainable_variables, loss_fn, net
 
 
-def train(make, k, optimizer="sgd", lr=0.05, clip_norm=None, schedule=ScheduleConfig()):
+def train(make, k, optimizer="sgd", lr=0.05, clip_norm=None, schedule=None):
     variables, loss_fn, model = make()
-    opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr),
-                         make_schedule(lr, schedule, 3), variables)
+    schedule = make_schedule(lr, schedule or ScheduleConfig(), 3)
+    opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), schedule, variables)
     norm_layers = getattr(model, "norm_layers", [])
     if k is None:
         engine = PlainUpdate(loss_fn, variables, opt, clip_norm, norm_layers)
@@ -61,9 +67,16 @@ def max_diff(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("n, k, sizes", [
-    (10, 3, [3, 3, 4]), (40, 3, [13, 13, 14]), (8, 8, [1] * 8), (7, 2, [3, 4]), (5, 5, [1] * 5),
-])
+@pytest.mark.parametrize(
+    "n, k, sizes",
+    [
+        (10, 3, [3, 3, 4]),
+        (40, 3, [13, 13, 14]),
+        (8, 8, [1] * 8),
+        (7, 2, [3, 4]),
+        (5, 5, [1] * 5),
+    ],
+)
 def test_micro_bounds_cover_the_batch_with_sizes_differing_by_at_most_one(n, k, sizes):
     bounds = [micro_bounds(i, n, k) for i in range(k)]
     assert [end - start for start, end in bounds] == sizes
@@ -121,11 +134,11 @@ def test_short_last_batch_with_fewer_examples_than_subdivisions():
 
 def test_schedule_and_adam_count_updates_not_micro_batches():
     schedule = ScheduleConfig(name="exponential", decay_steps=1, decay_rate=0.5)
-    reference, ref_opt, _ = train(tl_model, None, "adam", 0.01, schedule=schedule)
+    reference, _, _ = train(tl_model, None, "adam", 0.01, schedule=schedule)
     weights, opt, _ = train(tl_model, 8, "adam", 0.01, schedule=schedule)
     assert int(opt.iterations.numpy()) == 3  # 3 updates of 8 micro-batches each
     # Three updates halve the rate three times, not 24 times.
-    assert float(opt.learning_rate.numpy()) == pytest.approx(0.01 * 0.5 ** 3)
+    assert float(opt.learning_rate.numpy()) == pytest.approx(0.01 * 0.5**3)
     assert max_diff(weights, reference) < 1e-5
 
 
@@ -186,8 +199,11 @@ def test_non_finite_micro_batch_skips_the_whole_update():
 def test_a_skipped_update_leaves_batchnorm_statistics_and_everything_else_unchanged(k):
     variables, loss_fn, model = tl_model("seed_convnet", "batchnorm")
     opt = keras.optimizers.Adam(0.01)
-    engine = PlainUpdate(loss_fn, variables, opt, None, model.norm_layers) if k is None else \
-        AccumulatingUpdate(loss_fn, variables, opt, k, None, model.norm_layers)
+    engine = (
+        PlainUpdate(loss_fn, variables, opt, None, model.norm_layers)
+        if k is None
+        else AccumulatingUpdate(loss_fn, variables, opt, k, None, model.norm_layers)
+    )
     engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))  # a good update: statistics and moments have moved
     state = {v.name: v.numpy() for v in model.variables}
     assert {"bn1/moving_mean:0", "bn5/moving_var:0"} <= set(state)

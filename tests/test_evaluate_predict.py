@@ -17,9 +17,6 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-from PIL import Image
-
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets import load
@@ -27,6 +24,8 @@ from accum_train.datasets.base import to_inputs
 from accum_train.datasets.fashion_mnist import CLASS_NAMES
 from accum_train.train import train
 from accum_train.trained import load_run
+from click.testing import CliRunner
+from PIL import Image
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +76,11 @@ def test_evaluate_reproduces_the_summary(smoke, tmp_path):
     written = json.loads((copy / "evaluate" / "evaluate.json").read_text())
     assert written["test_loss"] == pytest.approx(summary["test_loss"], abs=1e-6)
     assert written["test_accuracy"] == summary["test_accuracy"]
-    assert result.stdout == (f"test loss {summary['test_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f} "
-                             f"({written['correct']}/500 correct)\n"
-                             f"written: {copy / 'evaluate' / 'evaluate.json'}, {copy / 'evaluate' / 'evaluate.png'}\n")
+    assert result.stdout == (
+        f"test loss {summary['test_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f} "
+        f"({written['correct']}/500 correct)\n"
+        f"written: {copy / 'evaluate' / 'evaluate.json'}, {copy / 'evaluate' / 'evaluate.png'}\n"
+    )
     loss, confusion, precision, recall = expected_numbers(run, data, 500)
     assert written["test_loss"] == pytest.approx(loss, abs=1e-5)
     assert written["confusion"] == confusion.tolist()
@@ -97,8 +98,9 @@ def test_evaluate_reproduces_the_summary(smoke, tmp_path):
     before = {path: path.read_bytes() for path in (copy / "evaluate").iterdir()}
     again = CliRunner().invoke(main, ["evaluate", str(copy)])
     assert (again.exit_code, again.stdout) == (2, "")
-    assert again.stderr == (f"error: {copy / 'evaluate'} already holds an evaluation: pass --output-dir DIR for "
-                            f"another one, or remove it\n")
+    assert again.stderr == (
+        f"error: {copy / 'evaluate'} already holds an evaluation: pass --output-dir DIR for another one, or remove it\n"
+    )
     assert {path: path.read_bytes() for path in (copy / "evaluate").iterdir()} == before
 
 
@@ -107,16 +109,25 @@ def first_100_as_npz(smoke, tmp_path_factory):
     """The first 100 Fashion-MNIST test images (and 64 training ones) as an .npz with the class names."""
     _, _, _, data = smoke
     path = tmp_path_factory.mktemp("npz") / "first100.npz"
-    np.savez(path, x_train=data.train.images[:64], y_train=data.train.labels[:64],
-             x_test=data.test.images[:100], y_test=data.test.labels[:100], class_names=np.array(CLASS_NAMES))
+    np.savez(
+        path,
+        x_train=data.train.images[:64],
+        y_train=data.train.labels[:64],
+        x_test=data.test.images[:100],
+        y_test=data.test.labels[:100],
+        class_names=np.array(CLASS_NAMES),
+    )
     return path
 
 
 @pytest.mark.parametrize("how", ["test_limit", "npz"])
 def test_evaluate_on_changed_data(smoke, first_100_as_npz, tmp_path, how):
     run_dir, _, run, data = smoke
-    sets = (["--set", "data.test_limit=100"] if how == "test_limit" else
-            ["--set", "data.name=npz", "--set", f"data.path={first_100_as_npz}"])
+    sets = (
+        ["--set", "data.test_limit=100"]
+        if how == "test_limit"
+        else ["--set", "data.name=npz", "--set", f"data.path={first_100_as_npz}"]
+    )
     before = tree(run_dir)
     result = CliRunner().invoke(main, ["evaluate", str(run_dir), *sets, "--output-dir", str(tmp_path / "e")])
     assert result.exit_code == 0, result.output
@@ -137,24 +148,34 @@ def npz_with(path, x, y, names=None):
 
 EVALUATE_ERRORS = [
     # (arguments after RUN_DIR, with {tmp} and {run}; the message)
-    (["--set", "optimizer.learning_rate=0.1"],
-     "--set optimizer.learning_rate=0.1: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
-     "optimizer.learning_rate is part of the trained run"),
-    (["--set", "subdivisions=2"],
-     "--set subdivisions=2: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
-     "subdivisions is part of the trained run"),
+    (
+        ["--set", "optimizer.learning_rate=0.1"],
+        "--set optimizer.learning_rate=0.1: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
+        "optimizer.learning_rate is part of the trained run",
+    ),
+    (
+        ["--set", "subdivisions=2"],
+        "--set subdivisions=2: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
+        "subdivisions is part of the trained run",
+    ),
     (["--set", "data.test_limt=5"], "--set: unknown key 'data.test_limt' (did you mean 'data.test_limit'?)"),
-    (["--set", "data.dir=/nonexistent/fmnist"],
-     "data.dir=/nonexistent/fmnist does not exist: install it with 'apt-get install dataset-fashion-mnist' or "
-     "download the four .gz files from http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ into a "
-     "folder named by data.dir or $ACCUM_TRAIN_DATA"),
+    (
+        ["--set", "data.dir=/nonexistent/fmnist"],
+        "data.dir=/nonexistent/fmnist does not exist: install it with 'apt-get install dataset-fashion-mnist' or "
+        "download the four .gz files from http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ into a "
+        "folder named by data.dir or $ACCUM_TRAIN_DATA",
+    ),
     (["--output-dir", "{tmp}/full"], "--output-dir {tmp}/full is not empty: choose an empty or new directory"),
-    (["--set", "data.name=npz", "--set", "data.path={tmp}/rgb.npz"],
-     "the data has inputs of 28x28x3, but the model of {run} takes 28x28x1: evaluate it on data like its "
-     "training data"),
-    (["--set", "data.name=npz", "--set", "data.path={tmp}/unnamed.npz"],
-     "the data has classes [0, 1, 2, 3, ...] (10), but the model of {run} was trained on [T-shirt/top, Trouser, "
-     "Pullover, Dress, ...] (10): labels would mean different classes"),
+    (
+        ["--set", "data.name=npz", "--set", "data.path={tmp}/rgb.npz"],
+        "the data has inputs of 28x28x3, but the model of {run} takes 28x28x1: evaluate it on data like its "
+        "training data",
+    ),
+    (
+        ["--set", "data.name=npz", "--set", "data.path={tmp}/unnamed.npz"],
+        "the data has classes [0, 1, 2, 3, ...] (10), but the model of {run} was trained on [T-shirt/top, Trouser, "
+        "Pullover, Dress, ...] (10): labels would mean different classes",
+    ),
 ]
 
 
@@ -175,9 +196,12 @@ def test_evaluate_bad_input_is_one_line_exit_2_nothing_written(smoke, tmp_path, 
 
 def test_evaluate_needs_a_run_directory(tmp_path):
     result = CliRunner().invoke(main, ["evaluate", str(tmp_path)])
-    assert (result.exit_code, result.stderr) == (2, f"error: {tmp_path} is not a run directory (no config.yaml "
-                                                    f"and checkpoints/): pass a directory written by 'accum-train "
-                                                    f"run'\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"error: {tmp_path} is not a run directory (no config.yaml "
+        f"and checkpoints/): pass a directory written by 'accum-train "
+        f"run'\n",
+    )
     assert tree(tmp_path) == []
 
 
@@ -185,6 +209,7 @@ def test_evaluate_needs_a_run_directory(tmp_path):
 def own_run(tmp_path_factory):
     """A run of your own kind: a Keras file with BatchNormalization on a folder of 12x10 RGB PNGs."""
     import keras
+
     root = tmp_path_factory.mktemp("own")
     rng = np.random.default_rng(0)
     for split, per_class in (("train", 10), ("test", 4)):
@@ -197,8 +222,18 @@ def own_run(tmp_path_factory):
     inputs = keras.Input((12, 10, 3))
     x = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3, padding="same")(inputs)))
     keras.Model(inputs, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x))).save(root / "bn.keras")
-    cfg = load_config(None, ["model.name=keras_file", f"model.path={root / 'bn.keras'}", "data.name=image_folder",
-                             f"data.path={root / 'images'}", "batch_size=16", "subdivisions=4", "epochs=2"])
+    cfg = load_config(
+        None,
+        [
+            "model.name=keras_file",
+            f"model.path={root / 'bn.keras'}",
+            "data.name=image_folder",
+            f"data.path={root / 'images'}",
+            "batch_size=16",
+            "subdivisions=4",
+            "epochs=2",
+        ],
+    )
     summary = train(cfg, root / "run")
     data = load(cfg.data)
     return root / "run", summary, load_run(root / "run", data), data
@@ -240,23 +275,30 @@ def test_predict_images_and_npz_agree_with_the_forward_pass(smoke, tmp_path):
     pngs = [str(write_png(tmp_path / f"test{i}.png", image)) for i, image in enumerate(images)]
     np.savez(tmp_path / "uint8.npz", x=images)
     np.savez(tmp_path / "float.npz", x=(images[..., np.newaxis] / 255.0).astype(np.float32))
-    result = CliRunner().invoke(main, ["predict", str(run_dir), *pngs, str(tmp_path / "uint8.npz"),
-                                       str(tmp_path / "float.npz"), "--json"])
+    result = CliRunner().invoke(
+        main, ["predict", str(run_dir), *pngs, str(tmp_path / "uint8.npz"), str(tmp_path / "float.npz"), "--json"]
+    )
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     rows = json.loads(result.stdout)
-    assert [row["input"] for row in rows] == pngs + [f"{tmp_path / name}.npz[{i}]" for name in ("uint8", "float")
-                                                     for i in range(6)]
+    assert [row["input"] for row in rows] == pngs + [
+        f"{tmp_path / name}.npz[{i}]" for name in ("uint8", "float") for i in range(6)
+    ]
     probabilities = np.array([[row["probabilities"][name] for name in CLASS_NAMES] for row in rows])
     expected = softmax(logits_of(run, to_inputs(images, np.zeros(6))[0]))
     for group in range(3):
-        np.testing.assert_allclose(probabilities[6 * group:6 * group + 6], expected, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(probabilities[6 * group : 6 * group + 6], expected, atol=1e-6, rtol=0)
     assert [row["prediction"] for row in rows] == [CLASS_NAMES[i] for i in expected.argmax(axis=1)] * 3
     assert all(list(row["probabilities"]) == list(CLASS_NAMES) for row in rows)
 
 
-FIXED = np.array([[0.05, 0.01, 0.02, 0.02, 0.1, 0.3, 0.1, 0.2, 0.1, 0.1],
-                  [0.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0],
-                  [0.1] * 10], np.float32)
+FIXED = np.array(
+    [
+        [0.05, 0.01, 0.02, 0.02, 0.1, 0.3, 0.1, 0.2, 0.1, 0.1],
+        [0.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0],
+        [0.1] * 10,
+    ],
+    np.float32,
+)
 
 TABLES = {
     3: """\
@@ -281,7 +323,7 @@ def test_predict_table(smoke, tmp_path, monkeypatch, top):
     monkeypatch.chdir(tmp_path)
     write_png(tmp_path / "shoe.png", data.test.images[0])
     np.savez(tmp_path / "two.npz", x=data.test.images[1:3])
-    monkeypatch.setattr("accum_train.predict.probabilities", lambda run, x: FIXED[:len(x)])
+    monkeypatch.setattr("accum_train.predict.probabilities", lambda run, x: FIXED[: len(x)])
     result = CliRunner().invoke(main, ["predict", str(run_dir), "shoe.png", "two.npz", "--top", str(top)])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     assert result.stdout == TABLES[top]
@@ -291,7 +333,7 @@ def test_predict_top_is_at_most_the_class_count(smoke, tmp_path, monkeypatch):
     run_dir, _, _, data = smoke
     monkeypatch.chdir(tmp_path)
     write_png(tmp_path / "shoe.png", data.test.images[0])
-    monkeypatch.setattr("accum_train.predict.probabilities", lambda run, x: FIXED[:len(x)])
+    monkeypatch.setattr("accum_train.predict.probabilities", lambda run, x: FIXED[: len(x)])
     result = CliRunner().invoke(main, ["predict", str(run_dir), "shoe.png", "--top", "20"])
     assert result.exit_code == 0, result.output
     header, row = result.stdout.splitlines()
@@ -306,36 +348,69 @@ PREDICT_ERRORS = [
     # (file name, how to make it (None: leave it missing), the message with {p} for its path)
     ("nope.png", None, "{p} does not exist: pass image (.png, .jpg) or .npz files"),
     ("folder.png", lambda p: p.mkdir(), "{p} is a directory: pass image (.png, .jpg) or .npz files"),
-    ("notes.txt", lambda p: p.write_text("hi"),
-     "{p}: not an image or .npz file (suffix .txt): pass .png, .jpg, .jpeg or .npz files"),
-    ("corrupt.png", lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\nnot really"),
-     "{p} is not a readable PNG or JPEG image (truncated or corrupt): pass a PNG or JPEG file"),
-    ("empty.jpg", lambda p: p.write_bytes(b""),
-     "{p} is not a readable PNG or JPEG image (truncated or corrupt): pass a PNG or JPEG file"),
-    ("text.npz", lambda p: p.write_text("not an archive"),
-     "{p} is not an .npz archive: save the images with numpy.savez('text.npz', x=images)"),
-    ("single.npz", lambda p: p.write_bytes(_npy_bytes(np.zeros((2, 28, 28), np.uint8))),
-     "{p} is a single .npy array, not an .npz archive: save the images with numpy.savez('single.npz', x=images)"),
-    ("other.npz", _npz(images=np.zeros((2, 28, 28), np.uint8)),
-     "{p} has no array 'x' (its arrays: images): save the images with numpy.savez('other.npz', x=images)"),
-    ("object.npz", _npz(x=np.array([None, 1], dtype=object)),
-     "{p}: 'x' is an object array, which would need unpickling (refused for safety): save a numeric array "
-     "of images"),
-    ("flat.npz", _npz(x=np.zeros((28, 28), np.uint8)),
-     "{p}: 'x' has shape 28x28; expected images [N,H,W] or [N,H,W,C]"),
-    ("ints.npz", _npz(x=np.zeros((2, 28, 28), np.int64)),
-     "{p}: 'x' has dtype int64; expected uint8 (0..255) or float (0..1) images"),
+    (
+        "notes.txt",
+        lambda p: p.write_text("hi"),
+        "{p}: not an image or .npz file (suffix .txt): pass .png, .jpg, .jpeg or .npz files",
+    ),
+    (
+        "corrupt.png",
+        lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\nnot really"),
+        "{p} is not a readable PNG or JPEG image (truncated or corrupt): pass a PNG or JPEG file",
+    ),
+    (
+        "empty.jpg",
+        lambda p: p.write_bytes(b""),
+        "{p} is not a readable PNG or JPEG image (truncated or corrupt): pass a PNG or JPEG file",
+    ),
+    (
+        "text.npz",
+        lambda p: p.write_text("not an archive"),
+        "{p} is not an .npz archive: save the images with numpy.savez('text.npz', x=images)",
+    ),
+    (
+        "single.npz",
+        lambda p: p.write_bytes(_npy_bytes(np.zeros((2, 28, 28), np.uint8))),
+        "{p} is a single .npy array, not an .npz archive: save the images with numpy.savez('single.npz', x=images)",
+    ),
+    (
+        "other.npz",
+        _npz(images=np.zeros((2, 28, 28), np.uint8)),
+        "{p} has no array 'x' (its arrays: images): save the images with numpy.savez('other.npz', x=images)",
+    ),
+    (
+        "object.npz",
+        _npz(x=np.array([None, 1], dtype=object)),
+        "{p}: 'x' is an object array, which would need unpickling (refused for safety): save a numeric array of images",
+    ),
+    (
+        "flat.npz",
+        _npz(x=np.zeros((28, 28), np.uint8)),
+        "{p}: 'x' has shape 28x28; expected images [N,H,W] or [N,H,W,C]",
+    ),
+    (
+        "ints.npz",
+        _npz(x=np.zeros((2, 28, 28), np.int64)),
+        "{p}: 'x' has dtype int64; expected uint8 (0..255) or float (0..1) images",
+    ),
     ("none.npz", _npz(x=np.zeros((0, 28, 28), np.uint8)), "{p}: 'x' holds no images"),
     ("nan.npz", _npz(x=np.full((2, 28, 28), np.nan, np.float32)), "{p}: 'x' holds NaN or infinite values"),
-    ("big.npz", _npz(x=np.zeros((2, 32, 32), np.uint8)),
-     "{p}: 'x' holds images of 32x32x1, but the model takes 28x28x1"),
-    ("rgb.npz", _npz(x=np.zeros((2, 28, 28, 3), np.float32)),
-     "{p}: 'x' holds images of 28x28x3, but the model takes 28x28x1"),
+    (
+        "big.npz",
+        _npz(x=np.zeros((2, 32, 32), np.uint8)),
+        "{p}: 'x' holds images of 32x32x1, but the model takes 28x28x1",
+    ),
+    (
+        "rgb.npz",
+        _npz(x=np.zeros((2, 28, 28, 3), np.float32)),
+        "{p}: 'x' holds images of 28x28x3, but the model takes 28x28x1",
+    ),
 ]
 
 
 def _npy_bytes(array):
     import io
+
     buffer = io.BytesIO()
     np.save(buffer, array)
     return buffer.getvalue()
@@ -358,6 +433,9 @@ def test_predict_bad_input_is_one_line_exit_2(smoke, tmp_path, name, make, messa
 def test_predict_needs_a_run_directory(tmp_path):
     image = write_png(tmp_path / "a.png", np.zeros((28, 28), np.uint8))
     result = CliRunner().invoke(main, ["predict", str(tmp_path), str(image)])
-    assert (result.exit_code, result.stderr) == (2, f"error: {tmp_path} is not a run directory (no config.yaml "
-                                                    f"and checkpoints/): pass a directory written by 'accum-train "
-                                                    f"run'\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"error: {tmp_path} is not a run directory (no config.yaml "
+        f"and checkpoints/): pass a directory written by 'accum-train "
+        f"run'\n",
+    )

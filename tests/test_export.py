@@ -18,29 +18,37 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets import load
 from accum_train.export import export_run
-from accum_train.trained import load_run
 from accum_train.train import train
+from accum_train.trained import load_run
+from click.testing import CliRunner
 
 SHAPE = (28, 28, 1)
 
 
 def keras_sequential_softmax():
     keras.utils.set_random_seed(1)
-    return keras.Sequential([keras.Input(SHAPE), keras.layers.Conv2D(4, 3, strides=2, use_bias=False),
-                             keras.layers.BatchNormalization(momentum=0.8), keras.layers.ReLU(),
-                             keras.layers.Flatten(), keras.layers.Dense(10), keras.layers.Softmax()])
+    return keras.Sequential(
+        [
+            keras.Input(SHAPE),
+            keras.layers.Conv2D(4, 3, strides=2, use_bias=False),
+            keras.layers.BatchNormalization(momentum=0.8),
+            keras.layers.ReLU(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+            keras.layers.Softmax(),
+        ]
+    )
 
 
 def keras_nested_softmax():
     keras.utils.set_random_seed(2)
-    block = keras.Sequential([keras.Input((14, 14, 4)), keras.layers.BatchNormalization(momentum=0.5),
-                              keras.layers.ReLU()], name="block")
+    block = keras.Sequential(
+        [keras.Input((14, 14, 4)), keras.layers.BatchNormalization(momentum=0.5), keras.layers.ReLU()], name="block"
+    )
     inputs = keras.Input(SHAPE)
     x = block(keras.layers.Conv2D(4, 3, strides=2, padding="same")(inputs))
     x = keras.layers.Dropout(0.2)(keras.layers.GlobalAveragePooling2D()(x))
@@ -62,15 +70,23 @@ def runs(tmp_path_factory, data_dir):
     """Each kind trained for 2 epochs of 4 updates (k=4, a short last batch) and exported to RUN/model.keras;
     with the trained model's outputs on the test split (logits, or the softmax of a from_logits=false file)."""
     folder = tmp_path_factory.mktemp("export")
-    common = ["batch_size=64", "subdivisions=4", "epochs=2", "data.train_limit=200", "data.test_limit=200",
-              f"data.dir={data_dir}", "optimizer.learning_rate=0.01"]
+    common = [
+        "batch_size=64",
+        "subdivisions=4",
+        "epochs=2",
+        "data.train_limit=200",
+        "data.test_limit=200",
+        f"data.dir={data_dir}",
+        "optimizer.learning_rate=0.01",
+    ]
     out = {}
     for name, (sets, make) in RUNS.items():
+        model = []
         if make is not None:
             path = folder / f"{name}.keras"
             make().save(path)
-            sets = [f"model={{name: keras_file, path: {path}}}", *sets]
-        cfg = load_config(None, [*common, *sets])
+            model = [f"model={{name: keras_file, path: {path}}}"]
+        cfg = load_config(None, [*common, *model, *sets])
         run_dir = folder / name
         summary = train(cfg, run_dir)
         written = export_run(run_dir)
@@ -112,14 +128,17 @@ def _leaves(model):
     return found
 
 
-@pytest.mark.parametrize("name, norm_class, count, momentum", [
-    ("seed_batchnorm", keras.layers.BatchNormalization, 5, 0.9),
-    ("mlp_batchnorm", keras.layers.BatchNormalization, 1, 0.9),
-    ("seed_groupnorm", keras.layers.GroupNormalization, 5, None),
-    ("seed_none", keras.layers.BatchNormalization, 0, None),
-    ("keras_softmax", keras.layers.BatchNormalization, 1, 0.8),
-    ("keras_nested", keras.layers.BatchNormalization, 1, 0.5),
-])
+@pytest.mark.parametrize(
+    "name, norm_class, count, momentum",
+    [
+        ("seed_batchnorm", keras.layers.BatchNormalization, 5, 0.9),
+        ("mlp_batchnorm", keras.layers.BatchNormalization, 1, 0.9),
+        ("seed_groupnorm", keras.layers.GroupNormalization, 5, None),
+        ("seed_none", keras.layers.BatchNormalization, 0, None),
+        ("keras_softmax", keras.layers.BatchNormalization, 1, 0.8),
+        ("keras_nested", keras.layers.BatchNormalization, 1, 0.5),
+    ],
+)
 def test_norm_layers_come_out_as_keras_layers_with_the_trained_statistics(runs, name, norm_class, count, momentum):
     run_dir, _, _, trained = runs[name]
     exported = _leaves(keras.models.load_model(run_dir / "model.keras"))
@@ -176,8 +195,14 @@ def test_a_python_without_accum_train_reproduces_the_test_accuracy(runs, test_da
     script.write_text(FRESH_PYTHON)
     paths = [str(runs[name][0] / "model.keras") for name in RUNS]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, str(script), str(arrays), *paths], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), str(arrays), *paths],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     for name in RUNS:
@@ -211,21 +236,35 @@ def test_cli_errors_in_one_line_and_nothing_written(runs, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "folder.keras").mkdir()
     cases = [
-        ([str(tmp_path / "empty")], f"{tmp_path / 'empty'} is not a run directory (no config.yaml and checkpoints/): "
-                                    f"pass a directory written by 'accum-train run'"),
-        ([str(run_dir)], f"{run_dir / 'model.keras'} exists: pass --overwrite to replace it, or --output another "
-                         f".keras file"),
-        ([str(run_dir), "--output", str(tmp_path / "model.h5")],
-         f"--output {tmp_path / 'model.h5'} must end in .keras (Keras 3's model file format)"),
-        ([str(run_dir), "--output", str(tmp_path / "folder.keras")],
-         f"--output {tmp_path / 'folder.keras'} is a directory: name a .keras file"),
-        ([str(run_dir), "--output", str(tmp_path / "missing" / "m.keras")],
-         f"--output {tmp_path / 'missing' / 'm.keras'}: the folder {tmp_path / 'missing'} does not exist: "
-         f"create it first"),
+        (
+            [str(tmp_path / "empty")],
+            f"{tmp_path / 'empty'} is not a run directory (no config.yaml and checkpoints/): "
+            f"pass a directory written by 'accum-train run'",
+        ),
+        (
+            [str(run_dir)],
+            f"{run_dir / 'model.keras'} exists: pass --overwrite to replace it, or --output another .keras file",
+        ),
+        (
+            [str(run_dir), "--output", str(tmp_path / "model.h5")],
+            f"--output {tmp_path / 'model.h5'} must end in .keras (Keras 3's model file format)",
+        ),
+        (
+            [str(run_dir), "--output", str(tmp_path / "folder.keras")],
+            f"--output {tmp_path / 'folder.keras'} is a directory: name a .keras file",
+        ),
+        (
+            [str(run_dir), "--output", str(tmp_path / "missing" / "m.keras")],
+            f"--output {tmp_path / 'missing' / 'm.keras'}: the folder {tmp_path / 'missing'} does not exist: "
+            f"create it first",
+        ),
     ]
     before = sorted(tmp_path.rglob("*")), sorted(run_dir.rglob("*")), (run_dir / "model.keras").stat().st_mtime_ns
     for args, message in cases:
         result = CliRunner().invoke(main, ["export", *args])
         assert (result.exit_code, result.stderr) == (2, f"error: {message}\n"), args
-    assert (sorted(tmp_path.rglob("*")), sorted(run_dir.rglob("*")),
-            (run_dir / "model.keras").stat().st_mtime_ns) == before
+    assert (
+        sorted(tmp_path.rglob("*")),
+        sorted(run_dir.rglob("*")),
+        (run_dir / "model.keras").stat().st_mtime_ns,
+    ) == before

@@ -3,16 +3,16 @@ and nothing listening on the network. (Kills are in test_kills.py, marked slow.)
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import TrainingStopped
 from accum_train.train import train
+from click.testing import CliRunner
 from helpers import poison, records
 
 
@@ -25,7 +25,7 @@ def test_non_finite_updates_are_skipped_and_counted(tmp_path, repo_root, monkeyp
     assert all(r["loss"] is None for r in updates if r["skipped"])
     assert all(np.isfinite(r["loss"]) for r in updates if not r["skipped"])
     assert summary["skipped_updates"] == 2 and summary["steps"] == 47
-    epoch = [r for r in records(tmp_path / "run") if "test_accuracy" in r][0]
+    epoch = next(r for r in records(tmp_path / "run") if "test_accuracy" in r)
     assert np.isfinite(epoch["train_loss"])
     assert all(np.all(np.isfinite(a)) for a in np.load(tmp_path / "run" / "weights.npz").values())
 
@@ -38,12 +38,13 @@ def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp
     assert str(err.value) == (
         "3 updates in a row had a non-finite loss or gradient (max_bad_updates=3), the last at update 8; "
         "weights are checkpointed as of the last good update: lower optimizer.learning_rate or set "
-        f"optimizer.clip_norm, then resume with --resume {tmp_path / 'run'}")
+        f"optimizer.clip_norm, then resume with --resume {tmp_path / 'run'}"
+    )
     reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
     assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 5  # 5 applied updates
     saved = {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
-    trainable = [a for a in after_five.values()]
+    trainable = list(after_five.values())
     assert len(trainable) == 5 + 5 * 2 + 2  # conv filters, BatchNorm beta and gamma, dense
     # every trainable variable as it was after update 5 is in the checkpoint, unchanged
     for array in trainable:
@@ -54,8 +55,19 @@ def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp
 def test_cli_reports_the_stop_with_exit_1(tmp_path, repo_root, monkeypatch):
     poison(monkeypatch, set(range(1, 100)))
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out),
-                                       "--set", "max_bad_updates=2", "--set", "log_every=1"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--output-dir",
+            str(out),
+            "--set",
+            "max_bad_updates=2",
+            "--set",
+            "log_every=1",
+        ],
+    )
     assert result.exit_code == 1
     assert result.stderr.startswith("error: 2 updates in a row had a non-finite loss or gradient (max_bad_updates=2)")
     assert result.stderr.count("\n") == 1
@@ -74,13 +86,15 @@ def test_checkpoint_write_failure_keeps_the_last_checkpoint(tmp_path, repo_root,
         return real_save(self, checkpoint_number=checkpoint_number, **kwargs)
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", full_disk)
-    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--output-dir", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(tmp_path / "run")]
+    )
     assert result.exit_code == 2
     assert result.stderr == (
         f"error: cannot write checkpoint 94 in {tmp_path / 'run' / 'checkpoints'} (No space left on device): "
         f"free space or fix permissions, then resume with --resume {tmp_path / 'run'} "
-        f"(the last complete checkpoint, ckpt-47, is intact)\n")
+        f"(the last complete checkpoint, ckpt-47, is intact)\n"
+    )
     assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-47")
     monkeypatch.undo()
     resumed = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run")])
@@ -92,7 +106,7 @@ def listening_inodes():
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if os.path.exists(table):
-            for line in open(table).read().splitlines()[1:]:
+            for line in Path(table).read_text().splitlines()[1:]:
                 fields = line.split()
                 if fields[3] == "0A":  # LISTEN
                     inodes.add(fields[9])
@@ -109,5 +123,5 @@ def test_a_run_opens_no_listening_socket(tmp_path, repo_root):
         except OSError:
             continue
         if target.startswith("socket:["):
-            mine.add(target[len("socket:["):-1])
+            mine.add(target[len("socket:[") : -1])
     assert not (mine & (listening_inodes() - before))

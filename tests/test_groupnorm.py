@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorlayer as tl
-
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
-from accum_train.errors import ConfigError
 from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
+from accum_train.errors import ConfigError
 from accum_train.models import GroupNorm, build_model
 from accum_train.optim import make_optimizer
 
@@ -42,8 +41,11 @@ def train(cfg, k, optimizer, lr):
     variables = model.trainable_variables
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, variables)
     loss_fn = sparse_softmax_loss(model.forward)
-    engine = (PlainUpdate(loss_fn, variables, opt, None, model.norm_layers) if k == 1
-              else AccumulatingUpdate(loss_fn, variables, opt, k, None, model.norm_layers))
+    engine = (
+        PlainUpdate(loss_fn, variables, opt, None, model.norm_layers)
+        if k == 1
+        else AccumulatingUpdate(loss_fn, variables, opt, k, None, model.norm_layers)
+    )
     rng = np.random.default_rng(0)
     for n in (30, 30, 30, 13):  # k=4: micro-batches of 7-8; the short last batch as 3-4
         x = tf.constant(rng.random((n, 28, 28, 1), dtype=np.float32))
@@ -52,8 +54,10 @@ def train(cfg, k, optimizer, lr):
     return model.named_weights(), model
 
 
-@pytest.mark.parametrize("model_cfg", [ModelConfig(width=0.0625, norm="groupnorm"),
-                                       ModelConfig(name="mlp", hidden=32, norm="groupnorm", groups=4)])
+@pytest.mark.parametrize(
+    "model_cfg",
+    [ModelConfig(width=0.0625, norm="groupnorm"), ModelConfig(name="mlp", hidden=32, norm="groupnorm", groups=4)],
+)
 @pytest.mark.parametrize("optimizer, lr", [("sgd", 0.1), ("adam", 0.01)])
 def test_subdivided_equals_whole_batch(model_cfg, optimizer, lr):
     whole, model = train(model_cfg, 1, optimizer, lr)
@@ -70,21 +74,33 @@ def test_seed_convnet_with_groupnorm_has_conv_without_bias_and_gamma_beta():
     model = build_model(ModelConfig(width=0.0625, norm="groupnorm"), 0, (28, 28, 1), 10)
     names = list(model.named_weights())
     assert names[:3] == ["conv1/filters", "gn1/gamma", "gn1/beta"]
-    assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == \
-        9 * (1 * 8 + 8 * 16 + 16 * 24 + 24 * 32 + 32 * 40) + 2 * (8 + 16 + 24 + 32 + 40) + 40 * 10 + 10
+    assert (
+        sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+        == 9 * (1 * 8 + 8 * 16 + 16 * 24 + 24 * 32 + 32 * 40) + 2 * (8 + 16 + 24 + 32 + 40) + 40 * 10 + 10
+    )
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["model.norm=groupnorm", "model.width=0.1"],
-     "--set: model.groups=8 must divide the channels of every normalised layer of seed_convnet (model.width=0.1: "
-     "13, 26, 38, 51, 64): set model.groups=1 or change model.width"),
-    (["model.norm=groupnorm", "model.name=mlp", "model.hidden=100"],
-     "--set: model.groups=8 must divide the channels of every normalised layer of mlp (model.hidden=100: 100): "
-     "set model.groups=5 or change model.hidden"),
-    (["model.groups=4"], "--set: model.groups is only for model.norm=groupnorm, not batchnorm: remove it or set "
-                         "model.norm=groupnorm"),
-    (["model.norm=groupnorm", "model.groups=0"], "--set: model.groups=0 must be >= 1 and <= 65536"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (
+            ["model.norm=groupnorm", "model.width=0.1"],
+            "--set: model.groups=8 must divide the channels of every normalised layer of seed_convnet "
+            "(model.width=0.1: 13, 26, 38, 51, 64): set model.groups=1 or change model.width",
+        ),
+        (
+            ["model.norm=groupnorm", "model.name=mlp", "model.hidden=100"],
+            "--set: model.groups=8 must divide the channels of every normalised layer of mlp (model.hidden=100: 100): "
+            "set model.groups=5 or change model.hidden",
+        ),
+        (
+            ["model.groups=4"],
+            "--set: model.groups is only for model.norm=groupnorm, not batchnorm: remove it or set "
+            "model.norm=groupnorm",
+        ),
+        (["model.norm=groupnorm", "model.groups=0"], "--set: model.groups=0 must be >= 1 and <= 65536"),
+    ],
+)
 def test_groups_must_divide_the_channels(sets, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, sets)

@@ -21,8 +21,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.data import epoch_order
@@ -32,6 +30,7 @@ from accum_train.errors import ConfigError, Interrupted
 from accum_train.models import KerasAccumBatchNorm, KerasModel, build_model
 from accum_train.optim import make_optimizer
 from accum_train.train import train
+from click.testing import CliRunner
 from helpers import InterruptAt
 
 SHAPE = (28, 28, 1)
@@ -46,13 +45,15 @@ def save(model, path):
 def small_convnet(softmax=False, seed=3):
     """BN-free: conv, pool, dense (about 8k weights)."""
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input(SHAPE),
-        keras.layers.Conv2D(4, 3, strides=2, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(2),
-        keras.layers.Flatten(),
-        keras.layers.Dense(10, activation="softmax" if softmax else None),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input(SHAPE),
+            keras.layers.Conv2D(4, 3, strides=2, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax" if softmax else None),
+        ]
+    )
 
 
 def bn_functional():
@@ -69,15 +70,24 @@ def bn_functional():
 
 def bn_sequential():
     keras.utils.set_random_seed(5)
-    return keras.Sequential([keras.Input(SHAPE), keras.layers.Flatten(), keras.layers.Dense(12, use_bias=False),
-                             keras.layers.BatchNormalization(name="bn_first"), keras.layers.ReLU(),
-                             keras.layers.Dense(10), keras.layers.Softmax()])
+    return keras.Sequential(
+        [
+            keras.Input(SHAPE),
+            keras.layers.Flatten(),
+            keras.layers.Dense(12, use_bias=False),
+            keras.layers.BatchNormalization(name="bn_first"),
+            keras.layers.ReLU(),
+            keras.layers.Dense(10),
+            keras.layers.Softmax(),
+        ]
+    )
 
 
 def bn_nested():
     keras.utils.set_random_seed(6)
-    block = keras.Sequential([keras.Input((14, 14, 6)), keras.layers.BatchNormalization(name="bn_first"),
-                              keras.layers.ReLU()], name="block")
+    block = keras.Sequential(
+        [keras.Input((14, 14, 6)), keras.layers.BatchNormalization(name="bn_first"), keras.layers.ReLU()], name="block"
+    )
     inputs = keras.Input(SHAPE)
     x = block(keras.layers.Conv2D(6, 3, strides=2, padding="same")(inputs))
     x = keras.layers.GlobalAveragePooling2D()(x)
@@ -87,15 +97,30 @@ def bn_nested():
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
-    return {name: save(make(), folder / f"{name}.keras") for name, make in
-            [("logits", small_convnet), ("softmax", lambda: small_convnet(softmax=True)),
-             ("functional", bn_functional), ("sequential", bn_sequential), ("nested", bn_nested)]}
+    return {
+        name: save(make(), folder / f"{name}.keras")
+        for name, make in [
+            ("logits", small_convnet),
+            ("softmax", lambda: small_convnet(softmax=True)),
+            ("functional", bn_functional),
+            ("sequential", bn_sequential),
+            ("nested", bn_nested),
+        ]
+    }
 
 
 def overrides(path, data_dir, *more):
-    return ["model.name=keras_file", f"model.path={path}", f"batch_size={BATCH}", f"epochs={EPOCHS}",
-            f"data.train_limit={N_TRAIN}", "data.test_limit=100", f"data.dir={data_dir}", "log_every=100",
-            *more]
+    return [
+        "model.name=keras_file",
+        f"model.path={path}",
+        f"batch_size={BATCH}",
+        f"epochs={EPOCHS}",
+        f"data.train_limit={N_TRAIN}",
+        "data.test_limit=100",
+        f"data.dir={data_dir}",
+        "log_every=100",
+        *more,
+    ]
 
 
 def keras_fit(path, cfg, from_logits=True):
@@ -103,8 +128,10 @@ def keras_fit(path, cfg, from_logits=True):
     data = load(cfg.data)
     model = keras.models.load_model(path, compile=False)
     optimizer = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[cfg.optimizer.name]
-    model.compile(optimizer=optimizer(learning_rate=cfg.optimizer.learning_rate),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits))
+    model.compile(
+        optimizer=optimizer(learning_rate=cfg.optimizer.learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+    )
     for epoch in range(cfg.epochs):
         x, y = data.train.take(epoch_order(cfg.seed, epoch, len(data.train)))
         model.fit(x.numpy(), y.numpy(), batch_size=cfg.batch_size, epochs=1, shuffle=False, verbose=0)
@@ -138,8 +165,11 @@ def oracle_runs(files, tmp_path_factory, data_dir):
             train(cfg, run_dir)
             weights[k] = dict(np.load(run_dir / "weights.npz"))
         initial = keras.models.load_model(files[name], compile=False)
-        out[name, opt] = weights, keras_fit(files[name], cfg, from_logits=name != "softmax"), \
-            {f"{layer.name}/{v.name}": v.numpy() for layer in initial.layers for v in layer.weights}
+        out[name, opt] = (
+            weights,
+            keras_fit(files[name], cfg, from_logits=name != "softmax"),
+            {f"{layer.name}/{v.name}": v.numpy() for layer in initial.layers for v in layer.weights},
+        )
     return out
 
 
@@ -162,12 +192,12 @@ def test_subdivided_equals_whole_batch(oracle_runs, name, opt, lr):
 # BatchNormalization
 
 
-@pytest.mark.parametrize("name, bn_layers, softmax", [("functional", 2, False), ("sequential", 1, True),
-                                                     ("nested", 1, True)])
+@pytest.mark.parametrize(
+    "name, bn_layers, softmax", [("functional", 2, False), ("sequential", 1, True), ("nested", 1, True)]
+)
 def test_batchnorm_is_swapped_with_its_weights(files, name, bn_layers, softmax):
     original = keras.models.load_model(files[name], compile=False)
-    model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax),
-                        0, SHAPE, 10)
+    model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax), 0, SHAPE, 10)
     assert isinstance(model, KerasModel)
     assert len(model.norm_layers) == bn_layers
     assert all(type(layer) is KerasAccumBatchNorm for layer in model.norm_layers)
@@ -195,8 +225,13 @@ def test_batchnorm_is_swapped_with_its_weights(files, name, bn_layers, softmax):
 def _bn_layers(model):
     found = []
     for layer in model.layers:
-        found += _bn_layers(layer) if isinstance(layer, keras.Model) else \
-            [layer] if isinstance(layer, keras.layers.BatchNormalization) else []
+        found += (
+            _bn_layers(layer)
+            if isinstance(layer, keras.Model)
+            else [layer]
+            if isinstance(layer, keras.layers.BatchNormalization)
+            else []
+        )
     return found
 
 
@@ -223,8 +258,7 @@ def test_not_deferred_it_moves_as_keras_does(files):
 @pytest.mark.parametrize("name", ["functional", "sequential", "nested"])
 def test_one_subdivided_update_moves_the_first_bn_as_one_whole_batch_pass(files, name):
     softmax = name != "functional"
-    model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax),
-                        0, SHAPE, 10)
+    model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax), 0, SHAPE, 10)
     variables = model.trainable_variables
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, variables)
     engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), variables, opt, 4, None, model.norm_layers)
@@ -249,8 +283,9 @@ def test_one_subdivided_update_moves_the_first_bn_as_one_whole_batch_pass(files,
 
 def test_interrupt_then_resume_equals_an_uninterrupted_run(files, tmp_path, data_dir):
     # BatchNorm (deferred statistics, checkpointed) and dropout (its seed state, checkpointed)
-    cfg = load_config(None, overrides(files["functional"], data_dir, "subdivisions=3", "log_every=1",
-                                      "optimizer.learning_rate=0.01"))
+    cfg = load_config(
+        None, overrides(files["functional"], data_dir, "subdivisions=3", "log_every=1", "optimizer.learning_rate=0.01")
+    )
     full = train(cfg, tmp_path / "full")
     with pytest.raises(Interrupted) as stop:
         train(cfg, tmp_path / "cut", progress=InterruptAt(6))  # in epoch 2
@@ -266,10 +301,11 @@ def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(files, tm
     import shutil
 
     from accum_train.export import export_run
+
     own = tmp_path / "mine.keras"
     shutil.copy(files["functional"], own)
     cfg = load_config(None, overrides(own, data_dir, "subdivisions=3", "log_every=1"))
-    full = train(cfg, tmp_path / "full")
+    train(cfg, tmp_path / "full")
     with pytest.raises(Interrupted):
         train(cfg, tmp_path / "cut", progress=InterruptAt(6))
     assert (tmp_path / "cut" / "initial_model.keras").read_bytes() == own.read_bytes()
@@ -285,8 +321,12 @@ def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(files, tm
 
 
 def lambda_model(path):
-    save(keras.Sequential([keras.Input(SHAPE), keras.layers.Lambda(lambda t: t * 2.0), keras.layers.Flatten(),
-                           keras.layers.Dense(10)]), path)
+    save(
+        keras.Sequential(
+            [keras.Input(SHAPE), keras.layers.Lambda(lambda t: t * 2.0), keras.layers.Flatten(), keras.layers.Dense(10)]
+        ),
+        path,
+    )
 
 
 @keras.saving.register_keras_serializable(package="tests")
@@ -304,8 +344,12 @@ def doubled(t):
 
 
 def named_function_model(path):  # a Lambda of a named function, serialised by name
-    save(keras.Sequential([keras.Input(SHAPE), keras.layers.Lambda(doubled), keras.layers.Flatten(),
-                           keras.layers.Dense(10)]), path)
+    save(
+        keras.Sequential(
+            [keras.Input(SHAPE), keras.layers.Lambda(doubled), keras.layers.Flatten(), keras.layers.Dense(10)]
+        ),
+        path,
+    )
 
 
 def truncated(path):
@@ -320,14 +364,25 @@ def zip_without_config(path):
 
 def dense_model(shape, outputs=10, **kwargs):
     def make(path):
-        save(keras.Sequential([keras.Input(shape), keras.layers.Flatten(), keras.layers.Dense(outputs, **kwargs)]),
-             path)
+        save(
+            keras.Sequential([keras.Input(shape), keras.layers.Flatten(), keras.layers.Dense(outputs, **kwargs)]), path
+        )
+
     return make
 
 
 def renorm_model(path):
-    save(keras.Sequential([keras.Input(SHAPE), keras.layers.BatchNormalization(renorm=True),
-                           keras.layers.Flatten(), keras.layers.Dense(10)]), path)
+    save(
+        keras.Sequential(
+            [
+                keras.Input(SHAPE),
+                keras.layers.BatchNormalization(renorm=True),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10),
+            ]
+        ),
+        path,
+    )
 
 
 def two_outputs(path):
@@ -340,30 +395,66 @@ HINT = "save your model with model.save('my_model.keras') and give that file"
 BAD_FILES = [
     (lambda p: None, [], f"does not exist: {HINT}"),
     (lambda p: p.mkdir(), [], f"is a directory: {HINT}"),
-    (lambda p: p.write_text("x_train, y_train\n"), [],
-     f"is not a .keras archive (truncated, corrupt or another format): {HINT}"),
+    (
+        lambda p: p.write_text("x_train, y_train\n"),
+        [],
+        f"is not a .keras archive (truncated, corrupt or another format): {HINT}",
+    ),
     (truncated, [], f"is not a .keras archive (truncated, corrupt or another format): {HINT}"),
     (zip_without_config, [], f"is a zip archive without config.json, not a Keras model: {HINT}"),
-    (lambda_model, [], "holds Python code (a Lambda layer or a lambda), which loading with safe_mode=True refuses: "
-                       "rebuild the model from built-in Keras layers"),
-    (custom_model, [], "uses the custom class 'tests>Doubling', which is not part of Keras: accum-train loads "
-                       "only built-in Keras layers and functions (no custom code); rebuild the model from them"),
-    (named_function_model, [], "uses the Python function 'doubled', which is not part of Keras: accum-train loads "
-                               "only built-in Keras layers and functions (no custom code); rebuild the model from "
-                               "them"),
-    (dense_model((28, 28, 3)), [], "takes inputs of shape (28, 28, 3) but the dataset's images are (28, 28, 1) "
-                                   "(height, width, channels): build the model on keras.Input(shape=(28, 28, 1))"),
-    (dense_model((784,)), [], "takes inputs of shape (784) but the dataset's images are (28, 28, 1) (height, width, "
-                              "channels): build the model on keras.Input(shape=(28, 28, 1))"),
-    (dense_model(SHAPE, outputs=5), [], "outputs shape (5) per example but the dataset has 10 classes: end the model "
-                                        "in a Dense(10) layer"),
-    (two_outputs, [], "has 1 inputs and 2 outputs: accum-train feeds one image tensor and reads one output of "
-                      "class scores"),
-    (dense_model(SHAPE), ["model.from_logits=false"],
-     "ends in Dense 'dense', not a softmax, but model.from_logits=false says it outputs probabilities: remove "
-     "model.from_logits if it outputs logits, or end it in activation='softmax'"),
-    (renorm_model, [], "has BatchNormalization 'batch_normalization' with renorm=True, whose corrections cannot be "
-                       "pooled over micro-batches: use renorm=False"),
+    (
+        lambda_model,
+        [],
+        "holds Python code (a Lambda layer or a lambda), which loading with safe_mode=True refuses: "
+        "rebuild the model from built-in Keras layers",
+    ),
+    (
+        custom_model,
+        [],
+        "uses the custom class 'tests>Doubling', which is not part of Keras: accum-train loads "
+        "only built-in Keras layers and functions (no custom code); rebuild the model from them",
+    ),
+    (
+        named_function_model,
+        [],
+        "uses the Python function 'doubled', which is not part of Keras: accum-train loads "
+        "only built-in Keras layers and functions (no custom code); rebuild the model from "
+        "them",
+    ),
+    (
+        dense_model((28, 28, 3)),
+        [],
+        "takes inputs of shape (28, 28, 3) but the dataset's images are (28, 28, 1) "
+        "(height, width, channels): build the model on keras.Input(shape=(28, 28, 1))",
+    ),
+    (
+        dense_model((784,)),
+        [],
+        "takes inputs of shape (784) but the dataset's images are (28, 28, 1) (height, width, "
+        "channels): build the model on keras.Input(shape=(28, 28, 1))",
+    ),
+    (
+        dense_model(SHAPE, outputs=5),
+        [],
+        "outputs shape (5) per example but the dataset has 10 classes: end the model in a Dense(10) layer",
+    ),
+    (
+        two_outputs,
+        [],
+        "has 1 inputs and 2 outputs: accum-train feeds one image tensor and reads one output of class scores",
+    ),
+    (
+        dense_model(SHAPE),
+        ["model.from_logits=false"],
+        "ends in Dense 'dense', not a softmax, but model.from_logits=false says it outputs probabilities: remove "
+        "model.from_logits if it outputs logits, or end it in activation='softmax'",
+    ),
+    (
+        renorm_model,
+        [],
+        "has BatchNormalization 'batch_normalization' with renorm=True, whose corrections cannot be "
+        "pooled over micro-batches: use renorm=False",
+    ),
 ]
 
 
@@ -384,9 +475,19 @@ def test_cli_refuses_the_file_before_writing_anything(tmp_path, data_dir, repo_r
     path = tmp_path / "bad.keras"
     make(path)
     before = sorted(tmp_path.rglob("*"))
-    result = CliRunner().invoke(main, ["run", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--set", f"model={{name: keras_file, path: {path}}}",
-                                       "--set", f"data.dir={data_dir}", "--output-dir", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(repo_root / "configs" / "smoke.yaml"),
+            "--set",
+            f"model={{name: keras_file, path: {path}}}",
+            "--set",
+            f"data.dir={data_dir}",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"error: model.path={path} ")
     assert "Traceback" not in result.output
@@ -395,20 +496,31 @@ def test_cli_refuses_the_file_before_writing_anything(tmp_path, data_dir, repo_r
 
 def test_config_keys_of_the_other_kind_are_refused():
     cases = [
-        (["model.name=keras_file"], "--set: model.name=keras_file needs model.path "
-                                    "(e.g. model: {name: keras_file, path: my_model.keras})"),
-        (["model.name=keras_file", "model.path=m.h5"],
-         "--set: model.path='m.h5' must name a .keras file (Keras 3's format, written by "
-         "model.save('my_model.keras'))"),
-        (["model.path=m.keras"], "--set: model.path is only for model.name=keras_file, not seed_convnet: remove it "
-                                 "or set model.name=keras_file"),
-        (["model.name=mlp", "model.from_logits=false"],
-         "--set: model.from_logits is only for model.name=keras_file, not mlp: the built-in models output logits; "
-         "remove it"),
-        (["model.name=keras_file", "model.path=m.keras", "model.width=0.5"],
-         "--set: model.width is only for the built-in models (seed_convnet, mlp), not keras_file, whose layers come "
-         "from its file: remove it, or replace the whole model mapping: --set 'model={name: keras_file, "
-         "path: m.keras}'"),
+        (
+            ["model.name=keras_file"],
+            "--set: model.name=keras_file needs model.path (e.g. model: {name: keras_file, path: my_model.keras})",
+        ),
+        (
+            ["model.name=keras_file", "model.path=m.h5"],
+            "--set: model.path='m.h5' must name a .keras file (Keras 3's format, written by "
+            "model.save('my_model.keras'))",
+        ),
+        (
+            ["model.path=m.keras"],
+            "--set: model.path is only for model.name=keras_file, not seed_convnet: remove it "
+            "or set model.name=keras_file",
+        ),
+        (
+            ["model.name=mlp", "model.from_logits=false"],
+            "--set: model.from_logits is only for model.name=keras_file, not mlp: the built-in models output logits; "
+            "remove it",
+        ),
+        (
+            ["model.name=keras_file", "model.path=m.keras", "model.width=0.5"],
+            "--set: model.width is only for the built-in models (seed_convnet, mlp), not keras_file, whose layers come "
+            "from its file: remove it, or replace the whole model mapping: --set 'model={name: keras_file, "
+            "path: m.keras}'",
+        ),
     ]
     for sets, message in cases:
         with pytest.raises(ConfigError) as err:
@@ -432,6 +544,7 @@ def test_the_readme_example_model(tmp_path, repo_root, monkeypatch):
 def test_mixed_bfloat16_trains_a_file_in_16_bits_and_exports_it_in_float32(files, tmp_path, data_dir):
     from accum_train.export import export_run
     from accum_train.trained import load_run
+
     cfg = load_config(None, overrides(files["functional"], data_dir, "subdivisions=4", "precision=mixed_bfloat16"))
     summary = train(cfg, tmp_path / "run")
     assert summary["precision"] == "mixed_bfloat16" and summary["steps"] == 8
@@ -442,5 +555,9 @@ def test_mixed_bfloat16_trains_a_file_in_16_bits_and_exports_it_in_float32(files
     exported = keras.models.load_model(export_run(tmp_path / "run"))
     assert {layer.dtype_policy.name for layer in exported.layers} == {"float32"}
     trained = np.load(tmp_path / "run" / "weights.npz")
-    assert float(np.max(np.abs(exported.get_layer("bn_first").moving_variance.numpy()
-                               - trained["bn_first/moving_variance"]))) == 0.0
+    assert (
+        float(
+            np.max(np.abs(exported.get_layer("bn_first").moving_variance.numpy() - trained["bn_first/moving_variance"]))
+        )
+        == 0.0
+    )

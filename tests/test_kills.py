@@ -40,8 +40,11 @@ def assert_same_as_reference(run_dir, reference):
     a, b = np.load(reference / "weights.npz"), np.load(run_dir / "weights.npz")
     assert sorted(a) == sorted(b)
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if "loss" in json.loads(line)]
+    steps = [
+        json.loads(line)["step"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert steps == list(range(1, 95))  # every update once: nothing lost, nothing twice
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 94
 
@@ -58,21 +61,27 @@ def latest_is_readable(run_dir):
 BUFFERED = ["--set", "checkpoint.every_steps=3", "--set", "log_every=10", "--quiet"]
 
 
-@pytest.mark.parametrize("fault, args", [
-    ("update:7", ARGS),             # mid-update, epoch 1
-    ("update:60", ARGS),            # mid-update, epoch 2
-    ("checkpoint:3", ARGS),         # during the step-20 checkpoint write
-    ("partial:4", ARGS),            # a half-written checkpoint file left behind
-    ("after_checkpoint:6", ARGS),   # right after the epoch-1 checkpoint: between epochs
-    ("metrics:4", ARGS),            # halfway through a metrics.jsonl line
-    ("weights:1", ARGS),            # while weights.npz is written, after the last checkpoint
-    ("after_checkpoint:2", BUFFERED),   # right after ckpt-3, with updates 1-3 not yet due for a metrics write
-    ("update:9", BUFFERED),         # between ckpt-6 and the first metrics write of the run
-])
+@pytest.mark.parametrize(
+    "fault, args",
+    [
+        ("update:7", ARGS),  # mid-update, epoch 1
+        ("update:60", ARGS),  # mid-update, epoch 2
+        ("checkpoint:3", ARGS),  # during the step-20 checkpoint write
+        ("partial:4", ARGS),  # a half-written checkpoint file left behind
+        ("after_checkpoint:6", ARGS),  # right after the epoch-1 checkpoint: between epochs
+        ("metrics:4", ARGS),  # halfway through a metrics.jsonl line
+        ("weights:1", ARGS),  # while weights.npz is written, after the last checkpoint
+        ("after_checkpoint:2", BUFFERED),  # right after ckpt-3, with updates 1-3 not yet due for a metrics write
+        ("update:9", BUFFERED),  # between ckpt-6 and the first metrics write of the run
+    ],
+)
 def test_kill_then_resume_equals_uninterrupted(tmp_path, repo_root, reference, fault, args):
     out = tmp_path / "run"
-    killed = run([sys.executable, str(RUNNER), "run", str(repo_root / "configs" / "smoke.yaml"),
-                  "--output-dir", str(out)] + args, env={"ACCUM_FAULT": fault})
+    killed = run(
+        [sys.executable, str(RUNNER), "run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)]
+        + args,
+        env={"ACCUM_FAULT": fault},
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     latest_is_readable(out)
     resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
@@ -92,8 +101,11 @@ def test_kill_at_a_random_moment(tmp_path, repo_root, reference, seed):
     """Killed at a random point of its progress (a number of metrics lines), so surely before the end."""
     out = tmp_path / "run"
     lines = random.Random(seed).randint(1, 60)  # of 96 (94 updates, 2 epochs), written 5 at a time
-    child = subprocess.Popen(CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)]
-                             + ARGS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)] + ARGS,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while metrics_lines(out) < lines and child.poll() is None and time.time() < deadline:
         time.sleep(0.005)
@@ -108,8 +120,12 @@ def test_kill_at_a_random_moment(tmp_path, repo_root, reference, seed):
 
 def test_a_second_interrupt_exits_at_once_in_one_line(tmp_path, repo_root, reference):
     out = tmp_path / "run"
-    child = subprocess.Popen(CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)]
-                             + ARGS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)] + ARGS,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while metrics_lines(out) < 10 and time.time() < deadline:
         time.sleep(0.005)
@@ -126,7 +142,8 @@ def test_a_second_interrupt_exits_at_once_in_one_line(tmp_path, repo_root, refer
         f"stopped at once by a second SIGINT; the last checkpoint (update {step}) is intact. "
         f"Resume with: accum-train run --resume {out}",
         # the first signal's checkpoint may finish before the second signal lands
-        f"stopped by SIGINT after update {step}; checkpoint saved. Resume with: accum-train run --resume {out}")
+        f"stopped by SIGINT after update {step}; checkpoint saved. Resume with: accum-train run --resume {out}",
+    )
     resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
     assert resumed.returncode == 0, resumed.stderr
     assert_same_as_reference(out, reference)
@@ -135,8 +152,12 @@ def test_a_second_interrupt_exits_at_once_in_one_line(tmp_path, repo_root, refer
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_finishes_the_update_checkpoints_and_says_how_to_resume(tmp_path, repo_root, reference, sig, code):
     out = tmp_path / "run"
-    child = subprocess.Popen(CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)]
-                             + ARGS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        CLI + ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out)] + ARGS,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (out / "metrics.jsonl").exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -145,8 +166,10 @@ def test_signal_finishes_the_update_checkpoints_and_says_how_to_resume(tmp_path,
     assert child.returncode == code
     step = latest_is_readable(out)
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert lines[-1] == (f"stopped by {signal.Signals(sig).name} after update {step}; checkpoint saved. "
-                         f"Resume with: accum-train run --resume {out}")
+    assert lines[-1] == (
+        f"stopped by {signal.Signals(sig).name} after update {step}; checkpoint saved. "
+        f"Resume with: accum-train run --resume {out}"
+    )
     resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
     assert resumed.returncode == 0, resumed.stderr
     assert_same_as_reference(out, reference)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import yaml
-
 from accum_train.config import load_config
 
 SUPERVISOR = """
@@ -31,16 +30,16 @@ print(json.dumps(seen))
 
 
 def supervise(*args):
-    done = subprocess.run([sys.executable, "-c", SUPERVISOR, "run", *args], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", SUPERVISOR, "run", *args], capture_output=True, text=True, timeout=120)
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def test_supervisor_hands_over_one_resolved_config_without_tensorflow(tmp_path, repo_root):
     smoke = repo_root / "configs" / "smoke.yaml"
     out = tmp_path / "run"
-    seen, stderr = supervise(str(smoke), "--set", "model.norm=none", "--set", "subdivisions=3",
-                             "--output-dir", str(out), "--workers", "2")
+    seen, stderr = supervise(
+        str(smoke), "--set", "model.norm=none", "--set", "subdivisions=3", "--output-dir", str(out), "--workers", "2"
+    )
     assert seen["code"] == 1
     assert stderr.strip().splitlines()[-1] == "error: worker 1 exited with code 9 (for the test)"
     assert not seen["tensorflow"] and not seen["tensorflow_at_exit"]
@@ -53,8 +52,17 @@ def test_supervisor_hands_over_one_resolved_config_without_tensorflow(tmp_path, 
 
 def test_supervisor_reports_bad_input_once_before_any_worker(tmp_path, repo_root):
     out = tmp_path / "run"
-    seen, stderr = supervise(str(repo_root / "configs" / "smoke.yaml"), "--set", "data.dir=" + str(tmp_path / "no"),
-                             "--set", "model.norm=none", "--output-dir", str(out), "--workers", "2")
+    seen, stderr = supervise(
+        str(repo_root / "configs" / "smoke.yaml"),
+        "--set",
+        "data.dir=" + str(tmp_path / "no"),
+        "--set",
+        "model.norm=none",
+        "--output-dir",
+        str(out),
+        "--workers",
+        "2",
+    )
     assert seen["code"] == 2 and "args" not in seen  # no worker was started
     assert stderr.startswith(f"error: data.dir={tmp_path / 'no'} does not exist: ")
     assert stderr.count("\n") == 1

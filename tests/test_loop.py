@@ -3,17 +3,15 @@ update, metrics.jsonl complete before every checkpoint, the max_bad_updates
 stop at the update that reaches it, the learning rate logged as applied, and
 a schedule that a longer resume does not bend."""
 
-
 import pytest
 import tensorflow as tf
 import yaml
-from tensorflow.python.eager.polymorphic_function import atomic_function
-
 from accum_train.config import load_config
 from accum_train.errors import Interrupted, TrainingStopped
 from accum_train.rundir import resume_config
 from accum_train.train import Progress, Run, train
 from helpers import InterruptAt, poison, update_records
+from tensorflow.python.eager.polymorphic_function import atomic_function
 
 
 @pytest.mark.parametrize("k", [1, 8])
@@ -33,6 +31,7 @@ def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
                 return method(*args, **kwargs)
             finally:
                 outside[0] -= 1
+
         return wrapped
 
     monkeypatch.setattr(atomic_function.AtomicFunction, "call_flat", counted)
@@ -49,12 +48,14 @@ class KilledAfter(BaseException):
 
 
 @pytest.mark.parametrize("every_steps, log_every, kill_after_save", [(3, 10, 2), (4, 3, 3), (5, 50, 4)])
-def test_every_checkpoint_follows_its_metrics(tmp_path, repo_root, monkeypatch, every_steps, log_every,
-                                              kill_after_save):
+def test_every_checkpoint_follows_its_metrics(
+    tmp_path, repo_root, monkeypatch, every_steps, log_every, kill_after_save
+):
     """A checkpoint never counts updates that metrics.jsonl lacks; after a kill and a resume every update
     is in metrics.jsonl exactly once, whatever every_steps and log_every."""
-    cfg = load_config(repo_root / "configs" / "smoke.yaml",
-                      [f"checkpoint.every_steps={every_steps}", f"log_every={log_every}"])
+    cfg = load_config(
+        repo_root / "configs" / "smoke.yaml", [f"checkpoint.every_steps={every_steps}", f"log_every={log_every}"]
+    )
     real_save, saves = Run.save_checkpoint, [0]
 
     def save_then_die(self, step):
@@ -74,19 +75,25 @@ def test_every_checkpoint_follows_its_metrics(tmp_path, repo_root, monkeypatch, 
     assert [r["step"] for r in update_records(tmp_path / "run")] == list(range(1, 95))
 
 
-@pytest.mark.parametrize("bad_steps, limit, stop_at", [
-    (set(range(6, 200)), 3, 8),                 # 6, 7, 8 in a row
-    ({2, 3, 5, 6, 8, 9, 10, 11}, 3, 10),       # the good updates 4 and 7 reset the count
-    (set(range(1, 200)), 1, 1),
-])
-def test_max_bad_updates_stops_at_the_update_that_reaches_it(tmp_path, repo_root, monkeypatch, bad_steps, limit,
-                                                             stop_at):
+@pytest.mark.parametrize(
+    "bad_steps, limit, stop_at",
+    [
+        (set(range(6, 200)), 3, 8),  # 6, 7, 8 in a row
+        ({2, 3, 5, 6, 8, 9, 10, 11}, 3, 10),  # the good updates 4 and 7 reset the count
+        (set(range(1, 200)), 1, 1),
+    ],
+)
+def test_max_bad_updates_stops_at_the_update_that_reaches_it(
+    tmp_path, repo_root, monkeypatch, bad_steps, limit, stop_at
+):
     poison(monkeypatch, bad_steps)
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=50", f"max_bad_updates={limit}"])
     with pytest.raises(TrainingStopped) as err:
         train(cfg, tmp_path / "run")
-    assert str(err.value).startswith(f"{limit} updates in a row had a non-finite loss or gradient "
-                                     f"(max_bad_updates={limit}), the last at update {stop_at}; ")
+    assert str(err.value).startswith(
+        f"{limit} updates in a row had a non-finite loss or gradient "
+        f"(max_bad_updates={limit}), the last at update {stop_at}; "
+    )
     reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == stop_at
     assert reader.get_tensor("bad_updates_in_a_row/.ATTRIBUTES/VARIABLE_VALUE") == limit
@@ -110,8 +117,10 @@ def test_logged_learning_rate_is_the_one_applied_after_a_skip(tmp_path, repo_roo
 
 
 def test_resume_with_more_epochs_keeps_the_schedule_it_started_on(tmp_path, repo_root):
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=1", "optimizer.schedule.name=cosine",
-                                                              "optimizer.schedule.min_ratio=0.1"])
+    cfg = load_config(
+        repo_root / "configs" / "smoke.yaml",
+        ["log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1"],
+    )
     train(cfg, tmp_path / "full")
     with pytest.raises(Interrupted):
         train(cfg, tmp_path / "cut", progress=InterruptAt(20))
@@ -128,9 +137,16 @@ def test_resume_with_more_epochs_keeps_the_schedule_it_started_on(tmp_path, repo
     assert len(cut) == 141
     assert cut[:94] == full  # the updates planned before the resume keep their rates
     assert cut[94:] == [pytest.approx(0.1 * 0.003)] * 47  # then the schedule's final rate
-    assert ("note: the cosine schedule ends at update 94 (decay_steps=94, fixed when the run started); "
-            "later updates use its final learning rate") in messages
+    assert (
+        "note: the cosine schedule ends at update 94 (decay_steps=94, fixed when the run started); "
+        "later updates use its final learning rate"
+    ) in messages
     # a config that leaves decay_steps to be computed resumes with the resolved value, not a new one
-    assert resume_config(tmp_path / "cut", repo_root / "configs" / "smoke.yaml",
-                         ["log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1",
-                          "epochs=4"]).optimizer.schedule.decay_steps == 94
+    assert (
+        resume_config(
+            tmp_path / "cut",
+            repo_root / "configs" / "smoke.yaml",
+            ["log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1", "epochs=4"],
+        ).optimizer.schedule.decay_steps
+        == 94
+    )

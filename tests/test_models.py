@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorlayer as tl
-
 from accum_train.config import MODEL_NAMES, ModelConfig, OptimizerConfig
 from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from accum_train.models import BUILDERS, AccumBatchNorm, build_model
@@ -85,8 +84,11 @@ def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after
         model = build_model(ModelConfig(width=0.0625, norm="batchnorm"), 3, (28, 28, 1), 10)
         opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
         loss_fn = sparse_softmax_loss(model.forward)
-        engine = (PlainUpdate(loss_fn, model.trainable_variables, opt, None, model.norm_layers) if k is None
-                  else AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, None, model.norm_layers))
+        engine = (
+            PlainUpdate(loss_fn, model.trainable_variables, opt, None, model.norm_layers)
+            if k is None
+            else AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, None, model.norm_layers)
+        )
         engine.update(x, y)
         results[k] = model.named_weights()
     # The first BatchNorm sees the same inputs either way: its moving statistics,
@@ -101,12 +103,15 @@ def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after
 CONV = 9 * (1 * 8 + 8 * 16 + 16 * 24 + 24 * 32 + 32 * 40)  # 23112
 
 
-@pytest.mark.parametrize("name, norm, params", [
-    ("seed_convnet", "batchnorm", CONV + 2 * (8 + 16 + 24 + 32 + 40) + 40 * 10 + 10),  # gamma, beta
-    ("seed_convnet", "none", CONV + (8 + 16 + 24 + 32 + 40) + 40 * 10 + 10),  # conv biases
-    ("mlp", "none", 784 * 32 + 32 + 32 * 10 + 10),
-    ("mlp", "batchnorm", 784 * 32 + 2 * 32 + 32 * 10 + 10),
-])
+@pytest.mark.parametrize(
+    "name, norm, params",
+    [
+        ("seed_convnet", "batchnorm", CONV + 2 * (8 + 16 + 24 + 32 + 40) + 40 * 10 + 10),  # gamma, beta
+        ("seed_convnet", "none", CONV + (8 + 16 + 24 + 32 + 40) + 40 * 10 + 10),  # conv biases
+        ("mlp", "none", 784 * 32 + 32 + 32 * 10 + 10),
+        ("mlp", "batchnorm", 784 * 32 + 2 * 32 + 32 * 10 + 10),
+    ],
+)
 def test_registry_builds_every_model(name, norm, params):
     assert tuple(BUILDERS) == MODEL_NAMES
     model = build_model(ModelConfig(name=name, norm=norm, width=0.0625, hidden=32), 0, (28, 28, 1), 10)

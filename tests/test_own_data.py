@@ -16,16 +16,15 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-from PIL import Image
-
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets import load, npz
 from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
 from accum_train.train import train
+from click.testing import CliRunner
 from helpers import InterruptAt
+from PIL import Image
 
 # smoke.yaml on the whole slice: 2000 / 64 = 31 full updates and a short one of 16 per epoch; 3 epochs,
 # 96 updates, as many as smoke.yaml's own run (BatchNorm's moving statistics need about that many).
@@ -74,6 +73,7 @@ def folder_run(tmp_path_factory, repo_root, own_data):
 
 def test_script_writes_the_same_examples_twice(own_data, data_dir):
     from accum_train.datasets import fashion_mnist
+
     real = fashion_mnist.load(str(data_dir), train_limit=2000, test_limit=500, allow_download=False)
     arrays = np.load(own_data / "fashion.npz")
     np.testing.assert_array_equal(arrays["x_train"], real.train.images)
@@ -87,11 +87,22 @@ def test_script_writes_the_same_examples_twice(own_data, data_dir):
 
 
 def test_folder_classes_are_sorted_and_interleaved(own_data):
-    cfg = load_config(None, ["data.name=image_folder", f"data.path={own_data / 'images'}", "data.train_limit=30",
-                                "batch_size=10"])
+    cfg = load_config(
+        None, ["data.name=image_folder", f"data.path={own_data / 'images'}", "data.train_limit=30", "batch_size=10"]
+    )
     data = load(cfg.data)
-    assert data.class_names == ("Ankle_boot", "Bag", "Coat", "Dress", "Pullover", "Sandal", "Shirt", "Sneaker",
-                                "T-shirt_top", "Trouser")
+    assert data.class_names == (
+        "Ankle_boot",
+        "Bag",
+        "Coat",
+        "Dress",
+        "Pullover",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "T-shirt_top",
+        "Trouser",
+    )
     assert (data.input_shape, len(data.train), len(data.test)) == ((28, 28, 3), 30, 500)
     # the first file of every class, then the second...: a limit keeps the classes balanced
     assert data.train.labels.tolist() == list(range(10)) * 3
@@ -107,8 +118,11 @@ def test_image_folder_run_learns(folder_run):
     assert (summary["steps"], summary["examples_seen"]) == (96, 6000)
     assert summary["test_accuracy"] >= 0.55
     described = json.loads((folder_run / "dataset.json").read_text())
-    assert (described["input_shape"], described["train_examples"], described["test_examples"]) == ([28, 28, 1],
-                                                                                                  2000, 500)
+    assert (described["input_shape"], described["train_examples"], described["test_examples"]) == (
+        [28, 28, 1],
+        2000,
+        500,
+    )
     assert described["class_names"][:2] == ["Ankle_boot", "Bag"]
 
 
@@ -140,8 +154,7 @@ def test_npz_float_rgb_32x32_with_the_mlp(tmp_path, repo_root, own_data):
         arrays[f"y_{split}"] = arrays[f"y_{split}"].astype(np.int64)[:, None]
     np.savez(tmp_path / "rgb.npz", **arrays)
     out = tmp_path / "run"
-    result = run(repo_root, out, ["data.name=npz", f"data.path={tmp_path / 'rgb.npz'}", "model.name=mlp",
-                                  *WHOLE_SLICE])
+    result = run(repo_root, out, ["data.name=npz", f"data.path={tmp_path / 'rgb.npz'}", "model.name=mlp", *WHOLE_SLICE])
     assert result.exit_code == 0, result.output
     described = json.loads((out / "dataset.json").read_text())
     assert (described["input_shape"], described["class_names"][0]) == ([32, 32, 3], "T-shirt_top")
@@ -209,12 +222,18 @@ def test_decode_is_the_same_in_batches_take_and_read_image(tmp_path):
     assert read_image(tmp_path / "d" / "train" / "a" / "gray.png", (20, 14, 1)).shape == (20, 14, 1)
 
 
-@pytest.mark.parametrize("setup, message", [
-    ("missing", "cannot read {p}: No such file or directory"),
-    ("truncated", "{p} is not a readable PNG or JPEG image (truncated or corrupt): pass a PNG or JPEG file"),
-    ("channels", "the model takes images of 2 channels: only 1 (grayscale) or 3 (RGB) can be decoded from {p}; "
-                 "pass the images as an .npz array instead"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        ("missing", "cannot read {p}: No such file or directory"),
+        ("truncated", "{p} is not a readable PNG or JPEG image (truncated or corrupt): pass a PNG or JPEG file"),
+        (
+            "channels",
+            "the model takes images of 2 channels: only 1 (grayscale) or 3 (RGB) can be decoded from {p}; "
+            "pass the images as an .npz array instead",
+        ),
+    ],
+)
 def test_read_image_errors_name_the_file(tmp_path, setup, message):
     path = tmp_path / "x.png"
     if setup != "missing":
@@ -240,15 +259,17 @@ def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path):
     os.unlink(removed)
     seen = []
     with pytest.raises(DataError) as err:
-        for x, y in split.batches(order, 4):
+        for x, _ in split.batches(order, 4):
             seen.append(np.round(x.numpy()[:, 0, 0, 0] * 255).astype(int).tolist())
-    assert str(err.value) == (f"{removed} cannot be read (No such file or directory); it was fine when the run "
-                              f"started: restore it, then resume the run with --resume")
+    assert str(err.value) == (
+        f"{removed} cannot be read (No such file or directory); it was fine when the run "
+        f"started: restore it, then resume the run with --resume"
+    )
     # batches 0-3 came out (files 0-15), each file as it was when its batch was read; file 17 is in batch 4.
     # Interleaved order: file k is image k // 3 of class k % 3, filled with 10 * k + 5.
     expected = [10 * k + 5 for k in range(16)]
     expected[13] = 250
-    assert seen == [expected[i:i + 4] for i in range(0, 16, 4)]
+    assert seen == [expected[i : i + 4] for i in range(0, 16, 4)]
 
 
 # ----------------------------------------------------------------------------
@@ -257,8 +278,12 @@ def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path):
 
 def small_arrays():
     rng = np.random.default_rng(0)
-    return {"x_train": rng.integers(0, 256, (8, 4, 4), dtype=np.uint8), "y_train": np.arange(8) % 4,
-            "x_test": rng.integers(0, 256, (4, 4, 4), dtype=np.uint8), "y_test": np.arange(4)}
+    return {
+        "x_train": rng.integers(0, 256, (8, 4, 4), dtype=np.uint8),
+        "y_train": np.arange(8) % 4,
+        "x_test": rng.integers(0, 256, (4, 4, 4), dtype=np.uint8),
+        "y_test": np.arange(4),
+    }
 
 
 def npz_case(change, *sets):
@@ -267,14 +292,17 @@ def npz_case(change, *sets):
         change(arrays)
         np.savez(d / "data.npz", **arrays)
         return ["data.name=npz", f"data.path={d / 'data.npz'}", *sets], d / "data.npz"
+
     return build
 
 
 def npz_file(write):
     """A data.path written by write(path) instead of numpy.savez."""
+
     def build(d):
         write(d / "data.npz")
         return ["data.name=npz", f"data.path={d / 'data.npz'}"], d / "data.npz"
+
     return build
 
 
@@ -307,6 +335,7 @@ def folder_case(change, *sets):
         root = tiny_folder(d / "images", classes=("a", "b"), per_class=2, size=(4, 4))
         path = change(root)
         return ["data.name=image_folder", f"data.path={root}", *sets], path
+
     return build
 
 
@@ -328,8 +357,9 @@ def truncated(name):
         path = root / "train" / "b" / name
         if name.endswith(".jpg"):
             Image.fromarray(np.full((4, 4, 3), 99, np.uint8)).save(path, format="JPEG")
-        path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
         return path
+
     return change
 
 
@@ -359,70 +389,144 @@ def odd_size(root):
 HOW_TO_SAVE = npz.HOW_TO_SAVE
 BAD_DATA = [
     # (id, how to build it in folder d: (sets, the path the message names), expected line after "error: ")
-    ("npz_missing_key", npz_case(lambda a: a.pop("x_test")),
-     "{p} has no x_test (it has x_train, y_train, y_test): data.name=npz needs x_train, y_train, x_test, "
-     "y_test; save them with " + HOW_TO_SAVE),
-    ("npz_wrong_ndim", npz_case(put("x_train", lambda a: a["x_train"].reshape(8, 16))),
-     "{p}: x_train has shape (8, 16) (2 dimensions): images must be [N, H, W] or [N, H, W, C]; reshape it, "
-     "e.g. x_train.reshape(N, H, W)"),
-    ("npz_wrong_dtype", npz_case(put("x_train", lambda a: a["x_train"].astype(np.int64))),
-     "{p}: x_train has dtype int64: images must be uint8 (0..255, scaled by 1/255) or float (used as it is, "
-     "e.g. in [0, 1]); convert it, e.g. x_train.astype('float32') / x_train.max()"),
-    ("npz_train_length", npz_case(put("y_train", lambda a: a["y_train"][:7])),
-     "{p}: x_train holds 8 images but y_train 7 labels: each image needs exactly one label"),
-    ("npz_test_length", npz_case(put("x_test", lambda a: a["x_test"][:3])),
-     "{p}: x_test holds 3 images but y_test 4 labels: each image needs exactly one label"),
-    ("npz_negative_label", npz_case(put("y_test", np.array([0, 1, -1, 2]))),
-     "{p}: y_test[2] is -1: labels must be integers 0..K-1"),
-    ("npz_label_too_large", npz_case(put("y_train", lambda a: np.where(np.arange(8) == 5, 4, a["y_train"])),
-                                     "data.num_classes=4"),
-     "{p}: y_train[5] is 4, but data.num_classes=4: labels must be 0..3; raise data.num_classes or fix the label"),
+    (
+        "npz_missing_key",
+        npz_case(lambda a: a.pop("x_test")),
+        "{p} has no x_test (it has x_train, y_train, y_test): data.name=npz needs x_train, y_train, x_test, "
+        "y_test; save them with " + HOW_TO_SAVE,
+    ),
+    (
+        "npz_wrong_ndim",
+        npz_case(put("x_train", lambda a: a["x_train"].reshape(8, 16))),
+        "{p}: x_train has shape (8, 16) (2 dimensions): images must be [N, H, W] or [N, H, W, C]; reshape it, "
+        "e.g. x_train.reshape(N, H, W)",
+    ),
+    (
+        "npz_wrong_dtype",
+        npz_case(put("x_train", lambda a: a["x_train"].astype(np.int64))),
+        "{p}: x_train has dtype int64: images must be uint8 (0..255, scaled by 1/255) or float (used as it is, "
+        "e.g. in [0, 1]); convert it, e.g. x_train.astype('float32') / x_train.max()",
+    ),
+    (
+        "npz_train_length",
+        npz_case(put("y_train", lambda a: a["y_train"][:7])),
+        "{p}: x_train holds 8 images but y_train 7 labels: each image needs exactly one label",
+    ),
+    (
+        "npz_test_length",
+        npz_case(put("x_test", lambda a: a["x_test"][:3])),
+        "{p}: x_test holds 3 images but y_test 4 labels: each image needs exactly one label",
+    ),
+    (
+        "npz_negative_label",
+        npz_case(put("y_test", np.array([0, 1, -1, 2]))),
+        "{p}: y_test[2] is -1: labels must be integers 0..K-1",
+    ),
+    (
+        "npz_label_too_large",
+        npz_case(put("y_train", lambda a: np.where(np.arange(8) == 5, 4, a["y_train"])), "data.num_classes=4"),
+        "{p}: y_train[5] is 4, but data.num_classes=4: labels must be 0..3; raise data.num_classes or fix the label",
+    ),
     ("npz_nan", npz_case(with_nan), "{p}: x_test[2] has NaN: float images must be finite; fix or drop that example"),
-    ("npz_object_array", npz_case(put("y_train", np.array([0, 1, "2", None, 0, 1, 2, 3], dtype=object))),
-     "{p}: y_train is an object array (pickled Python objects), which is never loaded (allow_pickle=False: "
-     "loading it could run code); save plain numeric arrays, e.g. y_train=numpy.asarray(y_train, dtype='uint8')"),
-    ("npz_float_labels", npz_case(put("y_train", lambda a: a["y_train"].astype(np.float32))),
-     "{p}: y_train has dtype float32: labels must be integers 0..K-1; convert with y_train.astype('int64')"),
-    ("npz_shapes_differ", npz_case(put("x_test", np.zeros((4, 4, 4, 3), np.uint8))),
-     "{p}: x_test holds 4x4x3 images but x_train 4x4x1: both splits need one image shape"),
-    ("npz_channels_first", npz_case(put("x_train", np.zeros((8, 3, 5, 5), np.uint8))),
-     "{p}: x_train has shape (8, 3, 5, 5), which looks channels-first: images must be [N, H, W, C] (channels "
-     "last); convert with numpy.moveaxis(x_train, 1, -1)"),
-    ("npz_inf", npz_case(with_inf),
-     "{p}: x_train[3] has an infinite value: float images must be finite; fix or drop that example"),
-    ("npz_class_names_short", npz_case(put("class_names", np.array(["a", "b", "c"]))),
-     "{p}: y_train[3] is 3, but class_names lists 3 names: labels must be 0..2; add names to class_names or fix "
-     "the label"),
-    ("npz_not_a_zip", npz_file(lambda path: path.write_bytes(b"hello world")),
-     "{p} is not an .npz file (it starts with 68656c6c, not the zip signature 504b0304): write it with "
-     + HOW_TO_SAVE),
-    ("npz_is_npy", npz_file(npy_instead),
-     "{p} is a single .npy array, not an .npz: save the four arrays together with " + HOW_TO_SAVE),
-    ("npz_truncated", npz_file(truncated_npz),
-     "{p} is not a readable .npz file (File is not a zip file): it is truncated or damaged; write it again with "
-     + HOW_TO_SAVE),
-    ("npz_missing_file", npz_file(lambda path: None),
-     "data.path={p} does not exist: give the .npz file, written with " + HOW_TO_SAVE),
-    ("folder_empty_class", folder_case(empty_class),
-     "{p} holds no .png, .jpg or .jpeg file: add the class's images or remove the folder"),
-    ("folder_class_mismatch", folder_case(without_test_class_b),
-     "{p}/test has no class folder 'b', which {p}/train has: train and test need the same class folders"),
-    ("folder_truncated_png", folder_case(truncated("01.png")),
-     "{p} is not a readable PNG or JPEG image (truncated or corrupt): replace or remove it"),
-    ("folder_truncated_jpeg", folder_case(truncated("02.jpg")),
-     "{p} is not a readable PNG or JPEG image (truncated or corrupt): replace or remove it"),
-    ("folder_wrong_size", folder_case(odd_size),
-     "{p} is 5x4 but {d}/images/train/a/00.png is 4x4: with data.image_size null every image must have one "
-     "size; set data.image_size to resize them all, e.g. [4, 4]"),
-    ("folder_only_other_files", folder_case(only_other_files),
-     "{p} holds no .png, .jpg or .jpeg file (only other files, e.g. notes.txt): add the class's images or remove "
-     "the folder"),
-    ("folder_is_a_file", folder_path_is_a_file,
-     "data.path={p} is a file, not a folder: for data.name=image_folder images go in DIR/train/CLASS/*.png and "
-     "DIR/test/CLASS/*.png (or .jpg, .jpeg); an .npz file is data.name=npz"),
-    ("folder_no_test", folder_case(no_test_folder),
-     "data.path={p} has no test folder: images go in DIR/train/CLASS/*.png and DIR/test/CLASS/*.png "
-     "(or .jpg, .jpeg)"),
+    (
+        "npz_object_array",
+        npz_case(put("y_train", np.array([0, 1, "2", None, 0, 1, 2, 3], dtype=object))),
+        "{p}: y_train is an object array (pickled Python objects), which is never loaded (allow_pickle=False: "
+        "loading it could run code); save plain numeric arrays, e.g. y_train=numpy.asarray(y_train, dtype='uint8')",
+    ),
+    (
+        "npz_float_labels",
+        npz_case(put("y_train", lambda a: a["y_train"].astype(np.float32))),
+        "{p}: y_train has dtype float32: labels must be integers 0..K-1; convert with y_train.astype('int64')",
+    ),
+    (
+        "npz_shapes_differ",
+        npz_case(put("x_test", np.zeros((4, 4, 4, 3), np.uint8))),
+        "{p}: x_test holds 4x4x3 images but x_train 4x4x1: both splits need one image shape",
+    ),
+    (
+        "npz_channels_first",
+        npz_case(put("x_train", np.zeros((8, 3, 5, 5), np.uint8))),
+        "{p}: x_train has shape (8, 3, 5, 5), which looks channels-first: images must be [N, H, W, C] (channels "
+        "last); convert with numpy.moveaxis(x_train, 1, -1)",
+    ),
+    (
+        "npz_inf",
+        npz_case(with_inf),
+        "{p}: x_train[3] has an infinite value: float images must be finite; fix or drop that example",
+    ),
+    (
+        "npz_class_names_short",
+        npz_case(put("class_names", np.array(["a", "b", "c"]))),
+        "{p}: y_train[3] is 3, but class_names lists 3 names: labels must be 0..2; add names to class_names or fix "
+        "the label",
+    ),
+    (
+        "npz_not_a_zip",
+        npz_file(lambda path: path.write_bytes(b"hello world")),
+        "{p} is not an .npz file (it starts with 68656c6c, not the zip signature 504b0304): write it with "
+        + HOW_TO_SAVE,
+    ),
+    (
+        "npz_is_npy",
+        npz_file(npy_instead),
+        "{p} is a single .npy array, not an .npz: save the four arrays together with " + HOW_TO_SAVE,
+    ),
+    (
+        "npz_truncated",
+        npz_file(truncated_npz),
+        "{p} is not a readable .npz file (File is not a zip file): it is truncated or damaged; write it again with "
+        + HOW_TO_SAVE,
+    ),
+    (
+        "npz_missing_file",
+        npz_file(lambda path: None),
+        "data.path={p} does not exist: give the .npz file, written with " + HOW_TO_SAVE,
+    ),
+    (
+        "folder_empty_class",
+        folder_case(empty_class),
+        "{p} holds no .png, .jpg or .jpeg file: add the class's images or remove the folder",
+    ),
+    (
+        "folder_class_mismatch",
+        folder_case(without_test_class_b),
+        "{p}/test has no class folder 'b', which {p}/train has: train and test need the same class folders",
+    ),
+    (
+        "folder_truncated_png",
+        folder_case(truncated("01.png")),
+        "{p} is not a readable PNG or JPEG image (truncated or corrupt): replace or remove it",
+    ),
+    (
+        "folder_truncated_jpeg",
+        folder_case(truncated("02.jpg")),
+        "{p} is not a readable PNG or JPEG image (truncated or corrupt): replace or remove it",
+    ),
+    (
+        "folder_wrong_size",
+        folder_case(odd_size),
+        "{p} is 5x4 but {d}/images/train/a/00.png is 4x4: with data.image_size null every image must have one "
+        "size; set data.image_size to resize them all, e.g. [4, 4]",
+    ),
+    (
+        "folder_only_other_files",
+        folder_case(only_other_files),
+        "{p} holds no .png, .jpg or .jpeg file (only other files, e.g. notes.txt): add the class's images or remove "
+        "the folder",
+    ),
+    (
+        "folder_is_a_file",
+        folder_path_is_a_file,
+        "data.path={p} is a file, not a folder: for data.name=image_folder images go in DIR/train/CLASS/*.png and "
+        "DIR/test/CLASS/*.png (or .jpg, .jpeg); an .npz file is data.name=npz",
+    ),
+    (
+        "folder_no_test",
+        folder_case(no_test_folder),
+        "data.path={p} has no test folder: images go in DIR/train/CLASS/*.png and DIR/test/CLASS/*.png "
+        "(or .jpg, .jpeg)",
+    ),
 ]
 
 
@@ -446,26 +550,45 @@ def test_bad_data_is_one_line_exit_2_nothing_written(tmp_path, repo_root, build,
 
 CONFIG_CASES = [
     (["data.name=npz"], "--set: data.name=npz needs data.path (e.g. data: {name: npz, path: mydata.npz})"),
-    (["data.path=x.npz"], "--set: data.path is only for data.name=npz or image_folder, not fashion_mnist: "
-                          "Fashion-MNIST's folder is data.dir; for your own data set data.name to npz or image_folder"),
-    (["data.name=npz", "data.path=x.npz", "data.dir=d"],
-     "--set: data.dir is only for data.name=fashion_mnist, not npz: give the .npz file as data.path"),
-    (["data.name=image_folder", "data.path=d", "data.image_size=[28]"],
-     "--set: data.image_size=[28] must be a list of two integers >= 1, e.g. [28, 28]"),
-    (["data.name=image_folder", "data.path=d", "data.image_size=32"],
-     "--set: data.image_size=32 must be a list of two integers >= 1, e.g. [28, 28]"),
-    (["data.name=image_folder", "data.path=d", "data.image_size=[0, 28]"],
-     "--set: data.image_size=[0, 28] must be a list of two integers >= 1, e.g. [28, 28]"),
-    (["data.name=image_folder", "data.path=d", "data.channels=4"],
-     "--set: data.channels=4 must be 1 (grayscale) or 3 (RGB)"),
-    (["data.name=image_folder", "data.path=d", "data.num_classes=5"],
-     "--set: data.num_classes is only for data.name=npz, not image_folder: the classes are the folder's class "
-     "folders"),
-    (["data.name=npz", "data.path=x.npz", "data.image_size=[28, 28]"],
-     "--set: data.image_size is only for data.name=image_folder, not npz: an .npz's images are used at their "
-     "own size"),
-    (["data.name=npz", "data.path=x.npz", "data.num_classes=1"],
-     "--set: data.num_classes=1 must be >= 2 and <= 1000000"),
+    (
+        ["data.path=x.npz"],
+        "--set: data.path is only for data.name=npz or image_folder, not fashion_mnist: "
+        "Fashion-MNIST's folder is data.dir; for your own data set data.name to npz or image_folder",
+    ),
+    (
+        ["data.name=npz", "data.path=x.npz", "data.dir=d"],
+        "--set: data.dir is only for data.name=fashion_mnist, not npz: give the .npz file as data.path",
+    ),
+    (
+        ["data.name=image_folder", "data.path=d", "data.image_size=[28]"],
+        "--set: data.image_size=[28] must be a list of two integers >= 1, e.g. [28, 28]",
+    ),
+    (
+        ["data.name=image_folder", "data.path=d", "data.image_size=32"],
+        "--set: data.image_size=32 must be a list of two integers >= 1, e.g. [28, 28]",
+    ),
+    (
+        ["data.name=image_folder", "data.path=d", "data.image_size=[0, 28]"],
+        "--set: data.image_size=[0, 28] must be a list of two integers >= 1, e.g. [28, 28]",
+    ),
+    (
+        ["data.name=image_folder", "data.path=d", "data.channels=4"],
+        "--set: data.channels=4 must be 1 (grayscale) or 3 (RGB)",
+    ),
+    (
+        ["data.name=image_folder", "data.path=d", "data.num_classes=5"],
+        "--set: data.num_classes is only for data.name=npz, not image_folder: the classes are the folder's class "
+        "folders",
+    ),
+    (
+        ["data.name=npz", "data.path=x.npz", "data.image_size=[28, 28]"],
+        "--set: data.image_size is only for data.name=image_folder, not npz: an .npz's images are used at their "
+        "own size",
+    ),
+    (
+        ["data.name=npz", "data.path=x.npz", "data.num_classes=1"],
+        "--set: data.num_classes=1 must be >= 2 and <= 1000000",
+    ),
 ]
 
 

@@ -6,12 +6,9 @@ BatchNorm statistics after a few updates are asserted bit-identical, with
 ragged micro-batches and a short last batch.
 """
 
-import dataclasses
-
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from accum_train import threads
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
@@ -27,22 +24,32 @@ BATCHES = [(0, 29), (29, 58), (58, 70)]  # 29 examples as 4 micro-batches of 7-8
 def train(norm, parallel, k=4, optimizer="adam", loss_scale=None):
     model = build_model(ModelConfig(width=0.0625, norm=norm, groups=2), 3, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=0.003), 0.003, model.trainable_variables)
-    engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, k,
-                                norm_layers=model.norm_layers, parallel=parallel, loss_scale=loss_scale)
+    engine = AccumulatingUpdate(
+        sparse_softmax_loss(model.forward),
+        model.trainable_variables,
+        opt,
+        k,
+        norm_layers=model.norm_layers,
+        parallel=parallel,
+        loss_scale=loss_scale,
+    )
     losses = [float(engine.update(tf.constant(X[a:b]), tf.constant(Y[a:b]))["loss"]) for a, b in BATCHES]
     state = [v.numpy() for v in model.variables] + [v.numpy() for v in opt.variables]
     cache = [slot.numpy() for slot in engine.cache.slots]
     return losses, state, cache
 
 
-@pytest.mark.parametrize("norm, k, parallel, optimizer, loss_scale", [
-    ("batchnorm", 4, 2, "adam", None),
-    ("batchnorm", 4, 3, "sgd", None),
-    ("batchnorm", 29, 2, "adam", None),  # one example per micro-batch
-    ("groupnorm", 4, 2, "adam", None),
-    ("none", 5, 2, "momentum", None),
-    ("batchnorm", 4, 2, "adam", 1024.0),  # one loss scale for the whole update, unscaled once
-])
+@pytest.mark.parametrize(
+    "norm, k, parallel, optimizer, loss_scale",
+    [
+        ("batchnorm", 4, 2, "adam", None),
+        ("batchnorm", 4, 3, "sgd", None),
+        ("batchnorm", 29, 2, "adam", None),  # one example per micro-batch
+        ("groupnorm", 4, 2, "adam", None),
+        ("none", 5, 2, "momentum", None),
+        ("batchnorm", 4, 2, "adam", 1024.0),  # one loss scale for the whole update, unscaled once
+    ],
+)
 def test_micro_steps_in_parallel_equal_one_at_a_time_bit_for_bit(norm, k, parallel, optimizer, loss_scale):
     one_losses, one_state, _ = train(norm, 1, k, optimizer, loss_scale)
     losses, state, cache = train(norm, parallel, k, optimizer, loss_scale)
@@ -60,8 +67,14 @@ def test_batchnorm_statistics_move_in_parallel_as_one_at_a_time():
         model = build_model(ModelConfig(width=0.0625, norm="batchnorm"), 3, (28, 28, 1), 10)
         before = model.norm_layers[0].moving_mean.numpy().copy()
         opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.01), 0.01, model.trainable_variables)
-        engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, 4,
-                                    norm_layers=model.norm_layers, parallel=parallel)
+        engine = AccumulatingUpdate(
+            sparse_softmax_loss(model.forward),
+            model.trainable_variables,
+            opt,
+            4,
+            norm_layers=model.norm_layers,
+            parallel=parallel,
+        )
         engine.update(tf.constant(X[:29]), tf.constant(Y[:29]))
         moved = model.norm_layers[0].moving_mean.numpy()
         assert np.max(np.abs(moved - before)) > 1e-4
@@ -74,21 +87,24 @@ def test_batchnorm_statistics_move_in_parallel_as_one_at_a_time():
 BASE = {"batch_size": 256, "subdivisions": 8}
 
 
-@pytest.mark.parametrize("changes, gpu, cores, expected", [
-    ({}, False, 2, 2),
-    ({}, False, 16, 2),
-    ({}, False, 1, 1),  # one core: nothing to share out
-    ({}, True, 2, 1),  # a GPU: one at a time, the least memory
-    ({"subdivisions": 1}, False, 2, 1),
-    ({"subdivisions": 3, "parallel_micro_steps": 8}, False, 2, 3),  # never more than the micro-batches
-    ({"parallel_micro_steps": 4}, True, 2, 4),  # as configured, GPU or not
-    ({"parallel_micro_steps": 1}, False, 2, 1),
-    ({"baseline": True}, False, 2, 1),
-    ({"strategy": {"name": "mirrored"}}, False, 2, 1),  # the replicas share the cores out already
-    ({"subdivisions": "auto", "memory_limit": "1GiB"}, False, 2, 1),  # memory is what the run is short of
-    ({"memory_limit": "1GiB"}, False, 2, 1),
-    ({"memory_limit": "1GiB", "parallel_micro_steps": 2}, False, 2, 2),
-])
+@pytest.mark.parametrize(
+    "changes, gpu, cores, expected",
+    [
+        ({}, False, 2, 2),
+        ({}, False, 16, 2),
+        ({}, False, 1, 1),  # one core: nothing to share out
+        ({}, True, 2, 1),  # a GPU: one at a time, the least memory
+        ({"subdivisions": 1}, False, 2, 1),
+        ({"subdivisions": 3, "parallel_micro_steps": 8}, False, 2, 3),  # never more than the micro-batches
+        ({"parallel_micro_steps": 4}, True, 2, 4),  # as configured, GPU or not
+        ({"parallel_micro_steps": 1}, False, 2, 1),
+        ({"baseline": True}, False, 2, 1),
+        ({"strategy": {"name": "mirrored"}}, False, 2, 1),  # the replicas share the cores out already
+        ({"subdivisions": "auto", "memory_limit": "1GiB"}, False, 2, 1),  # memory is what the run is short of
+        ({"memory_limit": "1GiB"}, False, 2, 1),
+        ({"memory_limit": "1GiB", "parallel_micro_steps": 2}, False, 2, 2),
+    ],
+)
 def test_parallel_micro_steps_auto_and_configured(monkeypatch, changes, gpu, cores, expected):
     monkeypatch.setattr(threads, "cpu_cores", lambda: cores)
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["gpu:0"] if gpu else [])
@@ -97,8 +113,10 @@ def test_parallel_micro_steps_auto_and_configured(monkeypatch, changes, gpu, cor
 
 def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
     tf.constant(1.0)  # the runtime has started in this process
-    before = (tf.config.threading.get_intra_op_parallelism_threads(),
-              tf.config.threading.get_inter_op_parallelism_threads())
+    before = (
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
+    )
     got = threads.configure(config_from_dict(BASE))
     assert (got["intra_op_threads"], got["inter_op_threads"]) == before
     assert got["parallel_micro_steps"] == threads.parallel_micro_steps(config_from_dict(BASE))
@@ -109,11 +127,31 @@ def test_a_run_sets_its_thread_pools_before_the_runtime_starts(tmp_path, data_di
     import json
     import subprocess
     import sys
-    cfg = config_from_dict({"model": {"width": 0.0625}, "batch_size": 64, "subdivisions": 4, "epochs": 1,
-                            "data": {"dir": str(data_dir), "train_limit": 128, "test_limit": 100}})
+
+    cfg = config_from_dict(
+        {
+            "model": {"width": 0.0625},
+            "batch_size": 64,
+            "subdivisions": 4,
+            "epochs": 1,
+            "data": {"dir": str(data_dir), "train_limit": 128, "test_limit": 100},
+        }
+    )
     (tmp_path / "cfg.yaml").write_text(cfg.to_yaml())
-    out = subprocess.run([sys.executable, "-m", "accum_train.cli.main", "run", str(tmp_path / "cfg.yaml"),
-                          "--output-dir", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accum_train.cli.main",
+            "run",
+            str(tmp_path / "cfg.yaml"),
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     cores = threads.cpu_cores()

@@ -13,13 +13,12 @@ import os
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-
+from accum_train import threads
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets.base import ArraySplit, Dataset
-from accum_train import threads
 from accum_train.plan import micro_split, plan
+from click.testing import CliRunner
 
 FMNIST_PLAN = """\
 data           fashion_mnist, {source}
@@ -60,12 +59,16 @@ def in_empty_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("config, extra, expected", [
-    ("fmnist.yaml", [], FMNIST_PLAN),
-    ("smoke.yaml", ["--set", "subdivisions=5"], SMOKE_5_PLAN),
-])
-def test_plan_prints_the_plan_and_writes_nothing(repo_root, data_dir, in_empty_dir, config, extra, expected,
-                                                  monkeypatch):
+@pytest.mark.parametrize(
+    "config, extra, expected",
+    [
+        ("fmnist.yaml", [], FMNIST_PLAN),
+        ("smoke.yaml", ["--set", "subdivisions=5"], SMOKE_5_PLAN),
+    ],
+)
+def test_plan_prints_the_plan_and_writes_nothing(
+    repo_root, data_dir, in_empty_dir, config, extra, expected, monkeypatch
+):
     monkeypatch.setattr(threads, "cpu_cores", lambda: 2)  # "in flight" as on the 2-core CI machine (no GPU)
     result = CliRunner().invoke(main, ["plan", str(repo_root / "configs" / config), *extra])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
@@ -73,15 +76,18 @@ def test_plan_prints_the_plan_and_writes_nothing(repo_root, data_dir, in_empty_d
     assert os.listdir(in_empty_dir) == []
 
 
-@pytest.mark.parametrize("n, subdivisions, split", [
-    (500, 5, [[5, 100]]),
-    (64, 4, [[4, 16]]),
-    (64, 5, [[1, 12], [4, 13]]),      # ragged: sizes differ by one
-    (56, 5, [[4, 11], [1, 12]]),
-    (10, 3, [[2, 3], [1, 4]]),
-    (3, 5, [[3, 1]]),                 # a short batch of n < subdivisions: n micro-batches of 1
-    (1, 1, [[1, 1]]),
-])
+@pytest.mark.parametrize(
+    "n, subdivisions, split",
+    [
+        (500, 5, [[5, 100]]),
+        (64, 4, [[4, 16]]),
+        (64, 5, [[1, 12], [4, 13]]),  # ragged: sizes differ by one
+        (56, 5, [[4, 11], [1, 12]]),
+        (10, 3, [[2, 3], [1, 4]]),
+        (3, 5, [[3, 1]]),  # a short batch of n < subdivisions: n micro-batches of 1
+        (1, 1, [[1, 1]]),
+    ],
+)
 def test_micro_split_counts_the_engines_micro_batches(n, subdivisions, split):
     assert micro_split(n, subdivisions) == split
     assert sum(count * size for count, size in split) == n
@@ -89,10 +95,13 @@ def test_micro_split_counts_the_engines_micro_batches(n, subdivisions, split):
 
 def tiny_data(n_train: int, n_test: int = 10) -> Dataset:
     """Zeros of 8x8x1: plan looks only at sizes and shapes."""
+
     def split(n):
         return ArraySplit(np.zeros((n, 8, 8, 1), np.uint8), np.zeros((n,), np.int32))
-    return Dataset(train=split(n_train), test=split(n_test), input_shape=(8, 8, 1),
-                   class_names=tuple("abc"), source="memory")
+
+    return Dataset(
+        train=split(n_train), test=split(n_test), input_shape=(8, 8, 1), class_names=tuple("abc"), source="memory"
+    )
 
 
 NOISY = "give BatchNorm noisy statistics: set model.norm=groupnorm or model.norm=none"
@@ -101,62 +110,104 @@ WARNING_CASES = [
     # (overrides, training examples, the warnings, exactly)
     (["batch_size=64", "subdivisions=4"], 256, []),
     (["batch_size=64", "subdivisions=4"], 300, []),  # last batch of 44: 4 x 11
-    (["batch_size=500", "subdivisions=5"], 100,
-     ["the training set has 100 examples, fewer than batch_size=500: every update is one short batch of 100; "
-      "lower batch_size to at most 100"]),
-    (["batch_size=64", "subdivisions=16"], 256,
-     [f"micro-batches of 4 examples (under 8) {NOISY}, or use fewer subdivisions"]),
+    (
+        ["batch_size=500", "subdivisions=5"],
+        100,
+        [
+            "the training set has 100 examples, fewer than batch_size=500: every update is one short batch of 100; "
+            "lower batch_size to at most 100"
+        ],
+    ),
+    (
+        ["batch_size=64", "subdivisions=16"],
+        256,
+        [f"micro-batches of 4 examples (under 8) {NOISY}, or use fewer subdivisions"],
+    ),
     (["batch_size=64", "subdivisions=16", "model.norm=none"], 256, []),
     (["batch_size=64", "subdivisions=16", "model.name=mlp", "model.norm=none"], 256, []),
-    (["batch_size=64", "subdivisions=9"], 256,  # 64 = 8 x 7 + 1 x 8: the smallest counts
-     [f"micro-batches of 7 examples (under 8) {NOISY}, or use fewer subdivisions"]),
-    (["batch_size=64", "subdivisions=4"], 258,
-     ["subdivisions=4 is more than the 2 examples of each epoch's last batch: that batch runs as "
-      "2 micro-batches of 1",
-      f"the last batch of each epoch (2 examples) has micro-batches of 1 (under 8), which {NOISY}, or use a "
-      "training set that batch_size divides (data.train_limit)"]),
-    (["batch_size=64", "subdivisions=4", "model.norm=none"], 258,
-     ["subdivisions=4 is more than the 2 examples of each epoch's last batch: that batch runs as "
-      "2 micro-batches of 1"]),
+    (
+        ["batch_size=64", "subdivisions=9"],
+        256,  # 64 = 8 x 7 + 1 x 8: the smallest counts
+        [f"micro-batches of 7 examples (under 8) {NOISY}, or use fewer subdivisions"],
+    ),
+    (
+        ["batch_size=64", "subdivisions=4"],
+        258,
+        [
+            "subdivisions=4 is more than the 2 examples of each epoch's last batch: that batch runs as "
+            "2 micro-batches of 1",
+            f"the last batch of each epoch (2 examples) has micro-batches of 1 (under 8), which {NOISY}, or use a "
+            "training set that batch_size divides (data.train_limit)",
+        ],
+    ),
+    (
+        ["batch_size=64", "subdivisions=4", "model.norm=none"],
+        258,
+        [
+            "subdivisions=4 is more than the 2 examples of each epoch's last batch: that batch runs as "
+            "2 micro-batches of 1"
+        ],
+    ),
     (["batch_size=64", "subdivisions=16", "baseline=true"], 258, []),  # the baseline runs whole batches
-    (["batch_size=64", "subdivisions=auto", "memory_limit=1GiB"], 256,
-     ["subdivisions=auto: the split is chosen when the run starts, the fewest micro-batches whose update fits "
-      "in memory_limit=1GiB; the micro-batch checks are skipped"]),
-    (["batch_size=64", "subdivisions=4", "epochs=1", "optimizer.schedule.warmup_steps=10"], 256,
-     ["optimizer.schedule.warmup_steps=10 is more than the run's 4 updates: the learning rate never "
-      "reaches 0.001"]),
-    (["batch_size=64", "subdivisions=4", "model.norm=none", "strategy.name=mirrored",
-      "strategy.cpu_devices=2"], 256,
-     ["strategy.name=mirrored: batch_size is global; each replica takes its share and cuts it into "
-      "subdivisions=4 micro-batches, so micro-batches are smaller than shown here (which is for one device)"]),
+    (
+        ["batch_size=64", "subdivisions=auto", "memory_limit=1GiB"],
+        256,
+        [
+            "subdivisions=auto: the split is chosen when the run starts, the fewest micro-batches whose update fits "
+            "in memory_limit=1GiB; the micro-batch checks are skipped"
+        ],
+    ),
+    (
+        ["batch_size=64", "subdivisions=4", "epochs=1", "optimizer.schedule.warmup_steps=10"],
+        256,
+        ["optimizer.schedule.warmup_steps=10 is more than the run's 4 updates: the learning rate never reaches 0.001"],
+    ),
+    (
+        ["batch_size=64", "subdivisions=4", "model.norm=none", "strategy.name=mirrored", "strategy.cpu_devices=2"],
+        256,
+        [
+            "strategy.name=mirrored: batch_size is global; each replica takes its share and cuts it into "
+            "subdivisions=4 micro-batches, so micro-batches are smaller than shown here (which is for one device)"
+        ],
+    ),
 ]
 
 
-@pytest.mark.parametrize("overrides, n_train, warnings", WARNING_CASES,
-                         ids=[f"case{i}" for i in range(len(WARNING_CASES))])
+@pytest.mark.parametrize(
+    "overrides, n_train, warnings", WARNING_CASES, ids=[f"case{i}" for i in range(len(WARNING_CASES))]
+)
 def test_warnings(overrides, n_train, warnings):
     assert plan(load_config(None, overrides), tiny_data(n_train))["warnings"] == warnings
 
 
 def test_a_keras_file_with_batchnorm_is_warned_about(tmp_path):
     import keras
+
     inputs = keras.Input((8, 8, 1))
     x = keras.layers.BatchNormalization()(keras.layers.Conv2D(2, 3)(inputs))
     keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(x))).save(tmp_path / "bn.keras")
-    cfg = load_config(None, ["model.name=keras_file", f"model.path={tmp_path / 'bn.keras'}", "batch_size=64",
-                             "subdivisions=16"])
+    cfg = load_config(
+        None, ["model.name=keras_file", f"model.path={tmp_path / 'bn.keras'}", "batch_size=64", "subdivisions=16"]
+    )
     result = plan(cfg, tiny_data(256))
-    assert result["model"] == {"name": "keras_file", "path": str(tmp_path / "bn.keras"),
-                               "trainable_parameters": 20 + 4 + 3 * 72 + 3, "batchnorm_layers": 1}
-    assert result["warnings"] == ["micro-batches of 4 examples (under 8) give BatchNorm noisy statistics: replace "
-                                  "the model file's BatchNormalization layers (e.g. by GroupNormalization), or use "
-                                  "fewer subdivisions"]
+    assert result["model"] == {
+        "name": "keras_file",
+        "path": str(tmp_path / "bn.keras"),
+        "trainable_parameters": 20 + 4 + 3 * 72 + 3,
+        "batchnorm_layers": 1,
+    }
+    assert result["warnings"] == [
+        "micro-batches of 4 examples (under 8) give BatchNorm noisy statistics: replace "
+        "the model file's BatchNormalization layers (e.g. by GroupNormalization), or use "
+        "fewer subdivisions"
+    ]
 
 
 def test_warnings_are_printed_after_the_plan(tmp_path, data_dir):
     config = tmp_path / "c.yaml"
-    config.write_text(f"batch_size: 64\nsubdivisions: 16\nparallel_micro_steps: 1\n"
-                      f"data: {{dir: {data_dir}, train_limit: 130}}\n")
+    config.write_text(
+        f"batch_size: 64\nsubdivisions: 16\nparallel_micro_steps: 1\ndata: {{dir: {data_dir}, train_limit: 130}}\n"
+    )
     result = CliRunner().invoke(main, ["plan", str(config)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -182,15 +233,20 @@ def test_a_short_epoch_is_shown_as_the_only_batch():
 LR = 0.003
 
 
-@pytest.mark.parametrize("schedule, first, warmup_end, last", [
-    # smoke.yaml: 47 updates per epoch x 2 = 94; warm-up 10, so decay_steps resolves to 84.
-    ("cosine", LR / 10, LR, LR * (1 + math.cos(math.pi * 83 / 84)) / 2),
-    ("exponential", LR / 10, LR, LR * 0.5 ** (83 / 84)),
-    ("constant", LR / 10, LR, LR),
-])
+@pytest.mark.parametrize(
+    "schedule, first, warmup_end, last",
+    [
+        # smoke.yaml: 47 updates per epoch x 2 = 94; warm-up 10, so decay_steps resolves to 84.
+        ("cosine", LR / 10, LR, LR * (1 + math.cos(math.pi * 83 / 84)) / 2),
+        ("exponential", LR / 10, LR, LR * 0.5 ** (83 / 84)),
+        ("constant", LR / 10, LR, LR),
+    ],
+)
 def test_learning_rates_follow_the_schedule(repo_root, schedule, first, warmup_end, last):
-    cfg = load_config(repo_root / "configs" / "smoke.yaml",
-                      [f"optimizer.schedule.name={schedule}", "optimizer.schedule.warmup_steps=10"])
+    cfg = load_config(
+        repo_root / "configs" / "smoke.yaml",
+        [f"optimizer.schedule.name={schedule}", "optimizer.schedule.warmup_steps=10"],
+    )
     rate = plan(cfg)["learning_rate"]
     assert rate["decay_steps"] == (None if schedule == "constant" else 84)
     assert (rate["first"]["update"], rate["warmup_end"]["update"], rate["last"]["update"]) == (1, 10, 94)
@@ -201,31 +257,58 @@ def test_learning_rates_follow_the_schedule(repo_root, schedule, first, warmup_e
 
 
 def test_json_is_the_plan(repo_root, data_dir):
-    result = CliRunner().invoke(main, ["plan", str(repo_root / "configs" / "smoke.yaml"),
-                                       "--set", "subdivisions=5", "--json"])
+    result = CliRunner().invoke(
+        main, ["plan", str(repo_root / "configs" / "smoke.yaml"), "--set", "subdivisions=5", "--json"]
+    )
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["data"] == {"name": "fashion_mnist", "source": str(data_dir), "train_examples": 3000,
-                                "validation_examples": 0, "augment": {"flip": False, "crop": 0},
-                                "test_examples": 500, "input_shape": [28, 28, 1], "num_classes": 10,
-                                "class_names": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
-                                                "Shirt", "Sneaker", "Bag", "Ankle boot"]}
+    assert document["data"] == {
+        "name": "fashion_mnist",
+        "source": str(data_dir),
+        "train_examples": 3000,
+        "validation_examples": 0,
+        "augment": {"flip": False, "crop": 0},
+        "test_examples": 500,
+        "input_shape": [28, 28, 1],
+        "num_classes": 10,
+        "class_names": [
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
+        ],
+    }
     assert document["full_batch"] == {"size": 64, "count": 46, "micro_batches": [[1, 12], [4, 13]]}
     assert document["last_batch"] == {"size": 56, "micro_batches": [[4, 11], [1, 12]]}
     assert (document["updates_per_epoch"], document["epochs"], document["total_updates"]) == (47, 2, 94)
     assert document["warnings"] == []
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--set", "subdivisions=65"],
-     "--set: subdivisions=65 must be <= batch_size=64 (a micro-batch holds at least one example)"),
-    (["--set", "data.dir=/nonexistent/fmnist"],
-     "data.dir=/nonexistent/fmnist does not exist: install it with 'apt-get install dataset-fashion-mnist' or "
-     "download the four .gz files from http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ into a "
-     "folder named by data.dir or $ACCUM_TRAIN_DATA"),
-    (["--set", "data.train_limit=10"],
-     "--set: data.train_limit=10 is smaller than batch_size=64: raise it or lower batch_size"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--set", "subdivisions=65"],
+            "--set: subdivisions=65 must be <= batch_size=64 (a micro-batch holds at least one example)",
+        ),
+        (
+            ["--set", "data.dir=/nonexistent/fmnist"],
+            "data.dir=/nonexistent/fmnist does not exist: install it with 'apt-get install dataset-fashion-mnist' or "
+            "download the four .gz files from http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ into a "
+            "folder named by data.dir or $ACCUM_TRAIN_DATA",
+        ),
+        (
+            ["--set", "data.train_limit=10"],
+            "--set: data.train_limit=10 is smaller than batch_size=64: raise it or lower batch_size",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_nothing_written(repo_root, in_empty_dir, extra, message):
     result = CliRunner().invoke(main, ["plan", str(repo_root / "configs" / "smoke.yaml"), *extra])
     assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {message}\n", "")

@@ -7,14 +7,13 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
-
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 from accum_train.train import train
+from click.testing import CliRunner
 
 RNG = np.random.default_rng(5)
 X = RNG.random((64, 28, 28, 1), dtype=np.float32)
@@ -22,12 +21,28 @@ Y = RNG.integers(0, 10, 64).astype(np.int32)
 POLICIES = ["float32", "mixed_bfloat16", "mixed_float16"]
 
 
-def engine_for(name="seed_convnet", norm="batchnorm", precision="float32", k=4, optimizer="adam", lr=1e-3,
-               loss_scale=None, growth_updates=2000):
+def engine_for(
+    name="seed_convnet",
+    norm="batchnorm",
+    precision="float32",
+    k=4,
+    optimizer="adam",
+    lr=1e-3,
+    loss_scale=None,
+    growth_updates=2000,
+):
     model = build_model(ModelConfig(name=name, width=0.0625, norm=norm, hidden=32), 7, (28, 28, 1), 10, precision)
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, model.trainable_variables)
-    engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, k, None,
-                                model.norm_layers, loss_scale=loss_scale, growth_updates=growth_updates)
+    engine = AccumulatingUpdate(
+        sparse_softmax_loss(model.forward),
+        model.trainable_variables,
+        opt,
+        k,
+        None,
+        model.norm_layers,
+        loss_scale=loss_scale,
+        growth_updates=growth_updates,
+    )
     return model, opt, engine
 
 
@@ -53,19 +68,19 @@ def test_compute_is_16_bit_and_everything_kept_is_float32(precision, compute):
 
 def test_float32_is_exactly_invariant_to_a_power_of_two_loss_scale():
     a_model, a_opt, a = engine_for(optimizer="sgd", lr=0.1)
-    b_model, b_opt, b = engine_for(optimizer="sgd", lr=0.1, loss_scale=2.0 ** 20)
+    b_model, b_opt, b = engine_for(optimizer="sgd", lr=0.1, loss_scale=2.0**20)
     for start in (0, 32):
-        a.update(tf.constant(X[start:start + 32]), tf.constant(Y[start:start + 32]))
-        b.update(tf.constant(X[start:start + 32]), tf.constant(Y[start:start + 32]))
+        a.update(tf.constant(X[start : start + 32]), tf.constant(Y[start : start + 32]))
+        b.update(tf.constant(X[start : start + 32]), tf.constant(Y[start : start + 32]))
     for x, y in zip(state(a_model, a_opt), state(b_model, b_opt)):
         np.testing.assert_array_equal(x, y)  # scaled once, unscaled once: bit for bit
 
 
 def test_an_overflow_skips_the_whole_update_and_halves_the_scale_once():
-    model, opt, engine = engine_for(precision="mixed_float16", loss_scale=2.0 ** 40, growth_updates=3)
+    model, opt, engine = engine_for(precision="mixed_float16", loss_scale=2.0**40, growth_updates=3)
     before = state(model, opt)
     scales, applied = [], []
-    for step in range(30):
+    for _ in range(30):
         out = engine.update(tf.constant(X), tf.constant(Y))
         scales.append(float(out["loss_scale"]))
         applied.append(bool(out["applied"]))
@@ -77,7 +92,7 @@ def test_an_overflow_skips_the_whole_update_and_halves_the_scale_once():
     first = applied.index(True)
     assert first > 5 and all(not a for a in applied[:first])
     # one halving per skipped update (not per micro-batch: k=4 here)
-    assert scales[:first + 1] == [2.0 ** (40 - i) for i in range(first + 1)]
+    assert scales[: first + 1] == [2.0 ** (40 - i) for i in range(first + 1)]
     assert int(engine.skipped_updates.numpy()) == applied.count(False)
     # overflow skips while the scale searches are not bad updates: max_bad_updates never sees them
     assert int(engine.bad_updates_in_a_row.numpy()) == 0
@@ -96,9 +111,11 @@ def test_k1_and_k4_agree_under_mixed_precision(name, norm, precision):
     scale = 4096.0 if precision == "mixed_float16" else None
     results = []
     for k in (1, 4):
-        model, opt, engine = engine_for(name, norm, precision, k, loss_scale=scale)
+        model, _, engine = engine_for(name, norm, precision, k, loss_scale=scale)
         for start in range(0, 64, 16):
-            assert bool(engine.update(tf.constant(X[start:start + 16]), tf.constant(Y[start:start + 16]))["applied"])
+            assert bool(
+                engine.update(tf.constant(X[start : start + 16]), tf.constant(Y[start : start + 16]))["applied"]
+            )
         results.append(np.concatenate([v.numpy().ravel() for v in model.variables]))
     a, b = results
     assert np.linalg.norm(a - b) / np.linalg.norm(a) < 1e-2
@@ -109,8 +126,9 @@ def test_k1_and_k4_agree_under_mixed_precision(name, norm, precision):
 def test_a_bfloat16_run_learns_as_float32_does(tmp_path, repo_root):
     accuracy = {}
     for precision in ("float32", "mixed_bfloat16"):
-        summary = train(load_config(repo_root / "configs" / "smoke.yaml", [f"precision={precision}"]),
-                        tmp_path / precision)
+        summary = train(
+            load_config(repo_root / "configs" / "smoke.yaml", [f"precision={precision}"]), tmp_path / precision
+        )
         assert summary["precision"] == precision and summary["loss_scale"] is None
         accuracy[precision] = summary["test_accuracy"]
     assert accuracy["float32"] > 0.6  # chance is 0.1
@@ -118,8 +136,9 @@ def test_a_bfloat16_run_learns_as_float32_does(tmp_path, repo_root):
 
 
 def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, repo_root):
-    cfg = load_config(repo_root / "configs" / "smoke.yaml",
-                      ["precision=mixed_float16", "loss_scale.initial=4294967296"])
+    cfg = load_config(
+        repo_root / "configs" / "smoke.yaml", ["precision=mixed_float16", "loss_scale.initial=4294967296"]
+    )
     summary = train(cfg, tmp_path / "run")
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if "loss" in r]
@@ -137,11 +156,17 @@ def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, rep
     assert evaluated["test_accuracy"] == summary["test_accuracy"]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["loss_scale.initial=1024"], "--set: loss_scale is only for precision=mixed_float16 (precision=float32 needs "
-                                  "no loss scaling): remove it or set the precision"),
-    (["precision=fp16"], "--set: precision='fp16' is not one of float32, mixed_bfloat16, mixed_float16"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["loss_scale.initial=1024"],
+            "--set: loss_scale is only for precision=mixed_float16 (precision=float32 needs "
+            "no loss scaling): remove it or set the precision",
+        ),
+        (["precision=fp16"], "--set: precision='fp16' is not one of float32, mixed_bfloat16, mixed_float16"),
+    ],
+)
 def test_bad_precision_settings(tmp_path, repo_root, overrides, message):
     args = ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(tmp_path / "run")]
     for item in overrides:
