@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import math
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -455,7 +456,7 @@ def _came_from_set(dotted: str, overridden: set) -> bool:
 
 def _check_value(tp, meta, value, key, where, overridden):
     optional = False
-    if typing.get_origin(tp) is Union:
+    if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[int] or int | None
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         optional = type(None) in typing.get_args(tp)
         if meta.get("choices") == "auto":  # an integer, or the word auto
