@@ -63,7 +63,7 @@ def _keras_bytes(model) -> bytes:
 
 def to_keras(model, input_shape):
     """The plain Keras model computing what ``model.forward(x, training=False)`` computes."""
-    from .models import KerasModel
+    from .models.containers import KerasModel
 
     if isinstance(model, KerasModel):
         return _keras_file_model(model)
@@ -74,7 +74,7 @@ def _keras_file_model(model):
     """The trained network with keras.layers.BatchNormalization (and a peeled softmax) back."""
     import keras
 
-    from .models import KerasAccumBatchNorm
+    from .models.norm import KerasAccumBatchNorm
 
     originals = {id(trained): original for trained, original in model.peeled}
     replaced = []
@@ -106,7 +106,7 @@ def _activation(fn, name):
 
     if fn is None:
         return []
-    from .models import leaky_relu
+    from .models.builtin import leaky_relu
 
     leaky = lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")  # noqa: E731
     layers = {
@@ -124,7 +124,7 @@ def _converters():
     import keras
     from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d
 
-    from .models import AccumBatchNorm, GroupNorm
+    from .models.norm import AccumBatchNorm, GroupNorm
 
     def present(*variables):
         return [v for v in variables if v is not None]

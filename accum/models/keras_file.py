@@ -1,0 +1,188 @@
+"""Your own Keras 3 model from a .keras file (``model.name: keras_file``).
+
+The file is loaded with ``safe_mode=True`` (no Python code from the file runs)
+and checked against the dataset's input shape and class count. Its
+``BatchNormalization`` layers are swapped for ``KerasAccumBatchNorm``, a
+subclass with the same weights that pools its statistics over the
+micro-batches of an update; export swaps them back (accum/export.py).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import keras
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from .containers import KerasModel
+from .norm import KerasAccumBatchNorm
+
+
+def _file_error(path: str, problem: str) -> ConfigError:
+    return ConfigError(f"model.path={path} {problem}")
+
+
+def _custom_code(node) -> list:
+    """What a .keras config.json names from outside Keras: custom classes and Python functions."""
+    found = []
+    if isinstance(node, dict):
+        module = node.get("module")
+        if "class_name" in node and isinstance(module, str) and module.split(".")[0] != "keras":
+            found.append(
+                f"the Python function {node.get('config')!r}"
+                if node["class_name"] == "function"
+                else f"the custom class {node.get('registered_name') or node['class_name']!r}"
+            )
+        for value in node.values():
+            found += _custom_code(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _custom_code(value)
+    return found
+
+
+def load_keras_file(path: str) -> keras.Model:
+    """keras.models.load_model(path, safe_mode=True, compile=False); every failure as one line."""
+    save_hint = "save your model with model.save('my_model.keras') and give that file"
+    file = Path(path)
+    if not file.exists():
+        raise _file_error(path, f"does not exist: {save_hint}")
+    if file.is_dir():
+        raise _file_error(path, f"is a directory: {save_hint}")
+    try:
+        with zipfile.ZipFile(file) as archive:
+            config = json.loads(archive.read("config.json"))
+    except zipfile.BadZipFile:
+        raise _file_error(
+            path, f"is not a .keras archive (truncated, corrupt or another format): {save_hint}"
+        ) from None
+    except KeyError:
+        raise _file_error(path, f"is a zip archive without config.json, not a Keras model: {save_hint}") from None
+    except (OSError, ValueError) as err:  # unreadable, a damaged member, JSON that does not parse
+        raise _file_error(path, f"cannot be read ({str(err).splitlines()[0]}): {save_hint}") from None
+    custom = _custom_code(config)
+    if custom:  # refused before Keras sees it: loading would need that code
+        raise _file_error(
+            path,
+            f"uses {custom[0]}, which is not part of Keras: accum-train loads only built-in "
+            f"Keras layers and functions (no custom code); rebuild the model from them",
+        )
+    try:
+        model = keras.models.load_model(file, safe_mode=True, compile=False)
+    except Exception as err:
+        text = str(err)
+        if "arbitrary code execution" in text or "safe_mode" in text:
+            raise _file_error(
+                path,
+                "holds Python code (a Lambda layer or a lambda), which loading with "
+                "safe_mode=True refuses: rebuild the model from built-in Keras layers",
+            ) from None
+        raise _file_error(
+            path,
+            f"could not be loaded by keras.models.load_model ({type(err).__name__}: "
+            f"{text.splitlines()[0][:160] if text else 'no message'}): {save_hint}",
+        ) from None
+    if not isinstance(model, keras.Model):
+        raise _file_error(path, f"holds a {type(model).__name__}, not a model: {save_hint}")
+    return model
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
+def _check_interface(model: keras.Model, path: str, input_shape, num_classes: int) -> None:
+    """One image input of the dataset's shape, one output of num_classes values per example."""
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise _file_error(
+            path,
+            f"has {len(model.inputs)} inputs and {len(model.outputs)} outputs: accum-train "
+            f"feeds one image tensor and reads one output of class scores",
+        )
+    given = tuple(model.inputs[0].shape[1:])
+    if len(given) != len(input_shape) or any(g is not None and g != d for g, d in zip(given, input_shape)):
+        raise _file_error(
+            path,
+            f"takes inputs of shape {_shape_text(given)} but the dataset's images are "
+            f"{_shape_text(input_shape)} (height, width, channels): build the model on "
+            f"keras.Input(shape={_shape_text(input_shape)})",
+        )
+    out = tuple(model.outputs[0].shape[1:])
+    if out != (num_classes,):
+        raise _file_error(
+            path,
+            f"outputs shape {_shape_text(out)} per example but the dataset has {num_classes} "
+            f"classes: end the model in a Dense({num_classes}) layer",
+        )
+
+
+def _output_layer(model: keras.Model):
+    """The innermost layer that computes the model's output."""
+    layer = model.outputs[0]._keras_history.operation
+    return _output_layer(layer) if isinstance(layer, keras.Model) else layer
+
+
+def _is_softmax(layer) -> bool:
+    return isinstance(layer, keras.layers.Softmax) or getattr(layer, "activation", None) is keras.activations.softmax
+
+
+def _without_softmax(layer):
+    """The same layer computing the logits under its softmax (weights copied after the clone)."""
+    if isinstance(layer, (keras.layers.Softmax, keras.layers.Activation)):
+        return keras.layers.Identity(name=layer.name)
+    return type(layer).from_config({**layer.get_config(), "activation": "linear"})
+
+
+def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
+    """The model in model.path, checked, its BatchNormalization layers made accumulating."""
+    loaded = load_keras_file(cfg.path)
+    _check_interface(loaded, cfg.path, input_shape, num_classes)
+    last = _output_layer(loaded)
+    if not cfg.from_logits and not _is_softmax(last):
+        raise _file_error(
+            cfg.path,
+            f"ends in {type(last).__name__} {last.name!r}, not a softmax, but "
+            f"model.from_logits=false says it outputs probabilities: remove "
+            f"model.from_logits if it outputs logits, or end it in activation='softmax'",
+        )
+    for layer in leaves(loaded):
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm:
+            raise _file_error(
+                cfg.path,
+                f"has BatchNormalization {layer.name!r} with renorm=True, whose "
+                f"corrections cannot be pooled over micro-batches: use renorm=False",
+            )
+
+    replaced, peeled = [], []
+
+    def swap(layer):
+        if layer is last and not cfg.from_logits:
+            new = _without_softmax(layer)
+            peeled.append((new, layer))
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            new = KerasAccumBatchNorm.from_config(layer.get_config())
+        else:
+            return layer  # reused as it is: its weights stay the file's
+        replaced.append((layer, new))
+        return new
+
+    network = keras.models.clone_model(loaded, clone_function=swap, recursive=True)
+    for old, new in replaced:  # clone_model builds the new layers; the weights are the file's
+        new.set_weights(old.get_weights())
+    norm_layers = [layer for layer in leaves(network) if isinstance(layer, KerasAccumBatchNorm)]
+
+    def forward(images, training: bool):
+        return network(images, training=training)
+
+    return KerasModel(network=network, forward=forward, norm_layers=norm_layers, peeled=peeled)
+
+
+def leaves(model: keras.Model) -> list:
+    """Every layer of a model, nested Functional and Sequential models opened."""
+    layers = []
+    for layer in model.layers:
+        layers += leaves(layer) if isinstance(layer, keras.Model) else [layer]
+    return layers

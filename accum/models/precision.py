@@ -1,0 +1,67 @@
+"""Mixed precision for a built model: 16-bit compute, float32 weights and logits.
+
+Keras' mixed policies go on a keras_file model's layers; the TensorLayer
+built-ins get their forward passes wrapped to cast inputs and weights for the
+call. Weights, their gradients, BatchNorm statistics and everything the
+engine keeps stay float32.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from .containers import KerasModel, Model
+from .keras_file import leaves
+from .norm import AccumBatchNorm, GroupNorm
+
+
+def _compute_dtype(precision: str):
+    return {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}[precision]
+
+
+def _cast_weights_forward(layer, dtype):
+    """layer.forward in ``dtype``: its input and its float32 weights cast for the call (their gradients come
+    back float32 through the cast). TL keeps the weights as attributes (self.W, self.b) apart from its
+    weight lists, so swapping the attributes for the length of one call changes nothing else."""
+    original = layer.forward
+    names = [k for k, v in vars(layer).items() if isinstance(v, tf.Variable) and v.dtype == tf.float32]
+
+    def forward(inputs, *args, **kwargs):
+        saved = {k: layer.__dict__[k] for k in names}
+        try:
+            for k, v in saved.items():
+                layer.__dict__[k] = tf.cast(v, dtype)
+            return original(tf.cast(inputs, dtype) if inputs.dtype.is_floating else inputs, *args, **kwargs)
+        finally:
+            layer.__dict__.update(saved)
+
+    return forward
+
+
+def _float32_forward(layer, dtype):
+    """layer.forward in float32 (GroupNorm: no fused op), its output back in ``dtype``."""
+    original = layer.forward
+    return lambda inputs, *args, **kwargs: tf.cast(original(tf.cast(inputs, tf.float32), *args, **kwargs), dtype)
+
+
+def set_precision(model: Model, precision: str) -> Model:
+    """Compute in bfloat16/float16 with float32 variables (a Keras mixed policy); logits come out float32.
+
+    Weights, their gradients, BatchNorm statistics and everything the engine keeps stay float32."""
+    if precision == "float32":
+        return model
+    dtype = _compute_dtype(precision)
+    if isinstance(model, KerasModel):
+        for layer in leaves(model.network):
+            if not isinstance(layer, keras.layers.InputLayer):
+                layer.dtype_policy = keras.DTypePolicy(precision)  # a global policy does nothing to a file's layers
+    else:
+        for layer in model.network.all_layers:
+            if not isinstance(layer, AccumBatchNorm):  # the fused op takes 16-bit activations as they come
+                layer.forward = (_float32_forward if isinstance(layer, GroupNorm) else _cast_weights_forward)(
+                    layer, dtype
+                )
+    forward = model.forward
+    model.forward = lambda images, training: tf.cast(forward(images, training), tf.float32)
+    return model
