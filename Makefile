@@ -31,8 +31,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/pip install -q -e ".[cpu,test]"
 	touch $@
 
+# One process per core, each test file whole in one of them (its module fixtures are built once).
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # ruff: the linter and the formatter's check, rules in pyproject.toml; zero findings (CI runs it).
 lint: $(VENV)/.installed

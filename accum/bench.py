@@ -21,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .child import run_child
 from .config import Config, load_config
 from .errors import WorkerFailed
 from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_result
@@ -108,17 +108,12 @@ def bench(
 def _measure_in_child(cfg: Config, steps: int, out_dir: Path) -> dict:
     config_path = out_dir / f"config-k{cfg.subdivisions}.yaml"
     atomic_write(config_path, cfg.to_yaml().encode())
-    child = subprocess.run(
-        [sys.executable, "-m", "accum_train.bench", str(config_path), str(cfg.subdivisions), str(steps)],
-        capture_output=True,
-        text=True,
-    )
+    child = run_child([sys.executable, "-m", "accum_train.bench", str(config_path), str(cfg.subdivisions), str(steps)])
     config_path.unlink()
-    if child.returncode != 0:
-        tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
+    if child.code != 0:
         raise WorkerFailed(
             f"bench worker for subdivisions={cfg.subdivisions} ({cfg.precision}) failed with "
-            f"exit code {child.returncode}: {tail}"
+            f"exit code {child.code}: {child.error}"
         )
     row = json.loads(child.stdout.strip().splitlines()[-1])
     row["precision"] = cfg.precision

@@ -13,18 +13,17 @@ reported, not fatal: that is the case subdivisions exist for.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from .child import error_message, run_child
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
-from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_result
+from .rundir import atomic_write, check_output_dir, pyplot, read_metrics, save_figure, write_result
 from .train import Progress
 
-OUT_OF_MEMORY_EXIT = 3
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 
 
@@ -37,7 +36,7 @@ def gradient_check(cfg: Config, data) -> dict:
     import tensorflow as tf
 
     from .data import first_batch
-    from .engine import AccumulatingUpdate
+    from .engine import AccumulatingUpdate, sparse_softmax_loss
     from .models import build_model
 
     model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
@@ -47,13 +46,11 @@ def gradient_check(cfg: Config, data) -> dict:
     k = min(cfg.subdivisions, cfg.batch_size)
 
     def check(training: bool) -> dict:
-        def losses(xb, yb):
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=model.forward(xb, training))
-
+        losses = sparse_softmax_loss(model.forward, training)
         with tf.GradientTape() as tape:
             full_loss = tf.reduce_mean(losses(x, y))
         full = tape.gradient(full_loss, variables)
-        engine = AccumulatingUpdate(losses, variables, None, k, norm_layers=model.norm_layers)
+        engine = AccumulatingUpdate(losses, variables, None, subdivisions=k, norm_layers=model.norm_layers)
         engine.accumulate_batch(x, y)
         accumulated = engine.cache.gradients()
         engine.reset()  # nothing is applied, no statistic moves
@@ -79,8 +76,7 @@ def gradient_check(cfg: Config, data) -> dict:
 
 
 def _curves(run_dir: Path) -> dict:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    epochs = [r for r in records if "test_accuracy" in r]
+    epochs = [r for r in read_metrics(run_dir / "metrics.jsonl") if "test_accuracy" in r]
     return {
         key: [r[key] for r in epochs] for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "examples_per_s")
     }
@@ -102,19 +98,13 @@ def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progres
         "--quiet",
     ]
     progress.message(f"== {label} ==")
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in child.stdout:
-        progress.message(f"  {line.rstrip()}")
-    stderr = child.stderr.read()
-    code = child.wait()
-    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    if code == OUT_OF_MEMORY_EXIT:
-        message = errors[-1][len("error: ") :] if errors else "out of memory"
+    child = run_child(command, on_line=lambda line: progress.message(f"  {line.rstrip()}"))
+    if child.code == OutOfMemory.exit_code:
+        message = error_message(child.error)  # "out of memory: ...": the reason, as the side printed it
         progress.message(f"  {label} could not run: {message}")
         return {"status": "out_of_memory", "message": message, "run_dir": str(run_dir)}
-    if code != 0:
-        tail = errors[-1] if errors else (stderr.strip().splitlines() or ["no message"])[-1]
-        raise WorkerFailed(f"the {label} run failed with exit code {code}: {tail}")
+    if child.code != 0:
+        raise WorkerFailed(f"the {label} run failed with exit code {child.code}: {child.error}")
     summary = json.loads((run_dir / "summary.json").read_text())
     curves = _curves(run_dir)
     summary["examples_per_s"] = float(np.mean(curves["examples_per_s"])) if curves["examples_per_s"] else None

@@ -53,10 +53,9 @@ def first_batch(data, seed: int, batch_size: int):
     return data.train.take(epoch_order(seed, 0, len(data.train))[:batch_size])
 
 
-def examples_seen(step: int, steps_per_epoch: int, n_train: int, batch_size: int) -> int:
-    """Training examples consumed by the first ``step`` updates."""
-    epochs, rest = divmod(step, steps_per_epoch)
-    return epochs * n_train + min(rest * batch_size, n_train)
+def updates_per_epoch(examples: int, batch_size: int) -> int:
+    """Updates in an epoch of ``examples``: its full batches and, if any examples are left, one short batch."""
+    return math.ceil(examples / batch_size)
 
 
 def describe_split(batch_size: int, k: int, replicas: int | None = None) -> str:

@@ -134,6 +134,7 @@ class Update:
         self,
         variables: Sequence[tf.Variable],
         optimizer,
+        *,
         clip_norm: float | None = None,
         norm_layers=(),
         strategy: tf.distribute.Strategy | None = None,
@@ -198,9 +199,12 @@ class Update:
             tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
             for g, v in zip(gradients, self.variables)
         ]
-        stats = [s for layer in self.norm_layers for s in layer.pending.values()]
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + stats + [loss, tf.cast(retry, tf.float32)])
-        grads, stats, (loss, retried) = reduced[: len(grads)], reduced[len(grads) : -2], reduced[-2:]
+        stats = [layer.pending.values() for layer in self.norm_layers]  # [count, sum, sum of squares] each
+        reduced = ctx.all_reduce(
+            tf.distribute.ReduceOp.SUM,
+            {"grads": grads, "stats": stats, "loss": loss, "retry": tf.cast(retry, tf.float32)},
+        )  # one collective: all_reduce batches the whole structure
+        grads, stats, loss, retried = (reduced[key] for key in ("grads", "stats", "loss", "retry"))
         scale = self.loss_scale.read_value()
         if self.dynamic:
             grads = [g * (1.0 / scale) for g in grads]  # unscaled once, for the whole update
@@ -242,8 +246,8 @@ class Update:
                 )
 
             strategy.extended.call_for_each_replica(apply_local, args=grads)
-            for i, layer in enumerate(self.norm_layers):
-                layer.fold(_first(strategy, list(stats[3 * i : 3 * i + 3])))
+            for layer, sums in zip(self.norm_layers, stats):
+                layer.fold(_first(strategy, sums))
             self.bad_updates_in_a_row.assign(0)
             if self.dynamic:  # grow after growth_updates applied updates in a row: counted in updates
                 grow = self.good_updates + 1 >= self.growth_updates
@@ -282,7 +286,8 @@ class AccumulatingUpdate(Update):
     ``accumulate_batch`` and ``finish`` take this process's examples of the
     global batch (all of them, except under multi-worker: the shares of its
     replicas, in replica order, see ``data.worker_order``) and ``n``, the
-    global batch size.
+    global batch size. ``shared`` are Update's keyword arguments (clip_norm,
+    norm_layers, strategy, loss_scale, growth_updates).
     """
 
     def __init__(
@@ -290,16 +295,13 @@ class AccumulatingUpdate(Update):
         loss_fn: Callable,
         variables: Sequence[tf.Variable],
         optimizer,
+        *,
         subdivisions: int,
-        clip_norm: float | None = None,
-        norm_layers=(),
         input_signature=None,
-        strategy: tf.distribute.Strategy | None = None,
-        loss_scale: float | None = None,
-        growth_updates: int = 2000,
         parallel: int = 1,
+        **shared,
     ):
-        super().__init__(variables, optimizer, clip_norm, norm_layers, strategy, loss_scale, growth_updates)
+        super().__init__(variables, optimizer, **shared)
         self.loss_fn = loss_fn
         # Micro-steps in flight at once: 1 adds each micro-batch to the cache variables as it is done
         # (the least memory); more carries the sums as tensors (one more gradient-sized buffer, and up
@@ -340,10 +342,6 @@ class AccumulatingUpdate(Update):
     def accumulate(self, x, y, batch_examples):
         """One micro-batch (the same on every replica) into the cache; its share of the batch's mean loss."""
         return _first(self.strategy, self._accumulate(x, y, _size(y, batch_examples)))
-
-    def apply(self):
-        """Reduce and apply what the cache holds (as ``finish``); the global norm of the applied gradient."""
-        return self.finish()["grad_norm"]
 
     def reset(self):
         """Forget a half-done update: the cache and the pooled BatchNorm statistics (on every replica,
@@ -448,22 +446,16 @@ class AccumulatingUpdate(Update):
 
 
 class PlainUpdate(Update):
-    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``), one device."""
+    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``), one device.
+
+    ``shared`` are Update's keyword arguments but ``strategy``."""
 
     def __init__(
-        self,
-        loss_fn: Callable,
-        variables: Sequence[tf.Variable],
-        optimizer,
-        clip_norm: float | None = None,
-        norm_layers=(),
-        input_signature=None,
-        loss_scale: float | None = None,
-        growth_updates: int = 2000,
+        self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer, *, input_signature=None, **shared
     ):
-        super().__init__(
-            variables, optimizer, clip_norm, norm_layers, loss_scale=loss_scale, growth_updates=growth_updates
-        )
+        if "strategy" in shared:
+            raise TypeError("PlainUpdate runs on one device: it takes no strategy")
+        super().__init__(variables, optimizer, **shared)
         self.loss_fn = loss_fn
         self._update = _function(self._update_batch, input_signature)
 
@@ -477,11 +469,15 @@ class PlainUpdate(Update):
         return self._conclude(loss, tape.gradient(scaled, self.variables), False)
 
 
-def sparse_softmax_loss(forward: Callable) -> Callable:
-    """Per-example cross-entropy of integer labels against logits in training mode."""
+def cross_entropy(labels, logits):
+    """Per-example cross-entropy of integer labels against logits: what every update and evaluation uses."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
+
+
+def sparse_softmax_loss(forward: Callable, training: bool = True) -> Callable:
+    """``loss_fn(x, y)``: the per-example cross-entropy of ``forward``'s logits (in training mode by default)."""
 
     def loss_fn(x, y):
-        logits = forward(x, True)
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=logits)
+        return cross_entropy(y, forward(x, training))
 
     return loss_fn

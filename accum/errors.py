@@ -1,14 +1,18 @@
 """The exceptions a run ends with, each with its exit code.
 
-Every one carries a one-line message. The CLI maps them to exit codes in one
-place: UserError 2 (bad input: names what is wrong and how to fix it),
-OutOfMemory 3, TrainingStopped (and WorkerFailed) 1, Interrupted 128 + the
-signal's number. Any other exception is a bug and keeps its traceback.
+Every one carries a one-line message and its ``exit_code``, the one place
+the codes are set: UserError 2 (bad input: names what is wrong and how to fix
+it), OutOfMemory 3, TrainingStopped (and WorkerFailed) 1, Interrupted 128 +
+the signal's number. The CLI (``cli/common.exit_codes``) turns them into
+that code and one line; ``compare`` reads a child's code the same way. Any
+other exception is a bug and keeps its traceback.
 """
 
 
 class UserError(Exception):
     """Bad input: a config, a data file, a path. Exit code 2, no traceback."""
+
+    exit_code = 2
 
 
 class ConfigError(UserError):
@@ -23,6 +27,10 @@ class RunDirError(UserError):
     """An output or resume directory cannot be used."""
 
 
+# How an OutOfMemory ends a process's stderr (cli/common.py writes it; the launcher reads a worker's).
+OUT_OF_MEMORY_LINE = "error: out of memory: "
+
+
 class OutOfMemory(Exception):
     """A run needed more memory than it has (or than memory_limit allows).
 
@@ -31,12 +39,16 @@ class OutOfMemory(Exception):
     apart from bad input.
     """
 
+    exit_code = 3
+
 
 class TrainingStopped(Exception):
     """Training cannot usefully go on (e.g. the loss keeps being non-finite).
 
     The last good state has been checkpointed; the CLI prints one line, exit 1.
     """
+
+    exit_code = 1
 
 
 class WorkerFailed(TrainingStopped):
@@ -53,3 +65,4 @@ class Interrupted(Exception):
     def __init__(self, signum: int, run_dir, step: int, forced: bool = False):
         super().__init__(signum, run_dir, step, forced)
         self.signum, self.run_dir, self.step, self.forced = signum, run_dir, step, forced
+        self.exit_code = 128 + signum

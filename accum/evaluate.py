@@ -22,6 +22,7 @@ import numpy as np
 from .config import load_config
 from .errors import ConfigError, DataError, RunDirError
 from .rundir import check_output_dir, pyplot, save_figure, write_result
+from .text import shape_text
 
 # Keys `evaluate --set` may change: which test data is read. The rest (model,
 # optimizer, batch, ...) describes the trained run and is not the caller's to change.
@@ -49,8 +50,8 @@ def check_compatible(data, info: dict, run_dir: Path) -> None:
     shape, run_shape = tuple(data.input_shape), tuple(info["input_shape"])
     if shape != run_shape:
         raise DataError(
-            f"the data has inputs of {_shape_text(shape)}, but the model of {run_dir} takes "
-            f"{_shape_text(run_shape)}: evaluate it on data like its training data"
+            f"the data has inputs of {shape_text(shape)}, but the model of {run_dir} takes "
+            f"{shape_text(run_shape)}: evaluate it on data like its training data"
         )
     names, run_names = list(data.class_names), list(info["class_names"])
     if names != run_names:
@@ -58,10 +59,6 @@ def check_compatible(data, info: dict, run_dir: Path) -> None:
             f"the data has classes {_names_text(names)}, but the model of {run_dir} was trained on "
             f"{_names_text(run_names)}: labels would mean different classes"
         )
-
-
-def _shape_text(shape) -> str:
-    return "x".join(str(d) for d in shape)
 
 
 def _names_text(names, shown: int = 4) -> str:

@@ -18,6 +18,7 @@ private network namespace, ``unshare -rn``).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -31,11 +32,23 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
-from .errors import DataError, UserError, WorkerFailed
+from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
 from .rundir import atomic_write, check_output_dir
 
-STARTED = "batch_size="  # the line the chief prints once every worker has joined and training begins
+# The supervisor names a file per worker in this variable; the worker creates it once training begins,
+# which for the chief means that every worker has joined.
+STARTED_FILE = "ACCUM_TRAIN_STARTED_FILE"
+# stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
+KEPT_ERROR_LINES = 200
+
+
+def announce_started() -> None:
+    """Tell a ``--workers`` supervisor that this process is training; nothing for a run of its own."""
+    path = os.environ.get(STARTED_FILE)
+    if path:
+        Path(path).touch()
 
 
 def free_ports(count: int) -> list[int]:
@@ -58,8 +71,8 @@ def worker_command(run_args: Sequence[str], index: int) -> list[str]:
 class _Worker:
     def __init__(self, index: int, command: list[str], env: dict, echo: Callable[[str], None]):
         self.index = index
-        self.started = False
-        self.last_error = ""
+        self.started_file = Path(env[STARTED_FILE])
+        self.errors = collections.deque(maxlen=KEPT_ERROR_LINES)
         self.process = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
@@ -70,23 +83,17 @@ class _Worker:
         for reader in self._readers:
             reader.start()
 
+    @property
+    def started(self) -> bool:
+        return self.started_file.exists()
+
     def _read(self, stream, echo):
         for line in stream:
-            if line.startswith(STARTED):
-                self.started = True
             if self.index == 0:
                 echo(line.rstrip("\n"))
 
     def _read_errors(self, stream):
-        for line in stream:
-            if line.startswith(("error: ", "stopped by ")):
-                self.last_error = line.strip()
-            elif (
-                line.strip()
-                and not line.startswith((" ", "I0000", "W0000", "WARNING", "To enable"))
-                and not self.last_error.startswith("error: ")
-            ):
-                self.last_error = line.strip()  # e.g. the last line of a traceback
+        self.errors.extend(stream)
 
     def stop(self, sig=signal.SIGKILL):
         if self.process.poll() is None:
@@ -100,7 +107,13 @@ class _Worker:
 
 
 def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None]) -> tuple:
-    """Run the workers to the end; (exit code, message or None)."""
+    """Run the workers to the end; (0, None), or the exit code of the run (OutOfMemory's if a worker ran out of
+    memory, else WorkerFailed's) and why it failed."""
+    with tempfile.TemporaryDirectory(prefix="accum-train-started-") as flags:
+        return _supervise(run_args, workers, timeout_s, echo, Path(flags))
+
+
+def _supervise(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None], flags: Path):
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     pool = []
@@ -110,22 +123,27 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
             **os.environ,
             "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
             "ACCUM_TRAIN_WORKER": str(index),
+            STARTED_FILE: str(flags / f"worker-{index}"),
         }
         pool.append(_Worker(index, command, env, echo))
     launched = time.monotonic()
-    failure = None
+    failure, exit_code = None, WorkerFailed.exit_code
     while failure is None:
         codes = [w.process.poll() for w in pool]
         if all(code == 0 for code in codes):
             break
         for worker, code in zip(pool, codes):
             if code not in (None, 0):
+                why = last_error(worker.errors, default="")
+                if code == OutOfMemory.exit_code and why.startswith(OUT_OF_MEMORY_LINE):
+                    # the device is too small, not the run broken: the supervisor ends as the worker did
+                    failure, exit_code = f"worker {worker.index}: {why[len(OUT_OF_MEMORY_LINE) :]}", code
+                    break
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                detail = f": {worker.last_error}" if worker.last_error else ""
-                failure = f"worker {worker.index} {how}{detail}"
+                failure = f"worker {worker.index} {how}" + (f": {why}" if why else "")
                 break
         else:
-            # The chief starts only once every worker has joined: its first line means all are up.
+            # The chief starts training only once every worker has joined.
             if not pool[0].started and time.monotonic() - launched > timeout_s:
                 failure = f"training did not start within {timeout_s:g} s: worker 0 was still waiting for its peers"
         time.sleep(0.1)
@@ -136,24 +154,18 @@ def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callab
         worker.finish()
     if failure is None:
         return 0, None
-    return 1, f"{failure}; stopped all {workers} workers (the last checkpoint stays readable)"
+    return exit_code, f"{failure}; stopped all {workers} workers (the last checkpoint stays readable)"
 
 
 def _check_data(config_path: Path) -> None:
     """Load and check the data in a child process (python -m accum_train.datasets): one line if bad."""
-    child = subprocess.run(
-        [sys.executable, "-m", "accum_train.datasets", str(config_path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    child = run_child(
+        [sys.executable, "-m", "accum_train.datasets", str(config_path)], env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     )
-    if child.returncode == 2 and child.stderr.startswith("error: "):
-        raise DataError(child.stderr.strip().splitlines()[-1][len("error: ") :])
-    if child.returncode != 0:
-        raise WorkerFailed(
-            f"the data check failed with exit code {child.returncode}: "
-            f"{(child.stderr.strip().splitlines() or ['no message'])[-1]}"
-        )
+    if child.code == DataError.exit_code and child.error.startswith("error: "):
+        raise DataError(error_message(child.error))
+    if child.code != 0:
+        raise WorkerFailed(f"the data check failed with exit code {child.code}: {child.error}")
 
 
 def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None]) -> dict:
@@ -171,6 +183,8 @@ def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo:
         _check_data(config_path)  # bad data is reported here, once, not by every worker
         args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
         code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
+    if code == OutOfMemory.exit_code:
+        raise OutOfMemory(message)
     if code:
         raise WorkerFailed(message)
     return json.loads((Path(run_dir) / "summary.json").read_text())

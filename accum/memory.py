@@ -4,9 +4,9 @@ a run within memory.
 ``peak_during`` is the one probe: it runs a piece of work on the first batch
 (``data.first_batch``) and reads the allocator peak over it. ``subdivisions:
 auto`` probes one micro-step per candidate k before training
-(``choose_subdivisions``), and ``update_within_memory`` probes the first
-update of a process before applying it; bench reads the same peak over its
-timed updates.
+(``choose_subdivisions``), and ``MemoryGuard`` probes the first update of a
+process before applying it, and adapts k during an auto run; bench reads the
+same peak over its timed updates.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from .errors import OutOfMemory
+from .text import first_line, mib_text
 
 
 def peak_rss_bytes() -> int:
@@ -60,10 +61,6 @@ def peak_during(work: Callable[[], tf.Tensor]):
     return result, allocator_peak_bytes()
 
 
-def _mib(peak: int | None) -> str:
-    return f"{peak / 2**20:.0f} MiB" if peak is not None else "out of memory"
-
-
 def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: Callable[[str], None]) -> int:
     """subdivisions=auto: the smallest k (1, 2, 4, ...) whose micro-step fits the limit.
 
@@ -83,14 +80,14 @@ def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: 
             peak, fits = None, False
         engine.reset()
         say(
-            f"subdivisions=auto: micro-batch of {micro} -> {_mib(peak)} "
+            f"subdivisions=auto: micro-batch of {micro} -> {mib_text(peak, 'out of memory')} "
             f"(memory_limit={memory_limit}){'' if fits else ', too much'}"
         )
         if fits:
             break
         if k >= share:
             raise OutOfMemory(
-                f"even one example per micro-batch needs {_mib(peak)} of TensorFlow memory, "
+                f"even one example per micro-batch needs {mib_text(peak, 'out of memory')} of TensorFlow memory, "
                 f"over memory_limit={memory_limit}: raise memory_limit or use a smaller model"
             )
         k = min(2 * k, share)
@@ -100,63 +97,95 @@ def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: 
     return agreed
 
 
-def update_within_memory(engine, x, y, n: int, step: int, cfg, check_peak: bool, say: Callable[[str], None]):
-    """One update (``step`` is its 0-based index) of a global batch of ``n``, within memory.
+class MemoryGuard:
+    """What ``memory_limit`` and ``subdivisions: auto`` add to an update; other updates skip it.
 
-    With ``check_peak`` (the first update of a process under memory_limit)
-    the batch is accumulated, its allocator peak read, and only then applied.
-    Too much memory (that peak over memory_limit, or a ResourceExhaustedError)
-    with a fixed k is fatal (OutOfMemory). With subdivisions=auto it doubles k
-    and retries the same batch from a cleared cache: nothing of the batch was
-    applied, so none of it is lost or applied twice.
+    The first update of a process under memory_limit is accumulated, its
+    allocator peak read, and only then applied (the baseline, which computes
+    and applies in one call, is stopped after it). With subdivisions=auto every
+    update goes through ``update``: too much memory (that peak over
+    memory_limit, or a ResourceExhaustedError) doubles k and retries the same
+    batch from a cleared cache; nothing of the batch was applied, so none of it
+    is lost or applied twice. With a fixed k, too much memory ends the run
+    (OutOfMemory, exit 3; ``out_of_memory`` words it for an update the loop ran
+    itself).
 
-    Several workers must agree: with subdivisions=auto every update then
+    Several workers must agree: with subdivisions=auto each update then
     accumulates in one graph call and finishes in a second, whose one
     all-reduce carries each worker's "retry" flag, so that all workers drop the
     update and double k together when any one of them ran out of memory. With
     a fixed k a worker's out-of-memory ends the run (the launcher stops the
     others), as its peers wait in the update's all-reduce.
     """
-    # The baseline applies in the same call as it computes: over the limit it
-    # stops (a fixed k), so applying before the check loses nothing.
-    separable = hasattr(engine, "accumulate_batch")
-    several_workers = engine.replicas > len(engine.replica_ids)
-    agree = separable and several_workers and cfg.auto_subdivisions
-    while True:
-        k = int(engine.subdivisions.numpy()) if separable else 1
-        how = f"subdivisions={k}" if separable else "the whole batch in one pass"
+
+    def __init__(self, engine, cfg, say: Callable[[str], None]):
+        self.engine, self.say = engine, say
+        self.limit, self.limit_text, self.batch_size = cfg.memory_limit_bytes, cfg.memory_limit, cfg.batch_size
+        self.accumulating = hasattr(engine, "accumulate_batch")  # the baseline has no cache to look into
+        self.adapts = cfg.auto_subdivisions and self.accumulating
+        self.agree = self.adapts and engine.replicas > len(engine.replica_ids)
+        self.check_peak = self.limit is not None  # until the first update of this process is done
+
+    @property
+    def needed(self) -> bool:
+        """Whether the next update goes through ``update`` rather than straight to the engine."""
+        return self.check_peak or self.adapts
+
+    @property
+    def subdivisions(self) -> int:
+        return int(self.engine.subdivisions.numpy()) if self.accumulating else 1
+
+    def _how(self, k: int) -> str:
+        return f"subdivisions={k}" if self.accumulating else "the whole batch in one pass"
+
+    def update(self, x, y, n: int, step: int):
+        """Update ``step`` (0-based) from a global batch of ``n``, within memory; the engine's record."""
+        while True:
+            k = self.subdivisions
+            out, problem, detail = self._attempt(x, y, n, k)
+            if problem is None:
+                self.check_peak = False
+                return out
+            self.engine.reset()
+            if not self.adapts or k >= self.batch_size:
+                fix = "raise memory_limit or use more subdivisions" if not detail else _MORE_SUBDIVISIONS
+                if k >= self.batch_size:
+                    fix = "even one example per micro-batch does not fit: use a smaller model"
+                raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}")
+            self.engine.set_subdivisions(min(2 * k, self.batch_size))
+            self.say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}")
+
+    def _attempt(self, x, y, n: int, k: int):
+        """One try at the update: (the engine's record, None, '') or (None, what was too much, the error's words)."""
+        # Accumulate, look at the peak (or hear from the other workers), only then apply or drop.
+        separate = self.accumulating and (self.check_peak or self.agree)
         problem = detail = ""
-        fix = "raise memory_limit or use more subdivisions"
         try:
-            if not (check_peak or agree):
-                return engine.update(x, y, n)
-            if not separable:
-                out, peak = peak_during(lambda: engine.update(x, y, n))
+            if separate:
+                _, peak = peak_during(lambda: self.engine.accumulate_batch(x, y, n))
+            elif self.check_peak:
+                out, peak = peak_during(lambda: self.engine.update(x, y, n))
             else:
-                _, peak = peak_during(lambda: engine.accumulate_batch(x, y, n))
-            if check_peak and peak is not None and peak > cfg.memory_limit_bytes:
+                return self.engine.update(x, y, n), None, ""  # auto on one process: only an error can say
+            if self.check_peak and peak is not None and peak > self.limit:
                 problem = (
-                    f"peaked at {peak / 2**20:.0f} MiB of TensorFlow memory with {how}, "
-                    f"over memory_limit={cfg.memory_limit}"
+                    f"peaked at {mib_text(peak)} of TensorFlow memory with {self._how(k)}, "
+                    f"over memory_limit={self.limit_text}"
                 )
         except tf.errors.ResourceExhaustedError as err:
-            problem = f"ran out of memory with {how}"
-            detail = f" ({(err.message or 'ResourceExhaustedError').splitlines()[0]})"
-            fix = "use more subdivisions or subdivisions: auto"
-            if several_workers and not (check_peak or agree):
-                raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}") from None
-        if separable:
-            out = engine.finish(retry=bool(problem))  # under a strategy: the workers agree here
-            if not bool(out["retry"]):
-                return out
-            problem = problem or f"ran out of memory or over memory_limit on another worker with {how}"
-        elif not problem:
-            return out
-        engine.reset()
-        if k >= cfg.batch_size:
-            fix = "even one example per micro-batch does not fit: use a smaller model"
-        if not (cfg.auto_subdivisions and separable) or k >= cfg.batch_size:
-            raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}")
-        new_k = min(2 * k, cfg.batch_size)
-        engine.set_subdivisions(new_k)
-        say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={new_k}")
+            problem, detail = f"ran out of memory with {self._how(k)}", f" ({first_line(err)})"
+        if separate:
+            out = self.engine.finish(retry=bool(problem))  # under a strategy: the workers agree here
+            if bool(out["retry"]) and not problem:
+                problem = f"ran out of memory or over memory_limit on another worker with {self._how(k)}"
+        return (None, problem, detail) if problem else (out, None, "")
+
+    def out_of_memory(self, step: int, err: tf.errors.ResourceExhaustedError) -> OutOfMemory:
+        """The end of a run whose update ``step`` (0-based), run by the loop itself, ran out of memory."""
+        return OutOfMemory(
+            f"update {step + 1} ran out of memory with {self._how(self.subdivisions)} ({first_line(err)}): "
+            f"{_MORE_SUBDIVISIONS}"
+        )
+
+
+_MORE_SUBDIVISIONS = "use more subdivisions or subdivisions: auto"

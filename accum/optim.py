@@ -38,23 +38,27 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps}
 
 
+# schedule.name -> what follows the warm-up: the decay from the peak ``lr`` over ``length`` updates
+# (decay_steps, or the run after warm-up), or None for the constant peak.
+_DECAYS = {
+    "constant": None,
+    "cosine": lambda lr, cfg, length: keras.optimizers.schedules.CosineDecay(
+        lr, decay_steps=length, alpha=cfg.min_ratio
+    ),
+    "exponential": lambda lr, cfg, length: keras.optimizers.schedules.ExponentialDecay(
+        lr, decay_steps=length, decay_rate=cfg.decay_rate
+    ),
+}
+if tuple(_DECAYS) != SCHEDULE_NAMES:  # a registry out of step with the config is a bug
+    raise ImportError(f"schedule registry {tuple(_DECAYS)} != config.SCHEDULE_NAMES {SCHEDULE_NAMES}")
+
+
 def make_schedule(lr: float, cfg: ScheduleConfig, total_steps: int):
     """The learning rate as a function of the update count (or a constant)."""
-    decay_len = max(1, total_steps - cfg.warmup_steps)
-    if cfg.name == "constant":
-        after = lr
-    elif cfg.name == "cosine":
-        after = keras.optimizers.schedules.CosineDecay(
-            lr, decay_steps=cfg.decay_steps or decay_len, alpha=cfg.min_ratio
-        )
-    elif cfg.name == "exponential":
-        after = keras.optimizers.schedules.ExponentialDecay(
-            lr, decay_steps=cfg.decay_steps or decay_len, decay_rate=cfg.decay_rate
-        )
-    else:  # unreachable: the config module only lets registered names through
-        raise ValueError(f"unknown schedule {cfg.name!r}")
-    if cfg.warmup_steps == 0 and cfg.name == "constant":
+    decay = _DECAYS[cfg.name]
+    if decay is None and cfg.warmup_steps == 0:
         return lr
+    after = lr if decay is None else decay(lr, cfg, cfg.decay_steps or max(1, total_steps - cfg.warmup_steps))
     return WarmupSchedule(lr, cfg.warmup_steps, after)
 
 
@@ -65,9 +69,7 @@ _OPTIMIZERS = {
     "rmsprop": lambda lr, c: keras.optimizers.RMSprop(learning_rate=lr, rho=c.momentum),
 }
 if tuple(_OPTIMIZERS) != OPTIMIZER_NAMES:  # a registry out of step with the config is a bug
-    raise ImportError(f"optimizer registry {tuple(_OPTIMIZERS)} != config.OPTIMIZER_NAMES")
-if set(SCHEDULE_NAMES) != {"constant", "cosine", "exponential"}:
-    raise ImportError(f"schedule registry out of step with config.SCHEDULE_NAMES {SCHEDULE_NAMES}")
+    raise ImportError(f"optimizer registry {tuple(_OPTIMIZERS)} != config.OPTIMIZER_NAMES {OPTIMIZER_NAMES}")
 
 
 def make_optimizer(cfg: OptimizerConfig, schedule, variables) -> keras.optimizers.Optimizer:

@@ -13,10 +13,10 @@ the plan cannot drift from what a run does.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from .config import Config
+from .data import updates_per_epoch
 from .threads import parallel_micro_steps
 
 # The threshold: BatchNorm's statistics over fewer examples than this
@@ -44,8 +44,8 @@ def plan(cfg: Config, data=None, model=None) -> dict:
 
         data = load(cfg.data)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
-    updates_per_epoch = math.ceil(n_train / cfg.batch_size)
-    total_updates = updates_per_epoch * cfg.epochs
+    per_epoch = updates_per_epoch(n_train, cfg.batch_size)
+    total_updates = per_epoch * cfg.epochs
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
     if model is None:
         from .models import build_model
@@ -91,7 +91,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         "strategy": cfg.strategy.name,
         "full_batch": full_batch,
         "last_batch": last_batch,
-        "updates_per_epoch": updates_per_epoch,
+        "updates_per_epoch": per_epoch,
         "epochs": cfg.epochs,
         "total_updates": total_updates,
         "learning_rate": _learning_rates(cfg, total_updates),

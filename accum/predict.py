@@ -11,68 +11,34 @@ Probabilities are the softmax of the run's logits at its latest checkpoint.
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .errors import DataError
+from .text import shape_text
 
 NPZ_KEY = "x"
 BATCH_SIZE = 256
 
 
-def _shape_text(shape) -> str:
-    return "x".join(str(d) for d in shape)
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).splitlines() or [type(err).__name__])[0]
-
-
 def read_npz(path: Path, input_shape) -> np.ndarray:
-    """The images of an .npz's ``x`` as float32 [N,H,W,C], converted as training converts them."""
+    """The images of an .npz's ``x`` as float32 [N,H,W,C], checked and converted as training's are."""
     from .datasets.base import to_inputs
+    from .datasets.npz import check_images, open_npz, read_array
 
-    damaged = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
-    how = f"save the images with numpy.savez('{path.name}', {NPZ_KEY}=images)"
-    try:
-        archive = np.load(path, allow_pickle=False)  # never unpickle a file from outside
-    except ValueError:  # neither a zip nor an .npy: numpy would have to unpickle it
-        raise DataError(f"{path} is not an .npz archive: {how}") from None
-    except damaged as err:
-        raise DataError(f"{path} is not a readable .npz file ({_first_line(err)}): {how}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"{path} is a single .npy array, not an .npz archive: {how}")
-    with archive:
+    how = f"numpy.savez('{path.name}', {NPZ_KEY}=images)"
+    with open_npz(path, how) as archive:
         if NPZ_KEY not in archive.files:
             keys = ", ".join(archive.files) or "none"
-            raise DataError(f"{path} has no array '{NPZ_KEY}' (its arrays: {keys}): {how}")
-        try:
-            images = archive[NPZ_KEY]
-        except ValueError:  # only an object array needs pickle; refusing it is the point of allow_pickle=False
-            raise DataError(
-                f"{path}: '{NPZ_KEY}' is an object array, which would need unpickling (refused "
-                f"for safety): save a numeric array of images"
-            ) from None
-        except damaged as err:
-            raise DataError(f"{path} is not a readable .npz file ({_first_line(err)}): {how}") from None
-    if images.ndim not in (3, 4):
-        raise DataError(
-            f"{path}: '{NPZ_KEY}' has shape {_shape_text(images.shape)}; expected images [N,H,W] or [N,H,W,C]"
-        )
-    if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
-        raise DataError(f"{path}: '{NPZ_KEY}' has dtype {images.dtype}; expected uint8 (0..255) or float (0..1) images")
-    if len(images) == 0:
-        raise DataError(f"{path}: '{NPZ_KEY}' holds no images")
-    if images.dtype != np.uint8 and not np.isfinite(images).all():
-        raise DataError(f"{path}: '{NPZ_KEY}' holds NaN or infinite values")
+            raise DataError(f"{path} has no array '{NPZ_KEY}' (its arrays: {keys}): save the images with {how}")
+        images = read_array(archive, path, NPZ_KEY, how)
+    check_images(path, NPZ_KEY, images)
     shape = images.shape[1:] if images.ndim == 4 else (*images.shape[1:], 1)
     if tuple(shape) != tuple(input_shape):
         raise DataError(
-            f"{path}: '{NPZ_KEY}' holds images of {_shape_text(shape)}, but the model takes {_shape_text(input_shape)}"
+            f"{path}: '{NPZ_KEY}' holds images of {shape_text(shape)}, but the model takes {shape_text(input_shape)}"
         )
     x, _ = to_inputs(images, np.zeros(len(images), np.int32))
     return x.numpy()

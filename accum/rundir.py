@@ -182,6 +182,18 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
 # metrics.jsonl and TensorBoard
 
 
+# An epoch's record as TensorBoard scalars (epoch/KEY); the validation ones with data.validation.
+EPOCH_SCALARS = ("test_loss", "test_accuracy", "validation_loss", "validation_accuracy", "train_loss", "examples_per_s")
+# Keys metrics.jsonl had before 0.1.0 settled on one name per thing (summary.json's): read as today's.
+RENAMED_KEYS = {"val_loss": "validation_loss", "val_accuracy": "validation_accuracy"}
+
+
+def read_metrics(path: Path) -> list:
+    """The records of a metrics.jsonl, older key names read as today's."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [{RENAMED_KEYS.get(key, key): value for key, value in record.items()} for record in records]
+
+
 class MetricsLog:
     """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
 
@@ -219,8 +231,8 @@ class MetricsLog:
         with self.writer.as_default():
             for record in records:
                 if "test_accuracy" in record:
-                    for key in ("test_loss", "test_accuracy", "train_loss", "examples_per_s"):
-                        if record[key] is not None:
+                    for key in EPOCH_SCALARS:
+                        if record.get(key) is not None:
                             tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
                     continue
                 # a skipped update has no loss, and no rate was applied
@@ -256,7 +268,7 @@ class MetricsLog:
         return loss_sum, examples
 
     def read(self):
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.path)
 
     def epoch_losses(self, epoch: int) -> tuple:
         """(loss sum, examples) of the applied updates logged so far in ``epoch``."""

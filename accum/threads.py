@@ -79,8 +79,14 @@ def configure(cfg: Config) -> dict:
         setter = getattr(tf.config.threading, f"set_{pool}_op_parallelism_threads")
         with contextlib.suppress(RuntimeError):  # the runtime already started in this process: it keeps its pools
             setter(threads)
-    return {
-        "parallel_micro_steps": parallel,
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-    }
+    return {"parallel_micro_steps": parallel, **{f"{pool}_op_threads": _in_effect(pool) for pool in ENV}}
+
+
+def _in_effect(pool: str) -> int:
+    """The threads of a pool as the runtime has them: set in this process, else TF_NUM_*'s value (which the
+    runtime reads when nothing is set), else 0 (TensorFlow's default: as many as cores)."""
+    configured = getattr(tf.config.threading, f"get_{pool}_op_parallelism_threads")()
+    if configured:
+        return configured
+    value = os.environ.get(ENV[pool], "")
+    return int(value) if value.isdigit() else 0

@@ -26,9 +26,11 @@ import numpy as np
 import tensorflow as tf
 
 from .config import Config
-from .data import describe_split, epoch_order, examples_seen, first_batch, worker_batches, worker_part
+from .data import describe_split, epoch_order, first_batch, updates_per_epoch, worker_batches, worker_part
+from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
 from .errors import Interrupted, RunDirError, TrainingStopped
-from .memory import allocator_peak_bytes, choose_subdivisions, peak_rss_bytes, update_within_memory
+from .launcher import announce_started
+from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
 
 
@@ -50,15 +52,15 @@ class Run:
     def __init__(self, cfg: Config, data, run_dir: Path, strategy=None):
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        from .engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
         from .models import build_model
         from .optim import make_optimizer, make_schedule
         from .threads import parallel_micro_steps
 
-        self.cfg, self.run_dir, self.data = cfg, Path(run_dir), data
+        self.run_dir, self.data = Path(run_dir), data
         self.n_train = len(data.train)
-        self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
+        self.steps_per_epoch = updates_per_epoch(self.n_train, cfg.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
         schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
         with (strategy or tf.distribute.get_strategy()).scope():
@@ -72,29 +74,21 @@ class Run:
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
             growth_updates=cfg.loss_scale.growth_updates,
         )
+        shared = dict(
+            clip_norm=cfg.optimizer.clip_norm, norm_layers=self.model.norm_layers, input_signature=signature, **scaling
+        )
         if cfg.baseline:
-            self.engine = PlainUpdate(
-                loss_fn,
-                variables,
-                self.optimizer,
-                cfg.optimizer.clip_norm,
-                self.model.norm_layers,
-                signature,
-                **scaling,
-            )
+            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, **shared)
         else:
-            # subdivisions=auto starts at 1; choose_subdivisions measures before training.
             self.engine = AccumulatingUpdate(
                 loss_fn,
                 variables,
                 self.optimizer,
-                1 if cfg.auto_subdivisions else cfg.subdivisions,
-                cfg.optimizer.clip_norm,
-                self.model.norm_layers,
-                signature,
-                strategy,
+                # subdivisions=auto starts at 1; choose_subdivisions measures before training.
+                subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions,
+                strategy=strategy,
                 parallel=parallel_micro_steps(cfg),
-                **scaling,
+                **shared,
             )
         self.evaluate_batch = tf.function(self._evaluate_batch, input_signature=signature)
         from .augment import Augment
@@ -103,7 +97,6 @@ class Run:
 
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.saved_step = 0
-        self.memory_checked = cfg.memory_limit is None  # the first update of a process is checked
         tracked = {
             "weights": self.model.variables,
             "optimizer": self.optimizer,
@@ -129,10 +122,14 @@ class Run:
         # Evaluation holds no gradients: twice a training micro-batch fits where one did.
         return max(2 * math.ceil(self.cfg.batch_size / self.subdivisions), 100)
 
+    def examples_seen(self, step: int) -> int:
+        """Training examples consumed by the first ``step`` updates."""
+        epochs, rest = divmod(step, self.steps_per_epoch)
+        return epochs * self.n_train + min(rest * self.cfg.batch_size, self.n_train)
+
     def _evaluate_batch(self, x, y):
         logits = self.model.forward(x, False)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-        return tf.reduce_sum(losses), tf.argmax(logits, 1, output_type=tf.int32)
+        return tf.reduce_sum(cross_entropy(y, logits)), tf.argmax(logits, 1, output_type=tf.int32)
 
     def test_batches(self, split=None):
         """(loss sum, labels, predicted classes) of each batch of the test split (or ``split``): what
@@ -150,6 +147,14 @@ class Run:
             loss_sum += batch_loss
             correct += int(np.sum(labels == predicted))
         return loss_sum / len(split), correct / len(split)
+
+    def scores(self) -> dict:
+        """test_loss and test_accuracy, and validation_loss and validation_accuracy with data.validation."""
+        test_loss, test_accuracy = self.evaluate()
+        scores = {"test_loss": test_loss, "test_accuracy": test_accuracy}
+        if self.data.validation is not None:
+            scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
+        return scores
 
     def restore_latest(self, run_dir: Path) -> int:
         """Restore the latest checkpoint of run_dir (the chief's, for every worker)."""
@@ -228,10 +233,9 @@ def train(
         run_dir, progress = Path(scratch.name) / "run", Progress()
     elif not resume:
         check_output_dir(run_dir)
-    steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
-    cfg = cfg.resolved(steps_per_epoch * cfg.epochs)
     started, cpu_started = time.time(), time.process_time()
     run = Run(cfg, data, run_dir, strategy)  # before any write: a model file that does not fit leaves no trace
+    cfg = run.cfg
     run_dir.mkdir(parents=True, exist_ok=True)
     keep_model_file(run_dir, cfg.model)
     for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
@@ -239,22 +243,18 @@ def train(
             atomic_write(run_dir / name, text.encode())
     log = MetricsLog(run_dir)
     step = _start(run, log, shared_dir, resume, progress)
+    guard = MemoryGuard(run.engine, cfg, progress.message)
+    announce_started()  # to a --workers supervisor: every worker has joined
 
     with _StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
         while step < run.total_steps:
-            step = _epoch(run, log, step, stop, progress)
+            step = _epoch(run, log, step, stop, progress, guard)
 
-    test_loss, test_accuracy = run.evaluate()
     save_weights(run.model.named_weights(), run_dir / "weights.npz")
-    validation = {}
-    if data.validation is not None:
-        validation["validation_loss"], validation["validation_accuracy"] = run.evaluate(data.validation)
     summary = {
-        "test_accuracy": test_accuracy,
-        "test_loss": test_loss,
-        **validation,
+        **run.scores(),
         "steps": step,
-        "examples_seen": examples_seen(step, run.steps_per_epoch, run.n_train, cfg.batch_size),
+        "examples_seen": run.examples_seen(step),
         "wall_time_s": time.time() - started,
         "cpu_time_s": time.process_time() - cpu_started,
         "peak_memory_bytes": allocator_peak_bytes(),
@@ -305,7 +305,7 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: 
     return step
 
 
-def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Progress) -> int:
+def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Progress, guard: MemoryGuard) -> int:
     """The rest of the epoch that ``step`` (updates done) falls in; the step it ends at."""
     cfg = run.cfg
     epoch, first = divmod(step, run.steps_per_epoch)
@@ -320,8 +320,10 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     engine = run.engine
     for n, raw, y in worker_batches(run.data.train, order, cfg.batch_size, engine.replicas, engine.replica_ids):
         x = run.augment(raw, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
-        out = update_within_memory(run.engine, x, y, n, step, cfg, not run.memory_checked, progress.message)
-        run.memory_checked = True
+        try:
+            out = guard.update(x, y, n, step) if guard.needed else engine.update(x, y, n)
+        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
+            raise guard.out_of_memory(step, err) from None
         step += 1
         epoch_examples += n
         micro_done += min(run.subdivisions, n)
@@ -331,11 +333,7 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
         checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
         if len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum or bad >= cfg.max_bad_updates:
             # Before any checkpoint: a checkpoint never counts an update metrics.jsonl lacks.
-            flushed = log.write_updates(
-                pending,
-                lambda i: examples_seen(i, run.steps_per_epoch, run.n_train, cfg.batch_size),
-                run.steps_per_epoch,
-            )
+            flushed = log.write_updates(pending, run.examples_seen, run.steps_per_epoch)
             loss_sum, applied_examples = loss_sum + flushed[0], applied_examples + flushed[1]
             progress.updates(
                 micro_done,
@@ -356,18 +354,13 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
             raise Interrupted(stop.signum, run.run_dir, step)
         if checkpoint_due and not end_of_epoch:
             run.save_checkpoint(step)
-    test_loss, test_accuracy = run.evaluate()
-    validation = {}
-    if run.data.validation is not None:
-        validation["val_loss"], validation["val_accuracy"] = run.evaluate(run.data.validation)
+    scores = run.scores()
     elapsed = time.time() - epoch_started
     record = {
         "epoch": epoch + 1,
         "step": step,
         "train_loss": loss_sum / applied_examples if applied_examples else None,
-        "test_loss": test_loss,
-        "test_accuracy": test_accuracy,
-        **validation,
+        **scores,
         "elapsed_s": elapsed,
         "examples_per_s": epoch_examples / max(elapsed, 1e-9),
     }

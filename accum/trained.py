@@ -51,6 +51,6 @@ def describe_run(run_dir: Path) -> dict:
         return json.loads((run_dir / "dataset.json").read_text())
     except FileNotFoundError:
         raise RunDirError(
-            f"{run_dir} has no dataset.json (written by accum-train 0.2 and later): "
+            f"{run_dir} has no dataset.json (a run started before runs recorded their data): "
             f"resume it once with 'accum-train run --resume {run_dir}' to write it"
         ) from None

@@ -159,7 +159,7 @@ def main():
     y = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
 
     model, opt, loss_fn = setup()
-    ours = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, strategy=strategy)
+    ours = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, subdivisions=k, strategy=strategy)
 
     naive_model, naive_opt, naive_loss = setup()
     variables = naive_model.trainable_variables

@@ -86,7 +86,7 @@ def ours(width, k, x, y, plain=False, parallel=1):
         engine = PlainUpdate(loss_fn, model.trainable_variables, opt, clip_norm=None, norm_layers=model.norm_layers)
     else:
         engine = AccumulatingUpdate(
-            loss_fn, model.trainable_variables, opt, k, clip_norm=None, norm_layers=model.norm_layers, parallel=parallel
+            loss_fn, model.trainable_variables, opt, subdivisions=k, norm_layers=model.norm_layers, parallel=parallel
         )
 
     def run(updates):  # a training loop: one engine call per update, the loss read back

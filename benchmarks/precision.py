@@ -33,9 +33,8 @@ def main():
             sparse_softmax_loss(model.forward),
             model.trainable_variables,
             opt,
-            k,
-            None,
-            model.norm_layers,
+            subdivisions=k,
+            norm_layers=model.norm_layers,
             loss_scale=4096.0 if precision == "mixed_float16" else None,
         )
         for x, y in batches:

@@ -111,7 +111,7 @@ def measure(k: int, parallel: int, updates: int) -> dict:
         sparse_softmax_loss(model.forward),
         model.trainable_variables,
         opt,
-        k,
+        subdivisions=k,
         norm_layers=model.norm_layers,
         parallel=parallel,
     )

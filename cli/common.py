@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import Interrupted, OutOfMemory, TrainingStopped, UserError
+from ..errors import OUT_OF_MEMORY_LINE, Interrupted, OutOfMemory, TrainingStopped, UserError
 
 
 def quiet_tensorflow(verbose: bool, load: bool = True) -> None:
@@ -44,12 +44,10 @@ def exit_codes():
     """The one place where a run's end becomes an exit code and one line on stderr."""
     try:
         yield
-    except UserError as err:
-        die(f"error: {err}", 2)
+    except (UserError, TrainingStopped) as err:
+        die(f"error: {err}", err.exit_code)
     except OutOfMemory as err:
-        die(f"error: out of memory: {err}", 3)
-    except TrainingStopped as err:
-        die(f"error: {err}", 1)
+        die(f"{OUT_OF_MEMORY_LINE}{err}", err.exit_code)
     except Interrupted as stop:
         name = signal.Signals(stop.signum).name
         how = (
@@ -57,7 +55,7 @@ def exit_codes():
             if stop.forced
             else f"stopped by {name} after update {stop.step}; checkpoint saved"
         )
-        die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", 128 + stop.signum)
+        die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", stop.exit_code)
 
 
 def die(line: str, code: int) -> None:

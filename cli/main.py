@@ -19,6 +19,7 @@ import click
 
 from ..config import load_config
 from ..errors import UserError
+from ..text import mib_text
 from .common import default_output_dir, exit_codes, output_dir_option, quiet_tensorflow, set_option, verbose_option
 from .export import export
 from .use import evaluate, plan, predict
@@ -70,8 +71,9 @@ class BarProgress:
             self.bar = None
         train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
         validation = (
-            f"val loss {record['val_loss']:.4f}, val accuracy {record['val_accuracy']:.4f}, "
-            if "val_accuracy" in record
+            f"validation loss {record['validation_loss']:.4f}, "
+            f"validation accuracy {record['validation_accuracy']:.4f}, "
+            if "validation_accuracy" in record
             else ""
         )
         click.echo(
@@ -270,8 +272,8 @@ def format_bench(result: dict, out_dir: Path) -> str:
         lines.append(
             f"{r['precision']:<15} {r['subdivisions']:>4} {r['micro_batch_size']:>6} "
             f"{r['median_s_per_update']:>9.3f} {r['examples_per_s']:>11.0f} "
-            f"{1000 * r['cpu_s_per_example']:>15.3f} {_mib(r['peak_memory_bytes']):>9} "
-            f"{_mib(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
+            f"{1000 * r['cpu_s_per_example']:>15.3f} {mib_text(r['peak_memory_bytes']):>9} "
+            f"{mib_text(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
             f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}"
         )
     how = (
@@ -285,10 +287,6 @@ def format_bench(result: dict, out_dir: Path) -> str:
     )
     lines.append(f"written: {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
     return "\n".join(lines)
-
-
-def _mib(value):
-    return f"{value / 2**20:.0f} MiB" if value else "n/a"
 
 
 def format_compare(result: dict, out_dir: Path) -> str:
@@ -319,8 +317,8 @@ def format_compare(result: dict, out_dir: Path) -> str:
         "wall_time_s": ("wall time", lambda v: f"{v:.1f} s"),
         "cpu_time_s": ("CPU time", lambda v: f"{v:.1f} s"),
         "examples_per_s": ("examples/s", lambda v: f"{v:.0f}"),
-        "peak_memory_bytes": ("TF allocator peak", _mib),
-        "peak_rss_bytes": ("peak RSS", _mib),
+        "peak_memory_bytes": ("TF allocator peak", mib_text),
+        "peak_rss_bytes": ("peak RSS", mib_text),
     }
     for key, (label, fmt) in units.items():
         b = fmt(base["summary"][key]) if ok and base["summary"].get(key) is not None else "n/a"

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from ..config import load_config
+from ..text import shape_text
 from .common import exit_codes, output_dir_option, quiet_tensorflow, set_option, verbose_option
 
 LABEL_WIDTH = 15
@@ -74,7 +75,7 @@ def format_plan(result: dict) -> str:
             + (f"{data['validation_examples']} validation (held out of train), " if data["validation_examples"] else "")
             + f"{data['test_examples']} test",
         ),
-        _row("input", "x".join(str(d) for d in data["input_shape"])),
+        _row("input", shape_text(data["input_shape"])),
         _row("classes", f"{data['num_classes']}: {shown}"),
         _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
         _row("batch_size", f"{result['batch_size']} examples per update"),

@@ -19,7 +19,6 @@ the one training uses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -126,7 +125,3 @@ class Dataset:
         if self.validation is not None:
             described["validation_examples"] = len(self.validation)
         return described
-
-
-def class_names_of(count: int, names: Sequence[str] | None = None) -> tuple[str, ...]:
-    return tuple(names) if names is not None else tuple(str(i) for i in range(count))

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..text import first_line, shape_text
 from .base import ArraySplit, Dataset
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -48,13 +49,13 @@ def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
                 f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
                 f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}"
             )
-        arrays = {key: _read(archive, path, key) for key in REQUIRED_KEYS}
-        names = _read(archive, path, "class_names") if "class_names" in archive.files else None
+        arrays = {key: read_array(archive, path, key) for key in REQUIRED_KEYS}
+        names = read_array(archive, path, "class_names") if "class_names" in archive.files else None
 
     shapes = {}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
-        _check_images(path, f"x_{split}", x)
+        check_images(path, f"x_{split}", x)
         arrays[f"y_{split}"] = y = _check_labels(path, f"y_{split}", y)
         if len(x) != len(y):
             raise DataError(
@@ -64,8 +65,8 @@ def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
         shapes[split] = x.shape[1:] if x.ndim == 4 else (*x.shape[1:], 1)
     if shapes["test"] != shapes["train"]:
         raise DataError(
-            f"{path}: x_test holds {_size(shapes['test'])} images but x_train "
-            f"{_size(shapes['train'])}: both splits need one image shape"
+            f"{path}: x_test holds {shape_text(shapes['test'])} images but x_train "
+            f"{shape_text(shapes['train'])}: both splits need one image shape"
         )
 
     class_names = _class_names(path, names, num_classes, arrays["y_train"], arrays["y_test"])
@@ -89,28 +90,35 @@ def _open(path: Path):
             f"data.path={path} is a folder: data.name=npz reads one .npz file "
             f"(a folder of class folders of images is data.name=image_folder)"
         )
+    return open_npz(path, HOW_TO_SAVE)
+
+
+def open_npz(path: Path, how: str):
+    """``numpy.load(path, allow_pickle=False)`` of a file that exists; anything else than an .npz archive as one
+    line that ends in ``how`` (the numpy.savez call that writes the file right)."""
     try:
         with open(path, "rb") as f:
             magic = f.read(6)
     except OSError as err:
         raise DataError(f"cannot read {path}: {err.strerror}: check its permissions") from None
     if magic == NPY_MAGIC:
-        raise DataError(f"{path} is a single .npy array, not an .npz: save the four arrays together with {HOW_TO_SAVE}")
+        raise DataError(f"{path} is a single .npy array, not an .npz archive: write it with {how}")
     if magic[:4] not in ZIP_MAGIC:
         raise DataError(
             f"{path} is not an .npz file (it starts with {magic[:4].hex() or 'nothing'}, not the "
-            f"zip signature 504b0304): write it with {HOW_TO_SAVE}"
+            f"zip signature 504b0304): write it with {how}"
         )
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise DataError(
-            f"{path} is not a readable .npz file ({_first_line(err)}): it is truncated or "
-            f"damaged; write it again with {HOW_TO_SAVE}"
+            f"{path} is not a readable .npz file ({first_line(err)}): it is truncated or "
+            f"damaged; write it again with {how}"
         ) from None
 
 
-def _read(archive, path: Path, key: str) -> np.ndarray:
+def read_array(archive, path: Path, key: str, how: str = HOW_TO_SAVE) -> np.ndarray:
+    """One array of an open .npz; a damaged member or an object array (never unpickled) as one line."""
     try:
         return archive[key]
     except ValueError as err:
@@ -121,17 +129,18 @@ def _read(archive, path: Path, key: str) -> np.ndarray:
                 f"arrays, e.g. {key}=numpy.asarray({key}, dtype='uint8')"
             ) from None
         raise DataError(
-            f"{path}: cannot read {key} ({_first_line(err)}): the file is truncated or damaged; "
-            f"write it again with {HOW_TO_SAVE}"
+            f"{path}: cannot read {key} ({first_line(err)}): the file is truncated or damaged; "
+            f"write it again with {how}"
         ) from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise DataError(
-            f"{path}: cannot read {key} ({_first_line(err)}): the file is truncated or damaged; "
-            f"write it again with {HOW_TO_SAVE}"
+            f"{path}: cannot read {key} ({first_line(err)}): the file is truncated or damaged; "
+            f"write it again with {how}"
         ) from None
 
 
-def _check_images(path: Path, key: str, x: np.ndarray) -> None:
+def check_images(path: Path, key: str, x: np.ndarray) -> None:
+    """Images [N, H, W] or [N, H, W, C] (channels last), uint8 or finite float, at least one; else one line."""
     if x.ndim not in (3, 4):
         raise DataError(
             f"{path}: {key} has shape {x.shape} ({x.ndim} dimensions): images must be "
@@ -149,9 +158,7 @@ def _check_images(path: Path, key: str, x: np.ndarray) -> None:
             f"[N, H, W, C] (channels last); convert with numpy.moveaxis({key}, 1, -1)"
         )
     if len(x) == 0 or 0 in x.shape[1:]:
-        raise DataError(
-            f"{path}: {key} has shape {x.shape}: each split needs at least one image of at least 1x1 pixels"
-        )
+        raise DataError(f"{path}: {key} has shape {x.shape}: it needs at least one image of at least 1x1 pixels")
     if x.dtype.kind == "f":
         finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
         if not finite.all():
@@ -226,11 +233,3 @@ def _class_names(
             f"two (set data.num_classes if a class has no examples)"
         )
     return tuple(names.tolist()) if names is not None else tuple(str(i) for i in range(count))
-
-
-def _size(shape) -> str:
-    return "x".join(str(n) for n in shape)
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).splitlines() or [type(err).__name__])[0]

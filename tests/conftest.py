@@ -6,6 +6,14 @@ from pathlib import Path
 
 import accum_train  # noqa: F401  (sets the allocator mode before TensorFlow loads)
 import pytest
+import tensorflow as tf
+
+# Every test process runs under the same thread pools, whichever test starts TensorFlow's runtime first
+# (a run's threads.configure would otherwise fix them for the rest of the session) and however
+# pytest-xdist deals the files out: one thread per op and two ops side by side, what a run picks on
+# 2 cores. Results under BatchNorm depend on the pools: oneDNN splits its sums by thread.
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
 
 
 def _real_data_dir() -> Path:

@@ -3,6 +3,7 @@
 ACCUM_FAULT=POINT:N picks where this process kills itself with SIGKILL (no
 cleanup, no atexit, like a power cut or the OOM killer):
   update:N           during the Nth update's graph call
+  oom:N              (not a kill) the Nth update raises ResourceExhaustedError, as a device out of memory
   checkpoint:N       during the Nth checkpoint save (TensorFlow is writing)
   partial:N          the Nth checkpoint save has left a half-written data file
   after_checkpoint:N right after the Nth checkpoint (e.g. between epochs)
@@ -36,7 +37,7 @@ def counter(n):
 
 def arm(point, n):
     hit = counter(n)
-    if point == "update":
+    if point in ("update", "oom"):
         original = AccumulatingUpdate.__init__
 
         def init(self, *args, **kwargs):
@@ -45,6 +46,8 @@ def arm(point, n):
 
             def update(x, y, n=None):
                 if hit():
+                    if point == "oom":
+                        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
                     threading.Timer(0.002, die).start()
                 return real(x, y, n)
 

@@ -1,5 +1,6 @@
 """Tools the tests share: NaN poisoning of chosen updates, a progress that
-sends SIGINT at a chosen report, and metrics.jsonl read back."""
+sends SIGINT at a chosen report, calls into TensorFlow's graphs counted, and
+metrics.jsonl read back."""
 
 import json
 import os
@@ -7,13 +8,15 @@ import signal
 
 import tensorflow as tf
 from accum_train.engine import AccumulatingUpdate
-from accum_train.train import Progress
+from accum_train.train import Progress, Run
+from tensorflow.python.eager.polymorphic_function import atomic_function
 
 
 def poison(monkeypatch, bad_steps, snapshot_after=None):
     """update() calls whose 1-based number is in bad_steps get a NaN in their last example.
 
-    With snapshot_after=N, the weights right after update N are kept in the returned dict."""
+    With snapshot_after=N, the weights and moving statistics right after update N are kept in the returned
+    dict, by their names in weights.npz."""
     original = AccumulatingUpdate.__init__
     calls, kept = [0], {}
 
@@ -27,7 +30,8 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
                 x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
             out = real(x, y, n)
             if calls[0] == snapshot_after:
-                kept.update({v.name: v.numpy() for v in self.variables})
+                statistics = [s for layer in self.norm_layers for s in (layer.moving_mean, layer.moving_var)]
+                kept.update({v.name.split(":")[0]: v.numpy() for v in self.variables + statistics})
             return out
 
         self.update = update
@@ -57,3 +61,30 @@ def records(run_dir):
 def update_records(run_dir):
     """The per-update records of metrics.jsonl (not the per-epoch ones)."""
     return [r for r in records(run_dir) if "loss" in r]
+
+
+class GraphCalls:
+    """Counts the calls from Python into TensorFlow graphs, leaving out those made while a run evaluates
+    or checkpoints. ``patch(owner, name, value)`` installs the counters: monkeypatch.setattr, or setattr."""
+
+    def __init__(self, patch):
+        self.calls, self._elsewhere = 0, 0
+        real_call = atomic_function.AtomicFunction.call_flat
+
+        def counted(function, *args, **kwargs):
+            self.calls += 0 if self._elsewhere else 1
+            return real_call(function, *args, **kwargs)
+
+        patch(atomic_function.AtomicFunction, "call_flat", counted)
+        for name in ("evaluate", "save_checkpoint"):
+            patch(Run, name, self._not_counted(getattr(Run, name)))
+
+    def _not_counted(self, method):
+        def wrapped(*args, **kwargs):
+            self._elsewhere += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._elsewhere -= 1
+
+        return wrapped

@@ -53,9 +53,9 @@ def fake_peak(monkeypatch):
 @pytest.mark.parametrize(
     "limit, chosen, tried",
     [
-        ("64MiB", 1, [64]),
+        pytest.param("64MiB", 1, [64], marks=pytest.mark.slow),
         ("40MiB", 2, [64, 32]),
-        ("20MiB", 4, [64, 32, 16]),
+        pytest.param("20MiB", 4, [64, 32, 16], marks=pytest.mark.slow),
         ("1MiB", 64, [64, 32, 16, 8, 4, 2, 1]),
     ],
 )
@@ -147,8 +147,10 @@ def oom_once(monkeypatch):
 
 
 def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, oom_once):
-    # SGD: over 47 updates Adam would amplify float rounding of k=1 vs k=2 past any fixed bound
-    overrides = ["model.norm=none", "epochs=1", "log_every=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
+    # SGD, 10 updates: the rounding of k=1 against k=2 stays far below what a batch lost or applied twice
+    # moves (1e-2); Adam, or 47 updates, would amplify it past a fixed bound
+    overrides = ["model.norm=none", "epochs=1", "data.train_limit=640", "log_every=1", "optimizer.name=sgd"]
+    overrides.append("optimizer.learning_rate=0.05")
     reference = train(
         load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=1"]), tmp_path / "ref"
     )
@@ -161,7 +163,7 @@ def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root,
     assert (
         "update 6 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" in messages.lines
     )
-    assert summary["subdivisions"] == 2 and summary["steps"] == reference["steps"] == 47
+    assert summary["subdivisions"] == 2 and summary["steps"] == reference["steps"] == 10
     a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-5  # nothing lost, nothing twice
     steps = [
@@ -169,7 +171,7 @@ def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root,
         for x in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()
         if "loss" in json.loads(x)
     ]
-    assert steps == list(range(1, 48))
+    assert steps == list(range(1, 11))
     # the new k is kept: it is in the checkpoint a resumed run restores
     reader = tf.train.load_checkpoint(str(tmp_path / "auto" / "checkpoints"))
     assert reader.get_tensor("subdivisions/.ATTRIBUTES/VARIABLE_VALUE") == 2

@@ -115,7 +115,7 @@ def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     assert kept == [90, 93, 94]
 
 
-@pytest.mark.parametrize("stop_at", [2, 60])  # epoch 1, epoch 2
+@pytest.mark.parametrize("stop_at", [2, pytest.param(60, marks=pytest.mark.slow)])  # epoch 1, epoch 2
 def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, data_dir, stop_at):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=1", "optimizer.schedule.name=cosine"])
     full = train(cfg, tmp_path / "full")
@@ -152,6 +152,7 @@ def test_cli_interrupt_exit_code_and_resume_line(tmp_path, repo_root, monkeypatc
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-10")
 
 
+@pytest.mark.slow  # test_kills.py has the same as a real process, also slow
 def test_second_interrupt_stops_at_once_in_one_line(tmp_path, repo_root, monkeypatch):
     import accum_train.cli.main as cli
 
@@ -253,6 +254,7 @@ def test_progress_bar_shows_micro_batches_loss_speed_and_eta(capsys):
     )
 
 
+@pytest.mark.slow  # two fresh processes
 def test_a_run_starts_quietly_unless_verbose(tmp_path, repo_root):
     """No TensorFlow start-up or C++ log lines (oneDNN, absl, grappler's remapper for norm=none) on stderr."""
     import subprocess

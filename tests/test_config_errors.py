@@ -119,6 +119,18 @@ CASES = [
         [],
         "{cfg}: unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)",
     ),
+    # single-device only, for now: refused before any process or device is set up
+    (
+        "model: {name: keras_file, path: mine.keras}\n",
+        ["--set", "strategy.name=mirrored"],
+        "--set: strategy.name=mirrored needs a built-in model.name (keras_file is single-device only for now)",
+    ),
+    (
+        "baseline: true\n",
+        ["--set", "strategy.name=multi_worker"],
+        "--set: strategy.name=multi_worker needs baseline=false",
+    ),
+    ("strategy: {cpu_devices: 2}\n", [], "{cfg}: strategy.cpu_devices is only for strategy.name=mirrored"),
 ]
 
 

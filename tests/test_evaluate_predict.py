@@ -366,12 +366,13 @@ PREDICT_ERRORS = [
     (
         "text.npz",
         lambda p: p.write_text("not an archive"),
-        "{p} is not an .npz archive: save the images with numpy.savez('text.npz', x=images)",
+        "{p} is not an .npz file (it starts with 6e6f7420, not the zip signature 504b0304): write it with "
+        "numpy.savez('text.npz', x=images)",
     ),
     (
         "single.npz",
         lambda p: p.write_bytes(_npy_bytes(np.zeros((2, 28, 28), np.uint8))),
-        "{p} is a single .npy array, not an .npz archive: save the images with numpy.savez('single.npz', x=images)",
+        "{p} is a single .npy array, not an .npz archive: write it with numpy.savez('single.npz', x=images)",
     ),
     (
         "other.npz",
@@ -381,20 +382,31 @@ PREDICT_ERRORS = [
     (
         "object.npz",
         _npz(x=np.array([None, 1], dtype=object)),
-        "{p}: 'x' is an object array, which would need unpickling (refused for safety): save a numeric array of images",
+        "{p}: x is an object array (pickled Python objects), which is never loaded (allow_pickle=False: loading "
+        "it could run code); save plain numeric arrays, e.g. x=numpy.asarray(x, dtype='uint8')",
     ),
     (
         "flat.npz",
         _npz(x=np.zeros((28, 28), np.uint8)),
-        "{p}: 'x' has shape 28x28; expected images [N,H,W] or [N,H,W,C]",
+        "{p}: x has shape (28, 28) (2 dimensions): images must be [N, H, W] or [N, H, W, C]; reshape it, e.g. "
+        "x.reshape(N, H, W)",
     ),
     (
         "ints.npz",
         _npz(x=np.zeros((2, 28, 28), np.int64)),
-        "{p}: 'x' has dtype int64; expected uint8 (0..255) or float (0..1) images",
+        "{p}: x has dtype int64: images must be uint8 (0..255, scaled by 1/255) or float (used as it is, e.g. in "
+        "[0, 1]); convert it, e.g. x.astype('float32') / x.max()",
     ),
-    ("none.npz", _npz(x=np.zeros((0, 28, 28), np.uint8)), "{p}: 'x' holds no images"),
-    ("nan.npz", _npz(x=np.full((2, 28, 28), np.nan, np.float32)), "{p}: 'x' holds NaN or infinite values"),
+    (
+        "none.npz",
+        _npz(x=np.zeros((0, 28, 28), np.uint8)),
+        "{p}: x has shape (0, 28, 28): it needs at least one image of at least 1x1 pixels",
+    ),
+    (
+        "nan.npz",
+        _npz(x=np.full((2, 28, 28), np.nan, np.float32)),
+        "{p}: x[0] has NaN: float images must be finite; fix or drop that example",
+    ),
     (
         "big.npz",
         _npz(x=np.zeros((2, 32, 32), np.uint8)),

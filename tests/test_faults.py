@@ -12,6 +12,7 @@ from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import TrainingStopped
 from accum_train.train import train
+from accum_train.trained import load_run
 from click.testing import CliRunner
 from helpers import poison, records
 
@@ -43,12 +44,12 @@ def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp
     reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
     assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 5  # 5 applied updates
-    saved = {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
-    trainable = list(after_five.values())
-    assert len(trainable) == 5 + 5 * 2 + 2  # conv filters, BatchNorm beta and gamma, dense
-    # every trainable variable as it was after update 5 is in the checkpoint, unchanged
-    for array in trainable:
-        assert any(a.shape == array.shape and np.array_equal(a, array) for a in saved.values())
+    # every weight and moving statistic as it was after update 5 is what the checkpoint holds, name by name
+    saved = {name: v.numpy() for name, v in load_run(tmp_path / "run").model.named_weights().items()}
+    assert sorted(saved) == sorted(after_five)
+    assert len(saved) == 5 + 5 * 4 + 2  # conv filters; BatchNorm beta, gamma, moving mean and variance; dense
+    for name, array in after_five.items():
+        np.testing.assert_array_equal(saved[name], array, err_msg=name)
     assert load_config(repo_root / "configs" / "smoke.yaml").max_bad_updates == 10  # the default
 
 
@@ -103,10 +104,14 @@ def test_checkpoint_write_failure_keeps_the_last_checkpoint(tmp_path, repo_root,
 
 
 def listening_inodes():
+    """Inodes of the sockets listening on TCP (v4 and v6) in this network namespace."""
+    tables = [Path(table) for table in ("/proc/net/tcp", "/proc/net/tcp6")]
+    if not tables[0].is_file():  # without it the check below would pass having checked nothing
+        pytest.fail("/proc/net/tcp is missing: this check needs Linux's /proc to see listening sockets")
     inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        if os.path.exists(table):
-            for line in Path(table).read_text().splitlines()[1:]:
+    for table in tables:
+        if table.is_file():
+            for line in table.read_text().splitlines()[1:]:
                 fields = line.split()
                 if fields[3] == "0A":  # LISTEN
                     inodes.add(fields[9])

@@ -42,9 +42,9 @@ def train(cfg, k, optimizer, lr):
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, variables)
     loss_fn = sparse_softmax_loss(model.forward)
     engine = (
-        PlainUpdate(loss_fn, variables, opt, None, model.norm_layers)
+        PlainUpdate(loss_fn, variables, opt, norm_layers=model.norm_layers)
         if k == 1
-        else AccumulatingUpdate(loss_fn, variables, opt, k, None, model.norm_layers)
+        else AccumulatingUpdate(loss_fn, variables, opt, subdivisions=k, norm_layers=model.norm_layers)
     )
     rng = np.random.default_rng(0)
     for n in (30, 30, 30, 13):  # k=4: micro-batches of 7-8; the short last batch as 3-4
@@ -58,14 +58,18 @@ def train(cfg, k, optimizer, lr):
     "model_cfg",
     [ModelConfig(width=0.0625, norm="groupnorm"), ModelConfig(name="mlp", hidden=32, norm="groupnorm", groups=4)],
 )
-@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.1), ("adam", 0.01)])
+# Adam divides each step by the gradient's own size, so a rounding-level difference in a near-zero component
+# becomes a visible step; four steps at 0.01 amplify the rounding of batched against micro-batched
+# convolutions to 3.5e-5 in this conv net on an AVX2 CPU (2.9e-6 with AVX-512). At 0.003, the configs'
+# rate, it is 1.2e-6 there; SGD, whose step is the gradient itself, stays at 2e-8.
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.1), ("adam", 0.003)])
 def test_subdivided_equals_whole_batch(model_cfg, optimizer, lr):
     whole, model = train(model_cfg, 1, optimizer, lr)
     parts, _ = train(model_cfg, 4, optimizer, lr)
     assert model.norm_layers == []  # nothing batch-dependent to commit
     assert any(name.startswith("gn") for name in whole)
     diff = max(float(np.max(np.abs(whole[n].numpy() - parts[n].numpy()))) for n in whole)
-    assert diff < 1e-5  # measured: <= 2e-8 (SGD), <= 2.9e-6 (Adam, whose step divides by |gradient|)
+    assert diff < 1e-5  # measured: 1.5e-8 (SGD), 1.2e-6 (Adam)
     initial = build_model(model_cfg, 3, (28, 28, 1), 10).named_weights()
     assert max(float(np.max(np.abs(whole[n].numpy() - v.numpy()))) for n, v in initial.items()) > 1e-3
 

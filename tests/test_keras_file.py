@@ -261,7 +261,9 @@ def test_one_subdivided_update_moves_the_first_bn_as_one_whole_batch_pass(files,
     model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax), 0, SHAPE, 10)
     variables = model.trainable_variables
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, variables)
-    engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), variables, opt, 4, None, model.norm_layers)
+    engine = AccumulatingUpdate(
+        sparse_softmax_loss(model.forward), variables, opt, subdivisions=4, norm_layers=model.norm_layers
+    )
     rng = np.random.default_rng(2)
     x = tf.constant(rng.random((30, *SHAPE), dtype=np.float32) * 3.0 + 1.0)  # 4 micro-batches of 7-8
     y = tf.constant(rng.integers(0, 10, 30).astype(np.int32))
@@ -305,7 +307,7 @@ def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(files, tm
     own = tmp_path / "mine.keras"
     shutil.copy(files["functional"], own)
     cfg = load_config(None, overrides(own, data_dir, "subdivisions=3", "log_every=1"))
-    train(cfg, tmp_path / "full")
+    full = train(cfg, tmp_path / "full")
     with pytest.raises(Interrupted):
         train(cfg, tmp_path / "cut", progress=InterruptAt(6))
     assert (tmp_path / "cut" / "initial_model.keras").read_bytes() == own.read_bytes()
@@ -314,6 +316,20 @@ def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(files, tm
     a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
     assert max_diff(dict(a), dict(b)) < 1e-6
     assert export_run(tmp_path / "full").is_file()
+    # evaluate and predict rebuild the model from the run's copy too
+    evaluated = CliRunner().invoke(main, ["evaluate", str(tmp_path / "full")])
+    assert evaluated.exit_code == 0, evaluated.output
+    result = json.loads((tmp_path / "full" / "evaluate" / "evaluate.json").read_text())
+    assert result["test_accuracy"] == full["test_accuracy"]
+    images = load(cfg.data).test.images[:3]
+    np.savez(tmp_path / "three.npz", x=images)
+    predicted = CliRunner().invoke(main, ["predict", str(tmp_path / "full"), str(tmp_path / "three.npz"), "--json"])
+    assert predicted.exit_code == 0, predicted.output
+    rows = json.loads(predicted.stdout)
+    assert [row["input"] for row in rows] == [f"{tmp_path / 'three.npz'}[{i}]" for i in range(3)]
+    exported = keras.models.load_model(tmp_path / "full" / "model.keras")  # plain Keras, no accum-train
+    expected = tf.nn.softmax(exported(images[..., np.newaxis].astype(np.float32) / 255.0)).numpy()
+    np.testing.assert_allclose([list(row["probabilities"].values()) for row in rows], expected, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------
@@ -424,19 +440,19 @@ BAD_FILES = [
     (
         dense_model((28, 28, 3)),
         [],
-        "takes inputs of shape (28, 28, 3) but the dataset's images are (28, 28, 1) "
-        "(height, width, channels): build the model on keras.Input(shape=(28, 28, 1))",
+        "takes inputs of 28x28x3 but the dataset's images are 28x28x1 (height x width x channels): build the "
+        "model on keras.Input(shape=(28, 28, 1))",
     ),
     (
         dense_model((784,)),
         [],
-        "takes inputs of shape (784) but the dataset's images are (28, 28, 1) (height, width, "
-        "channels): build the model on keras.Input(shape=(28, 28, 1))",
+        "takes inputs of 784 but the dataset's images are 28x28x1 (height x width x channels): build the model "
+        "on keras.Input(shape=(28, 28, 1))",
     ),
     (
         dense_model(SHAPE, outputs=5),
         [],
-        "outputs shape (5) per example but the dataset has 10 classes: end the model in a Dense(10) layer",
+        "outputs 5 values per example but the dataset has 10 classes: end the model in a Dense(10) layer",
     ),
     (
         two_outputs,

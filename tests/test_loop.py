@@ -10,44 +10,27 @@ from accum_train.config import load_config
 from accum_train.errors import Interrupted, TrainingStopped
 from accum_train.rundir import resume_config
 from accum_train.train import Progress, Run, train
-from helpers import InterruptAt, poison, update_records
-from tensorflow.python.eager.polymorphic_function import atomic_function
+from helpers import GraphCalls, InterruptAt, poison, update_records
 
 
 @pytest.mark.parametrize("k", [1, 8])
 def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
     """Python enters TensorFlow's graphs once per update, whatever k (evaluation and checkpoints aside)."""
-    calls, outside = [0], [0]
-    real_call = atomic_function.AtomicFunction.call_flat
-
-    def counted(self, *args, **kwargs):
-        calls[0] += 0 if outside[0] else 1
-        return real_call(self, *args, **kwargs)
-
-    def elsewhere(method):
-        def wrapped(*args, **kwargs):
-            outside[0] += 1
-            try:
-                return method(*args, **kwargs)
-            finally:
-                outside[0] -= 1
-
-        return wrapped
-
-    monkeypatch.setattr(atomic_function.AtomicFunction, "call_flat", counted)
-    monkeypatch.setattr(Run, "evaluate", elsewhere(Run.evaluate))
-    monkeypatch.setattr(Run, "save_checkpoint", elsewhere(Run.save_checkpoint))
+    graph = GraphCalls(monkeypatch.setattr)
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [f"subdivisions={k}", "epochs=1", "log_every=7"])
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 47
-    assert calls[0] == 47
+    assert graph.calls == 47
 
 
 class KilledAfter(BaseException):
     """Stands in for kill -9: nothing after it runs, no handler catches it."""
 
 
-@pytest.mark.parametrize("every_steps, log_every, kill_after_save", [(3, 10, 2), (4, 3, 3), (5, 50, 4)])
+@pytest.mark.parametrize(
+    "every_steps, log_every, kill_after_save",
+    [(3, 10, 2), pytest.param(4, 3, 3, marks=pytest.mark.slow), pytest.param(5, 50, 4, marks=pytest.mark.slow)],
+)
 def test_every_checkpoint_follows_its_metrics(
     tmp_path, repo_root, monkeypatch, every_steps, log_every, kill_after_save
 ):

@@ -85,9 +85,11 @@ def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after
         opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
         loss_fn = sparse_softmax_loss(model.forward)
         engine = (
-            PlainUpdate(loss_fn, model.trainable_variables, opt, None, model.norm_layers)
+            PlainUpdate(loss_fn, model.trainable_variables, opt, norm_layers=model.norm_layers)
             if k is None
-            else AccumulatingUpdate(loss_fn, model.trainable_variables, opt, k, None, model.norm_layers)
+            else AccumulatingUpdate(
+                loss_fn, model.trainable_variables, opt, subdivisions=k, norm_layers=model.norm_layers
+            )
         )
         engine.update(x, y)
         results[k] = model.named_weights()

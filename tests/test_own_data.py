@@ -163,6 +163,7 @@ def test_npz_float_rgb_32x32_with_the_mlp(tmp_path, repo_root, own_data):
     assert json.loads((out / "summary.json").read_text())["test_accuracy"] >= 0.7
 
 
+@pytest.mark.slow  # 2 runs and a resume from disk
 @pytest.mark.parametrize("stop_at", [40])  # mid-way through epoch 2 of 3
 def test_image_folder_resume_equals_the_uninterrupted_run(tmp_path, repo_root, own_data, folder_run, stop_at):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*FOLDER_SETS, f"data.path={own_data / 'images'}"])
@@ -470,7 +471,7 @@ BAD_DATA = [
     (
         "npz_is_npy",
         npz_file(npy_instead),
-        "{p} is a single .npy array, not an .npz: save the four arrays together with " + HOW_TO_SAVE,
+        "{p} is a single .npy array, not an .npz archive: write it with " + HOW_TO_SAVE,
     ),
     (
         "npz_truncated",

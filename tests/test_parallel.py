@@ -28,7 +28,7 @@ def train(norm, parallel, k=4, optimizer="adam", loss_scale=None):
         sparse_softmax_loss(model.forward),
         model.trainable_variables,
         opt,
-        k,
+        subdivisions=k,
         norm_layers=model.norm_layers,
         parallel=parallel,
         loss_scale=loss_scale,
@@ -43,9 +43,9 @@ def train(norm, parallel, k=4, optimizer="adam", loss_scale=None):
     "norm, k, parallel, optimizer, loss_scale",
     [
         ("batchnorm", 4, 2, "adam", None),
-        ("batchnorm", 4, 3, "sgd", None),
-        ("batchnorm", 29, 2, "adam", None),  # one example per micro-batch
-        ("groupnorm", 4, 2, "adam", None),
+        pytest.param("batchnorm", 4, 3, "sgd", None, marks=pytest.mark.slow),
+        pytest.param("batchnorm", 29, 2, "adam", None, marks=pytest.mark.slow),  # one example per micro-batch
+        pytest.param("groupnorm", 4, 2, "adam", None, marks=pytest.mark.slow),
         ("none", 5, 2, "momentum", None),
         ("batchnorm", 4, 2, "adam", 1024.0),  # one loss scale for the whole update, unscaled once
     ],
@@ -71,7 +71,7 @@ def test_batchnorm_statistics_move_in_parallel_as_one_at_a_time():
             sparse_softmax_loss(model.forward),
             model.trainable_variables,
             opt,
-            4,
+            subdivisions=4,
             norm_layers=model.norm_layers,
             parallel=parallel,
         )
@@ -122,6 +122,7 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
     assert got["parallel_micro_steps"] == threads.parallel_micro_steps(config_from_dict(BASE))
 
 
+@pytest.mark.slow  # a fresh process that trains
 def test_a_run_sets_its_thread_pools_before_the_runtime_starts(tmp_path, data_dir):
     # A fresh process, as `accum-train run` is: the pools are set and the summary says which.
     import json
@@ -157,3 +158,33 @@ def test_a_run_sets_its_thread_pools_before_the_runtime_starts(tmp_path, data_di
     cores = threads.cpu_cores()
     expected = (2, max(1, cores // 2), 2) if cores >= 2 else (1, 0, 0)
     assert (summary["parallel_micro_steps"], summary["intra_op_threads"], summary["inter_op_threads"]) == expected
+
+
+CONFIGURE = """
+import json
+import tensorflow as tf
+from accum_train.config import config_from_dict
+from accum_train.threads import configure
+reported = configure(config_from_dict({"batch_size": 256, "subdivisions": 8}))
+tf.constant(1.0)  # the runtime starts with what configure left for it
+print(json.dumps({**reported, "set_in_process": [tf.config.threading.get_intra_op_parallelism_threads(),
+                                                 tf.config.threading.get_inter_op_parallelism_threads()]}))
+"""
+
+
+@pytest.mark.parametrize("variables", [{}, {"TF_NUM_INTRAOP_THREADS": "2", "TF_NUM_INTEROP_THREADS": "3"}])
+def test_tf_num_variables_rule_over_the_pools_and_the_summary_says_so(variables):
+    import json
+    import subprocess
+    import sys
+
+    env = {**threads.child_environment(None), **variables}
+    done = subprocess.run([sys.executable, "-c", CONFIGURE], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if variables:  # left to the runtime, which reads them; the summary reports them
+        assert (got["intra_op_threads"], got["inter_op_threads"], got["set_in_process"]) == (2, 3, [0, 0])
+    else:
+        pools = threads.thread_pools(2)
+        expected = [pools["intra"], pools["inter"]] if threads.cpu_cores() >= 2 else [0, 0]
+        assert [got["intra_op_threads"], got["inter_op_threads"]] == got["set_in_process"] == expected

@@ -4,6 +4,7 @@ skips the whole update and halves the scale once, growth counted in updates)."""
 
 import json
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,6 +13,7 @@ from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
+from accum_train.rundir import read_metrics
 from accum_train.train import train
 from click.testing import CliRunner
 
@@ -37,9 +39,8 @@ def engine_for(
         sparse_softmax_loss(model.forward),
         model.trainable_variables,
         opt,
-        k,
-        None,
-        model.norm_layers,
+        subdivisions=k,
+        norm_layers=model.norm_layers,
         loss_scale=loss_scale,
         growth_updates=growth_updates,
     )
@@ -89,21 +90,71 @@ def test_an_overflow_skips_the_whole_update_and_halves_the_scale_once():
         if not any(applied):  # weights, Adam's slots, iterations and BN statistics: untouched
             for x, y in zip(before, state(model, opt)):
                 np.testing.assert_array_equal(x, y)
+            # an overflow while the scale searches is not a bad update: the count stays at 0 throughout
+            assert int(engine.bad_updates_in_a_row.numpy()) == 0
     first = applied.index(True)
     assert first > 5 and all(not a for a in applied[:first])
     # one halving per skipped update (not per micro-batch: k=4 here)
     assert scales[: first + 1] == [2.0 ** (40 - i) for i in range(first + 1)]
     assert int(engine.skipped_updates.numpy()) == applied.count(False)
-    # overflow skips while the scale searches are not bad updates: max_bad_updates never sees them
-    assert int(engine.bad_updates_in_a_row.numpy()) == 0
-    # growth is counted in updates: after 3 applied updates in a row the scale doubles
-    after = [(s, a) for s, a in zip(scales[first:], applied[first:])]
-    if all(a for _, a in after[:4]):
-        assert after[3][0] == 2 * after[0][0]
     assert int(opt.iterations.numpy()) == applied.count(True)
 
 
-@pytest.mark.parametrize("name, norm", [("mlp", "none"), ("seed_convnet", "groupnorm")])
+def test_the_scale_grows_after_growth_updates_applied_updates_counted_in_updates():
+    """k=4 micro-batches per update: growth counted in micro-steps would double the scale every update."""
+    _, _, engine = engine_for(optimizer="sgd", lr=0.01, loss_scale=1.0, growth_updates=3)
+    scales = []
+    for _ in range(10):
+        out = engine.update(tf.constant(X), tf.constant(Y))
+        assert bool(out["applied"])
+        scales.append(float(out["loss_scale"]))  # the scale this update used
+    assert scales == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 8.0]
+
+
+def linear_engine(loss_of, loss_scale):
+    """An engine over one weight vector whose per-example loss is ``loss_of(weights)`` for every example."""
+    weights = tf.Variable(tf.ones([3]))
+
+    def loss_fn(x, y):
+        return loss_of(weights) * tf.ones(tf.shape(y), tf.float32)
+
+    engine = AccumulatingUpdate(
+        loss_fn, [weights], keras.optimizers.SGD(0.1), subdivisions=2, loss_scale=loss_scale, growth_updates=1000
+    )
+    return weights, engine
+
+
+@tf.custom_gradient
+def overflowing(weights):
+    """A finite loss whose gradient is infinite, whatever the scale."""
+    return tf.reduce_sum(weights), lambda upstream: upstream * tf.fill(tf.shape(weights), float("inf"))
+
+
+@pytest.mark.parametrize(
+    "loss_of, initial, scales, overflows, bad",
+    [
+        # the scale searches down to 1 (no bad update), then an overflow at scale 1 is bad: it cannot shrink
+        (overflowing, 4.0, [4.0, 2.0, 1.0, 1.0], [True, True, False, False], [0, 0, 1, 2]),
+        # a non-finite loss is bad at any scale, and the scale stays: a smaller one would not help
+        (lambda w: tf.reduce_sum(w) * float("nan"), 1024.0, [1024.0] * 3, [False] * 3, [1, 2, 3]),
+    ],
+    ids=["overflow-at-scale-1", "non-finite-loss"],
+)
+def test_what_counts_as_a_bad_update_under_loss_scaling(loss_of, initial, scales, overflows, bad):
+    weights, engine = linear_engine(loss_of, initial)
+    seen = []
+    for _ in scales:
+        out = engine.update(tf.zeros([4, 1]), tf.zeros([4], tf.int32))
+        assert not bool(out["applied"])
+        seen.append((float(out["loss_scale"]), bool(out["overflow"]), int(engine.bad_updates_in_a_row.numpy())))
+    assert seen == list(zip(scales, overflows, bad))
+    assert float(engine.loss_scale.numpy()) == (1.0 if initial == 4.0 else initial)
+    np.testing.assert_array_equal(weights.numpy(), np.ones(3, np.float32))  # nothing was applied
+
+
+@pytest.mark.parametrize(
+    "name, norm", [("mlp", "none"), pytest.param("seed_convnet", "groupnorm", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_k1_and_k4_agree_under_mixed_precision(name, norm, precision):
     """benchmarks/precision.py measured at most 3.2e-3 (relative L2 of all weights after 10 updates;
@@ -123,28 +174,37 @@ def test_k1_and_k4_agree_under_mixed_precision(name, norm, precision):
     assert np.linalg.norm(a - initial) / np.linalg.norm(a) > 1e-3  # it did train
 
 
+@pytest.mark.slow  # two smoke runs
 def test_a_bfloat16_run_learns_as_float32_does(tmp_path, repo_root):
-    accuracy = {}
+    """The last epoch's training loss (a mean over its 47 updates) within 5% of float32's: measured 0.2%.
+    Test accuracy after 2 epochs moves with BatchNorm's young moving statistics (0.664 against 0.718 on
+    an AVX2 CPU, 0.700 against 0.696 with AVX-512), so it only has to show learning."""
+    accuracy, train_loss = {}, {}
     for precision in ("float32", "mixed_bfloat16"):
         summary = train(
             load_config(repo_root / "configs" / "smoke.yaml", [f"precision={precision}"]), tmp_path / precision
         )
         assert summary["precision"] == precision and summary["loss_scale"] is None
         accuracy[precision] = summary["test_accuracy"]
-    assert accuracy["float32"] > 0.6  # chance is 0.1
-    assert abs(accuracy["mixed_bfloat16"] - accuracy["float32"]) < 0.05
+        train_loss[precision] = read_metrics(tmp_path / precision / "metrics.jsonl")[-1]["train_loss"]
+    assert accuracy["float32"] > 0.6 and accuracy["mixed_bfloat16"] > 0.5  # chance is 0.1
+    assert abs(train_loss["mixed_bfloat16"] - train_loss["float32"]) < 0.05 * train_loss["float32"]
 
 
 def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, repo_root):
+    """From 2^40 the search skips more updates in a row than max_bad_updates=3: the run goes on, because
+    an overflow while the scale is above 1 is the search, not a bad update."""
     cfg = load_config(
-        repo_root / "configs" / "smoke.yaml", ["precision=mixed_float16", "loss_scale.initial=4294967296"]
+        repo_root / "configs" / "smoke.yaml",
+        ["precision=mixed_float16", f"loss_scale.initial={2**40}", "max_bad_updates=3"],
     )
     summary = train(cfg, tmp_path / "run")
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if "loss" in r]
     skipped = [r for r in updates if r["skipped"]]
     assert skipped and all(r["overflow"] for r in skipped) and skipped[0]["step"] == 1
-    assert [r["loss_scale"] for r in skipped] == [2.0 ** (32 - i) for i in range(len(skipped))]
+    assert len(skipped) > cfg.max_bad_updates
+    assert [r["loss_scale"] for r in skipped] == [2.0 ** (40 - i) for i in range(len(skipped))]
     assert summary["skipped_updates"] == len(skipped) and summary["steps"] == len(updates) == 94
     assert summary["test_accuracy"] > 0.3  # it trained after the search
     reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))

@@ -17,6 +17,7 @@ import keras
 
 from ..config import ModelConfig
 from ..errors import ConfigError
+from ..text import shape_text
 from .containers import KerasModel
 from .norm import KerasAccumBatchNorm
 
@@ -90,10 +91,6 @@ def load_keras_file(path: str) -> keras.Model:
     return model
 
 
-def _shape_text(shape) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
-
-
 def _check_interface(model: keras.Model, path: str, input_shape, num_classes: int) -> None:
     """One image input of the dataset's shape, one output of num_classes values per example."""
     if len(model.inputs) != 1 or len(model.outputs) != 1:
@@ -106,15 +103,14 @@ def _check_interface(model: keras.Model, path: str, input_shape, num_classes: in
     if len(given) != len(input_shape) or any(g is not None and g != d for g, d in zip(given, input_shape)):
         raise _file_error(
             path,
-            f"takes inputs of shape {_shape_text(given)} but the dataset's images are "
-            f"{_shape_text(input_shape)} (height, width, channels): build the model on "
-            f"keras.Input(shape={_shape_text(input_shape)})",
+            f"takes inputs of {shape_text(given)} but the dataset's images are {shape_text(input_shape)} "
+            f"(height x width x channels): build the model on keras.Input(shape={tuple(input_shape)})",
         )
     out = tuple(model.outputs[0].shape[1:])
     if out != (num_classes,):
         raise _file_error(
             path,
-            f"outputs shape {_shape_text(out)} per example but the dataset has {num_classes} "
+            f"outputs {shape_text(out)} values per example but the dataset has {num_classes} "
             f"classes: end the model in a Dense({num_classes}) layer",
         )
 

@@ -1,0 +1,25 @@
+"""How shapes, sizes and errors read in the tool's messages and tables: one way each.
+
+Nothing here imports TensorFlow: the ``--workers`` supervisor and the data
+loaders use it before (or without) a runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def shape_text(shape: Sequence) -> str:
+    """(28, 28, 1) -> '28x28x1'; a dimension a model leaves open (None) reads '?'."""
+    return "x".join("?" if d is None else str(int(d)) for d in shape)
+
+
+def mib_text(n_bytes: int | None, missing: str = "n/a") -> str:
+    """Bytes as whole MiB, e.g. '48 MiB'; ``missing`` where nothing was measured."""
+    return f"{n_bytes / 2**20:.0f} MiB" if n_bytes is not None else missing
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (TensorFlow's run to pages), or its type's name."""
+    text = getattr(err, "message", None) or str(err)
+    return (text.splitlines() or [type(err).__name__])[0]

@@ -1,0 +1,39 @@
+"""Runs `accum-train run` counting what each update costs, for test_distribute.py.
+
+Counts the calls from Python into TensorFlow graphs outside evaluation and checkpoints (one per update is
+the claim), and the collective ops in the traced graph of the update (one all-reduce is the claim; under
+MultiWorkerMirroredStrategy a collective is an op in the graph). The last line of stdout is
+{"graph_calls": N, "collectives": {op: count}}; under --workers the launcher echoes the chief's.
+"""
+
+import collections
+import json
+import sys
+
+from accum_train.cli.main import main
+from accum_train.engine import AccumulatingUpdate
+from helpers import GraphCalls
+
+graph, engines = GraphCalls(setattr), []
+
+
+def collectives(function) -> dict:
+    """Collective ops in a tf.function's graph and in every function it calls (loops, conds)."""
+    definition = function.get_concrete_function().graph.as_graph_def()
+    nodes = list(definition.node) + [node for f in definition.library.function for node in f.node_def]
+    return dict(collections.Counter(node.op for node in nodes if node.op.startswith("Collective")))
+
+
+real_init = AccumulatingUpdate.__init__
+
+
+def init(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    engines.append(self)
+
+
+AccumulatingUpdate.__init__ = init
+
+if __name__ == "__main__":
+    main(sys.argv[1:], standalone_mode=False)
+    print(json.dumps({"graph_calls": graph.calls, "collectives": collectives(engines[0]._update)}))

@@ -1,0 +1,116 @@
+"""The README says what the tool does: its blocks of command output are what the commands print
+(scripts/readme_outputs.py writes them), and its own-data example runs as written.
+
+The example trains for seconds at smoke size in the default suite; the slow suite runs it exactly as
+the README gives it and compares predict's output with the README's block.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from accum_train.cli.main import main
+from click.testing import CliRunner
+
+DEBIAN = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(scope="module")
+def readme(repo_root):
+    spec = importlib.util.spec_from_file_location("readme_outputs", repo_root / "scripts" / "readme_outputs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["readme_outputs"] = module
+    spec.loader.exec_module(module)
+    return module, (repo_root / "README.md").read_text()
+
+
+def test_every_output_block_names_a_command_of_the_tool(readme):
+    module, text = readme
+    found = module.blocks(text)
+    assert [(b.command.split()[:2], b.after_example) for b in found] == [
+        (["accum-train", "predict"], True),
+        (["accum-train", "plan"], False),
+    ]
+    assert text.count("<!-- output ") == len(found)  # no marker the pattern misses
+
+
+def test_the_plan_block_is_what_plan_prints(readme, data_dir, monkeypatch):
+    module, text = readme
+    (block,) = [b for b in module.blocks(text) if not b.after_example]
+    monkeypatch.setenv("ACCUM_TRAIN_DATA", str(data_dir))
+    printed = module.run(block.command, module.ROOT).replace(str(data_dir), DEBIAN)
+    assert printed == block.body, "README is stale: python scripts/readme_outputs.py rewrites it"
+
+
+TABLE = """\
+input  prediction  probability  top 3
+a.png  Bag              0.9968  Bag 0.9968, Shirt 0.0032, Sandal 0.0000
+"""
+
+
+@pytest.mark.parametrize(
+    "printed, same",
+    [
+        (TABLE, True),
+        (TABLE.replace("0.9968", "0.9880").replace("Shirt 0.0032, Sandal", "Shirt 0.0118, Coat"), True),  # rounding
+        (TABLE.replace("0.9968", "0.9700"), False),
+        (TABLE.replace("Shirt 0.0032", "Shirt 0.0300"), False),
+        (TABLE.replace("Sandal 0.0000", "Coat 0.0250"), False),  # a class with 0.025 that the README lacks
+        (TABLE.replace("Bag ", "Coat "), False),
+        (TABLE + "b.png  Bag  1.0000  Bag 1.0000\n", False),
+    ],
+)
+def test_a_block_that_differs_is_caught(readme, printed, same):
+    module, _ = readme
+    assert module.same(TABLE, printed, after_example=True) is same
+    assert module.same("updates 120\n", "updates 121\n", after_example=False) is False
+
+
+# The example at smoke size: fewer images, one epoch. Everything else as the README has it.
+SMOKE = {
+    "python scripts/make_own_data.py --out mydata": ["--train", "640", "--test", "200"],
+    "accum-train run configs/own-data.yaml --output-dir runs/mine": ["--set", "epochs=1"],
+}
+
+
+def test_the_own_data_example_runs_as_written_at_smoke_size(readme, repo_root, tmp_path, monkeypatch):
+    module, text = readme
+    commands = module.example_commands(text)
+    assert set(SMOKE) <= set(commands)
+    for name in ("configs", "scripts"):
+        (tmp_path / name).symlink_to(repo_root / name)
+    monkeypatch.chdir(tmp_path)
+    printed = {}
+    for command in commands:
+        args = module.argv(command)[1:] + SMOKE.get(command, [])
+        if args[:2] == ["-m", "accum_train.cli.main"]:  # in this process: no second TensorFlow start
+            result = CliRunner().invoke(main, args[2:])
+            assert result.exit_code == 0, f"{command}: {result.output}"
+            printed[command] = result.stdout
+        else:
+            done = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+            assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
+    summary = json.loads((tmp_path / "runs" / "mine" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["subdivisions"] == 4  # 640 / 256: two full batches, one short
+    assert summary["test_accuracy"] > 0.3  # chance is 0.1
+    evaluated = json.loads((tmp_path / "runs" / "mine" / "evaluate" / "evaluate.json").read_text())
+    assert evaluated["test_accuracy"] == summary["test_accuracy"] and evaluated["test_examples"] == 200
+    assert (tmp_path / "runs" / "mine" / "model.keras").is_file()
+    predict = next(command for command in commands if command.startswith("accum-train predict"))
+    rows = [line.split() for line in printed[predict].splitlines()[1:]]
+    assert [row[0] for row in rows] == predict.split()[3:]
+    assert all(0.0 < float(row[2]) <= 1.0 for row in rows)  # the predicted class's probability
+    weights = np.load(tmp_path / "runs" / "mine" / "weights.npz")
+    assert any("batch_normalization" in name and "moving_variance" in name for name in weights.files)
+
+
+@pytest.mark.slow
+def test_the_own_data_example_as_written_prints_the_readme_block(readme, tmp_path):
+    """The full example (6000 + 1000 images, 10 epochs): predict's output is the README's (to 0.02)."""
+    module, text = readme
+    (block,) = [b for b in module.blocks(text) if b.after_example]
+    printed = module.outputs(text, [block], tmp_path)[block]
+    assert module.same(block.body, printed, after_example=True), printed
