@@ -147,10 +147,13 @@ class MemoryGuard:
                 self.check_peak = False
                 return out
             self.engine.reset()
-            if not self.adapts or k >= self.batch_size:
-                fix = "raise memory_limit or use more subdivisions" if not detail else _MORE_SUBDIVISIONS
-                if k >= self.batch_size:
-                    fix = "even one example per micro-batch does not fit: use a smaller model"
+            if k >= self.batch_size:
+                raise OutOfMemory(
+                    f"update {step + 1} {problem}{detail}: even one example per micro-batch does not fit: "
+                    f"use a smaller model"
+                )
+            if not self.adapts:
+                fix = _MORE_SUBDIVISIONS if detail else "raise memory_limit or use more subdivisions"
                 raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}")
             self.engine.set_subdivisions(min(2 * k, self.batch_size))
             self.say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}")
