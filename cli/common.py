@@ -77,4 +77,9 @@ def output_dir_option(help_text: str):
     return click.option("--output-dir", type=click.Path(path_type=Path), default=None, help=help_text)
 
 
+def count_option(name: str, default: int, help_text: str):
+    """A whole number >= 1 with its default shown, e.g. --steps."""
+    return click.option(name, default=default, show_default=True, type=click.IntRange(min=1), help=help_text)
+
+
 verbose_option = click.option("--verbose", is_flag=True, help="Show TensorFlow's own log lines.")

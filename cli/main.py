@@ -20,7 +20,15 @@ import click
 from ..config import load_config
 from ..errors import UserError
 from ..text import mib_text
-from .common import default_output_dir, exit_codes, output_dir_option, quiet_tensorflow, set_option, verbose_option
+from .common import (
+    count_option,
+    default_output_dir,
+    exit_codes,
+    output_dir_option,
+    quiet_tensorflow,
+    set_option,
+    verbose_option,
+)
 from .export import export
 from .use import evaluate, plan, predict
 
@@ -197,26 +205,14 @@ def _parse_ks(text: str) -> list:
 @click.option(
     "--subdivisions", "ks", default="1,2,4,8,16", show_default=True, help="Values of k to measure, comma-separated."
 )
-@click.option(
-    "--steps",
-    default=10,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Timed updates per k (after 2 warm-up updates).",
-)
+@count_option("--steps", 10, "Timed updates per k (after 2 warm-up updates).")
 @click.option(
     "--precision",
     "precisions",
     default=None,
     help="Precisions to measure, comma-separated (float32, mixed_bfloat16, mixed_float16); default: the config's.",
 )
-@click.option(
-    "--rounds",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Measure every variant this many times, alternating; ratios are medians over the rounds.",
-)
+@count_option("--rounds", 1, "Measure every variant this many times, alternating; ratios are medians over the rounds.")
 @set_option("Override a config value.")
 @output_dir_option("Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
 @verbose_option
