@@ -14,3 +14,9 @@ import os
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 __version__ = "0.1.0"
+
+from .api import fit, run
+from .errors import UserError
+from .progress import Progress
+
+__all__ = ["Progress", "UserError", "__version__", "fit", "run"]

@@ -30,8 +30,8 @@ from pathlib import Path
 from .child import run_child
 from .config import Config, load_config
 from .errors import WorkerFailed
+from .progress import Progress
 from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_result
-from .train import Progress
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
@@ -39,7 +39,7 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
     from .memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
     from .train import Run
 
-    x, y = first_batch(data, cfg.seed, cfg.batch_size)
+    x, y = first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
     # The run never batches its splits here, so no copy of the training set
     # enters TensorFlow's memory: the update's memory is what is measured.
     with tempfile.TemporaryDirectory() as scratch:

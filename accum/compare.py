@@ -21,8 +21,8 @@ import numpy as np
 from .child import error_message, run_child
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
-from .rundir import atomic_write, check_output_dir, pyplot, read_metrics, save_figure, write_result
-from .train import Progress
+from .progress import Progress
+from .rundir import atomic_write, check_output_dir, is_epoch_record, pyplot, read_metrics, save_figure, write_result
 
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 
@@ -40,7 +40,7 @@ def gradient_check(cfg: Config, data) -> dict:
     from .models import build_model
 
     model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
-    x, y = first_batch(data, cfg.seed, cfg.batch_size)
+    x, y = first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
     variables = model.trainable_variables
     names = [v.name.split(":")[0] for v in variables]
     k = min(cfg.subdivisions, cfg.batch_size)
@@ -76,7 +76,7 @@ def gradient_check(cfg: Config, data) -> dict:
 
 
 def _curves(run_dir: Path) -> dict:
-    epochs = [r for r in read_metrics(run_dir / "metrics.jsonl") if "test_accuracy" in r]
+    epochs = [r for r in read_metrics(run_dir / "metrics.jsonl") if is_epoch_record(r)]
     return {
         key: [r[key] for r in epochs] for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "examples_per_s")
     }

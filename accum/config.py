@@ -10,6 +10,7 @@ one line, and says where the value came from (the file or ``--set``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -186,6 +187,9 @@ class DataConfig:
         help="npz: the class count (null: the largest label + 1, or the "
         "length of class_names); a label >= num_classes is an error",
     )
+    shuffle: bool = _spec(
+        True, help="false: every epoch reads the training examples in their stored order (as model.fit(shuffle=False))"
+    )
     train_limit: int | None = _spec(None, minimum=1, help="use only the first N training examples")
     test_limit: int | None = _spec(None, minimum=1, help="use only the first N test examples")
     validation: int = _spec(
@@ -341,6 +345,32 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         _set_dotted(raw, key, value, source)
         overridden.add(key)
     return config_from_dict(raw, source, overridden)
+
+
+def with_overrides(base: Config | dict, overrides, source: str = "config") -> Config:
+    """A Config (or a dict in the YAML's shape) with overrides applied, checked: ``overrides`` as --set takes
+    them ("KEY=VALUE" strings, the value read as YAML) or a dict {KEY: value}."""
+    raw = copy.deepcopy(base.to_dict() if isinstance(base, Config) else base)
+    if not isinstance(raw, dict):
+        return config_from_dict(raw, source)
+    items = overrides.items() if isinstance(overrides, dict) else [_parse_override(item) for item in overrides]
+    overridden: set = set()
+    for key, value in items:
+        _set_dotted(raw, key, value, source)
+        overridden.add(key)
+    return config_from_dict(raw, source, overridden)
+
+
+def as_config(config: str | Path | dict | Config | None, overrides=()) -> Config:
+    """A checked Config from a YAML path (None: the defaults), a dict in the YAML's shape or a Config,
+    overrides applied (see ``with_overrides``)."""
+    if isinstance(config, (Config, dict)):
+        return with_overrides(config, overrides or ())
+    if isinstance(overrides, dict):
+        source = str(config) if config is not None else "defaults"
+        raw = _read_yaml(Path(config)) if config is not None else {}
+        return with_overrides(raw, overrides, source)
+    return load_config(config, overrides or ())
 
 
 def config_from_dict(raw: Any, source: str = "config", overridden: typing.Collection[str] = ()) -> Config:

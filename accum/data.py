@@ -12,9 +12,9 @@ import math
 import numpy as np
 
 
-def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The permutation of epoch ``epoch`` (0-based)."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
+def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarray:
+    """The permutation of epoch ``epoch`` (0-based); the stored order without ``shuffle``."""
+    return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
 
 
 def worker_part(n: int, replicas: int, replica_ids) -> tuple:
@@ -48,9 +48,9 @@ def worker_batches(split, order: np.ndarray, batch_size: int, replicas: int, rep
         yield n, x, y
 
 
-def first_batch(data, seed: int, batch_size: int):
+def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
     """The first update's batch (epoch 0): what memory probes and the gradient check look at."""
-    return data.train.take(epoch_order(seed, 0, len(data.train))[:batch_size])
+    return data.train.take(epoch_order(seed, 0, len(data.train), shuffle)[:batch_size])
 
 
 def updates_per_epoch(examples: int, batch_size: int) -> int:

@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .config import Config, load_config
+from .config import Config, as_config, load_config
 from .errors import RunDirError
 
 _UMASK = os.umask(0)
@@ -77,6 +77,14 @@ def _existing_parent(path: Path) -> Path:
         if parent.exists():
             return parent
     return Path("/")
+
+
+def default_output_dir(config_path, prefix: str = "") -> Path:
+    """runs/[PREFIX]NAME-DATE-TIME, NAME the config file's stem (``run`` for a config that is no file)."""
+    import datetime
+
+    stem = Path(config_path).stem if config_path else "run"
+    return Path("runs") / f"{prefix}{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def write_json(path: Path, data) -> None:
@@ -141,8 +149,9 @@ def kept_model(run_dir: Path, model_cfg):
 # ----------------------------------------------------------------------------
 # Resuming
 
-# Keys a resumed run may change: they do not alter what was computed so far.
-RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir")
+# Keys a resumed run may change: they do not alter what was computed so far. A change of strategy
+# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (train.py).
+RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir", "strategy")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -164,7 +173,7 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
     saved = load_config(run_dir / "config.yaml")
     if config_path is None and not overrides:
         return saved
-    wanted = load_config(config_path if config_path else run_dir / "config.yaml", overrides)
+    wanted = as_config(config_path if config_path is not None else run_dir / "config.yaml", overrides)
     wanted = wanted.with_decay_steps(wanted.optimizer.schedule.decay_steps or saved.optimizer.schedule.decay_steps)
     old, new = _flatten(saved.to_dict()), _flatten(wanted.to_dict())
     changed = [k for k in new if old.get(k) != new[k]]
@@ -188,6 +197,11 @@ EPOCH_SCALARS = ("test_loss", "test_accuracy", "validation_loss", "validation_ac
 RENAMED_KEYS = {"val_loss": "validation_loss", "val_accuracy": "validation_accuracy"}
 
 
+def is_epoch_record(record: dict) -> bool:
+    """An epoch's line of metrics.jsonl (an update's has a "loss")."""
+    return "elapsed_s" in record
+
+
 def read_metrics(path: Path) -> list:
     """The records of a metrics.jsonl, older key names read as today's."""
     records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
@@ -195,17 +209,19 @@ def read_metrics(path: Path) -> list:
 
 
 class MetricsLog:
-    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
+    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard; with ``run_dir``
+    None, a list in memory (``records``) and nothing written."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path | None):
         import tensorflow as tf
 
-        self.path = Path(run_dir) / "metrics.jsonl"
-        self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+        self.records = []
+        self.path = None if run_dir is None else Path(run_dir) / "metrics.jsonl"
+        self.writer = None if run_dir is None else tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
 
     def truncate_after(self, step: int, epochs_done: int) -> None:
         """Drop records a resumed run will write again (those after its checkpoint)."""
-        if not self.path.exists():
+        if self.path is None or not self.path.exists():
             return
         keep = []
         for line in self.path.read_text().splitlines():
@@ -213,7 +229,7 @@ class MetricsLog:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
-            if "test_accuracy" in record:
+            if is_epoch_record(record):
                 if record["epoch"] <= epochs_done:
                     keep.append(line)
             elif record.get("step", 0) <= step:
@@ -223,6 +239,9 @@ class MetricsLog:
     def write(self, records) -> None:
         import tensorflow as tf
 
+        if self.path is None:
+            self.records += records
+            return
         with open(self.path, "a") as handle:
             for record in records:
                 handle.write(json.dumps(record) + "\n")
@@ -230,7 +249,7 @@ class MetricsLog:
             os.fsync(handle.fileno())  # before the checkpoint that counts these updates as done
         with self.writer.as_default():
             for record in records:
-                if "test_accuracy" in record:
+                if is_epoch_record(record):
                     for key in EPOCH_SCALARS:
                         if record.get(key) is not None:
                             tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
@@ -268,12 +287,14 @@ class MetricsLog:
         return loss_sum, examples
 
     def read(self):
-        return read_metrics(self.path)
+        if self.path is None:
+            return list(self.records)
+        return read_metrics(self.path) if self.path.exists() else []
 
     def epoch_losses(self, epoch: int) -> tuple:
         """(loss sum, examples) of the applied updates logged so far in ``epoch``."""
         loss_sum, examples, seen = 0.0, 0, 0
-        for record in self.read() if self.path.exists() else []:
+        for record in self.read():
             if "loss" not in record:
                 continue
             n, seen = record["examples_seen"] - seen, record["examples_seen"]  # records start at step 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import tempfile
 import threading
@@ -31,42 +32,40 @@ from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softm
 from .errors import Interrupted, RunDirError, TrainingStopped
 from .launcher import announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
+from .progress import Progress
 from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
-
-
-class Progress:
-    """Callbacks from the loop. The default does nothing."""
-
-    def epoch_start(self, epoch: int, epochs: int, micro_batches: int, done: int) -> None: ...
-
-    def updates(self, micro_done: int, loss: float, examples_per_s: float) -> None: ...
-
-    def epoch_end(self, record: dict) -> None: ...
-
-    def message(self, text: str) -> None: ...
 
 
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None):
+    def __init__(self, cfg: Config, data, run_dir: Path | None, strategy=None, model=None):
+        """``run_dir`` None keeps everything in memory (no checkpoint files); ``model`` is a built model to train
+        instead of the one cfg.model names (accum_train.fit's)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .models import build_model
         from .optim import make_optimizer, make_schedule
         from .threads import parallel_micro_steps
 
-        self.run_dir, self.data = Path(run_dir), data
+        self.run_dir, self.data = None if run_dir is None else Path(run_dir), data
         self.n_train = len(data.train)
         self.steps_per_epoch = updates_per_epoch(self.n_train, cfg.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
         schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
+        self.replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
         with (strategy or tf.distribute.get_strategy()).scope():
-            self.model = build_model(
-                kept_model(run_dir, cfg.model), cfg.seed, data.input_shape, data.num_classes, cfg.precision
-            )
+            if model is None:
+                model = build_model(
+                    kept_model(run_dir, cfg.model) if run_dir is not None else cfg.model,
+                    cfg.seed,
+                    data.input_shape,
+                    data.num_classes,
+                    cfg.precision,
+                )
+            self.model = model
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn, variables = sparse_softmax_loss(self.model.forward), self.model.trainable_variables
@@ -106,11 +105,20 @@ class Run:
         }
         if not cfg.baseline:
             tracked["subdivisions"] = self.engine.subdivisions
+            # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
+            # (``adapt_subdivisions``). Checkpoints from before it was kept restore none: no change assumed.
+            with (strategy or tf.distribute.get_strategy()).scope():
+                self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
+            tracked["replicas"] = self.saved_replicas
         if self.engine.dynamic:
             tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
         self.checkpoint = tf.train.Checkpoint(**tracked)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
+        self.manager = (
+            None
+            if self.run_dir is None
+            else tf.train.CheckpointManager(
+                self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
+            )
         )
 
     @property
@@ -149,9 +157,11 @@ class Run:
         return loss_sum / len(split), correct / len(split)
 
     def scores(self) -> dict:
-        """test_loss and test_accuracy, and validation_loss and validation_accuracy with data.validation."""
-        test_loss, test_accuracy = self.evaluate()
-        scores = {"test_loss": test_loss, "test_accuracy": test_accuracy}
+        """test_loss and test_accuracy (none without test examples), and validation_loss and
+        validation_accuracy with data.validation."""
+        scores = {}
+        if self.data.test is not None and len(self.data.test):
+            scores["test_loss"], scores["test_accuracy"] = self.evaluate()
         if self.data.validation is not None:
             scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
         return scores
@@ -171,6 +181,9 @@ class Run:
         """Save the state as of ``step`` updates; TensorFlow writes the files first and the 'checkpoint' pointer last,
         so a failed or killed save leaves the previous checkpoint as the latest."""
         self.step.assign(step)
+        if self.manager is None:  # a run kept in memory (accum_train.fit without output_dir)
+            self.saved_step = step
+            return
         try:
             self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as err:
@@ -210,12 +223,22 @@ class _StopFlag:
 
 
 def train(
-    cfg: Config, run_dir: Path, progress: Progress | None = None, resume: bool = False, data=None, strategy=None
+    cfg: Config,
+    run_dir: Path | None,
+    progress: Progress | None = None,
+    resume: bool = False,
+    data=None,
+    strategy=None,
+    model=None,
+    checked: bool = False,
 ) -> dict:
     """Train as configured, leaving a complete run directory; returns summary.json's content.
 
     Under a multi-worker strategy every worker calls this; only the chief writes
-    ``run_dir``, the others write their (required) checkpoints to a scratch folder."""
+    ``run_dir``, the others write their (required) checkpoints to a scratch folder.
+    ``run_dir`` None trains in memory and writes nothing (accum_train.fit); ``model``
+    replaces the one cfg.model names; ``checked``: the caller has checked (and
+    begun) the output directory."""
     from .distribute import is_chief, make_strategy
     from .threads import configure
 
@@ -227,20 +250,22 @@ def train(
         from .datasets import load
 
         data = load(cfg.data)  # before anything is written: bad data leaves no trace
-    shared_dir = run_dir = Path(run_dir)
-    if not is_chief(strategy):
+    shared_dir = run_dir = None if run_dir is None else Path(run_dir)
+    if run_dir is not None and not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
         run_dir, progress = Path(scratch.name) / "run", Progress()
-    elif not resume:
+    elif run_dir is not None and not resume and not checked:
         check_output_dir(run_dir)
     started, cpu_started = time.time(), time.process_time()
-    run = Run(cfg, data, run_dir, strategy)  # before any write: a model file that does not fit leaves no trace
+    # before any write: a model file that does not fit leaves no trace
+    run = Run(cfg, data, run_dir, strategy, model=model)
     cfg = run.cfg
-    run_dir.mkdir(parents=True, exist_ok=True)
-    keep_model_file(run_dir, cfg.model)
-    for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
-        if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
-            atomic_write(run_dir / name, text.encode())
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        keep_model_file(run_dir, cfg.model)
+        for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
+            if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
+                atomic_write(run_dir / name, text.encode())
     log = MetricsLog(run_dir)
     step = _start(run, log, shared_dir, resume, progress)
     guard = MemoryGuard(run.engine, cfg, progress.message)
@@ -250,7 +275,6 @@ def train(
         while step < run.total_steps:
             step = _epoch(run, log, step, stop, progress, guard)
 
-    save_weights(run.model.named_weights(), run_dir / "weights.npz")
     summary = {
         **run.scores(),
         "steps": step,
@@ -261,18 +285,43 @@ def train(
         "peak_rss_bytes": peak_rss_bytes(),
         "skipped_updates": int(run.engine.skipped_updates.numpy()),
         "subdivisions": run.subdivisions,
+        "replicas": run.replicas,
         "batch_size": cfg.batch_size,
         "baseline": cfg.baseline,
         "precision": cfg.precision,
         "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
         **threads,
     }
-    write_json(run_dir / "summary.json", summary)
+    if run_dir is None:
+        summary["history"] = log.read()  # what metrics.jsonl would hold
+    else:
+        save_weights(run.model.named_weights(), run_dir / "weights.npz")
+        write_json(run_dir / "summary.json", summary)
     return summary
 
 
-def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: Progress) -> int:
-    """Restore or begin (choosing k for subdivisions=auto), say how the batch is split; the first step."""
+def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, replicas: int) -> int:
+    """The fewest micro-batches per replica share that keep every micro-batch within the largest one
+    ``k_before`` cut on ``replicas_before`` replicas: what a resume on other replicas runs."""
+    micro = math.ceil(math.ceil(batch_size / replicas_before) / k_before)
+    share = math.ceil(batch_size / replicas)
+    return max(1, min(math.ceil(share / micro), share))
+
+
+def _workers() -> int:
+    """The workers of the cluster this process is in (TF_CONFIG), 1 without one."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
+
+
+def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, progress: Progress) -> int:
+    """Restore or begin (choosing k for subdivisions=auto), say how the batch is split; the first step.
+
+    A resume on another number of replicas keeps the global batch, the data
+    order and the schedule (all counted in updates) and changes only how a
+    replica cuts its share: k is adapted so that no micro-batch is larger than
+    before (re-probed with subdivisions=auto). history.jsonl records each
+    start: update, strategy, workers, replicas, k."""
     cfg = run.cfg
     step = 0
     if resume:
@@ -286,9 +335,11 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: 
                 f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
                 f"fixed when the run started); later updates use its final learning rate"
             )
+        if not cfg.baseline:
+            _adapt_to_replicas(run, progress)
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
-            x, y = first_batch(run.data, cfg.seed, cfg.batch_size)
+            x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
             choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
         run.save_checkpoint(0)  # a run is resumable from its first moment
     if not cfg.baseline:
@@ -302,14 +353,51 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path, resume: bool, progress: 
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"
         )
+    if run.run_dir is not None:
+        entry = {
+            "step": step,
+            "event": "resume" if resume else "start",
+            "strategy": cfg.strategy.name,
+            "workers": _workers(),
+            "replicas": run.replicas,
+            "subdivisions": run.subdivisions,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        with open(run.run_dir / HISTORY, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
     return step
+
+
+# A run directory's record of its starts and resumes, one JSON line each (appended; informational).
+HISTORY = "history.jsonl"
+
+
+def _adapt_to_replicas(run: Run, progress: Progress) -> None:
+    """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so."""
+    cfg = run.cfg
+    before, k_before = int(run.saved_replicas.numpy()), run.subdivisions
+    if before == run.replicas:
+        return
+    if cfg.auto_subdivisions:
+        x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
+        run.engine.set_subdivisions(1)
+        choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
+    else:
+        run.engine.set_subdivisions(adapt_subdivisions(cfg.batch_size, before, k_before, run.replicas))
+    run.saved_replicas.assign(run.replicas)
+    micro = math.ceil(math.ceil(cfg.batch_size / run.replicas) / run.subdivisions)
+    progress.message(
+        f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
+        f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
+        f"learning-rate schedule and update count unchanged"
+    )
 
 
 def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Progress, guard: MemoryGuard) -> int:
     """The rest of the epoch that ``step`` (updates done) falls in; the step it ends at."""
     cfg = run.cfg
     epoch, first = divmod(step, run.steps_per_epoch)
-    order = epoch_order(cfg.seed, epoch, run.n_train)[first * cfg.batch_size :]
+    order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)[first * cfg.batch_size :]
     k = run.subdivisions
     full, rest = divmod(run.n_train, cfg.batch_size)
     progress.epoch_start(epoch + 1, cfg.epochs, full * k + min(k, rest), first * k)

@@ -4,7 +4,6 @@ the one place where a run's end becomes an exit code and one line on stderr."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import signal
 import sys
@@ -61,11 +60,6 @@ def exit_codes():
 def die(line: str, code: int) -> None:
     click.echo(line, err=True)
     sys.exit(code)
-
-
-def default_output_dir(config_path, prefix: str = "") -> Path:
-    stem = Path(config_path).stem if config_path else "run"
-    return Path("runs") / f"{prefix}{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def set_option(help_text: str):

@@ -19,10 +19,10 @@ import click
 
 from ..config import load_config
 from ..errors import UserError
+from ..rundir import default_output_dir
 from ..text import mib_text
 from .common import (
     count_option,
-    default_output_dir,
     exit_codes,
     output_dir_option,
     quiet_tensorflow,
@@ -134,32 +134,20 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
     accum-train run --resume runs/smoke
     """
     quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
+    from ..api import run as run_api
+
+    if output_dir is None and resume_dir is None and config is not None:
+        output_dir = default_output_dir(config)
+    run_dir = resume_dir or output_dir
     with exit_codes():
-        if resume_dir is not None:
-            if output_dir is not None and Path(output_dir) != Path(resume_dir):
-                raise UserError(
-                    "--output-dir and --resume name different directories: "
-                    "a resumed run stays in its own directory; drop --output-dir"
-                )
-            from ..rundir import resume_config
-
-            cfg, run_dir = resume_config(resume_dir, config, overrides), Path(resume_dir)
-        else:
-            if config is None:
-                raise UserError(
-                    "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', or --resume RUN_DIR"
-                )
-            cfg = load_config(config, overrides)
-            run_dir = Path(output_dir) if output_dir else default_output_dir(config)
-        if workers:
-            from ..launcher import launch_workers
-
-            summary = launch_workers(cfg, run_dir, resume_dir is not None, workers, click.echo)
-        else:
-            from ..train import train
-
-            progress = BarProgress(not quiet and sys.stdout.isatty())
-            summary = train(cfg, run_dir, progress=progress, resume=resume_dir is not None)
+        summary = run_api(
+            config,
+            output_dir=output_dir,
+            overrides=overrides,
+            progress=BarProgress(not quiet and sys.stdout.isatty()),
+            resume=resume_dir,
+            workers=workers,
+        )
     if workers:
         return  # the chief's own output, echoed by the launcher, ended with the same line
     click.echo(

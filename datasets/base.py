@@ -24,11 +24,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 
-def to_inputs(images, labels):
-    """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
+def to_inputs(images, labels, as_given: bool = False):
+    """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32.
+    ``as_given``: any [n, ...] cast to float32 and nothing else, as model.fit feeds arrays (accum_train.fit)."""
     import tensorflow as tf
 
     x = tf.convert_to_tensor(images)
+    if as_given:
+        return tf.cast(x, tf.float32), tf.cast(labels, tf.int32)
     x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
     if x.shape.rank == 3:
         x = x[..., tf.newaxis]
@@ -38,23 +41,23 @@ def to_inputs(images, labels):
 class ArraySplit:
     """A split held in memory as numpy arrays."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray):
+    def __init__(self, images: np.ndarray, labels: np.ndarray, as_given: bool = False):
         if len(images) != len(labels):  # loaders check this with a user-facing message first
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images, self.labels = images, labels
+        self.images, self.labels, self.as_given = images, labels, as_given
         self._tensors = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def head(self, n: int) -> ArraySplit:
-        return ArraySplit(self.images[:n], self.labels[:n])
+        return ArraySplit(self.images[:n], self.labels[:n], self.as_given)
 
     def subset(self, indices: np.ndarray) -> ArraySplit:
-        return ArraySplit(self.images[indices], self.labels[indices])
+        return ArraySplit(self.images[indices], self.labels[indices], self.as_given)
 
     def take(self, indices: np.ndarray):
-        return to_inputs(self.images[indices], self.labels[indices])
+        return to_inputs(self.images[indices], self.labels[indices], self.as_given)
 
     def batches(self, order: np.ndarray, batch_size: int):
         """Batches in ``order``, gathered and converted on the tf.data side from one copy in TF memory."""
@@ -65,7 +68,8 @@ class ArraySplit:
         images, labels = self._tensors
         indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
         return indices.map(
-            lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx)), num_parallel_calls=tf.data.AUTOTUNE
+            lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx), self.as_given),
+            num_parallel_calls=tf.data.AUTOTUNE,
         ).prefetch(2)
 
 
@@ -120,7 +124,7 @@ class Dataset:
             "input_shape": list(self.input_shape),
             "class_names": list(self.class_names),
             "train_examples": len(self.train),
-            "test_examples": len(self.test),
+            "test_examples": 0 if self.test is None else len(self.test),
         }
         if self.validation is not None:
             described["validation_examples"] = len(self.validation)
