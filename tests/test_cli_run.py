@@ -198,7 +198,22 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
         (
             ["run", "--resume", str(done), "--set", "batch_size=200"],
             f"--resume {done}: the config changes batch_size (64 -> 200), which the run cannot continue with; "
-            f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir may change",
+            f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
+        ),
+        (
+            ["run", "--resume", str(done), "--set", "model.width=0.125"],
+            f"--resume {done}: the config changes model.width (0.0625 -> 0.125), which the run cannot continue "
+            f"with; only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
+        ),
+        (
+            ["run", "--resume", str(done), "--set", "optimizer.name=sgd"],
+            f"--resume {done}: the config changes optimizer.name ('adam' -> 'sgd'), which the run cannot continue "
+            f"with; only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
+        ),
+        (
+            ["run", "--resume", str(done), "--set", "data.train_limit=640"],
+            f"--resume {done}: the config changes data.train_limit (3000 -> 640), which the run cannot continue "
+            f"with; only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
         ),
         (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', or --resume RUN_DIR"),
     ]

@@ -7,6 +7,7 @@ the README gives it and compares predict's output with the README's block.
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -114,3 +115,28 @@ def test_the_own_data_example_as_written_prints_the_readme_block(readme, tmp_pat
     (block,) = [b for b in module.blocks(text) if b.after_example]
     printed = module.outputs(text, [block], tmp_path)[block]
     assert module.same(block.body, printed, after_example=True), printed
+
+
+@pytest.mark.slow
+def test_the_python_example_runs_as_written(repo_root, data_dir, tmp_path):
+    """The README's "From Python" block, run in a fresh process from an empty folder (its config path made
+    absolute): both calls print, and run's directory is where the example says."""
+    text = (repo_root / "README.md").read_text()
+    block = text.split("<!-- python example -->\n```python\n", 1)[1].split("```", 1)[0]
+    script = block.replace('"configs/smoke.yaml"', repr(str(repo_root / "configs" / "smoke.yaml")))
+    assert script != block
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**os.environ, "ACCUM_TRAIN_DATA": str(data_dir)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    fit_line, run_line = done.stdout.splitlines()[-2:]
+    accuracies = json.loads(fit_line.removeprefix("fit: "))
+    assert len(accuracies) == 3 and accuracies[-1] > 0.75
+    accuracy, steps = run_line.removeprefix("run: ").split()
+    assert float(accuracy) > 0.5 and int(steps) == 47
+    assert json.loads((tmp_path / "runs" / "from-python" / "summary.json").read_text())["steps"] == 47
