@@ -50,6 +50,7 @@ test-slow: setup
 bench: setup
 	$(BIN)/accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10
 	$(BIN)/python benchmarks/peers.py --output docs/peers.json
+	$(BIN)/python benchmarks/peers_keras.py --output docs/peers-keras-file.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -38,6 +38,9 @@ taken against the fastest of (b), (b') and (b'').
 
     python benchmarks/peers.py --output docs/peers.json   # the README's figures
     python benchmarks/peers.py --rounds 3 --updates 5 --mem-batch 1024   # quicker
+
+peers_keras.py runs (a), (a1) and the Keras variants on the user's own model
+(a keras_file) with this machinery.
 """
 
 from __future__ import annotations
@@ -78,8 +81,8 @@ def channels(width):
 # ---------------------------------------------------------------- (a), (d), (e)
 
 
-def ours(width, k, x, y, plain=False, parallel=1):
-    model = build_model(ModelConfig(width=width), 0, INPUT_SHAPE, NUM_CLASSES)
+def ours(model_cfg, k, x, y, plain=False, parallel=1):
+    model = build_model(model_cfg, 0, INPUT_SHAPE, NUM_CLASSES)
     opt = make_optimizer(OptimizerConfig(learning_rate=LR), LR, model.trainable_variables)
     loss_fn = sparse_softmax_loss(model.forward)
     if plain:
@@ -112,11 +115,12 @@ def keras_twin(width):
 
 
 class KerasAccumulation:
-    """model.fit with Adam(gradient_accumulation_steps=k): one fit call per round."""
+    """model.fit with Adam(gradient_accumulation_steps=k): one fit call per round. ``network()`` gives the
+    uncompiled Keras model (the seed net's twin here, the user's file in peers_keras.py)."""
 
-    def __init__(self, width, k, micro, x, y, updates, steps_per_execution=1):
+    def __init__(self, network, k, micro, x, y, updates, steps_per_execution=1):
         keras.utils.set_random_seed(0)
-        self.model = keras_twin(width)
+        self.model = network()
         self.model.compile(
             optimizer=keras.optimizers.Adam(LR, gradient_accumulation_steps=k),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -219,34 +223,40 @@ def method_spec(args):
 def build_method(name, args, x, y):
     k, micro, updates = args.k, args.micro, args.updates
     batch = k * micro
+    seed_net = ModelConfig(width=args.width)
     if name == A:
-        return ours(args.width, k, x[:batch], y[:batch], parallel=ours_parallel(k))
+        return ours(seed_net, k, x[:batch], y[:batch], parallel=ours_parallel(k))
     if name == A1:
-        return ours(args.width, k, x[:batch], y[:batch], parallel=1)
+        return ours(seed_net, k, x[:batch], y[:batch], parallel=1)
     if name in KERAS:
         return KerasAccumulation(
-            args.width, k, micro, x[:batch], y[:batch], updates, steps_per_execution=1 if name == B else k
+            lambda: keras_twin(args.width),
+            k,
+            micro,
+            x[:batch],
+            y[:batch],
+            updates,
+            steps_per_execution=1 if name == B else k,
         )
     if name == C:
         return tf1_session(args.width, k, micro, x[:batch], y[:batch])
     if name == D:
-        return ours(args.width, 1, x[:micro], y[:micro], plain=True)
-    return ours(args.width, 1, x[:batch], y[:batch], plain=True)
+        return ours(seed_net, 1, x[:micro], y[:micro], plain=True)
+    return ours(seed_net, 1, x[:batch], y[:batch], plain=True)
 
 
-def serve(name, args, x, y):
-    """The child: build one method, warm it up, then time one round per 'run' line on stdin.
+def serve(run, updates):
+    """The child: warm up one built method, then time one round per 'run' line on stdin.
 
     Each method lives in its own process so that it runs under its own thread pools (fixed per
     process), while the parent still interleaves the methods round by round."""
-    run = build_method(name, args, x, y)
-    run(args.updates)  # warm-up: tracing, graph building
+    run(updates)  # warm-up: tracing, graph building
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
         c0, w0 = time.process_time(), time.perf_counter()
-        run(args.updates)
+        run(updates)
         print(json.dumps({"cpu": time.process_time() - c0, "wall": time.perf_counter() - w0}), flush=True)
     final = {"done": True}
     if isinstance(run, KerasAccumulation):
@@ -254,12 +264,14 @@ def serve(name, args, x, y):
     print(json.dumps(final), flush=True)
 
 
-def time_methods(args, x, y):
-    spec = method_spec(args)
+def time_methods(args, spec, keras_names=KERAS, script=__file__, shared_args=("width", "k", "micro", "updates")):
+    """Per method of ``spec`` (see method_spec), the medians over args.rounds interleaved rounds; each
+    method served by ``script --serve NAME`` with the ``shared_args`` of args, in its own process.
+    ``keras_names`` are the KerasAccumulation methods, whose number of optimizer updates is checked."""
     children = {}
     for name in spec:  # started one at a time: each warms up while the others wait
-        argv = [sys.executable, __file__, "--serve", name] + [
-            f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items() if key in SHARED_ARGS
+        argv = [sys.executable, script, "--serve", name] + [
+            f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items() if key in shared_args
         ]
         # through the environment, read when the child's runtime starts (TensorLayer's import already runs ops)
         child = subprocess.Popen(
@@ -284,11 +296,11 @@ def time_methods(args, x, y):
         child.stdin.flush()
         finals[name] = json.loads(_last_json(child))
         child.wait()
-    for name in KERAS:
+    for name in keras_names:
         expected = (args.rounds + 1) * args.updates
         if finals[name]["optimizer_updates"] != expected:
             raise RuntimeError(f"{name}: {finals[name]['optimizer_updates']} optimizer updates in all, not {expected}")
-    keras_jit = {name: finals[name]["jit_compile"] for name in KERAS}
+    keras_jit = {name: finals[name]["jit_compile"] for name in keras_names}
     return {
         name: {
             "cpu_s_per_example": statistics.median(cpu[name]),
@@ -298,6 +310,8 @@ def time_methods(args, x, y):
             "threads": spec[name][0] or "tensorflow defaults",
             "rounds_cpu_s_per_example": cpu[name],
             "rounds_wall_s_per_example": wall[name],
+            # Keras: the optimizer updates its fits made in all (warm-up included), checked above
+            **({"optimizer_updates": finals[name]["optimizer_updates"]} if name in keras_names else {}),
         }
         for name in spec
     }, keras_jit
@@ -350,13 +364,78 @@ TARGETS = {
     "a1/e TF allocator peak": ("<= 0.125", False),
     "a/e TF allocator peak": (None, False),
 }
-SHARED_ARGS = ("width", "k", "micro", "updates")
 
 
 def shown(value, higher_is_better):
     """3 decimals, rounded against accum-train: never up where up flatters it."""
     rounding = ROUND_FLOOR if higher_is_better else ROUND_CEILING
     return str(Decimal(repr(value)).quantize(Decimal("0.001"), rounding=rounding))
+
+
+def fashion_mnist_batch(n):
+    """The first n Fashion-MNIST training images (float32 in [0, 1], NHWC) and labels: every method's data."""
+    from accum_train.datasets import fashion_mnist
+
+    data = fashion_mnist.load(train_limit=n)
+    return data.train.images[..., None].astype(np.float32) / 255.0, data.train.labels.astype(np.int32)
+
+
+def print_times(times):
+    print(f"{'method':<31} {'CPU ms/example':>15} {'wall ms/example':>16} {'examples/s':>11}  threads")
+    for name, r in times.items():
+        threads = (
+            r["threads"]
+            if isinstance(r["threads"], str)
+            else f"intra {r['threads']['intra']}, inter {r['threads']['inter']}"
+        )
+        print(
+            f"{name:<31} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
+            f"{r['examples_per_s']:>11.0f}  {threads}"
+        )
+
+
+def against_keras(times):
+    """(a) and (a1) against Keras: the two a/b ratios against the fastest Keras variant, taken separately
+    by CPU and by wall time; the ratios against each variant; the fastest variants (cpu, wall)."""
+    a = times[A]
+    best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
+    best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
+    headline = {
+        "a/b examples per CPU-second": a["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
+        "a/b examples per wall-second": a["examples_per_s"] / times[best_wall]["examples_per_s"],
+    }
+    details = {
+        "a/b examples per CPU-second, (b) compile defaults": a["examples_per_cpu_s"] / times[B]["examples_per_cpu_s"],
+        "a/b examples per CPU-second, (b') spe=k": a["examples_per_cpu_s"] / times[B_SPE]["examples_per_cpu_s"],
+        "a/b examples per wall-second, (b) compile defaults": a["examples_per_s"] / times[B]["examples_per_s"],
+        "a/b examples per wall-second, (b') spe=k": a["examples_per_s"] / times[B_SPE]["examples_per_s"],
+        "a/b examples per CPU-second, (b'') spe=k, threads": a["examples_per_cpu_s"]
+        / times[B_SPE_T]["examples_per_cpu_s"],
+        "a/b examples per wall-second, (b'') spe=k, threads": a["examples_per_s"] / times[B_SPE_T]["examples_per_s"],
+        "a1/b examples per wall-second (one micro-step at a time)": times[A1]["examples_per_s"]
+        / times[best_wall]["examples_per_s"],
+        "a1/b examples per CPU-second (one micro-step at a time)": times[A1]["examples_per_cpu_s"]
+        / times[best_cpu]["examples_per_cpu_s"],
+    }
+    return headline, details, (best_cpu, best_wall)
+
+
+def print_details(details):
+    for name, value in details.items():
+        print(f"  {name:<58} {shown(value, True):>9}  {value!r}")
+
+
+def environment(load_before, timing_s, keras_jit):
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "timing_wall_s": timing_s,
+        "keras_jit_compile": keras_jit,
+    }
 
 
 def main():
@@ -374,55 +453,23 @@ def main():
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # a timing child: see serve()
     args = parser.parse_args()
 
-    from accum_train.datasets import fashion_mnist
-
-    data = fashion_mnist.load(train_limit=args.k * args.micro)
-    x = data.train.images[..., None].astype(np.float32) / 255.0
-    y = data.train.labels.astype(np.int32)
     if args.serve:
-        return serve(args.serve, args, x, y)
+        x, y = fashion_mnist_batch(args.k * args.micro)
+        return serve(build_method(args.serve, args, x, y), args.updates)
 
     load_before = os.getloadavg()
     started = time.perf_counter()
-    times, keras_jit = time_methods(args, x, y)
+    times, keras_jit = time_methods(args, method_spec(args))
     print(
         f"time: seed convnet x{args.width}, k={args.k}, micro-batch {args.micro}, {args.rounds} rounds x "
         f"{args.updates} updates per method (one fit per round for Keras), each method in its own process, "
         f"medians; keras jit_compile resolved to {keras_jit[B]}"
     )
-    print(f"{'method':<31} {'CPU ms/example':>15} {'wall ms/example':>16} {'examples/s':>11}  threads")
-    for name, r in times.items():
-        threads = (
-            r["threads"]
-            if isinstance(r["threads"], str)
-            else f"intra {r['threads']['intra']}, inter {r['threads']['inter']}"
-        )
-        print(
-            f"{name:<31} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
-            f"{r['examples_per_s']:>11.0f}  {threads}"
-        )
+    print_times(times)
     a = times[A]
-    best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
-    best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
-    ratios = {
-        "a/b examples per CPU-second": a["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
-        "a/b examples per wall-second": a["examples_per_s"] / times[best_wall]["examples_per_s"],
-        "a/c examples per second": a["examples_per_s"] / times[C]["examples_per_s"],
-        "a/d CPU time per example": a["cpu_s_per_example"] / times[D]["cpu_s_per_example"],
-    }
-    details = {
-        "a/b examples per CPU-second, (b) compile defaults": a["examples_per_cpu_s"] / times[B]["examples_per_cpu_s"],
-        "a/b examples per CPU-second, (b') spe=k": a["examples_per_cpu_s"] / times[B_SPE]["examples_per_cpu_s"],
-        "a/b examples per wall-second, (b) compile defaults": a["examples_per_s"] / times[B]["examples_per_s"],
-        "a/b examples per wall-second, (b') spe=k": a["examples_per_s"] / times[B_SPE]["examples_per_s"],
-        "a/b examples per CPU-second, (b'') spe=k, threads": a["examples_per_cpu_s"]
-        / times[B_SPE_T]["examples_per_cpu_s"],
-        "a/b examples per wall-second, (b'') spe=k, threads": a["examples_per_s"] / times[B_SPE_T]["examples_per_s"],
-        "a1/b examples per wall-second (one micro-step at a time)": times[A1]["examples_per_s"]
-        / times[best_wall]["examples_per_s"],
-        "a1/b examples per CPU-second (one micro-step at a time)": times[A1]["examples_per_cpu_s"]
-        / times[best_cpu]["examples_per_cpu_s"],
-    }
+    ratios, details, (best_cpu, best_wall) = against_keras(times)
+    ratios["a/c examples per second"] = a["examples_per_s"] / times[C]["examples_per_s"]
+    ratios["a/d CPU time per example"] = a["cpu_s_per_example"] / times[D]["cpu_s_per_example"]
     timing_s = time.perf_counter() - started
     mem = memory(args)
     ratios["a1/e TF allocator peak"] = mem[A1]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"]
@@ -441,23 +488,13 @@ def main():
     for name, value in ratios.items():
         target, higher = TARGETS[name]
         print(f"  {name:<32} {target or '-':>8} {shown(value, higher):>9}  {value!r}")
-    for name, value in details.items():
-        print(f"  {name:<58} {shown(value, True):>9}  {value!r}")
+    print_details(details)
     if args.output:
         args.output.write_text(
             json.dumps(
                 {
                     "args": {k: str(v) for k, v in vars(args).items()},
-                    "environment": {
-                        "tensorflow": tf.__version__,
-                        "keras": keras.__version__,
-                        "numpy": np.__version__,
-                        "python": platform.python_version(),
-                        "cpus": os.cpu_count(),
-                        "load_average_before": load_before,
-                        "timing_wall_s": timing_s,
-                        "keras_jit_compile": keras_jit,
-                    },
+                    "environment": environment(load_before, timing_s, keras_jit),
                     "time": times,
                     "memory": mem,
                     "ratios": ratios,

@@ -1,0 +1,63 @@
+"""benchmarks/peers_keras.py end to end at a tiny setting: the JSON it writes, the number of updates
+Keras made, and ratios that are what the times give, never displayed in accum-train's favour."""
+
+import json
+import statistics
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+METHODS = [
+    "(a) accum-train",
+    "(a1) accum-train, 1 at a time",
+    "(b) keras GA, fit",
+    "(b') keras GA, fit, spe=k",
+    "(b'') keras GA, spe=k, threads",
+]
+
+
+@pytest.mark.slow  # five timing processes, each starting TensorFlow and tracing its update
+def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
+    out = tmp_path / "peers-keras.json"
+    rounds, updates = 2, 1
+    argv = ["--k", "4", "--micro", "8", "--rounds", str(rounds), "--updates", str(updates), "--output", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(repo_root / "benchmarks" / "peers_keras.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    keys = {"args", "model", "environment", "time", "ratios", "ratios_a_b_per_keras_variant", "a_b_against"}
+    assert set(data) == keys
+    times = data["time"]
+    assert list(times) == METHODS
+    for name, r in times.items():
+        assert len(r["rounds_cpu_s_per_example"]) == len(r["rounds_wall_s_per_example"]) == rounds
+        assert r["cpu_s_per_example"] == statistics.median(r["rounds_cpu_s_per_example"])
+        assert r["examples_per_cpu_s"] == pytest.approx(1 / r["cpu_s_per_example"])
+        # one fit per round over every update of the round, plus the warm-up round's
+        assert r.get("optimizer_updates") == ((rounds + 1) * updates if "keras" in name else None)
+    assert times[METHODS[0]]["threads"] == {"intra": 1, "inter": 2}  # accum-train's own choice on this CPU
+
+    keras = METHODS[2:]
+    best_cpu = min(keras, key=lambda name: times[name]["cpu_s_per_example"])
+    best_wall = min(keras, key=lambda name: times[name]["wall_s_per_example"])
+    assert data["a_b_against"] == {"cpu": best_cpu, "wall": best_wall}
+    ratios = data["ratios"]
+    a = times[METHODS[0]]
+    assert ratios["a/b examples per CPU-second"] == pytest.approx(
+        times[best_cpu]["cpu_s_per_example"] / a["cpu_s_per_example"]
+    )
+    assert ratios["a/b examples per wall-second"] == pytest.approx(
+        times[best_wall]["wall_s_per_example"] / a["wall_s_per_example"]
+    )
+    printed = {line[:60].strip(): line[60:].split() for line in result.stdout.splitlines() if line.startswith("  a")}
+    for name, value in {**ratios, **data["ratios_a_b_per_keras_variant"]}.items():
+        shown, full = printed[name]
+        assert float(full) == value
+        # 3 decimals, rounded down (higher is better for accum-train): never above the measured ratio
+        assert Decimal(shown) <= Decimal(repr(value)) < Decimal(shown) + Decimal("0.001")
