@@ -202,6 +202,7 @@ SMOKE = {
 }
 
 
+@pytest.mark.slow  # two fresh processes of ~15 s each
 def test_run_from_a_dict_ends_at_the_bits_of_the_cli(tmp_path, repo_root, data_dir):
     """Both in fresh processes of the same environment (thread pools included)."""
     env = {**os.environ, "ACCUM_TRAIN_DATA": str(data_dir), "TF_NUM_INTRAOP_THREADS": "1"}
