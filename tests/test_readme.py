@@ -136,7 +136,7 @@ def test_the_python_example_runs_as_written(repo_root, data_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     fit_line, run_line = done.stdout.splitlines()[-2:]
     accuracies = json.loads(fit_line.removeprefix("fit: "))
-    assert len(accuracies) == 3 and accuracies[-1] > 0.75
+    assert len(accuracies) == 3 and accuracies[-1] > 0.7
     accuracy, steps = run_line.removeprefix("run: ").split()
-    assert float(accuracy) > 0.5 and int(steps) == 47
-    assert json.loads((tmp_path / "runs" / "from-python" / "summary.json").read_text())["steps"] == 47
+    assert float(accuracy) > 0.5 and int(steps) == 94
+    assert json.loads((tmp_path / "runs" / "from-python" / "summary.json").read_text())["steps"] == 94
