@@ -17,7 +17,15 @@ import numpy as np
 from .config import as_config, config_from_dict, with_overrides
 from .errors import UserError
 from .progress import Progress
-from .rundir import default_output_dir, resume_config
+from .rundir import (
+    MODEL_COPY,
+    atomic_write,
+    check_output_dir,
+    default_output_dir,
+    is_epoch_record,
+    read_metrics,
+    resume_config,
+)
 
 
 def run(
@@ -126,7 +134,7 @@ def fit(
     run_dir = None if output_dir is None else Path(output_dir)
     strategy_name = _strategy_name(strategy)
     raw: dict[str, Any] = {
-        "model": {"name": "keras_file", "path": str((run_dir or Path(".")) / "initial_model.keras")},
+        "model": {"name": "keras_file", "path": str((run_dir or Path(".")) / MODEL_COPY)},
         "batch_size": batch_size,
         "subdivisions": k,
         "epochs": epochs,
@@ -140,7 +148,7 @@ def fit(
         raw["model"]["from_logits"] = False
     cfg = config_from_dict(raw, WHERE)
     if run_dir is not None:
-        _check_run_dir_input(run_dir, model, x_train, x_val)
+        _check_run_dir_input(run_dir, x_train, x_val)
 
     import keras
 
@@ -173,13 +181,8 @@ def fit(
         summary = train(cfg, run_dir, data=data, strategy=strategy, model=adopted.model, checked=True)
     finally:
         adopted.copy_back()  # also after an interrupt: the model holds the last update's weights
-    if run_dir is None:
-        records = summary["history"]
-    else:
-        from .rundir import read_metrics
-
-        records = read_metrics(run_dir / "metrics.jsonl")
-    epochs_done = [r for r in records if "elapsed_s" in r]
+    records = summary["history"] if run_dir is None else read_metrics(run_dir / "metrics.jsonl")
+    epochs_done = [r for r in records if is_epoch_record(r)]
     history = {"loss": [r["train_loss"] for r in epochs_done]}
     if x_val is not None:
         history["val_loss"] = [r["test_loss"] for r in epochs_done]
@@ -266,10 +269,8 @@ def _check_labels(y: np.ndarray, name: str, classes: int) -> None:
         )
 
 
-def _check_run_dir_input(run_dir: Path, model, x_train, x_val) -> None:
+def _check_run_dir_input(run_dir: Path, x_train, x_val) -> None:
     """What a run directory needs beyond the arrays: images to store as data.npz and an empty place."""
-    from .rundir import check_output_dir
-
     if x_val is None:
         raise UserError(
             f"{WHERE}: output_dir needs validation_data: a run directory is scored on it "
@@ -287,8 +288,6 @@ def _begin_run_dir(run_dir: Path, model, x_train, y_train, x_val, y_val, names) 
     """The model and the arrays, as a keras_file run over an .npz would have them: what resume reads."""
     import io
     import tempfile
-
-    from .rundir import MODEL_COPY, atomic_write
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=run_dir, prefix=".model-") as scratch:

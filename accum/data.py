@@ -58,6 +58,11 @@ def updates_per_epoch(examples: int, batch_size: int) -> int:
     return math.ceil(examples / batch_size)
 
 
+def largest_micro_batch(batch_size: int, replicas: int, k: int) -> int:
+    """The largest micro-batch when each of ``replicas`` cuts its share of ``batch_size`` into ``k``."""
+    return math.ceil(math.ceil(batch_size / replicas) / k)
+
+
 def describe_split(batch_size: int, k: int, replicas: int | None = None) -> str:
     """The line a run starts with: how each batch is cut."""
     if replicas is None:
@@ -65,5 +70,6 @@ def describe_split(batch_size: int, k: int, replicas: int | None = None) -> str:
     share = math.ceil(batch_size / replicas)
     return (
         f"batch_size={batch_size} over {replicas} replicas ({batch_size // replicas}-{share} examples each), "
-        f"each as {k} micro-batches of up to {math.ceil(share / k)} examples; one gradient all-reduce per update"
+        f"each as {k} micro-batches of up to {largest_micro_batch(batch_size, replicas, k)} examples; "
+        f"one gradient all-reduce per update"
     )

@@ -32,6 +32,12 @@ def make_strategy(cfg: StrategyConfig, cross_device_ops=None) -> tf.distribute.S
     raise ValueError(f"unknown strategy {cfg.name!r}")  # the config module lets only known names through
 
 
+def cluster_workers() -> int:
+    """The workers of the cluster this process is in (TF_CONFIG), 1 without one."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
+
+
 def is_chief(strategy: tf.distribute.Strategy | None) -> bool:
     """The chief (task 'chief', or worker 0 when there is none) writes the run directory."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):

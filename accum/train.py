@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import tempfile
 import threading
@@ -27,7 +26,15 @@ import numpy as np
 import tensorflow as tf
 
 from .config import Config
-from .data import describe_split, epoch_order, first_batch, updates_per_epoch, worker_batches, worker_part
+from .data import (
+    describe_split,
+    epoch_order,
+    first_batch,
+    largest_micro_batch,
+    updates_per_epoch,
+    worker_batches,
+    worker_part,
+)
 from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
 from .errors import Interrupted, RunDirError, TrainingStopped
 from .launcher import announce_started
@@ -55,8 +62,9 @@ class Run:
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
         schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
-        self.replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
-        with (strategy or tf.distribute.get_strategy()).scope():
+        in_scope = strategy or tf.distribute.get_strategy()
+        self.replicas = in_scope.num_replicas_in_sync
+        with in_scope.scope():
             if model is None:
                 model = build_model(
                     kept_model(run_dir, cfg.model) if run_dir is not None else cfg.model,
@@ -107,7 +115,7 @@ class Run:
             tracked["subdivisions"] = self.engine.subdivisions
             # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
             # (``adapt_subdivisions``). Checkpoints from before it was kept restore none: no change assumed.
-            with (strategy or tf.distribute.get_strategy()).scope():
+            with in_scope.scope():
                 self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
             tracked["replicas"] = self.saved_replicas
         if self.engine.dynamic:
@@ -303,15 +311,9 @@ def train(
 def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, replicas: int) -> int:
     """The fewest micro-batches per replica share that keep every micro-batch within the largest one
     ``k_before`` cut on ``replicas_before`` replicas: what a resume on other replicas runs."""
-    micro = math.ceil(math.ceil(batch_size / replicas_before) / k_before)
+    micro = largest_micro_batch(batch_size, replicas_before, k_before)
     share = math.ceil(batch_size / replicas)
     return max(1, min(math.ceil(share / micro), share))
-
-
-def _workers() -> int:
-    """The workers of the cluster this process is in (TF_CONFIG), 1 without one."""
-    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
 
 
 def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, progress: Progress) -> int:
@@ -322,6 +324,8 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
     replica cuts its share: k is adapted so that no micro-batch is larger than
     before (re-probed with subdivisions=auto). history.jsonl records each
     start: update, strategy, workers, replicas, k."""
+    from .distribute import cluster_workers
+
     cfg = run.cfg
     step = 0
     if resume:
@@ -358,7 +362,7 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
             "step": step,
             "event": "resume" if resume else "start",
             "strategy": cfg.strategy.name,
-            "workers": _workers(),
+            "workers": cluster_workers(),
             "replicas": run.replicas,
             "subdivisions": run.subdivisions,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -385,7 +389,7 @@ def _adapt_to_replicas(run: Run, progress: Progress) -> None:
     else:
         run.engine.set_subdivisions(adapt_subdivisions(cfg.batch_size, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)
-    micro = math.ceil(math.ceil(cfg.batch_size / run.replicas) / run.subdivisions)
+    micro = largest_micro_batch(cfg.batch_size, run.replicas, run.subdivisions)
     progress.message(
         f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "

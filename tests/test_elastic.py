@@ -11,18 +11,11 @@ import sys
 
 import pytest
 from accum_train.train import adapt_subdivisions
-from test_distribute import CLI, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
+from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
 
-# 200 examples / batch 64: 4 updates per epoch, the last one short (8); BN-free, constant rate.
-ARGS = [
-    "--set",
-    "model.norm=none",
-    "--set",
-    "data.train_limit=200",
-    "--set",
-    "subdivisions=3",
-    "--quiet",
-]
+# test_distribute's small run (200 examples / batch 64: 4 updates per epoch, the last one short; BN-free,
+# constant rate, k=3); each test sets its own epochs after it (a later --set wins).
+ARGS = SMALL
 
 
 @pytest.mark.parametrize(

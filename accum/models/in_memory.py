@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import keras
 
+from ..api import WHERE
 from ..errors import UserError
 from .containers import KerasModel
 from .keras_file import _is_softmax, _output_layer, _without_softmax, leaves
 from .norm import KerasAccumBatchNorm
-
-WHERE = "accum_train.fit"
 
 
 def from_logits(model: keras.Model) -> bool:
