@@ -78,7 +78,7 @@ class Run:
             clip_norm=cfg.optimizer.clip_norm, norm_layers=self.model.norm_layers, input_signature=signature, **scaling
         )
         if cfg.baseline:
-            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, **shared)
+            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, strategy=strategy, **shared)
         else:
             self.engine = AccumulatingUpdate(
                 loss_fn,
