@@ -618,14 +618,6 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"remove it or set baseline=false"
         )
     _check_model_keys(cfg.model, where)
-    if cfg.strategy.name != "default":
-        name = cfg.strategy.name
-        for bad, why in (
-            (cfg.model.name == "keras_file", "a built-in model.name (keras_file is single-device only for now)"),
-            (cfg.baseline, "baseline=false"),
-        ):
-            if bad:
-                raise ConfigError(f"{where('strategy.name')}: strategy.name={name} needs {why}")
     if cfg.precision != "mixed_float16" and cfg.loss_scale != LossScaleConfig():
         raise ConfigError(
             f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for "

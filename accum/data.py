@@ -63,13 +63,17 @@ def largest_micro_batch(batch_size: int, replicas: int, k: int) -> int:
     return math.ceil(math.ceil(batch_size / replicas) / k)
 
 
-def describe_split(batch_size: int, k: int, replicas: int | None = None) -> str:
-    """The line a run starts with: how each batch is cut."""
+def describe_split(batch_size: int, k: int | None, replicas: int | None = None) -> str:
+    """The line a run starts with: how each batch is cut (``k`` None: the baseline, each share in one pass)."""
     if replicas is None:
         return f"batch_size={batch_size} as {k} micro-batches of {batch_size // k}-{math.ceil(batch_size / k)} examples"
     share = math.ceil(batch_size / replicas)
+    cut = (
+        "each in one pass (baseline)"
+        if k is None
+        else f"each as {k} micro-batches of up to {largest_micro_batch(batch_size, replicas, k)} examples"
+    )
     return (
         f"batch_size={batch_size} over {replicas} replicas ({batch_size // replicas}-{share} examples each), "
-        f"each as {k} micro-batches of up to {largest_micro_batch(batch_size, replicas, k)} examples; "
-        f"one gradient all-reduce per update"
+        f"{cut}; one gradient all-reduce per update"
     )

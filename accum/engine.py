@@ -24,6 +24,8 @@ holds a collective, so the replicas cannot disagree inside one. Keras'
 optimizer would all-reduce the gradients a second time inside
 ``apply_gradients``; the engine turns that off (``_all_reduce_sum_gradients``,
 its one private Keras hook, guarded by a test that a double reduction fails).
+The baseline, ``PlainUpdate``, is the same update without the micro-batches:
+each replica's share of the batch in one pass, then the same all-reduce.
 
 The pieces are separately usable: ``reset``, ``accumulate`` (one
 micro-batch), ``accumulate_batch`` (all k micro-batches of a batch) and
@@ -186,6 +188,21 @@ class Update:
     def learning_rate(self):
         """The rate the next apply_gradients uses (the schedule at optimizer.iterations)."""
         return tf.cast(self.optimizer.learning_rate, tf.float32)
+
+    def _shares(self, x, y, n):
+        """Each local replica's contiguous share of the global batch, from this process's examples."""
+        if len(self.replica_ids) == 1 and self.replicas == 1:
+            return x, y  # one device: the batch itself
+        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
+
+        def share(ctx, tensor):
+            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
+            return tensor[start - offset : end - offset]
+
+        return (
+            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
+            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)),
+        )
 
     def _scaled(self, loss):
         """What a micro-batch differentiates: its loss share times the update's loss scale."""
@@ -416,21 +433,6 @@ class AccumulatingUpdate(Update):
         self.cache.clear()
         return out
 
-    def _shares(self, x, y, n):
-        """Each local replica's contiguous share of the global batch, from this process's examples."""
-        if len(self.replica_ids) == 1 and self.replicas == 1:
-            return x, y  # one device: the batch itself
-        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
-
-        def share(ctx, tensor):
-            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
-            return tensor[start - offset : end - offset]
-
-        return (
-            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
-            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)),
-        )
-
     def _accumulate_all(self, x, y, n):
         xs, ys = self._shares(x, y, n)
         return self.strategy.run(self._accumulate_replica, args=(xs, ys, n))
@@ -446,25 +448,37 @@ class AccumulatingUpdate(Update):
 
 
 class PlainUpdate(Update):
-    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``), one device.
+    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``).
 
-    ``shared`` are Update's keyword arguments but ``strategy``."""
+    Under a strategy each replica takes its contiguous share of the global batch
+    in one pass (no micro-batch loop) and differentiates ``sum(per-example
+    loss) / n``, n the global batch size, so that the replicas' gradients sum
+    to that of the global mean loss in the same one all-reduce as the
+    subdivided update's. ``update`` takes what AccumulatingUpdate's does: this
+    process's examples of the global batch and ``n``. ``shared`` are Update's
+    keyword arguments."""
 
     def __init__(
         self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer, *, input_signature=None, **shared
     ):
-        if "strategy" in shared:
-            raise TypeError("PlainUpdate runs on one device: it takes no strategy")
         super().__init__(variables, optimizer, **shared)
         self.loss_fn = loss_fn
-        self._update = _function(self._update_batch, input_signature)
+        signature = (*input_signature, tf.TensorSpec([], tf.int32)) if input_signature else None
+        self._update = _function(self._update_all, signature)
 
     def update(self, x, y, n=None):
-        return self._update(x, y)
+        """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry}."""
+        return _first(self.strategy, self._update(x, y, _size(y, n)))
 
-    def _update_batch(self, x, y):
+    def _update_all(self, x, y, n):
+        xs, ys = self._shares(x, y, n)
+        return self.strategy.run(self._update_replica, args=(xs, ys, n))
+
+    def _update_replica(self, x, y, n):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(self.loss_fn(x, y))
+            losses = self.loss_fn(x, y)
+            # sum / n, not reduce_mean: a replica's share is not the batch (on one device the same bits)
+            loss = tf.reduce_sum(losses) / tf.cast(n, losses.dtype)
             scaled = self._scaled(loss)
         return self._conclude(loss, tape.gradient(scaled, self.variables), False)
 

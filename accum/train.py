@@ -46,9 +46,10 @@ from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file,
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, run_dir: Path | None, strategy=None, model=None):
+    def __init__(self, cfg: Config, data, run_dir: Path | None, strategy=None, model=None, shared_dir=None):
         """``run_dir`` None keeps everything in memory (no checkpoint files); ``model`` is a built model to train
-        instead of the one cfg.model names (accum_train.fit's)."""
+        instead of the one cfg.model names (accum_train.fit's); ``shared_dir``: the run directory a worker
+        other than the chief reads the kept model file from (its own ``run_dir`` is a scratch folder)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .models import build_model
@@ -67,7 +68,7 @@ class Run:
         with in_scope.scope():
             if model is None:
                 model = build_model(
-                    kept_model(run_dir, cfg.model) if run_dir is not None else cfg.model,
+                    kept_model(shared_dir or run_dir, cfg.model) if run_dir is not None else cfg.model,
                     cfg.seed,
                     data.input_shape,
                     data.num_classes,
@@ -85,7 +86,7 @@ class Run:
             clip_norm=cfg.optimizer.clip_norm, norm_layers=self.model.norm_layers, input_signature=signature, **scaling
         )
         if cfg.baseline:
-            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, **shared)
+            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, strategy=strategy, **shared)
         else:
             self.engine = AccumulatingUpdate(
                 loss_fn,
@@ -266,11 +267,11 @@ def train(
         check_output_dir(run_dir)
     started, cpu_started = time.time(), time.process_time()
     # before any write: a model file that does not fit leaves no trace
-    run = Run(cfg, data, run_dir, strategy, model=model)
+    run = Run(cfg, data, run_dir, strategy, model=model, shared_dir=shared_dir)
     cfg = run.cfg
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        keep_model_file(run_dir, cfg.model)
+        keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy
         for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
             if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
                 atomic_write(run_dir / name, text.encode())
@@ -346,12 +347,10 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
             x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
             choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
         run.save_checkpoint(0)  # a run is resumable from its first moment
-    if not cfg.baseline:
-        progress.message(
-            describe_split(
-                cfg.batch_size, run.subdivisions, run.engine.replicas if cfg.strategy.name != "default" else None
-            )
-        )
+    if cfg.strategy.name != "default":
+        progress.message(describe_split(cfg.batch_size, None if cfg.baseline else run.subdivisions, run.replicas))
+    elif not cfg.baseline:
+        progress.message(describe_split(cfg.batch_size, run.subdivisions))
     if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         progress.message(
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "

@@ -119,17 +119,6 @@ CASES = [
         [],
         "{cfg}: unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)",
     ),
-    # single-device only, for now: refused before any process or device is set up
-    (
-        "model: {name: keras_file, path: mine.keras}\n",
-        ["--set", "strategy.name=mirrored"],
-        "--set: strategy.name=mirrored needs a built-in model.name (keras_file is single-device only for now)",
-    ),
-    (
-        "baseline: true\n",
-        ["--set", "strategy.name=multi_worker"],
-        "--set: strategy.name=multi_worker needs baseline=false",
-    ),
     ("strategy: {cpu_devices: 2}\n", [], "{cfg}: strategy.cpu_devices is only for strategy.name=mirrored"),
 ]
 
@@ -144,6 +133,24 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, text, extra, ex
     assert result.stderr == "error: " + expected.format(cfg=cfg) + "\n"
     assert result.stdout == ""
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        (["model={name: keras_file, path: mine.keras}", "strategy.name=mirrored"], ("keras_file", False, "mirrored")),
+        (
+            ["model={name: keras_file, path: m.keras}", "strategy.name=multi_worker"],
+            ("keras_file", False, "multi_worker"),
+        ),
+        (["baseline=true", "strategy.name=mirrored", "strategy.cpu_devices=2"], ("seed_convnet", True, "mirrored")),
+        (["baseline=true", "strategy.name=multi_worker"], ("seed_convnet", True, "multi_worker")),
+    ],
+)
+def test_a_keras_file_and_the_baseline_are_accepted_on_every_strategy(sets, expected):
+    """Refused as single-device only before; tests/test_distribute.py and test_distribute_keras.py train them."""
+    cfg = load_config(None, sets)
+    assert (cfg.model.name, cfg.baseline, cfg.strategy.name) == expected
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
 """tf.distribute: 2 logical CPUs (mirrored) and 2 local workers equal single-device
-training, with BatchNorm, clipping (its factor) and subdivisions=auto; one graph call
-and one all-reduce per update; mixed_float16 unscaled once after the all-reduce; the
-launcher's watchdog, a worker out of memory, a killed worker, then resume; and the
-measurement that explains the thread pools and rates of the BatchNorm cases.
+training, with BatchNorm, clipping (its factor) and subdivisions=auto; the baseline
+too, and compare on 2 logical CPUs; one graph call and one all-reduce per update;
+mixed_float16 unscaled once after the all-reduce; the launcher's watchdog, a worker
+out of memory, a killed worker, then resume; and the measurement that explains the
+thread pools and rates of the BatchNorm cases. A keras_file model's cases are in
+test_distribute_keras.py.
 
 Every case runs in fresh processes: logical devices and the multi-worker runtime
 can only be set up before TensorFlow has run anything. Worker traffic stays on
@@ -188,6 +190,77 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
     more = run(private_network(CLI + ["--resume", str(d), "--set", "epochs=4", "--workers", "2", "--quiet"]))
     assert more.returncode == 0, more.stderr
     assert json.loads((d / "summary.json").read_text())["steps"] == 16
+
+
+# The baseline cases' rates. Adam divides each step by the gradient's own size, so it amplifies rounding in
+# near-zero gradient components: at smoke.yaml's 0.003 the baseline and k=3, both on one device, already
+# end 3.1e-5 apart (conv filter gradients summed over 64 examples or over 21-22 round differently); at
+# 0.001, 1.1e-7.
+BASELINE_RATE = {"sgd": "0.1", "adam": "0.001"}
+
+
+def baseline_args(repo_root, optimizer):
+    return [str(repo_root / "configs" / "smoke.yaml"), *SMALL, "--set", f"optimizer.name={optimizer}"] + [
+        "--set",
+        f"optimizer.learning_rate={BASELINE_RATE[optimizer]}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def single_baseline(tmp_path_factory, repo_root):
+    """One device, SGD and Adam: the baseline (each batch in one pass) and the subdivided run (k=3)."""
+    out = {}
+    for optimizer in ("sgd", "adam"):
+        for baseline in ("true", "false"):
+            d = tmp_path_factory.mktemp("single_baseline") / f"{optimizer}-{baseline}"
+            command = [*baseline_args(repo_root, optimizer), "--set", f"baseline={baseline}"]
+            done = run(CLI + [*command, "--output-dir", str(d)])
+            assert done.returncode == 0, done.stderr
+            out[optimizer, baseline == "true"] = d
+    return out
+
+
+@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_baseline_across_replicas_equals_the_baseline_and_the_subdivided_run_on_one_device(
+    tmp_path, repo_root, single_baseline, where, optimizer
+):
+    """Each replica's share of every batch (32-32, the short batch 4-4) in one pass, sum / global n: the
+    replicas' gradients sum to the global mean's. BN-free, so the baseline also equals accumulation."""
+    d = tmp_path / where
+    done = distributed(where, [*baseline_args(repo_root, optimizer), "--set", "baseline=true"], d)
+    assert done.returncode == 0, done.stderr
+    ours = weights(d)
+    to_baseline = max_diff(ours, weights(single_baseline[optimizer, True]))
+    to_subdivided = max_diff(ours, weights(single_baseline[optimizer, False]))
+    print(f"baseline {where} {optimizer}: {to_baseline:.2g} from one device's, {to_subdivided:.2g} from k=3's")
+    assert to_baseline < 1e-5 and to_subdivided < 1e-5
+    summary = json.loads((d / "summary.json").read_text())
+    assert (summary["baseline"], summary["subdivisions"], summary["steps"]) == (True, 1, 8)
+
+
+def test_compare_with_mirrored_runs_both_sides_on_two_logical_cpus(tmp_path, repo_root, single_baseline):
+    out = tmp_path / "cmp"
+    done = run(
+        [sys.executable, "-m", "accum_train.cli.main", "compare"]
+        + [arg for arg in baseline_args(repo_root, "sgd") if arg != "--quiet"]  # compare has no --quiet
+        + ["--output-dir", str(out), "--set", "strategy.name=mirrored", "--set", "strategy.cpu_devices=2"]
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "compare.json").read_text())
+    assert result["config"]["strategy"]["name"] == "mirrored"
+    assert [result[side]["status"] for side in ("baseline", "subdivided")] == ["ok", "ok"]
+    assert result["baseline"]["summary"]["baseline"] is True
+    for side in ("baseline", "subdivided"):
+        assert load_config(out / side / "config.yaml").strategy.cpu_devices == 2  # each side ran on 2 replicas
+    for cut in ("each in one pass (baseline)", "each as 3 micro-batches of up to 11 examples"):
+        line = f"  batch_size=64 over 2 replicas (32-32 examples each), {cut}; one gradient all-reduce per update"
+        assert line in done.stdout.splitlines()
+    # BN-free: both sides reach the weights of their one-device counterparts, and each other's
+    baseline, subdivided = weights(out / "baseline"), weights(out / "subdivided")
+    assert max_diff(baseline, weights(single_baseline["sgd", True])) < 1e-5
+    assert max_diff(subdivided, weights(single_baseline["sgd", False])) < 1e-5
+    assert max_diff(baseline, subdivided) < 1e-5
 
 
 # BatchNorm on, clipping at 0.5 (active: the updates' norms are near 1). 200 examples in batches of 64:
@@ -381,15 +454,18 @@ from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
-k = int(sys.argv[1])
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
-update = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, subdivisions=k,
-                            clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
+shared = dict(clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
+if sys.argv[1] == "baseline":
+    update = PlainUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, **shared)
+else:
+    update = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt,
+                                subdivisions=int(sys.argv[1]), **shared)
 x, y = tf.random.uniform([64, 28, 28, 1]), tf.zeros([64], tf.int32)
 counts = []
 for _ in range(3):
@@ -448,13 +524,14 @@ def test_a_nan_on_one_replica_skips_the_update_on_all_in_one_graph_call():
     }
 
 
-@pytest.mark.parametrize("k", [1, 8])
+@pytest.mark.parametrize("k", ["1", "8", "baseline"])
 def test_one_gradient_all_reduce_per_update(k):
-    done = run([sys.executable, "-c", COUNT_SCRIPT, str(k)])
+    done = run([sys.executable, "-c", COUNT_SCRIPT, k])
     assert done.returncode == 0, done.stderr
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     # The first update traces its graph: one batched all-reduce of the gradients, the loss, the
-    # retry flag and the BatchNorm sums, whatever k is; clipping and the skip decision add none.
+    # retry flag and the BatchNorm sums, whatever k is, and for the baseline (each replica's share in one
+    # pass); clipping and the skip decision add none.
     assert counts[0] == [1, 0]
     assert counts[1:] == [[0, 0], [0, 0]]  # later updates reuse the traced graphs: no new collectives
 
@@ -548,11 +625,14 @@ def test_kill_one_worker_then_resume_reaches_the_uninterrupted_weights(tmp_path,
     assert steps == list(range(1, 9))  # every update once, written by the chief
 
 
+@pytest.mark.parametrize("baseline", ["false", "true"])
 @pytest.mark.parametrize("where", ["mirrored", "workers"])
-def test_one_graph_call_per_update_under_a_strategy(tmp_path, repo_root, where):
+def test_one_graph_call_per_update_under_a_strategy(tmp_path, repo_root, where, baseline):
     """As on one device (test_loop): Python enters TensorFlow's graphs once per update, evaluation and
-    checkpoints aside; under multi-worker the update's graph holds one collective all-reduce."""
+    checkpoints aside; under multi-worker the update's graph holds one collective all-reduce. The same
+    for the baseline."""
     args = [str(repo_root / "configs" / "smoke.yaml"), *SMALL, "--set", "optimizer.name=sgd"]
+    args += ["--set", f"baseline={baseline}"]
     if where == "mirrored":
         command = [sys.executable, str(HERE / "count_runner.py"), "run", *args, "--output-dir", str(tmp_path / "run")]
         command += ["--set", "strategy.name=mirrored", "--set", "strategy.cpu_devices=2"]

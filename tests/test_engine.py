@@ -119,6 +119,29 @@ def test_k_way_accumulation_equals_whole_batch_training(make, optimizer, lr, k):
     assert max_diff(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
 
 
+@pytest.mark.parametrize("make", [tl_model, keras_model], ids=["tensorlayer", "keras"])
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.05), ("adam", 0.001)])
+def test_the_baseline_on_one_device_is_the_whole_batch_mean_step_to_the_bit(make, optimizer, lr):
+    """The baseline differentiates sum(loss) / n, as a replica's share of a global batch must; on one
+    device that gives the bits of reduce_mean's step (what it computed before it ran on strategies)."""
+    weights, _, _ = train(make, None, optimizer, lr)
+    variables, loss_fn, _ = make()
+    opt = make_optimizer(
+        OptimizerConfig(name=optimizer, learning_rate=lr), make_schedule(lr, ScheduleConfig(), 3), variables
+    )
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(x, y))
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+    for start, end in BATCHES:
+        step(tf.constant(X[start:end]), tf.constant(Y[start:end]))
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(weights, variables))
+    assert max_diff(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
+
+
 def test_seed_convnet_without_norm_matches_whole_batch():
     make = lambda: tl_model("seed_convnet", "none")  # noqa: E731
     reference, _, _ = train(make, None, "adam", 0.001)

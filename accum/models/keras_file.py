@@ -5,6 +5,10 @@ and checked against the dataset's input shape and class count. Its
 ``BatchNormalization`` layers are swapped for ``KerasAccumBatchNorm``, a
 subclass with the same weights that pools its statistics over the
 micro-batches of an update; export swaps them back (accum/export.py).
+Built inside a tf.distribute strategy's scope (as train.Run builds every
+model), the loaded and cloned weights are mirrored variables and the swapped
+layers' pending statistics replica-local ones, so the model trains on every
+strategy as the built-ins do.
 """
 
 from __future__ import annotations
