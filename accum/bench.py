@@ -55,8 +55,8 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
         cpu = time.process_time() - cpu_start
     median = statistics.median(wall)
     return {
-        "subdivisions": cfg.subdivisions,
-        "micro_batch_size": cfg.micro_batch_size,
+        "subdivisions": cfg.subdivisions_for(cfg.batch_size),
+        "micro_batch_size": cfg.largest_micro_batch,
         "batch_size": cfg.batch_size,
         "steps": steps,
         "median_s_per_update": median,
@@ -91,7 +91,9 @@ def bench(
     for r in range(rounds):
         for precision, k in variants:
             row = _measure_in_child(
-                dataclasses.replace(cfg, subdivisions=k, baseline=False, precision=precision), steps, out_dir
+                dataclasses.replace(cfg, subdivisions=k, micro_batch_size=None, baseline=False, precision=precision),
+                steps,
+                out_dir,
             )
             samples[precision, k].append(row)
             progress.message(

@@ -43,7 +43,7 @@ def gradient_check(cfg: Config, data) -> dict:
     x, y = first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
     variables = model.trainable_variables
     names = [v.name.split(":")[0] for v in variables]
-    k = min(cfg.subdivisions, cfg.batch_size)
+    k = min(cfg.subdivisions_for(cfg.batch_size), cfg.batch_size)
 
     def check(training: bool) -> dict:
         losses = sparse_softmax_loss(model.forward, training)

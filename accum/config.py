@@ -30,11 +30,15 @@ from .errors import ConfigError
 # config that validates here always finds its implementation.
 MODEL_NAMES = ("seed_convnet", "mlp", "keras_file")
 NORM_NAMES = ("batchnorm", "groupnorm", "none")
-OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop")
+OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop", "lars", "lamb")
+SCALE_RULES = ("none", "linear", "sqrt")
 SCHEDULE_NAMES = ("constant", "cosine", "exponential")
 DATASET_NAMES = ("fashion_mnist", "npz", "image_folder")
 STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+# subdivisions when neither it nor micro_batch_size is given
+DEFAULT_SUBDIVISIONS = 5
 
 # Large enough for any real run, small enough that a typo like 5e9 is caught
 # before it allocates anything.
@@ -127,14 +131,74 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class ScaleConfig:
+    rule: str = _spec(
+        "none",
+        choices=SCALE_RULES,
+        help="none: the rate as given; linear: rate x batch_size / base_batch_size (Goyal et al. 2017); "
+        "sqrt: rate x (batch_size / base_batch_size) ** 0.5; with batch_schedule, the batch in force",
+    )
+    base_batch_size: int = _spec(
+        256, minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size optimizer.learning_rate is meant for"
+    )
+
+    def factor(self, batch_size: int) -> float:
+        """What the configured rate is multiplied by at ``batch_size``."""
+        power = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}[self.rule]
+        return 1.0 if power == 0.0 else (batch_size / self.base_batch_size) ** power
+
+
+# Keys only the layer-wise adaptive optimizers read (lars, lamb): refused for the others, whose
+# update they would not change.
+ADAPTIVE_KEYS = ("weight_decay", "exclude_from_adaptation", "trust_coefficient")
+
+
+@dataclass(frozen=True)
 class OptimizerConfig:
-    name: str = _spec("adam", choices=OPTIMIZER_NAMES, help="optimizer")
-    learning_rate: float = _spec(0.001, minimum=0.0, exclusive_min=True, maximum=100.0, help="peak learning rate")
-    momentum: float = _spec(0.9, minimum=0.0, maximum=1.0, help="momentum (momentum) or rho (rmsprop)")
+    name: str = _spec(
+        "adam",
+        choices=OPTIMIZER_NAMES,
+        help="adam | sgd | momentum | rmsprop; lars: momentum SGD with a layer-wise trust ratio (You et al. "
+        "2017); lamb: Adam with a layer-wise trust ratio (You et al. 2019)",
+    )
+    learning_rate: float = _spec(
+        0.001,
+        minimum=0.0,
+        exclusive_min=True,
+        maximum=100.0,
+        help="peak learning rate (for scale_learning_rate.base_batch_size when scale_learning_rate.rule is set)",
+    )
+    momentum: float = _spec(0.9, minimum=0.0, maximum=1.0, help="momentum (momentum, lars) or rho (rmsprop)")
     clip_norm: float | None = _spec(
         None, minimum=0.0, exclusive_min=True, help="clip the accumulated gradient to this global norm"
     )
     schedule: ScheduleConfig = _spec(default_factory=ScheduleConfig, help="learning-rate schedule")
+    scale_learning_rate: ScaleConfig = _spec(
+        default_factory=ScaleConfig, help="scale learning_rate with the batch size (linear or sqrt rule)"
+    )
+    weight_decay: float = _spec(
+        0.0,
+        minimum=0.0,
+        maximum=1.0,
+        help="lars, lamb: weight decay added to the gradient (lars) or the update (lamb) before the trust "
+        "ratio, as the papers do; not applied to the variables excluded from adaptation",
+    )
+    exclude_from_adaptation: tuple[str, ...] | None = _spec(
+        None,
+        help="lars, lamb: variables that get neither the trust ratio nor weight decay, as regular expressions "
+        "searched in each variable's path; null: every variable with one axis (biases, normalisation scales "
+        "and offsets), as both papers exclude them; []: none",
+    )
+    trust_coefficient: float = _spec(
+        0.001, minimum=0.0, exclusive_min=True, maximum=1.0, help="lars: eta, the trust coefficient"
+    )
+
+
+@dataclass(frozen=True)
+class BatchChange:
+    epoch: int | None = _spec(None, minimum=1, maximum=MAX_EPOCHS, help="the 1-based epoch it starts at")
+    step: int | None = _spec(None, minimum=0, help="or: the updates done before it starts (0: from the first)")
+    batch_size: int | None = _spec(None, minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size from then on")
 
 
 @dataclass(frozen=True)
@@ -242,13 +306,31 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
-    batch_size: int = _spec(500, minimum=1, maximum=MAX_BATCH_SIZE, help="examples per update (the large batch)")
-    subdivisions: int | str = _spec(
-        5,
+    batch_size: int = _spec(
+        500,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        help="examples per update (the large batch); the first of batch_schedule",
+    )
+    subdivisions: int | str | None = _spec(
+        None,
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         choices="auto",
-        help="micro-batches per update; sizes differ by at most one; auto: the fewest that fit in memory_limit",
+        help=f"micro-batches per update; sizes differ by at most one; auto: the fewest that fit in memory_limit; "
+        f"null: from micro_batch_size ({DEFAULT_SUBDIVISIONS} when neither is given)",
+    )
+    micro_batch_size: int | None = _spec(
+        None,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        help="instead of subdivisions: the most examples a device computes at once (what fits); "
+        "k = ceil(batch_size / micro_batch_size) per device, and again at each batch_schedule change",
+    )
+    batch_schedule: tuple[BatchChange, ...] = _spec(
+        (),
+        help="batch sizes that change during the run, keyed by epoch or by step: "
+        "[{epoch: 1, batch_size: 500}, {epoch: 6, batch_size: 2000}]",
     )
     epochs: int = _spec(10, minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
     seed: int = _spec(0, minimum=0, maximum=2**31 - 1, help="weights and data order")
@@ -289,16 +371,29 @@ class Config:
     def memory_limit_bytes(self) -> int | None:
         return None if self.memory_limit is None else parse_size(self.memory_limit, "memory_limit")
 
+    def subdivisions_for(self, batch_size: int, replicas: int = 1) -> int | str:
+        """k for a batch of ``batch_size`` on ``replicas``: each replica cuts its share into this many micro-batches
+        (micro_batch_size: the fewest that keep each within it; subdivisions: as given; auto: "auto")."""
+        if self.micro_batch_size is None:
+            return self.subdivisions
+        share = math.ceil(batch_size / replicas)
+        return max(1, min(math.ceil(share / self.micro_batch_size), share))
+
     @property
-    def micro_batch_size(self) -> int:
-        """The largest micro-batch: what memory has to hold."""
-        if self.subdivisions == "auto":
+    def largest_micro_batch(self) -> int:
+        """The largest micro-batch of the first batch on one device: what memory has to hold."""
+        if self.auto_subdivisions:
             raise ValueError("subdivisions=auto has no micro-batch size until the run measures one")
-        return math.ceil(self.batch_size / self.subdivisions)
+        return math.ceil(self.batch_size / self.subdivisions_for(self.batch_size))
 
     @property
     def auto_subdivisions(self) -> bool:
         return self.subdivisions == "auto"
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Every batch size the run uses: batch_size, then batch_schedule's."""
+        return (self.batch_size, *(change.batch_size for change in self.batch_schedule))
 
     def with_decay_steps(self, decay_steps: int | None) -> Config:
         schedule = dataclasses.replace(self.optimizer.schedule, decay_steps=decay_steps)
@@ -379,7 +474,55 @@ def config_from_dict(raw: Any, source: str = "config", overridden: typing.Collec
             f"{source}: the config must be a mapping of keys (e.g. 'batch_size: 500'), got {_type_word(raw)}"
         )
     cfg = _build(Config, raw, "", source, set(overridden))
+    cfg = _resolve_batches(cfg, "batch_size" in raw, source, set(overridden))
     _check_relations(cfg, source, set(overridden))
+    return cfg
+
+
+def _resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden: set) -> Config:
+    """subdivisions or micro_batch_size (the default k when neither is given); batch_schedule checked and its
+    first batch made batch_size when it starts at the start."""
+
+    def where(*keys):
+        return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
+
+    if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
+        raise ConfigError(
+            f"{where('subdivisions', 'micro_batch_size')}: give subdivisions or micro_batch_size, not both "
+            f"(subdivisions={cfg.subdivisions}, micro_batch_size={cfg.micro_batch_size}): remove one"
+        )
+    if cfg.subdivisions is None and cfg.micro_batch_size is None:
+        cfg = dataclasses.replace(cfg, subdivisions=DEFAULT_SUBDIVISIONS)
+    changes = cfg.batch_schedule
+    if not changes:
+        return cfg
+    at = where("batch_schedule")
+    for i, change in enumerate(changes):
+        if (change.epoch is None) == (change.step is None):
+            raise ConfigError(
+                f"{at}: batch_schedule[{i}] needs an epoch or a step, not both or neither "
+                f"(e.g. {{epoch: 6, batch_size: 2000}} or {{step: 600, batch_size: 2000}})"
+            )
+        if change.batch_size is None:
+            raise ConfigError(f"{at}: batch_schedule[{i}] needs a batch_size (e.g. {{epoch: 6, batch_size: 2000}})")
+    unit = "epoch" if changes[0].epoch is not None else "step"
+    starts = [getattr(change, unit) for change in changes]
+    if any(start is None for start in starts):
+        raise ConfigError(f"{at}: batch_schedule mixes epoch and step entries: key every entry by {unit}")
+    for i in range(1, len(starts)):
+        if starts[i] <= starts[i - 1]:
+            raise ConfigError(
+                f"{at}: batch_schedule[{i}] ({unit} {starts[i]}) must come after batch_schedule[{i - 1}] "
+                f"({unit} {starts[i - 1]}): list the changes in increasing {unit}s"
+            )
+    if starts[0] == (1 if unit == "epoch" else 0):
+        first = changes[0].batch_size
+        if batch_size_given and cfg.batch_size != first:
+            raise ConfigError(
+                f"{where('batch_size', 'batch_schedule')}: batch_size={cfg.batch_size} and batch_schedule[0] "
+                f"({unit} {starts[0]}, batch_size={first}) both set the first batch size: remove one"
+            )
+        cfg = dataclasses.replace(cfg, batch_size=first, batch_schedule=changes[1:])
     return cfg
 
 
@@ -500,6 +643,8 @@ def _check_value(tp, meta, value, key, where, overridden):
         if optional:
             return None
         raise ConfigError(f"{where}: {key} is empty: {_expected(tp, meta)}")
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1] is Ellipsis:  # a list of any length
+        return _check_list(typing.get_args(tp)[0], value, key, where, overridden)
     if typing.get_origin(tp) is tuple:  # a fixed-length list of integers, e.g. data.image_size
         size = len(typing.get_args(tp))
         if (
@@ -562,6 +707,19 @@ def _check_value(tp, meta, value, key, where, overridden):
     return value
 
 
+def _check_list(item_type, value, key, where, overridden) -> tuple:
+    """A list of strings, or of mappings read as ``item_type`` (a dataclass), each item named key[i]."""
+    if dataclasses.is_dataclass(item_type):
+        first = dataclasses.fields(item_type)[0].name
+        example = f"[{{{first}: ...}}, ...]"
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a list of mappings, e.g. {example}")
+        return tuple(_build(item_type, item, f"{key}[{i}].", where, overridden) for i, item in enumerate(value))
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: {key}={_show(value)} must be a list of strings, e.g. ['bias', 'norm']")
+    return tuple(value)
+
+
 def _check_range(value, meta, key, where):
     lo, hi = meta.get("min"), meta.get("max")
     if lo is not None:
@@ -606,11 +764,30 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
                 f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
                 f"(e.g. memory_limit: 2GiB) to know what fits"
             )
-    elif cfg.subdivisions > cfg.batch_size:
+    elif cfg.subdivisions is not None and cfg.subdivisions > min(cfg.batch_sizes):
+        if cfg.batch_schedule and cfg.subdivisions <= cfg.batch_size:
+            raise ConfigError(
+                f"{where('subdivisions', 'batch_schedule')}: subdivisions={cfg.subdivisions} cannot cut "
+                f"batch_schedule's batch_size={min(cfg.batch_sizes)} (a micro-batch holds at least one example): "
+                f"give micro_batch_size instead, so that k follows the batch"
+            )
         raise ConfigError(
             f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
             f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)"
         )
+    if cfg.batch_schedule:
+        if cfg.auto_subdivisions:
+            raise ConfigError(
+                f"{where('subdivisions', 'batch_schedule')}: batch_schedule needs micro_batch_size or a fixed "
+                f"subdivisions (auto probes one batch size): set micro_batch_size to what fits"
+            )
+        last = cfg.batch_schedule[-1]
+        if last.epoch is not None and last.epoch > cfg.epochs:
+            raise ConfigError(
+                f"{where('batch_schedule', 'epochs')}: batch_schedule starts batch_size={last.batch_size} at epoch "
+                f"{last.epoch}, after the last epoch (epochs={cfg.epochs}): raise epochs or remove the entry"
+            )
+    _check_optimizer_keys(cfg.optimizer, where)
     if cfg.baseline and cfg.parallel_micro_steps not in ("auto", 1):
         raise ConfigError(
             f"{where('parallel_micro_steps', 'baseline')}: parallel_micro_steps="
@@ -632,11 +809,31 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
             f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit"
         )
-    if limit is not None and limit < cfg.batch_size:
+    if limit is not None and limit < max(cfg.batch_sizes):
+        key = "batch_size" if limit < cfg.batch_size else "batch_schedule"
         raise ConfigError(
-            f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
-            f"than batch_size={cfg.batch_size}: raise it or lower batch_size"
+            f"{where('data.train_limit', key)}: data.train_limit={limit} is smaller "
+            f"than {key}'s batch_size={max(cfg.batch_sizes)}: raise it or lower the batch size"
         )
+
+
+def _check_optimizer_keys(optimizer: OptimizerConfig, where) -> None:
+    default = OptimizerConfig()
+    for key in ADAPTIVE_KEYS:
+        owners = ("lars",) if key == "trust_coefficient" else ("lars", "lamb")
+        if getattr(optimizer, key) != getattr(default, key) and optimizer.name not in owners:
+            raise ConfigError(
+                f"{where('optimizer.' + key, 'optimizer.name')}: optimizer.{key} is only for optimizer.name="
+                f"{' or '.join(owners)}, not {optimizer.name}: remove it or change the optimizer"
+            )
+    for pattern in optimizer.exclude_from_adaptation or ():
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(
+                f"{where('optimizer.exclude_from_adaptation')}: optimizer.exclude_from_adaptation has "
+                f"{pattern!r}, not a regular expression ({err}): escape it, e.g. 'conv1/bias'"
+            ) from None
 
 
 # Model keys that only one kind of model reads: a value other than the default

@@ -39,7 +39,7 @@ def parallel_micro_steps(cfg: Config) -> int:
     is subdivided and the CPU has cores to share out; never more than the micro-batches of an update."""
     if cfg.baseline:
         return 1
-    limit = cfg.batch_size if cfg.auto_subdivisions else cfg.subdivisions
+    limit = max(cfg.batch_sizes) if cfg.auto_subdivisions else max(cfg.subdivisions_for(b) for b in cfg.batch_sizes)
     if cfg.parallel_micro_steps != "auto":
         return min(cfg.parallel_micro_steps, limit)
     if cfg.memory_limit is not None or cfg.strategy.name == "mirrored" or tf.config.list_physical_devices("GPU"):

@@ -12,6 +12,7 @@ only after the config has been checked, so those errors come back at once.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -178,20 +179,26 @@ def compare(config, overrides, output_dir, verbose):
     click.echo(format_compare(result, out_dir))
 
 
-def _parse_ks(text: str) -> list:
+def _parse_ks(text: str, option: str = "--subdivisions", example: str = "1,2,4,8,16") -> list:
     try:
         ks = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         ks = []
     if not ks or any(k < 1 for k in ks):
-        raise UserError(f"--subdivisions {text!r} must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16")
+        raise UserError(f"{option} {text!r} must be a comma-separated list of integers >= 1, e.g. {example}")
     return ks
 
 
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=True, path_type=Path))
 @click.option(
-    "--subdivisions", "ks", default="1,2,4,8,16", show_default=True, help="Values of k to measure, comma-separated."
+    "--subdivisions", "ks", default=None, help="Values of k to measure, comma-separated.  [default: 1,2,4,8,16]"
+)
+@click.option(
+    "--micro-batch-size",
+    "micro_sizes",
+    default=None,
+    help="Instead of --subdivisions: micro-batch sizes to measure, comma-separated (k = ceil(batch_size / size)).",
 )
 @count_option("--steps", 10, "Timed updates per k (after 2 warm-up updates).")
 @click.option(
@@ -204,17 +211,24 @@ def _parse_ks(text: str) -> list:
 @set_option("Override a config value.")
 @output_dir_option("Directory for bench.json and bench.png (default: runs/bench-CONFIG-DATE-TIME).")
 @verbose_option
-def bench(config, ks, steps, precisions, rounds, overrides, output_dir, verbose):
+def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_dir, verbose):
     """Time and memory of one update for each number of subdivisions (and precision).
 
     \b
     accum-train bench configs/fmnist.yaml --subdivisions 1,8 --rounds 5
     accum-train bench configs/fmnist.yaml --subdivisions 8 --precision float32,mixed_bfloat16 --rounds 5
+    accum-train bench configs/fmnist.yaml --micro-batch-size 500,250 --rounds 5
     """
     quiet_tensorflow(verbose)
     with exit_codes():
         cfg = load_config(config, overrides)
-        values = _parse_ks(ks)
+        if ks is not None and micro_sizes is not None:
+            raise UserError("give --subdivisions or --micro-batch-size, not both")
+        if micro_sizes is not None:
+            sizes = _parse_ks(micro_sizes, "--micro-batch-size", "500,250")
+            values = list(dict.fromkeys(math.ceil(cfg.batch_size / size) for size in sizes))
+        else:
+            values = _parse_ks(ks or "1,2,4,8,16")
         too_many = [k for k in values if k > cfg.batch_size]
         if too_many:
             raise UserError(

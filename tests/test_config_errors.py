@@ -42,7 +42,7 @@ CASES = [
     (
         "optimizer: {name: adamw}\n",
         [],
-        "{cfg}: optimizer.name='adamw' is not one of adam, sgd, momentum, rmsprop; did you mean 'adam'?",
+        "{cfg}: optimizer.name='adamw' is not one of adam, sgd, momentum, rmsprop, lars, lamb; did you mean 'adam'?",
     ),
     ("optimizer: {learning_rate: -1}\n", [], "{cfg}: optimizer.learning_rate=-1 must be > 0.0 and <= 100.0"),
     ("optimizer: {lr: 0.1}\n", [], "{cfg}: unknown key 'optimizer.lr' (did you mean 'optimizer.learning_rate'?)"),
