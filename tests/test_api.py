@@ -151,7 +151,8 @@ def test_fit_with_output_dir_writes_a_run_directory_that_resumes_and_evaluates(t
         ),
         (
             lambda m: accum_train.fit(m, X, Y, batch_size=16, optimizer="adamw"),
-            "accum_train.fit: optimizer.name='adamw' is not one of adam, sgd, momentum, rmsprop, lars, lamb; did you mean 'adam'?",
+            "accum_train.fit: optimizer.name='adamw' is not one of adam, sgd, momentum, rmsprop, lars, lamb; "
+            "did you mean 'adam'?",
         ),
         (
             lambda m: accum_train.fit(m, tf.data.Dataset.from_tensor_slices((X, Y)).batch(8), batch_size=16),
