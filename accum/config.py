@@ -487,6 +487,13 @@ def _resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridde
         return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
 
     if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
+        # --set of one over the file's other: the later word wins, as for any key
+        by_set = {key: _came_from_set(key, overridden) for key in ("subdivisions", "micro_batch_size")}
+        if by_set["micro_batch_size"] and not by_set["subdivisions"]:
+            cfg = dataclasses.replace(cfg, subdivisions=None)
+        elif by_set["subdivisions"] and not by_set["micro_batch_size"]:
+            cfg = dataclasses.replace(cfg, micro_batch_size=None)
+    if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
         raise ConfigError(
             f"{where('subdivisions', 'micro_batch_size')}: give subdivisions or micro_batch_size, not both "
             f"(subdivisions={cfg.subdivisions}, micro_batch_size={cfg.micro_batch_size}): remove one"
@@ -809,11 +816,15 @@ def _check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
             f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit"
         )
-    if limit is not None and limit < max(cfg.batch_sizes):
-        key = "batch_size" if limit < cfg.batch_size else "batch_schedule"
+    if limit is not None and limit < cfg.batch_size:
         raise ConfigError(
-            f"{where('data.train_limit', key)}: data.train_limit={limit} is smaller "
-            f"than {key}'s batch_size={max(cfg.batch_sizes)}: raise it or lower the batch size"
+            f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
+            f"than batch_size={cfg.batch_size}: raise it or lower batch_size"
+        )
+    if limit is not None and limit < max(cfg.batch_sizes):
+        raise ConfigError(
+            f"{where('data.train_limit', 'batch_schedule')}: data.train_limit={limit} is smaller than "
+            f"batch_schedule's batch_size={max(cfg.batch_sizes)}: raise it or lower that batch size"
         )
 
 

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from .config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
+from .config import OPTIMIZER_NAMES, SCHEDULE_NAMES, Config, OptimizerConfig, ScheduleConfig
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -168,6 +168,36 @@ class LAMB(_LayerWise):
 
     def get_config(self):
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
+
+
+class BatchScaled(keras.optimizers.schedules.LearningRateSchedule):
+    """``base`` (a schedule or a constant) times the factor of the batch in force: ``factors[i]`` from update
+    ``starts[i]`` (0-based) on. What optimizer.scale_learning_rate gives under a batch_schedule."""
+
+    def __init__(self, base, starts, factors):
+        self.base, self.starts, self.factors = base, [int(s) for s in starts], [float(f) for f in factors]
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.int64)
+        index = tf.searchsorted(tf.constant(self.starts, tf.int64), tf.reshape(step, [1]), side="right")[0] - 1
+        factor = tf.gather(tf.constant(self.factors, tf.float32), index)
+        rate = self.base(step) if callable(self.base) else tf.constant(self.base, tf.float32)
+        return tf.cast(rate, tf.float32) * factor
+
+    def get_config(self):
+        return {"starts": self.starts, "factors": self.factors}
+
+
+def run_schedule(cfg: Config, timeline):
+    """The learning rate a run applies at each update: the schedule of optimizer.schedule, times
+    scale_learning_rate's factor for the batch in force (``timeline``: accum.timeline.Timeline).
+    One batch size folds the factor into the rate; a batch_schedule multiplies phase by phase."""
+    scale, optimizer = cfg.optimizer.scale_learning_rate, cfg.optimizer
+    factors = [scale.factor(phase.batch_size) for phase in timeline.phases]
+    if len(set(factors)) == 1:
+        return make_schedule(optimizer.learning_rate * factors[0], optimizer.schedule, timeline.total_steps)
+    base = make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps)
+    return BatchScaled(base, [phase.step for phase in timeline.phases], factors)
 
 
 _OPTIMIZERS = {

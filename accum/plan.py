@@ -13,11 +13,13 @@ the plan cannot drift from what a run does.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from .config import Config
 from .data import updates_per_epoch
 from .threads import parallel_micro_steps
+from .timeline import Timeline
 
 # The issue's threshold: BatchNorm's statistics over fewer examples than this
 # are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
@@ -44,8 +46,10 @@ def plan(cfg: Config, data=None, model=None) -> dict:
 
         data = load(cfg.data)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
-    per_epoch = updates_per_epoch(n_train, cfg.batch_size)
-    total_updates = per_epoch * cfg.epochs
+    timeline = Timeline(cfg, n_train)
+    first, end = timeline.epoch_range(0)
+    per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
+    total_updates = timeline.total_steps
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
     if model is None:
         from .models import build_model
@@ -53,7 +57,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
-    subdivisions = 1 if cfg.baseline else cfg.subdivisions
+    subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)
     rest = n_train % cfg.batch_size
     fixed_k = None if subdivisions == "auto" else subdivisions
     full_batch = {
@@ -84,7 +88,8 @@ def plan(cfg: Config, data=None, model=None) -> dict:
             "batchnorm_layers": len(model.norm_layers),
         },
         "batch_size": cfg.batch_size,
-        "subdivisions": cfg.subdivisions,
+        "subdivisions": subdivisions,
+        "micro_batch_size": cfg.micro_batch_size,
         "parallel_micro_steps": parallel_micro_steps(cfg),
         "baseline": cfg.baseline,
         "memory_limit": cfg.memory_limit,
@@ -94,19 +99,44 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         "updates_per_epoch": per_epoch,
         "epochs": cfg.epochs,
         "total_updates": total_updates,
-        "learning_rate": _learning_rates(cfg, total_updates),
+        "learning_rate": _learning_rates(cfg, timeline),
+        "phases": _phases(cfg, timeline) if len(timeline.phases) > 1 else None,
     }
     result["warnings"] = _warnings(result, cfg)
     return result
 
 
-def _learning_rates(cfg: Config, total_updates: int) -> dict:
-    """The rate the optimizer applies at the first update, at the end of warm-up and at the last update."""
-    from .optim import learning_rate_at, make_schedule
+def _phases(cfg: Config, timeline: Timeline) -> list[dict]:
+    """Each batch size of a batch_schedule: where it starts, its k, updates per epoch and learning rate there."""
+    from .optim import learning_rate_at, run_schedule
 
-    schedule_cfg = cfg.optimizer.schedule
-    schedule = make_schedule(cfg.optimizer.learning_rate, schedule_cfg, total_updates)
+    schedule = run_schedule(cfg, timeline)
+    phases = []
+    for phase in timeline.phases:
+        k = 1 if cfg.baseline else cfg.subdivisions_for(phase.batch_size)
+        phases.append(
+            {
+                "update": phase.step + 1,
+                "epoch": phase.epoch + 1,
+                "batch_size": phase.batch_size,
+                "subdivisions": k,
+                "micro_batch": math.ceil(phase.batch_size / k),
+                "updates_per_epoch": updates_per_epoch(timeline.n_train, phase.batch_size),
+                "learning_rate": learning_rate_at(schedule, phase.step),
+            }
+        )
+    return phases
+
+
+def _learning_rates(cfg: Config, timeline: Timeline) -> dict:
+    """The rate the optimizer applies at the first update, at the end of warm-up and at the last update,
+    and how scale_learning_rate scales it."""
+    from .optim import learning_rate_at, run_schedule
+
+    schedule_cfg, total_updates = cfg.optimizer.schedule, timeline.total_steps
+    schedule = run_schedule(cfg, timeline)
     warmup = schedule_cfg.warmup_steps
+    scale = cfg.optimizer.scale_learning_rate
 
     def at(update: int) -> dict:  # 1-based update numbers, as metrics.jsonl counts them
         return {"update": update, "value": learning_rate_at(schedule, update - 1)}
@@ -120,6 +150,14 @@ def _learning_rates(cfg: Config, total_updates: int) -> dict:
         "first": at(1),
         "warmup_end": at(warmup) if 0 < warmup <= total_updates else None,
         "last": at(total_updates),
+        # the configured peak is for base_batch_size; the run's peak at batch_size (the first batch)
+        "scaled": None
+        if scale.rule == "none"
+        else {
+            "rule": scale.rule,
+            "base_batch_size": scale.base_batch_size,
+            "peak": cfg.optimizer.learning_rate * scale.factor(cfg.batch_size),
+        },
     }
 
 

@@ -260,20 +260,22 @@ class MetricsLog:
                         tf.summary.scalar(tag, record[key], step=record["step"])
         self.writer.flush()
 
-    def write_updates(self, pending, examples_seen, steps_per_epoch: int) -> tuple:
-        """Records of buffered updates, (step, examples, engine output) each; (loss sum, examples) of the
-        applied ones. ``examples_seen(step)`` counts the training examples the first ``step`` updates used."""
+    def write_updates(self, pending, timeline) -> tuple:
+        """Records of buffered updates, (step, examples, engine output, batch size in force, k) each; (loss sum,
+        examples) of the applied ones. ``timeline`` (accum.timeline.Timeline) places each update in its epoch."""
         records = []
         loss_sum, examples = 0.0, 0
-        for step, n, out in pending:
+        for step, n, out, batch_size, k in pending:
             loss, rate, applied = float(out["loss"]), float(out["learning_rate"]), bool(out["applied"])
             if applied:
                 loss_sum += loss * n
                 examples += n
             record = {
-                "epoch": (step - 1) // steps_per_epoch + 1,
+                "epoch": timeline.epoch_of(step - 1) + 1,
                 "step": step,
-                "examples_seen": examples_seen(step),
+                "examples_seen": timeline.examples_seen(step),
+                "batch_size": batch_size,
+                "subdivisions": k,
                 "loss": loss if math.isfinite(loss) else None,
                 "learning_rate": rate if applied else None,  # the rate applied; none if skipped
                 # the global norm of the update's gradient, before clipping

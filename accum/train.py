@@ -31,7 +31,6 @@ from .data import (
     epoch_order,
     first_batch,
     largest_micro_batch,
-    updates_per_epoch,
     worker_batches,
     worker_part,
 )
@@ -41,6 +40,7 @@ from .launcher import announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .progress import Progress
 from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
+from .timeline import Timeline
 
 
 class Run:
@@ -53,16 +53,16 @@ class Run:
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .models import build_model
-        from .optim import make_optimizer, make_schedule
+        from .optim import make_optimizer, run_schedule
         from .threads import parallel_micro_steps
 
         self.run_dir, self.data = None if run_dir is None else Path(run_dir), data
         self.n_train = len(data.train)
-        self.steps_per_epoch = updates_per_epoch(self.n_train, cfg.batch_size)
-        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.timeline = Timeline(cfg, self.n_train)
+        self.total_steps = self.timeline.total_steps
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
-        schedule = make_schedule(cfg.optimizer.learning_rate, cfg.optimizer.schedule, self.total_steps)
+        self.schedule = schedule = run_schedule(cfg, self.timeline)
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
@@ -93,7 +93,7 @@ class Run:
                 variables,
                 self.optimizer,
                 # subdivisions=auto starts at 1; choose_subdivisions measures before training.
-                subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions,
+                subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
                 strategy=strategy,
                 parallel=parallel_micro_steps(cfg),
                 **shared,
@@ -134,15 +134,24 @@ class Run:
     def subdivisions(self) -> int:
         return 1 if self.cfg.baseline else int(self.engine.subdivisions.numpy())
 
+    def follow_batch(self, batch_size: int) -> int:
+        """Set k for a batch of ``batch_size`` as micro_batch_size asks (a batch_schedule's batch grows, the
+        micro-batch stays); a fixed or probed k stays. The k in force."""
+        if self.cfg.micro_batch_size is not None and not self.cfg.baseline:
+            k = self.cfg.subdivisions_for(batch_size, self.replicas)
+            if k != self.subdivisions:
+                self.engine.set_subdivisions(k)
+        return self.subdivisions
+
     @property
     def eval_batch_size(self) -> int:
         # Evaluation holds no gradients: twice a training micro-batch fits where one did.
-        return max(2 * math.ceil(self.cfg.batch_size / self.subdivisions), 100)
+        micro = self.cfg.micro_batch_size or math.ceil(self.cfg.batch_size / self.subdivisions)
+        return max(2 * micro, 100)
 
     def examples_seen(self, step: int) -> int:
         """Training examples consumed by the first ``step`` updates."""
-        epochs, rest = divmod(step, self.steps_per_epoch)
-        return epochs * self.n_train + min(rest * self.cfg.batch_size, self.n_train)
+        return self.timeline.examples_seen(step)
 
     def _evaluate_batch(self, x, y):
         logits = self.model.forward(x, False)
@@ -272,7 +281,10 @@ def train(
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy
-        for name, text in (("config.yaml", cfg.to_yaml()), ("dataset.json", json.dumps(data.describe(), indent=2))):
+        for name, text in (
+            ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
+            ("dataset.json", json.dumps(data.describe(), indent=2)),
+        ):
             if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
                 atomic_write(run_dir / name, text.encode())
     log = MetricsLog(run_dir)
@@ -296,6 +308,11 @@ def train(
         "subdivisions": run.subdivisions,
         "replicas": run.replicas,
         "batch_size": cfg.batch_size,
+        "batch_schedule": [
+            {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size} for p in run.timeline.phases
+        ]
+        if len(run.timeline.phases) > 1
+        else None,
         "baseline": cfg.baseline,
         "precision": cfg.precision,
         "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
@@ -331,7 +348,7 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
     step = 0
     if resume:
         step = run.restore_latest(shared_dir)
-        log.truncate_after(step, step // run.steps_per_epoch)
+        log.truncate_after(step, run.timeline.epochs_done(step))
         progress.message(f"resuming {run.run_dir} at update {step} of {run.total_steps}")
         schedule = cfg.optimizer.schedule
         end = schedule.warmup_steps + (schedule.decay_steps or 0)
@@ -341,16 +358,20 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
                 f"fixed when the run started); later updates use its final learning rate"
             )
         if not cfg.baseline:
-            _adapt_to_replicas(run, progress)
+            _adapt_to_replicas(run, progress, run.timeline.batch_size(step))
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
             x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
             choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
         run.save_checkpoint(0)  # a run is resumable from its first moment
+    batch = run.timeline.batch_size(min(step, run.total_steps - 1))
+    k = run.follow_batch(batch)
     if cfg.strategy.name != "default":
-        progress.message(describe_split(cfg.batch_size, None if cfg.baseline else run.subdivisions, run.replicas))
+        progress.message(describe_split(batch, None if cfg.baseline else k, run.replicas))
     elif not cfg.baseline:
-        progress.message(describe_split(cfg.batch_size, run.subdivisions))
+        progress.message(describe_split(batch, k))
+    if len(run.timeline.phases) > 1:
+        progress.message("batch_schedule: " + describe_phases(run))
     if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         progress.message(
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
@@ -375,20 +396,53 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
 HISTORY = "history.jsonl"
 
 
-def _adapt_to_replicas(run: Run, progress: Progress) -> None:
-    """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so."""
+def scaled_rate_note(run: Run) -> str:
+    """config.yaml's closing comment under scale_learning_rate: the peak rate each batch size runs at (YAML
+    readers skip it; the run recomputes it from the keys above)."""
+    scale, rate = run.cfg.optimizer.scale_learning_rate, run.cfg.optimizer.learning_rate
+    if scale.rule == "none":
+        return ""
+    lines = [f"# learning rate in force ({scale.rule} rule from {rate:g} at base_batch_size {scale.base_batch_size}):"]
+    for phase in run.timeline.phases:
+        lines.append(
+            f"#   {rate * scale.factor(phase.batch_size):.6g} at batch_size {phase.batch_size} "
+            f"from update {phase.step + 1}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def describe_phases(run: Run) -> str:
+    """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
+    from .optim import learning_rate_at
+
+    parts = []
+    for phase in run.timeline.phases:
+        k = 1 if run.cfg.baseline else run.cfg.subdivisions_for(phase.batch_size, run.replicas)
+        rate = learning_rate_at(run.schedule, phase.step)
+        parts.append(
+            f"batch_size={phase.batch_size} (k={k}, learning rate {rate:.4g}) from update {phase.step + 1} "
+            f"(epoch {phase.epoch + 1})"
+        )
+    return "; ".join(parts)
+
+
+def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
+    """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
+    ``batch``: the batch size in force."""
     cfg = run.cfg
     before, k_before = int(run.saved_replicas.numpy()), run.subdivisions
     if before == run.replicas:
         return
-    if cfg.auto_subdivisions:
+    if cfg.micro_batch_size is not None:
+        run.follow_batch(batch)
+    elif cfg.auto_subdivisions:
         x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
         run.engine.set_subdivisions(1)
         choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
     else:
-        run.engine.set_subdivisions(adapt_subdivisions(cfg.batch_size, before, k_before, run.replicas))
+        run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)
-    micro = largest_micro_batch(cfg.batch_size, run.replicas, run.subdivisions)
+    micro = largest_micro_batch(batch, run.replicas, run.subdivisions)
     progress.message(
         f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
@@ -396,20 +450,42 @@ def _adapt_to_replicas(run: Run, progress: Progress) -> None:
     )
 
 
+def _micro_batches(run: Run, segments, until: int | None = None) -> int:
+    """The micro-batches of the updates of ``segments`` (before update ``until``, if given), as the k each
+    segment's batch has now (what a progress bar counts)."""
+    total = 0
+    for segment in segments:
+        k = 1 if run.cfg.baseline else run.cfg.subdivisions_for(segment.batch_size, run.replicas)
+        if run.cfg.micro_batch_size is None:
+            k = run.subdivisions  # fixed (or probed): the same k for every batch
+        updates = segment.updates if until is None else max(0, min(segment.updates, until - segment.first_step))
+        for i in range(updates):
+            total += min(k, segment.batch_size, segment.end - segment.start - i * segment.batch_size)
+    return total
+
+
 def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Progress, guard: MemoryGuard) -> int:
     """The rest of the epoch that ``step`` (updates done) falls in; the step it ends at."""
-    cfg = run.cfg
-    epoch, first = divmod(step, run.steps_per_epoch)
-    order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)[first * cfg.batch_size :]
-    k = run.subdivisions
-    full, rest = divmod(run.n_train, cfg.batch_size)
-    progress.epoch_start(epoch + 1, cfg.epochs, full * k + min(k, rest), first * k)
+    cfg, timeline, engine = run.cfg, run.timeline, run.engine
+    epoch = timeline.epoch_of(step)
+    epoch_first, epoch_end = timeline.epoch_range(epoch)
+    order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
+    micro_done = _micro_batches(run, timeline.rest_of_epoch(epoch_first), until=step)
+    progress.epoch_start(epoch + 1, cfg.epochs, _micro_batches(run, timeline.rest_of_epoch(epoch_first)), micro_done)
     epoch_started, epoch_examples = time.time(), 0
     # A run resumed mid-epoch picks up the losses this epoch already logged.
-    loss_sum, applied_examples = log.epoch_losses(epoch + 1) if first else (0.0, 0)
-    micro_done, pending = first * k, []
-    engine = run.engine
-    for n, raw, y in worker_batches(run.data.train, order, cfg.batch_size, engine.replicas, engine.replica_ids):
+    loss_sum, applied_examples = log.epoch_losses(epoch + 1) if step > epoch_first else (0.0, 0)
+    pending = []
+
+    def batches():
+        """(batch size in force, global batch size, this process's examples) of each update left."""
+        for segment in timeline.rest_of_epoch(step):
+            run.follow_batch(segment.batch_size)  # before the segment's first update, after the last one's
+            part, size = order[segment.start : segment.end], segment.batch_size
+            for n, raw, y in worker_batches(run.data.train, part, size, engine.replicas, engine.replica_ids):
+                yield size, n, raw, y
+
+    for batch, n, raw, y in batches():
         x = run.augment(raw, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
         try:
             out = guard.update(x, y, n, step) if guard.needed else engine.update(x, y, n)
@@ -418,13 +494,13 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
         step += 1
         epoch_examples += n
         micro_done += min(run.subdivisions, n)
-        pending.append((step, n, out))
+        pending.append((step, n, out, batch, run.subdivisions))
         bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
-        end_of_epoch = step % run.steps_per_epoch == 0
+        end_of_epoch = step == epoch_end
         checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
         if len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum or bad >= cfg.max_bad_updates:
             # Before any checkpoint: a checkpoint never counts an update metrics.jsonl lacks.
-            flushed = log.write_updates(pending, run.examples_seen, run.steps_per_epoch)
+            flushed = log.write_updates(pending, timeline)
             loss_sum, applied_examples = loss_sum + flushed[0], applied_examples + flushed[1]
             progress.updates(
                 micro_done,

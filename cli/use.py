@@ -91,12 +91,12 @@ def format_plan(result: dict) -> str:
             )
         )
     else:
-        lines.append(
-            _row(
-                "micro-batches",
-                f"{_split_text(full['size'], full['micro_batches'])} (subdivisions={result['subdivisions']})",
-            )
+        given = (
+            f"micro_batch_size={result['micro_batch_size']}: subdivisions={result['subdivisions']}"
+            if result["micro_batch_size"]
+            else f"subdivisions={result['subdivisions']}"
         )
+        lines.append(_row("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} ({given})"))
     if not result["baseline"] and result["parallel_micro_steps"] > 1:
         lines.append(
             _row(
@@ -115,12 +115,25 @@ def format_plan(result: dict) -> str:
     ]
     if augment:
         lines.append(_row("augment", ", ".join(augment) + " (training images, drawn from seed and update)"))
-    lines.append(
-        _row(
-            "updates",
-            f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = {result['total_updates']}",
+    if result["phases"]:
+        lines.append(_row("updates", f"{result['total_updates']} in {result['epochs']} epochs"))
+        for phase in result["phases"]:
+            micro = "one pass" if result["baseline"] else f"k={phase['subdivisions']} of <={phase['micro_batch']}"
+            lines.append(
+                _row(
+                    "batch phase",
+                    f"from update {phase['update']} (epoch {phase['epoch']}): batch_size {phase['batch_size']} "
+                    f"({micro}), {phase['updates_per_epoch']} updates per epoch, "
+                    f"learning rate {_rate(phase['learning_rate'])}",
+                )
+            )
+    else:
+        lines.append(
+            _row(
+                "updates",
+                f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = {result['total_updates']}",
+            )
         )
-    )
     if last is None:
         lines.append(
             _row(
@@ -137,14 +150,22 @@ def format_plan(result: dict) -> str:
         lines.append(_row("last batch", f"{last['size']} examples{only}{split}"))
     schedule = rate["schedule"]
     settings = [f"{key}={rate[key]}" for key in ("warmup_steps", "decay_steps") if rate[key]]
+    scaled = rate["scaled"]
     lines.append(
         _row(
             "optimizer",
-            f"{rate['optimizer']}, learning_rate {rate['peak']:g}, schedule {schedule}"
+            f"{rate['optimizer']}, learning_rate {rate['peak']:g}"
+            + (
+                f" at batch {scaled['base_batch_size']}, {_rate(scaled['peak'])} at batch_size "
+                f"{result['batch_size']} ({scaled['rule']} rule)"
+                if scaled
+                else ""
+            )
+            + f", schedule {schedule}"
             + (f" ({', '.join(settings)})" if settings else ""),
         )
     )
-    if schedule == "constant" and not rate["warmup_steps"]:
+    if schedule == "constant" and not rate["warmup_steps"] and not result["phases"]:
         lines.append(_row("learning rate", f"{_rate(rate['first']['value'])} throughout"))
     else:
         points = [(rate["first"], "first")]
