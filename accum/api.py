@@ -8,7 +8,6 @@ imported only once the input has been checked.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -130,13 +129,13 @@ def fit(
         if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
             raise UserError(f"{WHERE}: validation_data must be a pair (x_val, y_val) of arrays")
         x_val, y_val = _arrays(*validation_data, "validation_data")
-    k = _subdivisions(batch_size, subdivisions, micro_batch_size)
+    cut = _cut(subdivisions, micro_batch_size)
     run_dir = None if output_dir is None else Path(output_dir)
     strategy_name = _strategy_name(strategy)
     raw: dict[str, Any] = {
         "model": {"name": "keras_file", "path": str((run_dir or Path(".")) / MODEL_COPY)},
         "batch_size": batch_size,
-        "subdivisions": k,
+        **cut,
         "epochs": epochs,
         "seed": seed,
         "optimizer": {"name": optimizer, "learning_rate": learning_rate},
@@ -212,19 +211,17 @@ def _strategy_name(strategy) -> str:
     raise UserError(f"{WHERE}: strategy is a {type(strategy).__name__}, not a tf.distribute.Strategy")
 
 
-def _subdivisions(batch_size, subdivisions, micro_batch_size) -> int:
+def _cut(subdivisions, micro_batch_size) -> dict:
+    """The config keys that cut each batch: micro_batch_size (k per batch and replica), else subdivisions
+    (neither: one pass). The config check words what is wrong with either."""
     if subdivisions is not None and micro_batch_size is not None:
         raise UserError(
             f"{WHERE}: give subdivisions or micro_batch_size, not both "
             f"(subdivisions={subdivisions}, micro_batch_size={micro_batch_size})"
         )
-    if micro_batch_size is None:
-        return 1 if subdivisions is None else subdivisions
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise UserError(f"{WHERE}: micro_batch_size={micro_batch_size!r} must be an integer >= 1")
-    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1:
-        return math.ceil(batch_size / micro_batch_size)
-    return 1  # the config check words what is wrong with batch_size
+    if micro_batch_size is not None:
+        return {"micro_batch_size": micro_batch_size}
+    return {"subdivisions": 1 if subdivisions is None else subdivisions}
 
 
 def _arrays(x, y, name: str):

@@ -1,0 +1,208 @@
+"""Large batches that train well: recipes at batch 4000 and 16000 against batch 500.
+
+Issue 20's setting: configs/fmnist.yaml's net at width 1/8, no augmentation,
+10 epochs for every row, Adam at 3e-3 on a cosine with one epoch of warm-up,
+micro-batches of at most 500 (micro_batch_size: 500, one micro-batch computed
+at a time: the same memory in every row). 5000 training examples are held
+out as a validation split: the best recipe of each batch size is the one with
+the best validation accuracy, and only then is its test accuracy compared with
+the reference's (choices are never made on the test split).
+
+Rows, each a fresh `accum-train run` (its own thread pools and allocator):
+  reference   batch 500, the setting above
+  (a)         batch B at the reference's rate
+  (b)         the linear rule (rate x B/500) with 1 and with 3 epochs of
+              warm-up, and the square-root rule (rate x sqrt(B/500))
+  (c)         LAMB at the square-root rate
+  (d)         LARS (momentum 0.9, trust coefficient 0.001) at two rates
+  (e)         batch 500 growing to 4000 (500, 1000, 2000, 4000 from epochs 1,
+              5, 7, 9) at the reference's peak rate held constant after the
+              warm-up, against the reference's cosine decay (Smith et al. 2018)
+
+Columns: validation and test accuracy, updates, wall time, TF allocator peak.
+
+    python benchmarks/large_batch.py --output docs/large-batch.json   # the README's table (one run)
+    python benchmarks/large_batch.py --epochs 2 --rows reference,4000-a  # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = 60000 - 5000  # training examples after the validation split
+RATE = 0.003
+
+BASE = [
+    "model.width=0.125",
+    "data.augment.crop=0",
+    "data.validation=5000",
+    "micro_batch_size=500",
+    "subdivisions=null",
+    "parallel_micro_steps=1",
+    "log_every=1000",
+]
+
+
+def warmup(batch: int, epochs: int = 1) -> int:
+    return epochs * math.ceil(TRAIN / batch)
+
+
+def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
+    """(name, recipe, --set overrides) of every row."""
+    out = [
+        (
+            "reference",
+            "batch 500, Adam 3e-3, cosine",
+            ["batch_size=500", f"optimizer.schedule.warmup_steps={warmup(500)}"],
+        )
+    ]
+    for batch in (4000, 16000):
+        up = warmup(batch)
+        common = [f"batch_size={batch}", f"optimizer.schedule.warmup_steps={up}"]
+        sqrt_rate = RATE * math.sqrt(batch / 500)
+        out += [
+            (f"{batch}-a", "(a) the reference's rate", common),
+            (
+                f"{batch}-linear",
+                "(b) linear rule, 1 epoch warm-up",
+                common + ["optimizer.scale_learning_rate={rule: linear, base_batch_size: 500}"],
+            ),
+            (
+                f"{batch}-linear-3",
+                "(b) linear rule, 3 epochs warm-up",
+                [f"batch_size={batch}", f"optimizer.schedule.warmup_steps={warmup(batch, 3)}"]
+                + ["optimizer.scale_learning_rate={rule: linear, base_batch_size: 500}"],
+            ),
+            (
+                f"{batch}-sqrt",
+                "(b) sqrt rule, 1 epoch warm-up",
+                common + ["optimizer.scale_learning_rate={rule: sqrt, base_batch_size: 500}"],
+            ),
+            (
+                f"{batch}-lamb",
+                "(c) LAMB at the sqrt rate",
+                common + ["optimizer.name=lamb", f"optimizer.learning_rate={sqrt_rate:.6g}"],
+            ),
+            (f"{batch}-lars-2", "(d) LARS at 2", common + ["optimizer.name=lars", "optimizer.learning_rate=2"]),
+            (f"{batch}-lars-8", "(d) LARS at 8", common + ["optimizer.name=lars", "optimizer.learning_rate=8"]),
+        ]
+    growing = "batch_schedule=[{epoch: 1, batch_size: 500}, {epoch: 5, batch_size: 1000}, "
+    growing += "{epoch: 7, batch_size: 2000}, {epoch: 9, batch_size: 4000}]"
+    if epochs < 9:  # a quick look: the same shape over fewer epochs
+        starts = [1] + sorted({max(2, round(epochs * f)) for f in (0.4, 0.6, 0.8)})
+        growing = (
+            "batch_schedule=["
+            + ", ".join(f"{{epoch: {e}, batch_size: {b}}}" for e, b in zip(starts, (500, 1000, 2000, 4000)))
+            + "]"
+        )
+    out.append(
+        (
+            "growing",
+            "(e) batch 500 -> 4000, constant rate",
+            [growing, "optimizer.schedule.name=constant", f"optimizer.schedule.warmup_steps={warmup(500)}"],
+        )
+    )
+    return out
+
+
+def run_row(overrides: list[str], epochs: int, folder: Path) -> dict:
+    command = [sys.executable, "-m", "accum_train.cli.main", "run", str(ROOT / "configs" / "fmnist.yaml")]
+    for item in [*BASE, f"epochs={epochs}", *overrides]:
+        command += ["--set", item]
+    command += ["--output-dir", str(folder), "--quiet"]
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"status": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr else ''}"}
+    summary = json.loads((folder / "summary.json").read_text())
+    return {
+        "status": "ok",
+        "validation_accuracy": summary["validation_accuracy"],
+        "test_accuracy": summary["test_accuracy"],
+        "updates": summary["steps"],
+        "wall_time_s": summary["wall_time_s"],
+        "process_wall_s": time.time() - started,
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+        "subdivisions_at_end": summary["subdivisions"],
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--rows", default=None, help="comma-separated row names (default: all)")
+    parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
+    options = parser.parse_args(argv)
+    chosen = rows(options.epochs)
+    if options.rows:
+        wanted = options.rows.split(",")
+        chosen = [row for row in chosen if row[0] in wanted]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="large-batch-") as scratch:
+        for name, recipe, overrides in chosen:
+            result = {
+                "row": name,
+                "recipe": recipe,
+                "overrides": overrides,
+                **run_row(overrides, options.epochs, Path(scratch) / name),
+            }
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    report = {"epochs": options.epochs, "base": BASE, "rows": results, "best": best_by_validation(results)}
+    print(table(report))
+    if options.output:
+        options.output.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def best_by_validation(results: list[dict]) -> dict:
+    """Per batch size, the row with the best validation accuracy, and its test accuracy's gap to the reference."""
+    reference = next((r for r in results if r["row"] == "reference" and r["status"] == "ok"), None)
+    best = {}
+    for batch in ("4000", "16000"):
+        candidates = [r for r in results if r["row"].startswith(batch + "-") and r["status"] == "ok"]
+        if not candidates:
+            continue
+        top = max(candidates, key=lambda r: r["validation_accuracy"])
+        best[batch] = {
+            "row": top["row"],
+            "test_accuracy": top["test_accuracy"],
+            "gap_to_reference": None if reference is None else reference["test_accuracy"] - top["test_accuracy"],
+        }
+    growing = next((r for r in results if r["row"] == "growing" and r["status"] == "ok"), None)
+    if growing and reference:
+        best["growing"] = {
+            "test_accuracy": growing["test_accuracy"],
+            "gap_to_reference": reference["test_accuracy"] - growing["test_accuracy"],
+            "updates": growing["updates"],
+            "reference_updates": reference["updates"],
+        }
+    return best
+
+
+def table(report: dict) -> str:
+    lines = [
+        "| row | recipe | validation accuracy | test accuracy | updates | wall time | TF allocator peak |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['row']} | {r['recipe']} | {r['status']} | | | | |")
+            continue
+        lines.append(
+            f"| {r['row']} | {r['recipe']} | {r['validation_accuracy']:.4f} | {r['test_accuracy']:.4f} | "
+            f"{r['updates']} | {r['wall_time_s']:.0f} s | {r['peak_memory_bytes'] / 2**20:.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
