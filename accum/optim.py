@@ -15,6 +15,7 @@ import tensorflow as tf
 from keras import ops
 
 from .config import OPTIMIZER_NAMES, SCHEDULE_NAMES, Config, OptimizerConfig, ScheduleConfig
+from .timeline import Phase
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -94,7 +95,16 @@ class _LayerWise(keras.optimizers.Optimizer):
         )
 
     def get_config(self):
-        return {**super().get_config(), "decay": self.decay, "exclude": self.exclude}
+        """The constructor's arguments (from_config rebuilds it); the rate as Keras serialises it."""
+        rate = super().get_config()["learning_rate"]
+        return {"learning_rate": rate, "weight_decay": self.decay, "exclude": self.exclude}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        if isinstance(config["learning_rate"], dict):
+            config["learning_rate"] = keras.optimizers.schedules.deserialize(config["learning_rate"])
+        return cls(**config)
 
 
 def _norm(tensor):
@@ -191,13 +201,16 @@ class BatchScaled(keras.optimizers.schedules.LearningRateSchedule):
 def run_schedule(cfg: Config, timeline):
     """The learning rate a run applies at each update: the schedule of optimizer.schedule, times
     scale_learning_rate's factor for the batch in force (``timeline``: accum.timeline.Timeline).
-    One batch size folds the factor into the rate; a batch_schedule multiplies phase by phase."""
+    One batch size folds the factor into the rate; a batch_schedule multiplies phase by phase. Which of
+    the two depends on the config alone: a constant rate is an optimizer variable and a schedule is not,
+    so a run rebuilt without its training set (evaluate, export) must choose as training did."""
     scale, optimizer = cfg.optimizer.scale_learning_rate, cfg.optimizer
-    factors = [scale.factor(phase.batch_size) for phase in timeline.phases]
-    if len(set(factors)) == 1:
-        return make_schedule(optimizer.learning_rate * factors[0], optimizer.schedule, timeline.total_steps)
+    if scale.rule == "none" or not cfg.batch_schedule:
+        rate = optimizer.learning_rate * scale.factor(cfg.batch_size)
+        return make_schedule(rate, optimizer.schedule, timeline.total_steps)
     base = make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps)
-    return BatchScaled(base, [phase.step for phase in timeline.phases], factors)
+    phases = timeline.phases or [Phase(0, 0, cfg.batch_size)]
+    return BatchScaled(base, [p.step for p in phases], [scale.factor(p.batch_size) for p in phases])
 
 
 _OPTIMIZERS = {

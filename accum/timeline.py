@@ -56,7 +56,7 @@ class Timeline:
     def __init__(self, cfg: Config, n_train: int):
         self.n_train, self.epochs = n_train, cfg.epochs
         for change in cfg.batch_schedule:
-            if change.batch_size > n_train:
+            if change.batch_size > n_train > 0:  # 0: rebuilt without its training set, nothing to lay out
                 start = f"epoch {change.epoch}" if change.epoch is not None else f"step {change.step}"
                 raise ConfigError(
                     f"batch_schedule: batch_size={change.batch_size} (from {start}) is more than the "
@@ -83,7 +83,10 @@ class Timeline:
                 step, start = step + updates, end
         self.total_steps = step
         self._firsts = [s.first_step for s in self.segments]
-        self._epoch_first = [next(s.first_step for s in self.segments if s.epoch == e) for e in range(cfg.epochs)]
+        # an empty training set (a run rebuilt to evaluate or export) has no updates: every epoch starts at 0
+        self._epoch_first = [
+            next((s.first_step for s in self.segments if s.epoch == e), step) for e in range(cfg.epochs)
+        ]
         self.phases = [Phase(s.first_step, s.epoch, s.batch_size) for s in self._changes()]
 
     def _changes(self) -> list[Segment]:

@@ -177,7 +177,7 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     cfg_file.write_text("batch_size: 100\nsubdivisions: 3\n")
     cfg = load_config(cfg_file, ["optimizer.learning_rate=2e-3", "model.name=mlp"])
     assert isinstance(cfg, Config)
-    assert (cfg.batch_size, cfg.subdivisions, cfg.micro_batch_size) == (100, 3, 34)
+    assert (cfg.batch_size, cfg.subdivisions, cfg.largest_micro_batch, cfg.micro_batch_size) == (100, 3, 34, None)
     assert cfg.optimizer.learning_rate == 0.002 and cfg.model.name == "mlp"
     assert cfg.model.width == Config().model.width  # untouched keys keep the default
     with pytest.raises(AttributeError):

@@ -431,3 +431,15 @@ def test_the_readme_s_large_batch_configs_are_valid(repo_root):
     assert first.subdivisions_for(first.batch_size) == 8
     assert first.optimizer.scale_learning_rate.factor(first.batch_size) == pytest.approx(math.sqrt(8))
     assert [first.optimizer.name, second.batch_size, second.batch_schedule[0].batch_size] == ["lamb", 500, 2000]
+
+
+def test_a_scheduled_run_evaluates_and_exports_from_its_checkpoint(scheduled, tmp_path):
+    """evaluate and export rebuild the run without its training set: the optimizer (a schedule scaled per
+    phase, no rate variable) must restore as trained, and evaluate gives summary.json's test accuracy."""
+    d, summary = scheduled["micro"]
+    evaluated = CliRunner().invoke(main, ["evaluate", str(d), "--output-dir", str(tmp_path / "e")])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads((tmp_path / "e" / "evaluate.json").read_text())["test_accuracy"] == summary["test_accuracy"]
+    exported = CliRunner().invoke(main, ["export", str(d), "--output", str(tmp_path / "m.keras")])
+    assert exported.exit_code == 0, exported.output
+    assert (tmp_path / "m.keras").stat().st_size > 0

@@ -351,3 +351,17 @@ def test_resumed_after_epoch_one_ends_at_the_uninterrupted_weights(tmp_path, rep
     trainable = [key for key in full if "moving" not in key]  # not BatchNorm's moving statistics
     assert len(trainable) == 17
     assert min(float(np.max(np.abs(full[k] - after_one[k]))) for k in trainable) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LARS(2.0, momentum=0.8, weight_decay=0.1, trust_coefficient=0.01, exclude=["bias"]),
+        lambda: LAMB(0.01, weight_decay=0.1, exclude=None),
+        lambda: LAMB(keras.optimizers.schedules.CosineDecay(0.01, 100), weight_decay=0.0, exclude=[]),
+    ],
+)
+def test_get_config_rebuilds_the_same_optimizer(make):
+    optimizer = make()
+    again = type(optimizer).from_config(optimizer.get_config())
+    assert again.get_config() == optimizer.get_config()
