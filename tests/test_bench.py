@@ -81,17 +81,31 @@ def test_bench_rounds_alternate_precisions_and_report_ratio_spreads(tmp_path, re
 
 
 @pytest.mark.parametrize(
-    "value, message",
+    "args, message",
     [
-        ("1,x", "--subdivisions '1,x' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16"),
-        ("0,2", "--subdivisions '0,2' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16"),
-        ("1,100", "--subdivisions 100 is more than batch_size=64: a micro-batch holds at least one example"),
+        (
+            ["--subdivisions", "1,x"],
+            "--subdivisions '1,x' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16",
+        ),
+        (
+            ["--subdivisions", "0,2"],
+            "--subdivisions '0,2' must be a comma-separated list of integers >= 1, e.g. 1,2,4,8,16",
+        ),
+        (
+            ["--subdivisions", "1,100"],
+            "--subdivisions 100 is more than batch_size=64: a micro-batch holds at least one example",
+        ),
+        (
+            ["--micro-batch-size", "16,x"],
+            "--micro-batch-size '16,x' must be a comma-separated list of integers >= 1, e.g. 500,250",
+        ),
+        (["--micro-batch-size", "16", "--subdivisions", "4"], "give --subdivisions or --micro-batch-size, not both"),
     ],
 )
-def test_bench_bad_subdivisions(tmp_path, repo_root, value, message):
+def test_bench_bad_subdivisions(tmp_path, repo_root, args, message):
     out = tmp_path / "bench"
     result = CliRunner().invoke(
-        main, ["bench", str(repo_root / "configs" / "smoke.yaml"), "--subdivisions", value, "--output-dir", str(out)]
+        main, ["bench", str(repo_root / "configs" / "smoke.yaml"), *args, "--output-dir", str(out)]
     )
     assert (result.exit_code, result.stderr) == (2, f"error: {message}\n")
     assert not out.exists()

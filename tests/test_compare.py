@@ -50,6 +50,15 @@ def test_gradient_check_without_batchnorm_is_exact(repo_root, small_data, overri
     assert set(check["per_variable"]) >= {"logits/weights", "logits/biases"}
 
 
+def test_gradient_check_cuts_the_batch_as_micro_batch_size_says(repo_root, small_data):
+    """micro_batch_size=10 of smoke's batch 64: k=7 (micro-batches of 9-10), checked against one pass."""
+    check = gradient_check(
+        load_config(repo_root / "configs" / "smoke.yaml", ["model.norm=none", "micro_batch_size=10"]), small_data
+    )
+    assert check["subdivisions"] == 7
+    assert check["max_abs_diff"] <= 1e-6
+
+
 def test_gradient_check_measures_the_engine_itself(repo_root, small_data, monkeypatch):
     """Break the engine (each micro-batch counted twice) and the check must see it."""
     from accum_train.engine import AccumulatingUpdate
