@@ -177,6 +177,7 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
         "checkpoints",
         "config.yaml",
         "dataset.json",
+        "history.jsonl",
         "metrics.jsonl",
         "summary.json",
         "tensorboard",
