@@ -483,8 +483,7 @@ def _resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridde
     """subdivisions or micro_batch_size (the default k when neither is given); batch_schedule checked and its
     first batch made batch_size when it starts at the start."""
 
-    def where(*keys):
-        return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
+    where = _blamer(source, overridden)
 
     if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
         # --set of one over the file's other: the later word wins, as for any key
@@ -630,6 +629,15 @@ def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
     return cls(**values)
 
 
+def _blamer(source: str, overridden: set):
+    """``where(*keys)``: "--set" if any of ``keys`` came from --set, else ``source`` (what an error names)."""
+
+    def where(*keys) -> str:
+        return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
+
+    return where
+
+
 def _came_from_set(dotted: str, overridden: set) -> bool:
     return any(dotted == k or dotted.startswith(k + ".") for k in overridden)
 
@@ -762,8 +770,7 @@ def _expected(tp, meta) -> str:
 
 
 def _check_relations(cfg: Config, source: str, overridden: set) -> None:
-    def where(*keys):
-        return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
+    where = _blamer(source, overridden)
 
     if cfg.auto_subdivisions:
         if cfg.memory_limit is None:

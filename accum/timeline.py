@@ -101,17 +101,14 @@ class Timeline:
         return self.segment(step).batch_size
 
     def epoch_of(self, step: int) -> int:
-        """The 0-based epoch of update ``step`` (0-based); ``epochs`` once every update is done."""
+        """The 0-based epoch of update ``step`` (0-based), which is also the number of complete epochs once
+        ``step`` updates are done; ``epochs`` once every update is done."""
         return bisect.bisect_right(self._epoch_first, step) - 1 if step < self.total_steps else self.epochs
 
     def epoch_range(self, epoch: int) -> tuple[int, int]:
         """[first, end) updates of ``epoch`` (0-based)."""
         end = self._epoch_first[epoch + 1] if epoch + 1 < self.epochs else self.total_steps
         return self._epoch_first[epoch], end
-
-    def epochs_done(self, step: int) -> int:
-        """Complete epochs once ``step`` updates are done."""
-        return bisect.bisect_right(self._epoch_first, step) - 1 if step < self.total_steps else self.epochs
 
     def offset(self, step: int) -> int:
         """Examples of its epoch read before update ``step`` (0-based)."""

@@ -134,13 +134,18 @@ class Run:
     def subdivisions(self) -> int:
         return 1 if self.cfg.baseline else int(self.engine.subdivisions.numpy())
 
+    def k_for(self, batch_size: int) -> int:
+        """The k a batch of ``batch_size`` runs with: micro_batch_size's for it (a batch_schedule's batch grows,
+        the micro-batch stays); a fixed or probed k stays; 1 for the baseline."""
+        if self.cfg.micro_batch_size is None or self.cfg.baseline:
+            return self.subdivisions
+        return self.cfg.subdivisions_for(batch_size, self.replicas)
+
     def follow_batch(self, batch_size: int) -> int:
-        """Set k for a batch of ``batch_size`` as micro_batch_size asks (a batch_schedule's batch grows, the
-        micro-batch stays); a fixed or probed k stays. The k in force."""
-        if self.cfg.micro_batch_size is not None and not self.cfg.baseline:
-            k = self.cfg.subdivisions_for(batch_size, self.replicas)
-            if k != self.subdivisions:
-                self.engine.set_subdivisions(k)
+        """Set k for a batch of ``batch_size`` (``k_for``); the k in force."""
+        k = self.k_for(batch_size)
+        if k != self.subdivisions:
+            self.engine.set_subdivisions(k)
         return self.subdivisions
 
     @property
@@ -348,7 +353,7 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
     step = 0
     if resume:
         step = run.restore_latest(shared_dir)
-        log.truncate_after(step, run.timeline.epochs_done(step))
+        log.truncate_after(step, run.timeline.epoch_of(step))
         progress.message(f"resuming {run.run_dir} at update {step} of {run.total_steps}")
         schedule = cfg.optimizer.schedule
         end = schedule.warmup_steps + (schedule.decay_steps or 0)
@@ -417,7 +422,7 @@ def describe_phases(run: Run) -> str:
 
     parts = []
     for phase in run.timeline.phases:
-        k = 1 if run.cfg.baseline else run.cfg.subdivisions_for(phase.batch_size, run.replicas)
+        k = run.k_for(phase.batch_size)
         rate = learning_rate_at(run.schedule, phase.step)
         parts.append(
             f"batch_size={phase.batch_size} (k={k}, learning rate {rate:.4g}) from update {phase.step + 1} "
@@ -455,9 +460,7 @@ def _micro_batches(run: Run, segments, until: int | None = None) -> int:
     segment's batch has now (what a progress bar counts)."""
     total = 0
     for segment in segments:
-        k = 1 if run.cfg.baseline else run.cfg.subdivisions_for(segment.batch_size, run.replicas)
-        if run.cfg.micro_batch_size is None:
-            k = run.subdivisions  # fixed (or probed): the same k for every batch
+        k = run.k_for(segment.batch_size)
         updates = segment.updates if until is None else max(0, min(segment.updates, until - segment.first_step))
         for i in range(updates):
             total += min(k, segment.batch_size, segment.end - segment.start - i * segment.batch_size)
@@ -470,8 +473,9 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
     epoch = timeline.epoch_of(step)
     epoch_first, epoch_end = timeline.epoch_range(epoch)
     order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
-    micro_done = _micro_batches(run, timeline.rest_of_epoch(epoch_first), until=step)
-    progress.epoch_start(epoch + 1, cfg.epochs, _micro_batches(run, timeline.rest_of_epoch(epoch_first)), micro_done)
+    whole_epoch = timeline.rest_of_epoch(epoch_first)
+    micro_done = _micro_batches(run, whole_epoch, until=step)
+    progress.epoch_start(epoch + 1, cfg.epochs, _micro_batches(run, whole_epoch), micro_done)
     epoch_started, epoch_examples = time.time(), 0
     # A run resumed mid-epoch picks up the losses this epoch already logged.
     loss_sum, applied_examples = log.epoch_losses(epoch + 1) if step > epoch_first else (0.0, 0)

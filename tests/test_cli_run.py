@@ -180,6 +180,13 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
     (busy / "notes.txt").write_text("mine")
     a_file = tmp_path / "file"
     a_file.write_text("x")
+
+    def refused(change):
+        return (
+            f"--resume {done}: the config changes {change}, which the run cannot continue with; only epochs, "
+            f"log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change"
+        )
+
     cases = [
         (
             ["run", smoke, "--output-dir", str(busy)],
@@ -195,25 +202,14 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
             f"--resume {busy} is not a run directory (no config.yaml and checkpoints/): "
             f"pass a directory written by 'accum-train run'",
         ),
-        (
-            ["run", "--resume", str(done), "--set", "batch_size=200"],
-            f"--resume {done}: the config changes batch_size (64 -> 200), which the run cannot continue with; "
-            f"only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
-        ),
-        (
-            ["run", "--resume", str(done), "--set", "model.width=0.125"],
-            f"--resume {done}: the config changes model.width (0.0625 -> 0.125), which the run cannot continue "
-            f"with; only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
-        ),
-        (
-            ["run", "--resume", str(done), "--set", "optimizer.name=sgd"],
-            f"--resume {done}: the config changes optimizer.name ('adam' -> 'sgd'), which the run cannot continue "
-            f"with; only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
-        ),
-        (
-            ["run", "--resume", str(done), "--set", "data.train_limit=640"],
-            f"--resume {done}: the config changes data.train_limit (3000 -> 640), which the run cannot continue "
-            f"with; only epochs, log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change",
+        *(
+            (["run", "--resume", str(done), "--set", setting], refused(change))
+            for setting, change in (
+                ("batch_size=200", "batch_size (64 -> 200)"),
+                ("model.width=0.125", "model.width (0.0625 -> 0.125)"),
+                ("optimizer.name=sgd", "optimizer.name ('adam' -> 'sgd')"),
+                ("data.train_limit=640", "data.train_limit (3000 -> 640)"),
+            )
         ),
         (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', or --resume RUN_DIR"),
     ]

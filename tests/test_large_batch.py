@@ -81,7 +81,7 @@ def test_timeline_resumes_in_the_middle_of_a_segment():
     ]
     assert [(s.first_step, s.start) for s in timeline.rest_of_epoch(14)] == [(14, 3000)]
     assert [timeline.epoch_of(s) for s in (10, 11, 15, 16, 19)] == [0, 1, 1, 2, 3]
-    assert [timeline.epochs_done(s) for s in (0, 11, 12, 16, 19)] == [0, 1, 1, 2, 3]
+    assert [timeline.epoch_of(s) for s in (0, 11, 12, 16, 19)] == [0, 1, 1, 2, 3]
     assert [(p.step, p.epoch, p.batch_size) for p in timeline.phases] == [(0, 0, 500), (13, 1, 2000)]
 
 
