@@ -388,14 +388,14 @@ def test_api_run_refuses_both_ways_of_cutting(tmp_path):
 
 @pytest.mark.slow
 def test_killed_across_a_change_of_phase_resumes_to_the_uninterrupted_weights(repo_root, data_dir, tmp_path):
-    """Killed (-9) during update 10, after the checkpoint at update 6 (epoch 1's end) and the change at update 9:
-    the resume redoes updates 7-10 across the change and ends at the uninterrupted run's weights (1e-6), every
-    update once."""
+    """Killed (-9) during update 10, after the checkpoint at update 7 (in the middle of epoch 2 and of its
+    batch-32 segment) and the change at update 9: the resume starts inside the segment, redoes updates 8-10
+    across the change and ends at the uninterrupted run's weights (1e-6), every update once."""
     import yaml
 
     path = tmp_path / "c.yaml"
     path.write_text(
-        yaml.safe_dump({**SMALL, "checkpoint": {"every_steps": 6}, "data": {**SMALL["data"], "dir": str(data_dir)}})
+        yaml.safe_dump({**SMALL, "checkpoint": {"every_steps": 7}, "data": {**SMALL["data"], "dir": str(data_dir)}})
     )
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     cli = [sys.executable, "-m", "accum_train.cli.main", "run"]
