@@ -88,6 +88,14 @@ class ModelConfig:
         "(per example: micro-batch independent), or none",
     )
     hidden: int = _spec(256, minimum=1, maximum=65536, help="hidden units of mlp")
+    bn_momentum: float = _spec(
+        0.9,
+        minimum=0.0,
+        maximum=1.0,
+        help="norm=batchnorm: share of the moving statistics kept at each update (moving = moving * m + "
+        "batch * (1 - m)); they move once per update, so with few updates (a large batch) lower it, "
+        "e.g. 0.9 ** (batch_size / 500) keeps the horizon of 0.9 at batch 500",
+    )
     groups: int = _spec(
         8,
         minimum=1,
@@ -856,7 +864,7 @@ def _check_optimizer_keys(optimizer: OptimizerConfig, where) -> None:
 
 # Model keys that only one kind of model reads: a value other than the default
 # for the other kind would be silently ignored, so it is refused.
-BUILT_IN_MODEL_KEYS = ("width", "norm", "hidden", "groups")
+BUILT_IN_MODEL_KEYS = ("width", "norm", "hidden", "groups", "bn_momentum")
 
 
 def _check_model_keys(model: ModelConfig, where) -> None:
@@ -890,6 +898,11 @@ def _check_model_keys(model: ModelConfig, where) -> None:
                 f"{where('model.' + key, 'model.name')}: model.{key} is only for "
                 f"model.name=keras_file, not {model.name}: {hint}"
             )
+    if model.norm != "batchnorm" and model.bn_momentum != default.bn_momentum:
+        raise ConfigError(
+            f"{where('model.bn_momentum', 'model.norm')}: model.bn_momentum is only for "
+            f"model.norm=batchnorm, not {model.norm}: remove it or set model.norm=batchnorm"
+        )
     if model.norm != "groupnorm":
         if model.groups != default.groups:
             raise ConfigError(

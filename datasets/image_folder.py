@@ -320,7 +320,7 @@ class StreamedBatches:
                 deterministic=True,
             )
             .batch(self.batch_size)
-            .prefetch(2)
+            .prefetch(1)  # one batch waiting, no more: see ArraySplit.batches
         )
 
     def __iter__(self):

@@ -39,6 +39,21 @@ CASES = [
     ),
     ("model: {width: 0}\n", [], "{cfg}: model.width=0 must be > 0.0 and <= 8.0"),
     ("model: {norm: layernorm}\n", [], "{cfg}: model.norm='layernorm' is not one of batchnorm, groupnorm, none"),
+    ("model: {bn_momentum: 1.5}\n", [], "{cfg}: model.bn_momentum=1.5 must be <= 1.0"),
+    ("model: {bn_momentum: -0.1}\n", [], "{cfg}: model.bn_momentum=-0.1 must be >= 0.0 and <= 1.0"),
+    (
+        "model: {norm: groupnorm, bn_momentum: 0.5}\n",
+        [],
+        "{cfg}: model.bn_momentum is only for model.norm=batchnorm, not groupnorm: remove it or set "
+        "model.norm=batchnorm",
+    ),
+    (
+        "model: {name: keras_file, path: m.keras, bn_momentum: 0.5}\n",
+        [],
+        "{cfg}: model.bn_momentum is only for the built-in models (seed_convnet, mlp), not keras_file, whose "
+        "layers come from its file: remove it, or replace the whole model mapping: "
+        "--set 'model={{name: keras_file, path: m.keras}}'",
+    ),
     (
         "optimizer: {name: adamw}\n",
         [],

@@ -19,9 +19,9 @@ from accum_train.optim import make_optimizer
 RNG = np.random.default_rng(5)
 
 
-def bn_net():
+def bn_net(momentum=0.9):
     inputs = tl.layers.Input([None, 6, 6, 3])
-    bn = AccumBatchNorm(name="bn_test")
+    bn = AccumBatchNorm(decay=momentum, name="bn_test")
     return tl.models.Model(inputs=inputs, outputs=bn(inputs)), bn
 
 
@@ -56,8 +56,9 @@ def test_batchnorm_in_graph_mode_matches_keras():
     assert float(tf.reduce_max(tf.abs(bn.moving_mean))) > 0.5  # the statistics did move
 
 
-def test_deferred_statistics_equal_one_pass_over_the_whole_batch():
-    net, bn = bn_net()
+@pytest.mark.parametrize("momentum", [0.9, 0.5, 0.0])
+def test_deferred_statistics_equal_one_pass_over_the_whole_batch(momentum):
+    net, bn = bn_net(momentum)
     bn.deferred = True
     whole = RNG.normal(1.0, 2.0, (30, 6, 6, 3)).astype(np.float32)
 
@@ -71,9 +72,16 @@ def test_deferred_statistics_equal_one_pass_over_the_whole_batch():
     bn.commit()
     mean = whole.mean(axis=(0, 1, 2))
     var = whole.var(axis=(0, 1, 2))
-    np.testing.assert_allclose(bn.moving_mean.numpy(), 0.1 * mean, atol=1e-5)
-    np.testing.assert_allclose(bn.moving_var.numpy(), 0.9 + 0.1 * var, rtol=1e-5)
+    np.testing.assert_allclose(bn.moving_mean.numpy(), (1 - momentum) * mean, atol=1e-5)
+    np.testing.assert_allclose(bn.moving_var.numpy(), momentum + (1 - momentum) * var, rtol=1e-5)
     assert float(bn.pending.count.numpy()) == 0.0
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.3])
+def test_bn_momentum_reaches_every_batchnorm_layer(momentum):
+    for name in ("seed_convnet", "mlp"):
+        model = build_model(ModelConfig(name=name, width=0.0625, bn_momentum=momentum), 0, (8, 8, 1), 3)
+        assert [layer.decay for layer in model.norm_layers] == [momentum] * (5 if name == "seed_convnet" else 1)
 
 
 def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after():

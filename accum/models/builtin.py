@@ -39,7 +39,7 @@ def leaky_relu(features):
 
 # model.norm -> the normalisation layer after a conv (or the MLP's hidden layer), its activation fused in
 NORM_LAYERS = {
-    "batchnorm": lambda cfg, act, index: AccumBatchNorm(act=act, name=f"bn{index}"),
+    "batchnorm": lambda cfg, act, index: AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
     "groupnorm": lambda cfg, act, index: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
     "none": None,
 }
