@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .config import Config, as_config, load_config
 from .errors import RunDirError
+from .text import first_line
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -304,3 +305,93 @@ class MetricsLog:
                 loss_sum += record["loss"] * n
                 examples += n
         return loss_sum, examples
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints that a crash, a full disk or a bad sector damaged
+
+# Where a resume moves a damaged checkpoint's files (kept, never deleted), inside checkpoints/.
+DAMAGED = "damaged"
+
+
+def checkpoint_numbers(directory: Path) -> list:
+    """The numbers of the checkpoints ``directory`` holds any file of (ckpt-N.index or ckpt-N.data-*), newest
+    first: a checkpoint whose index or data file is gone still shows, so that it is reported, not skipped."""
+    numbers = set()
+    for path in Path(directory).glob("ckpt-*.*"):
+        number = path.name[len("ckpt-") :].split(".", 1)[0]
+        if number.isdigit():
+            numbers.add(int(number))
+    return sorted(numbers, reverse=True)
+
+
+def checkpoint_problem(prefix: str) -> str | None:
+    """Why the checkpoint at ``prefix`` (…/ckpt-N) cannot be restored, or None if it is intact.
+
+    Reads every tensor of it: TensorFlow's bundle format keeps a CRC32C of each
+    tensor and of the index's blocks, so a truncated, altered or missing file
+    fails here, without touching any variable of the run."""
+    import tensorflow as tf
+
+    if not Path(prefix + ".index").is_file():
+        return "its .index file is missing"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception as err:  # TF's reader raises OpError, IndexError, ValueError...: all mean unreadable
+        return first_line(err)
+    return None
+
+
+def newest_intact_checkpoint(directory: Path, say, flag: str, repair: bool) -> str:
+    """The prefix of the newest checkpoint in ``directory`` that reads back whole.
+
+    Each newer, damaged one is named in one line (``say``). With ``repair`` (the
+    run that will write here: a resume's chief) its files are moved to
+    checkpoints/damaged/ and the checkpoint list is rewritten to end at the
+    intact one, so that TensorFlow's manager neither restores nor prunes by
+    it; readers (evaluate, export, predict) change nothing. No intact
+    checkpoint: a RunDirError, nothing changed."""
+    directory = Path(directory)
+    damaged = []
+    for number in checkpoint_numbers(directory):
+        prefix = str(directory / f"ckpt-{number}")
+        problem = checkpoint_problem(prefix)
+        if problem is None:
+            break
+        damaged.append((number, problem))
+    else:
+        found = ", ".join(f"ckpt-{n}: {why}" for n, why in damaged) or "none"
+        raise RunDirError(
+            f"{flag}{directory.parent}: no intact checkpoint in {directory} ({found}); nothing was changed: "
+            f"start a new run"
+        )
+    for bad, problem in damaged:
+        where = f"moved to {directory / DAMAGED}" if repair else "left in place"
+        say(f"checkpoint ckpt-{bad} is damaged ({problem}): using ckpt-{number} instead; its files are {where}")
+        if repair:
+            _move_aside(directory, bad)
+    if repair and damaged:
+        _rewrite_checkpoint_list(directory, number)
+    return prefix
+
+
+def _move_aside(directory: Path, number: int) -> None:
+    target = directory / DAMAGED
+    target.mkdir(exist_ok=True)
+    for path in directory.glob(f"ckpt-{number}.*"):
+        destination, copy = target / path.name, 1
+        while destination.exists():  # the same number damaged again in a later resume: keep both
+            destination, copy = target / f"{path.name}.{copy}", copy + 1
+        os.replace(path, destination)
+
+
+def _rewrite_checkpoint_list(directory: Path, latest: int) -> None:
+    """The 'checkpoint' file TensorFlow's manager reads: the intact checkpoints, ``latest`` last."""
+    import tensorflow as tf
+
+    kept = sorted(n for n in checkpoint_numbers(directory) if n <= latest)
+    tf.compat.v1.train.update_checkpoint_state(
+        str(directory), f"ckpt-{latest}", all_model_checkpoint_paths=[f"ckpt-{n}" for n in kept]
+    )

@@ -39,7 +39,17 @@ from .errors import Interrupted, RunDirError, TrainingStopped
 from .launcher import announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .progress import Progress
-from .rundir import MetricsLog, atomic_write, check_output_dir, keep_model_file, kept_model, save_weights, write_json
+from .rundir import (
+    MetricsLog,
+    atomic_write,
+    check_output_dir,
+    checkpoint_numbers,
+    keep_model_file,
+    kept_model,
+    newest_intact_checkpoint,
+    save_weights,
+    write_json,
+)
 from .timeline import Timeline
 
 
@@ -189,14 +199,18 @@ class Run:
             scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
         return scores
 
-    def restore_latest(self, run_dir: Path) -> int:
-        """Restore the latest checkpoint of run_dir (the chief's, for every worker)."""
-        latest = tf.train.latest_checkpoint(str(Path(run_dir) / "checkpoints"))
-        if latest is None:
-            raise RunDirError(
-                f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}; start a new run instead"
+    def restore_latest(self, run_dir: Path, say, repair: bool = False, flag: str = "--resume ") -> int:
+        """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
+        newer, damaged one. ``repair``: the resume's chief moves those aside (``newest_intact_checkpoint``)."""
+        directory = Path(run_dir) / "checkpoints"
+        if not checkpoint_numbers(directory):
+            raise RunDirError(f"{flag}{run_dir}: no checkpoint in {directory}; start a new run instead")
+        intact = newest_intact_checkpoint(directory, say, flag, repair)
+        if repair and self.manager is not None:  # a manager reads the checkpoint list once: read the repaired one
+            self.manager = tf.train.CheckpointManager(
+                self.checkpoint, str(directory), max_to_keep=self.cfg.checkpoint.keep
             )
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        self.checkpoint.restore(intact).assert_existing_objects_matched()
         self.saved_step = int(self.step.numpy())
         return self.saved_step
 
@@ -283,6 +297,8 @@ def train(
     # before any write: a model file that does not fit leaves no trace
     run = Run(cfg, data, run_dir, strategy, model=model, shared_dir=shared_dir)
     cfg = run.cfg
+    # Before any write too: with no intact checkpoint the run directory stays as it was.
+    restored = run.restore_latest(shared_dir, progress.message, repair=run.run_dir == shared_dir) if resume else 0
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy
@@ -293,7 +309,7 @@ def train(
             if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
                 atomic_write(run_dir / name, text.encode())
     log = MetricsLog(run_dir)
-    step = _start(run, log, shared_dir, resume, progress)
+    step = _start(run, log, resume, restored, progress)
     guard = MemoryGuard(run.engine, cfg, progress.message)
     announce_started()  # to a --workers supervisor: every worker has joined
 
@@ -339,8 +355,9 @@ def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, rep
     return max(1, min(math.ceil(share / micro), share))
 
 
-def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, progress: Progress) -> int:
-    """Restore or begin (choosing k for subdivisions=auto), say how the batch is split; the first step.
+def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Progress) -> int:
+    """Go on from the ``restored`` step or begin (choosing k for subdivisions=auto), say how the batch is split;
+    the first step.
 
     A resume on another number of replicas keeps the global batch, the data
     order and the schedule (all counted in updates) and changes only how a
@@ -352,7 +369,7 @@ def _start(run: Run, log: MetricsLog, shared_dir: Path | None, resume: bool, pro
     cfg = run.cfg
     step = 0
     if resume:
-        step = run.restore_latest(shared_dir)
+        step = restored
         log.truncate_after(step, run.timeline.epoch_of(step))
         progress.message(f"resuming {run.run_dir} at update {step} of {run.total_steps}")
         schedule = cfg.optimizer.schedule

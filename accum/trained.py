@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,16 @@ from .errors import RunDirError
 from .rundir import require_run_dir
 
 
-def load_run(run_dir: Path, data=None, float32: bool = False):
+def load_run(run_dir: Path, data=None, float32: bool = False, say=None):
     """The ``train.Run`` of ``run_dir`` with its latest weights.
 
     ``data`` (a loaded Dataset) is needed only to evaluate; without it the
     run's splits are empty and only its model is of use. The model computes
     in the run's precision (so evaluate reproduces its summary), or in float32
-    with ``float32`` (export: the weights are float32 in every precision)."""
+    with ``float32`` (export: the weights are float32 in every precision).
+    A damaged latest checkpoint is passed over for the newest intact one, in
+    one line to ``say`` (default: stderr), and left where it is: a reader
+    changes nothing in the run directory."""
     from .datasets.base import ArraySplit, Dataset
     from .train import Run
 
@@ -40,8 +44,12 @@ def load_run(run_dir: Path, data=None, float32: bool = False):
             train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
         )
     run = Run(cfg, data, run_dir)
-    run.restore_latest(run_dir)
+    run.restore_latest(run_dir, say or _to_stderr, flag="")
     return run
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def describe_run(run_dir: Path) -> dict:
