@@ -35,7 +35,7 @@ from pathlib import Path
 from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
 from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
-from .rundir import atomic_write, check_output_dir
+from .rundir import atomic_write, check_output_dir, writing
 
 # The supervisor names a file per worker in this variable; the worker creates it once training begins,
 # which for the chief means that every worker has joined.
@@ -182,7 +182,9 @@ def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo:
         atomic_write(config_path, resolved.to_yaml().encode())
         _check_data(config_path)  # bad data is reported here, once, not by every worker
         args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
-        code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
+        # The supervisor is the run directory's one writer, its chief writing under its lock.
+        with writing(run_dir, "--resume " if resume else "--output-dir ", for_children=True):
+            code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
     if code == OutOfMemory.exit_code:
         raise OutOfMemory(message)
     if code:

@@ -11,6 +11,8 @@ configs can be checked (and the ``--workers`` supervisor can run) without it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import math
@@ -63,6 +65,9 @@ def check_output_dir(path: Path) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RunDirError(f"--output-dir {path} is a file: name a directory")
+    holder = lock_holder(path)
+    if holder is not None:
+        raise in_use_error(path, holder, "--output-dir ")
     if path.is_dir() and any(path.iterdir()):
         hint = f"continue it with --resume {path}" if is_run_dir(path) else "choose an empty or new directory"
         raise RunDirError(f"--output-dir {path} is not empty: {hint}")
@@ -344,37 +349,36 @@ def checkpoint_problem(prefix: str) -> str | None:
     return None
 
 
-def newest_intact_checkpoint(directory: Path, say, flag: str, repair: bool) -> str:
-    """The prefix of the newest checkpoint in ``directory`` that reads back whole.
-
-    Each newer, damaged one is named in one line (``say``). With ``repair`` (the
-    run that will write here: a resume's chief) its files are moved to
-    checkpoints/damaged/ and the checkpoint list is rewritten to end at the
-    intact one, so that TensorFlow's manager neither restores nor prunes by
-    it; readers (evaluate, export, predict) change nothing. No intact
-    checkpoint: a RunDirError, nothing changed."""
+def newest_intact_checkpoint(directory: Path, flag: str = "") -> tuple:
+    """(prefix, damaged): the newest checkpoint in ``directory`` that reads back whole, and the (number,
+    problem) of each newer one. Reads only; no intact checkpoint: a RunDirError."""
     directory = Path(directory)
     damaged = []
     for number in checkpoint_numbers(directory):
         prefix = str(directory / f"ckpt-{number}")
         problem = checkpoint_problem(prefix)
         if problem is None:
-            break
+            return prefix, damaged
         damaged.append((number, problem))
-    else:
-        found = ", ".join(f"ckpt-{n}: {why}" for n, why in damaged) or "none"
-        raise RunDirError(
-            f"{flag}{directory.parent}: no intact checkpoint in {directory} ({found}); nothing was changed: "
-            f"start a new run"
-        )
+    found = ", ".join(f"ckpt-{n}: {why}" for n, why in damaged) or "none"
+    raise RunDirError(
+        f"{flag}{directory.parent}: no intact checkpoint in {directory} ({found}); nothing was changed: start a new run"
+    )
+
+
+def pass_over_damaged(prefix: str, damaged: list, say, repair: bool) -> None:
+    """Name each damaged checkpoint newer than ``prefix`` in one line (``say``). With ``repair`` (the run that
+    will write here: a resume's chief, holding the writer lock) move its files to checkpoints/damaged/ and
+    rewrite the checkpoint list to end at ``prefix``, so that TensorFlow's manager neither restores nor
+    prunes by them; readers (evaluate, export, predict) change nothing."""
+    directory, intact = Path(prefix).parent, Path(prefix).name
     for bad, problem in damaged:
         where = f"moved to {directory / DAMAGED}" if repair else "left in place"
-        say(f"checkpoint ckpt-{bad} is damaged ({problem}): using ckpt-{number} instead; its files are {where}")
+        say(f"checkpoint ckpt-{bad} is damaged ({problem}): using {intact} instead; its files are {where}")
         if repair:
             _move_aside(directory, bad)
     if repair and damaged:
-        _rewrite_checkpoint_list(directory, number)
-    return prefix
+        _rewrite_checkpoint_list(directory, int(intact[len("ckpt-") :]))
 
 
 def _move_aside(directory: Path, number: int) -> None:
@@ -395,3 +399,70 @@ def _rewrite_checkpoint_list(directory: Path, latest: int) -> None:
     tf.compat.v1.train.update_checkpoint_state(
         str(directory), f"ckpt-{latest}", all_model_checkpoint_paths=[f"ckpt-{n}" for n in kept]
     )
+
+
+# ----------------------------------------------------------------------------
+# One writer per run directory
+
+# The lock file in a run directory: an exclusive flock on it while a process writes the directory. The kernel
+# drops the lock when its holder dies, even by kill -9, so a stale file never blocks; it holds the pid to name.
+LOCK = "writer.lock"
+# A --workers supervisor holds the lock for its workers and names the run directory here: they skip it.
+LOCK_HELD = "ACCUM_TRAIN_LOCK_HELD"
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """The pid of the process that writes ``run_dir`` now, or None: nothing is written, nothing taken."""
+    path = Path(run_dir) / LOCK
+    try:
+        handle = open(path)  # noqa: SIM115 - the with below closes it; a missing file means no writer
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+def in_use_error(run_dir: Path, pid: str, flag: str) -> RunDirError:
+    return RunDirError(
+        f"{flag}{run_dir} is in use: process {pid} is writing it (one writer per run directory); "
+        f"wait for it to end or stop it, then try again"
+    )
+
+
+@contextlib.contextmanager
+def writing(run_dir: Path, flag: str = "", for_children: bool = False):
+    """Hold ``run_dir``'s lock while the block writes it (creating the directory); another writer is refused
+    at once with the holder's pid (a RunDirError, nothing written). ``for_children``: the processes this one
+    starts inside the block write it under this lock (a --workers supervisor)."""
+    run_dir = Path(run_dir)
+    if os.environ.get(LOCK_HELD) == str(run_dir.resolve()):
+        yield  # our supervisor holds it
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise in_use_error(run_dir, holder, flag) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        previous = os.environ.get(LOCK_HELD)
+        if for_children:
+            os.environ[LOCK_HELD] = str(run_dir.resolve())
+        try:
+            yield
+        finally:
+            if for_children:
+                if previous is None:
+                    os.environ.pop(LOCK_HELD, None)
+                else:
+                    os.environ[LOCK_HELD] = previous
+    finally:
+        os.close(fd)  # releases the lock

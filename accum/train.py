@@ -14,6 +14,7 @@ uninterrupted run would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -47,8 +48,10 @@ from .rundir import (
     keep_model_file,
     kept_model,
     newest_intact_checkpoint,
+    pass_over_damaged,
     save_weights,
     write_json,
+    writing,
 )
 from .timeline import Timeline
 
@@ -199,14 +202,16 @@ class Run:
             scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
         return scores
 
-    def restore_latest(self, run_dir: Path, say, repair: bool = False, flag: str = "--resume ") -> int:
+    def restore_latest(self, run_dir: Path, say, repair: bool = False, flag: str = "--resume ", found=None) -> int:
         """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
-        newer, damaged one. ``repair``: the resume's chief moves those aside (``newest_intact_checkpoint``)."""
+        newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
+        what ``newest_intact_checkpoint`` gave, if the caller looked already."""
         directory = Path(run_dir) / "checkpoints"
         if not checkpoint_numbers(directory):
             raise RunDirError(f"{flag}{run_dir}: no checkpoint in {directory}; start a new run instead")
-        intact = newest_intact_checkpoint(directory, say, flag, repair)
-        if repair and self.manager is not None:  # a manager reads the checkpoint list once: read the repaired one
+        intact, damaged = found or newest_intact_checkpoint(directory, flag)
+        pass_over_damaged(intact, damaged, say, repair)
+        if repair and damaged and self.manager is not None:  # a manager reads the checkpoint list once
             self.manager = tf.train.CheckpointManager(
                 self.checkpoint, str(directory), max_to_keep=self.cfg.checkpoint.keep
             )
@@ -275,7 +280,13 @@ def train(
     ``run_dir``, the others write their (required) checkpoints to a scratch folder.
     ``run_dir`` None trains in memory and writes nothing (accum_train.fit); ``model``
     replaces the one cfg.model names; ``checked``: the caller has checked (and
-    begun) the output directory."""
+    begun) the output directory. The chief holds the run directory's writer
+    lock (``rundir.writing``) from before its first write to its return."""
+    with contextlib.ExitStack() as held:
+        return _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held)
+
+
+def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held: contextlib.ExitStack) -> dict:
     from .distribute import is_chief, make_strategy
     from .threads import configure
 
@@ -297,8 +308,13 @@ def train(
     # before any write: a model file that does not fit leaves no trace
     run = Run(cfg, data, run_dir, strategy, model=model, shared_dir=shared_dir)
     cfg = run.cfg
-    # Before any write too: with no intact checkpoint the run directory stays as it was.
-    restored = run.restore_latest(shared_dir, progress.message, repair=run.run_dir == shared_dir) if resume else 0
+    writer = run_dir is not None and run_dir == shared_dir  # the process that writes the run directory
+    flag = "--resume " if resume else "--output-dir "
+    # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
+    found = newest_intact_checkpoint(shared_dir / "checkpoints", flag) if resume and writer else None
+    if writer:
+        held.enter_context(writing(run_dir, flag))
+    restored = run.restore_latest(shared_dir, progress.message, repair=writer, found=found) if resume else 0
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy

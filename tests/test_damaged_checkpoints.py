@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 from accum_train.cli.main import main
-from accum_train.rundir import DAMAGED, checkpoint_numbers, newest_intact_checkpoint
+from accum_train.rundir import DAMAGED, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from click.testing import CliRunner
 from helpers import update_records
 
@@ -72,7 +72,9 @@ def test_each_kind_of_damage_is_found_and_the_next_checkpoint_used(tmp_path, run
     shutil.copytree(runs[0] / "checkpoints", directory)
     damage(directory, 10)
     said = []
-    assert newest_intact_checkpoint(directory, said.append, "--resume ", repair=False) == str(directory / "ckpt-8")
+    prefix, damaged = newest_intact_checkpoint(directory, "--resume ")
+    assert prefix == str(directory / "ckpt-8")
+    pass_over_damaged(prefix, damaged, said.append, repair=False)
     assert len(said) == 1
     head = "checkpoint ckpt-10 is damaged ("
     tail = "): using ckpt-8 instead; its files are left in place"

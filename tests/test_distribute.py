@@ -182,6 +182,7 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
         "summary.json",
         "tensorboard",
         "weights.npz",
+        "writer.lock",  # the supervisor's, held for its workers
     ]
     records = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "loss" in r]
