@@ -35,6 +35,7 @@ def run(
     progress=None,
     resume: str | Path | None = None,
     workers: int | None = None,
+    max_restarts: int | None = None,
 ) -> dict:
     """Train as ``accum-train run`` does; summary.json's content.
 
@@ -44,10 +45,19 @@ def run(
     an ``accum_train.Progress`` (callbacks; default silent). ``resume``: a run
     directory to continue (``config`` and ``overrides`` may then change what a
     resume may change); ``workers``: N >= 2 local worker processes
-    (MultiWorkerMirroredStrategy on 127.0.0.1), as ``--workers``."""
+    (MultiWorkerMirroredStrategy on 127.0.0.1), as ``--workers``; ``max_restarts``: how many times
+    the supervisor starts all of them again from the last checkpoint when one fails, as ``--max-restarts``."""
     progress = progress or Progress()
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 2):
         raise UserError(f"workers={workers!r} must be an integer >= 2 (one device: leave it out)")
+    if max_restarts is not None:
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise UserError(f"--max-restarts {max_restarts!r} must be an integer >= 0")
+        if not workers:
+            raise UserError(
+                "--max-restarts needs --workers N: the supervisor of N workers restarts them; "
+                "a single process goes on with 'accum-train run --resume RUN_DIR'"
+            )
     overrides = overrides or ()
     if resume is not None:
         if output_dir is not None and Path(output_dir) != Path(resume):
@@ -71,7 +81,7 @@ def run(
     if workers:
         from .launcher import launch_workers
 
-        return launch_workers(cfg, run_dir, resume is not None, workers, progress.message)
+        return launch_workers(cfg, run_dir, resume is not None, workers, progress.message, max_restarts or 0)
     from .train import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)

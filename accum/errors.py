@@ -52,7 +52,12 @@ class TrainingStopped(Exception):
 
 
 class WorkerFailed(TrainingStopped):
-    """A process the run depends on (a worker, a compare side, a bench worker) failed; exit 1."""
+    """A process the run depends on (a worker, a compare side, a bench worker) failed; exit 1, or the code of a
+    worker that a signal stopped (130, 143)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Interrupted(Exception):

@@ -40,6 +40,10 @@ from .rundir import atomic_write, check_output_dir, writing
 # The supervisor names a file per worker in this variable; the worker creates it once training begins,
 # which for the chief means that every worker has joined.
 STARTED_FILE = "ACCUM_TRAIN_STARTED_FILE"
+# How many times the supervisor has restarted the workers (summary.json's restarts); unset: none.
+RESTARTS = "ACCUM_TRAIN_RESTARTS"
+# The exit codes of a run stopped by SIGINT or SIGTERM (Interrupted: 128 + the signal's number).
+INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
 KEPT_ERROR_LINES = 200
 
@@ -106,14 +110,19 @@ class _Worker:
             reader.join(timeout=5)
 
 
-def launch(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None]) -> tuple:
+def launch(
+    run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None], env: dict | None = None
+) -> tuple:
     """Run the workers to the end; (0, None), or the exit code of the run (OutOfMemory's if a worker ran out of
-    memory, else WorkerFailed's) and why it failed."""
+    memory, a worker's own 130 or 143 if a signal stopped it, else WorkerFailed's) and why it failed. ``env``:
+    more variables for every worker."""
     with tempfile.TemporaryDirectory(prefix="accum-train-started-") as flags:
-        return _supervise(run_args, workers, timeout_s, echo, Path(flags))
+        return _supervise(run_args, workers, timeout_s, echo, Path(flags), env or {})
 
 
-def _supervise(run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None], flags: Path):
+def _supervise(
+    run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None], flags: Path, extra: dict
+):
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     pool = []
@@ -124,6 +133,7 @@ def _supervise(run_args: Sequence[str], workers: int, timeout_s: float, echo: Ca
             "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
             "ACCUM_TRAIN_WORKER": str(index),
             STARTED_FILE: str(flags / f"worker-{index}"),
+            **extra,
         }
         pool.append(_Worker(index, command, env, echo))
     launched = time.monotonic()
@@ -141,6 +151,8 @@ def _supervise(run_args: Sequence[str], workers: int, timeout_s: float, echo: Ca
                     break
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 failure = f"worker {worker.index} {how}" + (f": {why}" if why else "")
+                if code in INTERRUPTED_CODES:  # stopped by a signal, checkpointed: not a fault to restart from
+                    exit_code = code
                 break
         else:
             # The chief starts training only once every worker has joined.
@@ -154,7 +166,7 @@ def _supervise(run_args: Sequence[str], workers: int, timeout_s: float, echo: Ca
         worker.finish()
     if failure is None:
         return 0, None
-    return exit_code, f"{failure}; stopped all {workers} workers (the last checkpoint stays readable)"
+    return exit_code, failure
 
 
 def _check_data(config_path: Path) -> None:
@@ -168,8 +180,16 @@ def _check_data(config_path: Path) -> None:
         raise WorkerFailed(f"the data check failed with exit code {child.code}: {child.error}")
 
 
-def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None]) -> dict:
-    """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary."""
+def launch_workers(
+    cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None], max_restarts: int = 0
+) -> dict:
+    """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary.
+
+    A worker that fails (dies, exits non-zero, or does not start within
+    strategy.worker_timeout_s) stops all of them; with ``max_restarts`` R all
+    N start again from the last checkpoint (--resume), up to R times, each
+    restart in one line. A worker stopped by SIGINT or SIGTERM (checkpointed,
+    exit 130 or 143) is not restarted: the run ends with its code."""
     if cfg.strategy.name not in ("default", "multi_worker"):
         raise UserError(f"--workers needs strategy.name=multi_worker (or default), not {cfg.strategy.name}")
     resolved = config_from_dict(
@@ -181,12 +201,31 @@ def launch_workers(cfg: Config, run_dir: Path, resume: bool, workers: int, echo:
         config_path = Path(scratch) / "config.yaml"
         atomic_write(config_path, resolved.to_yaml().encode())
         _check_data(config_path)  # bad data is reported here, once, not by every worker
-        args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
         # The supervisor is the run directory's one writer, its chief writing under its lock.
         with writing(run_dir, "--resume " if resume else "--output-dir ", for_children=True):
-            code, message = launch(args, workers, cfg.strategy.worker_timeout_s, echo)
+            restarts = 0
+            while True:
+                args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
+                code, failure = launch(args, workers, cfg.strategy.worker_timeout_s, echo, {RESTARTS: str(restarts)})
+                if code in (0, OutOfMemory.exit_code, *INTERRUPTED_CODES) or restarts >= max_restarts:
+                    break
+                restarts += 1
+                # A start that failed before its first checkpoint starts afresh (nothing of it is kept).
+                resume = resume or bool(_checkpoints(run_dir))
+                echo(
+                    f"{failure}: restarting all {workers} workers from "
+                    f"{'the last checkpoint' if resume else 'the start'} (restart {restarts} of {max_restarts})"
+                )
+    stopped = f"{failure}; stopped all {workers} workers"
     if code == OutOfMemory.exit_code:
-        raise OutOfMemory(message)
+        raise OutOfMemory(f"{stopped} (the last checkpoint stays readable)")
+    if code in INTERRUPTED_CODES:
+        raise WorkerFailed(f"{stopped}: resume with --resume {run_dir}", code)
     if code:
-        raise WorkerFailed(message)
+        after = f" after {restarts} restarts (--max-restarts {max_restarts})" if max_restarts else ""
+        raise WorkerFailed(f"{stopped}{after} (the last checkpoint stays readable)")
     return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def _checkpoints(run_dir: Path) -> list:
+    return sorted((Path(run_dir) / "checkpoints").glob("ckpt-*.index"))

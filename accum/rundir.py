@@ -65,10 +65,11 @@ def check_output_dir(path: Path) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RunDirError(f"--output-dir {path} is a file: name a directory")
-    holder = lock_holder(path)
+    ours = os.environ.get(LOCK_HELD) == str(path.resolve())  # a --workers supervisor's chief: it holds the lock
+    holder = None if ours else lock_holder(path)
     if holder is not None:
         raise in_use_error(path, holder, "--output-dir ")
-    if path.is_dir() and any(path.iterdir()):
+    if path.is_dir() and any(p.name != LOCK for p in path.iterdir()):  # a lock alone: a run that wrote nothing
         hint = f"continue it with --resume {path}" if is_run_dir(path) else "choose an empty or new directory"
         raise RunDirError(f"--output-dir {path} is not empty: {hint}")
     parent = path if path.is_dir() else _existing_parent(path)
@@ -438,11 +439,13 @@ def in_use_error(run_dir: Path, pid: str, flag: str) -> RunDirError:
 def writing(run_dir: Path, flag: str = "", for_children: bool = False):
     """Hold ``run_dir``'s lock while the block writes it (creating the directory); another writer is refused
     at once with the holder's pid (a RunDirError, nothing written). ``for_children``: the processes this one
-    starts inside the block write it under this lock (a --workers supervisor)."""
+    starts inside the block write it under this lock (a --workers supervisor). A directory it created and
+    that holds nothing but the lock at the end (the block wrote nothing) is removed again."""
     run_dir = Path(run_dir)
     if os.environ.get(LOCK_HELD) == str(run_dir.resolve()):
         yield  # our supervisor holds it
         return
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
     try:
@@ -465,4 +468,7 @@ def writing(run_dir: Path, flag: str = "", for_children: bool = False):
                 else:
                     os.environ[LOCK_HELD] = previous
     finally:
+        if created and [p.name for p in run_dir.iterdir()] == [LOCK]:
+            (run_dir / LOCK).unlink()
+            run_dir.rmdir()
         os.close(fd)  # releases the lock

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import tempfile
 import threading
@@ -37,7 +38,7 @@ from .data import (
 )
 from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
 from .errors import Interrupted, RunDirError, TrainingStopped
-from .launcher import announce_started
+from .launcher import RESTARTS, announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .progress import Progress
 from .rundir import (
@@ -344,6 +345,8 @@ def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held:
         "skipped_updates": int(run.engine.skipped_updates.numpy()),
         "subdivisions": run.subdivisions,
         "replicas": run.replicas,
+        # how many times a --workers supervisor started this run's workers again after a failure
+        "restarts": int(os.environ.get(RESTARTS, "0")),
         "batch_size": cfg.batch_size,
         "batch_schedule": [
             {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size} for p in run.timeline.phases

@@ -125,14 +125,22 @@ def main():
     default=None,
     help="Train on this many local worker processes (MultiWorkerMirroredStrategy on 127.0.0.1).",
 )
+@click.option(
+    "--max-restarts",
+    type=int,
+    default=None,
+    help="With --workers: when a worker fails, start all of them again from the last checkpoint, "
+    "up to this many times.",
+)
 @verbose_option
-def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
+def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts, verbose):
     """Train the model a CONFIG describes and print its test accuracy.
 
     \b
     accum-train run configs/fmnist.yaml
     accum-train run configs/smoke.yaml --set subdivisions=4 --output-dir runs/smoke
     accum-train run --resume runs/smoke
+    accum-train run configs/smoke.yaml --workers 2 --max-restarts 3
     """
     quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
     from ..api import run as run_api
@@ -148,6 +156,7 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, verbose):
             progress=BarProgress(not quiet and sys.stdout.isatty()),
             resume=resume_dir,
             workers=workers,
+            max_restarts=max_restarts,
         )
     if workers:
         return  # the chief's own output, echoed by the launcher, ended with the same line

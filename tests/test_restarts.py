@@ -1,0 +1,109 @@
+"""`run --workers N --max-restarts R`: workers killed with -9 at random moments
+are restarted, all of them, from the last checkpoint, and the run ends at the
+weights of an uninterrupted one with every update once in metrics.jsonl.
+
+The killer is this test: it watches metrics.jsonl and, at each of 3 moments
+drawn at random (the seed is printed), kills a worker drawn at random by its
+pid. Each kill is proven by the supervisor's restart line naming that worker
+and SIGKILL. Workers run on loopback inside a private network namespace and
+under test_distribute's thread pools.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+# 4 updates per epoch (test_distribute's small run, BN-free, SGD): 20 updates, a checkpoint after each
+# second one, so a restart goes back at most one update.
+ARGS = [*SMALL, "--set", "epochs=5", "--set", "optimizer.name=sgd", "--set", "checkpoint.every_steps=2"]
+ARGS += ["--set", "strategy.worker_timeout_s=60"]
+TOTAL = 20
+
+
+def highest_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    steps = [0]
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+            steps.append(record.get("step", 0))
+    return max(steps)
+
+
+def worker_pid(supervisor: int, index: int) -> int | None:
+    """The pid of worker ``index`` among the supervisor's children, if it runs now."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == supervisor and f"ACCUM_TRAIN_WORKER={index}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_weights(tmp_path, repo_root):
+    smoke = str(repo_root / "configs" / "smoke.yaml")
+    whole = run(private_network([*CLI, smoke, *ARGS, "--workers", "2", "--output-dir", str(tmp_path / "whole")]))
+    assert whole.returncode == 0, whole.stderr
+
+    seed = random.randrange(2**32)
+    print(f"kill seed {seed}")
+    rng = random.Random(seed)
+    moments = sorted(rng.sample(range(2, TOTAL - 2), 3))  # the highest step logged before each kill
+    victims = [rng.randrange(2) for _ in moments]
+    cut = tmp_path / "cut"
+    command = [*CLI, smoke, *ARGS, "--workers", "2", "--max-restarts", "3", "--output-dir", str(cut)]
+    supervisor = subprocess.Popen(private_network(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(supervisor.stdout), daemon=True)
+    reader.start()
+    killed = []
+    try:
+        for moment, victim in zip(moments, victims):
+            deadline = time.monotonic() + 240
+            restarted = sum("restarting all" in line for line in lines)
+            while highest_step(cut) < moment or restarted < len(killed):
+                assert supervisor.poll() is None, supervisor.stderr.read()
+                assert time.monotonic() < deadline, f"no progress to update {moment} (seed {seed})"
+                time.sleep(0.02)
+                restarted = sum("restarting all" in line for line in lines)
+            pid = worker_pid(supervisor.pid, victim)
+            assert pid is not None, f"worker {victim} not found (seed {seed})"
+            os.kill(pid, signal.SIGKILL)
+            killed.append((victim, highest_step(cut)))
+        supervisor.wait(timeout=300)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    reader.join(timeout=10)
+    assert supervisor.returncode == 0, supervisor.stderr.read()
+    restarts = [line.rstrip("\n") for line in lines if "restarting all" in line]
+    assert restarts == [
+        f"worker {victim} was killed by SIGKILL: restarting all 2 workers from the last checkpoint (restart {i} of 3)"
+        for i, (victim, _) in enumerate(killed, start=1)
+    ], f"seed {seed}, kills at {killed}"
+    summary = json.loads((cut / "summary.json").read_text())
+    assert (summary["restarts"], summary["steps"]) == (3, TOTAL)
+    records = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, TOTAL + 1))  # every update once
+    history = [json.loads(x)["event"] for x in (cut / "history.jsonl").read_text().splitlines()]
+    assert history == ["start", "resume", "resume", "resume"]
+    assert max_diff(weights(cut), weights(tmp_path / "whole")) < 1e-6
