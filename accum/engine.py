@@ -49,11 +49,13 @@ them, so they are never stale.
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 NAN = float("nan")
+SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
 
 
@@ -118,6 +120,11 @@ def _size(y, n=None):
     return tf.constant(len(y) if n is None else int(n), tf.int32)
 
 
+def _signal(stop) -> tf.Tensor:
+    """A stop request as the graphs take it (a tensor: a Python int would retrace per value)."""
+    return tf.constant(int(stop), tf.int32)
+
+
 def _function(fn, input_signature):
     kwargs = {"input_signature": input_signature} if input_signature else {"reduce_retracing": True}
     return tf.function(fn, **kwargs)
@@ -173,10 +180,15 @@ class Update:
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
 
+    @property
+    def one_process(self) -> bool:
+        """Every replica is in this process (one device, or mirrored): nothing to agree on with others."""
+        return self.replicas == len(self.replica_ids)
+
     def largest_over_workers(self, value: int) -> int:
         """The largest ``value`` any worker holds (every worker must call this at the same point)."""
-        if self.replicas == len(self.replica_ids):
-            return int(value)  # one process: nothing to agree on
+        if self.one_process:
+            return int(value)
 
         def every():  # each replica puts its value at its own place: the SUM holds every replica's
             ctx = tf.distribute.get_replica_context()
@@ -208,8 +220,11 @@ class Update:
         """What a micro-batch differentiates: its loss share times the update's loss scale."""
         return loss * self.loss_scale if self.dynamic else loss
 
-    def _conclude(self, loss, gradients, retry):
-        """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context."""
+    def _conclude(self, loss, gradients, retry, stop=0):
+        """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context.
+
+        ``stop``: the signal (SIGINT 2, SIGTERM 15; 0: none) this process received. It rides in the same
+        all-reduce, so every process learns after this same update that one of them was asked to stop."""
         ctx = tf.distribute.get_replica_context()
         used = [g is not None for g in gradients]
         grads = [
@@ -217,11 +232,15 @@ class Update:
             for g, v in zip(gradients, self.variables)
         ]
         stats = [layer.pending.values() for layer in self.norm_layers]  # [count, sum, sum of squares] each
+        stop = tf.convert_to_tensor(stop, tf.int32)
+        asked = tf.cast(tf.stack([tf.equal(stop, SIGINT), tf.equal(stop, SIGTERM)]), tf.float32)
         reduced = ctx.all_reduce(
             tf.distribute.ReduceOp.SUM,
-            {"grads": grads, "stats": stats, "loss": loss, "retry": tf.cast(retry, tf.float32)},
+            {"grads": grads, "stats": stats, "loss": loss, "retry": tf.cast(retry, tf.float32), "stop": asked},
         )  # one collective: all_reduce batches the whole structure
         grads, stats, loss, retried = (reduced[key] for key in ("grads", "stats", "loss", "retry"))
+        # SIGTERM (a platform preempting the machine) wins over SIGINT
+        stop = tf.where(reduced["stop"][1] > 0, SIGTERM, tf.where(reduced["stop"][0] > 0, SIGINT, 0))
         scale = self.loss_scale.read_value()
         if self.dynamic:
             grads = [g * (1.0 / scale) for g in grads]  # unscaled once, for the whole update
@@ -248,6 +267,7 @@ class Update:
             "applied": applied,
             "learning_rate": tf.where(applied, rate, nan),
             "retry": retry,
+            "stop": stop,
         }
         if self.dynamic:
             out.update(loss_scale=scale, overflow=overflow)
@@ -330,9 +350,9 @@ class AccumulatingUpdate(Update):
             # retry after out-of-memory) never retraces the graph.
             self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32, name="subdivisions")
         signature = (*input_signature, tf.TensorSpec([], tf.int32)) if input_signature else None
-        self._update = _function(self._update_all, signature)
+        self._update = _function(self._update_all, signature and (*signature, tf.TensorSpec([], tf.int32)))
         self._accumulate_batch = _function(self._accumulate_all, signature)
-        self._finish = tf.function(lambda retry: self.strategy.run(self._finish_replica, args=(retry,)))
+        self._finish = tf.function(lambda retry, stop: self.strategy.run(self._finish_replica, args=(retry, stop)))
         self._accumulate = tf.function(
             lambda x, y, n: self.strategy.run(self._accumulate_micro, args=(x, y, n)), reduce_retracing=True
         )
@@ -343,18 +363,19 @@ class AccumulatingUpdate(Update):
 
     # -- the separately usable pieces (host side)
 
-    def update(self, x, y, n=None):
-        """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry}."""
-        return _first(self.strategy, self._update(x, y, _size(y, n)))
+    def update(self, x, y, n=None, stop=0):
+        """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry, stop}.
+        ``stop``: the signal this process was sent (0: none); ``stop`` out: any process's (``_conclude``)."""
+        return _first(self.strategy, self._update(x, y, _size(y, n), _signal(stop)))
 
     def accumulate_batch(self, x, y, n=None):
         """All k micro-batches of a batch into the cache, nothing applied; this replica's loss share."""
         return _first(self.strategy, self._accumulate_batch(x, y, _size(y, n)))
 
-    def finish(self, retry=False):
+    def finish(self, retry=False, stop=0):
         """Reduce the cache, then apply it once (or skip it if anything is not finite, or drop it if any
         worker asks to ``retry``), then clear it; the update's record, as ``update`` gives it."""
-        return _first(self.strategy, self._finish(tf.constant(bool(retry))))
+        return _first(self.strategy, self._finish(tf.constant(bool(retry)), _signal(stop)))
 
     def accumulate(self, x, y, batch_examples):
         """One micro-batch (the same on every replica) into the cache; its share of the batch's mean loss."""
@@ -428,8 +449,8 @@ class AccumulatingUpdate(Update):
             p.add_sums(sums)
         return loss
 
-    def _finish_replica(self, retry):
-        out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry)
+    def _finish_replica(self, retry, stop=0):
+        out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry, stop)
         self.cache.clear()
         return out
 
@@ -437,12 +458,12 @@ class AccumulatingUpdate(Update):
         xs, ys = self._shares(x, y, n)
         return self.strategy.run(self._accumulate_replica, args=(xs, ys, n))
 
-    def _update_all(self, x, y, n):
+    def _update_all(self, x, y, n, stop):
         xs, ys = self._shares(x, y, n)
 
         def replica_update(x, y):
             self._accumulate_replica(x, y, n)
-            return self._finish_replica(False)
+            return self._finish_replica(False, stop)
 
         return self.strategy.run(replica_update, args=(xs, ys))
 
@@ -463,24 +484,26 @@ class PlainUpdate(Update):
     ):
         super().__init__(variables, optimizer, **shared)
         self.loss_fn = loss_fn
-        signature = (*input_signature, tf.TensorSpec([], tf.int32)) if input_signature else None
+        signature = (
+            (*input_signature, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)) if input_signature else None
+        )
         self._update = _function(self._update_all, signature)
 
-    def update(self, x, y, n=None):
-        """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry}."""
-        return _first(self.strategy, self._update(x, y, _size(y, n)))
+    def update(self, x, y, n=None, stop=0):
+        """One update from a batch: one graph call; as AccumulatingUpdate.update."""
+        return _first(self.strategy, self._update(x, y, _size(y, n), _signal(stop)))
 
-    def _update_all(self, x, y, n):
+    def _update_all(self, x, y, n, stop):
         xs, ys = self._shares(x, y, n)
-        return self.strategy.run(self._update_replica, args=(xs, ys, n))
+        return self.strategy.run(self._update_replica, args=(xs, ys, n, stop))
 
-    def _update_replica(self, x, y, n):
+    def _update_replica(self, x, y, n, stop):
         with tf.GradientTape() as tape:
             losses = self.loss_fn(x, y)
             # sum / n, not reduce_mean: a replica's share is not the batch (on one device the same bits)
             loss = tf.reduce_sum(losses) / tf.cast(n, losses.dtype)
             scaled = self._scaled(loss)
-        return self._conclude(loss, tape.gradient(scaled, self.variables), False)
+        return self._conclude(loss, tape.gradient(scaled, self.variables), False, stop)
 
 
 def cross_entropy(labels, logits):

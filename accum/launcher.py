@@ -136,6 +136,29 @@ def _supervise(
             **extra,
         }
         pool.append(_Worker(index, command, env, echo))
+    with _forwarding_signals_to(pool[0]):
+        return _watch(pool, workers, timeout_s)
+
+
+@contextlib.contextmanager
+def _forwarding_signals_to(chief: _Worker):
+    """SIGINT/SIGTERM to the supervisor go to the chief, which puts them into the next update's all-reduce:
+    every worker then checkpoints and stops after that same update."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: chief.process.send_signal(signum)) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _watch(pool: list, workers: int, timeout_s: float) -> tuple:
     launched = time.monotonic()
     failure, exit_code = None, WorkerFailed.exit_code
     while failure is None:
@@ -152,7 +175,7 @@ def _supervise(
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 failure = f"worker {worker.index} {how}" + (f": {why}" if why else "")
                 if code in INTERRUPTED_CODES:  # stopped by a signal, checkpointed: not a fault to restart from
-                    exit_code = code
+                    failure, exit_code = _stopped_together(pool, timeout_s), code
                 break
         else:
             # The chief starts training only once every worker has joined.
@@ -167,6 +190,28 @@ def _supervise(
     if failure is None:
         return 0, None
     return exit_code, failure
+
+
+def _stopped_together(pool: list, timeout_s: float) -> str:
+    """After one worker stopped on a signal: the others stop after the same update (they learnt of it in
+    its all-reduce) and checkpoint; wait for them (killed after ``timeout_s``), then the chief's line, which
+    names the update and the run directory."""
+    deadline = time.monotonic() + timeout_s
+    while any(w.process.poll() is None for w in pool) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    chief = pool[0]
+    if chief.process.poll() is not None:
+        chief.finish()  # its stderr read to the end
+    line = last_error(chief.errors, default=f"worker 0 exited with code {chief.process.returncode}")
+    # Every worker should have stopped by itself, checkpointed; say which did not.
+    odd = []
+    for worker in pool:
+        code = worker.process.poll()
+        if code is None:
+            odd.append(f"worker {worker.index} did not stop within {timeout_s:g} s")
+        elif code not in INTERRUPTED_CODES:
+            odd.append(f"worker {worker.index} exited with code {code}")
+    return "; ".join([line, *odd])
 
 
 def _check_data(config_path: Path) -> None:
@@ -219,8 +264,8 @@ def launch_workers(
     stopped = f"{failure}; stopped all {workers} workers"
     if code == OutOfMemory.exit_code:
         raise OutOfMemory(f"{stopped} (the last checkpoint stays readable)")
-    if code in INTERRUPTED_CODES:
-        raise WorkerFailed(f"{stopped}: resume with --resume {run_dir}", code)
+    if code in INTERRUPTED_CODES:  # the chief's line: the update every worker stopped after, how to resume
+        raise WorkerFailed(f"{error_message(failure)} (all {workers} workers)", code)
     if code:
         after = f" after {restarts} restarts (--max-restarts {max_restarts})" if max_restarts else ""
         raise WorkerFailed(f"{stopped}{after} (the last checkpoint stays readable)")

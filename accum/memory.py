@@ -138,11 +138,12 @@ class MemoryGuard:
     def _how(self, k: int) -> str:
         return f"subdivisions={k}" if self.accumulating else "the whole batch in one pass"
 
-    def update(self, x, y, n: int, step: int):
-        """Update ``step`` (0-based) from a global batch of ``n``, within memory; the engine's record."""
+    def update(self, x, y, n: int, step: int, stop: int = 0):
+        """Update ``step`` (0-based) from a global batch of ``n``, within memory; the engine's record.
+        ``stop``: the engine's (a signal this process was sent)."""
         while True:
             k = self.subdivisions
-            out, problem, detail = self._attempt(x, y, n, k)
+            out, problem, detail = self._attempt(x, y, n, k, stop)
             if problem is None:
                 self.check_peak = False
                 return out
@@ -158,7 +159,7 @@ class MemoryGuard:
             self.engine.set_subdivisions(min(2 * k, self.batch_size))
             self.say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}")
 
-    def _attempt(self, x, y, n: int, k: int):
+    def _attempt(self, x, y, n: int, k: int, stop: int):
         """One try at the update: (the engine's record, None, '') or (None, what was too much, the error's words)."""
         # Accumulate, look at the peak (or hear from the other workers), only then apply or drop.
         separate = self.accumulating and (self.check_peak or self.agree)
@@ -167,9 +168,9 @@ class MemoryGuard:
             if separate:
                 _, peak = peak_during(lambda: self.engine.accumulate_batch(x, y, n))
             elif self.check_peak:
-                out, peak = peak_during(lambda: self.engine.update(x, y, n))
+                out, peak = peak_during(lambda: self.engine.update(x, y, n, stop))
             else:
-                return self.engine.update(x, y, n), None, ""  # auto on one process: only an error can say
+                return self.engine.update(x, y, n, stop), None, ""  # auto on one process: only an error can say
             if self.check_peak and peak is not None and peak > self.limit:
                 problem = (
                     f"peaked at {mib_text(peak)} of TensorFlow memory with {self._how(k)}, "
@@ -178,7 +179,7 @@ class MemoryGuard:
         except tf.errors.ResourceExhaustedError as err:
             problem, detail = f"ran out of memory with {self._how(k)}", f" ({first_line(err)})"
         if separate:
-            out = self.engine.finish(retry=bool(problem))  # under a strategy: the workers agree here
+            out = self.engine.finish(retry=bool(problem), stop=stop)  # under a strategy: the workers agree here
             if bool(out["retry"]) and not problem:
                 problem = f"ran out of memory or over memory_limit on another worker with {self._how(k)}"
         return (None, problem, detail) if problem else (out, None, "")

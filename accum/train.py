@@ -241,8 +241,9 @@ class Run:
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag: the loop finishes the update in hand, checkpoints, stops.
-    A second signal means it: ``forced(signum)`` is raised at once."""
+    """SIGINT/SIGTERM set a flag: the loop finishes the update in hand, checkpoints, stops. Under several
+    processes the flag goes into the next update's all-reduce, and every process stops after that same
+    update. A second signal means it: ``forced(signum)`` is raised at once."""
 
     def __init__(self, forced):
         self.signum = 0
@@ -525,21 +526,10 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
             for n, raw, y in worker_batches(run.data.train, part, size, engine.replicas, engine.replica_ids):
                 yield size, n, raw, y
 
-    for batch, n, raw, y in batches():
-        x = run.augment(raw, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
-        try:
-            out = guard.update(x, y, n, step) if guard.needed else engine.update(x, y, n)
-        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
-            raise guard.out_of_memory(step, err) from None
-        step += 1
-        epoch_examples += n
-        micro_done += min(run.subdivisions, n)
-        pending.append((step, n, out, batch, run.subdivisions))
-        bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
-        end_of_epoch = step == epoch_end
-        checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
-        if len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or stop.signum or bad >= cfg.max_bad_updates:
-            # Before any checkpoint: a checkpoint never counts an update metrics.jsonl lacks.
+    def flush(pending, loss_sum, applied_examples):
+        """Write the buffered updates' records; before any checkpoint, which must never count an update that
+        metrics.jsonl lacks."""
+        if pending:
             flushed = log.write_updates(pending, timeline)
             loss_sum, applied_examples = loss_sum + flushed[0], applied_examples + flushed[1]
             progress.updates(
@@ -547,7 +537,29 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
                 flushed[0] / flushed[1] if flushed[1] else float("nan"),
                 epoch_examples / max(time.time() - epoch_started, 1e-9),
             )
-            pending = []
+        return loss_sum, applied_examples, []
+
+    for batch, n, raw, y in batches():
+        x = run.augment(raw, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
+        try:
+            # A signal to this process goes into the update's all-reduce: every process stops after it.
+            out = guard.update(x, y, n, step, stop.signum) if guard.needed else engine.update(x, y, n, stop.signum)
+        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
+            raise guard.out_of_memory(step, err) from None
+        step += 1
+        epoch_examples += n
+        micro_done += min(run.subdivisions, n)
+        pending.append((step, n, out, batch, run.subdivisions))
+        bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
+        # Any process's signal, as of this update (every process learns it in the same update's all-reduce)
+        signalled = int(out["stop"])
+        end_of_epoch = step == epoch_end
+        checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
+        if len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or signalled or bad >= cfg.max_bad_updates:
+            loss_sum, applied_examples, pending = flush(pending, loss_sum, applied_examples)
+        if engine.one_process and stop.signum and not signalled:  # no one to agree with: stop after this update
+            signalled = stop.signum
+            loss_sum, applied_examples, pending = flush(pending, loss_sum, applied_examples)
         if bad >= cfg.max_bad_updates:
             run.save_checkpoint(step)  # skipped updates changed nothing: this is the last good state
             raise TrainingStopped(
@@ -556,9 +568,9 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Prog
                 f"good update: lower optimizer.learning_rate or set optimizer.clip_norm, then resume with "
                 f"--resume {run.run_dir}"
             )
-        if stop.signum:
+        if signalled:
             run.save_checkpoint(step)
-            raise Interrupted(stop.signum, run.run_dir, step)
+            raise Interrupted(signalled, run.run_dir, step)
         if checkpoint_due and not end_of_epoch:
             run.save_checkpoint(step)
     scores = run.scores()

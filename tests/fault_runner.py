@@ -44,12 +44,12 @@ def arm(point, n):
             original(self, *args, **kwargs)
             real = self.update
 
-            def update(x, y, n=None):
+            def update(x, y, n=None, stop=0):
                 if hit():
                     if point == "oom":
                         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
                     threading.Timer(0.002, die).start()
-                return real(x, y, n)
+                return real(x, y, n, stop)
 
             self.update = update
 

@@ -24,11 +24,11 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
         original(self, *args, **kwargs)
         real = self.update
 
-        def update(x, y, n=None):
+        def update(x, y, n=None, stop=0):
             calls[0] += 1
             if calls[0] in bad_steps:
                 x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
-            out = real(x, y, n)
+            out = real(x, y, n, stop)
             if calls[0] == snapshot_after:
                 statistics = [s for layer in self.norm_layers for s in (layer.moving_mean, layer.moving_var)]
                 kept.update({v.name.split(":")[0]: v.numpy() for v in self.variables + statistics})

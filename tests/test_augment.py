@@ -153,9 +153,9 @@ def test_the_engine_trains_on_the_batch_cropped_and_flipped_as_drawn(tmp_path, r
         original(self, *args, **kwargs)
         real = self.update
 
-        def update(x, y, n=None):
+        def update(x, y, n=None, stop=0):
             received.append(x.numpy())
-            return real(x, y, n)
+            return real(x, y, n, stop)
 
         self.update = update
 

@@ -124,7 +124,7 @@ RESTART_CASES = [
         "3",
         143,
         [],
-        "error: worker 1 exited with code 143 (for the test); stopped all 2 workers: resume with --resume {out}",
+        "error: worker 1 exited with code 143 (for the test) (all 2 workers)",
     ),
     (
         "3",

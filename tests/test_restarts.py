@@ -1,12 +1,18 @@
-"""`run --workers N --max-restarts R`: workers killed with -9 at random moments
-are restarted, all of them, from the last checkpoint, and the run ends at the
-weights of an uninterrupted one with every update once in metrics.jsonl.
+"""Faults under `run --workers N`, with real workers.
 
-The killer is this test: it watches metrics.jsonl and, at each of 3 moments
-drawn at random (the seed is printed), kills a worker drawn at random by its
-pid. Each kill is proven by the supervisor's restart line naming that worker
-and SIGKILL. Workers run on loopback inside a private network namespace and
-under test_distribute's thread pools.
+Restarts: at each of 3 moments drawn at random (the seed is printed) this
+test kills -9 a worker drawn at random, by its pid, while watching
+metrics.jsonl; with --max-restarts 3 the supervisor starts both again from
+the last checkpoint each time (its restart line names the worker and
+SIGKILL: the proof that each kill happened), and the run ends at the weights
+of an uninterrupted one with every update once in metrics.jsonl.
+
+Preemption: SIGTERM to worker 1 (or SIGINT to the supervisor) stops both
+workers after the same update, with one checkpoint, and --resume continues
+exactly.
+
+Workers run on loopback inside a private network namespace and under
+test_distribute's thread pools.
 """
 
 import json
@@ -107,3 +113,45 @@ def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_wei
     history = [json.loads(x)["event"] for x in (cut / "history.jsonl").read_text().splitlines()]
     assert history == ["start", "resume", "resume", "resume"]
     assert max_diff(weights(cut), weights(tmp_path / "whole")) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "target, sig",
+    [("worker 1", signal.SIGTERM), ("the supervisor", signal.SIGINT)],
+    ids=["sigterm-to-worker-1", "sigint-to-the-supervisor"],
+)
+def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_path, repo_root, target, sig):
+    """The signal rides in the next update's all-reduce: both workers checkpoint after that same update and exit
+    128 + n by themselves (the supervisor's line would name one that did not), and --resume continues exactly."""
+    smoke = str(repo_root / "configs" / "smoke.yaml")
+    cut = tmp_path / "cut"
+    command = [*CLI, smoke, *ARGS, "--workers", "2", "--output-dir", str(cut)]
+    supervisor = subprocess.Popen(private_network(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while highest_step(cut) < 5:
+            assert supervisor.poll() is None, supervisor.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        pid = supervisor.pid if target == "the supervisor" else worker_pid(supervisor.pid, 1)
+        os.kill(pid, sig)
+        _, stderr = supervisor.communicate(timeout=240)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    assert supervisor.returncode == 128 + sig
+    records = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    step = steps[-1]
+    assert steps == list(range(1, step + 1)) and 5 <= step < TOTAL
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: stopped by {sig.name} after update {step}; checkpoint saved. "
+        f"Resume with: accum-train run --resume {cut} (all 2 workers)"
+    )
+    assert sorted(p.name for p in (cut / "checkpoints").glob("*.index"))[-1] == f"ckpt-{step}.index"
+    resumed = run(private_network([*CLI, "--resume", str(cut), "--workers", "2", "--quiet"]))
+    assert resumed.returncode == 0, resumed.stderr
+    whole = tmp_path / "whole"
+    done = run(private_network([*CLI, smoke, *ARGS, "--workers", "2", "--output-dir", str(whole)]))
+    assert done.returncode == 0, done.stderr
+    assert max_diff(weights(cut), weights(whole)) < 1e-6
