@@ -64,10 +64,21 @@ def worker_pid(supervisor: int, index: int) -> int | None:
     return None
 
 
-def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_weights(tmp_path, repo_root):
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, repo_root):
+    """An uninterrupted 2-worker run: what every test here must end at."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    done = run(
+        private_network(
+            [*CLI, str(repo_root / "configs" / "smoke.yaml"), *ARGS, "--workers", "2", "--output-dir", str(out)]
+        )
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_weights(tmp_path, repo_root, whole):
     smoke = str(repo_root / "configs" / "smoke.yaml")
-    whole = run(private_network([*CLI, smoke, *ARGS, "--workers", "2", "--output-dir", str(tmp_path / "whole")]))
-    assert whole.returncode == 0, whole.stderr
 
     seed = random.randrange(2**32)
     print(f"kill seed {seed}")
@@ -112,7 +123,7 @@ def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_wei
     assert steps == list(range(1, TOTAL + 1))  # every update once
     history = [json.loads(x)["event"] for x in (cut / "history.jsonl").read_text().splitlines()]
     assert history == ["start", "resume", "resume", "resume"]
-    assert max_diff(weights(cut), weights(tmp_path / "whole")) < 1e-6
+    assert max_diff(weights(cut), weights(whole)) < 1e-6
 
 
 @pytest.mark.parametrize(
@@ -120,7 +131,7 @@ def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_wei
     [("worker 1", signal.SIGTERM), ("the supervisor", signal.SIGINT)],
     ids=["sigterm-to-worker-1", "sigint-to-the-supervisor"],
 )
-def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_path, repo_root, target, sig):
+def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_path, repo_root, whole, target, sig):
     """The signal rides in the next update's all-reduce: both workers checkpoint after that same update and exit
     128 + n by themselves (the supervisor's line would name one that did not), and --resume continues exactly."""
     smoke = str(repo_root / "configs" / "smoke.yaml")
@@ -151,7 +162,4 @@ def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_pa
     assert sorted(p.name for p in (cut / "checkpoints").glob("*.index"))[-1] == f"ckpt-{step}.index"
     resumed = run(private_network([*CLI, "--resume", str(cut), "--workers", "2", "--quiet"]))
     assert resumed.returncode == 0, resumed.stderr
-    whole = tmp_path / "whole"
-    done = run(private_network([*CLI, smoke, *ARGS, "--workers", "2", "--output-dir", str(whole)]))
-    assert done.returncode == 0, done.stderr
     assert max_diff(weights(cut), weights(whole)) < 1e-6
