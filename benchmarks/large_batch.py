@@ -28,6 +28,7 @@ Columns: validation and test accuracy, updates, wall time, TF allocator peak.
 
     python benchmarks/large_batch.py --output docs/large-batch.json   # the README's table (one run)
     python benchmarks/large_batch.py --epochs 2 --rows reference,4000-a  # a quick look
+    python benchmarks/large_batch.py --combine first.json second.json --output docs/large-batch.json
 """
 
 from __future__ import annotations
@@ -159,7 +160,17 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--rows", default=None, help="comma-separated row names (default: all)")
     parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="instead of running: one report of the rows of earlier runs (their JSON reports, or the row lines "
+        "they printed), the first run of each row kept",
+    )
     options = parser.parse_args(argv)
+    if options.combine:
+        return combine(options.combine, options.epochs, options.output)
     chosen = rows(options.epochs)
     if options.rows:
         wanted = options.rows.split(",")
@@ -179,6 +190,32 @@ def main(argv=None) -> int:
     print(table(report))
     if options.output:
         options.output.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def combine(paths: list[Path], epochs: int, output: Path | None) -> int:
+    rows, seen = [], set()
+    for path in paths:
+        text = path.read_text()
+        try:
+            found = json.loads(text)["rows"]
+        except (json.JSONDecodeError, KeyError):
+            found = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        for row in found:
+            if row["row"] not in seen:
+                seen.add(row["row"])
+                rows.append(row)
+    report = {
+        "epochs": epochs,
+        "base": BASE,
+        "rows": rows,
+        "best": best_by_validation(rows),
+        "from": [str(p) for p in paths],
+    }
+    print(table(report))
+    print(json.dumps(report["best"], indent=2))
+    if output:
+        output.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from accum_train import UserError, run
 from accum_train.cli.main import main
-from accum_train.config import ConfigError, as_config
+from accum_train.config import ConfigError, as_config, load_config
 from accum_train.optim import learning_rate_at, run_schedule
 from accum_train.timeline import Timeline
 from click.testing import CliRunner
@@ -443,3 +443,34 @@ def test_a_scheduled_run_evaluates_and_exports_from_its_checkpoint(scheduled, tm
     exported = CliRunner().invoke(main, ["export", str(d), "--output", str(tmp_path / "m.keras")])
     assert exported.exit_code == 0, exported.output
     assert (tmp_path / "m.keras").stat().st_size > 0
+
+
+def test_the_large_batch_config_is_the_table_s_best_row_as_measured(repo_root):
+    """configs/fmnist-large-batch.yaml is the run of the row docs/large-batch.json chose on validation at batch
+    4000 or more (the same config but for log_every), and its comment gives that row's figures."""
+    import dataclasses
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("large_batch", repo_root / "benchmarks" / "large_batch.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    report = json.loads((repo_root / "docs" / "large-batch.json").read_text())
+    best = max(
+        (report["best"][b] for b in ("4000", "16000") if b in report["best"]),
+        key=lambda b: next(r for r in report["rows"] if r["row"] == b["row"])["validation_accuracy"],
+    )
+    (name, _, overrides) = next(r for r in bench.rows(report["epochs"]) if r[0] == best["row"])
+    measured = next(r for r in report["rows"] if r["row"] == name)
+    from_row = load_config(
+        repo_root / "configs" / "fmnist.yaml", [*report["base"], f"epochs={report['epochs']}", *overrides]
+    )
+    ours = load_config(repo_root / "configs" / "fmnist-large-batch.yaml")
+    assert dataclasses.replace(ours, log_every=1) == dataclasses.replace(from_row, log_every=1)
+    text = (repo_root / "configs" / "fmnist-large-batch.yaml").read_text()
+    comment = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    assert f"Row {name} " in comment
+    assert (
+        f"validation accuracy {measured['validation_accuracy']}, test accuracy {measured['test_accuracy']}" in comment
+    )
+    assert f"after {measured['updates']} updates" in comment
+    assert ours.optimizer.learning_rate * ours.optimizer.scale_learning_rate.factor(4000) == pytest.approx(0.024)
