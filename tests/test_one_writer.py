@@ -21,6 +21,9 @@ from accum_train.errors import RunDirError
 from accum_train.rundir import LOCK, LOCK_HELD, lock_holder, writing
 from click.testing import CliRunner
 
+# Real processes and whole runs: in the slow suite with the other kill and resume cases (make test-slow).
+pytestmark = pytest.mark.slow
+
 SETTINGS = ["data.train_limit=640", "data.test_limit=200", "epochs=2", "checkpoint.every_steps=2"]
 
 
