@@ -17,10 +17,10 @@ import pytest
 from accum_train.cli.main import main
 from accum_train.rundir import DAMAGED, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from click.testing import CliRunner
+from helpers import update_records
 
 # Real processes and whole runs: in the slow suite with the other kill and resume cases (make test-slow).
 pytestmark = pytest.mark.slow
-from helpers import update_records
 
 SETTINGS = ["data.train_limit=640", "data.test_limit=200", "checkpoint.every_steps=4", "checkpoint.keep=3"]
 DATA = "ckpt-{n}.data-00000-of-00001"
