@@ -35,7 +35,7 @@ from pathlib import Path
 from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
 from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
-from .rundir import atomic_write, check_output_dir, writing
+from .rundir import atomic_write, check_output_dir, checkpoint_numbers, writing
 
 # The supervisor names a file per worker in this variable; the worker creates it once training begins,
 # which for the chief means that every worker has joined.
@@ -256,7 +256,7 @@ def launch_workers(
                     break
                 restarts += 1
                 # A start that failed before its first checkpoint starts afresh (nothing of it is kept).
-                resume = resume or bool(_checkpoints(run_dir))
+                resume = resume or bool(checkpoint_numbers(Path(run_dir) / "checkpoints"))
                 echo(
                     f"{failure}: restarting all {workers} workers from "
                     f"{'the last checkpoint' if resume else 'the start'} (restart {restarts} of {max_restarts})"
@@ -270,7 +270,3 @@ def launch_workers(
         after = f" after {restarts} restarts (--max-restarts {max_restarts})" if max_restarts else ""
         raise WorkerFailed(f"{stopped}{after} (the last checkpoint stays readable)")
     return json.loads((Path(run_dir) / "summary.json").read_text())
-
-
-def _checkpoints(run_dir: Path) -> list:
-    return sorted((Path(run_dir) / "checkpoints").glob("ckpt-*.index"))
