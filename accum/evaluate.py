@@ -90,7 +90,7 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     if data is None:
         from .datasets import load
 
-        data = load(cfg.data)
+        data = load(cfg.data, run_dir)  # the run's manifest of checked image files spares their decoding
     check_compatible(data, info, run_dir)
     if len(data.test) == 0:
         raise DataError("the test split is empty: nothing to evaluate")

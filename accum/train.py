@@ -299,7 +299,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held:
     if data is None:
         from .datasets import load
 
-        data = load(cfg.data)  # before anything is written: bad data leaves no trace
+        data = load(cfg.data, run_dir if resume else None)  # before anything is written: bad data leaves no trace
     shared_dir = run_dir = None if run_dir is None else Path(run_dir)
     if run_dir is not None and not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
@@ -326,6 +326,9 @@ def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held:
         ):
             if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
                 atomic_write(run_dir / name, text.encode())
+    if writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
+        data.file_checks.save(run_dir)
+        progress.message(data.file_checks.line())
     log = MetricsLog(run_dir)
     step = _start(run, log, resume, restored, progress)
     guard = MemoryGuard(run.engine, cfg, progress.message)

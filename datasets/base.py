@@ -85,6 +85,7 @@ class Dataset:
     class_names: tuple[str, ...]
     source: str
     validation: ArraySplit | None = None  # data.validation: held out of the training split
+    file_checks: object = None  # image_folder: the check of its files (image_check.Checked), for the run directory
 
     # The validation choice is fixed (not drawn from the run's seed): runs that differ in their seed
     # are compared on the same examples.

@@ -17,11 +17,13 @@ same batches. Decoding is ``decode`` everywhere: TensorFlow's decoder
 decoder, resized bilinearly to ``data.image_size`` (an identity at the same
 size). ``read_image`` decodes one file the same way, for ``predict``.
 
-Before training, every file is decoded once with that same decoder, streamed
-(``verify``): a file that cannot be read or decoded (truncated, corrupt, not
-an image) is named in one line, and with ``data.image_size`` null the first
-image whose size differs from the first one is. A file that breaks during the
-run is named the same way when its batch comes.
+Before training, every file is decoded once with that same decoder, in
+parallel, and the outcome remembered (image_check.py: a file unchanged since
+its last check is not decoded again): files that cannot be read or decoded
+(truncated, corrupt, not an image) are named in one line, the first in the
+folder's order and a count of the others; with ``data.image_size`` null the
+first image whose size differs from the first one is. A file that breaks
+during the run is named the same way when its batch comes.
 """
 
 from __future__ import annotations
@@ -33,16 +35,18 @@ import numpy as np
 
 from ..errors import DataError
 from .base import Dataset
+from .image_check import UNDECODABLE, check, problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 DEFAULT_CHANNELS = 3  # RGB, the default of keras.utils.image_dataset_from_directory
-VERIFY_BATCH = 256  # files per step of the check; a failing step is searched file by file
 LAYOUT = "images go in DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (or .jpg, .jpeg)"
-UNDECODABLE = "is not a readable PNG or JPEG image (truncated or corrupt)"
 
 
-def load(data_config) -> Dataset:
-    """Scan, limit, verify: the Dataset of data.path, with nothing decoded kept."""
+def load(data_config, run_dir=None) -> Dataset:
+    """Scan, limit, check: the Dataset of data.path, with nothing decoded kept.
+
+    ``run_dir``: a run directory whose manifest of checked files may spare
+    their decoding (image_check.py)."""
     root = Path(data_config.path)
     channels = data_config.channels or DEFAULT_CHANNELS
     _check_root(root)
@@ -53,14 +57,26 @@ def load(data_config) -> Dataset:
         split: _limit(_scan(root / split, classes), limit)
         for split, limit in (("train", data_config.train_limit), ("test", data_config.test_limit))
     }
-    sizes = {split: verify(paths, channels) for split, (paths, _) in scanned.items()}
+    paths = np.concatenate([scanned["train"][0], scanned["test"][0]])
+    checked = check(root, paths, channels, run_dir)
+    if checked.problems:
+        _raise_problems(paths, checked.problems)
+    n_train = len(scanned["train"][0])
+    sizes = {"train": checked.sizes[:n_train], "test": checked.sizes[n_train:]}
     if data_config.image_size is not None:
         height, width = data_config.image_size
     else:
         height, width = _common_size(scanned, sizes)
     shape = (int(height), int(width), channels)
     train, test = (FileSplit(*scanned[split], shape) for split in ("train", "test"))
-    return Dataset(train=train, test=test, input_shape=shape, class_names=tuple(classes), source=str(root.resolve()))
+    return Dataset(
+        train=train,
+        test=test,
+        input_shape=shape,
+        class_names=tuple(classes),
+        source=str(root.resolve()),
+        file_checks=checked,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -102,67 +118,29 @@ def read_image(path, input_shape) -> np.ndarray:
         raise DataError(f"{path} {UNDECODABLE}: pass a PNG or JPEG file") from None
 
 
-def _problem(path: bytes, channels: int) -> str | None:
-    """What is wrong with one file, as training would meet it; None if it decodes."""
-    import tensorflow as tf
-
-    try:
-        contents = Path(os.fsdecode(path)).read_bytes()
-    except OSError as err:
-        return f"cannot be read ({err.strerror})"
-    try:
-        tf.io.decode_image(contents, channels=channels, expand_animations=False)
-    except tf.errors.OpError:
-        return UNDECODABLE
-    return None
+def _raise_problems(paths: np.ndarray, problems: dict[int, str]):
+    """The check found bad files: name the first, in the folder's order, and count the others."""
+    first, *others = sorted(problems)
+    what = problems[first]
+    fix = "check its permissions" if what.startswith("cannot be read") else "replace or remove it"
+    more = f" ({len(others)} more files fail the check, the next {os.fsdecode(paths[others[0]])})" if others else ""
+    raise DataError(f"{os.fsdecode(paths[first])} {what}: {fix}{more}")
 
 
-def _decoded_size(path, channels: int):
-    import tensorflow as tf
-
-    return tf.shape(tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False))[:2]
-
-
-def verify(paths: np.ndarray, channels: int) -> np.ndarray:
-    """Decode every file once, streamed; their sizes [n, 2] (height, width), or a DataError naming the file.
-
-    Parallel and in order (deterministic): when a step fails, its files are
-    the next VERIFY_BATCH of ``paths``, and the first bad one is found by
-    decoding them one by one."""
-    import tensorflow as tf
-
-    steps = (
-        tf.data.Dataset.from_tensor_slices(paths)
-        .map(lambda path: _decoded_size(path, channels), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .batch(VERIFY_BATCH)
-        .prefetch(2)
-    )
-    sizes: list[np.ndarray] = []
-    iterator, done = iter(steps), 0
-    while True:
-        try:
-            step = next(iterator)
-        except StopIteration:
-            break
-        except tf.errors.OpError as err:
-            _raise_first_bad(paths[done : done + VERIFY_BATCH], channels, err, during_run=False)
-        sizes.append(step.numpy())
-        done += len(sizes[-1])
-    return np.concatenate(sizes) if sizes else np.zeros((0, 2), np.int32)
-
-
-def _raise_first_bad(paths: np.ndarray, channels: int, err, during_run: bool):
+def _raise_first_bad(paths: np.ndarray, channels: int, err):
+    """A batch failed during the run: name the file that broke since the check."""
     for path in paths:
-        what = _problem(path, channels)
-        if what is None:
-            continue
-        name = os.fsdecode(path)
-        if during_run:
+        what, _ = problem(path, channels)
+        if what is not None:
             raise DataError(
-                f"{name} {what}; it was fine when the run started: restore it, then resume the run with --resume"
+                f"{os.fsdecode(path)} {what}; it was fine when the run started: restore it, then resume the run "
+                f"with --resume"
             )
-        fix = "check its permissions" if what.startswith("cannot be read") else "replace or remove it"
-        raise DataError(f"{name} {what}: {fix}")
+    # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
+    message = (getattr(err, "message", "") or str(err)).splitlines()[0]
+    raise DataError(
+        f"reading the images failed ({message}), although each of the files involved decodes on its own: run again"
+    )
     # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
     message = (getattr(err, "message", "") or str(err)).splitlines()[0]
     raise DataError(
@@ -334,6 +312,6 @@ class StreamedBatches:
                 return
             except tf.errors.OpError as err:
                 upcoming = self.split.paths[self.order[done : done + self.batch_size]]
-                _raise_first_bad(upcoming, self.split.input_shape[2], err, during_run=True)
+                _raise_first_bad(upcoming, self.split.input_shape[2], err)
             done += int(y.shape[0])
             yield x, y

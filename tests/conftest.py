@@ -1,7 +1,10 @@
 """Shared fixtures. Tests never touch the network: the data comes from Debian's
 dataset-fashion-mnist (installed by .ci/run) or $ACCUM_TRAIN_DATA."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import accum_train  # noqa: F401  (sets the allocator mode before TensorFlow loads)
@@ -14,6 +17,11 @@ import tensorflow as tf
 # 2 cores. Results under BatchNorm depend on the pools: oneDNN splits its sums by thread.
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
+
+# The image folder check's cache (datasets/image_check.py): one per test process, never the user's own,
+# inherited by the processes the tests start.
+os.environ["ACCUM_TRAIN_CACHE"] = tempfile.mkdtemp(prefix="accum-train-test-cache-")
+atexit.register(shutil.rmtree, os.environ["ACCUM_TRAIN_CACHE"], True)
 
 
 def _real_data_dir() -> Path:
