@@ -42,8 +42,10 @@ from .rundir import atomic_write, check_output_dir, checkpoint_numbers, writing
 STARTED_FILE = "ACCUM_TRAIN_STARTED_FILE"
 # How many times the supervisor has restarted the workers (summary.json's restarts); unset: none.
 RESTARTS = "ACCUM_TRAIN_RESTARTS"
-# The exit codes of a run stopped by SIGINT or SIGTERM (Interrupted: 128 + the signal's number).
-INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+# The signals that stop a run after the update in hand (train._StopFlag; the supervisor hands them to the
+# chief), and the exit codes of a run they stopped (Interrupted: 128 + the signal's number).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTED_CODES = tuple(128 + sig for sig in STOP_SIGNALS)
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
 KEPT_ERROR_LINES = 200
 
@@ -147,15 +149,13 @@ def _forwarding_signals_to(chief: _Worker):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, lambda signum, frame: chief.process.send_signal(signum)) for sig in _SIGNALS}
+    forward = lambda signum, frame: chief.process.send_signal(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _watch(pool: list, workers: int, timeout_s: float) -> tuple:

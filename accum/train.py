@@ -38,7 +38,7 @@ from .data import (
 )
 from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
 from .errors import Interrupted, RunDirError, TrainingStopped
-from .launcher import RESTARTS, announce_started
+from .launcher import RESTARTS, STOP_SIGNALS, announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .progress import Progress
 from .rundir import (
@@ -252,7 +252,7 @@ class _StopFlag:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
