@@ -12,6 +12,9 @@ examples as one .npz, then measures, one run each:
           Wall and CPU time of this process. The files were just written, so
           they are read from the page cache: disk reads are not in these
           figures.
+          The same for --jpegs 224x224 RGB JPEGs (Fashion-MNIST images scaled
+          up), the motivating case: there decoding, not tf.data's per-file
+          overhead, is the cost, and the parallel pass uses every core.
   train   examples/s of training, the same model and batch, each in a fresh
           process: accum-train from the folder, accum-train from the .npz,
           and keras.utils.image_dataset_from_directory feeding model.fit
@@ -90,13 +93,33 @@ def write_data(out: Path, files: int) -> dict:
     return {"files": files, "train": n_train, "test": TEST_FILES, "write_s": time.perf_counter() - started}
 
 
+def write_jpegs(out: Path, files: int) -> dict:
+    """out/train/CLASS/*.jpg and out/test/CLASS/*.jpg: Fashion-MNIST scaled up to 224x224 RGB, quality 90."""
+    import io
+
+    from accum_train.datasets import fashion_mnist
+    from PIL import Image
+
+    data = fashion_mnist.load(None, train_limit=files, allow_download=False)
+    started = time.perf_counter()
+    test = max(files // 10, 1)
+    for index, (image, label) in enumerate(zip(data.train.images, data.train.labels)):
+        split = "test" if index < test else "train"
+        folder = out / split / f"class{int(label)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        Image.fromarray(image, mode="L").resize((224, 224)).convert("RGB").save(buffer, format="JPEG", quality=90)
+        (folder / f"{index:06d}.jpg").write_bytes(buffer.getvalue())
+    return {"files": files, "write_s": time.perf_counter() - started}
+
+
 def timed(function):
     wall, cpu = time.perf_counter(), time.process_time()
     result = function()
     return result, {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
 
 
-def check_times(images: Path, cache: Path) -> dict:
+def check_times(images: Path, cache: Path, channels: int = 1) -> dict:
     from accum_train.datasets import image_check, image_folder
 
     classes = image_folder._class_folders(images, "train")
@@ -105,14 +128,14 @@ def check_times(images: Path, cache: Path) -> dict:
     rows = {"scan": {**scan, "files": len(paths)}}
     for parallel in (None, 1):  # untimed: TensorFlow's runtime and tf.data's first pipelines start here
         os.environ[image_check.CACHE_ENV] = str(cache / "warm-up")
-        image_check.decode_sizes(paths[:200], 1, parallel)
+        image_check.decode_sizes(paths[:200], channels, parallel)
     for name, parallel, cache_name in (
         ("first", None, "parallel"),
         ("second", None, "parallel"),
         ("first_one_at_a_time", 1, "serial"),
     ):
         os.environ[image_check.CACHE_ENV] = str(cache / cache_name)
-        done, times = timed(lambda: image_check.check(images, paths, 1, parallel=parallel))  # noqa: B023
+        done, times = timed(lambda: image_check.check(images, paths, channels, parallel=parallel))  # noqa: B023
         assert not done.problems, done.problems
         rows[name] = {**times, "decoded": done.decoded, "remembered": done.remembered}
     rows["parallel_speedup"] = rows["first_one_at_a_time"]["wall_s"] / rows["first"]["wall_s"]
@@ -182,6 +205,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=100000, help="PNG files in the folder (train + 10000 test)")
+    parser.add_argument("--jpegs", type=int, default=5000, help="224x224 JPEG files for the check (0: none)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs of each training row (the last is timed)")
     parser.add_argument("--batch", type=int, default=500, help="batch size of every training row")
     parser.add_argument("--models", default="mlp,seed_convnet", help=f"comma-separated, of {', '.join(MODELS)}")
@@ -203,6 +227,10 @@ def main() -> None:
         if "check" in args.parts:
             result["check"] = check_times(work / "images", work / "cache")
             print(json.dumps(result["check"], indent=1), flush=True)
+            if args.jpegs:
+                result["jpeg_data"] = write_jpegs(work / "jpegs", args.jpegs)
+                result["jpeg_check"] = check_times(work / "jpegs", work / "cache-jpeg", channels=3)
+                print(json.dumps(result["jpeg_check"], indent=1), flush=True)
         os.environ["ACCUM_TRAIN_CACHE"] = str(work / "cache" / "parallel")  # the runs find the folder checked
         rows = {}
         for model in args.models.split(",") if "train" in args.parts else []:

@@ -136,8 +136,9 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
     wanted = set(relative)
     entries = {rel: entry for rel, entry in known.items() if rel in wanted}
     for i in checked_now:
-        if stats[i] is None or problems.get(i, UNDECODABLE) != UNDECODABLE:
-            entries.pop(relative[i], None)  # could not be read: never remembered (a chmod keeps the mtime)
+        unreadable = stats[i] is None or problems.get(i) not in (None, UNDECODABLE)
+        if unreadable:
+            entries.pop(relative[i], None)  # never remembered: a chmod keeps the mtime
         else:
             entries[relative[i]] = (*stats[i], started_ns, *sizes[i].tolist())
     done = Checked(
