@@ -187,12 +187,18 @@ def test_a_file_that_cannot_be_read_is_never_remembered(root):
     )
 
 
-def test_parallel_and_one_at_a_time_agree(tmp_path):
+@pytest.mark.parametrize("batch", [image_check.BATCH, 8, 1])
+def test_parallel_and_one_at_a_time_agree(tmp_path, monkeypatch, batch):
+    """Files decoded in batches, a failed batch's files again one by one: every size, every bad file."""
+    monkeypatch.setattr(image_check, "BATCH", batch)
     paths = [write_png(tmp_path / f"{i}.png", i, size=(3 + i % 4, 2 + i % 3)) for i in range(40)]
-    paths[7].write_bytes(b"not an image")
-    names = np.array([os.fsencode(p) for p in paths])
-    expected = [[3 + i % 4, 2 + i % 3] for i in range(40)]
-    expected[7] = [image_check.UNDECODED] * 2
+    for bad in (7, 9, 33):
+        paths[bad].write_bytes(b"not an image")
+    (tmp_path / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    names = np.array([os.fsencode(p) for p in [*paths, tmp_path / "gone.png"]])
+    expected = [[3 + i % 4, 2 + i % 3] for i in range(40)] + [[image_check.UNDECODED] * 2]
+    for bad in (7, 9, 33):
+        expected[bad] = [image_check.UNDECODED] * 2
     for parallel in (1, 4, None):
         assert image_check.decode_sizes(names, 1, parallel).tolist() == expected, parallel
 
