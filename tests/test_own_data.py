@@ -245,8 +245,12 @@ def test_read_image_errors_name_the_file(tmp_path, setup, message):
     assert str(err.value) == message.format(p=path)
 
 
-def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path):
-    """The split holds paths and labels only; a file is read when its batch comes, not before."""
+def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path, monkeypatch):
+    """The split holds paths and labels only; a file is read when its chunk of CHUNK files comes (here one
+    chunk per batch), not before."""
+    from accum_train.datasets import image_folder
+
+    monkeypatch.setattr(image_folder, "CHUNK", 4)
     root = tiny_folder(tmp_path / "d")
     data = folder_data(root, "data.channels=1")
     split = data.train
@@ -271,6 +275,24 @@ def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path):
     expected = [10 * k + 5 for k in range(16)]
     expected[13] = 250
     assert seen == [expected[i : i + 4] for i in range(0, 16, 4)]
+
+
+def test_a_file_broken_in_a_chunk_that_spans_two_batches_is_named(tmp_path, monkeypatch):
+    """Files are decoded CHUNK at a time, then cut into batches: a chunk's failure can come while the batch
+    before the file's own is built, and the file is still named."""
+    from accum_train.datasets import image_folder
+
+    data = folder_data(tiny_folder(tmp_path / "d"), "data.channels=1")
+    monkeypatch.setattr(image_folder, "CHUNK", 3)  # chunks 0-2, 3-5, ...; batches 0-3, 4-7, ...
+    removed = os.fsdecode(data.train.paths[5])  # batch 1, in chunk 3-5, which batch 0 needs
+    os.unlink(removed)
+    with pytest.raises(DataError) as err:
+        for _ in data.train.batches(np.arange(18), 4):
+            pass
+    assert str(err.value) == (
+        f"{removed} cannot be read (No such file or directory); it was fine when the run "
+        f"started: restore it, then resume the run with --resume"
+    )
 
 
 # ----------------------------------------------------------------------------
