@@ -142,9 +142,18 @@ def by_hand(raw: np.ndarray, seed: int, step: int, crop: int) -> np.ndarray:
 
 
 def test_the_engine_trains_on_the_batch_cropped_and_flipped_as_drawn(tmp_path, repo_root, monkeypatch):
+    # a small MLP: what is checked is the batch the engine receives, whatever it trains
     cfg = load_config(
         repo_root / "configs" / "smoke.yaml",
-        ["data.augment.crop=2", "data.augment.flip=true", "data.train_limit=256", "epochs=1"],
+        [
+            "model.name=mlp",
+            "model.hidden=32",
+            "data.augment.crop=2",
+            "data.augment.flip=true",
+            "data.train_limit=256",
+            "data.test_limit=100",
+            "epochs=1",
+        ],
     )
     received = []
     original = AccumulatingUpdate.__init__
@@ -173,7 +182,9 @@ def test_the_engine_trains_on_the_batch_cropped_and_flipped_as_drawn(tmp_path, r
 def test_validation_figures_are_an_evaluation_of_the_held_out_examples(tmp_path, repo_root):
     from accum_train.trained import load_run
 
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["data.validation=300", "epochs=1"])
+    # 600 examples, 300 held out: 5 updates of a small MLP give a model whose figures can be checked
+    sets = ["model.name=mlp", "model.hidden=32", "data.train_limit=600", "data.test_limit=100"]
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*sets, "data.validation=300", "epochs=1"])
     summary = train(cfg, tmp_path / "run")
     (record,) = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "test_accuracy" in r]
     held_out = load(cfg.data).validation

@@ -65,6 +65,22 @@ def train(make, k, optimizer="sgd", lr=0.05, clip_norm=None, schedule=None):
     return [v.numpy() for v in variables], opt, engine
 
 
+@pytest.fixture(scope="module")
+def whole_batch():
+    """``whole_batch(make, optimizer, lr)``: the weights and update count of whole-batch training (PlainUpdate),
+    trained once per (model, optimizer, rate) and shared by every test that compares with it: the k-way cases
+    differ only in k, and tracing a fresh engine costs more than its three updates."""
+    done = {}
+
+    def get(make, optimizer="sgd", lr=0.05):
+        if (make, optimizer, lr) not in done:
+            weights, opt, _ = train(make, None, optimizer, lr)
+            done[make, optimizer, lr] = weights, int(opt.iterations.numpy())
+        return done[make, optimizer, lr]
+
+    return get
+
+
 def max_diff(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
@@ -111,20 +127,20 @@ def test_accumulated_gradient_is_the_full_batch_mean_gradient(k):
 @pytest.mark.parametrize("make", [tl_model, keras_model], ids=["tensorlayer", "keras"])
 @pytest.mark.parametrize("optimizer, lr", [("sgd", 0.05), ("adam", 0.001), ("momentum", 0.05)])
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 24])
-def test_k_way_accumulation_equals_whole_batch_training(make, optimizer, lr, k):
-    reference, ref_opt, _ = train(make, None, optimizer, lr)
+def test_k_way_accumulation_equals_whole_batch_training(whole_batch, make, optimizer, lr, k):
+    reference, reference_updates = whole_batch(make, optimizer, lr)
     weights, opt, _ = train(make, k, optimizer, lr)
     assert max_diff(weights, reference) < 1e-5
-    assert int(opt.iterations.numpy()) == int(ref_opt.iterations.numpy()) == len(BATCHES)
+    assert int(opt.iterations.numpy()) == reference_updates == len(BATCHES)
     assert max_diff(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
 
 
 @pytest.mark.parametrize("make", [tl_model, keras_model], ids=["tensorlayer", "keras"])
 @pytest.mark.parametrize("optimizer, lr", [("sgd", 0.05), ("adam", 0.001)])
-def test_the_baseline_on_one_device_is_the_whole_batch_mean_step_to_the_bit(make, optimizer, lr):
+def test_the_baseline_on_one_device_is_the_whole_batch_mean_step_to_the_bit(whole_batch, make, optimizer, lr):
     """The baseline differentiates sum(loss) / n, as a replica's share of a global batch must; on one
     device that gives the bits of reduce_mean's step (what it computed before it ran on strategies)."""
-    weights, _, _ = train(make, None, optimizer, lr)
+    weights, _ = whole_batch(make, optimizer, lr)
     variables, loss_fn, _ = make()
     opt = make_optimizer(
         OptimizerConfig(name=optimizer, learning_rate=lr), make_schedule(lr, ScheduleConfig(), 3), variables
@@ -149,9 +165,9 @@ def test_seed_convnet_without_norm_matches_whole_batch():
     assert max_diff(weights, reference) < 1e-5
 
 
-def test_short_last_batch_with_fewer_examples_than_subdivisions():
+def test_short_last_batch_with_fewer_examples_than_subdivisions(whole_batch):
     # 24 + 24 + 16 examples with k=20: the last update has 16 one-example micro-batches.
-    reference, _, _ = train(tl_model, None)
+    reference, _ = whole_batch(tl_model)
     weights, _, engine = train(tl_model, 20)
     assert max_diff(weights, reference) < 1e-5
     assert int(engine.subdivisions.numpy()) == 20

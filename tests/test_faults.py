@@ -16,16 +16,20 @@ from accum_train.trained import load_run
 from click.testing import CliRunner
 from helpers import poison, records
 
+# Where a fault leaves a run does not depend on its model or length: smoke.yaml with a small MLP on 600 examples,
+# 10 updates per epoch (the last a short one of 24). A run is then mostly its start-up (tracing).
+SHORT = ["model.name=mlp", "model.hidden=32", "data.train_limit=600", "data.test_limit=100"]
+
 
 def test_non_finite_updates_are_skipped_and_counted(tmp_path, repo_root, monkeypatch):
     poison(monkeypatch, {3, 4})
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1", "log_every=1"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "epochs=1", "log_every=1"])
     summary = train(cfg, tmp_path / "run")
     updates = [r for r in records(tmp_path / "run") if "skipped" in r]
     assert [r["step"] for r in updates if r["skipped"]] == [3, 4]
     assert all(r["loss"] is None for r in updates if r["skipped"])
     assert all(np.isfinite(r["loss"]) for r in updates if not r["skipped"])
-    assert summary["skipped_updates"] == 2 and summary["steps"] == 47
+    assert summary["skipped_updates"] == 2 and summary["steps"] == 10
     epoch = next(r for r in records(tmp_path / "run") if "test_accuracy" in r)
     assert np.isfinite(epoch["train_loss"])
     assert all(np.all(np.isfinite(a)) for a in np.load(tmp_path / "run" / "weights.npz").values())
@@ -63,6 +67,7 @@ def test_cli_reports_the_stop_with_exit_1(tmp_path, repo_root, monkeypatch):
             str(repo_root / "configs" / "smoke.yaml"),
             "--output-dir",
             str(out),
+            *(arg for setting in SHORT for arg in ("--set", setting)),
             "--set",
             "max_bad_updates=2",
             "--set",
@@ -80,27 +85,28 @@ def test_checkpoint_write_failure_keeps_the_last_checkpoint(tmp_path, repo_root,
 
     def full_disk(self, checkpoint_number=None, **kwargs):
         saves[0] += 1
-        if saves[0] == 3:  # ckpt-0, ckpt-47 (epoch 1), then the disk is full
+        if saves[0] == 3:  # ckpt-0, ckpt-10 (epoch 1), then the disk is full
             # a half-written file is left behind, as a real full disk would leave it
             (tmp_path / "run" / "checkpoints" / f"ckpt-{checkpoint_number}_temp").mkdir()
             raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
         return real_save(self, checkpoint_number=checkpoint_number, **kwargs)
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", full_disk)
+    sets = [arg for setting in SHORT for arg in ("--set", setting)]
     result = CliRunner().invoke(
-        main, ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(tmp_path / "run")]
+        main, ["run", str(repo_root / "configs" / "smoke.yaml"), *sets, "--output-dir", str(tmp_path / "run")]
     )
     assert result.exit_code == 2
     assert result.stderr == (
-        f"error: cannot write checkpoint 94 in {tmp_path / 'run' / 'checkpoints'} (No space left on device): "
+        f"error: cannot write checkpoint 20 in {tmp_path / 'run' / 'checkpoints'} (No space left on device): "
         f"free space or fix permissions, then resume with --resume {tmp_path / 'run'} "
-        f"(the last complete checkpoint, ckpt-47, is intact)\n"
+        f"(the last complete checkpoint, ckpt-10, is intact)\n"
     )
-    assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-47")
+    assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-10")
     monkeypatch.undo()
     resumed = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run")])
     assert resumed.exit_code == 0, resumed.output
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 94
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 20
 
 
 def listening_inodes():
@@ -120,7 +126,7 @@ def listening_inodes():
 
 def test_a_run_opens_no_listening_socket(tmp_path, repo_root):
     before = listening_inodes()
-    train(load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1"]), tmp_path / "run")
+    train(load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "epochs=1"]), tmp_path / "run")
     mine = set()
     for fd in os.listdir("/proc/self/fd"):
         try:

@@ -283,51 +283,65 @@ def test_one_subdivided_update_moves_the_first_bn_as_one_whole_batch_pass(files,
 # Resume
 
 
-def test_interrupt_then_resume_equals_an_uninterrupted_run(files, tmp_path, data_dir):
-    # BatchNorm (deferred statistics, checkpointed) and dropout (its seed state, checkpointed)
-    cfg = load_config(
-        None, overrides(files["functional"], data_dir, "subdivisions=3", "log_every=1", "optimizer.learning_rate=0.01")
-    )
-    full = train(cfg, tmp_path / "full")
-    with pytest.raises(Interrupted) as stop:
-        train(cfg, tmp_path / "cut", progress=InterruptAt(6))  # in epoch 2
-    assert stop.value.step == 6
-    resumed = train(cfg, tmp_path / "cut", resume=True)
-    a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
-    assert "bn_first/moving_variance" in a and "dropout/seed_generator_state" in a
-    assert max_diff(dict(a), dict(b)) < 1e-6
-    assert resumed["test_accuracy"] == pytest.approx(full["test_accuracy"], abs=1e-6)
-
-
-def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(files, tmp_path, data_dir):
+@pytest.fixture(scope="module")
+def resumed(files, tmp_path_factory, data_dir):
+    """The functional file (BatchNorm: deferred statistics, checkpointed; dropout: its seed state, checkpointed)
+    from a copy of its own: trained uninterrupted ("full"), and interrupted in epoch 2 ("cut"), then the copy
+    deleted (the user moves the file the run started from) and the cut run resumed. The two tests below read
+    the same three runs."""
     import shutil
 
+    folder = tmp_path_factory.mktemp("resume")
+    own = folder / "mine.keras"
+    shutil.copy(files["functional"], own)
+    cfg = load_config(None, overrides(own, data_dir, "subdivisions=3", "log_every=1", "optimizer.learning_rate=0.01"))
+    full = train(cfg, folder / "full")
+    with pytest.raises(Interrupted) as stop:
+        train(cfg, folder / "cut", progress=InterruptAt(6))  # in epoch 2
+    original, kept = own.read_bytes(), (folder / "cut" / "initial_model.keras").read_bytes()
+    own.unlink()
+    return {
+        "cfg": cfg,
+        "own": own,
+        "original": original,
+        "kept": kept,
+        "stopped_at": stop.value.step,
+        "full_dir": folder / "full",
+        "full": full,
+        "cut_dir": folder / "cut",
+        "resumed": train(cfg, folder / "cut", resume=True),
+    }
+
+
+def test_interrupt_then_resume_equals_an_uninterrupted_run(resumed):
+    assert resumed["stopped_at"] == 6
+    a, b = np.load(resumed["full_dir"] / "weights.npz"), np.load(resumed["cut_dir"] / "weights.npz")
+    assert "bn_first/moving_variance" in a and "dropout/seed_generator_state" in a
+    assert max_diff(dict(a), dict(b)) < 1e-6
+    assert resumed["resumed"]["test_accuracy"] == pytest.approx(resumed["full"]["test_accuracy"], abs=1e-6)
+
+
+def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(resumed, tmp_path):
     from accum_train.export import export_run
 
-    own = tmp_path / "mine.keras"
-    shutil.copy(files["functional"], own)
-    cfg = load_config(None, overrides(own, data_dir, "subdivisions=3", "log_every=1"))
-    full = train(cfg, tmp_path / "full")
-    with pytest.raises(Interrupted):
-        train(cfg, tmp_path / "cut", progress=InterruptAt(6))
-    assert (tmp_path / "cut" / "initial_model.keras").read_bytes() == own.read_bytes()
-    own.unlink()  # the user moves or deletes the file the run started from
-    train(cfg, tmp_path / "cut", resume=True)
-    a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
+    full_dir, full = resumed["full_dir"], resumed["full"]
+    assert resumed["kept"] == resumed["original"]  # the copy in the run directory, taken when the run started
+    assert not resumed["own"].exists()  # the resume ran without the file the run started from
+    a, b = np.load(full_dir / "weights.npz"), np.load(resumed["cut_dir"] / "weights.npz")
     assert max_diff(dict(a), dict(b)) < 1e-6
-    assert export_run(tmp_path / "full").is_file()
+    assert export_run(full_dir).is_file()
     # evaluate and predict rebuild the model from the run's copy too
-    evaluated = CliRunner().invoke(main, ["evaluate", str(tmp_path / "full")])
+    evaluated = CliRunner().invoke(main, ["evaluate", str(full_dir)])
     assert evaluated.exit_code == 0, evaluated.output
-    result = json.loads((tmp_path / "full" / "evaluate" / "evaluate.json").read_text())
+    result = json.loads((full_dir / "evaluate" / "evaluate.json").read_text())
     assert result["test_accuracy"] == full["test_accuracy"]
-    images = load(cfg.data).test.images[:3]
+    images = load(resumed["cfg"].data).test.images[:3]
     np.savez(tmp_path / "three.npz", x=images)
-    predicted = CliRunner().invoke(main, ["predict", str(tmp_path / "full"), str(tmp_path / "three.npz"), "--json"])
+    predicted = CliRunner().invoke(main, ["predict", str(full_dir), str(tmp_path / "three.npz"), "--json"])
     assert predicted.exit_code == 0, predicted.output
     rows = json.loads(predicted.stdout)
     assert [row["input"] for row in rows] == [f"{tmp_path / 'three.npz'}[{i}]" for i in range(3)]
-    exported = keras.models.load_model(tmp_path / "full" / "model.keras")  # plain Keras, no accum-train
+    exported = keras.models.load_model(full_dir / "model.keras")  # plain Keras, no accum-train
     expected = tf.nn.softmax(exported(images[..., np.newaxis].astype(np.float32) / 255.0)).numpy()
     np.testing.assert_allclose([list(row["probabilities"].values()) for row in rows], expected, atol=1e-6)
 

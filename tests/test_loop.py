@@ -12,15 +12,20 @@ from accum_train.rundir import resume_config
 from accum_train.train import Progress, Run, train
 from helpers import GraphCalls, InterruptAt, poison, update_records
 
+# What these tests assert is the loop's bookkeeping, the same for any model and any length of run: smoke.yaml
+# with a small MLP (BatchNorm kept: its deferred statistics are still committed and checkpointed) on 600
+# examples, 9 full updates and a short one of 24 per epoch. A run is then mostly its start-up (tracing).
+SHORT = ["model.name=mlp", "model.hidden=32", "data.train_limit=600", "data.test_limit=100"]
+
 
 @pytest.mark.parametrize("k", [1, 8])
 def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
     """Python enters TensorFlow's graphs once per update, whatever k (evaluation and checkpoints aside)."""
     graph = GraphCalls(monkeypatch.setattr)
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", [f"subdivisions={k}", "epochs=1", "log_every=7"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, f"subdivisions={k}", "epochs=1", "log_every=3"])
     summary = train(cfg, tmp_path / "run")
-    assert summary["steps"] == 47
-    assert graph.calls == 47
+    assert summary["steps"] == 10
+    assert graph.calls == 10
 
 
 class KilledAfter(BaseException):
@@ -37,7 +42,8 @@ def test_every_checkpoint_follows_its_metrics(
     """A checkpoint never counts updates that metrics.jsonl lacks; after a kill and a resume every update
     is in metrics.jsonl exactly once, whatever every_steps and log_every."""
     cfg = load_config(
-        repo_root / "configs" / "smoke.yaml", [f"checkpoint.every_steps={every_steps}", f"log_every={log_every}"]
+        repo_root / "configs" / "smoke.yaml",
+        [*SHORT, f"checkpoint.every_steps={every_steps}", f"log_every={log_every}"],
     )
     real_save, saves = Run.save_checkpoint, [0]
 
@@ -55,7 +61,7 @@ def test_every_checkpoint_follows_its_metrics(
     assert [r["step"] for r in update_records(tmp_path / "run")] == list(range(1, step + 1))
     monkeypatch.undo()
     train(cfg, tmp_path / "run", resume=True)
-    assert [r["step"] for r in update_records(tmp_path / "run")] == list(range(1, 95))
+    assert [r["step"] for r in update_records(tmp_path / "run")] == list(range(1, 21))
 
 
 @pytest.mark.parametrize(
@@ -70,7 +76,7 @@ def test_max_bad_updates_stops_at_the_update_that_reaches_it(
     tmp_path, repo_root, monkeypatch, bad_steps, limit, stop_at
 ):
     poison(monkeypatch, bad_steps)
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["log_every=50", f"max_bad_updates={limit}"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "log_every=50", f"max_bad_updates={limit}"])
     with pytest.raises(TrainingStopped) as err:
         train(cfg, tmp_path / "run")
     assert str(err.value).startswith(
@@ -87,49 +93,45 @@ def test_max_bad_updates_stops_at_the_update_that_reaches_it(
 
 
 def test_logged_learning_rate_is_the_one_applied_after_a_skip(tmp_path, repo_root, monkeypatch):
-    overrides = ["epochs=1", "log_every=5", "optimizer.schedule.name=cosine"]
+    overrides = [*SHORT, "epochs=1", "log_every=5", "optimizer.schedule.name=cosine"]
     cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
     train(cfg, tmp_path / "ref")
     poison(monkeypatch, {3})
     train(cfg, tmp_path / "skip")
     ref = [r["learning_rate"] for r in update_records(tmp_path / "ref")]
     skip = [r["learning_rate"] for r in update_records(tmp_path / "skip")]
-    assert len(set(ref)) == 47  # a rate that changes every update
+    assert len(set(ref)) == 10  # a rate that changes every update
     # a skip does not advance the schedule: the update after it gets the rate the skipped one would have had
     assert skip[:2] == ref[:2] and skip[2] is None and skip[3:] == ref[2:-1]
 
 
 def test_resume_with_more_epochs_keeps_the_schedule_it_started_on(tmp_path, repo_root):
-    cfg = load_config(
-        repo_root / "configs" / "smoke.yaml",
-        ["log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1"],
-    )
+    overrides = [*SHORT, "log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1"]
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
     train(cfg, tmp_path / "full")
     with pytest.raises(Interrupted):
-        train(cfg, tmp_path / "cut", progress=InterruptAt(20))
+        train(cfg, tmp_path / "cut", progress=InterruptAt(5))
     # the length of a decay over "the whole run" is fixed when the run starts, in config.yaml
-    assert yaml.safe_load((tmp_path / "cut" / "config.yaml").read_text())["optimizer"]["schedule"]["decay_steps"] == 94
+    assert yaml.safe_load((tmp_path / "cut" / "config.yaml").read_text())["optimizer"]["schedule"]["decay_steps"] == 20
     longer = resume_config(tmp_path / "cut", None, ["epochs=3"])
-    assert longer.optimizer.schedule.decay_steps == 94 and longer.epochs == 3
+    assert longer.optimizer.schedule.decay_steps == 20 and longer.epochs == 3
     messages = []
     progress = Progress()
     progress.message = messages.append
     train(longer, tmp_path / "cut", resume=True, progress=progress)
     full = [r["learning_rate"] for r in update_records(tmp_path / "full")]
     cut = [r["learning_rate"] for r in update_records(tmp_path / "cut")]
-    assert len(cut) == 141
-    assert cut[:94] == full  # the updates planned before the resume keep their rates
-    assert cut[94:] == [pytest.approx(0.1 * 0.003)] * 47  # then the schedule's final rate
+    assert len(cut) == 30
+    assert cut[:20] == full  # the updates planned before the resume keep their rates
+    assert cut[20:] == [pytest.approx(0.1 * 0.003)] * 10  # then the schedule's final rate
     assert (
-        "note: the cosine schedule ends at update 94 (decay_steps=94, fixed when the run started); "
+        "note: the cosine schedule ends at update 20 (decay_steps=20, fixed when the run started); "
         "later updates use its final learning rate"
     ) in messages
-    # a config that leaves decay_steps to be computed resumes with the resolved value, not a new one
+    # a config that leaves decay_steps to be computed resumes with the resolved value (20), not a new one (40)
     assert (
         resume_config(
-            tmp_path / "cut",
-            repo_root / "configs" / "smoke.yaml",
-            ["log_every=1", "optimizer.schedule.name=cosine", "optimizer.schedule.min_ratio=0.1", "epochs=4"],
+            tmp_path / "cut", repo_root / "configs" / "smoke.yaml", [*overrides, "epochs=4"]
         ).optimizer.schedule.decay_steps
-        == 94
+        == 20
     )

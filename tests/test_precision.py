@@ -78,7 +78,9 @@ def test_float32_is_exactly_invariant_to_a_power_of_two_loss_scale():
 
 
 def test_an_overflow_skips_the_whole_update_and_halves_the_scale_once():
-    model, opt, engine = engine_for(precision="mixed_float16", loss_scale=2.0**40, growth_updates=3)
+    # the MLP (with BatchNorm, whose statistics must not move either): float16 convolutions are slow on a CPU,
+    # and the search skips as many updates from 2^40 (about 20) with it
+    model, opt, engine = engine_for("mlp", precision="mixed_float16", loss_scale=2.0**40, growth_updates=3)
     before = state(model, opt)
     scales, applied = [], []
     for _ in range(30):
@@ -193,10 +195,17 @@ def test_a_bfloat16_run_learns_as_float32_does(tmp_path, repo_root):
 
 def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, repo_root):
     """From 2^40 the search skips more updates in a row than max_bad_updates=3: the run goes on, because
-    an overflow while the scale is above 1 is the search, not a bad update."""
+    an overflow while the scale is above 1 is the search, not a bad update. A small MLP: float16 convolutions
+    are slow on a CPU (no float16 kernels), and the search and what follows it are the same."""
     cfg = load_config(
         repo_root / "configs" / "smoke.yaml",
-        ["precision=mixed_float16", f"loss_scale.initial={2**40}", "max_bad_updates=3"],
+        [
+            "model.name=mlp",
+            "model.hidden=32",
+            "precision=mixed_float16",
+            f"loss_scale.initial={2**40}",
+            "max_bad_updates=3",
+        ],
     )
     summary = train(cfg, tmp_path / "run")
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
