@@ -99,8 +99,8 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
     prefix = os.fsencode(root) + b"/"
     relative = [p[len(prefix) :] if p.startswith(prefix) else p for p in paths.tolist()]
     cache = cache_file(root, channels)
-    cached = _read(cache, root, channels)
-    known = {**cached, **(_read(Path(run_dir) / MANIFEST, root, channels) if run_dir is not None else {})}
+    cached, cached_bytes = _read(cache, root, channels)
+    known = {**cached, **(_read(Path(run_dir) / MANIFEST, root, channels)[0] if run_dir is not None else {})}
 
     sizes = np.full((len(paths), 2), UNDECODED, np.int32)
     stats, unknown = [], []
@@ -147,7 +147,8 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
         remembered=len(paths) - len(unknown),
         decoded=len(unknown),
         seconds=0.0,
-        manifest=_encoded(entries, root, channels),
+        # unchanged: the cache's own bytes are the manifest (encoding a large folder's again costs seconds)
+        manifest=cached_bytes if entries == cached else _encoded(entries, root, channels),
     )
     if entries != cached:
         done.cache_problem = _write_cache(cache, done.manifest)
@@ -162,12 +163,18 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
 UNDECODABLE = "is not a readable PNG or JPEG image (truncated or corrupt)"
 
 
+def decode_uint8(contents, channels: int):
+    """Encoded PNG/JPEG bytes -> uint8 [h, w, channels]: the one decoder of training, the check and predict."""
+    import tensorflow as tf
+
+    return tf.io.decode_image(contents, channels=channels, expand_animations=False)
+
+
 def decoded_size(path, channels: int):
     """(height, width) of one file as training decodes it; graph-safe."""
     import tensorflow as tf
 
-    image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-    return tf.shape(image)[:2]
+    return tf.shape(decode_uint8(tf.io.read_file(path), channels))[:2]
 
 
 def decode_sizes(paths: np.ndarray, channels: int, parallel=None) -> np.ndarray:
@@ -220,7 +227,7 @@ def problem(path: bytes, channels: int):
     except OSError as err:
         return f"cannot be read ({err.strerror})", None
     try:
-        image = tf.io.decode_image(contents, channels=channels, expand_animations=False)
+        image = decode_uint8(contents, channels)
     except tf.errors.OpError:
         return UNDECODABLE, None
     return None, image.shape[:2]
@@ -244,34 +251,33 @@ def _encoded(entries: dict, root: Path, channels: int) -> bytes:
     return buffer.getvalue()
 
 
-def _read(path: Path, root: Path, channels: int) -> dict:
-    """The entries a memory holds for this folder and channels; {} if it is missing, damaged or another's."""
+def _read(path: Path, root: Path, channels: int) -> tuple[dict, bytes]:
+    """(the entries a memory holds for this folder and channels, its bytes); ({}, b"") if it is missing,
+    damaged or another's."""
     try:
-        with np.load(path, allow_pickle=False) as stored:
+        contents = path.read_bytes()
+        with np.load(io.BytesIO(contents), allow_pickle=False) as stored:
             if (
                 int(stored["format"]) != FORMAT
                 or bytes(stored["root"]) != os.fsencode(root.resolve())
                 or int(stored["channels"]) != channels
             ):
-                return {}
+                return {}, b""
             columns = [stored[name].tolist() for name in FIELDS]
     except Exception:  # any unreadable memory (truncated, not an .npz, old keys) is no memory
-        return {}
+        return {}, b""
     if len({len(column) for column in columns}) != 1:
-        return {}
-    return {row[0]: tuple(row[1:]) for row in zip(*columns)}
+        return {}, b""
+    return {row[0]: tuple(row[1:]) for row in zip(*columns)}, contents
 
 
 def _write_cache(path: Path, manifest: bytes) -> str | None:
     """Write the folder's cache whole; the reason it could not be (the run goes on), or None."""
+    from ..rundir import atomic_write
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{time.time_ns()}")
-        try:
-            temporary.write_bytes(manifest)
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        atomic_write(path, manifest)  # a unique temporary name: processes checking one folder at once are safe
     except OSError as err:
         return f"{err.strerror or err} ({err.filename or path})"
     return None

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import Dataset
-from .image_check import UNDECODABLE, check, problem
+from .image_check import UNDECODABLE, check, decode_uint8, problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 DEFAULT_CHANNELS = 3  # RGB, the default of keras.utils.image_dataset_from_directory
@@ -89,7 +89,7 @@ def decode(contents, input_shape):
     import tensorflow as tf
 
     height, width, channels = input_shape
-    image = tf.io.decode_image(contents, channels=channels, expand_animations=False)  # uint8 [h, w, C]
+    image = decode_uint8(contents, channels)  # uint8 [h, w, C]
     # Bilinear, without antialiasing, as image_dataset_from_directory; exact identity at the same size,
     # so images that need no resizing give the same numbers as the same uint8 array in an .npz.
     image = tf.image.resize(image, (height, width), method="bilinear")
