@@ -8,7 +8,8 @@ examples as one .npz, then measures, one run each:
   check   the scan of the folder, then the check (datasets/image_check.py)
           with an empty cache on every core (tf.data's parallel map), the
           same again (the second time: every file unchanged), and with an
-          empty cache one file at a time (parallel=1), for the speed-up.
+          empty cache one map call (image_check.BATCH files) at a time
+          (parallel=1), for the speed-up.
           Wall and CPU time of this process. The files were just written, so
           they are read from the page cache: disk reads are not in these
           figures.
