@@ -15,8 +15,17 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 __version__ = "0.1.0"
 
-from .api import fit, run
+from .api import run
 from .errors import UserError
 from .progress import Progress
 
 __all__ = ["Progress", "UserError", "__version__", "fit", "run"]
+
+
+def __getattr__(name):
+    # accum_train.fit imports TensorFlow and Keras: only when it is first used (the CLI starts without them)
+    if name == "fit":
+        from .keras_fit import fit
+
+        return fit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

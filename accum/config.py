@@ -23,6 +23,7 @@ from typing import Any, Union
 
 import yaml
 
+from .batching import k_for_micro_batch
 from .errors import ConfigError
 
 # Registries. The implementations live in models.py, optim.py and the datasets
@@ -384,8 +385,7 @@ class Config:
         (micro_batch_size: the fewest that keep each within it; subdivisions: as given; auto: "auto")."""
         if self.micro_batch_size is None:
             return self.subdivisions
-        share = math.ceil(batch_size / replicas)
-        return max(1, min(math.ceil(share / self.micro_batch_size), share))
+        return k_for_micro_batch(batch_size, self.micro_batch_size, replicas)
 
     @property
     def largest_micro_batch(self) -> int:

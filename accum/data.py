@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from .batching import largest_micro_batch
+
 
 def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarray:
     """The permutation of epoch ``epoch`` (0-based); the stored order without ``shuffle``."""
@@ -56,11 +58,6 @@ def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
 def updates_per_epoch(examples: int, batch_size: int) -> int:
     """Updates in an epoch of ``examples``: its full batches and, if any examples are left, one short batch."""
     return math.ceil(examples / batch_size)
-
-
-def largest_micro_batch(batch_size: int, replicas: int, k: int) -> int:
-    """The largest micro-batch when each of ``replicas`` cuts its share of ``batch_size`` into ``k``."""
-    return math.ceil(math.ceil(batch_size / replicas) / k)
 
 
 def describe_split(batch_size: int, k: int | None, replicas: int | None = None) -> str:

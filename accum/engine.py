@@ -54,6 +54,8 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from .batching import micro_bounds
+
 NAN = float("nan")
 SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
@@ -89,11 +91,6 @@ class GradientCache:
     def gradients(self):
         """This replica's sums (on one device: the cache); read on the host, the sum over replicas."""
         return [slot.read_value() for slot in self.slots]
-
-
-def micro_bounds(i, n, k):
-    """[start, end) of micro-batch i of k over n examples: sizes differ by at most one."""
-    return (i * n) // k, ((i + 1) * n) // k
 
 
 def all_finite(loss, gradients):
@@ -180,6 +177,11 @@ class Update:
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
 
+    def release(self) -> None:
+        """Give the optimizer back its own all-reduce (a caller's optimizer may train elsewhere after this)."""
+        if self.optimizer is not None and "_all_reduce_sum_gradients" in vars(self.optimizer):
+            del self.optimizer._all_reduce_sum_gradients
+
     @property
     def one_process(self) -> bool:
         """Every replica is in this process (one device, or mirrored): nothing to agree on with others."""
@@ -225,25 +227,48 @@ class Update:
 
         ``stop``: the signal (SIGINT 2, SIGTERM 15; 0: none) this process received. It rides in the same
         all-reduce, so every process learns after this same update that one of them was asked to stop."""
-        ctx = tf.distribute.get_replica_context()
         used = [g is not None for g in gradients]
+        reduced = self._all_reduce(self._payload(loss, gradients, retry, stop))
+        return self._settle(reduced["loss"], self._unscaled(reduced["grads"]), reduced, used)
+
+    def _payload(self, loss, gradients, retry, stop=0, extra=None) -> dict:
+        """What the update's one all-reduce carries: gradients (None as zeros), the loss, the BatchNorm sums,
+        the retry flag, the stop request and ``extra`` (any structure of float tensors the caller sums too)."""
         grads = [
             tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
-            for g, v in zip(gradients, self.variables)
+            for g, v in zip(gradients, self.variables * (len(gradients) // max(len(self.variables), 1)))
         ]
-        stats = [layer.pending.values() for layer in self.norm_layers]  # [count, sum, sum of squares] each
         stop = tf.convert_to_tensor(stop, tf.int32)
-        asked = tf.cast(tf.stack([tf.equal(stop, SIGINT), tf.equal(stop, SIGTERM)]), tf.float32)
-        reduced = ctx.all_reduce(
-            tf.distribute.ReduceOp.SUM,
-            {"grads": grads, "stats": stats, "loss": loss, "retry": tf.cast(retry, tf.float32), "stop": asked},
-        )  # one collective: all_reduce batches the whole structure
-        grads, stats, loss, retried = (reduced[key] for key in ("grads", "stats", "loss", "retry"))
+        return {
+            "grads": grads,
+            "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
+            "loss": loss,
+            "retry": tf.cast(retry, tf.float32),
+            "stop": tf.cast(tf.stack([tf.equal(stop, SIGINT), tf.equal(stop, SIGTERM)]), tf.float32),
+            "extra": extra if extra is not None else {},
+        }
+
+    @staticmethod
+    def _all_reduce(payload: dict) -> dict:
+        """One collective: all_reduce batches the whole structure."""
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, payload)
+
+    def _unscaled(self, grads):
+        """The reduced gradients without the update's loss scale (unscaled once, for the whole update)."""
+        if not self.dynamic:
+            return grads
+        scale = self.loss_scale.read_value()
+        return [g * (1.0 / scale) for g in grads]
+
+    def _settle(self, loss, grads, reduced: dict, used):
+        """Replica context, after the all-reduce: the finite check, clipping, then apply once, skip (not
+        finite) or drop (retry) in cross-replica context; the update's record. ``grads``: the global,
+        unscaled gradients; ``reduced``: the payload as reduced (stats, retry, stop)."""
+        ctx = tf.distribute.get_replica_context()
+        stats, retried = reduced["stats"], reduced["retry"]
         # SIGTERM (a platform preempting the machine) wins over SIGINT
         stop = tf.where(reduced["stop"][1] > 0, SIGTERM, tf.where(reduced["stop"][0] > 0, SIGINT, 0))
         scale = self.loss_scale.read_value()
-        if self.dynamic:
-            grads = [g * (1.0 / scale) for g in grads]  # unscaled once, for the whole update
         retry = retried > 0  # any replica of any worker asked for it: all drop the update together
         finite = all_finite(loss, grads)
         # An overflow of the scaled gradient (the loss itself finite): a smaller scale will fix it.

@@ -18,9 +18,7 @@ import contextlib
 import json
 import math
 import os
-import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -38,7 +36,7 @@ from .data import (
 )
 from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
 from .errors import Interrupted, RunDirError, TrainingStopped
-from .launcher import RESTARTS, STOP_SIGNALS, announce_started
+from .launcher import RESTARTS, announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .progress import Progress
 from .rundir import (
@@ -54,6 +52,7 @@ from .rundir import (
     write_json,
     writing,
 )
+from .stopping import StopFlag
 from .timeline import Timeline
 
 
@@ -240,32 +239,6 @@ class Run:
         self.saved_step = step
 
 
-class _StopFlag:
-    """SIGINT/SIGTERM set a flag: the loop finishes the update in hand, checkpoints, stops. Under several
-    processes the flag goes into the next update's all-reduce, and every process stops after that same
-    update. A second signal means it: ``forced(signum)`` is raised at once."""
-
-    def __init__(self, forced):
-        self.signum = 0
-        self.forced = forced
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signum:
-            raise self.forced(signum)
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 def train(
     cfg: Config,
     run_dir: Path | None,
@@ -334,7 +307,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held:
     guard = MemoryGuard(run.engine, cfg, progress.message)
     announce_started()  # to a --workers supervisor: every worker has joined
 
-    with _StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
+    with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
         while step < run.total_steps:
             step = _epoch(run, log, step, stop, progress, guard)
 
@@ -507,7 +480,7 @@ def _micro_batches(run: Run, segments, until: int | None = None) -> int:
     return total
 
 
-def _epoch(run: Run, log: MetricsLog, step: int, stop: _StopFlag, progress: Progress, guard: MemoryGuard) -> int:
+def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progress, guard: MemoryGuard) -> int:
     """The rest of the epoch that ``step`` (updates done) falls in; the step it ends at."""
     cfg, timeline, engine = run.cfg, run.timeline, run.engine
     epoch = timeline.epoch_of(step)

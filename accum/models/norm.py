@@ -47,7 +47,8 @@ class PendingStats:
     def add(self, count, mean, var, shift):
         """Pool a (micro-)batch of ``count`` values per channel with these moments."""
         delta = mean - shift
-        sums = [count, count * delta, count * (var + tf.square(delta))]
+        # multiply_no_nan: an empty micro-batch (count 0, NaN moments) adds nothing
+        sums = [count, tf.math.multiply_no_nan(delta, count), tf.math.multiply_no_nan(var + tf.square(delta), count)]
         if self._collected is not None:
             self._collected.append(sums)
         else:
@@ -244,30 +245,40 @@ class KerasAccumBatchNorm(DeferredStatistics, keras.layers.BatchNormalization):
         self.pending = PendingStats(self.name, tuple(self.moving_mean.shape))
 
     def call(self, inputs, training=None, mask=None):
-        if not (training and self.trainable):  # inference, a frozen layer, or Keras' symbolic build
-            return super().call(inputs, training=training, mask=mask)
-        if mask is not None:
-            raise NotImplementedError(f"{self.name}: masked inputs to BatchNormalization are not supported")
-        # Keras' own arithmetic (float32 moments, ops.batch_normalization), so that a
-        # whole batch here gives what keras.layers.BatchNormalization gives.
-        x = keras.ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
-        mean, var = keras.ops.moments(x, axes=self._reduction_axes)
-        if self.deferred:
-            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), self._reduction_axes)), tf.float32)
-            self.pending.add(count, mean, var, tf.convert_to_tensor(self.moving_mean))
-        else:
-            move_statistics(self.moving_mean, self.moving_variance, self.momentum, mean, var)
-        outputs = keras.ops.batch_normalization(
-            x,
-            mean,
-            var,
-            axis=self.axis,
-            offset=self.beta if self.center else None,
-            scale=self.gamma if self.scale else None,
-            epsilon=self.epsilon,
-        )
-        return keras.ops.cast(outputs, self.compute_dtype)
+        return pooled_call(self, super().call, inputs, training=training, mask=mask)
 
     def fold(self, values):
         """Fold pooled statistics (this layer's PendingStats values, summed over replicas) into the moving ones."""
         fold_statistics(self.moving_mean, self.moving_variance, self.momentum, values)
+
+
+def pooled_call(layer, keras_call, inputs, training=None, mask=None):
+    """A keras BatchNormalization ``layer``'s call with the engine's norm-layer behaviour (``layer.pending``,
+    ``layer.deferred``); ``keras_call`` is Keras' own, for inference, a frozen layer and the symbolic build.
+
+    Keras' own arithmetic (float32 moments, ops.batch_normalization), so that a whole batch here gives what
+    keras.layers.BatchNormalization gives."""
+    if not (training and layer.trainable):
+        return keras_call(inputs, training=training, mask=mask)
+    if mask is not None:
+        raise NotImplementedError(f"{layer.name}: masked inputs to BatchNormalization are not supported")
+    x = keras.ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+    mean, var = keras.ops.moments(x, axes=layer._reduction_axes)
+    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), layer._reduction_axes)), tf.float32)
+    # An empty micro-batch (a short batch cut into more micro-batches than it has examples) has NaN moments;
+    # it normalises nothing, but NaN * 0 would reach the gradients. Elsewhere where() changes no bit.
+    mean, var = tf.where(count > 0, mean, 0.0), tf.where(count > 0, var, 1.0)
+    if layer.deferred:
+        layer.pending.add(count, mean, var, tf.convert_to_tensor(layer.moving_mean))
+    else:
+        move_statistics(layer.moving_mean, layer.moving_variance, layer.momentum, mean, var)
+    outputs = keras.ops.batch_normalization(
+        x,
+        mean,
+        var,
+        axis=layer.axis,
+        offset=layer.beta if layer.center else None,
+        scale=layer.gamma if layer.scale else None,
+        epsilon=layer.epsilon,
+    )
+    return keras.ops.cast(outputs, layer.compute_dtype)

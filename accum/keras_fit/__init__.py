@@ -1,0 +1,5 @@
+"""accum_train.fit: model.fit with exact gradient accumulation, for any Keras 3 model, loss and data."""
+
+from .fit import fit
+
+__all__ = ["fit"]

@@ -1,0 +1,378 @@
+"""``accum_train.fit``: ``model.fit`` with exact gradient accumulation, for any Keras 3 model, loss and data.
+
+A compiled model trains with what ``compile()`` gave it (its loss, per output
+with ``loss_weights``, its optimizer object with its schedule and clipping,
+its metrics); an uncompiled one with sparse categorical cross-entropy and the
+``optimizer``/``learning_rate`` keywords, as before. The model object itself
+is trained (callbacks see it train; an interrupt leaves it at the last
+update). Each update is the update of the whole batch (``batch_size``
+examples), computed as ``subdivisions`` micro-batches per replica (or as many
+as ``micro_batch_size`` needs), to 1e-5 of ``model.fit`` on the whole batch:
+sample and class weights, masks and several outputs normalise over the whole
+batch (objective.py), the model's own losses count once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..batching import k_for_micro_batch
+from ..engine import local_replica_ids
+from ..errors import UserError
+from . import keras_private
+from .batchnorm import pooled
+from .history import FitHistory
+from .inputs import Cut, is_dataset, make_feed
+from .loop import Loop
+from .objective import Objective
+
+WHERE = "accum_train.fit"
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+UNCOMPILED_OPTIMIZERS = {
+    "adam": keras.optimizers.Adam,
+    "sgd": keras.optimizers.SGD,
+    "rmsprop": keras.optimizers.RMSprop,
+    "adamw": keras.optimizers.AdamW,
+    "lamb": keras.optimizers.Lamb,
+}
+
+
+def fit(
+    model,
+    x=None,
+    y=None,
+    *,
+    batch_size=None,
+    subdivisions=None,
+    micro_batch_size=None,
+    epochs=1,
+    callbacks=None,
+    validation_data=None,
+    shuffle=True,
+    sample_weight=None,
+    class_weight=None,
+    initial_epoch=0,
+    steps_per_epoch=None,
+    verbose="auto",
+    seed=0,
+    precision=None,
+    strategy=None,
+    output_dir=None,
+    validation_split=0.0,
+    validation_steps=None,
+    validation_batch_size=None,
+    validation_freq=1,
+    optimizer=None,
+    learning_rate=None,
+):
+    """Train ``model`` as ``model.fit`` would on whole batches of ``batch_size``, a micro-batch at a time.
+
+    The arguments are model.fit's, plus: ``subdivisions`` (micro-batches per
+    replica and update) or ``micro_batch_size`` (the fewest micro-batches that
+    keep each within it); neither: one pass per update. ``seed`` fixes the
+    order arrays are shuffled in (and Keras' random state). ``precision``:
+    "float32", "mixed_float16" or "mixed_bfloat16" for this call (None: the
+    model's own policy); float16 gets one dynamic loss scale per update.
+    ``strategy``: a tf.distribute strategy the model was created under (None:
+    the model's own). ``output_dir``: a run directory kept as training goes,
+    which a later call with the same ``output_dir`` resumes from.
+    ``optimizer``, ``learning_rate``: for an uncompiled model only.
+    Returns model.fit's History (``history.history``; ``history["loss"]`` works too)."""
+    _check_model(model)
+    strategy = _strategy(model, strategy)
+    _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch)
+    if precision is not None and precision not in PRECISIONS:
+        raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
+    if shuffle not in (True, False, "batch"):
+        raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
+    keras.utils.set_random_seed(seed)
+    _compile_if_needed(model, strategy, optimizer, learning_rate)
+    if class_weight is not None and len(model.outputs or [None]) > 1:
+        raise UserError(
+            f"{WHERE}: class_weight is only supported for a model with one output (this one has "
+            f"{len(model.outputs)}): pass sample_weight per output instead"
+        )
+    (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, validation_data, validation_split)
+    feed = make_feed(
+        x,
+        y,
+        sample_weight,
+        class_weight,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        steps_per_epoch=steps_per_epoch,
+    )
+    replicas = strategy.num_replicas_in_sync
+    nominal = feed.batch_size if feed.batch_size is not None else _first_batch_size(feed)
+    if subdivisions is not None and feed.batch_size is not None and subdivisions > feed.batch_size:
+        raise UserError(
+            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={feed.batch_size} "
+            f"(a micro-batch holds at least one example)"
+        )
+    k = subdivisions or (k_for_micro_batch(nominal, micro_batch_size, replicas) if micro_batch_size else 1)
+    cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
+    validation = None
+    if validation_data is not None:
+        validation = _validation_feed(validation_data, validation_batch_size or feed.batch_size)
+    with contextlib.ExitStack() as restore:
+        restore.enter_context(_precision(model, precision))
+        with strategy.scope():
+            keras_private.symbolic_build(model, feed.element_spec)
+        norm_layers = restore.enter_context(pooled(model, strategy))
+        objective = Objective(model)
+        groups = _probe(objective, feed.element_spec, strategy)
+        eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
+        engine = _engine(model, objective, norm_layers, k, nominal, strategy, groups, eval_groups)
+        restore.callback(engine.release)
+        history = FitHistory()
+        loop = Loop(model, engine, feed, cut, validation, cut, strategy=strategy)
+        checkpoints = None
+        if output_dir is not None:
+            from .rundir import FitRunDir
+
+            described = dict(batch_size=feed.batch_size, k=k, seed=seed, shuffle=shuffle, steps=steps_per_epoch)
+            say = print if verbose else (lambda line: None)
+            checkpoints = restore.enter_context(FitRunDir.open(Path(output_dir), model, engine, described, say))
+            loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
+        loop.run(
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            callbacks=[history, *(callbacks or [])],
+            verbose=verbose,
+            validation_freq=validation_freq,
+            validation_steps=validation_steps,
+            start=checkpoints.start if checkpoints is not None else (0, 0),
+        )
+    return history
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, keras.Model):
+        raise UserError(f"{WHERE}: model is a {type(model).__name__}, not a keras.Model: pass a Keras 3 model")
+    for method in ("train_step", "compute_loss"):
+        if getattr(type(model), method) is not getattr(keras.Model, method):
+            raise UserError(
+                f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit cannot cut into "
+                f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
+                f"compile(loss=...) or add it with add_loss, or train with model.fit"
+            )
+    if getattr(model, "optimizer", None) is not None:
+        steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
+        if steps:
+            raise UserError(
+                f"{WHERE}: the model's optimizer has gradient_accumulation_steps={steps}: accum_train.fit "
+                f"accumulates exactly itself; compile without it"
+            )
+
+
+def _strategy(model, strategy):
+    """The strategy to train under: the one given (the model must have been created in its scope), else the
+    model's own (model.fit's rule)."""
+    if strategy is None:
+        return model.distribute_strategy
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise UserError(f"{WHERE}: strategy is a {type(strategy).__name__}, not a tf.distribute.Strategy")
+    inside = [strategy.extended.variable_created_in_scope(_storage(v)) for v in model.variables]
+    if model.variables and not all(inside):
+        raise UserError(
+            f"{WHERE}: model {model.name!r} was not created under strategy.scope(): create (and compile) it "
+            f"inside `with strategy.scope():`, as model.fit needs"
+        )
+    return strategy
+
+
+def _storage(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch) -> None:
+    def positive(name, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")
+
+    for name, value in (
+        ("batch_size", batch_size),
+        ("subdivisions", subdivisions),
+        ("micro_batch_size", micro_batch_size),
+        ("steps_per_epoch", steps_per_epoch),
+    ):
+        positive(name, value)
+    if subdivisions is not None and micro_batch_size is not None:
+        raise UserError(
+            f"{WHERE}: give subdivisions or micro_batch_size, not both "
+            f"(subdivisions={subdivisions}, micro_batch_size={micro_batch_size})"
+        )
+    for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
+
+
+def _compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
+    """An uncompiled model gets today's keywords: sparse categorical cross-entropy (on logits, or on the
+    probabilities of a softmax output layer), accuracy, and the named optimizer at ``learning_rate``."""
+    if model.compiled:
+        if optimizer is not None or learning_rate is not None:
+            raise UserError(
+                f"{WHERE}: model {model.name!r} is compiled: it trains with its own optimizer; leave optimizer "
+                f"and learning_rate out (or compile it with the optimizer you want)"
+            )
+        return
+    optimizer = "adam" if optimizer is None else optimizer
+    rate = 0.001 if learning_rate is None else learning_rate
+    if isinstance(optimizer, str):
+        if optimizer not in UNCOMPILED_OPTIMIZERS:
+            import difflib
+
+            close = difflib.get_close_matches(optimizer, list(UNCOMPILED_OPTIMIZERS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UserError(
+                f"{WHERE}: optimizer={optimizer!r} is not one of {', '.join(UNCOMPILED_OPTIMIZERS)}, "
+                f"or pass a keras.optimizers.Optimizer{hint}"
+            )
+        with strategy.scope():
+            optimizer = UNCOMPILED_OPTIMIZERS[optimizer](learning_rate=rate)
+    elif not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise UserError(
+            f"{WHERE}: optimizer is a {type(optimizer).__name__}: pass a name or a keras.optimizers.Optimizer"
+        )
+    elif learning_rate is not None:
+        raise UserError(f"{WHERE}: optimizer is an object with its own learning rate: leave learning_rate out")
+    outputs = model.outputs or []
+    softmax = len(outputs) == 1 and _ends_in_softmax(model)
+    with strategy.scope():
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax),
+            metrics=["accuracy"],
+        )
+
+
+def _ends_in_softmax(model) -> bool:
+    from ..models.keras_file import _is_softmax, _output_layer
+
+    try:
+        return _is_softmax(_output_layer(model))
+    except (ValueError, AttributeError, IndexError):
+        return False
+
+
+def _split_validation(x, y, sample_weight, validation_data, validation_split):
+    """model.fit's validation_split: the last fraction of the arrays (before any shuffling)."""
+    if not validation_split:
+        return (x, y, sample_weight), validation_data
+    if validation_data is not None:
+        raise UserError(f"{WHERE}: give validation_data or validation_split, not both")
+    if is_dataset(x) or isinstance(x, keras.utils.PyDataset) or not 0 < validation_split < 1:
+        raise UserError(
+            f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
+            f"pass validation_data for a dataset"
+        )
+    count = len(tf.nest.flatten(x)[0])
+    at = int(count * (1.0 - validation_split))
+
+    def head(s):
+        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[:at], s)
+
+    def tail(s):
+        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[at:], s)
+
+    return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))
+
+
+def _validation_feed(validation_data, batch_size):
+    if is_dataset(validation_data) or isinstance(validation_data, keras.utils.PyDataset):
+        return make_feed(
+            validation_data,
+            None,
+            None,
+            None,
+            batch_size=None,
+            shuffle=False,
+            seed=0,
+            steps_per_epoch=None,
+            name="validation_data",
+        )
+    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+        raise UserError(
+            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
+        )
+    x, y, *weights = validation_data
+    return make_feed(
+        x,
+        y,
+        weights[0] if weights else None,
+        None,
+        batch_size=batch_size or 32,
+        shuffle=False,
+        seed=0,
+        steps_per_epoch=None,
+        name="validation_data",
+    )
+
+
+def _first_batch_size(feed) -> int:
+    first = feed.first_batch()
+    return int(tf.shape(tf.nest.flatten(first)[0])[0])
+
+
+@contextlib.contextmanager
+def _precision(model, precision):
+    """The model's layers under ``precision``'s policy for the call (None: as they are)."""
+    if precision is None:
+        yield
+        return
+    from ..models.keras_file import leaves
+
+    saved = [(layer, layer.dtype_policy) for layer in leaves(model) if not isinstance(layer, keras.layers.InputLayer)]
+    try:
+        for layer, _ in saved:
+            layer.dtype_policy = keras.DTypePolicy(precision)
+        yield
+    finally:
+        for layer, policy in saved:
+            layer.dtype_policy = policy
+
+
+def _probe(objective, element_spec, strategy) -> tuple:
+    """The normalisers of a data source (Objective.probe); bad targets in one line."""
+    try:
+        groups = objective.probe(element_spec, strategy)
+    except UserError:
+        raise
+    except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{WHERE}: the compiled loss cannot take these targets and outputs: {message}") from None
+    if not groups and objective.regularization() is None:
+        raise UserError(f"{WHERE}: model {objective.model.name!r} has no loss: compile it with compile(loss=...)")
+    return groups
+
+
+def _engine(model, objective, norm_layers, k, scale, strategy, groups, eval_groups):
+    from .step import FitUpdate
+
+    optimizer = model.optimizer
+    loss_scale, growth = None, 2000
+    if keras_private.is_loss_scale_optimizer(optimizer):
+        loss_scale, growth = float(optimizer.initial_scale), int(optimizer.dynamic_growth_steps)
+        optimizer = optimizer.inner_optimizer
+    elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in model._flatten_layers()):
+        loss_scale = 2.0**15  # Keras' LossScaleOptimizer's initial scale
+    return FitUpdate(
+        model,
+        objective,
+        optimizer,
+        norm_layers,
+        k=k,
+        scale=scale,
+        groups=groups,
+        eval_groups=eval_groups,
+        strategy=strategy,
+        loss_scale=loss_scale,
+        growth_updates=growth,
+    )

@@ -1,0 +1,309 @@
+"""What accum_train.fit takes as data, as model.fit takes it, turned into the micro-batches of each replica.
+
+Arrays (numpy, or anything numpy reads; dicts and lists of them for several
+inputs or outputs), a ``tf.data.Dataset`` (of batches, or of single examples
+with ``batch_size``), or a ``keras.utils.PyDataset``. Every source becomes a
+``tf.data`` pipeline whose elements are the micro-batches of this process's
+replicas, in the order the update pulls them: for each update, for each of its
+``k`` micro-steps, one element per local replica. Each replica takes a
+contiguous share of the batch and cuts it into ``k`` contiguous micro-batches
+(accum.batching), the cut every engine makes; a short batch gives short or
+even empty micro-batches, never fewer of them, so updates stay aligned.
+
+Arrays are never copied per epoch: each element gathers its own examples from
+them (the epoch's order is a pure function of the seed and the pass, so a
+resumed fit sees the same batches). A dataset is streamed: it is read batch by
+batch as the updates pull it, never into memory. When a stream's length is
+not known, a round of empty micro-batches follows its end: the update that
+pulls it holds no example, changes nothing, and tells the loop the data ended.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..batching import micro_bounds
+from ..data import epoch_order
+from ..errors import UserError
+from . import keras_private
+
+WHERE = "accum_train.fit"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How a batch becomes this process's elements: ``k`` micro-steps, ``replicas`` in all, these local ones."""
+
+    k: int
+    replicas: int
+    local: tuple[int, ...]
+
+    def bounds(self, n):
+        """[start, end) of each element of a batch of ``n`` examples, in pull order (ints or tensors)."""
+        out = []
+        for i in range(self.k):
+            for r in self.local:
+                share_start, share_end = micro_bounds(r, n, self.replicas)
+                start, end = micro_bounds(i, share_end - share_start, self.k)
+                out.append((share_start + start, share_start + end))
+        return out
+
+    @property
+    def per_update(self) -> int:
+        return self.k * len(self.local)
+
+
+def _leaves_as_arrays(structure, name: str):
+    """A structure of arrays as numpy, floats as float32 (model.fit casts floats to floatx); lists as tuples
+    (what tf.data carries)."""
+
+    def convert(value):
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and array.dtype != np.float32:
+            array = array.astype(np.float32)
+        if array.dtype.kind not in "fiub" and array.dtype.kind not in "SU":
+            raise UserError(f"{WHERE}: {name} holds values of dtype {array.dtype}: pass numbers or strings")
+        if array.ndim == 0:
+            raise UserError(f"{WHERE}: {name} is a scalar: pass an array [N, ...] with one row per example")
+        return array
+
+    return _tuples(tf.nest.map_structure(convert, structure))
+
+
+def _tuples(structure):
+    if isinstance(structure, list):
+        return tuple(_tuples(s) for s in structure)
+    if isinstance(structure, tuple):
+        return tuple(_tuples(s) for s in structure)
+    if isinstance(structure, dict):
+        return {k: _tuples(v) for k, v in structure.items()}
+    return structure
+
+
+def class_weights_numpy(y: np.ndarray, class_weight: dict) -> np.ndarray:
+    """Sample weights from class weights as model.fit derives them: one-hot targets by their argmax, [N, 1]
+    squeezed, rounded to integers; classes not named weigh 1."""
+    labels = y
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
+    labels = np.round(labels).astype(np.int64)
+    return np.array([class_weight.get(int(c), 1.0) for c in labels.reshape(-1)], dtype=np.float32)
+
+
+def class_weights_tensor(y, class_weight: dict):
+    """The same rule as ``class_weights_numpy``, in TensorFlow ops (for a dataset's batches)."""
+    labels = tf.convert_to_tensor(y)
+    if labels.shape.rank > 1:
+        labels = tf.argmax(labels, axis=-1) if labels.shape[-1] != 1 else tf.squeeze(labels, axis=-1)
+    labels = tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int64)
+    size = max(int(c) for c in class_weight) + 1
+    table = np.ones(size, np.float32)
+    for c, w in class_weight.items():
+        table[int(c)] = w
+    inside = tf.logical_and(labels >= 0, labels < size)
+    return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)
+
+
+def empty_like(spec):
+    """An element with no examples for ``spec`` (unknown axes as 0)."""
+    return tf.nest.map_structure(
+        lambda s: tf.zeros([0] + [d if d is not None else 0 for d in s.shape[1:]], s.dtype), spec
+    )
+
+
+class ArrayFeed:
+    """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
+
+    def __init__(self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch):
+        data = tuple(part for part in (x, y, sample_weight) if part is not None)
+        self.structure = (x is not None, y is not None, sample_weight is not None or class_weight is not None)
+        arrays = _leaves_as_arrays(data, "x")
+        counts = {len(leaf) for leaf in tf.nest.flatten(arrays)}
+        if len(counts) > 1:
+            sizes = [len(leaf) for leaf in tf.nest.flatten(arrays[0])]
+            others = [len(leaf) for part in arrays[1:] for leaf in tf.nest.flatten(part)]
+            raise UserError(
+                f"{WHERE}: x holds {sizes[0] if len(set(sizes)) == 1 else sizes} examples but "
+                f"{'y' if y is not None else 'sample_weight'} {others[0] if len(set(others)) == 1 else others}: "
+                f"every array needs one row per example"
+            )
+        self.examples = counts.pop()
+        if self.examples == 0:
+            raise UserError(f"{WHERE}: x holds no example")
+        if class_weight is not None:
+            weights = class_weights_numpy(tf.nest.flatten(arrays[1])[0], class_weight)
+            if sample_weight is not None:
+                weights = weights * np.asarray(arrays[2], np.float32).reshape(self.examples, -1)[:, 0]
+            arrays = (*arrays[:2], weights)
+        self.arrays = arrays
+        with tf.device("CPU:0"):
+            self.tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.batches_per_pass = math.ceil(self.examples / batch_size)
+        self.steps_per_epoch = steps_per_epoch or self.batches_per_pass
+        self.continues = False  # each epoch's elements follow from the epoch's index
+
+    @property
+    def element_spec(self):
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.tensors)
+
+    def first_batch(self):
+        """The first batch's arrays (what the model, its loss and its metrics are built from)."""
+        return tf.nest.map_structure(lambda t: t[: min(self.batch_size, self.examples)], self.tensors)
+
+    def _pass_order(self, p: int) -> np.ndarray:
+        if self.shuffle == "batch":  # whole batches in a new order, each batch's examples as stored
+            blocks = epoch_order(self.seed, p, self.batches_per_pass, True)
+            return np.concatenate(
+                [np.arange(b * self.batch_size, min((b + 1) * self.batch_size, self.examples)) for b in blocks]
+            )
+        return epoch_order(self.seed, p, self.examples, bool(self.shuffle))
+
+    def updates(self, epoch: int) -> int:
+        return self.steps_per_epoch
+
+    def dataset(self, epoch: int, first: int, cut: Cut) -> tf.data.Dataset:
+        """This process's elements for updates ``first``.. of ``epoch`` (0-based)."""
+        pieces, orders = [], {}
+        for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
+            p, b = divmod(u, self.batches_per_pass)
+            if p not in orders:
+                orders[p] = self._pass_order(p)
+            batch = orders[p][b * self.batch_size : (b + 1) * self.batch_size]
+            pieces.extend(batch[start:end] for start, end in cut.bounds(len(batch)))
+        ends = np.cumsum([len(piece) for piece in pieces])
+        starts = ends - np.array([len(piece) for piece in pieces], dtype=ends.dtype)
+        order = tf.constant(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), tf.int64)
+        tensors = self.tensors
+
+        def gather(start, end):
+            rows = order[start:end]
+            return tf.nest.map_structure(lambda t: tf.gather(t, rows), tensors)
+
+        bounds = tf.data.Dataset.from_tensor_slices((starts.astype(np.int64), ends.astype(np.int64)))
+        return bounds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _batched_split(dataset: tf.data.Dataset, cut: Cut) -> tf.data.Dataset:
+    """Each element a batch: cut into this process's elements, in pull order."""
+
+    def split(*batch):
+        element = batch if len(batch) > 1 else batch[0]
+        n = tf.shape(tf.nest.flatten(element)[0])[0]
+        bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n)])
+        return tf.data.Dataset.from_tensor_slices(bounds).map(
+            lambda b: tf.nest.map_structure(lambda t: t[b[0] : b[1]], element)
+        )
+
+    return dataset.flat_map(split)
+
+
+class DatasetFeed:
+    """A tf.data.Dataset (its elements batches, or single examples cut into batches of ``batch_size``), or a
+    PyDataset (through Keras' own adapter). Streamed: read as the updates pull it."""
+
+    def __init__(self, dataset, *, batch_size, class_weight, steps_per_epoch, py_adapter=None):
+        if batch_size is not None:
+            dataset = dataset.batch(batch_size)
+        if class_weight is not None:
+            dataset = dataset.map(lambda *e: _with_class_weights(e, class_weight))
+        self.batches = dataset
+        self.py_adapter = py_adapter
+        cardinality = int(dataset.cardinality())
+        if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+            raise UserError(
+                f"{WHERE}: x is an infinite dataset (it repeats): pass steps_per_epoch, the updates of one epoch"
+            )
+        self.cardinality = None if cardinality < 0 else cardinality
+        self.steps_per_epoch = steps_per_epoch
+        self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
+        self.length_known = (steps_per_epoch is not None and cardinality == tf.data.INFINITE_CARDINALITY) or (
+            steps_per_epoch is None and self.cardinality is not None
+        )
+        self.batch_size = batch_size
+        self.structure = None
+        self._stream = None  # with steps_per_epoch, one stream goes on from epoch to epoch (as model.fit)
+
+    @property
+    def element_spec(self):
+        return self.batches.element_spec
+
+    def first_batch(self):
+        return next(iter(self.batches.take(1)))
+
+    def updates(self, epoch: int) -> int | None:
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch
+        return self.cardinality
+
+    def dataset(self, epoch: int, first: int, cut: Cut) -> tf.data.Dataset:
+        elements = _batched_split(self.batches.skip(first) if first else self.batches, cut)
+        if not self.length_known:
+            spec = elements.element_spec
+            elements = elements.concatenate(tf.data.Dataset.from_tensors(empty_like(spec)).repeat(cut.per_update))
+        return elements
+
+    def end_of_epoch(self) -> None:
+        if self.py_adapter is not None:
+            self.py_adapter.on_epoch_end()
+
+
+def _with_class_weights(element, class_weight):
+    if len(element) < 2:
+        raise UserError(f"{WHERE}: class_weight needs targets: the dataset's elements are not (x, y) pairs")
+    x, y = element[0], element[1]
+    weights = class_weights_tensor(y, class_weight)
+    if len(element) > 2:
+        weights = weights * tf.cast(tf.reshape(element[2], [tf.shape(weights)[0], -1])[:, 0], tf.float32)
+    return x, y, weights
+
+
+def is_dataset(x) -> bool:
+    return isinstance(x, tf.data.Dataset)
+
+
+def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x"):
+    """The feed for ``x`` (and ``y``, ``sample_weight``) as model.fit takes them; bad input in one line."""
+    if isinstance(x, keras.utils.PyDataset):
+        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
+            if value is not None:
+                raise UserError(f"{WHERE}: {name} is a PyDataset, which gives its own batches: leave {what} out")
+        batches, adapter = keras_private.py_dataset_batches(x, shuffle=bool(shuffle))
+        return DatasetFeed(
+            batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch, py_adapter=adapter
+        )
+    if is_dataset(x):
+        for what, value in (("y", y), ("sample_weight", sample_weight)):
+            if value is not None:
+                raise UserError(f"{WHERE}: {name} is a tf.data.Dataset: leave {what} out (put it in its elements)")
+        first = tf.nest.flatten(x.element_spec)
+        if batch_size is not None and any(s.shape.rank and s.shape[0] is None for s in first):
+            raise UserError(
+                f"{WHERE}: {name} is a dataset of batches (its elements have a leading axis of unknown size) and "
+                f"batch_size={batch_size} is given: leave batch_size out to train on its batches, or pass "
+                f"dataset.unbatch()"
+            )
+        if batch_size is None and any(s.shape.rank == 0 for s in first):
+            raise UserError(
+                f"{WHERE}: {name} gives single examples (an element has shape ()): pass batch_size, or batch it"
+            )
+        return DatasetFeed(x, batch_size=batch_size, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
+    if x is None:
+        raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")
+    if batch_size is None:
+        batch_size = 32  # model.fit's default for arrays
+    return ArrayFeed(
+        x,
+        y,
+        sample_weight,
+        class_weight,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        steps_per_epoch=steps_per_epoch,
+    )

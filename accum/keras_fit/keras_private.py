@@ -1,0 +1,87 @@
+"""Every use of Keras' private modules and attributes by accum_train.fit, in one place.
+
+``model.fit`` keeps its conventions in Keras' trainer internals: how a compiled
+loss maps its losses onto the model's outputs (``CompileLoss``), how a loss
+merges a mask and sample weights (``keras.src.losses.loss``), where the
+compiled metrics and the loss trackers live, how the model, its metrics and
+its optimizer are built before the first step (``Trainer._symbolic_build``),
+how a ``PyDataset`` becomes a ``tf.data`` pipeline. accum_train.fit reuses
+them rather than copying their rules, so that it follows ``model.fit``
+exactly. They are not a public API: ``setup.cfg`` pins the Keras releases
+they were tested on, and the exactness tests (tests/test_fit_exact.py) fail
+if any of them changes meaning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+from keras.src.backend import get_keras_mask  # noqa: F401  (re-exported)
+from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  (re-exported)
+from keras.src.trainers.compile_utils import CompileLoss
+
+
+def compile_loss(model) -> CompileLoss | None:
+    """The loss ``compile()`` gave the model (None: compiled without one)."""
+    return getattr(model, "_compile_loss", None)
+
+
+def compile_metrics(model):
+    """The metrics ``compile()`` gave the model (a CompileMetrics, or None)."""
+    return getattr(model, "_compile_metrics", None)
+
+
+def loss_tracker(model):
+    """The ``loss`` Mean that model.fit's logs report (built by compile())."""
+    return getattr(model, "_loss_tracker", None)
+
+
+def output_loss_trackers(model) -> list:
+    """One Mean per output (``<output>_loss``) when several outputs have a loss, as model.fit logs them."""
+    loss = compile_loss(model)
+    return [] if loss is None else list(loss.metrics)
+
+
+def symbolic_build(model, data_batch) -> None:
+    """Build the model, its compiled loss and metrics and its optimizer from one batch's shapes, as model.fit
+    does before its first step (outside any tf.function: they create variables)."""
+    model._symbolic_build(data_batch=data_batch)
+
+
+def flat_losses(model) -> list:
+    """The compiled loss's entries, one per output with a loss: (path, loss object, weight or None, name)."""
+    return list(compile_loss(model)._flat_losses)
+
+
+@contextlib.contextmanager
+def each_output_loss(model, replace):
+    """Within: the compiled loss calls ``replace(i, entry)(y_true, y_pred, sample_weight)`` for each of its
+    entries, with the targets, outputs and sample weights Keras' own structure matching picked for that
+    output, instead of the entry's loss, and leaves its per-output trackers alone.
+
+    So accum_train.fit takes each output's loss apart (sums and normalisers) on exactly the tensors
+    model.fit would give that loss."""
+    loss = compile_loss(model)
+    saved_losses, saved_metrics = loss._flat_losses, loss._metrics
+    loss._flat_losses = [
+        CompileLoss.Loss(entry.path, replace(i, entry), None, entry.name) for i, entry in enumerate(saved_losses)
+    ]
+    loss._metrics = [None] * len(saved_losses)  # falsy: Keras skips its tracker update
+    try:
+        yield loss
+    finally:
+        loss._flat_losses, loss._metrics = saved_losses, saved_metrics
+
+
+def py_dataset_batches(py_dataset, shuffle: bool):
+    """A keras.utils.PyDataset as the tf.data pipeline of its batches that model.fit reads (its workers and
+    multiprocessing settings included), and the adapter whose ``on_epoch_end`` goes after each epoch."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    adapter = PyDatasetAdapter(py_dataset, shuffle=shuffle)
+    return adapter.get_tf_dataset(), adapter
+
+
+def is_loss_scale_optimizer(optimizer) -> bool:
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)

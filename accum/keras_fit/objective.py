@@ -1,0 +1,193 @@
+"""A compiled Keras loss taken apart into sums and normalisers, so that micro-batches add up to their batch.
+
+For each output, Keras' loss over a batch is ``S / D``: ``S`` the sum of the
+output's per-element values times their sample weights (and mask), ``D`` its
+normaliser: the element count (``sum_over_batch_size``), the valid entries
+under a mask, the sum of the sample weights (``mean_with_sample_weight``), or
+1 (``sum``). ``S`` and ``D`` are both sums over the batch's examples, hence
+over its micro-batches and replicas: the engine accumulates the gradient of
+``S`` and the sum of ``D`` and divides once, after the update's all-reduce.
+Averaging micro-batch losses instead (what Keras' own
+``gradient_accumulation_steps`` does) weighs a micro-batch with few valid
+tokens as much as one with many.
+
+Outputs whose ``D`` is a fixed multiple of the example count share one
+normaliser, ``examples``; so do the losses layers add in ``call()``, taken as
+means over the batch's examples (as Keras' activity regularizers are). Each
+output whose ``D`` depends on the data (a mask, a sample-weighted mean, a
+shape that changes from batch to batch) has a normaliser of its own, and so
+its own gradient cache and backward pass. ``sum`` losses need none (``total``).
+Weight regularizers do not depend on the data: they are counted once per
+update (``regularization``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import keras
+import tensorflow as tf
+
+from ..errors import UserError
+from . import keras_private
+
+EXAMPLES, TOTAL = "examples", "total"
+
+
+@dataclass
+class Parts:
+    """One micro-batch's share of the update's loss."""
+
+    examples: tf.Tensor  # how many examples it holds
+    sums: dict = field(default_factory=dict)  # normaliser -> the weighted sum S of the losses it divides
+    counts: dict = field(default_factory=dict)  # normaliser -> this micro-batch's part of D (none for TOTAL)
+    outputs: list = field(default_factory=list)  # per compiled loss: [S, D] unweighted (D 0 for a sum loss)
+
+
+def batch_size_of(x) -> tf.Tensor:
+    """The examples in a batch of inputs ``x``, as model.fit counts them (its first input's leading axis)."""
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    return tf.shape(first)[0]
+
+
+def _take_apart(loss, y_true, y_pred, sample_weight):
+    """(S, D, kind) of one output's loss: ``loss(y_true, y_pred, sample_weight) == S / D`` as Keras reduces it
+    (Loss.__call__ and reduce_weighted_values, with the mask and the sample weights merged the same way).
+    kind: "sum" (D is 1 for the whole batch), ("examples", e) (D is e per example), or "data"."""
+    if loss.reduction in (None, "none"):
+        raise UserError(
+            f"accum_train.fit: loss {loss.name!r} has reduction={loss.reduction!r}: give it 'sum_over_batch_size' "
+            f"(the mean, model.fit's default) or 'sum', whose gradients add up over micro-batches"
+        )
+    in_mask = keras_private.get_keras_mask(y_pred)
+    y_pred = tf.nest.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), y_pred)
+    y_true = tf.nest.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), y_true)
+    values = loss.call(y_true, y_pred)
+    out_mask = keras_private.get_keras_mask(values)
+    if in_mask is not None and out_mask is not None:
+        mask = tf.logical_and(tf.cast(in_mask, tf.bool), tf.cast(out_mask, tf.bool))
+    else:
+        mask = in_mask if in_mask is not None else out_mask
+    values = keras.ops.convert_to_tensor(values, dtype=loss.dtype)
+    weights = None if sample_weight is None else keras.ops.convert_to_tensor(sample_weight, dtype=loss.dtype)
+    if mask is not None:
+        float_mask = tf.cast(mask, values.dtype)
+        if weights is None:
+            weights = float_mask
+        else:
+            float_mask, weights = keras_private.squeeze_or_expand_to_same_rank(float_mask, weights)
+            weights = weights * float_mask
+    if values.shape.rank == 0:  # a loss function that reduces the batch itself: taken as a mean over its examples
+        n = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], values.dtype)
+        return values * n, n, ("examples", 1)
+    if weights is not None:
+        values, weights = keras_private.squeeze_or_expand_to_same_rank(values, weights)
+        values = values * weights
+    total = tf.reduce_sum(values)
+    if loss.reduction == "sum":
+        return total, None, "sum"
+    if loss.reduction == "mean_with_sample_weight" and weights is not None:
+        return total, tf.reduce_sum(weights), "data"
+    elements = tf.cast(tf.size(values), values.dtype)
+    if mask is not None:  # the valid entries (sample weights do not count), per element of the values
+        valid = tf.reduce_sum(tf.cast(mask, values.dtype))
+        return total, tf.math.divide_no_nan(valid * elements, tf.cast(tf.size(mask), values.dtype)), "data"
+    per_example = values.shape[1:]
+    if per_example.is_fully_defined():
+        return total, elements, ("examples", per_example.num_elements())
+    return total, elements, "data"
+
+
+class Objective:
+    """The model's compiled loss (and the losses its layers add) as normalisers and sums.
+
+    Which normalisers a micro-batch has depends on the model and on what the data holds (sample weights,
+    masks, static shapes): ``probe`` finds them for a data source by tracing, before the engine creates
+    its caches, and ``parts`` gives every micro-batch of that source the same ones."""
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self.entries = keras_private.flat_losses(model)
+        self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
+        self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"
+
+    @property
+    def names(self) -> list[str]:
+        """The compiled loss's entries by name (model.fit's ``<name>_loss`` logs with several)."""
+        return [entry.name for entry in self.entries]
+
+    def probe(self, element_spec, strategy) -> tuple:
+        """The normalisers of the data whose elements ``element_spec`` describes, in a fixed order, found by
+        tracing one micro-step (no data read, nothing run). A loss that cannot take the targets fails here,
+        before anything trains."""
+        found = []
+
+        def step(*element):
+            data = element if len(element) > 1 else element[0]
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            found.append(self.parts(x, y, self.model(x, training=True), sample_weight))
+            return tf.constant(0.0)
+
+        specs = element_spec if isinstance(element_spec, tuple) else (element_spec,)
+        with strategy.scope():
+            tf.function(step).get_concrete_function(*specs)
+        return tuple(sorted(found[0].sums, key=lambda g: (g != EXAMPLES, g != TOTAL, g)))
+
+    def parts(self, x, y, y_pred, sample_weight, groups=()) -> Parts:
+        """One micro-batch's sums and normalisers (call after ``y_pred = model(x, training=...)``); every one
+        of ``groups`` is there, at zero if this micro-batch has none of it."""
+        n = batch_size_of(x)
+        parts = Parts(examples=tf.cast(n, tf.float32))
+        taken = [None] * len(self.entries)
+
+        def replace(index, entry):
+            def take(y_t, y_p, sw):
+                taken[index] = _take_apart(entry.loss, y_t, y_p, sw)
+                return tf.zeros(())
+
+            return take
+
+        if self.entries:
+            with keras_private.each_output_loss(self.model, replace) as compiled:
+                compiled.call(y, y_pred, sample_weight)
+
+        def add(group, value, count=None):
+            value = tf.cast(value, tf.float32)
+            parts.sums[group] = parts.sums[group] + value if group in parts.sums else value
+            if count is not None:  # a normaliser of its own; the examples are counted once
+                parts.counts[group] = tf.cast(count, tf.float32)
+
+        for i, (entry, (total, count, kind)) in enumerate(zip(self.entries, taken)):
+            weight = 1.0 if entry.loss_weights is None else entry.loss_weights
+            self.kinds[i] = kind if isinstance(kind, str) else "examples"
+            if kind == "sum":
+                add(TOTAL, total * weight)
+                parts.outputs.append([tf.cast(total, tf.float32), tf.constant(0.0)])
+            elif isinstance(kind, tuple):  # D = e per example: the shared normaliser counts examples
+                add(EXAMPLES, total * (weight / kind[1]), n)  # D = n * e: the sum over e, the count once
+                parts.outputs.append([tf.cast(total, tf.float32), tf.cast(count, tf.float32)])
+            else:
+                add(f"output_{i}", total * weight, count)
+                parts.outputs.append([tf.cast(total, tf.float32), tf.cast(count, tf.float32)])
+        added = self.added_losses()
+        if added:  # means over the batch's examples (Keras' activity regularizers divide by the batch size)
+            add(EXAMPLES, tf.add_n(added) * tf.cast(n, tf.float32), n)
+        if groups and not set(parts.sums) <= set(groups):
+            raise RuntimeError(f"normalisers {sorted(parts.sums)} outside those probed, {sorted(groups)}")
+        for group in groups:  # every micro-batch carries every normaliser, even at zero
+            parts.sums.setdefault(group, tf.constant(0.0))
+            if group != TOTAL:
+                parts.counts.setdefault(group, tf.constant(0.0))
+        return parts
+
+    def added_losses(self) -> list:
+        """The losses the model's layers added in the call just made (not the weight regularizers)."""
+        losses = self.model.losses
+        data = losses[: len(losses) - len(self.regularized)]  # Layer.losses lists the weight regularizers last
+        return [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in data]
+
+    def regularization(self):
+        """The weight regularizers' sum (counted once per update), or None."""
+        if not self.regularized:
+            return None
+        return tf.add_n([tf.cast(tf.reduce_sum(v.regularizer(v)), tf.float32) for v in self.regularized])

@@ -1,0 +1,192 @@
+"""accum_train.fit's ``output_dir``: a run directory kept as training goes, and resumed by the next call.
+
+What it holds:
+- ``fit.json``: what the training's data order depends on (batch size, k, seed, shuffle, steps per epoch),
+  checked by a resume;
+- ``checkpoints/``: the model's variables, the optimizer, the metrics' running state, the update and epoch
+  counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
+  SIGINT or SIGTERM stops the call (after the update in hand);
+- ``metrics.jsonl``: one record per update (``step``, ``epoch`` and the logs the callbacks got) and one per
+  epoch (``"epoch_end": true``, with the ``val_`` logs);
+- ``model.keras`` and ``summary.json`` when the call returns.
+
+A later call with the same ``output_dir`` restores the newest checkpoint that
+reads back whole and continues from its update: the same model and data give
+the weights an uninterrupted call ends at (the data order is a function of the
+seed and the update; a dataset must give the same batches each time it is
+read). Only one process writes a run directory at a time (``writer.lock``);
+under several workers the chief writes it and the others keep their
+checkpoints in a scratch folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from ..distribute import is_chief
+from ..errors import Interrupted, RunDirError
+from ..models.containers import _storage
+from ..rundir import (
+    LOCK,
+    atomic_write,
+    checkpoint_numbers,
+    newest_intact_checkpoint,
+    pass_over_damaged,
+    write_json,
+    writing,
+)
+from ..stopping import StopFlag
+
+RECORD = "fit.json"
+CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
+
+
+def is_fit_run_dir(path: Path) -> bool:
+    return (Path(path) / RECORD).is_file()
+
+
+class FitRunDir:
+    """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
+
+    def __init__(self, run_dir: Path, model, engine, strategy):
+        self.run_dir, self.model, self.engine = Path(run_dir), model, engine
+        self.writer = is_chief(strategy)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
+        tracked = {
+            "weights": [_storage(v) for v in model.variables],
+            "optimizer": engine.optimizer,
+            "metrics": [_storage(v) for v in model.metrics_variables],
+            "step": self.step,
+            "epoch": self.epoch,
+            "update_in_epoch": self.update_in_epoch,
+            "skipped_updates": engine.skipped_updates,
+            "bad_updates_in_a_row": engine.bad_updates_in_a_row,
+        }
+        if engine.dynamic:
+            tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
+        self.checkpoint = tf.train.Checkpoint(**tracked)
+        self.start = (0, 0)
+        self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, int(self.step.numpy()), forced=True))
+        self.started, self.saved_at = time.time(), time.time()
+        self.directory = self.run_dir / "checkpoints"
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, run_dir: Path, model, engine, described: dict, say=print):
+        """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
+        out save the model and summary.json (or, on an exception, leave the last checkpoint as it is)."""
+        run = cls(run_dir, model, engine, engine.strategy)
+        with contextlib.ExitStack() as held:
+            if not run.writer:  # another worker: its checkpoints go to a scratch folder, removed at the end
+                scratch = held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-"))
+                run.directory = Path(scratch) / "checkpoints"
+            else:
+                run._check(described)
+                held.enter_context(writing(run.run_dir, "output_dir "))
+            run.manager = tf.train.CheckpointManager(run.checkpoint, str(run.directory), max_to_keep=3)
+            if (run.run_dir / "checkpoints").is_dir() and checkpoint_numbers(run.run_dir / "checkpoints"):
+                run._restore(say)
+            elif run.writer:
+                write_json(run.run_dir / RECORD, described)
+            held.enter_context(run.stop)
+            yield run
+            run._finish()
+
+    def _check(self, described: dict) -> None:
+        path = self.run_dir
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
+        if not path.is_dir() or not any(p.name != LOCK for p in path.iterdir()):
+            return
+        if not is_fit_run_dir(path):
+            raise RunDirError(
+                f"accum_train.fit: output_dir {path} is not empty and was not written by accum_train.fit: "
+                f"choose an empty or new directory"
+            )
+        before = json.loads((path / RECORD).read_text())
+        changed = [key for key in described if before.get(key) != described[key]]
+        if changed:
+            key = changed[0]
+            raise RunDirError(
+                f"accum_train.fit: output_dir {path} was trained with {key}={before.get(key)!r}, not "
+                f"{described[key]!r}: a resume continues the same batches; pass {key}={before.get(key)!r} "
+                f"or choose a new output_dir"
+            )
+
+    def _restore(self, say) -> None:
+        source = self.run_dir / "checkpoints"
+        intact, damaged = newest_intact_checkpoint(source, "output_dir ")
+        pass_over_damaged(intact, damaged, say, repair=self.writer)
+        if damaged and self.writer:  # the manager read the list before the repair
+            self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=3)
+        try:
+            self.checkpoint.restore(intact).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as err:
+            raise RunDirError(
+                f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "
+                f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
+            ) from None
+        self.start = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy()))
+        if self.writer:
+            self._truncate_metrics(int(self.step.numpy()))
+            say(f"accum_train.fit: resuming {self.run_dir} at update {int(self.step.numpy())}")
+
+    def _truncate_metrics(self, step: int) -> None:
+        """metrics.jsonl as of ``step`` updates: records of later updates (lost with the process) dropped."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["step"] <= step]
+        atomic_write(path, "".join(f"{line}\n" for line in kept).encode())
+
+    def _save(self, epoch: int, update_in_epoch: int) -> None:
+        self.epoch.assign(epoch)
+        self.update_in_epoch.assign(update_in_epoch)
+        self.manager.save(checkpoint_number=int(self.step.numpy()))
+        self.saved_at = time.time()
+
+    def _write(self, record: dict) -> None:
+        """One record appended to metrics.jsonl (a resume drops those after its checkpoint)."""
+        if self.writer:
+            with open(self.run_dir / "metrics.jsonl", "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
+        self.step.assign_add(1)
+        step = int(self.step.numpy())
+        self._write({"step": step, "epoch": epoch + 1, "applied": bool(out["applied"]), **_plain(logs)})
+        if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
+            self._save(epoch, update_in_epoch)
+
+    def after_epoch(self, epoch: int, logs: dict) -> None:
+        self._write({"step": int(self.step.numpy()), "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
+        self._save(epoch + 1, 0)
+
+    def _finish(self) -> None:
+        if not self.writer:
+            return
+        with tempfile.TemporaryDirectory(dir=self.run_dir, prefix=".model-") as scratch:
+            self.model.save(Path(scratch) / "model.keras")
+            atomic_write(self.run_dir / "model.keras", (Path(scratch) / "model.keras").read_bytes())
+        write_json(
+            self.run_dir / "summary.json",
+            {
+                "steps": int(self.step.numpy()),
+                "epochs": int(self.epoch.numpy()),
+                "skipped_updates": int(self.engine.skipped_updates.numpy()),
+                "wall_time_s": time.time() - self.started,
+            },
+        )
+
+
+def _plain(logs: dict) -> dict:
+    return {name: float(value) if hasattr(value, "__float__") else value for name, value in logs.items()}

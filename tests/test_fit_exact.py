@@ -1,0 +1,169 @@
+"""accum_train.fit against Keras' own ``model.fit`` on whole batches, the oracle, for every kind of loss.
+
+Both train the same initial weights on the same data in the same order (``shuffle=False``): 50 examples
+in batches of 16, so three full batches and a short one of 2; k=3 cuts 16 as 5, 5, 6 (ragged) and 2 as
+0, 1, 1 (an empty micro-batch). accum_train.fit must end at model.fit's weights to 1e-5, with the same
+logs (loss, per-output losses, compiled metrics, val_ ones). Both run in this process, under its pinned
+thread pools (conftest).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import accum_train
+
+N, BATCH, K, EPOCHS = 50, 16, 3, 2
+RNG = np.random.default_rng(7)
+X = RNG.random((N, 6), dtype=np.float32)
+Y_VALUE = RNG.random((N, 1), dtype=np.float32)
+Y_BINARY = RNG.integers(0, 2, (N, 1)).astype(np.float32)
+Y_CLASS = RNG.integers(0, 4, N)
+WEIGHTS = RNG.random(N, dtype=np.float32) + 0.5
+VOCABULARY, STEPS = 20, 7
+# Per batch, the first micro-batch holds long sequences and the last short ones: 35, 25 and 6 valid tokens
+# in batch 1, so averaging micro-batch means (Keras' gradient_accumulation_steps) is far off here.
+LENGTHS = np.array([[7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 1, 1, 1, 1, 1, 1][i % 16] for i in range(N)])
+TOKENS = RNG.integers(1, VOCABULARY, (N, STEPS))
+TOKENS[np.arange(STEPS)[None, :] >= LENGTHS[:, None]] = 0
+FEATURES = RNG.random((N, STEPS, 3), dtype=np.float32) * (TOKENS[..., None] > 0)
+TAGS = RNG.integers(0, 5, (N, STEPS))
+
+
+def optimizer(name):
+    return {
+        "sgd": lambda: keras.optimizers.SGD(0.5),
+        "sgd-small": lambda: keras.optimizers.SGD(0.01),
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "decay": lambda: keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.5, 2, 0.5)),
+        "clipnorm": lambda: keras.optimizers.SGD(0.5, clipnorm=0.05),
+        "global_clipnorm": lambda: keras.optimizers.SGD(0.5, global_clipnorm=0.05),
+    }[name]()
+
+
+def dense(units, activation=None, loss="mse", metrics=(), **layer):
+    def build():
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="tanh", **layer)(inputs)
+        return keras.Model(inputs, keras.layers.Dense(units, activation=activation)(hidden)), loss, list(metrics)
+
+    return build
+
+
+def tokens_model(masking):
+    """A per-token tagger over padded sequences: Embedding(mask_zero) + Dense, or Masking + LSTM."""
+
+    def build():
+        if masking:
+            inputs = keras.Input((STEPS, 3))
+            hidden = keras.layers.LSTM(8, return_sequences=True)(keras.layers.Masking()(inputs))
+        else:
+            inputs = keras.Input((STEPS,), dtype="int32")
+            hidden = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(inputs)
+            hidden = keras.layers.Dense(8, activation="tanh")(hidden)
+        outputs = keras.layers.Dense(5)(hidden)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return keras.Model(inputs, outputs), loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+    return build
+
+
+def two_outputs():
+    inputs = keras.Input((6,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    value = keras.layers.Dense(1, name="value")(hidden)
+    label = keras.layers.Dense(4, name="label")(hidden)
+    loss = {"value": keras.losses.Huber(), "label": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
+    return keras.Model(inputs, {"value": value, "label": label}), loss, {"label": ["accuracy"]}
+
+
+def batchnorm():
+    inputs = keras.Input((6,))
+    hidden = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs)))
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden)), "mse", []
+
+
+# name: (model builder, x, y, fit keywords, optimizer, k)
+CASES = {
+    "mse": (dense(1), X, Y_VALUE, {}, "sgd", K),
+    "mse-adam": (dense(1), X, Y_VALUE, {}, "adam", K),
+    "huber-sample-weight": (dense(1, loss=keras.losses.Huber(), metrics=["mae"]), X, Y_VALUE,
+                            {"sample_weight": WEIGHTS}, "adam", K),
+    "binary": (dense(1, "sigmoid", "binary_crossentropy", ["accuracy", keras.metrics.AUC(name="auc")]), X,
+               Y_BINARY, {}, "adam", K),
+    "one-hot": (dense(4, "softmax", "categorical_crossentropy", ["accuracy"]), X, np.eye(4)[Y_CLASS], {}, "sgd", K),
+    "one-hot-adam-class-weight": (dense(4, "softmax", "categorical_crossentropy", ["accuracy"]), X,
+                                  np.eye(4)[Y_CLASS], {"class_weight": {0: 3.0, 2: 0.5}}, "adam", K),
+    "masked-tokens": (tokens_model(masking=False), TOKENS, TAGS, {}, "sgd", K),
+    "masked-tokens-lstm-adam": (tokens_model(masking=True), FEATURES, TAGS, {}, "adam", K),
+    "two-outputs": (two_outputs, X, {"value": Y_VALUE, "label": Y_CLASS}, {"sample_weight": WEIGHTS}, "adam", K),
+    "two-outputs-sgd": (two_outputs, X, {"value": Y_VALUE, "label": Y_CLASS}, {"sample_weight": WEIGHTS}, "sgd", K),
+    "reduction-sum": (dense(1, loss=keras.losses.MeanSquaredError(reduction="sum")), X, Y_VALUE,
+                      {"sample_weight": WEIGHTS}, "sgd-small", K),
+    "reduction-mean-with-sample-weight": (
+        dense(1, loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")), X, Y_VALUE,
+        {"sample_weight": WEIGHTS}, "adam", K),
+    "activity-regularizer": (dense(1, activity_regularizer=keras.regularizers.L2(0.1)), X, Y_VALUE, {}, "sgd", K),
+    "schedule-counts-updates": (dense(1), X, Y_VALUE, {}, "decay", K),
+    "clipnorm-once": (dense(1), X, Y_VALUE, {}, "clipnorm", K),
+    "global-clipnorm-once": (dense(1), X, Y_VALUE, {}, "global_clipnorm", K),
+    "batchnorm-one-micro-batch": (batchnorm, X, Y_VALUE, {}, "sgd", 1),
+}
+
+
+def compiled(build, optimizer_name):
+    keras.utils.set_random_seed(1)
+    model, loss, metrics = build()
+    model.compile(optimizer=optimizer(optimizer_name), loss=loss, loss_weights=_loss_weights(model), metrics=metrics)
+    return model
+
+
+def _loss_weights(model):
+    return {"value": 0.5, "label": 2.0} if isinstance(model.output, dict) else None
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fit_ends_at_the_weights_and_logs_of_model_fit_on_whole_batches(case):
+    build, x, y, keywords, optimizer_name, k = CASES[case]
+    validation = (x[:13], tuple_or_dict(y, slice(0, 13)))
+    oracle, ours = compiled(build, optimizer_name), compiled(build, optimizer_name)
+    start = [w.copy() for w in ours.get_weights()]
+    expected = oracle.fit(
+        x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=validation, **keywords
+    )
+    history = accum_train.fit(
+        ours, x, y, batch_size=BATCH, subdivisions=k, epochs=EPOCHS, shuffle=False, verbose=0,
+        validation_data=validation, **keywords,
+    )
+    assert max_difference(ours.get_weights(), expected.model.get_weights()) < 1e-5
+    assert max_difference(ours.get_weights(), start) > 1e-2  # it trained
+    assert list(history.history) == list(expected.history)
+    for name, values in expected.history.items():
+        assert history.history[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+
+
+def tuple_or_dict(y, rows):
+    return {key: value[rows] for key, value in y.items()} if isinstance(y, dict) else y[rows]
+
+
+def test_batchnorm_moving_statistics_move_once_per_update_from_the_pooled_batch():
+    """k=4: training normalises each micro-batch by its own statistics, but the moving statistics are those
+    of one pass over each whole batch: equal to model.fit's when the model is frozen but for BatchNorm."""
+    oracle, ours = compiled(batchnorm, "sgd"), compiled(batchnorm, "sgd")
+    for model in (oracle, ours):
+        for layer in model.layers:
+            layer.trainable = isinstance(layer, keras.layers.BatchNormalization)
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    oracle.fit(X, Y_VALUE, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    accum_train.fit(ours, X, Y_VALUE, batch_size=BATCH, subdivisions=4, epochs=1, shuffle=False, verbose=0)
+    norm = [layer for layer in ours.layers if isinstance(layer, keras.layers.BatchNormalization)][0]
+    expected = [layer for layer in oracle.layers if isinstance(layer, keras.layers.BatchNormalization)][0]
+    assert type(norm) is keras.layers.BatchNormalization and "call" not in vars(norm)  # Keras' own again
+    for name in ("moving_mean", "moving_variance"):
+        moved = getattr(norm, name).numpy()
+        assert np.max(np.abs(moved - getattr(expected, name).numpy())) < 1e-6, name
+        assert np.max(np.abs(moved - (0.0 if name == "moving_mean" else 1.0))) > 1e-3, name
