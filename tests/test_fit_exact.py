@@ -7,11 +7,10 @@ logs (loss, per-output losses, compiled metrics, val_ ones). Both run in this pr
 thread pools (conftest).
 """
 
+import accum_train
 import keras
 import numpy as np
 import pytest
-
-import accum_train
 
 N, BATCH, K, EPOCHS = 50, 16, 3, 2
 RNG = np.random.default_rng(7)
@@ -87,22 +86,51 @@ def batchnorm():
 CASES = {
     "mse": (dense(1), X, Y_VALUE, {}, "sgd", K),
     "mse-adam": (dense(1), X, Y_VALUE, {}, "adam", K),
-    "huber-sample-weight": (dense(1, loss=keras.losses.Huber(), metrics=["mae"]), X, Y_VALUE,
-                            {"sample_weight": WEIGHTS}, "adam", K),
-    "binary": (dense(1, "sigmoid", "binary_crossentropy", ["accuracy", keras.metrics.AUC(name="auc")]), X,
-               Y_BINARY, {}, "adam", K),
+    "huber-sample-weight": (
+        dense(1, loss=keras.losses.Huber(), metrics=["mae"]),
+        X,
+        Y_VALUE,
+        {"sample_weight": WEIGHTS},
+        "adam",
+        K,
+    ),
+    "binary": (
+        dense(1, "sigmoid", "binary_crossentropy", ["accuracy", keras.metrics.AUC(name="auc")]),
+        X,
+        Y_BINARY,
+        {},
+        "adam",
+        K,
+    ),
     "one-hot": (dense(4, "softmax", "categorical_crossentropy", ["accuracy"]), X, np.eye(4)[Y_CLASS], {}, "sgd", K),
-    "one-hot-adam-class-weight": (dense(4, "softmax", "categorical_crossentropy", ["accuracy"]), X,
-                                  np.eye(4)[Y_CLASS], {"class_weight": {0: 3.0, 2: 0.5}}, "adam", K),
+    "one-hot-adam-class-weight": (
+        dense(4, "softmax", "categorical_crossentropy", ["accuracy"]),
+        X,
+        np.eye(4)[Y_CLASS],
+        {"class_weight": {0: 3.0, 2: 0.5}},
+        "adam",
+        K,
+    ),
     "masked-tokens": (tokens_model(masking=False), TOKENS, TAGS, {}, "sgd", K),
     "masked-tokens-lstm-adam": (tokens_model(masking=True), FEATURES, TAGS, {}, "adam", K),
     "two-outputs": (two_outputs, X, {"value": Y_VALUE, "label": Y_CLASS}, {"sample_weight": WEIGHTS}, "adam", K),
     "two-outputs-sgd": (two_outputs, X, {"value": Y_VALUE, "label": Y_CLASS}, {"sample_weight": WEIGHTS}, "sgd", K),
-    "reduction-sum": (dense(1, loss=keras.losses.MeanSquaredError(reduction="sum")), X, Y_VALUE,
-                      {"sample_weight": WEIGHTS}, "sgd-small", K),
+    "reduction-sum": (
+        dense(1, loss=keras.losses.MeanSquaredError(reduction="sum")),
+        X,
+        Y_VALUE,
+        {"sample_weight": WEIGHTS},
+        "sgd-small",
+        K,
+    ),
     "reduction-mean-with-sample-weight": (
-        dense(1, loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")), X, Y_VALUE,
-        {"sample_weight": WEIGHTS}, "adam", K),
+        dense(1, loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")),
+        X,
+        Y_VALUE,
+        {"sample_weight": WEIGHTS},
+        "adam",
+        K,
+    ),
     "activity-regularizer": (dense(1, activity_regularizer=keras.regularizers.L2(0.1)), X, Y_VALUE, {}, "sgd", K),
     "schedule-counts-updates": (dense(1), X, Y_VALUE, {}, "decay", K),
     "clipnorm-once": (dense(1), X, Y_VALUE, {}, "clipnorm", K),
@@ -136,8 +164,16 @@ def test_fit_ends_at_the_weights_and_logs_of_model_fit_on_whole_batches(case):
         x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=validation, **keywords
     )
     history = accum_train.fit(
-        ours, x, y, batch_size=BATCH, subdivisions=k, epochs=EPOCHS, shuffle=False, verbose=0,
-        validation_data=validation, **keywords,
+        ours,
+        x,
+        y,
+        batch_size=BATCH,
+        subdivisions=k,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        validation_data=validation,
+        **keywords,
     )
     assert max_difference(ours.get_weights(), expected.model.get_weights()) < 1e-5
     assert max_difference(ours.get_weights(), start) > 1e-2  # it trained
@@ -160,8 +196,8 @@ def test_batchnorm_moving_statistics_move_once_per_update_from_the_pooled_batch(
         model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
     oracle.fit(X, Y_VALUE, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     accum_train.fit(ours, X, Y_VALUE, batch_size=BATCH, subdivisions=4, epochs=1, shuffle=False, verbose=0)
-    norm = [layer for layer in ours.layers if isinstance(layer, keras.layers.BatchNormalization)][0]
-    expected = [layer for layer in oracle.layers if isinstance(layer, keras.layers.BatchNormalization)][0]
+    norm = next(layer for layer in ours.layers if isinstance(layer, keras.layers.BatchNormalization))
+    expected = next(layer for layer in oracle.layers if isinstance(layer, keras.layers.BatchNormalization))
     assert type(norm) is keras.layers.BatchNormalization and "call" not in vars(norm)  # Keras' own again
     for name in ("moving_mean", "moving_variance"):
         moved = getattr(norm, name).numpy()

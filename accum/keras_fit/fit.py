@@ -15,6 +15,7 @@ batch (objective.py), the model's own losses count once.
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import keras
@@ -122,8 +123,9 @@ def fit(
         validation = _validation_feed(validation_data, validation_batch_size or feed.batch_size)
     with contextlib.ExitStack() as restore:
         restore.enter_context(_precision(model, precision))
+        _check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
-            keras_private.symbolic_build(model, feed.element_spec)
+            _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
         norm_layers = restore.enter_context(pooled(model, strategy))
         objective = Objective(model)
         groups = _probe(objective, feed.element_spec, strategy)
@@ -143,7 +145,7 @@ def fit(
         loop.run(
             epochs=epochs,
             initial_epoch=initial_epoch,
-            callbacks=[history, *(callbacks or [])],
+            callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
             verbose=verbose,
             validation_freq=validation_freq,
             validation_steps=validation_steps,
@@ -339,15 +341,38 @@ def _precision(model, precision):
             layer.dtype_policy = policy
 
 
-def _probe(objective, element_spec, strategy) -> tuple:
-    """The normalisers of a data source (Objective.probe); bad targets in one line."""
+def _as_user_error(function, *args):
+    """``function(*args)``; what Keras raises for targets that do not fit the outputs, in one line."""
     try:
-        groups = objective.probe(element_spec, strategy)
+        return function(*args)
     except UserError:
         raise
     except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        # TensorFlow puts its tracing context ("in user code:", "File ...") before what Keras said
+        said = [line for line in lines if not line.startswith(("in user code", "File ", "Traceback"))]
+        message = said[-1] if lines and lines[0].startswith("in user code") and said else (lines or [""])[0]
+        message = re.sub(r" for '\{\{node [^}]*\}\}[^']*'", "", message)  # TensorFlow's graph node, no help here
         raise UserError(f"{WHERE}: the compiled loss cannot take these targets and outputs: {message}") from None
+
+
+def _check_examples_are_batched(model, feed, batch_size) -> None:
+    """A dataset without batch_size must give batches: its inputs one axis longer than an example's."""
+    if batch_size is not None or not is_dataset(getattr(feed, "batches", None)) or not model.inputs:
+        return
+    spec = feed.element_spec
+    x = spec[0] if isinstance(spec, tuple) else spec
+    given, wanted = tf.nest.flatten(x)[0], model.inputs[0]
+    if given.shape.rank is not None and given.shape.rank == len(wanted.shape) - 1:
+        raise UserError(
+            f"{WHERE}: x gives single examples (its inputs have shape {tuple(given.shape)}, the model takes "
+            f"{tuple(wanted.shape)}): pass batch_size, or batch the dataset"
+        )
+
+
+def _probe(objective, element_spec, strategy) -> tuple:
+    """The normalisers of a data source (Objective.probe); bad targets in one line."""
+    groups = _as_user_error(objective.probe, element_spec, strategy)
     if not groups and objective.regularization() is None:
         raise UserError(f"{WHERE}: model {objective.model.name!r} has no loss: compile it with compile(loss=...)")
     return groups

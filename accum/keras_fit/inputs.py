@@ -288,10 +288,6 @@ def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, s
                 f"batch_size={batch_size} is given: leave batch_size out to train on its batches, or pass "
                 f"dataset.unbatch()"
             )
-        if batch_size is None and any(s.shape.rank == 0 for s in first):
-            raise UserError(
-                f"{WHERE}: {name} gives single examples (an element has shape ()): pass batch_size, or batch it"
-            )
         return DatasetFeed(x, batch_size=batch_size, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
     if x is None:
         raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")

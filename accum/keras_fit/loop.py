@@ -95,6 +95,8 @@ class Loop:
                 logs = as_python(step_logs)
                 callbacks.on_train_batch_end(step - 1, logs)
                 signalled = int(out["stop"])
+                if not signalled and self.stop is not None and self.engine.one_process:
+                    signalled = self.stop.signum  # no one to agree with: stop after the update in hand
                 if self.checkpoints is not None:
                     self.checkpoints.after_update(epoch, step, out, logs, signalled)
                 if signalled:  # only with a run directory: it has just checkpointed this update

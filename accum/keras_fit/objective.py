@@ -54,11 +54,6 @@ def _take_apart(loss, y_true, y_pred, sample_weight):
     """(S, D, kind) of one output's loss: ``loss(y_true, y_pred, sample_weight) == S / D`` as Keras reduces it
     (Loss.__call__ and reduce_weighted_values, with the mask and the sample weights merged the same way).
     kind: "sum" (D is 1 for the whole batch), ("examples", e) (D is e per example), or "data"."""
-    if loss.reduction in (None, "none"):
-        raise UserError(
-            f"accum_train.fit: loss {loss.name!r} has reduction={loss.reduction!r}: give it 'sum_over_batch_size' "
-            f"(the mean, model.fit's default) or 'sum', whose gradients add up over micro-batches"
-        )
     in_mask = keras_private.get_keras_mask(y_pred)
     y_pred = tf.nest.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), y_pred)
     y_true = tf.nest.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), y_true)
@@ -108,6 +103,13 @@ class Objective:
     def __init__(self, model: keras.Model):
         self.model = model
         self.entries = keras_private.flat_losses(model)
+        for entry in self.entries:
+            if entry.loss.reduction in (None, "none"):
+                raise UserError(
+                    f"accum_train.fit: loss {entry.loss.name!r} has reduction={entry.loss.reduction!r}: give it "
+                    f"'sum_over_batch_size' (the mean, model.fit's default) or 'sum', whose gradients add up over "
+                    f"micro-batches"
+                )
         self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
         self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"
 

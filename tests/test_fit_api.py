@@ -1,0 +1,443 @@
+"""accum_train.fit with model.fit's conventions: callbacks, data in every form model.fit takes, an uncompiled
+model's keywords, and bad input in one line. (Exactness for every kind of loss: test_fit_exact.py.)"""
+
+import contextlib
+import csv
+import io
+import os
+
+import accum_train
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from accum_train import UserError
+
+N, BATCH = 50, 16
+RNG = np.random.default_rng(3)
+X = RNG.random((N, 6), dtype=np.float32)
+Y = RNG.random((N, 1), dtype=np.float32)
+LABELS = RNG.integers(0, 4, N)
+
+
+def regression(rate=0.1, optimizer=None):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)], name="regression"
+    )
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(rate), loss="mse", metrics=["mae"])
+    return model
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
+
+
+class Steps(keras.callbacks.Callback):
+    """What model.fit's callbacks are told: every event, the batch indexes and the rate before each update."""
+
+    def __init__(self, stop_at=None):
+        super().__init__()
+        self.events, self.rates, self.stop_at = [], [], stop_at
+
+    def on_train_begin(self, logs=None):
+        self.events.append("train_begin")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.events.append(f"epoch_begin {epoch}")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(self.model.optimizer.learning_rate))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.events.append(f"batch {batch} {sorted(logs)}")
+        if self.stop_at is not None and len(self.rates) == self.stop_at:
+            self.model.stop_training = True
+
+    def on_test_end(self, logs=None):
+        self.events.append(f"validation {sorted(logs)}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.events.append(f"epoch_end {epoch} {sorted(logs)}")
+
+    def on_train_end(self, logs=None):
+        self.events.append("train_end")
+
+
+def test_callbacks_see_one_step_per_update_and_model_fit_logs():
+    steps = Steps()
+    history = accum_train.fit(
+        regression(),
+        X,
+        Y,
+        batch_size=BATCH,
+        subdivisions=3,
+        epochs=2,
+        callbacks=[steps],
+        verbose=0,
+        validation_data=(X[:10], Y[:10]),
+    )
+    batch = ["loss", "mae"]
+    epoch = ["loss", "mae", "val_loss", "val_mae"]
+    expected = ["train_begin"]
+    for e in range(2):
+        expected += [f"epoch_begin {e}", *[f"batch {b} {batch}" for b in range(4)]]
+        expected += [f"validation {batch}", f"epoch_end {e} {epoch}"]
+    assert steps.events == [*expected, "train_end"]
+    assert isinstance(history, keras.callbacks.History) and history.epoch == [0, 1]
+    assert history.params == {"verbose": 0, "epochs": 2, "steps": 4}
+    assert history["loss"] == history.history["loss"]  # also reads as the dict accum_train.fit used to return
+
+
+def test_stop_training_is_honoured_after_the_update_in_hand():
+    model = regression()
+    history = accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, epochs=3, callbacks=[Steps(6)], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert history.epoch == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.5),
+        lambda: keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0, factor=0.5, min_delta=10.0),
+    ],
+    ids=["LearningRateScheduler", "ReduceLROnPlateau"],
+)
+def test_rate_callbacks_change_the_rate_between_updates_as_in_model_fit(make):
+    oracle, ours = regression(0.3), regression(0.3)
+    seen, steps = Steps(), Steps()
+    expected = oracle.fit(X, Y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[make(), seen])
+    history = accum_train.fit(
+        ours, X, Y, batch_size=BATCH, subdivisions=3, epochs=3, shuffle=False, verbose=0, callbacks=[make(), steps]
+    )
+    assert max_difference(ours.get_weights(), oracle.get_weights()) < 1e-5
+    assert history.history["learning_rate"] == pytest.approx(expected.history["learning_rate"])
+    assert steps.rates == pytest.approx(seen.rates) and len(steps.rates) == 12 and len(set(steps.rates)) > 1
+
+
+def test_early_stopping_checkpoint_csv_and_tensorboard(tmp_path):
+    model = regression()
+    callbacks = [
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0),
+        keras.callbacks.ModelCheckpoint(tmp_path / "epoch-{epoch}.keras"),
+        keras.callbacks.CSVLogger(tmp_path / "log.csv"),
+        keras.callbacks.TensorBoard(tmp_path / "tensorboard"),
+    ]
+    history = accum_train.fit(
+        model,
+        X,
+        Y,
+        batch_size=BATCH,
+        subdivisions=2,
+        epochs=5,
+        callbacks=callbacks,
+        verbose=0,
+        validation_data=(X[:10], Y[:10]),
+    )
+    assert history.epoch == [0, 1]  # no 10.0 improvement after the first epoch: stopped after the second
+    saved = keras.models.load_model(tmp_path / "epoch-2.keras")
+    assert max_difference(saved.get_weights(), model.get_weights()) == 0.0
+    assert keras.models.load_model(tmp_path / "epoch-1.keras").optimizer.iterations.numpy() == 4
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "log.csv").read_text())))
+    assert [float(r["val_loss"]) for r in rows] == pytest.approx(history.history["val_loss"])
+    logged = {}
+    for path in (tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "epoch_loss":
+                    logged[event.step] = float(tf.make_ndarray(value.tensor))
+    assert [logged[e] for e in sorted(logged)] == pytest.approx(history.history["loss"])
+
+
+def test_verbose_1_shows_keras_progress_bar_one_step_per_update():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        accum_train.fit(regression(), X, Y, batch_size=BATCH, subdivisions=3, epochs=2, verbose=1)
+    text = out.getvalue()
+    assert "Epoch 2/2" in text and "4/4" in text and "12/" not in text
+
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return X[i * BATCH : (i + 1) * BATCH], Y[i * BATCH : (i + 1) * BATCH]
+
+
+PAIRS = tf.data.Dataset.from_tensor_slices((X, Y))
+# name: (x, fit keywords); every source gives the batches of the arrays in their order: the same weights
+SOURCES = {
+    "arrays": (X, {"y": Y, "batch_size": BATCH, "shuffle": False}),
+    "dataset of batches": (PAIRS.batch(BATCH), {}),
+    "dataset of examples": (PAIRS, {"batch_size": BATCH}),
+    "dataset of unknown length": (PAIRS.filter(lambda x, y: True).batch(BATCH), {}),
+    "generator": (
+        tf.data.Dataset.from_generator(
+            lambda: ((X[i : i + BATCH], Y[i : i + BATCH]) for i in range(0, N, BATCH)),
+            output_signature=(tf.TensorSpec([None, 6], tf.float32), tf.TensorSpec([None, 1], tf.float32)),
+        ),
+        {},
+    ),
+    "PyDataset": (Batches(), {"shuffle": False}),
+    "repeat with steps_per_epoch": (PAIRS.batch(BATCH).repeat(), {"steps_per_epoch": 4}),
+}
+
+
+@pytest.fixture(scope="module")
+def from_arrays():
+    model = regression()
+    accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=3, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("source", list(SOURCES)[1:])
+def test_every_data_source_gives_the_weights_of_the_arrays(source, from_arrays):
+    x, keywords = SOURCES[source]
+    model = regression()
+    accum_train.fit(model, x, subdivisions=3, epochs=2, verbose=0, **keywords)
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert max_difference(model.get_weights(), from_arrays) < 1e-6
+
+
+def test_a_stream_is_pulled_as_the_updates_need_it_never_read_whole():
+    pulled = []
+
+    def examples():
+        for i in range(10**9):  # far more than memory holds
+            pulled.append(i)
+            yield X[i % N], Y[i % N]
+
+    stream = tf.data.Dataset.from_generator(
+        examples, output_signature=(tf.TensorSpec([6], tf.float32), tf.TensorSpec([1], tf.float32))
+    )
+    model = regression()
+    accum_train.fit(model, stream, batch_size=BATCH, subdivisions=4, steps_per_epoch=3, epochs=2, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert 6 * BATCH <= len(pulled) < 6 * BATCH + 10 * BATCH  # what six updates and the pipeline's prefetch hold
+
+
+def test_dicts_and_lists_of_inputs_and_outputs():
+    def model(structure):
+        keras.utils.set_random_seed(1)
+        a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+        hidden = keras.layers.Dense(4, activation="relu", name="hidden")(keras.layers.Concatenate()([a, b]))
+        outputs = [keras.layers.Dense(1, name="value")(hidden), keras.layers.Dense(4, name="label")(hidden)]
+        inputs = {"a": a, "b": b} if structure == "dict" else [a, b]
+        built = keras.Model(inputs, dict(zip(["value", "label"], outputs)) if structure == "dict" else outputs)
+        losses = ["mse", keras.losses.SparseCategoricalCrossentropy(from_logits=True)]
+        built.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=dict(zip(["value", "label"], losses)) if structure == "dict" else losses,
+            loss_weights={"value": 1.0, "label": 0.5} if structure == "dict" else [1.0, 0.5],
+        )
+        return built
+
+    as_dict, as_list = model("dict"), model("list")  # one layer order in each: compare layer by layer
+    accum_train.fit(
+        as_dict,
+        {"a": X[:, :3], "b": X[:, 3:]},
+        {"value": Y, "label": LABELS},
+        batch_size=BATCH,
+        subdivisions=2,
+        shuffle=False,
+        verbose=0,
+    )
+    accum_train.fit(
+        as_list, [X[:, :3], X[:, 3:]], [Y, LABELS], batch_size=BATCH, subdivisions=2, shuffle=False, verbose=0
+    )
+    for name in ("hidden", "value", "label"):
+        assert max_difference(as_dict.get_layer(name).get_weights(), as_list.get_layer(name).get_weights()) < 1e-6
+
+
+def classifier(softmax):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    outputs = keras.layers.Dense(4, activation="softmax" if softmax else None)(keras.layers.Dense(8)(inputs))
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("softmax", [False, True], ids=["logits", "softmax"])
+def test_an_uncompiled_model_keeps_the_keywords_it_had(softmax):
+    """Sparse categorical cross-entropy on logits or on a softmax layer's output, and the named optimizer."""
+    oracle, ours = classifier(softmax), classifier(softmax)
+    oracle.compile(
+        optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax)
+    )
+    oracle.fit(X, LABELS, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    history = accum_train.fit(
+        ours,
+        X,
+        LABELS,
+        batch_size=BATCH,
+        subdivisions=3,
+        epochs=2,
+        optimizer="adam",
+        learning_rate=0.01,
+        shuffle=False,
+        validation_data=(X[:10], LABELS[:10]),
+        verbose=0,
+    )
+    assert max_difference(ours.get_weights(), oracle.get_weights()) < 1e-5
+    assert set(history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    predicted = np.argmax(ours.predict(X[:10], verbose=0), axis=1)
+    assert history["val_accuracy"][-1] == pytest.approx(np.mean(predicted == LABELS[:10]))
+
+
+def test_an_optimizer_object_for_an_uncompiled_model():
+    model = classifier(False)
+    accum_train.fit(model, X, LABELS, batch_size=BATCH, optimizer=keras.optimizers.SGD(0.2), verbose=0)
+    assert model.optimizer.learning_rate.numpy() == pytest.approx(0.2)
+    assert int(model.optimizer.iterations.numpy()) == 4
+
+
+class OwnStep(keras.Model):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def own_step_model():
+    inputs = keras.Input((6,))
+    model = OwnStep(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def two_outputs():
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)])
+    model.compile(optimizer="sgd", loss=["mse", "mse"])
+    return model
+
+
+def mse_classifier():
+    model = classifier(False)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def sum_none():
+    model = regression()
+    model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(reduction=None))
+    return model
+
+
+# (model, call, the exact message)
+BAD = [
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, subdivisions=2, micro_batch_size=4),
+        "accum_train.fit: give subdivisions or micro_batch_size, not both (subdivisions=2, micro_batch_size=4)",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, subdivisions=17),
+        "accum_train.fit: subdivisions=17 must be <= batch_size=16 (a micro-batch holds at least one example)",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=0),
+        "accum_train.fit: batch_size=0 must be an integer >= 1",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y[:10], batch_size=BATCH),
+        "accum_train.fit: x holds 50 examples but y 10: every array needs one row per example",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, optimizer="adam"),
+        "accum_train.fit: model 'regression' is compiled: it trains with its own optimizer; leave optimizer and "
+        "learning_rate out (or compile it with the optimizer you want)",
+    ),
+    (
+        lambda: classifier(False),
+        lambda m: accum_train.fit(m, X, LABELS, batch_size=BATCH, optimizer="adamx"),
+        "accum_train.fit: optimizer='adamx' is not one of adam, sgd, rmsprop, adamw, lamb, or pass a "
+        "keras.optimizers.Optimizer; did you mean 'adam'?",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, PAIRS.batch(8), batch_size=BATCH),
+        "accum_train.fit: x is a dataset of batches (its elements have a leading axis of unknown size) and "
+        "batch_size=16 is given: leave batch_size out to train on its batches, or pass dataset.unbatch()",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, PAIRS),
+        "accum_train.fit: x gives single examples (its inputs have shape (6,), the model takes (None, 6)): pass "
+        "batch_size, or batch the dataset",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, PAIRS.batch(8).repeat()),
+        "accum_train.fit: x is an infinite dataset (it repeats): pass steps_per_epoch, the updates of one epoch",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, PAIRS.batch(8), Y),
+        "accum_train.fit: x is a tf.data.Dataset: leave y out (put it in its elements)",
+    ),
+    (
+        two_outputs,
+        lambda m: accum_train.fit(m, X, [Y, Y], batch_size=BATCH, class_weight={0: 1.0}),
+        "accum_train.fit: class_weight is only supported for a model with one output (this one has 2): pass "
+        "sample_weight per output instead",
+    ),
+    (
+        two_outputs,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH),
+        "accum_train.fit: the compiled loss cannot take these targets and outputs: y_true and y_pred have "
+        "different structures.",
+    ),
+    (
+        mse_classifier,
+        lambda m: accum_train.fit(m, X, np.ones((N, 3), np.float32), batch_size=BATCH),
+        "accum_train.fit: the compiled loss cannot take these targets and outputs: Dimensions must be equal, but are "
+        "3 and 4 with input shapes: [?,3], [?,4].",
+    ),
+    (
+        own_step_model,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH),
+        "accum_train.fit: model 'own_step' overrides train_step, which accum_train.fit cannot cut into micro-batches "
+        "(it differentiates the compiled loss itself): compile the loss with compile(loss=...) or add it with "
+        "add_loss, or train with model.fit",
+    ),
+    (
+        sum_none,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH),
+        "accum_train.fit: loss 'mean_squared_error' has reduction=None: give it 'sum_over_batch_size' (the mean, "
+        "model.fit's default) or 'sum', whose gradients add up over micro-batches",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, strategy="mirrored"),
+        "accum_train.fit: strategy is a str, not a tf.distribute.Strategy",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, precision="float16"),
+        "accum_train.fit: precision='float16' is not one of float32, mixed_float16, mixed_bfloat16 (None: the model's)",
+    ),
+    (
+        lambda: None,
+        lambda m: accum_train.fit("model.keras", X, Y, batch_size=BATCH),
+        "accum_train.fit: model is a str, not a keras.Model: pass a Keras 3 model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "call", "message"), BAD, ids=[m for _, _, m in BAD])
+def test_bad_input_is_one_user_error_and_nothing_trains(make, call, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = make()
+    before = None if model is None else [w.copy() for w in model.get_weights()]
+    with pytest.raises(UserError) as caught:
+        call(model)
+    assert str(caught.value) == message
+    if model is not None:
+        assert max_difference(model.get_weights(), before) == 0.0
+        if getattr(model, "optimizer", None) is not None and model.optimizer.built:
+            assert int(model.optimizer.iterations.numpy()) == 0
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,149 @@
+"""accum_train.fit's output_dir: kept as training goes, resumed by the next call at the uninterrupted weights."""
+
+import json
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+
+import accum_train
+from accum_train import UserError
+from accum_train.errors import Interrupted
+from accum_train.rundir import checkpoint_numbers, read_metrics
+
+N, BATCH, K, SEED = 50, 16, 3, 5
+RNG = np.random.default_rng(11)
+X = RNG.random((N, 6), dtype=np.float32)
+Y = RNG.random((N, 1), dtype=np.float32)
+
+
+def model():
+    keras.utils.set_random_seed(1)
+    built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    built.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return built
+
+
+def fit(built, epochs, output_dir=None, **keywords):
+    return accum_train.fit(
+        built,
+        X,
+        Y,
+        batch_size=BATCH,
+        subdivisions=K,
+        epochs=epochs,
+        seed=SEED,
+        verbose=0,
+        output_dir=output_dir,
+        **keywords,
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    built = model()
+    history = fit(built, 4)
+    return built.get_weights(), history.history
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends this process ``signum`` after the ``update``-th update (counting across calls)."""
+
+    def __init__(self, update, signum=signal.SIGINT):
+        super().__init__()
+        self.update, self.signum, self.seen = update, signum, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.update:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    fit(model(), 2, run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "checkpoints",
+        "fit.json",
+        "metrics.jsonl",
+        "model.keras",
+        "summary.json",
+        "writer.lock",
+    ]
+    resumed = model()  # a fresh process would build it again from its code: the checkpoint restores it
+    history = fit(resumed, 4, run_dir)
+    weights, expected = uninterrupted
+    assert max_difference(resumed.get_weights(), weights) == 0.0
+    assert history.epoch == [2, 3]
+    assert history.history["loss"] == expected["loss"][2:]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if not r.get("epoch_end")] == list(range(1, 17))
+    assert [r["loss"] for r in records if r.get("epoch_end")] == pytest.approx(expected["loss"])
+    saved = keras.models.load_model(run_dir / "model.keras")
+    assert max_difference(saved.get_weights(), weights) == 0.0
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 16
+
+
+@pytest.mark.parametrize(("signum", "update"), [(signal.SIGINT, 6), (signal.SIGTERM, 3)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an_uninterrupted_one_does(
+    tmp_path, uninterrupted, signum, update
+):
+    run_dir = tmp_path / "run"
+    stopped = model()
+    with pytest.raises(Interrupted) as caught:
+        fit(stopped, 4, run_dir, callbacks=[SignalAt(update, signum)])
+    assert (caught.value.step, caught.value.exit_code) == (update, 128 + signum)
+    assert checkpoint_numbers(run_dir / "checkpoints")[0] == update
+    assert int(stopped.optimizer.iterations.numpy()) == update  # the object holds the last update's weights
+    resumed = model()
+    history = fit(resumed, 4, run_dir)
+    weights, expected = uninterrupted
+    assert max_difference(resumed.get_weights(), weights) == 0.0
+    # the epoch the signal fell in ends with the logs of the uninterrupted run: its running metrics were kept
+    assert history.history["loss"] == pytest.approx(expected["loss"][update // 4 :], rel=1e-6)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if not r.get("epoch_end")] == list(range(1, 17))  # every update once
+
+
+def test_a_resume_with_other_batches_is_refused_before_anything_changes(tmp_path):
+    run_dir = tmp_path / "run"
+    fit(model(), 1, run_dir)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    with pytest.raises(UserError) as caught:
+        accum_train.fit(
+            model(), X, Y, batch_size=10, subdivisions=K, epochs=2, seed=SEED, verbose=0, output_dir=run_dir
+        )
+    assert str(caught.value) == (
+        f"accum_train.fit: output_dir {run_dir} was trained with batch_size=16, not 10: a resume continues the "
+        f"same batches; pass batch_size=16 or choose a new output_dir"
+    )
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+
+
+def test_a_directory_of_something_else_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError) as caught:
+        fit(model(), 1, tmp_path)
+    assert str(caught.value) == (
+        f"accum_train.fit: output_dir {tmp_path} is not empty and was not written by accum_train.fit: choose an "
+        f"empty or new directory"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    fit(model(), 1, run_dir)
+    keras.utils.set_random_seed(1)
+    other = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    other.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    with pytest.raises(UserError) as caught:
+        fit(other, 2, run_dir)
+    assert str(caught.value).startswith(f"accum_train.fit: output_dir {run_dir} holds a checkpoint of another model (")
+    assert str(caught.value).endswith("): pass the same model, or choose a new output_dir")
