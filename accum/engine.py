@@ -164,14 +164,18 @@ class Update:
             self.growth_updates = int(growth_updates)
             self.loss_scale = tf.Variable(float(loss_scale or 1.0), trainable=False, name="loss_scale")
             self.good_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_updates")
-        if optimizer is not None:
-            if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+        self.hold()
+
+    def hold(self) -> None:
+        """Keep the optimizer from all-reducing what apply_gradients gets: the gradients reaching it are already
+        the global sum (the one all-reduce). ``release`` gives it back its own."""
+        if self.optimizer is not None:
+            if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):
                 raise RuntimeError(
                     "this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
                     "it from reducing the gradients a second time; use Keras 3.x with TensorFlow"
                 )
-            # The gradients reaching apply_gradients are already the global sum (the one all-reduce).
-            optimizer._all_reduce_sum_gradients = list
+            self.optimizer._all_reduce_sum_gradients = list
 
     @property
     def replicas(self) -> int:

@@ -59,12 +59,15 @@ def batch_norm_layers(model: keras.Model) -> list:
 
 
 @contextlib.contextmanager
-def pooled(model: keras.Model, strategy):
+def pooled(model: keras.Model, strategy, adapters=None):
     """Within: the model's BatchNormalization layers pool their statistics; yields their norm-layer objects
-    (created in ``strategy``'s scope: the pending sums are replica-local)."""
+    (created in ``strategy``'s scope, the pending sums replica-local; or ``adapters``, made by an earlier call)."""
     layers = batch_norm_layers(model)
-    with strategy.scope():
-        adapters = [PooledBatchNorm(layer) for layer in layers]
+    if adapters is None:
+        with strategy.scope():
+            adapters = [PooledBatchNorm(layer) for layer in layers]
+    else:
+        layers = [adapter.layer for adapter in adapters]
     try:
         for layer, adapter in zip(layers, adapters):
             keras_call = type(layer).call.__get__(layer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from pathlib import Path
 
 import keras
@@ -126,11 +127,18 @@ def fit(
         _check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
             _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
-        norm_layers = restore.enter_context(pooled(model, strategy))
-        objective = Objective(model)
-        groups = _probe(objective, feed.element_spec, strategy)
-        eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
-        engine = _engine(model, objective, norm_layers, k, nominal, strategy, groups, eval_groups)
+        key = _engine_key(model, strategy, k, nominal, precision, feed, validation)
+        engine = _ENGINES.get(model, {}).get(key)
+        if engine is None:  # built and traced once, then reused by later calls as Keras reuses its train function
+            adapters = restore.enter_context(pooled(model, strategy))
+            objective = Objective(model)
+            groups = _probe(objective, feed.element_spec, strategy)
+            eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
+            engine = _engine(model, objective, adapters, k, nominal, strategy, groups, eval_groups)
+            _ENGINES[model] = {key: engine}
+        else:
+            restore.enter_context(pooled(model, strategy, engine.norm_layers))
+            engine.hold()
         restore.callback(engine.release)
         history = FitHistory()
         loop = Loop(model, engine, feed, cut, validation, cut, strategy=strategy)
@@ -339,6 +347,27 @@ def _precision(model, precision):
     finally:
         for layer, policy in saved:
             layer.dtype_policy = policy
+
+
+# model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tuple:
+    """What a built engine depends on: a later call that matches all of it reuses the engine and its traced
+    graphs (a compile() makes a new optimizer and loss, a trainable flag another variable list)."""
+    return (
+        id(strategy),
+        id(model.optimizer),
+        id(keras_private.compile_loss(model)),
+        id(keras_private.compile_metrics(model)),
+        k,
+        nominal,
+        precision,
+        repr(feed.element_spec),
+        None if validation is None else repr(validation.element_spec),
+        tuple(id(v) for v in model.trainable_variables),
+    )
 
 
 def _as_user_error(function, *args):

@@ -14,8 +14,11 @@ Arrays are never copied per epoch: each element gathers its own examples from
 them (the epoch's order is a pure function of the seed and the pass, so a
 resumed fit sees the same batches). A dataset is streamed: it is read batch by
 batch as the updates pull it, never into memory. When a stream's length is
-not known, a round of empty micro-batches follows its end: the update that
-pulls it holds no example, changes nothing, and tells the loop the data ended.
+not known, the loop learns it from the rounds of empty micro-batches that
+follow every source's end: an update that pulls one holds no example, changes
+nothing, and tells the loop the data ended. The padding is endless, which also
+tells tf.distribute that every pull has an element: under several workers it
+then adds no collective to each pull to agree on that.
 """
 
 from __future__ import annotations
@@ -116,6 +119,12 @@ def empty_like(spec):
     )
 
 
+def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
+    """``elements``, then empty ones for ever (``value``: what to follow them with instead)."""
+    tail = empty_like(elements.element_spec) if value is None else value
+    return elements.concatenate(tf.data.Dataset.from_tensors(tail).repeat())
+
+
 class ArrayFeed:
     """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
 
@@ -167,8 +176,9 @@ class ArrayFeed:
     def updates(self, epoch: int) -> int:
         return self.steps_per_epoch
 
-    def dataset(self, epoch: int, first: int, cut: Cut) -> tf.data.Dataset:
-        """This process's elements for updates ``first``.. of ``epoch`` (0-based)."""
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
+        empty ones)."""
         pieces, orders = [], {}
         for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
             p, b = divmod(u, self.batches_per_pass)
@@ -186,7 +196,8 @@ class ArrayFeed:
             return tf.nest.map_structure(lambda t: tf.gather(t, rows), tensors)
 
         bounds = tf.data.Dataset.from_tensor_slices((starts.astype(np.int64), ends.astype(np.int64)))
-        return bounds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        elements = bounds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return endless(elements) if pad else elements
 
 
 def _batched_split(dataset: tf.data.Dataset, cut: Cut) -> tf.data.Dataset:
@@ -222,9 +233,6 @@ class DatasetFeed:
         self.cardinality = None if cardinality < 0 else cardinality
         self.steps_per_epoch = steps_per_epoch
         self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
-        self.length_known = (steps_per_epoch is not None and cardinality == tf.data.INFINITE_CARDINALITY) or (
-            steps_per_epoch is None and self.cardinality is not None
-        )
         self.batch_size = batch_size
         self.structure = None
         self._stream = None  # with steps_per_epoch, one stream goes on from epoch to epoch (as model.fit)
@@ -241,12 +249,13 @@ class DatasetFeed:
             return self.steps_per_epoch
         return self.cardinality
 
-    def dataset(self, epoch: int, first: int, cut: Cut) -> tf.data.Dataset:
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
+        ``again``: the stream ran out before this epoch and starts over, as model.fit's does)."""
+        if self.continues and not again:  # one stream from epoch to epoch: the epochs before read from it too
+            first += epoch * self.steps_per_epoch
         elements = _batched_split(self.batches.skip(first) if first else self.batches, cut)
-        if not self.length_known:
-            spec = elements.element_spec
-            elements = elements.concatenate(tf.data.Dataset.from_tensors(empty_like(spec)).repeat(cut.per_update))
-        return elements
+        return endless(elements) if pad else elements
 
     def end_of_epoch(self) -> None:
         if self.py_adapter is not None:

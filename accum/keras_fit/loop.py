@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import Interrupted
-from .inputs import empty_like
+from .inputs import empty_like, endless
 
 
 def as_python(logs: dict) -> dict:
@@ -46,12 +46,13 @@ class Loop:
         self.strategy = strategy
         self.simple = strategy.num_replicas_in_sync == 1 and len(cut.local) == 1
         self.checkpoints, self.stop = checkpoints, stop
-        self.stream = None
+        self.stream, self.ran_out = None, False
 
     def _iterator(self, epoch: int, first: int):
         if self.feed.continues and self.stream is not None:
             return self.stream  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
-        self.stream = distribute(self.strategy, self.feed.dataset(epoch, first, self.cut), self.simple)
+        dataset = self.feed.dataset(epoch, first, self.cut, again=self.ran_out)
+        self.stream = distribute(self.strategy, dataset, self.simple)
         return self.stream
 
     def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
@@ -83,7 +84,7 @@ class Loop:
                 callbacks.on_train_batch_begin(step)
                 out, step_logs = self.engine.update(iterator, self.stop.signum if self.stop else 0)
                 if float(out["examples"]) == 0:  # the data ended
-                    self.stream = None
+                    self.stream, self.ran_out = None, True
                     if updates is not None:
                         warnings.warn(
                             "Your input ran out of data; interrupting training. Make sure that your dataset can "
@@ -124,11 +125,10 @@ class Loop:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""
         self.model.reset_metrics()
         callbacks.on_test_begin()
-        dataset = self.validation.dataset(0, 0, self.eval_cut)
+        dataset = self.validation.dataset(0, 0, self.eval_cut, pad=False)
         flagged = dataset.map(lambda *element: (element if len(element) > 1 else element[0], True))
         spec = dataset.element_spec
-        end = tf.data.Dataset.from_tensors((empty_like(spec), False)).repeat(self.eval_cut.per_update)
-        iterator = distribute(self.strategy, flagged.concatenate(end), self.simple)
+        iterator = distribute(self.strategy, endless(flagged, (empty_like(spec), False)), self.simple)
         step = 0
         while validation_steps is None or step < validation_steps:
             callbacks.on_test_batch_begin(step)

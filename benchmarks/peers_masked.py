@@ -1,0 +1,453 @@
+"""accum_train.fit beside Keras 3's own accumulation on a masked sequence model.
+
+The model, built the same way from the same seed for every method:
+keras.Input((T,), int32) -> Embedding(V, E, mask_zero=True) -> LSTM(H,
+return_sequences=True) -> Dense(C) per token (logits), compiled with
+SparseCategoricalCrossentropy(from_logits=True) and no metric. The data is
+synthetic (numpy, fixed seed, no download): token ids in 1..V-1, each sequence
+padded with 0 after a length drawn uniformly from [4, T], so that batches hold
+very different numbers of valid tokens; a target in 0..C-1 per token. Every
+method gets the same micro-batch (--micro), k (--k, batch = k x micro), Adam
+learning rate (--lr) and number of updates per round (--updates):
+
+  (a)  accum-train: the model compiled with Adam(lr), then ONE
+       accum_train.fit(model, x, y, batch_size=k*micro, subdivisions=k,
+       epochs=1, shuffle=False, verbose=0) per round over the round's
+       updates x k x micro examples (one call = --updates updates)
+  (b)  Keras 3: compiled with Adam(lr, gradient_accumulation_steps=k), ONE
+       model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
+       per round over the same examples, compile defaults (graph mode,
+       jit_compile="auto", steps_per_execution=1)
+  (b') the same with steps_per_execution=k: one graph call per update
+
+Time: every method lives in its own process (started by this script with
+--serve NAME), built and warmed up with one untimed round (tracing); the
+parent then sends each process "go" in turn, --rounds times (interleaved:
+(a) round 1, (b) round 1, (b') round 1, (a) round 2, ...), and each answers
+with the CPU (time.process_time) and wall (time.perf_counter) seconds of its
+training call. Medians over the rounds, per example. After every round the
+number of optimizer updates is checked: Keras 3 (3.15) keeps
+optimizer.iterations at micro-steps // k under gradient_accumulation_steps
+(its private _iterations counts micro-steps, checked too), i.e. the number of
+updates, and accum-train's optimizer counts updates. Thread pools: TensorFlow's
+defaults for every method (no pool is set and TF_NUM_*_THREADS are cleared in
+the children), unlike accum-train's CLI, which picks its own (1 intra-op and 2
+inter-op threads on a 2-core CPU) for its engine.
+
+The a/b ratios (examples per CPU-second, examples per wall-second) are taken
+against the faster of (b) and (b'), by CPU and by wall time separately; printed
+with 3 decimals rounded against accum-train (down: higher is better for it),
+full precision in the JSON (--output).
+
+Distance from whole-batch training (the exactness part, not timed, in its own
+process before the timing ones start): from the same initial weights and data
+order (shuffle=False), --distance-updates updates with SGD(--distance-lr) of
+  (i)   plain Keras model.fit(batch_size=k*micro): the oracle
+  (ii)  accum_train.fit(batch_size=k*micro, subdivisions=k)
+  (iii) Keras SGD(gradient_accumulation_steps=k), model.fit(batch_size=micro)
+and the largest absolute weight difference of (ii) and (iii) from (i), also
+relative to how far (i) moved the weights (max abs). SGD, not Adam: with Adam
+on an Embedding, Keras' own whole-batch fit squares each token occurrence's
+gradient separately (the gradient is a tf.IndexedSlices with repeated indices),
+so it is no clean oracle there. --arrange uneven (the default) orders each
+batch by length, longest first, so that its first micro-batch holds the most
+valid tokens and its last the fewest: Keras' accumulation averages the k
+micro-batch means, which is then not the whole batch's mean over tokens.
+
+    python benchmarks/peers_masked.py --output docs/peers-masked.json
+    python benchmarks/peers_masked.py --rounds 3 --updates 5   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from decimal import ROUND_FLOOR, Decimal
+from pathlib import Path
+
+import numpy as np
+
+A, B, B_SPE = "(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k"
+METHODS = (A, B, B_SPE)
+KERAS = (B, B_SPE)
+DISTANCE = "distance"  # --serve distance: the exactness child
+THREAD_ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")  # cleared in the children: TF's defaults
+
+
+# ---------------------------------------------------------------- data and model (numpy / Keras)
+
+
+def make_data(n, args, arrange):
+    """n sequences of token ids (0-padded after a length in [4, T]) and per-token targets, from args.seed.
+    arrange="uneven": each batch of k x micro ordered longest first (its micro-batches' token counts fall)."""
+    rng = np.random.default_rng(args.seed)
+    lengths = rng.integers(4, args.T + 1, n)
+    x = rng.integers(1, args.V, (n, args.T)).astype(np.int32)
+    y = rng.integers(0, args.C, (n, args.T)).astype(np.int32)
+    if arrange == "uneven":
+        batch = args.k * args.micro
+        order = np.concatenate(
+            [start + np.argsort(-lengths[start : start + batch], kind="stable") for start in range(0, n, batch)]
+        )
+        lengths, x, y = lengths[order], x[order], y[order]
+    x[np.arange(args.T)[None, :] >= lengths[:, None]] = 0
+    return x, y
+
+
+def build_model(args):
+    import keras
+
+    keras.utils.set_random_seed(args.seed)
+    tokens = keras.Input((args.T,), dtype="int32")
+    h = keras.layers.Embedding(args.V, args.E, mask_zero=True)(tokens)
+    h = keras.layers.LSTM(args.H, return_sequences=True)(h)
+    logits = keras.layers.Dense(args.C)(h)
+    return keras.Model(tokens, logits, name="masked_lstm")
+
+
+def loss():
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def micro_steps(optimizer):
+    """Keras' own micro-step counter (private: optimizer.iterations is it // k under accumulation)."""
+    counter = getattr(optimizer, "_iterations", None)
+    return None if counter is None else int(counter.numpy())
+
+
+# ---------------------------------------------------------------- the children
+
+
+def serve(name, args):
+    """A timing child: build one method, warm it up with one untimed round, then time one round per 'go'."""
+    import accum_train  # before TensorFlow: it sets the allocator mode TensorFlow reads at import
+    import keras
+    import tensorflow as tf
+
+    k, micro = args.k, args.micro
+    x, y = make_data(args.updates * k * micro, args, args.time_arrange)
+    model = build_model(args)
+    if name == A:
+        model.compile(optimizer=keras.optimizers.Adam(args.lr), loss=loss())
+
+        def run():
+            accum_train.fit(model, x, y, batch_size=k * micro, subdivisions=k, epochs=1, shuffle=False, verbose=0)
+
+    else:
+        model.compile(
+            optimizer=keras.optimizers.Adam(args.lr, gradient_accumulation_steps=k),
+            loss=loss(),
+            steps_per_execution=1 if name == B else k,
+        )
+
+        def run():
+            model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
+
+    def counters():
+        return {
+            "optimizer_updates": int(model.optimizer.iterations.numpy()),
+            "micro_steps": micro_steps(model.optimizer),
+        }
+
+    w0 = time.perf_counter()
+    run()  # warm-up: tracing, graph building
+    print(json.dumps({"ready": True, "warmup_wall_s": time.perf_counter() - w0, **counters()}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        c0, w0 = time.process_time(), time.perf_counter()
+        run()
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        print(json.dumps({"cpu": cpu, "wall": wall, **counters()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "done": True,
+                "jit_compile": None if name == A else bool(model.jit_compile),
+                # 0: TensorFlow's default (as many threads as cores)
+                "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+                "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+            }
+        ),
+        flush=True,
+    )
+
+
+def distance(args):
+    """The exactness child: (ii) accum-train and (iii) Keras GA against (i) whole-batch Keras, SGD."""
+    import accum_train
+    import keras
+    import tensorflow as tf
+
+    k, micro, updates = args.k, args.micro, args.distance_updates
+    x, y = make_data(updates * k * micro, args, args.arrange)
+    start = build_model(args).get_weights()
+
+    def train(optimizer, fit):
+        model = build_model(args)
+        model.set_weights(start)
+        model.compile(optimizer=optimizer, loss=loss())
+        fit(model)
+        if int(model.optimizer.iterations.numpy()) != updates:
+            raise RuntimeError(f"{model.optimizer.iterations.numpy()} optimizer updates, not {updates}")
+        return model.get_weights()
+
+    SGD = keras.optimizers.SGD
+    oracle = train(SGD(args.distance_lr), lambda m: m.fit(x, y, batch_size=k * micro, shuffle=False, verbose=0))
+    ours = train(
+        SGD(args.distance_lr),
+        lambda m: accum_train.fit(m, x, y, batch_size=k * micro, subdivisions=k, shuffle=False, verbose=0),
+    )
+    keras_ga = train(
+        SGD(args.distance_lr, gradient_accumulation_steps=k),
+        lambda m: m.fit(x, y, batch_size=micro, shuffle=False, verbose=0),
+    )
+
+    def max_abs(a, b):
+        return max(float(np.max(np.abs(p.astype(np.float64) - q.astype(np.float64)))) for p, q in zip(a, b))
+
+    moved = max_abs(oracle, start)
+    result = {
+        name: {"max_abs": max_abs(w, oracle), "relative": max_abs(w, oracle) / moved}
+        for name, w in (("accum-train", ours), ("keras GA", keras_ga))
+    }
+    result["moved"] = moved
+    # valid tokens in each micro-batch of the first batch, first to last
+    result["tokens_per_micro_batch"] = [int(np.sum(x[i * micro : (i + 1) * micro] != 0)) for i in range(k)]
+    result["versions"] = {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- the parent
+
+SHARED = ("V", "T", "E", "H", "C", "k", "micro", "updates", "lr", "seed", "time_arrange")
+SHARED_DISTANCE = ("V", "T", "E", "H", "C", "k", "micro", "seed", "arrange", "distance_updates", "distance_lr")
+
+
+def child_argv(name, args, keys):
+    return [sys.executable, __file__, "--serve", name] + [
+        f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys
+    ]
+
+
+def child_env():
+    return {key: value for key, value in os.environ.items() if key not in THREAD_ENV}
+
+
+def read_json(name, child):
+    """The child's next JSON line (other lines, if any, passed on to stderr)."""
+    while True:
+        line = child.stdout.readline()
+        if not line:
+            child.wait()
+            raise RuntimeError(f"{name}: the process ended early (exit code {child.returncode})")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            reply = None
+        if isinstance(reply, dict):
+            return reply
+        sys.stderr.write(f"[{name}] {line}")
+
+
+def run_distance(args):
+    out = subprocess.run(child_argv(DISTANCE, args, SHARED_DISTANCE), capture_output=True, text=True, env=child_env())
+    if out.returncode != 0:
+        raise SystemExit(f"the distance process failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_updates(name, reply, expected, k):
+    if reply["optimizer_updates"] != expected:
+        raise RuntimeError(f"{name}: optimizer.iterations is {reply['optimizer_updates']}, not {expected}")
+    if name in KERAS and reply["micro_steps"] != expected * k:
+        raise RuntimeError(f"{name}: {reply['micro_steps']} micro-steps in Keras' counter, not {expected * k}")
+
+
+def time_methods(args):
+    examples = args.updates * args.k * args.micro  # per round
+    children, finals, warmup = {}, {}, {}
+    try:
+        for name in METHODS:  # one at a time: each warms up while the others wait
+            child = subprocess.Popen(
+                child_argv(name, args, SHARED),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=child_env(),
+            )
+            children[name] = child
+            reply = read_json(name, child)
+            if not reply.get("ready"):
+                raise RuntimeError(f"{name}: the timing process did not start")
+            check_updates(name, reply, args.updates, args.k)
+            warmup[name] = reply["warmup_wall_s"]
+        cpu = {name: [] for name in METHODS}
+        wall = {name: [] for name in METHODS}
+        updates = {}
+        for r in range(args.rounds):
+            for name, child in children.items():
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                reply = read_json(name, child)
+                check_updates(name, reply, (r + 2) * args.updates, args.k)  # the warm-up round's too
+                cpu[name].append(reply["cpu"] / examples)
+                wall[name].append(reply["wall"] / examples)
+                updates[name] = reply["optimizer_updates"]
+        for name, child in children.items():
+            child.stdin.write("quit\n")
+            child.stdin.flush()
+            finals[name] = read_json(name, child)
+            child.wait()
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    times = {}
+    for name in METHODS:
+        cpu_med, wall_med = statistics.median(cpu[name]), statistics.median(wall[name])
+        times[name] = {
+            "rounds_cpu_s_per_example": cpu[name],
+            "rounds_wall_s_per_example": wall[name],
+            "cpu_s_per_example": cpu_med,
+            "wall_s_per_example": wall_med,
+            "examples_per_cpu_s": 1.0 / cpu_med,
+            "examples_per_wall_s": 1.0 / wall_med,
+            "warmup_wall_s": warmup[name],
+            # in all, the warm-up round's included; checked after every round
+            "optimizer_updates": updates[name],
+            "threads": {"intra": finals[name]["intra_op_threads"], "inter": finals[name]["inter_op_threads"]},
+        }
+    keras_jit = {name: finals[name]["jit_compile"] for name in KERAS}
+    return times, keras_jit
+
+
+def shown(value):
+    """3 decimals, rounded down: a ratio where higher is better for accum-train is never displayed higher."""
+    return str(Decimal(repr(value)).quantize(Decimal("0.001"), rounding=ROUND_FLOOR))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--V", type=int, default=1000, help="vocabulary size (id 0 is padding)")
+    parser.add_argument("--T", type=int, default=64, help="sequence length")
+    parser.add_argument("--E", type=int, default=32, help="embedding size")
+    parser.add_argument("--H", type=int, default=64, help="LSTM units")
+    parser.add_argument("--C", type=int, default=16, help="classes per token")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--micro", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--updates", type=int, default=20, help="updates per method per round (one training call per round)"
+    )
+    parser.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate (timing)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's initial weights and the data")
+    parser.add_argument("--time-arrange", choices=("random", "uneven"), default="random", help="the timing data")
+    parser.add_argument("--arrange", choices=("random", "uneven"), default="uneven", help="the distance data")
+    parser.add_argument("--distance-updates", type=int, default=3)
+    parser.add_argument("--distance-lr", type=float, default=0.5, help="SGD's learning rate (distance)")
+    parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # a child: a method's name or "distance"
+    args = parser.parse_args()
+
+    if args.serve == DISTANCE:
+        return distance(args)
+    if args.serve:
+        return serve(args.serve, args)
+
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    dist = run_distance(args)
+    versions = dist.pop("versions")
+    timing_started = time.perf_counter()
+    times, keras_jit = time_methods(args)
+    timing_s = time.perf_counter() - timing_started
+
+    print(
+        f"time: masked LSTM (V={args.V}, T={args.T}, E={args.E}, H={args.H}, C={args.C}), k={args.k}, micro-batch "
+        f"{args.micro}, Adam lr {args.lr}, {args.rounds} rounds x {args.updates} updates per method (one training "
+        f"call per round), each method in its own process, TensorFlow's default thread pools, medians; "
+        f"keras jit_compile resolved to {keras_jit[B]}"
+    )
+    print(
+        f"{'method':<27} {'CPU ms/example':>15} {'wall ms/example':>16} {'examples/s':>11} "
+        f"{'examples/CPU-s':>15} {'updates':>8} {'warm-up s':>10}"
+    )
+    for name, r in times.items():
+        print(
+            f"{name:<27} {1000 * r['cpu_s_per_example']:>15.3f} {1000 * r['wall_s_per_example']:>16.3f} "
+            f"{r['examples_per_wall_s']:>11.0f} {r['examples_per_cpu_s']:>15.0f} {r['optimizer_updates']:>8} "
+            f"{r['warmup_wall_s']:>10.1f}"
+        )
+    best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
+    best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
+    ratios = {
+        "cpu": times[A]["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
+        "wall": times[A]["examples_per_wall_s"] / times[best_wall]["examples_per_wall_s"],
+    }
+    print(
+        f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
+        f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}"
+    )
+    print(f"  a/b examples per CPU-second  {shown(ratios['cpu'])}  {ratios['cpu']!r}")
+    print(f"  a/b examples per wall-second  {shown(ratios['wall'])}  {ratios['wall']!r}")
+
+    print(
+        f"\ndistance from whole-batch training: SGD lr {args.distance_lr}, {args.distance_updates} updates of "
+        f"k={args.k} x {args.micro}, arrange {args.arrange} (valid tokens per micro-batch of the first batch: "
+        f"{dist['tokens_per_micro_batch']})"
+    )
+    for name in ("accum-train", "keras GA"):
+        d = dist[name]
+        print(f"  {name:<12} max |w - w_whole-batch| {d['max_abs']:.3e}   relative to the move {d['relative']:.3e}")
+    print(f"  whole-batch Keras moved the weights by up to {dist['moved']:.3e}")
+    print(f"\n({time.perf_counter() - started:.0f} s in all)")
+
+    if args.output:
+        environment = {
+            "python": platform.python_version(),
+            **versions,
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "thread_pools": "tensorflow defaults for every method (none set, TF_NUM_*_THREADS cleared)",
+            "load_average_before": load_before,
+            "timing_wall_s": timing_s,
+            "keras_jit_compile": keras_jit,
+        }
+        model = {
+            "layers": "Input((T,), int32) -> Embedding(V, E, mask_zero=True) -> LSTM(H, return_sequences=True) "
+            "-> Dense(C) per token",
+            "loss": "SparseCategoricalCrossentropy(from_logits=True)",
+            "metrics": None,
+            **{key: getattr(args, key) for key in ("V", "T", "E", "H", "C")},
+        }
+        args_json = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
+        args_json.pop("serve")
+        args.output.write_text(
+            json.dumps(
+                {
+                    "args": args_json,
+                    "model": model,
+                    "environment": environment,
+                    "time": times,
+                    "ratios": ratios,
+                    "a_b_against": {"cpu": best_cpu, "wall": best_wall},
+                    "distance": dist,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

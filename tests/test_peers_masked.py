@@ -1,0 +1,72 @@
+"""benchmarks/peers_masked.py end to end at a tiny setting: the JSON it writes, medians and ratios that are
+what the rounds give (never displayed in accum-train's favour), the number of updates each optimizer made,
+and the distance from whole-batch training: accum-train's none, Keras' accumulation's clear."""
+
+import json
+import statistics
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+METHODS = ["(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k"]
+
+
+@pytest.mark.slow  # four processes, each starting TensorFlow and tracing its training
+def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
+    out = tmp_path / "peers-masked.json"
+    rounds, updates = 2, 1
+    tiny = ["--V", "50", "--T", "12", "--E", "8", "--H", "8", "--C", "4", "--k", "2", "--micro", "4"]
+    argv = [*tiny, "--rounds", str(rounds), "--updates", str(updates), "--output", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(repo_root / "benchmarks" / "peers_masked.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert set(data) == {"args", "model", "environment", "time", "ratios", "a_b_against", "distance"}
+    assert data["args"]["arrange"] == "uneven"
+    assert data["environment"]["thread_pools"].startswith("tensorflow defaults")
+
+    times = data["time"]
+    assert list(times) == METHODS
+    for r in times.values():
+        assert len(r["rounds_cpu_s_per_example"]) == len(r["rounds_wall_s_per_example"]) == rounds
+        assert r["cpu_s_per_example"] == statistics.median(r["rounds_cpu_s_per_example"])
+        assert r["wall_s_per_example"] == statistics.median(r["rounds_wall_s_per_example"])
+        assert r["examples_per_cpu_s"] == pytest.approx(1 / r["cpu_s_per_example"])
+        assert r["examples_per_wall_s"] == pytest.approx(1 / r["wall_s_per_example"])
+        # one training call per round over every update of the round, plus the warm-up round's; Keras'
+        # optimizer.iterations counts updates (its micro-steps // k) under gradient_accumulation_steps
+        assert r["optimizer_updates"] == (rounds + 1) * updates
+        assert r["threads"] == {"intra": 0, "inter": 0}  # TensorFlow's defaults, for every method
+
+    keras = METHODS[1:]
+    best_cpu = min(keras, key=lambda name: times[name]["cpu_s_per_example"])
+    best_wall = min(keras, key=lambda name: times[name]["wall_s_per_example"])
+    assert data["a_b_against"] == {"cpu": best_cpu, "wall": best_wall}
+    a = times[METHODS[0]]
+    ratios = data["ratios"]
+    assert ratios["cpu"] == pytest.approx(times[best_cpu]["cpu_s_per_example"] / a["cpu_s_per_example"])
+    assert ratios["wall"] == pytest.approx(times[best_wall]["wall_s_per_example"] / a["wall_s_per_example"])
+    printed = {
+        line.strip().rsplit(maxsplit=2)[0]: line.split()[-2:] for line in result.stdout.splitlines() if "  a/b " in line
+    }
+    for key, name in (("cpu", "a/b examples per CPU-second"), ("wall", "a/b examples per wall-second")):
+        shown, full = printed[name]
+        assert float(full) == ratios[key]
+        # 3 decimals, rounded down (higher is better for accum-train): never above the measured ratio
+        assert Decimal(shown) <= Decimal(repr(ratios[key])) < Decimal(shown) + Decimal("0.001")
+        assert len(shown.split(".")[1]) == 3
+
+    distance = data["distance"]
+    assert distance["moved"] > 0
+    tokens = distance["tokens_per_micro_batch"]
+    assert tokens == sorted(tokens, reverse=True) and tokens[0] > tokens[-1]  # uneven: longest first
+    for name in ("accum-train", "keras GA"):
+        assert distance[name]["relative"] == pytest.approx(distance[name]["max_abs"] / distance["moved"])
+    assert distance["accum-train"]["max_abs"] < 1e-5  # the whole-batch update, to float32 rounding
+    assert distance["keras GA"]["max_abs"] > 1e-4  # the mean of the micro-batch means: another update
