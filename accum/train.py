@@ -59,17 +59,16 @@ from .timeline import Timeline
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, run_dir: Path | None, strategy=None, model=None, shared_dir=None):
-        """``run_dir`` None keeps everything in memory (no checkpoint files); ``model`` is a built model to train
-        instead of the one cfg.model names (accum_train.fit's); ``shared_dir``: the run directory a worker
-        other than the chief reads the kept model file from (its own ``run_dir`` is a scratch folder)."""
+    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None, shared_dir=None):
+        """``shared_dir``: the run directory a worker other than the chief reads the kept model file from (its
+        own ``run_dir`` is a scratch folder)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .models import build_model
         from .optim import make_optimizer, run_schedule
         from .threads import parallel_micro_steps
 
-        self.run_dir, self.data = None if run_dir is None else Path(run_dir), data
+        self.run_dir, self.data = Path(run_dir), data
         self.n_train = len(data.train)
         self.timeline = Timeline(cfg, self.n_train)
         self.total_steps = self.timeline.total_steps
@@ -79,15 +78,13 @@ class Run:
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
-            if model is None:
-                model = build_model(
-                    kept_model(shared_dir or run_dir, cfg.model) if run_dir is not None else cfg.model,
-                    cfg.seed,
-                    data.input_shape,
-                    data.num_classes,
-                    cfg.precision,
-                )
-            self.model = model
+            self.model = build_model(
+                kept_model(shared_dir or run_dir, cfg.model),
+                cfg.seed,
+                data.input_shape,
+                data.num_classes,
+                cfg.precision,
+            )
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         signature = (tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32))
         loss_fn, variables = sparse_softmax_loss(self.model.forward), self.model.trainable_variables
@@ -135,12 +132,8 @@ class Run:
         if self.engine.dynamic:
             tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
         self.checkpoint = tf.train.Checkpoint(**tracked)
-        self.manager = (
-            None
-            if self.run_dir is None
-            else tf.train.CheckpointManager(
-                self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
-            )
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
         )
 
     @property
@@ -223,9 +216,6 @@ class Run:
         """Save the state as of ``step`` updates; TensorFlow writes the files first and the 'checkpoint' pointer last,
         so a failed or killed save leaves the previous checkpoint as the latest."""
         self.step.assign(step)
-        if self.manager is None:  # a run kept in memory (accum_train.fit without output_dir)
-            self.saved_step = step
-            return
         try:
             self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as err:
@@ -246,22 +236,18 @@ def train(
     resume: bool = False,
     data=None,
     strategy=None,
-    model=None,
-    checked: bool = False,
 ) -> dict:
     """Train as configured, leaving a complete run directory; returns summary.json's content.
 
     Under a multi-worker strategy every worker calls this; only the chief writes
     ``run_dir``, the others write their (required) checkpoints to a scratch folder.
-    ``run_dir`` None trains in memory and writes nothing (accum_train.fit); ``model``
-    replaces the one cfg.model names; ``checked``: the caller has checked (and
-    begun) the output directory. The chief holds the run directory's writer
-    lock (``rundir.writing``) from before its first write to its return."""
+    The chief holds the run directory's writer lock (``rundir.writing``) from
+    before its first write to its return."""
     with contextlib.ExitStack() as held:
-        return _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held)
+        return _train(cfg, run_dir, progress, resume, data, strategy, held)
 
 
-def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held: contextlib.ExitStack) -> dict:
+def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.ExitStack) -> dict:
     from .distribute import is_chief, make_strategy
     from .threads import configure
 
@@ -273,32 +259,31 @@ def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held:
         from .datasets import load
 
         data = load(cfg.data, run_dir if resume else None)  # before anything is written: bad data leaves no trace
-    shared_dir = run_dir = None if run_dir is None else Path(run_dir)
-    if run_dir is not None and not is_chief(strategy):
+    shared_dir = run_dir = Path(run_dir)
+    if not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
         run_dir, progress = Path(scratch.name) / "run", Progress()
-    elif run_dir is not None and not resume and not checked:
+    elif not resume:
         check_output_dir(run_dir)
     started, cpu_started = time.time(), time.process_time()
     # before any write: a model file that does not fit leaves no trace
-    run = Run(cfg, data, run_dir, strategy, model=model, shared_dir=shared_dir)
+    run = Run(cfg, data, run_dir, strategy, shared_dir=shared_dir)
     cfg = run.cfg
-    writer = run_dir is not None and run_dir == shared_dir  # the process that writes the run directory
+    writer = run_dir == shared_dir  # the process that writes the run directory
     flag = "--resume " if resume else "--output-dir "
     # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
     found = newest_intact_checkpoint(shared_dir / "checkpoints", flag) if resume and writer else None
     if writer:
         held.enter_context(writing(run_dir, flag))
     restored = run.restore_latest(shared_dir, progress.message, repair=writer, found=found) if resume else 0
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy
-        for name, text in (
-            ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
-            ("dataset.json", json.dumps(data.describe(), indent=2)),
-        ):
-            if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
-                atomic_write(run_dir / name, text.encode())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy
+    for name, text in (
+        ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
+        ("dataset.json", json.dumps(data.describe(), indent=2)),
+    ):
+        if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
+            atomic_write(run_dir / name, text.encode())
     if writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
         data.file_checks.save(run_dir)
         progress.message(data.file_checks.line())
@@ -335,11 +320,8 @@ def _train(cfg, run_dir, progress, resume, data, strategy, model, checked, held:
         "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
         **threads,
     }
-    if run_dir is None:
-        summary["history"] = log.read()  # what metrics.jsonl would hold
-    else:
-        save_weights(run.model.named_weights(), run_dir / "weights.npz")
-        write_json(run_dir / "summary.json", summary)
+    save_weights(run.model.named_weights(), run_dir / "weights.npz")
+    write_json(run_dir / "summary.json", summary)
     return summary
 
 
@@ -395,18 +377,17 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"
         )
-    if run.run_dir is not None:
-        entry = {
-            "step": step,
-            "event": "resume" if resume else "start",
-            "strategy": cfg.strategy.name,
-            "workers": cluster_workers(),
-            "replicas": run.replicas,
-            "subdivisions": run.subdivisions,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        with open(run.run_dir / HISTORY, "a") as handle:
-            handle.write(json.dumps(entry) + "\n")
+    entry = {
+        "step": step,
+        "event": "resume" if resume else "start",
+        "strategy": cfg.strategy.name,
+        "workers": cluster_workers(),
+        "replicas": run.replicas,
+        "subdivisions": run.subdivisions,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    with open(run.run_dir / HISTORY, "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
     return step
 
 

@@ -238,8 +238,12 @@ def child_argv(name, args, keys):
     ]
 
 
-def child_env():
-    return {key: value for key, value in os.environ.items() if key not in THREAD_ENV}
+def child_env(threads=None):
+    """The children's environment: TensorFlow's default pools, or ``threads`` (intra, inter) for every method."""
+    env = {key: value for key, value in os.environ.items() if key not in THREAD_ENV}
+    if threads:
+        env.update(zip(THREAD_ENV, (str(t) for t in threads)))
+    return env
 
 
 def read_json(name, child):
@@ -259,7 +263,9 @@ def read_json(name, child):
 
 
 def run_distance(args):
-    out = subprocess.run(child_argv(DISTANCE, args, SHARED_DISTANCE), capture_output=True, text=True, env=child_env())
+    out = subprocess.run(
+        child_argv(DISTANCE, args, SHARED_DISTANCE), capture_output=True, text=True, env=child_env(args.threads)
+    )
     if out.returncode != 0:
         raise SystemExit(f"the distance process failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -282,7 +288,7 @@ def time_methods(args):
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
-                env=child_env(),
+                env=child_env(args.threads),
             )
             children[name] = child
             reply = read_json(name, child)
@@ -355,6 +361,12 @@ def main():
     parser.add_argument("--arrange", choices=("random", "uneven"), default="uneven", help="the distance data")
     parser.add_argument("--distance-updates", type=int, default=3)
     parser.add_argument("--distance-lr", type=float, default=0.5, help="SGD's learning rate (distance)")
+    parser.add_argument(
+        "--threads",
+        type=lambda text: tuple(int(t) for t in text.split(",")),
+        default=None,
+        help="INTRA,INTER: every method under these thread pools (default: TensorFlow's own)",
+    )
     parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # a child: a method's name or "distance"
     args = parser.parse_args()

@@ -24,14 +24,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 
-def to_inputs(images, labels, as_given: bool = False):
-    """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32.
-    ``as_given``: any [n, ...] cast to float32 and nothing else, as model.fit feeds arrays (accum_train.fit)."""
+def to_inputs(images, labels):
+    """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
     import tensorflow as tf
 
     x = tf.convert_to_tensor(images)
-    if as_given:
-        return tf.cast(x, tf.float32), tf.cast(labels, tf.int32)
     x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
     if x.shape.rank == 3:
         x = x[..., tf.newaxis]
@@ -41,23 +38,23 @@ def to_inputs(images, labels, as_given: bool = False):
 class ArraySplit:
     """A split held in memory as numpy arrays."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, as_given: bool = False):
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
         if len(images) != len(labels):  # loaders check this with a user-facing message first
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images, self.labels, self.as_given = images, labels, as_given
+        self.images, self.labels = images, labels
         self._tensors = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def head(self, n: int) -> ArraySplit:
-        return ArraySplit(self.images[:n], self.labels[:n], self.as_given)
+        return ArraySplit(self.images[:n], self.labels[:n])
 
     def subset(self, indices: np.ndarray) -> ArraySplit:
-        return ArraySplit(self.images[indices], self.labels[indices], self.as_given)
+        return ArraySplit(self.images[indices], self.labels[indices])
 
     def take(self, indices: np.ndarray):
-        return to_inputs(self.images[indices], self.labels[indices], self.as_given)
+        return to_inputs(self.images[indices], self.labels[indices])
 
     def batches(self, order: np.ndarray, batch_size: int):
         """Batches in ``order``, gathered and converted on the tf.data side from one copy in TF memory."""
@@ -70,9 +67,7 @@ class ArraySplit:
         # One batch made at a time and one waiting: a whole batch is the one input the update holds that
         # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
         # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
-        return indices.map(
-            lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx), self.as_given)
-        ).prefetch(1)
+        return indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx))).prefetch(1)
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,11 @@ elif mode == "multi_worker":
 else:
     strategy = tf.distribute.get_strategy()
 
+import accum_train  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from tensorflow.python.eager.polymorphic_function import atomic_function  # noqa: E402
-
-import accum_train  # noqa: E402
 from accum_train.keras_fit.step import FitUpdate  # noqa: E402
+from tensorflow.python.eager.polymorphic_function import atomic_function  # noqa: E402
 
 N, BATCH, VOCABULARY, STEPS = 40, 16, 20, 7
 rng = np.random.default_rng(7)
@@ -80,13 +79,19 @@ def update(self, iterator, stop=0):
         for node in nodes:
             if node.op.startswith("Collective"):
                 traced[node.op] = traced.get(node.op, 0) + 1
-                print("COLLECTIVE", node.name, node.attr["T"].type, list(node.input)[:2], file=sys.stderr)
     return out
 
 
 FitUpdate.update = update
 history = accum_train.fit(
-    model, tokens, tags, batch_size=BATCH, subdivisions=k, epochs=2, shuffle=False, verbose=0,
+    model,
+    tokens,
+    tags,
+    batch_size=BATCH,
+    subdivisions=k,
+    epochs=2,
+    shuffle=False,
+    verbose=0,
     validation_data=(tokens[:11], tags[:11]),
 )
 print(

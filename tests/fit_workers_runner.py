@@ -25,8 +25,7 @@ processes = [
     for i in range(workers)
 ]
 outputs = [p.communicate(timeout=240) for p in processes]
-for i, (p, (out, err)) in enumerate(zip(processes, outputs)):
+for i, (p, (_, err)) in enumerate(zip(processes, outputs)):
     if p.returncode != 0:
         sys.exit(f"worker {i} exited with {p.returncode}: {err[-3000:]}")
-print("\n".join(l for l in outputs[0][1].splitlines() if "COLLECTIVE" in l), file=sys.stderr)
 print(outputs[0][0].strip().splitlines()[-1])

@@ -4,11 +4,10 @@ import json
 import os
 import signal
 
+import accum_train
 import keras
 import numpy as np
 import pytest
-
-import accum_train
 from accum_train import UserError
 from accum_train.errors import Interrupted
 from accum_train.rundir import checkpoint_numbers, read_metrics

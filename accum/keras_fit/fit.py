@@ -417,6 +417,11 @@ def _engine(model, objective, norm_layers, k, scale, strategy, groups, eval_grou
         optimizer = optimizer.inner_optimizer
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in model._flatten_layers()):
         loss_scale = 2.0**15  # Keras' LossScaleOptimizer's initial scale
+    from ..threads import AUTO_PARALLEL, cpu_cores
+
+    # Two micro-steps in flight keep a few CPU cores busier than threads inside each small op (threads.py);
+    # with a GPU the device is the bottleneck and memory what accumulation is for.
+    parallel = 1 if tf.config.list_physical_devices("GPU") else min(AUTO_PARALLEL, cpu_cores())
     return FitUpdate(
         model,
         objective,
@@ -427,6 +432,7 @@ def _engine(model, objective, norm_layers, k, scale, strategy, groups, eval_grou
         groups=groups,
         eval_groups=eval_groups,
         strategy=strategy,
+        parallel=parallel,
         loss_scale=loss_scale,
         growth_updates=growth,
     )

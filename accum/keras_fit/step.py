@@ -23,6 +23,8 @@ metric (a sum over replicas) still gives the global value.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -54,6 +56,36 @@ class Totals:
         if parts.outputs:
             self.outputs.assign_add(tf.stack([tf.stack(pair) for pair in parts.outputs]))
         self.examples.assign_add(parts.examples)
+
+    def zeros(self) -> dict:
+        """What ``plus`` starts from (the loop-carried form of the totals)."""
+        return {
+            "sums": {g: tf.constant(0.0) for g in self.groups},
+            "counts": {g: tf.constant(0.0) for g in self.counts},
+            "outputs": tf.zeros(self.outputs.shape),
+            "examples": tf.constant(0.0),
+        }
+
+    def plus(self, carried: dict, parts: Parts, scale) -> dict:
+        """``carried`` with one micro-batch's parts added (as ``add`` adds them to the variables)."""
+        outputs = carried["outputs"]
+        if parts.outputs:
+            outputs = outputs + tf.stack([tf.stack(pair) for pair in parts.outputs])
+        return {
+            "sums": {g: carried["sums"][g] + parts.sums[g] / scale(g) for g in self.groups},
+            "counts": {g: carried["counts"][g] + parts.counts[g] for g in self.counts},
+            "outputs": outputs,
+            "examples": carried["examples"] + parts.examples,
+        }
+
+    def add_values(self, carried: dict) -> None:
+        """A loop's carried totals into the variables."""
+        for g in self.groups:
+            self.sums[g].assign_add(carried["sums"][g])
+        for g, count in self.counts.items():
+            count.assign_add(carried["counts"][g])
+        self.outputs.assign_add(carried["outputs"])
+        self.examples.assign_add(carried["examples"])
 
     def values(self) -> dict:
         return {
@@ -131,12 +163,26 @@ class FitUpdate(Update):
     scale expects) and the cache is multiplied by scale / normaliser once."""
 
     def __init__(
-        self, model, objective: Objective, optimizer, norm_layers, *, k, scale, groups, eval_groups, strategy, **shared
+        self,
+        model,
+        objective: Objective,
+        optimizer,
+        norm_layers,
+        *,
+        k,
+        scale,
+        groups,
+        eval_groups,
+        strategy,
+        parallel=1,
+        **shared,
     ):
         variables = [_storage(v) for v in model.trainable_variables]
         super().__init__(variables, optimizer, norm_layers=norm_layers, strategy=strategy, **shared)
         self.model, self.objective, self.k = model, objective, int(k)
         self.groups, self.scale = groups, float(scale)
+        # micro-steps in flight at once (``_carried``): only on one device, where nothing else shares the cores
+        self.parallel = max(1, min(int(parallel), self.k)) if self.replicas == 1 and self.one_process else 1
         with self.strategy.scope():
             self.caches = {g: GradientCache(self.variables) for g in self.groups}
             self.totals = Totals(self.groups, len(objective.entries))
@@ -163,26 +209,78 @@ class FitUpdate(Update):
 
     # -- inside the graph
 
-    def _micro(self, data):
+    def _gradients(self, data):
+        """One micro-batch: its loss parts and, per normaliser, the gradients of its (scaled) sum."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape(persistent=len(self.groups) > 1) as tape:
             y_pred = self.model(x, training=True)
             parts = self.objective.parts(x, y, y_pred, sample_weight, self.groups)
             targets = {g: self._scaled(parts.sums[g] / self._scale(g)) for g in self.groups}
-        for g in self.groups:
-            gradients = tape.gradient(targets[g], self.variables)
-            self.used = [u or grad is not None for u, grad in zip(self.used, gradients)]
-            self.caches[g].add(gradients)
+        gradients = {g: tape.gradient(targets[g], self.variables) for g in self.groups}
         del tape
-        self.totals.add(parts, self._scale)
+        for grads in gradients.values():
+            self.used = [u or grad is not None for u, grad in zip(self.used, grads)]
         self.metrics.update(x, y, y_pred, sample_weight)
+        return parts, gradients
+
+    def _micro(self, data):
+        parts, gradients = self._gradients(data)
+        for g in self.groups:
+            self.caches[g].add(gradients[g])
+        self.totals.add(parts, self._scale)
+
+    def _carried(self, iterator):
+        """The k micro-steps with their sums carried through the loop as tensors and written once, so that up to
+        ``parallel`` of them run at once (one device only: a replica cannot pull from a distributed iterator).
+        Each next micro-batch is pulled by the micro-step before it: the micro-batches keep their order, and
+        every sum adds in micro-batch order."""
+        pending = [layer.pending for layer in self.norm_layers]
+
+        def body(i, element, grads, totals, stats):
+            # first: the next micro-step can start once its micro-batch is here, while this one still runs
+            following = tf.cond(i + 1 < self.k, iterator.get_next, lambda: element)
+            with contextlib.ExitStack() as stack:
+                collected = [stack.enter_context(p.collect()) for p in pending]
+                parts, gradients = self._gradients(element)
+            grads = {
+                g: [
+                    total if d is None else total + tf.convert_to_tensor(d, tf.float32)
+                    for total, d in zip(grads[g], gradients[g])
+                ]
+                for g in self.groups
+            }
+            totals = self.totals.plus(totals, parts, self._scale)
+            stats = list(stats)
+            for j, calls in enumerate(collected):
+                for sums in calls:
+                    stats[j] = [total + value for total, value in zip(stats[j], sums)]
+            return i + 1, following, grads, totals, stats
+
+        start = (
+            tf.constant(0),
+            iterator.get_next(),
+            {g: [tf.zeros(v.shape, tf.float32) for v in self.variables] for g in self.groups},
+            self.totals.zeros(),
+            [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending],
+        )
+        _, _, grads, totals, stats = tf.while_loop(
+            lambda i, *_: i < self.k, body, start, parallel_iterations=self.parallel
+        )
+        for g in self.groups:
+            self.caches[g].add(grads[g])
+        self.totals.add_values(totals)
+        for p, sums in zip(pending, stats):
+            p.add_sums(sums)
 
     def _scale(self, group) -> float:
         return 1.0 if group == TOTAL else self.scale
 
     def _update_all(self, iterator, stop):
-        for _ in tf.range(self.k):
-            self.strategy.run(self._micro, args=(next(iterator),))
+        if self.parallel > 1:
+            self._carried(iterator)
+        else:
+            for _ in tf.range(self.k):
+                self.strategy.run(self._micro, args=(next(iterator),))
         return self.strategy.run(self._finish_replica, args=(stop,))
 
     def _combine(self, totals: dict, groups):
