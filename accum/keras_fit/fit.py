@@ -140,7 +140,6 @@ def fit(
             restore.enter_context(pooled(model, strategy, engine.norm_layers))
             engine.hold()
         restore.callback(engine.release)
-        history = FitHistory()
         loop = Loop(model, engine, feed, cut, validation, cut, strategy=strategy)
         checkpoints = None
         if output_dir is not None:
@@ -150,6 +149,7 @@ def fit(
             say = print if verbose else (lambda line: None)
             checkpoints = restore.enter_context(FitRunDir.open(Path(output_dir), model, engine, described, say))
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
+        history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
         loop.run(
             epochs=epochs,
             initial_epoch=initial_epoch,

@@ -56,7 +56,7 @@ class Loop:
         return self.stream
 
     def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
-        """Train from epoch ``start[0]``, update ``start[1]`` of it; model.fit's History."""
+        """Train from epoch ``start[0]``, update ``start[1]`` of it (a History among ``callbacks`` records it)."""
         model = self.model
         steps = self.feed.updates(initial_epoch)
         callbacks = keras.callbacks.CallbackList(
@@ -119,7 +119,6 @@ class Loop:
         if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
             model.optimizer.finalize_variable_values(model.trainable_weights)
         callbacks.on_train_end(logs=training_logs)
-        return model.history
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""

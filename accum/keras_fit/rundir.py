@@ -139,6 +139,18 @@ class FitRunDir:
             self._truncate_metrics(int(self.step.numpy()))
             say(f"accum_train.fit: resuming {self.run_dir} at update {int(self.step.numpy())}")
 
+    def earlier_epochs(self) -> list:
+        """(epoch, logs) of each epoch metrics.jsonl records as ended (what a resumed call's History starts
+        with)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not self.writer or not path.is_file():
+            return []
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        skip = ("step", "epoch", "epoch_end")
+        return [
+            (r["epoch"] - 1, {k: v for k, v in r.items() if k not in skip}) for r in records if r.get("epoch_end")
+        ]
+
     def _truncate_metrics(self, step: int) -> None:
         """metrics.jsonl as of ``step`` updates: records of later updates (lost with the process) dropped."""
         path = self.run_dir / "metrics.jsonl"
