@@ -154,10 +154,14 @@ def max_difference(a, b):
     return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 
 
+# validation data where the val_ logs take another path (masks, several outputs, metrics over examples)
+VALIDATED = {"binary", "masked-tokens", "masked-tokens-lstm-adam", "two-outputs", "one-hot-adam-class-weight"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_fit_ends_at_the_weights_and_logs_of_model_fit_on_whole_batches(case):
     build, x, y, keywords, optimizer_name, k = CASES[case]
-    validation = (x[:13], tuple_or_dict(y, slice(0, 13)))
+    validation = (x[:13], tuple_or_dict(y, slice(0, 13))) if case in VALIDATED else None
     oracle, ours = compiled(build, optimizer_name), compiled(build, optimizer_name)
     start = [w.copy() for w in ours.get_weights()]
     expected = oracle.fit(

@@ -147,9 +147,7 @@ class FitRunDir:
             return []
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         skip = ("step", "epoch", "epoch_end")
-        return [
-            (r["epoch"] - 1, {k: v for k, v in r.items() if k not in skip}) for r in records if r.get("epoch_end")
-        ]
+        return [(r["epoch"] - 1, {k: v for k, v in r.items() if k not in skip}) for r in records if r.get("epoch_end")]
 
     def _truncate_metrics(self, step: int) -> None:
         """metrics.jsonl as of ``step`` updates: records of later updates (lost with the process) dropped."""
