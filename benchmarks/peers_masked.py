@@ -238,6 +238,12 @@ def child_argv(name, args, keys):
     ]
 
 
+def pools_text(threads) -> str:
+    if threads:
+        return f"every method under {threads[0]} intra-op and {threads[1]} inter-op threads (--threads)"
+    return "TensorFlow's default thread pools for every method (none set, TF_NUM_*_THREADS cleared)"
+
+
 def child_env(threads=None):
     """The children's environment: TensorFlow's default pools, or ``threads`` (intra, inter) for every method."""
     env = {key: value for key, value in os.environ.items() if key not in THREAD_ENV}
@@ -387,7 +393,7 @@ def main():
     print(
         f"time: masked LSTM (V={args.V}, T={args.T}, E={args.E}, H={args.H}, C={args.C}), k={args.k}, micro-batch "
         f"{args.micro}, Adam lr {args.lr}, {args.rounds} rounds x {args.updates} updates per method (one training "
-        f"call per round), each method in its own process, TensorFlow's default thread pools, medians; "
+        f"call per round), each method in its own process, {pools_text(args.threads)}, medians; "
         f"keras jit_compile resolved to {keras_jit[B]}"
     )
     print(
@@ -430,7 +436,7 @@ def main():
             **versions,
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "thread_pools": "tensorflow defaults for every method (none set, TF_NUM_*_THREADS cleared)",
+            "thread_pools": pools_text(args.threads),
             "load_average_before": load_before,
             "timing_wall_s": timing_s,
             "keras_jit_compile": keras_jit,
