@@ -52,6 +52,11 @@ def is_run_dir(path: Path) -> bool:
 def require_run_dir(path: Path, flag: str = "") -> Path:
     """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it)."""
     path = Path(path)
+    if (path / "fit.json").is_file():
+        raise RunDirError(
+            f"{flag + ' ' if flag else ''}{path} was written by accum_train.fit: continue it by calling "
+            f"accum_train.fit(model, ..., output_dir={str(path)!r}) again; its trained model is {path / 'model.keras'}"
+        )
     if not path.is_dir() or not is_run_dir(path):
         raise RunDirError(
             f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "

@@ -76,6 +76,11 @@ def two_outputs():
     return keras.Model(inputs, {"value": value, "label": label}), loss, {"label": ["accuracy"]}
 
 
+def squared_error(y_true, y_pred):
+    """A loss given as a plain function (Keras wraps it, reduction sum_over_batch_size)."""
+    return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+
 def batchnorm():
     inputs = keras.Input((6,))
     hidden = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs)))
@@ -86,6 +91,7 @@ def batchnorm():
 CASES = {
     "mse": (dense(1), X, Y_VALUE, {}, "sgd", K),
     "mse-adam": (dense(1), X, Y_VALUE, {}, "adam", K),
+    "loss-function": (dense(1, loss=squared_error), X, Y_VALUE, {"sample_weight": WEIGHTS}, "sgd", K),
     "huber-sample-weight": (
         dense(1, loss=keras.losses.Huber(), metrics=["mae"]),
         X,

@@ -148,3 +148,14 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
         fit(other, 2, run_dir)
     assert str(caught.value).startswith(f"accum_train.fit: output_dir {run_dir} holds a checkpoint of another model (")
     assert str(caught.value).endswith("): pass the same model, or choose a new output_dir")
+
+
+def test_the_cli_tells_a_fit_run_directory_apart(tmp_path):
+    run_dir = tmp_path / "run"
+    fit(model(), 1, run_dir)
+    with pytest.raises(UserError) as caught:
+        accum_train.run(resume=run_dir)
+    assert str(caught.value) == (
+        f"--resume {run_dir} was written by accum_train.fit: continue it by calling accum_train.fit(model, ..., "
+        f"output_dir={str(run_dir)!r}) again; its trained model is {run_dir / 'model.keras'}"
+    )
