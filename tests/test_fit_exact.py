@@ -81,6 +81,27 @@ def squared_error(y_true, y_pred):
     return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
 
 
+def four_outputs():
+    """Most losses in one model (one trace in the default suite): MSE, binary and one-hot categorical
+    cross-entropy, and a sum-reduced MAE, with loss_weights and sample weights."""
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    outputs = {
+        "value": keras.layers.Dense(1, name="value")(hidden),
+        "binary": keras.layers.Dense(1, activation="sigmoid", name="binary")(hidden),
+        "class": keras.layers.Dense(4, activation="softmax", name="class")(hidden),
+        "summed": keras.layers.Dense(1, name="summed")(hidden),
+    }
+    loss = {
+        "value": "mse",
+        "binary": "binary_crossentropy",
+        "class": "categorical_crossentropy",
+        "summed": keras.losses.MeanAbsoluteError(reduction="sum"),
+    }
+    metrics = {"binary": ["accuracy"], "class": ["accuracy"]}
+    return keras.Model(inputs, outputs), loss, metrics
+
+
 def batchnorm():
     inputs = keras.Input((6,))
     hidden = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs)))
@@ -88,7 +109,9 @@ def batchnorm():
 
 
 # name: (model builder, x, y, fit keywords, optimizer, k)
+FOUR = {"value": Y_VALUE, "binary": Y_BINARY, "class": np.eye(4)[Y_CLASS], "summed": Y_VALUE}
 CASES = {
+    "four-outputs": (four_outputs, X, FOUR, {"sample_weight": WEIGHTS}, "adam", K),
     "mse": (dense(1), X, Y_VALUE, {}, "sgd", K),
     "mse-adam": (dense(1), X, Y_VALUE, {}, "adam", K),
     "loss-function": (dense(1, loss=squared_error), X, Y_VALUE, {"sample_weight": WEIGHTS}, "sgd", K),
@@ -153,7 +176,10 @@ def compiled(build, optimizer_name):
 
 
 def _loss_weights(model):
-    return {"value": 0.5, "label": 2.0} if isinstance(model.output, dict) else None
+    if not isinstance(model.output, dict):
+        return None
+    weights = {"value": 0.5, "label": 2.0, "binary": 1.5, "class": 0.7, "summed": 0.05}
+    return {name: weights[name] for name in model.output}
 
 
 def max_difference(a, b):
@@ -161,10 +187,12 @@ def max_difference(a, b):
 
 
 # validation data where the val_ logs take another path (masks, several outputs, metrics over examples)
-VALIDATED = {"binary", "masked-tokens", "masked-tokens-lstm-adam", "two-outputs", "one-hot-adam-class-weight"}
+VALIDATED = {"four-outputs", "masked-tokens", "masked-tokens-lstm-adam", "two-outputs", "one-hot-adam-class-weight"}
+# the default suite's cases: every kind of normaliser once (the rest in make test-slow)
+DEFAULT = {"four-outputs", "masked-tokens", "masked-tokens-lstm-adam", "two-outputs", "batchnorm-one-micro-batch"}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c in DEFAULT else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_fit_ends_at_the_weights_and_logs_of_model_fit_on_whole_batches(case):
     build, x, y, keywords, optimizer_name, k = CASES[case]
     validation = (x[:13], tuple_or_dict(y, slice(0, 13))) if case in VALIDATED else None
