@@ -1,5 +1,5 @@
-"""accum-train from Python: ``run`` does what ``accum-train run`` does, ``fit``
-trains a Keras 3 model object you hold, both with the same engine and loop.
+"""accum-train from Python: ``run`` does what ``accum-train run`` does (``accum_train.fit``, model.fit with
+exact accumulation for a Keras model you hold, is in keras_fit/).
 
 Bad input raises ``UserError`` with the one line the CLI prints (the CLI is a
 thin layer over ``run``); nothing here calls ``sys.exit``. TensorFlow is

@@ -225,9 +225,14 @@ if tuple(_OPTIMIZERS) != OPTIMIZER_NAMES:  # a registry out of step with the con
     raise ImportError(f"optimizer registry {tuple(_OPTIMIZERS)} != config.OPTIMIZER_NAMES {OPTIMIZER_NAMES}")
 
 
+def new_optimizer(cfg: OptimizerConfig, schedule) -> keras.optimizers.Optimizer:
+    """The optimizer ``cfg`` names, at ``schedule`` (a rate or a LearningRateSchedule), not built yet."""
+    return _OPTIMIZERS[cfg.name](schedule, cfg)
+
+
 def make_optimizer(cfg: OptimizerConfig, schedule, variables) -> keras.optimizers.Optimizer:
     """A built optimizer (slots created now, outside any tf.function)."""
-    optimizer = _OPTIMIZERS[cfg.name](schedule, cfg)
+    optimizer = new_optimizer(cfg, schedule)
     optimizer.build(variables)
     return optimizer
 

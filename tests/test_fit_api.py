@@ -359,8 +359,8 @@ BAD = [
     (
         lambda: classifier(False),
         lambda m: accum_train.fit(m, X, LABELS, batch_size=BATCH, optimizer="adamx"),
-        "accum_train.fit: optimizer='adamx' is not one of adam, sgd, rmsprop, adamw, lamb, or pass a "
-        "keras.optimizers.Optimizer; did you mean 'adam'?",
+        "accum_train.fit: optimizer.name='adamx' is not one of adam, sgd, momentum, rmsprop, lars, lamb; "
+        "did you mean 'adam'?",
     ),
     (
         regression,

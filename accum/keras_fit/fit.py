@@ -35,13 +35,6 @@ from .objective import Objective
 
 WHERE = "accum_train.fit"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-UNCOMPILED_OPTIMIZERS = {
-    "adam": keras.optimizers.Adam,
-    "sgd": keras.optimizers.SGD,
-    "rmsprop": keras.optimizers.RMSprop,
-    "adamw": keras.optimizers.AdamW,
-    "lamb": keras.optimizers.Lamb,
-}
 
 
 def fit(
@@ -224,8 +217,9 @@ def _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_e
 
 
 def _compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
-    """An uncompiled model gets today's keywords: sparse categorical cross-entropy (on logits, or on the
-    probabilities of a softmax output layer), accuracy, and the named optimizer at ``learning_rate``."""
+    """An uncompiled model gets the keywords of earlier releases: sparse categorical cross-entropy (on logits,
+    or on the probabilities of a softmax output layer), accuracy, and the optimizer named as a config's
+    optimizer.name (adam, sgd, momentum, rmsprop, lars, lamb) at ``learning_rate``, or an optimizer object."""
     if model.compiled:
         if optimizer is not None or learning_rate is not None:
             raise UserError(
@@ -234,19 +228,14 @@ def _compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
             )
         return
     optimizer = "adam" if optimizer is None else optimizer
-    rate = 0.001 if learning_rate is None else learning_rate
     if isinstance(optimizer, str):
-        if optimizer not in UNCOMPILED_OPTIMIZERS:
-            import difflib
+        from ..config import config_from_dict
+        from ..optim import new_optimizer
 
-            close = difflib.get_close_matches(optimizer, list(UNCOMPILED_OPTIMIZERS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UserError(
-                f"{WHERE}: optimizer={optimizer!r} is not one of {', '.join(UNCOMPILED_OPTIMIZERS)}, "
-                f"or pass a keras.optimizers.Optimizer{hint}"
-            )
+        rate = 0.001 if learning_rate is None else learning_rate
+        cfg = config_from_dict({"optimizer": {"name": optimizer, "learning_rate": rate}}, WHERE).optimizer
         with strategy.scope():
-            optimizer = UNCOMPILED_OPTIMIZERS[optimizer](learning_rate=rate)
+            optimizer = new_optimizer(cfg, cfg.learning_rate)
     elif not isinstance(optimizer, keras.optimizers.Optimizer):
         raise UserError(
             f"{WHERE}: optimizer is a {type(optimizer).__name__}: pass a name or a keras.optimizers.Optimizer"

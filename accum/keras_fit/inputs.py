@@ -79,9 +79,7 @@ def _leaves_as_arrays(structure, name: str):
 
 
 def _tuples(structure):
-    if isinstance(structure, list):
-        return tuple(_tuples(s) for s in structure)
-    if isinstance(structure, tuple):
+    if isinstance(structure, (list, tuple)):
         return tuple(_tuples(s) for s in structure)
     if isinstance(structure, dict):
         return {k: _tuples(v) for k, v in structure.items()}

@@ -11,7 +11,6 @@ progress bar and every callback count updates, never micro-batches.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import keras
@@ -145,7 +144,3 @@ def _due(epoch: int, validation_freq) -> bool:
     if isinstance(validation_freq, int):
         return (epoch + 1) % validation_freq == 0
     return epoch + 1 in validation_freq
-
-
-def updates_in(examples: int, batch_size: int) -> int:
-    return math.ceil(examples / batch_size)
