@@ -221,19 +221,17 @@ def read_metrics(path: Path) -> list:
 
 
 class MetricsLog:
-    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard; with ``run_dir``
-    None, a list in memory (``records``) and nothing written."""
+    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
 
-    def __init__(self, run_dir: Path | None):
+    def __init__(self, run_dir: Path):
         import tensorflow as tf
 
-        self.records = []
-        self.path = None if run_dir is None else Path(run_dir) / "metrics.jsonl"
-        self.writer = None if run_dir is None else tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
 
     def truncate_after(self, step: int, epochs_done: int) -> None:
         """Drop records a resumed run will write again (those after its checkpoint)."""
-        if self.path is None or not self.path.exists():
+        if not self.path.exists():
             return
         keep = []
         for line in self.path.read_text().splitlines():
@@ -251,9 +249,6 @@ class MetricsLog:
     def write(self, records) -> None:
         import tensorflow as tf
 
-        if self.path is None:
-            self.records += records
-            return
         with open(self.path, "a") as handle:
             for record in records:
                 handle.write(json.dumps(record) + "\n")
@@ -301,8 +296,6 @@ class MetricsLog:
         return loss_sum, examples
 
     def read(self):
-        if self.path is None:
-            return list(self.records)
         return read_metrics(self.path) if self.path.exists() else []
 
     def epoch_losses(self, epoch: int) -> tuple:

@@ -4,6 +4,7 @@ runs it (the strategy first, the model built and compiled in its scope), printin
     python fit_worker.py mirrored K      two replicas (logical CPUs) in this process, k micro-batches each
     python fit_worker.py single K        one device
     python fit_worker.py multi_worker K  one replica per process, TF_CONFIG naming the cluster
+    ... K OUTPUT_DIR                      also keep a run directory there (the chief writes it)
 
 The last line of stdout is JSON: the weights (lists), the history, and for each update the graph calls made
 and the collectives traced while it ran."""
@@ -14,6 +15,7 @@ import sys
 import tensorflow as tf
 
 mode, k = sys.argv[1], int(sys.argv[2])
+output_dir = sys.argv[3] if len(sys.argv) > 3 else None
 if mode == "mirrored":
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -93,6 +95,7 @@ history = accum_train.fit(
     shuffle=False,
     verbose=0,
     validation_data=(tokens[:11], tags[:11]),
+    output_dir=output_dir,
 )
 print(
     json.dumps(

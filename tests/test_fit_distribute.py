@@ -54,7 +54,21 @@ def test_two_mirrored_replicas_end_where_one_device_with_twice_the_micro_batches
 
 
 @pytest.mark.slow  # three fresh processes, two of them workers joined over loopback
-def test_two_workers_end_where_one_device_with_twice_the_micro_batches_ends(one_device):
-    workers = last_json(private_network([sys.executable, str(HERE / "fit_workers_runner.py"), "2", "2"]))
+def test_two_workers_end_where_one_device_with_twice_the_micro_batches_ends(one_device, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(HERE / "fit_workers_runner.py"), "2", "2", str(run_dir)]
+    workers = last_json(private_network(command))
     check(workers, one_device)
     assert workers["collective_ops"] == {"CollectiveReduceV2": 1}  # one all-reduce in the update's graph
+    # the chief kept the run directory (the other worker its checkpoints in a scratch folder, gone)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if not r.get("epoch_end")] == list(range(1, 7))
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+    saved = keras_weights(run_dir / "model.keras")
+    assert max_difference(saved, workers["weights"]) == 0.0
+
+
+def keras_weights(path):
+    import keras
+
+    return keras.models.load_model(path).get_weights()
