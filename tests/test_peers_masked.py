@@ -29,7 +29,7 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     data = json.loads(out.read_text())
     assert set(data) == {"args", "model", "environment", "time", "ratios", "a_b_against", "distance"}
     assert data["args"]["arrange"] == "uneven"
-    assert data["environment"]["thread_pools"].startswith("tensorflow defaults")
+    assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
 
     times = data["time"]
     assert list(times) == METHODS
