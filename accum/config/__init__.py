@@ -1,0 +1,75 @@
+"""The config: every default in one place, parsed and validated once.
+
+A YAML file lists only what differs from the defaults below. ``load_config``
+reads it with ``yaml.safe_load`` (data only: no tags, no eval, no imports),
+applies ``--set key=value`` overrides, checks every key and value against the
+dataclasses here, and returns a frozen ``Config``. Nothing else in the project
+reads raw dicts. Each error names the key, the value and what is allowed, in
+one line, and says where the value came from (the file or ``--set``).
+
+One module per job: ``schema`` (the keys, their defaults and help), ``parse`` (YAML, overrides, types and
+ranges), ``rules`` (what ties keys together), ``wording`` (how errors name values and where they came from).
+"""
+
+from ..errors import ConfigError
+from .parse import as_config, config_from_dict, load_config, with_overrides
+from .schema import (
+    ADAPTIVE_KEYS,
+    DATASET_NAMES,
+    DEFAULT_SUBDIVISIONS,
+    MAX_BATCH_SIZE,
+    MAX_EPOCHS,
+    MODEL_NAMES,
+    NORM_NAMES,
+    OPTIMIZER_NAMES,
+    PRECISIONS,
+    SCALE_RULES,
+    SCHEDULE_NAMES,
+    SEED_CHANNELS,
+    STRATEGY_NAMES,
+    AugmentConfig,
+    BatchChange,
+    CheckpointConfig,
+    Config,
+    DataConfig,
+    LossScaleConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ScaleConfig,
+    ScheduleConfig,
+    StrategyConfig,
+)
+from .wording import parse_size
+
+__all__ = [
+    "ADAPTIVE_KEYS",
+    "DATASET_NAMES",
+    "DEFAULT_SUBDIVISIONS",
+    "MAX_BATCH_SIZE",
+    "MAX_EPOCHS",
+    "MODEL_NAMES",
+    "NORM_NAMES",
+    "OPTIMIZER_NAMES",
+    "PRECISIONS",
+    "SCALE_RULES",
+    "SCHEDULE_NAMES",
+    "SEED_CHANNELS",
+    "STRATEGY_NAMES",
+    "AugmentConfig",
+    "BatchChange",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "LossScaleConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ScaleConfig",
+    "ScheduleConfig",
+    "StrategyConfig",
+    "as_config",
+    "config_from_dict",
+    "load_config",
+    "parse_size",
+    "with_overrides",
+]

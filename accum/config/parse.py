@@ -1,0 +1,297 @@
+"""Reading a config: YAML (``yaml.safe_load``: data only, no tags, no eval, no imports), ``--set KEY=VALUE``
+overrides, and every key and value checked against the schema's types, ranges and choices; the rules that
+tie keys together come after (rules.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from ..errors import ConfigError
+from .rules import check_relations, resolve_batches
+from .schema import Config
+from .wording import _came_from_set, _show, _type_word, parse_size
+
+
+def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML file (or only defaults, if path is None), apply overrides."""
+    source = str(path) if path is not None else "defaults"
+    raw: dict = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    overridden: set = set()
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(raw, key, value, source)
+        overridden.add(key)
+    return config_from_dict(raw, source, overridden)
+
+
+def with_overrides(base: Config | dict, overrides, source: str = "config") -> Config:
+    """A Config (or a dict in the YAML's shape) with overrides applied, checked: ``overrides`` as --set takes
+    them ("KEY=VALUE" strings, the value read as YAML) or a dict {KEY: value}."""
+    raw = copy.deepcopy(base.to_dict() if isinstance(base, Config) else base)
+    if not isinstance(raw, dict):
+        return config_from_dict(raw, source)
+    items = overrides.items() if isinstance(overrides, dict) else [_parse_override(item) for item in overrides]
+    overridden: set = set()
+    for key, value in items:
+        _set_dotted(raw, key, value, source)
+        overridden.add(key)
+    return config_from_dict(raw, source, overridden)
+
+
+def as_config(config: str | Path | dict | Config | None, overrides=()) -> Config:
+    """A checked Config from a YAML path (None: the defaults), a dict in the YAML's shape or a Config,
+    overrides applied (see ``with_overrides``)."""
+    if isinstance(config, (Config, dict)):
+        return with_overrides(config, overrides or ())
+    if isinstance(overrides, dict):
+        source = str(config) if config is not None else "defaults"
+        raw = _read_yaml(Path(config)) if config is not None else {}
+        return with_overrides(raw, overrides, source)
+    return load_config(config, overrides or ())
+
+
+def config_from_dict(raw: Any, source: str = "config", overridden: typing.Collection[str] = ()) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{source}: the config must be a mapping of keys (e.g. 'batch_size: 500'), got {_type_word(raw)}"
+        )
+    cfg = _build(Config, raw, "", source, set(overridden))
+    cfg = resolve_batches(cfg, "batch_size" in raw, source, set(overridden))
+    check_relations(cfg, source, set(overridden))
+    return cfg
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {path} does not exist: pass the path of a YAML file, e.g. configs/fmnist.yaml"
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory: pass the path of a YAML file") from None
+    except PermissionError:
+        raise ConfigError(f"config file {path} is not readable: check its permissions") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text: pass a YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "an unknown place"
+        problem = err.problem or str(err)
+        raise ConfigError(f"{path}: YAML syntax error at {where}: {problem}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
+    return {} if data is None else data
+
+
+def _parse_override(item: str):
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r} must look like KEY=VALUE, e.g. --set subdivisions=10")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        raise ConfigError(
+            f"--set {item!r}: the value {text!r} is not valid YAML; quote strings, e.g. --set model.name=mlp"
+        ) from None
+    return key, value
+
+
+def _set_dotted(raw: dict, key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            prefix = ".".join(parts[: depth + 1])
+            raise ConfigError(
+                f"--set {key}: {prefix} is {_show(child)} in {source}, "
+                f"not a mapping, so it has no key {parts[depth + 1]!r}"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+# Names other tools use for our keys, which difflib cannot guess from spelling.
+ALIASES = {
+    "lr": "learning_rate",
+    "lrate": "learning_rate",
+    "bs": "batch_size",
+    "batch": "batch_size",
+    "subdiv": "subdivisions",
+    "accumulation_steps": "subdivisions",
+    "gradient_accumulation_steps": "subdivisions",
+    "optim": "optimizer",
+    "network": "model",
+}
+
+
+def _hint(key: str, valid: typing.Sequence[str], prefix: str = "") -> str:
+    if ALIASES.get(key) in valid:
+        return f"did you mean {prefix + ALIASES[key]!r}?"
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {prefix + close[0]!r}?"
+    return "valid keys: " + ", ".join(valid)
+
+
+def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            dotted = prefix + str(key)
+            where = "--set" if dotted in overridden else source
+            raise ConfigError(f"{where}: unknown key {dotted!r} ({_hint(str(key), list(fields), prefix)})")
+    values = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        dotted = prefix + name
+        where = "--set" if _came_from_set(dotted, overridden) else source
+        values[name] = _check_value(hints[name], f.metadata, raw[name], dotted, where, overridden)
+    return cls(**values)
+
+
+def _check_value(tp, meta, value, key, where, overridden):
+    optional = False
+    if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[int] or int | None
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = type(None) in typing.get_args(tp)
+        if meta.get("choices") == "auto":  # an integer, or the word auto
+            if value == "auto":
+                return value
+            if isinstance(value, str):
+                raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)} or auto")
+            meta = {**meta, "choices": None}
+        tp = args[0]
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: {key} is empty: {_expected(tp, meta)}")
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1] is Ellipsis:  # a list of any length
+        return _check_list(typing.get_args(tp)[0], value, key, where, overridden)
+    if typing.get_origin(tp) is tuple:  # a fixed-length list of integers, e.g. data.image_size
+        size = len(typing.get_args(tp))
+        if (
+            not isinstance(value, list)
+            or len(value) != size
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < meta["min"] for v in value)
+        ):
+            words = {2: "two", 3: "three"}
+            example = "[28, 28]" if size == 2 else str([1] * size)
+            raise ConfigError(
+                f"{where}: {key}={_show(value)} must be a list of {words.get(size, size)} "
+                f"integers >= {meta['min']}, e.g. {example}"
+            )
+        return tuple(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{where}: {key}={_show(value)} must be a mapping of keys "
+                f"(e.g. {key}: {{{dataclasses.fields(tp)[0].name}: ...}})"
+            )
+        return _build(tp, value, key + ".", where, overridden)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)}")
+    elif tp is float:
+        # YAML 1.1 reads 1e-3 (no dot) as a string; users mean the number.
+        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a number{_range_text(meta)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a finite number{_range_text(meta)}")
+        _check_range(value, meta, key, where)
+        return float(value)
+    elif tp is str and meta.get("choices") == "size":
+        try:
+            parse_size(value, key)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        return str(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"{where}: {key}={_show(value)} must be a string"
+                + (f" (one of {', '.join(meta['choices'])})" if meta.get("choices") else "")
+            )
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: {key}={_show(value)} is not one of {', '.join(choices)}{hint}")
+        return value
+    else:  # pragma: no cover - a field type the schema does not handle is a bug
+        raise TypeError(f"unsupported config type {tp!r} for {key}")
+    _check_range(value, meta, key, where)
+    return value
+
+
+def _check_list(item_type, value, key, where, overridden) -> tuple:
+    """A list of strings, or of mappings read as ``item_type`` (a dataclass), each item named key[i]."""
+    if dataclasses.is_dataclass(item_type):
+        first = dataclasses.fields(item_type)[0].name
+        example = f"[{{{first}: ...}}, ...]"
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a list of mappings, e.g. {example}")
+        return tuple(_build(item_type, item, f"{key}[{i}].", where, overridden) for i, item in enumerate(value))
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: {key}={_show(value)} must be a list of strings, e.g. ['bias', 'norm']")
+    return tuple(value)
+
+
+def _check_range(value, meta, key, where):
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None:
+        if meta.get("exclusive_min") and not value > lo:
+            raise ConfigError(f"{where}: {key}={_show(value)} must be > {lo}{_upper(hi)}")
+        if not meta.get("exclusive_min") and value < lo:
+            raise ConfigError(f"{where}: {key}={_show(value)} must be >= {lo}{_upper(hi)}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{where}: {key}={_show(value)} must be <= {hi}")
+
+
+def _upper(hi) -> str:
+    return f" and <= {hi}" if hi is not None else ""
+
+
+def _range_text(meta) -> str:
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is None and hi is None:
+        return ""
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if meta.get('exclusive_min') else '>='} {lo}")
+    if hi is not None:
+        parts.append(f"<= {hi}")
+    return " " + " and ".join(parts)
+
+
+def _expected(tp, meta) -> str:
+    word = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, "a mapping")
+    if meta.get("choices"):
+        return f"set it to one of {', '.join(meta['choices'])}"
+    return f"set it to {word}{_range_text(meta)}"

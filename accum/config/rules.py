@@ -1,0 +1,253 @@
+"""The rules between keys: subdivisions or micro_batch_size, batch_schedule's order, keys that only one
+model, optimizer, dataset or precision reads. Each broken rule is one line naming the keys and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..errors import ConfigError
+from .schema import (
+    ADAPTIVE_KEYS,
+    DEFAULT_SUBDIVISIONS,
+    Config,
+    DataConfig,
+    LossScaleConfig,
+    ModelConfig,
+    OptimizerConfig,
+)
+from .wording import _blamer, _came_from_set, _show
+
+
+def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden: set) -> Config:
+    """subdivisions or micro_batch_size (the default k when neither is given); batch_schedule checked and its
+    first batch made batch_size when it starts at the start."""
+
+    where = _blamer(source, overridden)
+
+    if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
+        # --set of one over the file's other: the later word wins, as for any key
+        by_set = {key: _came_from_set(key, overridden) for key in ("subdivisions", "micro_batch_size")}
+        if by_set["micro_batch_size"] and not by_set["subdivisions"]:
+            cfg = dataclasses.replace(cfg, subdivisions=None)
+        elif by_set["subdivisions"] and not by_set["micro_batch_size"]:
+            cfg = dataclasses.replace(cfg, micro_batch_size=None)
+    if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
+        raise ConfigError(
+            f"{where('subdivisions', 'micro_batch_size')}: give subdivisions or micro_batch_size, not both "
+            f"(subdivisions={cfg.subdivisions}, micro_batch_size={cfg.micro_batch_size}): remove one"
+        )
+    if cfg.subdivisions is None and cfg.micro_batch_size is None:
+        cfg = dataclasses.replace(cfg, subdivisions=DEFAULT_SUBDIVISIONS)
+    changes = cfg.batch_schedule
+    if not changes:
+        return cfg
+    at = where("batch_schedule")
+    for i, change in enumerate(changes):
+        if (change.epoch is None) == (change.step is None):
+            raise ConfigError(
+                f"{at}: batch_schedule[{i}] needs an epoch or a step, not both or neither "
+                f"(e.g. {{epoch: 6, batch_size: 2000}} or {{step: 600, batch_size: 2000}})"
+            )
+        if change.batch_size is None:
+            raise ConfigError(f"{at}: batch_schedule[{i}] needs a batch_size (e.g. {{epoch: 6, batch_size: 2000}})")
+    unit = "epoch" if changes[0].epoch is not None else "step"
+    starts = [getattr(change, unit) for change in changes]
+    if any(start is None for start in starts):
+        raise ConfigError(f"{at}: batch_schedule mixes epoch and step entries: key every entry by {unit}")
+    for i in range(1, len(starts)):
+        if starts[i] <= starts[i - 1]:
+            raise ConfigError(
+                f"{at}: batch_schedule[{i}] ({unit} {starts[i]}) must come after batch_schedule[{i - 1}] "
+                f"({unit} {starts[i - 1]}): list the changes in increasing {unit}s"
+            )
+    if starts[0] == (1 if unit == "epoch" else 0):
+        first = changes[0].batch_size
+        if batch_size_given and cfg.batch_size != first:
+            raise ConfigError(
+                f"{where('batch_size', 'batch_schedule')}: batch_size={cfg.batch_size} and batch_schedule[0] "
+                f"({unit} {starts[0]}, batch_size={first}) both set the first batch size: remove one"
+            )
+        cfg = dataclasses.replace(cfg, batch_size=first, batch_schedule=changes[1:])
+    return cfg
+
+
+def check_relations(cfg: Config, source: str, overridden: set) -> None:
+    where = _blamer(source, overridden)
+
+    if cfg.auto_subdivisions:
+        if cfg.memory_limit is None:
+            raise ConfigError(
+                f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
+                f"(e.g. memory_limit: 2GiB) to know what fits"
+            )
+    elif cfg.subdivisions is not None and cfg.subdivisions > min(cfg.batch_sizes):
+        if cfg.batch_schedule and cfg.subdivisions <= cfg.batch_size:
+            raise ConfigError(
+                f"{where('subdivisions', 'batch_schedule')}: subdivisions={cfg.subdivisions} cannot cut "
+                f"batch_schedule's batch_size={min(cfg.batch_sizes)} (a micro-batch holds at least one example): "
+                f"give micro_batch_size instead, so that k follows the batch"
+            )
+        raise ConfigError(
+            f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
+            f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)"
+        )
+    if cfg.batch_schedule:
+        if cfg.auto_subdivisions:
+            raise ConfigError(
+                f"{where('subdivisions', 'batch_schedule')}: batch_schedule needs micro_batch_size or a fixed "
+                f"subdivisions (auto probes one batch size): set micro_batch_size to what fits"
+            )
+        last = cfg.batch_schedule[-1]
+        if last.epoch is not None and last.epoch > cfg.epochs:
+            raise ConfigError(
+                f"{where('batch_schedule', 'epochs')}: batch_schedule starts batch_size={last.batch_size} at epoch "
+                f"{last.epoch}, after the last epoch (epochs={cfg.epochs}): raise epochs or remove the entry"
+            )
+    _check_optimizer_keys(cfg.optimizer, where)
+    if cfg.baseline and cfg.parallel_micro_steps not in ("auto", 1):
+        raise ConfigError(
+            f"{where('parallel_micro_steps', 'baseline')}: parallel_micro_steps="
+            f"{cfg.parallel_micro_steps} needs baseline=false (the baseline has no micro-steps): "
+            f"remove it or set baseline=false"
+        )
+    _check_model_keys(cfg.model, where)
+    if cfg.precision != "mixed_float16" and cfg.loss_scale != LossScaleConfig():
+        raise ConfigError(
+            f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for "
+            f"precision=mixed_float16 (precision={cfg.precision} needs no loss scaling): remove it or set the precision"
+        )
+    if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":
+        raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for strategy.name=mirrored")
+    _check_data_keys(cfg.data, where)
+    limit = cfg.data.train_limit
+    if limit is not None and cfg.data.validation >= limit:
+        raise ConfigError(
+            f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
+            f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit"
+        )
+    if limit is not None and limit < cfg.batch_size:
+        raise ConfigError(
+            f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
+            f"than batch_size={cfg.batch_size}: raise it or lower batch_size"
+        )
+    if limit is not None and limit < max(cfg.batch_sizes):
+        raise ConfigError(
+            f"{where('data.train_limit', 'batch_schedule')}: data.train_limit={limit} is smaller than "
+            f"batch_schedule's batch_size={max(cfg.batch_sizes)}: raise it or lower that batch size"
+        )
+
+
+def _check_optimizer_keys(optimizer: OptimizerConfig, where) -> None:
+    default = OptimizerConfig()
+    for key in ADAPTIVE_KEYS:
+        owners = ("lars",) if key == "trust_coefficient" else ("lars", "lamb")
+        if getattr(optimizer, key) != getattr(default, key) and optimizer.name not in owners:
+            raise ConfigError(
+                f"{where('optimizer.' + key, 'optimizer.name')}: optimizer.{key} is only for optimizer.name="
+                f"{' or '.join(owners)}, not {optimizer.name}: remove it or change the optimizer"
+            )
+    for pattern in optimizer.exclude_from_adaptation or ():
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(
+                f"{where('optimizer.exclude_from_adaptation')}: optimizer.exclude_from_adaptation has "
+                f"{pattern!r}, not a regular expression ({err}): escape it, e.g. 'conv1/bias'"
+            ) from None
+
+
+# Model keys that only one kind of model reads: a value other than the default
+# for the other kind would be silently ignored, so it is refused.
+BUILT_IN_MODEL_KEYS = ("width", "norm", "hidden", "groups", "bn_momentum")
+
+
+def _check_model_keys(model: ModelConfig, where) -> None:
+    default = ModelConfig()
+    if model.name == "keras_file":
+        if model.path is None:
+            raise ConfigError(
+                f"{where('model.name', 'model.path')}: model.name=keras_file needs model.path "
+                f"(e.g. model: {{name: keras_file, path: my_model.keras}})"
+            )
+        if not model.path.endswith(".keras"):
+            raise ConfigError(
+                f"{where('model.path')}: model.path={_show(model.path)} must name a .keras file "
+                f"(Keras 3's format, written by model.save('my_model.keras'))"
+            )
+        for key in BUILT_IN_MODEL_KEYS:
+            if getattr(model, key) != getattr(default, key):
+                raise ConfigError(
+                    f"{where('model.' + key, 'model.name')}: model.{key} is only for the built-in "
+                    f"models (seed_convnet, mlp), not keras_file, whose layers come from its file: "
+                    f"remove it, or replace the whole model mapping: "
+                    f"--set 'model={{name: keras_file, path: {model.path}}}'"
+                )
+        return
+    for key, hint in (
+        ("path", "remove it or set model.name=keras_file"),
+        ("from_logits", "the built-in models output logits; remove it"),
+    ):
+        if getattr(model, key) != getattr(default, key):
+            raise ConfigError(
+                f"{where('model.' + key, 'model.name')}: model.{key} is only for "
+                f"model.name=keras_file, not {model.name}: {hint}"
+            )
+    if model.norm != "batchnorm" and model.bn_momentum != default.bn_momentum:
+        raise ConfigError(
+            f"{where('model.bn_momentum', 'model.norm')}: model.bn_momentum is only for "
+            f"model.norm=batchnorm, not {model.norm}: remove it or set model.norm=batchnorm"
+        )
+    if model.norm != "groupnorm":
+        if model.groups != default.groups:
+            raise ConfigError(
+                f"{where('model.groups', 'model.norm')}: model.groups is only for "
+                f"model.norm=groupnorm, not {model.norm}: remove it or set model.norm=groupnorm"
+            )
+        return
+    channels = model.norm_channels
+    if any(c % model.groups for c in channels):
+        fits = max(g for g in range(1, model.groups + 1) if all(c % g == 0 for c in channels))
+        key = "width" if model.name == "seed_convnet" else "hidden"
+        raise ConfigError(
+            f"{where('model.groups', 'model.' + key)}: model.groups={model.groups} must divide the "
+            f"channels of every normalised layer of {model.name} (model.{key}={getattr(model, key):g}: "
+            f"{', '.join(map(str, channels))}): set model.groups={fits} or change model.{key}"
+        )
+
+
+# Which data.name each dataset key is for (name, dir, train_limit, test_limit are for all).
+DATA_KEYS_FOR = {
+    "dir": ("fashion_mnist",),
+    "path": ("npz", "image_folder"),
+    "image_size": ("image_folder",),
+    "channels": ("image_folder",),
+    "num_classes": ("npz",),
+}
+DATA_KEY_HINTS = {
+    ("dir", "npz"): "give the .npz file as data.path",
+    ("dir", "image_folder"): "give the folder as data.path",
+    ("path", "fashion_mnist"): "Fashion-MNIST's folder is data.dir; for your own data set data.name to npz "
+    "or image_folder",
+    ("image_size", "npz"): "an .npz's images are used at their own size",
+    ("channels", "npz"): "an .npz's channels are its images' last axis",
+    ("num_classes", "image_folder"): "the classes are the folder's class folders",
+}
+
+
+def _check_data_keys(data: DataConfig, where) -> None:
+    for key, names in DATA_KEYS_FOR.items():
+        if getattr(data, key) is not None and data.name not in names:
+            hint = DATA_KEY_HINTS.get((key, data.name), f"remove it or set data.name to {' or '.join(names)}")
+            raise ConfigError(
+                f"{where('data.' + key, 'data.name')}: data.{key} is only for data.name="
+                f"{' or '.join(names)}, not {data.name}: {hint}"
+            )
+    if data.name in DATA_KEYS_FOR["path"] and data.path is None:
+        example = "mydata.npz" if data.name == "npz" else "my_images"
+        raise ConfigError(
+            f"{where('data.name', 'data.path')}: data.name={data.name} needs data.path "
+            f"(e.g. data: {{name: {data.name}, path: {example}}})"
+        )
+    if data.channels is not None and data.channels not in (1, 3):
+        raise ConfigError(f"{where('data.channels')}: data.channels={data.channels} must be 1 (grayscale) or 3 (RGB)")

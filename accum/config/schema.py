@@ -1,0 +1,420 @@
+"""The config's schema: every key, its default, its range and its help text, in frozen dataclasses.
+
+The help texts are the key reference (``docs/configuration.md`` is generated from them); the registries
+name what each choice may be, and their implementations check at import that they implement exactly these."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import yaml
+
+from ..batching import k_for_micro_batch
+from .wording import parse_size
+
+# Registries. The implementations live in models.py, optim.py and the datasets
+# package; each checks at import that it implements exactly these names, so a
+# config that validates here always finds its implementation.
+MODEL_NAMES = ("seed_convnet", "mlp", "keras_file")
+NORM_NAMES = ("batchnorm", "groupnorm", "none")
+OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop", "lars", "lamb")
+SCALE_RULES = ("none", "linear", "sqrt")
+SCHEDULE_NAMES = ("constant", "cosine", "exponential")
+DATASET_NAMES = ("fashion_mnist", "npz", "image_folder")
+STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+# subdivisions when neither it nor micro_batch_size is given
+DEFAULT_SUBDIVISIONS = 5
+
+# Large enough for any real run, small enough that a typo like 5e9 is caught
+# before it allocates anything.
+MAX_BATCH_SIZE = 1_000_000
+MAX_EPOCHS = 100_000
+
+
+def _spec(
+    default=dataclasses.MISSING,
+    *,
+    help: str,
+    minimum=None,
+    maximum=None,
+    choices=None,
+    exclusive_min=False,
+    default_factory=dataclasses.MISSING,
+):
+    meta = {"help": help, "min": minimum, "max": maximum, "choices": choices, "exclusive_min": exclusive_min}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# seed_convnet's channels at width 1.0 (models.py builds from them; groupnorm's groups are checked against them).
+SEED_CHANNELS = (128, 256, 384, 512, 640)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _spec(
+        "seed_convnet",
+        choices=MODEL_NAMES,
+        help="seed_convnet: the seed's 5-conv net; mlp: a small dense net; "
+        "keras_file: your own Keras 3 model from model.path",
+    )
+    width: float = _spec(
+        0.25,
+        minimum=0.0,
+        exclusive_min=True,
+        maximum=8.0,
+        help="channel multiplier of seed_convnet (1.0 = 128..640 channels)",
+    )
+    norm: str = _spec(
+        "batchnorm",
+        choices=NORM_NAMES,
+        help="seed_convnet and mlp: batchnorm after each conv (hidden layer), groupnorm "
+        "(per example: micro-batch independent), or none",
+    )
+    hidden: int = _spec(256, minimum=1, maximum=65536, help="hidden units of mlp")
+    bn_momentum: float = _spec(
+        0.9,
+        minimum=0.0,
+        maximum=1.0,
+        help="norm=batchnorm: share of the moving statistics kept at each update (moving = moving * m + "
+        "batch * (1 - m)); they move once per update, so with few updates (a large batch) lower it, "
+        "e.g. 0.9 ** (batch_size / 500) keeps the horizon of 0.9 at batch 500",
+    )
+    groups: int = _spec(
+        8,
+        minimum=1,
+        maximum=65536,
+        help="norm=groupnorm: channel groups; must divide every normalised layer's channels",
+    )
+    path: str | None = _spec(
+        None,
+        help="keras_file: a .keras file written by model.save() (loaded with "
+        "safe_mode=True: no Lambda layers or custom code)",
+    )
+    from_logits: bool = _spec(
+        True,
+        help="keras_file: true if the model outputs logits, false if it ends "
+        "in a softmax (trained on the logits under it; export keeps it)",
+    )
+
+    @property
+    def norm_channels(self) -> tuple[int, ...]:
+        """Channels of each layer the built-in model normalises (groupnorm's groups must divide them)."""
+        if self.name == "seed_convnet":
+            return tuple(max(1, round(c * self.width)) for c in SEED_CHANNELS)
+        if self.name == "mlp":
+            return (self.hidden,)
+        return ()
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = _spec("constant", choices=SCHEDULE_NAMES, help="learning-rate schedule, counted in updates (steps)")
+    warmup_steps: int = _spec(0, minimum=0, help="linear warm-up from 0, in updates")
+    decay_steps: int | None = _spec(
+        None, minimum=1, help="cosine: length (default: the whole run); exponential: updates per factor decay_rate"
+    )
+    decay_rate: float = _spec(
+        0.5, minimum=0.0, exclusive_min=True, maximum=1.0, help="exponential: factor per decay_steps"
+    )
+    min_ratio: float = _spec(
+        0.0, minimum=0.0, maximum=1.0, help="cosine: final learning rate as a fraction of the peak"
+    )
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    rule: str = _spec(
+        "none",
+        choices=SCALE_RULES,
+        help="none: the rate as given; linear: rate x batch_size / base_batch_size (Goyal et al. 2017); "
+        "sqrt: rate x (batch_size / base_batch_size) ** 0.5; with batch_schedule, the batch in force",
+    )
+    base_batch_size: int = _spec(
+        256, minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size optimizer.learning_rate is meant for"
+    )
+
+    def factor(self, batch_size: int) -> float:
+        """What the configured rate is multiplied by at ``batch_size``."""
+        power = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}[self.rule]
+        return 1.0 if power == 0.0 else (batch_size / self.base_batch_size) ** power
+
+
+# Keys only the layer-wise adaptive optimizers read (lars, lamb): refused for the others, whose
+# update they would not change.
+ADAPTIVE_KEYS = ("weight_decay", "exclude_from_adaptation", "trust_coefficient")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = _spec(
+        "adam",
+        choices=OPTIMIZER_NAMES,
+        help="adam | sgd | momentum | rmsprop; lars: momentum SGD with a layer-wise trust ratio (You et al. "
+        "2017); lamb: Adam with a layer-wise trust ratio (You et al. 2019)",
+    )
+    learning_rate: float = _spec(
+        0.001,
+        minimum=0.0,
+        exclusive_min=True,
+        maximum=100.0,
+        help="peak learning rate (for scale_learning_rate.base_batch_size when scale_learning_rate.rule is set)",
+    )
+    momentum: float = _spec(0.9, minimum=0.0, maximum=1.0, help="momentum (momentum, lars) or rho (rmsprop)")
+    clip_norm: float | None = _spec(
+        None, minimum=0.0, exclusive_min=True, help="clip the accumulated gradient to this global norm"
+    )
+    schedule: ScheduleConfig = _spec(default_factory=ScheduleConfig, help="learning-rate schedule")
+    scale_learning_rate: ScaleConfig = _spec(
+        default_factory=ScaleConfig, help="scale learning_rate with the batch size (linear or sqrt rule)"
+    )
+    weight_decay: float = _spec(
+        0.0,
+        minimum=0.0,
+        maximum=1.0,
+        help="lars, lamb: weight decay added to the gradient (lars) or the update (lamb) before the trust "
+        "ratio, as the papers do; not applied to the variables excluded from adaptation",
+    )
+    exclude_from_adaptation: tuple[str, ...] | None = _spec(
+        None,
+        help="lars, lamb: variables that get neither the trust ratio nor weight decay, as regular expressions "
+        "searched in each variable's path; null: every variable with one axis (biases, normalisation scales "
+        "and offsets), as both papers exclude them; []: none",
+    )
+    trust_coefficient: float = _spec(
+        0.001, minimum=0.0, exclusive_min=True, maximum=1.0, help="lars: eta, the trust coefficient"
+    )
+
+
+@dataclass(frozen=True)
+class BatchChange:
+    epoch: int | None = _spec(None, minimum=1, maximum=MAX_EPOCHS, help="the 1-based epoch it starts at")
+    step: int | None = _spec(None, minimum=0, help="or: the updates done before it starts (0: from the first)")
+    batch_size: int | None = _spec(None, minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size from then on")
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    flip: bool = _spec(
+        False,
+        help="mirror each training image left-right with probability 1/2 (only for "
+        "data whose mirror image keeps its class: clothes, not digits or text)",
+    )
+    crop: int = _spec(
+        0,
+        minimum=0,
+        maximum=4096,
+        help="pad each training image with this many zero pixels per side and cut a random "
+        "window of its own size: shifts of up to crop pixels",
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = _spec(
+        "fashion_mnist",
+        choices=DATASET_NAMES,
+        help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
+        "image_folder: your PNG/JPEG files in class folders",
+    )
+    dir: str | None = _spec(
+        None, help="fashion_mnist: folder with the IDX .gz files (default: $ACCUM_TRAIN_DATA, Debian's, the cache)"
+    )
+    path: str | None = _spec(
+        None,
+        help="npz: the .npz file (x_train, y_train, x_test, y_test, optional "
+        "class_names); image_folder: the folder holding train/CLASS/*.png "
+        "and test/CLASS/*.png (also .jpg, .jpeg)",
+    )
+    image_size: tuple[int, int] | None = _spec(
+        None,
+        minimum=1,
+        help="image_folder: resize every image to [H, W] (bilinear); null: every image must already have one size",
+    )
+    channels: int | None = _spec(
+        None,  # 1 or 3: checked with the other data keys
+        help="image_folder: decode every image to 1 (grayscale) or 3 (RGB) "
+        "channels; null: 3, as keras.utils.image_dataset_from_directory",
+    )
+    num_classes: int | None = _spec(
+        None,
+        minimum=2,
+        maximum=1_000_000,
+        help="npz: the class count (null: the largest label + 1, or the "
+        "length of class_names); a label >= num_classes is an error",
+    )
+    shuffle: bool = _spec(
+        True, help="false: every epoch reads the training examples in their stored order (as model.fit(shuffle=False))"
+    )
+    train_limit: int | None = _spec(None, minimum=1, help="use only the first N training examples")
+    test_limit: int | None = _spec(None, minimum=1, help="use only the first N test examples")
+    validation: int = _spec(
+        0,
+        minimum=0,
+        help="hold out this many training examples (the same random choice in every run) "
+        "as a validation split, evaluated every epoch: choose settings on it and "
+        "keep the test split for the final figure",
+    )
+    augment: AugmentConfig = _spec(
+        default_factory=AugmentConfig, help="random changes to each training image, drawn from (seed, update)"
+    )
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    name: str = _spec(
+        "default",
+        choices=STRATEGY_NAMES,
+        help="default: one device; mirrored: the visible devices of this machine; "
+        "multi_worker: one process per machine, from TF_CONFIG or --workers",
+    )
+    cpu_devices: int | None = _spec(
+        None, minimum=1, maximum=64, help="mirrored: split the CPU into this many logical devices"
+    )
+    worker_timeout_s: float = _spec(
+        60.0,
+        minimum=0.0,
+        exclusive_min=True,
+        help="--workers: how long a worker may take to start, and how long the others get to stop when one fails",
+    )
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    initial: float = _spec(
+        32768.0, minimum=1.0, maximum=2.0**64, help="mixed_float16: the loss scale of the first update"
+    )
+    growth_updates: int = _spec(
+        2000, minimum=1, help="mixed_float16: double the scale after this many applied updates in a row"
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = _spec(0, minimum=0, help="also checkpoint every N updates (0: epoch ends only)")
+    keep: int = _spec(3, minimum=1, maximum=1000, help="checkpoints kept")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
+    batch_size: int = _spec(
+        500,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        help="examples per update (the large batch); the first of batch_schedule",
+    )
+    subdivisions: int | str | None = _spec(
+        None,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        choices="auto",
+        help=f"micro-batches per update; sizes differ by at most one; auto: the fewest that fit in memory_limit; "
+        f"null: from micro_batch_size ({DEFAULT_SUBDIVISIONS} when neither is given)",
+    )
+    micro_batch_size: int | None = _spec(
+        None,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE,
+        help="instead of subdivisions: the most examples a device computes at once (what fits); "
+        "k = ceil(batch_size / micro_batch_size) per device, and again at each batch_schedule change",
+    )
+    batch_schedule: tuple[BatchChange, ...] = _spec(
+        (),
+        help="batch sizes that change during the run, keyed by epoch or by step: "
+        "[{epoch: 1, batch_size: 500}, {epoch: 6, batch_size: 2000}]",
+    )
+    epochs: int = _spec(10, minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
+    seed: int = _spec(0, minimum=0, maximum=2**31 - 1, help="weights and data order")
+    optimizer: OptimizerConfig = _spec(default_factory=OptimizerConfig, help="the optimizer")
+    data: DataConfig = _spec(default_factory=DataConfig, help="the dataset")
+    baseline: bool = _spec(False, help="true: plain optimizer on the whole batch, no cache")
+    log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
+    checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
+    strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
+    max_bad_updates: int = _spec(
+        10, minimum=1, help="stop after this many updates in a row skipped for a non-finite loss or gradient"
+    )
+    precision: str = _spec(
+        "float32",
+        choices=PRECISIONS,
+        help="float32 | mixed_bfloat16 | mixed_float16: compute in 16 bits, with weights, "
+        "gradient cache and optimizer state in float32",
+    )
+    loss_scale: LossScaleConfig = _spec(
+        default_factory=LossScaleConfig, help="mixed_float16 only: one dynamic loss scale per update"
+    )
+    parallel_micro_steps: int | str = _spec(
+        "auto",
+        minimum=1,
+        maximum=64,
+        choices="auto",
+        help="micro-batches computed at once, each on its share of the CPU cores (memory then holds this "
+        "many); auto: 2 on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
+        "(measured faster there), else 1",
+    )
+    memory_limit: str | None = _spec(
+        None,
+        choices="size",
+        help="stop a run whose TensorFlow allocator peak exceeds this (e.g. 2GiB): a smaller device, simulated",
+    )
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return None if self.memory_limit is None else parse_size(self.memory_limit, "memory_limit")
+
+    def subdivisions_for(self, batch_size: int, replicas: int = 1) -> int | str:
+        """k for a batch of ``batch_size`` on ``replicas``: each replica cuts its share into this many micro-batches
+        (micro_batch_size: the fewest that keep each within it; subdivisions: as given; auto: "auto")."""
+        if self.micro_batch_size is None:
+            return self.subdivisions
+        return k_for_micro_batch(batch_size, self.micro_batch_size, replicas)
+
+    @property
+    def largest_micro_batch(self) -> int:
+        """The largest micro-batch of the first batch on one device: what memory has to hold."""
+        if self.auto_subdivisions:
+            raise ValueError("subdivisions=auto has no micro-batch size until the run measures one")
+        return math.ceil(self.batch_size / self.subdivisions_for(self.batch_size))
+
+    @property
+    def auto_subdivisions(self) -> bool:
+        return self.subdivisions == "auto"
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Every batch size the run uses: batch_size, then batch_schedule's."""
+        return (self.batch_size, *(change.batch_size for change in self.batch_schedule))
+
+    def with_decay_steps(self, decay_steps: int | None) -> Config:
+        schedule = dataclasses.replace(self.optimizer.schedule, decay_steps=decay_steps)
+        return dataclasses.replace(self, optimizer=dataclasses.replace(self.optimizer, schedule=schedule))
+
+    def resolved(self, total_steps: int) -> Config:
+        """Fix what is computed from the run's length when the run starts.
+
+        A decaying schedule with decay_steps null decays over the whole run
+        (after warm-up). The length is resolved here and written into the
+        run's config.yaml, so a run resumed with more epochs keeps the curve
+        it started on instead of silently bending it."""
+        schedule = self.optimizer.schedule
+        if schedule.name == "constant" or schedule.decay_steps is not None:
+            return self
+        return self.with_decay_steps(max(1, total_steps - schedule.warmup_steps))
+
+    def to_dict(self) -> dict:
+        # YAML's safe dumper has no tuples (data.image_size): write them as lists.
+        return dataclasses.asdict(
+            self,
+            dict_factory=lambda items: {
+                key: list(value) if isinstance(value, tuple) else value for key, value in items
+            },
+        )
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
