@@ -79,12 +79,12 @@ def bench(
     """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
-    from .datasets import load
+    from .keras_loss import load_data
 
     progress = progress or Progress()
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    load(cfg.data)
+    load_data(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     variants = [(p, k) for p in (precisions or [cfg.precision]) for k in subdivisions]
     samples = {v: [] for v in variants}
@@ -187,11 +187,11 @@ def plot(result: dict, path: Path) -> None:
 def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
-    from .datasets import load
+    from .keras_loss import load_data
     from .threads import configure
 
     threads = configure(cfg)  # as a run would, before any op
-    print(json.dumps({**measure(cfg, load(cfg.data), steps), **threads}))
+    print(json.dumps({**measure(cfg, load_data(cfg), steps), **threads}))
 
 
 if __name__ == "__main__":

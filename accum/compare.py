@@ -131,9 +131,9 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=N
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
-        from .datasets import load
+        from .keras_loss import load_data
 
-        data = load(cfg.data)
+        data = load_data(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     atomic_write(config_path, cfg.to_yaml().encode())

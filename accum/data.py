@@ -52,6 +52,8 @@ def worker_batches(split, order: np.ndarray, batch_size: int, replicas: int, rep
 
 def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
     """The first update's batch (epoch 0): what memory probes and the gradient check look at."""
+    if hasattr(data.train, "first"):  # a stream: its epoch 0 front to back
+        return data.train.first(batch_size)
     return data.train.take(epoch_order(seed, 0, len(data.train), shuffle)[:batch_size])
 
 

@@ -114,7 +114,17 @@ def _first(strategy, structure):
 
 def _size(y, n=None):
     """The global batch size as the graphs take it (a tensor: a Python int would retrace per value)."""
-    return tf.constant(len(y) if n is None else int(n), tf.int32)
+    return tf.constant(len(tf.nest.flatten(y)[0]) if n is None else int(n), tf.int32)
+
+
+def _rows(structure, start, end):
+    """Examples [start, end) of a batch: a tensor, or a structure of them (targets with sample weights)."""
+    return tf.nest.map_structure(lambda tensor: tensor[start:end], structure)
+
+
+def _examples(structure):
+    """How many examples a batch (or a structure of tensors of one batch) holds."""
+    return tf.shape(tf.nest.flatten(structure)[0])[0]
 
 
 def _signal(stop) -> tf.Tensor:
@@ -215,7 +225,7 @@ class Update:
 
         def share(ctx, tensor):
             start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
-            return tensor[start - offset : end - offset]
+            return _rows(tensor, start - offset, end - offset)
 
         return (
             self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
@@ -437,14 +447,14 @@ class AccumulatingUpdate(Update):
 
     def _accumulate_replica(self, x, y, n):
         """This replica's share (x, y) of a batch of n, as k micro-batches, into its cache."""
-        local_n = tf.shape(y)[0]
+        local_n = _examples(y)
         k = tf.minimum(self.subdivisions, local_n)  # a short share may have fewer examples than k, even none
         if self.parallel > 1:
             return self._accumulate_carried(x, y, n, local_n, k)
         loss = tf.constant(0.0)
         for i in tf.range(k):
             start, end = micro_bounds(i, local_n, k)
-            loss += self._accumulate_micro(x[start:end], y[start:end], n)
+            loss += self._accumulate_micro(_rows(x, start, end), _rows(y, start, end), n)
         return loss
 
     def _accumulate_carried(self, x, y, n, local_n, k):
@@ -458,7 +468,7 @@ class AccumulatingUpdate(Update):
             start, end = micro_bounds(i, local_n, k)
             with contextlib.ExitStack() as stack:
                 collected = [stack.enter_context(p.collect()) for p in pending]
-                share, micro_grads = self._micro_gradients(x[start:end], y[start:end], n)
+                share, micro_grads = self._micro_gradients(_rows(x, start, end), _rows(y, start, end), n)
             grads = [total if g is None else total + tf.cast(g, tf.float32) for total, g in zip(grads, micro_grads)]
             stats = list(stats)  # one [count, sum, sum of squares] per layer
             for j, calls in enumerate(collected):

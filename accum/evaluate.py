@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import load_config
 from .errors import ConfigError, DataError, RunDirError
-from .rundir import check_output_dir, pyplot, save_figure, write_result
+from .rundir import check_output_dir, pyplot, save_figure, write_json, write_result
 from .text import shape_text
 
 # Keys `evaluate --set` may change: which test data is read. The rest (model,
@@ -88,13 +88,20 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
-        from .datasets import load
+        from .keras_loss import load_data
 
-        data = load(cfg.data, run_dir)  # the run's manifest of checked image files spares their decoding
+        data = load_data(cfg, run_dir)  # the run's manifest of checked image files spares their decoding
     check_compatible(data, info, run_dir)
     if len(data.test) == 0:
         raise DataError("the test split is empty: nothing to evaluate")
     run = load_run(run_dir, data)
+    if run.keras_loss is not None:  # a Keras loss's run: its loss and metrics, no classes to confuse
+        scores = {f"test_{name}": value for name, value in run.task_scores(data.test).items()}
+        result = {**scores, "test_examples": len(data.test)}
+        result["run_dir"], result["data"] = str(run_dir), {**dataclasses.asdict(cfg.data), "source": data.source}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "evaluate.json", result)
+        return result
     result = measure(run, info["class_names"])
     result["run_dir"], result["data"] = str(run_dir), {**dataclasses.asdict(cfg.data), "source": data.source}
     out_dir.mkdir(parents=True, exist_ok=True)

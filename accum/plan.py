@@ -39,22 +39,35 @@ def micro_split(n: int, subdivisions: int) -> list[list[int]]:
     return [[sizes[size], size] for size in sorted(sizes)]
 
 
+# What the built-in loss is, as plan shows a Keras loss's (KerasLoss.describe)
+BUILT_IN_OBJECTIVE = {
+    "loss": [{"output": None, "loss": "sparse_categorical_crossentropy (on logits)", "weight": None}],
+    "metrics": ["accuracy"],
+}
+
+
 def plan(cfg: Config, data=None, model=None) -> dict:
     """The plan of a run of ``cfg``; ``data`` and ``model`` are loaded/built unless given."""
     if data is None:
-        from .datasets import load
+        from .keras_loss import load_data
 
-        data = load(cfg.data)  # the same checks, and the same errors, as a run's start
+        data = load_data(cfg)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
     timeline = Timeline(cfg, n_train)
     first, end = timeline.epoch_range(0)
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
     total_updates = timeline.total_steps
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
+    objective = BUILT_IN_OBJECTIVE
     if model is None:
+        from .keras_loss import KerasLoss, build_keras_loss_model, uses_keras_loss
         from .models import build_model
 
-        model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
+        if uses_keras_loss(cfg):  # built and its loss traced on the data: targets it cannot take fail here
+            model = build_keras_loss_model(cfg, data)
+            objective = KerasLoss(model, data.signature(), cfg.model.path).describe()
+        else:
+            model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)
@@ -87,6 +100,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
             "trainable_parameters": sum(int(v.shape.num_elements()) for v in model.trainable_variables),
             "batchnorm_layers": len(model.norm_layers),
         },
+        **objective,
         "batch_size": cfg.batch_size,
         "subdivisions": subdivisions,
         "micro_batch_size": cfg.micro_batch_size,

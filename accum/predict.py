@@ -83,11 +83,56 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
     )
 
 
+def read_values(paths: Sequence[Path], stored: dict) -> tuple[list[str], np.ndarray]:
+    """(one name per row, the inputs) of .npz files whose ``x`` holds examples of the stored shape, converted
+    as training converts them (a run trained with a Keras loss)."""
+    from .datasets.base import to_values
+    from .datasets.npz import open_npz, read_array
+
+    names, arrays = [], []
+    shape = tuple(stored["x"]["shape"])
+    for path in map(Path, paths):
+        how = f"numpy.savez('{path.name}', {NPZ_KEY}=inputs)"
+        if path.suffix.lower() != ".npz" or not path.is_file():
+            raise DataError(f"{path}: not an .npz file: a run trained with a Keras loss predicts for {how}")
+        with open_npz(path, how) as archive:
+            if NPZ_KEY not in archive.files:
+                keys = ", ".join(archive.files) or "none"
+                raise DataError(f"{path} has no array '{NPZ_KEY}' (its arrays: {keys}): save the inputs with {how}")
+            x = read_array(archive, path, NPZ_KEY, how)
+        if x.ndim == 0 or tuple(x.shape[1:]) != shape or x.dtype.kind not in "biuf":
+            raise DataError(
+                f"{path}: '{NPZ_KEY}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the model "
+                f"takes {stored['x']['dtype']} examples of shape {shape_text(shape)}"
+            )
+        names += [f"{path}[{i}]" for i in range(len(x))]
+        arrays.append(to_values(x.astype(stored["x"]["dtype"], copy=False)).numpy())
+    return names, np.concatenate(arrays)
+
+
+def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
+    """The run's model's outputs in inference mode (a Keras loss's run: the values the loss took)."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype))])
+    def batch_outputs(inputs):
+        return tf.cast(run.model.forward(inputs, False), tf.float32)
+
+    return np.concatenate(
+        [batch_outputs(x[start : start + batch_size]).numpy() for start in range(0, len(x), batch_size)]
+    )
+
+
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
-    """One {input, prediction, probabilities: {class: p}} per input row, in the order given."""
+    """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a run trained
+    with a Keras loss, one {input, outputs: [...]} (the model's output values)."""
     from .trained import describe_run, load_run
 
     info = describe_run(run_dir)  # refuses a directory that is not a run
+    if info.get("task") == "keras_loss":
+        names, x = read_values(paths, info["stored"])
+        values = outputs(load_run(run_dir), x)
+        return [{"input": name, "outputs": row.tolist()} for name, row in zip(names, values)]
     names, x = read_inputs(paths, info["input_shape"])
     classes = info["class_names"]
     probs = probabilities(load_run(run_dir), x)

@@ -203,8 +203,15 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
 # metrics.jsonl and TensorBoard
 
 
-# An epoch's record as TensorBoard scalars (epoch/KEY); the validation ones with data.validation.
-EPOCH_SCALARS = ("test_loss", "test_accuracy", "validation_loss", "validation_accuracy", "train_loss", "examples_per_s")
+# An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
+# loss's run has its metrics there).
+EPOCH_SCALARS = ("train_loss", "examples_per_s")
+
+
+def epoch_scalars(record: dict) -> list[str]:
+    return [*EPOCH_SCALARS, *(key for key in record if key.startswith(("test_", "validation_")))]
+
+
 # Keys metrics.jsonl had before 0.1.0 settled on one name per thing (summary.json's): read as today's.
 RENAMED_KEYS = {"val_loss": "validation_loss", "val_accuracy": "validation_accuracy"}
 
@@ -257,8 +264,8 @@ class MetricsLog:
         with self.writer.as_default():
             for record in records:
                 if is_epoch_record(record):
-                    for key in EPOCH_SCALARS:
-                        if record.get(key) is not None:
+                    for key in epoch_scalars(record):
+                        if isinstance(record.get(key), (int, float)):
                             tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
                     continue
                 # a skipped update has no loss, and no rate was applied

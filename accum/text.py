@@ -6,6 +6,7 @@ loaders use it before (or without) a runtime.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
@@ -23,3 +24,12 @@ def first_line(err: BaseException) -> str:
     """The first line of an exception's message (TensorFlow's run to pages), or its type's name."""
     text = getattr(err, "message", None) or str(err)
     return (text.splitlines() or [type(err).__name__])[0]
+
+
+def traced_error_line(err: BaseException) -> str:
+    """What Keras or TensorFlow said of a traced call, in one line: TensorFlow's tracing context ("in user
+    code:", "File ...") and its graph node names left out."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(("in user code", "File ", "Traceback"))]
+    message = said[-1] if lines and lines[0].startswith("in user code") and said else (lines or [""])[0]
+    return re.sub(r" for '\{\{node [^}]*\}\}[^']*'", "", message)

@@ -37,6 +37,13 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None):
     cfg = load_config(run_dir / "config.yaml")
     if float32:
         cfg = dataclasses.replace(cfg, precision="float32", loss_scale=LossScaleConfig())
+    if data is None and info.get("task") == "keras_loss":  # arrays of the stored dtypes and shapes, no examples
+        from .datasets.base import TaskSplit
+
+        empty = TaskSplit.empty(info["stored"])
+        data = Dataset(
+            train=empty, test=empty, input_shape=tuple(info["input_shape"]), class_names=(), source=info["source"]
+        )
     if data is None:
         shape = tuple(info["input_shape"])
         empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))

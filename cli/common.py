@@ -77,3 +77,15 @@ def count_option(name: str, default: int, help_text: str):
 
 
 verbose_option = click.option("--verbose", is_flag=True, help="Show TensorFlow's own log lines.")
+
+
+def scores_text(record: dict, prefix: str) -> str:
+    """ "test loss 0.3012, test accuracy 0.8950" of a record's ``prefix``_ scores (loss first, then the others:
+    accuracy for the built-in loss, the compiled metrics for a Keras loss's run)."""
+    keys = [
+        key
+        for key in record
+        if key.startswith(prefix + "_") and not key.endswith("_examples") and isinstance(record[key], (int, float))
+    ]
+    keys.sort(key=lambda key: key != f"{prefix}_loss")
+    return ", ".join(f"{prefix} {key[len(prefix) + 1 :].replace('_', ' ')} {record[key]:.4f}" for key in keys)

@@ -27,6 +27,7 @@ from .common import (
     exit_codes,
     output_dir_option,
     quiet_tensorflow,
+    scores_text,
     set_option,
     verbose_option,
 )
@@ -79,15 +80,11 @@ class BarProgress:
             self.bar.finish()
             self.bar = None
         train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
-        validation = (
-            f"validation loss {record['validation_loss']:.4f}, "
-            f"validation accuracy {record['validation_accuracy']:.4f}, "
-            if "validation_accuracy" in record
-            else ""
+        scores = "".join(
+            f"{text}, " for text in (scores_text(record, "validation"), scores_text(record, "test")) if text
         )
         click.echo(
-            f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, {validation}"
-            f"test loss {record['test_loss']:.4f}, test accuracy {record['test_accuracy']:.4f}, "
+            f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, {scores}"
             f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s"
         )
 
@@ -161,9 +158,17 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts,
     if workers:
         return  # the chief's own output, echoed by the launcher, ended with the same line
     click.echo(
-        f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f}) "
-        f"after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; run directory: {run_dir}"
+        f"{final_scores(summary)} after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; "
+        f"run directory: {run_dir}"
     )
+
+
+def final_scores(summary: dict) -> str:
+    """The run's last line opens with its test scores: "test accuracy A (test loss L)" for the built-in loss,
+    "test loss L, test mae M" for a Keras loss's run."""
+    if "test_accuracy" in summary:
+        return f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f})"
+    return scores_text(summary, "test") or "no test examples"
 
 
 @main.command()

@@ -16,8 +16,9 @@ from pathlib import Path
 import click
 
 from ..config import load_config
+from ..errors import UserError
 from ..text import shape_text
-from .common import exit_codes, output_dir_option, quiet_tensorflow, set_option, verbose_option
+from .common import exit_codes, output_dir_option, quiet_tensorflow, scores_text, set_option, verbose_option
 
 LABEL_WIDTH = 15
 CLASS_NAMES_SHOWN = 5
@@ -38,9 +39,9 @@ def plan(config, overrides, as_json, verbose):
     with exit_codes():
         cfg = load_config(config, overrides)  # before TensorFlow loads: a bad config answers at once
         quiet_tensorflow(verbose)  # image_folder decodes with TensorFlow while it checks the files
-        from ..datasets import load
+        from ..keras_loss import load_data
 
-        data = load(cfg.data)
+        data = load_data(cfg)
         from ..plan import plan as make_plan
 
         result = make_plan(cfg, data)
@@ -60,6 +61,16 @@ def _rate(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _loss_text(losses: list) -> str:
+    """'huber_loss' for one output; 'mse (price, weight 1.0) + ...' per output."""
+    if len(losses) == 1 and losses[0]["weight"] is None:
+        return losses[0]["loss"]
+    return " + ".join(
+        f"{entry['loss']} ({entry['output']}" + (f", weight {entry['weight']:g})" if entry["weight"] else ")")
+        for entry in losses
+    )
+
+
 def format_plan(result: dict) -> str:
     data, model, rate = result["data"], result["model"], result["learning_rate"]
     names = data["class_names"]
@@ -76,8 +87,10 @@ def format_plan(result: dict) -> str:
             + f"{data['test_examples']} test",
         ),
         _row("input", shape_text(data["input_shape"])),
-        _row("classes", f"{data['num_classes']}: {shown}"),
+        *([_row("classes", f"{data['num_classes']}: {shown}")] if data["num_classes"] else []),
         _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
+        _row("loss", _loss_text(result["loss"])),
+        _row("metrics", ", ".join(result["metrics"]) or "none"),
         _row("batch_size", f"{result['batch_size']} examples per update"),
     ]
     full, last = result["full_batch"], result["last_batch"]
@@ -201,6 +214,10 @@ def evaluate(run_dir, overrides, output_dir, verbose):
 
         out_dir = Path(output_dir) if output_dir else default_output_dir(run_dir)
         result = run_evaluate(run_dir, output_dir, overrides)
+    if "correct" not in result:  # a Keras loss's run: its loss and metrics
+        click.echo(f"{scores_text(result, 'test')} on {result['test_examples']} examples")
+        click.echo(f"written: {out_dir / 'evaluate.json'}")
+        return
     click.echo(
         f"test loss {result['test_loss']:.4f}, test accuracy {result['test_accuracy']:.4f} "
         f"({result['correct']}/{result['test_examples']} correct)"
@@ -222,8 +239,15 @@ def evaluate(run_dir, overrides, output_dir, verbose):
     show_default=True,
     help="Classes shown per input, most probable first (at most the class count).",
 )
+@click.option(
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write FILE.npz: 'outputs' (the class probabilities, or a Keras loss's run's output values) and "
+    "'inputs' (the row names).",
+)
 @verbose_option
-def predict(run_dir, files, as_json, top, verbose):
+def predict(run_dir, files, as_json, top, output, verbose):
     """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x).
 
     \b
@@ -235,8 +259,47 @@ def predict(run_dir, files, as_json, top, verbose):
     with exit_codes():
         from ..predict import predict as run_predict
 
+        if output is not None and output.suffix != ".npz":
+            raise UserError(f"--output {output} must end in .npz")
         rows = run_predict(run_dir, files)
-    click.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, top))
+        if output is not None:
+            _write_outputs(output, rows)
+    if "outputs" in rows[0]:  # a Keras loss's run: the values
+        click.echo(json.dumps(rows, indent=2) if as_json else format_values(rows))
+    else:
+        click.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, top))
+
+
+def _write_outputs(path: Path, rows: list) -> None:
+    import io
+
+    import numpy as np
+
+    from ..rundir import atomic_write
+
+    if "outputs" in rows[0]:
+        values = np.array([row["outputs"] for row in rows], np.float32)
+    else:
+        values = np.array([list(row["probabilities"].values()) for row in rows], np.float32)
+    buffer = io.BytesIO()
+    np.savez(buffer, outputs=values, inputs=np.array([row["input"] for row in rows]))
+    atomic_write(path, buffer.getvalue())
+
+
+VALUES_SHOWN = 6
+
+
+def format_values(rows: list) -> str:
+    """One row per input: its output values (the first VALUES_SHOWN of them)."""
+    import numpy as np
+
+    width = max(len("input"), *(len(row["input"]) for row in rows))
+    lines = [f"{'input':<{width}}  outputs"]
+    for row in rows:
+        flat = np.asarray(row["outputs"]).ravel()
+        shown = " ".join(f"{v:.4f}" for v in flat[:VALUES_SHOWN]) + (" ..." if flat.size > VALUES_SHOWN else "")
+        lines.append(f"{row['input']:<{width}}  {shown}")
+    return "\n".join(lines)
 
 
 def format_predictions(rows: list, top: int) -> str:

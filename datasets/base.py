@@ -70,6 +70,89 @@ class ArraySplit:
         return indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx))).prefetch(1)
 
 
+def to_values(x):
+    """Inputs of any task: uint8 scaled by 1/255 to float32 (images, as to_inputs), float64 as float32,
+    everything else (float32, float16, integer ids) as given."""
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(x)
+    if x.dtype == tf.uint8:
+        return tf.cast(x, tf.float32) / 255.0
+    return tf.cast(x, tf.float32) if x.dtype == tf.float64 else x
+
+
+def convert_task(x, y, weights=None):
+    """A batch of any task as the update takes it: (inputs, targets) or (inputs, (targets, sample weights))."""
+    import tensorflow as tf
+
+    y = tf.cast(y, tf.float32) if y.dtype == tf.float64 else y
+    return to_values(x), (y if weights is None else (y, tf.cast(weights, tf.float32)))
+
+
+class TaskSplit:
+    """A split of any task held in memory: inputs ``x``, targets ``y`` (any shape and dtype the loss takes)
+    and optional per-example ``weights``. Batches are (x, y) or, with weights, (x, (y, weights)): the
+    engine hands the second to the loss as it is."""
+
+    targets_as_given = True  # the loss takes the targets as they come (not class labels)
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None):
+        self.x, self.y, self.weights = x, y, weights
+        self._tensors = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def _part(self, pick) -> TaskSplit:
+        return TaskSplit(self.x[pick], self.y[pick], None if self.weights is None else self.weights[pick])
+
+    def head(self, n: int) -> TaskSplit:
+        return self._part(slice(0, n))
+
+    def subset(self, indices: np.ndarray) -> TaskSplit:
+        return self._part(indices)
+
+    def take(self, indices: np.ndarray):
+        return convert_task(self.x[indices], self.y[indices], None if self.weights is None else self.weights[indices])
+
+    def batches(self, order: np.ndarray, batch_size: int):
+        """Batches in ``order``, gathered on the tf.data side from one copy in TF memory (as ArraySplit's)."""
+        import tensorflow as tf
+
+        if self._tensors is None:
+            self._tensors = tuple(tf.constant(a) for a in (self.x, self.y, self.weights) if a is not None)
+        indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
+
+        def gather(idx):
+            parts = [tf.gather(t, idx) for t in self._tensors]
+            return convert_task(parts[0], parts[1], parts[2] if len(parts) > 2 else None)
+
+        return indices.map(gather).prefetch(1)
+
+    def stored(self) -> dict:
+        """The arrays' dtypes and shapes per example, as stored (dataset.json keeps them: a run is rebuilt
+        from them without its data)."""
+        kinds = {"x": self.x, "y": self.y}
+        described = {key: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for key, a in kinds.items()}
+        return {**described, "weights": self.weights is not None}
+
+    @classmethod
+    def empty(cls, stored: dict) -> TaskSplit:
+        """No examples, of the dtypes and shapes ``stored`` recorded."""
+
+        def zeros(key):
+            return np.zeros((0, *stored[key]["shape"]), stored[key]["dtype"])
+
+        return cls(zeros("x"), zeros("y"), np.zeros((0,), np.float32) if stored["weights"] else None)
+
+    def signature(self):
+        """(x spec, y spec) of a batch as the update takes it."""
+        import tensorflow as tf
+
+        x, y = self.take(np.arange(0))
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), (x, y))
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A loaded, verified dataset."""
@@ -89,6 +172,19 @@ class Dataset:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def classification(self) -> bool:
+        """Images and integer class labels (the built-in loss); otherwise a task of a Keras loss (TaskSplit)."""
+        return not getattr(self.train, "targets_as_given", False)
+
+    def signature(self):
+        """(x spec, y spec) of a training batch as the update takes it."""
+        import tensorflow as tf
+
+        if not self.classification:
+            return self.train.signature()
+        return tf.TensorSpec([None, *self.input_shape], tf.float32), tf.TensorSpec([None], tf.int32)
 
     def limited(self, train_limit: int | None, test_limit: int | None) -> Dataset:
         """The first N examples of each split (data.train_limit, data.test_limit)."""
@@ -121,6 +217,8 @@ class Dataset:
             "source": self.source,
             "input_shape": list(self.input_shape),
             "class_names": list(self.class_names),
+            "task": "classification" if self.classification else "keras_loss",
+            **({} if self.classification else {"stored": self.train.stored()}),
             "train_examples": len(self.train),
             "test_examples": 0 if self.test is None else len(self.test),
         }

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..text import first_line, shape_text
-from .base import ArraySplit, Dataset
+from .base import ArraySplit, Dataset, TaskSplit
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
 HOW_TO_SAVE = "numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) (keras.datasets layout)"
@@ -34,8 +34,80 @@ ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip with members, an empty zip
 NPY_MAGIC = b"\x93NUMPY"
 
 
-def load(data_config) -> Dataset:
+def load(data_config, task: bool = False) -> Dataset:
+    """``task``: the model trains with a Keras loss (``load_task``), not on class labels."""
+    if task:
+        return load_task(Path(data_config.path))
     return load_npz(Path(data_config.path), data_config.num_classes)
+
+
+def load_task(path: Path) -> Dataset:
+    """The arrays of any task: ``x_*`` of any shape and numeric dtype (uint8 scaled by 1/255, float64 kept as
+    float32, the rest as given), ``y_*`` whatever the loss takes, optional ``w_*`` sample weights [N]."""
+    archive = _open(path)
+    with archive:
+        missing = [key for key in REQUIRED_KEYS if key not in archive.files]
+        if missing:
+            found = ", ".join(archive.files) or "no arrays"
+            raise DataError(
+                f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
+                f"x_train, y_train, x_test, y_test (and, if you like, w_train, w_test); save them with {HOW_TO_SAVE}"
+            )
+        keys = [*REQUIRED_KEYS, *(k for k in ("w_train", "w_test") if k in archive.files)]
+        arrays = {key: read_array(archive, path, key) for key in keys}
+    for key, array in arrays.items():
+        _check_values(path, key, array)
+    splits = {}
+    for split in ("train", "test"):
+        x, y, w = arrays[f"x_{split}"], arrays[f"y_{split}"], arrays.get(f"w_{split}")
+        for key, other in ((f"y_{split}", y), (f"w_{split}", w)):
+            if other is not None and len(other) != len(x):
+                raise DataError(
+                    f"{path}: x_{split} holds {len(x)} examples but {key} {len(other)}: every array needs one "
+                    f"row per example"
+                )
+        if w is not None and (w.ndim != 1 or (len(w) and w.min() < 0)):
+            raise DataError(
+                f"{path}: w_{split} has shape {w.shape} and its smallest value is {w.min() if w.size else 0:g}: "
+                f"sample weights are one number >= 0 per example, shape ({len(x)},)"
+            )
+        to32 = [a.astype(np.float32) if a is not None and a.dtype == np.float64 else a for a in (x, y, w)]
+        splits[split] = TaskSplit(*to32)
+    if len(splits["train"]) == 0:
+        raise DataError(f"{path}: x_train holds no examples: it needs at least one")
+    for kind in ("x", "y"):
+        train, test = arrays[f"{kind}_train"], arrays[f"{kind}_test"]
+        if train.shape[1:] != test.shape[1:]:
+            raise DataError(
+                f"{path}: {kind}_test holds examples of shape {train_shape(test)} but {kind}_train "
+                f"{train_shape(train)}: both splits need one shape per example"
+            )
+    return Dataset(
+        train=splits["train"],
+        test=splits["test"],
+        input_shape=tuple(int(n) for n in arrays["x_train"].shape[1:]),
+        class_names=(),
+        source=str(path.resolve()),
+    )
+
+
+def train_shape(array: np.ndarray) -> str:
+    return str(tuple(int(n) for n in array.shape[1:]))
+
+
+def _check_values(path: Path, key: str, array: np.ndarray) -> None:
+    """Numbers (bool, integers or finite floats) with an axis of examples."""
+    if array.ndim == 0:
+        raise DataError(f"{path}: {key} is a single number: it needs one row per example, e.g. shape (N,) or (N, 6)")
+    if array.dtype.kind not in "biuf":
+        raise DataError(
+            f"{path}: {key} has dtype {array.dtype}: arrays must hold numbers; convert it, e.g. {key}.astype('float32')"
+        )
+    if array.dtype.kind == "f" and array.size:
+        finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+        if not finite.all():
+            index = int(np.argmin(finite))
+            raise DataError(f"{path}: {key}[{index}] is not finite (NaN or infinite): fix or drop that example")
 
 
 def load_npz(path: Path, num_classes: int | None = None) -> Dataset:

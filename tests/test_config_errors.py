@@ -68,7 +68,7 @@ CASES = [
         [],
         "{cfg}: optimizer.schedule.name='linear' is not one of constant, cosine, exponential",
     ),
-    ("data: {name: mnist}\n", [], "{cfg}: data.name='mnist' is not one of fashion_mnist, npz, image_folder"),
+    ("data: {name: mnist}\n", [], "{cfg}: data.name='mnist' is not one of fashion_mnist, npz, image_folder, python"),
     (
         "data: {train_limit: 100}\n",
         [],

@@ -26,6 +26,8 @@ examples       60000 train, 10000 test
 input          28x28x1
 classes        10: T-shirt/top, Trouser, Pullover, Dress, Coat, ...
 model          seed_convnet, 371498 trainable parameters, 5 BatchNorm layers
+loss           sparse_categorical_crossentropy (on logits)
+metrics        accuracy
 batch_size     500 examples per update
 micro-batches  500 = 5 x 100 (subdivisions=5)
 in flight      2 micro-batches at once (parallel_micro_steps; memory holds 2)
@@ -42,6 +44,8 @@ examples       3000 train, 500 test
 input          28x28x1
 classes        10: T-shirt/top, Trouser, Pullover, Dress, Coat, ...
 model          seed_convnet, 23762 trainable parameters, 5 BatchNorm layers
+loss           sparse_categorical_crossentropy (on logits)
+metrics        accuracy
 batch_size     64 examples per update
 micro-batches  64 = 1 x 12 + 4 x 13 (subdivisions=5)
 in flight      2 micro-batches at once (parallel_micro_steps; memory holds 2)

@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import ConfigError
 from .rules import check_relations, resolve_batches
-from .schema import Config
+from .schema import Config, DataConfig
 from .wording import _came_from_set, _show, _type_word, parse_size
 
 
@@ -33,7 +33,25 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         key, value = _parse_override(item)
         _set_dotted(raw, key, value, source)
         overridden.add(key)
-    return config_from_dict(raw, source, overridden)
+    cfg = config_from_dict(raw, source, overridden)
+    return anchored_factory(cfg, Path(path).parent) if path is not None else cfg
+
+
+def anchored_factory(cfg: Config, folder: Path) -> Config:
+    """data.factory's module, when it is a file in the working directory or ``folder`` (the config file's),
+    written as that file's absolute path: config.yaml records it, and a resume from the run directory (or
+    another working directory) imports the same file. A module found neither place stays a module name
+    (an installed package)."""
+    if cfg.data.name != "python" or cfg.data.factory is None:
+        return cfg
+    module, _, function = cfg.data.factory.rpartition(":")
+    relative = Path(module) if module.endswith(".py") else Path(*module.split(".")).with_suffix(".py")
+    for base in (Path.cwd(), Path(folder)):
+        candidate = base / relative
+        if candidate.is_file():
+            data = dataclasses.replace(cfg.data, factory=f"{candidate.resolve()}:{function}")
+            return dataclasses.replace(cfg, data=data)
+    return cfg
 
 
 def with_overrides(base: Config | dict, overrides, source: str = "config") -> Config:
@@ -152,8 +170,29 @@ def _hint(key: str, valid: typing.Sequence[str], prefix: str = "") -> str:
     return "valid keys: " + ", ".join(valid)
 
 
+# What data.name=python reads itself; every other key under data: is the factory's.
+PYTHON_DATA_KEYS = (
+    "name",
+    "factory",
+    "shuffle_buffer",
+    "options",
+    "shuffle",
+    "train_limit",
+    "test_limit",
+    "validation",
+    "augment",
+)
+
+
 def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    if cls is DataConfig and raw.get("name") == "python":  # a factory's other keys are its keyword arguments
+        # path, dir, ... too: other loaders' keys, which the factory may well want (config.yaml lists them as
+        # null, and options with their values)
+        extra = {key: value for key, value in raw.items() if key not in PYTHON_DATA_KEYS and value is not None}
+        if extra or set(raw) - set(PYTHON_DATA_KEYS):
+            raw = {key: value for key, value in raw.items() if key in PYTHON_DATA_KEYS}
+            raw["options"] = {**(raw.get("options") or {}), **extra}
     hints = typing.get_type_hints(cls)
     for key in raw:
         if key not in fields:
@@ -186,6 +225,12 @@ def _check_value(tp, meta, value, key, where, overridden):
         if optional:
             return None
         raise ConfigError(f"{where}: {key} is empty: {_expected(tp, meta)}")
+    if meta.get("choices") in ("loss", "metrics"):
+        return _check_objective(meta["choices"], value, key, where)
+    if meta.get("choices") == "options":
+        if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a mapping of keyword arguments")
+        return dict(value)
     if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1] is Ellipsis:  # a list of any length
         return _check_list(typing.get_args(tp)[0], value, key, where, overridden)
     if typing.get_origin(tp) is tuple:  # a fixed-length list of integers, e.g. data.image_size
@@ -248,6 +293,35 @@ def _check_value(tp, meta, value, key, where, overridden):
         raise TypeError(f"unsupported config type {tp!r} for {key}")
     _check_range(value, meta, key, where)
     return value
+
+
+def _check_objective(kind: str, value, key: str, where: str):
+    """``loss``: a name, or a mapping {output name: name}; ``metrics``: a list of names, or a mapping
+    {output name: [names]}. Whether Keras knows each name is checked when the model is built."""
+    one = "a name such as mse" if kind == "loss" else "a list of names such as [mae]"
+    example = "{price: mse, kind: sparse_categorical_crossentropy}" if kind == "loss" else "{price: [mae]}"
+
+    def entry(item, at):
+        if kind == "loss":
+            if not isinstance(item, str) or not item.strip():
+                raise ConfigError(f"{where}: {at}={_show(item)} must be {one} (or package.module:function)")
+            return item
+        if not isinstance(item, list) or not all(isinstance(name, str) and name.strip() for name in item):
+            raise ConfigError(f"{where}: {at}={_show(item)} must be {one}")
+        return tuple(item)
+
+    if isinstance(value, dict):
+        if not value:
+            raise ConfigError(f"{where}: {key}={{}} is empty: give {one}, or one per output, e.g. {example}")
+        # lists, not tuples, inside a mapping: config.yaml is written with YAML's safe dumper
+        return {str(name): _listed(entry(item, f"{key}.{name}")) for name, item in value.items()}
+    if kind == "loss" and isinstance(value, list):
+        raise ConfigError(f"{where}: {key}={_show(value)} must be {one}, or a mapping per output name, e.g. {example}")
+    return entry(value, key)
+
+
+def _listed(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _check_list(item_type, value, key, where, overridden) -> tuple:

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from .schema import (
     ADAPTIVE_KEYS,
     DEFAULT_SUBDIVISIONS,
+    AugmentConfig,
     Config,
     DataConfig,
     LossScaleConfig,
@@ -112,6 +113,12 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"remove it or set baseline=false"
         )
     _check_model_keys(cfg.model, where)
+    for key in ("loss", "metrics"):
+        if getattr(cfg, key) is not None and cfg.model.name != "keras_file":
+            raise ConfigError(
+                f"{where(key, 'model.name')}: {key} is only for model.name=keras_file, not {cfg.model.name} "
+                f"(the built-in nets train with sparse cross-entropy on class labels): remove it"
+            )
     if cfg.precision != "mixed_float16" and cfg.loss_scale != LossScaleConfig():
         raise ConfigError(
             f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for "
@@ -223,6 +230,9 @@ DATA_KEYS_FOR = {
     "image_size": ("image_folder",),
     "channels": ("image_folder",),
     "num_classes": ("npz",),
+    "factory": ("python",),
+    "shuffle_buffer": ("python",),
+    "options": ("python",),
 }
 DATA_KEY_HINTS = {
     ("dir", "npz"): "give the .npz file as data.path",
@@ -249,5 +259,20 @@ def _check_data_keys(data: DataConfig, where) -> None:
             f"{where('data.name', 'data.path')}: data.name={data.name} needs data.path "
             f"(e.g. data: {{name: {data.name}, path: {example}}})"
         )
+    if data.name == "python":
+        if data.factory is None or ":" not in data.factory:
+            raise ConfigError(
+                f"{where('data.factory', 'data.name')}: data.name=python needs data.factory as module:function "
+                f"(e.g. data: {{name: python, factory: my_pipeline:make_dataset}}), got {_show(data.factory)}"
+            )
+        for key, default, why in (
+            ("validation", 0, "hold examples out in the factory, or give the test split"),
+            ("augment", AugmentConfig(), "augment in the factory's own pipeline"),
+        ):
+            if getattr(data, key) != default:
+                raise ConfigError(
+                    f"{where('data.' + key, 'data.name')}: data.{key} is not for data.name=python (a stream is "
+                    f"not read by index): {why}"
+                )
     if data.channels is not None and data.channels not in (1, 3):
         raise ConfigError(f"{where('data.channels')}: data.channels={data.channels} must be 1 (grayscale) or 3 (RGB)")

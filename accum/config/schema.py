@@ -22,7 +22,7 @@ NORM_NAMES = ("batchnorm", "groupnorm", "none")
 OPTIMIZER_NAMES = ("adam", "sgd", "momentum", "rmsprop", "lars", "lamb")
 SCALE_RULES = ("none", "linear", "sqrt")
 SCHEDULE_NAMES = ("constant", "cosine", "exponential")
-DATASET_NAMES = ("fashion_mnist", "npz", "image_folder")
+DATASET_NAMES = ("fashion_mnist", "npz", "image_folder", "python")
 STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -220,7 +220,7 @@ class DataConfig:
         "fashion_mnist",
         choices=DATASET_NAMES,
         help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
-        "image_folder: your PNG/JPEG files in class folders",
+        "image_folder: your PNG/JPEG files in class folders; python: your own tf.data pipeline (data.factory)",
     )
     dir: str | None = _spec(
         None, help="fashion_mnist: folder with the IDX .gz files (default: $ACCUM_TRAIN_DATA, Debian's, the cache)"
@@ -262,6 +262,22 @@ class DataConfig:
     )
     augment: AugmentConfig = _spec(
         default_factory=AugmentConfig, help="random changes to each training image, drawn from (seed, update)"
+    )
+    factory: str | None = _spec(
+        None,
+        help="python: module:function (a module in the working directory or the config file's folder, or "
+        "installed); function(split, epoch, seed, **options) returns an unbatched tf.data.Dataset of (x, y) or "
+        "(x, y, sample_weight) for split 'train' and 'test', the same examples for the same arguments",
+    )
+    shuffle_buffer: int | None = _spec(
+        None,
+        minimum=1,
+        help="python: with data.shuffle, the examples shuffled at once (tf.data's buffer; null: 10000)",
+    )
+    options: dict | None = _spec(
+        None,
+        choices="options",
+        help="python: keyword arguments for the factory (every other key under data: goes here)",
     )
 
 
@@ -357,6 +373,19 @@ class Config:
         help="micro-batches computed at once, each on its share of the CPU cores (memory then holds this "
         "many); auto: 2 on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
         "(measured faster there), else 1",
+    )
+    loss: str | dict | None = _spec(
+        None,
+        choices="loss",
+        help="keras_file only: the loss, as Keras names it (mse, huber, binary_crossentropy, ...) or "
+        "package.module:function; per output a mapping {output name: loss}; null: the file's compile() loss, "
+        "else sparse cross-entropy on class labels (the built-in nets always train with that)",
+    )
+    metrics: tuple[str, ...] | dict | None = _spec(
+        None,
+        choices="metrics",
+        help="keras_file only: metrics as Keras names them ([mae], [accuracy, auc]); per output a mapping "
+        "{output name: [metric, ...]}; null: the file's compile() metrics",
     )
     memory_limit: str | None = _spec(
         None,

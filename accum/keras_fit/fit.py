@@ -15,7 +15,6 @@ batch (objective.py), the model's own losses count once.
 from __future__ import annotations
 
 import contextlib
-import re
 import weakref
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import tensorflow as tf
 from ..batching import k_for_micro_batch
 from ..engine import local_replica_ids
 from ..errors import UserError
+from ..text import traced_error_line
 from . import keras_private
 from .batchnorm import pooled
 from .history import FitHistory
@@ -366,11 +366,7 @@ def _as_user_error(function, *args):
     except UserError:
         raise
     except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        # TensorFlow puts its tracing context ("in user code:", "File ...") before what Keras said
-        said = [line for line in lines if not line.startswith(("in user code", "File ", "Traceback"))]
-        message = said[-1] if lines and lines[0].startswith("in user code") and said else (lines or [""])[0]
-        message = re.sub(r" for '\{\{node [^}]*\}\}[^']*'", "", message)  # TensorFlow's graph node, no help here
+        message = traced_error_line(err)
         raise UserError(f"{WHERE}: the compiled loss cannot take these targets and outputs: {message}") from None
 
 

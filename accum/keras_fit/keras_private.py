@@ -85,3 +85,17 @@ def py_dataset_batches(py_dataset, shuffle: bool):
 
 def is_loss_scale_optimizer(optimizer) -> bool:
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def loss_names() -> list[str]:
+    """Every name keras.losses.get takes (its aliases too: mse, bce, ...), for a did-you-mean."""
+    from keras.src.losses import ALL_OBJECTS_DICT
+
+    return sorted(ALL_OBJECTS_DICT)
+
+
+def metric_names() -> list[str]:
+    """Every name keras.metrics.get takes, for a did-you-mean."""
+    from keras.src.metrics import ALL_OBJECTS_DICT
+
+    return sorted(ALL_OBJECTS_DICT)

@@ -49,6 +49,16 @@ def _custom_code(node) -> list:
     return found
 
 
+def compile_config(path: str) -> dict:
+    """What ``compile()`` gave the model in a .keras file (its config.json's compile_config; {}: none).
+    Read without loading the model: a file that cannot be read says so when it is loaded."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return json.loads(archive.read("config.json")).get("compile_config") or {}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return {}
+
+
 def load_keras_file(path: str) -> keras.Model:
     """keras.models.load_model(path, safe_mode=True, compile=False); every failure as one line."""
     save_hint = "save your model with model.save('my_model.keras') and give that file"
@@ -148,18 +158,23 @@ def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
             f"model.from_logits=false says it outputs probabilities: remove "
             f"model.from_logits if it outputs logits, or end it in activation='softmax'",
         )
+    return accumulating_clone(loaded, cfg.path, last if not cfg.from_logits else None)
+
+
+def accumulating_clone(loaded: keras.Model, path: str, softmax=None) -> KerasModel:
+    """A clone of ``loaded`` (read from ``path``) with the file's weights, its BatchNormalization layers made
+    accumulating and ``softmax`` (the output layer, when given) computing the logits under it."""
     for layer in leaves(loaded):
         if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm:
             raise _file_error(
-                cfg.path,
+                path,
                 f"has BatchNormalization {layer.name!r} with renorm=True, whose "
                 f"corrections cannot be pooled over micro-batches: use renorm=False",
             )
-
     replaced, peeled = [], []
 
     def swap(layer):
-        if layer is last and not cfg.from_logits:
+        if layer is softmax:
             new = _without_softmax(layer)
             peeled.append((new, layer))
         elif isinstance(layer, keras.layers.BatchNormalization):
@@ -174,8 +189,8 @@ def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
         new.set_weights(old.get_weights())
     norm_layers = [layer for layer in leaves(network) if isinstance(layer, KerasAccumBatchNorm)]
 
-    def forward(images, training: bool):
-        return network(images, training=training)
+    def forward(x, training: bool):
+        return network(x, training=training)
 
     return KerasModel(network=network, forward=forward, norm_layers=norm_layers, peeled=peeled)
 

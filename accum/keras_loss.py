@@ -1,0 +1,278 @@
+"""Training from the CLI with a Keras loss: the YAML's ``loss`` and ``metrics``, or a keras_file's compile().
+
+A keras_file model trains with the built-in loss (sparse cross-entropy on class
+labels) unless the YAML names a ``loss`` or the file was saved compiled with
+one; then it trains with that loss, per output with the file's
+``loss_weights``, and is scored with the YAML's (or the file's) metrics.
+
+The engine sums a per-example loss over each micro-batch and divides the
+update's sum by the batch's example count once (engine.py). A compiled Keras
+loss fits that exactly when its normaliser is a fixed number of elements per
+example: every ``sum_over_batch_size`` loss without a mask, whatever the
+targets' shape, with sample weights and loss weights (keras_fit/objective.py
+takes it apart; its ``examples`` sum is this per-example sum). The weight
+regularizers are added as ``penalty * examples`` per micro-batch, which sums
+to the penalty once per update. A loss whose normaliser depends on the data
+(a Keras mask, ``mean_with_sample_weight``) or is the whole batch (``sum``)
+is refused in one line: ``accum_train.fit`` trains those exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from .errors import ConfigError
+from .keras_fit import keras_private
+from .keras_fit.objective import EXAMPLES, Objective, batch_size_of
+from .models.containers import KerasModel
+from .models.keras_file import accumulating_clone, compile_config, load_keras_file
+from .models.precision import set_precision
+from .text import shape_text, traced_error_line
+
+SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
+
+
+def uses_keras_loss(cfg) -> bool:
+    """Whether a run trains with a Keras loss (the YAML's, or its keras_file's compile()) rather than the
+    built-in classification loss."""
+    if cfg.model.name != "keras_file":
+        return False
+    return cfg.loss is not None or bool(compile_config(cfg.model.path).get("loss"))
+
+
+def load_data(cfg, run_dir=None):
+    """The data of a run of ``cfg``: an .npz's targets taken as the loss takes them when the run has a Keras
+    loss, else as class labels. ``run_dir``: a run directory whose copy of the model file decides (and whose
+    image checks an image folder reads)."""
+    from .datasets import load
+    from .rundir import kept_model
+
+    model = cfg.model if run_dir is None else kept_model(run_dir, cfg.model)
+    task = uses_keras_loss(dataclasses.replace(cfg, model=model))
+    if cfg.data.name == "python" and not task:
+        raise ConfigError(
+            "data.name=python feeds a model that brings its own loss: model.name=keras_file with loss: in the "
+            "YAML or a file saved after compile(loss=...) (the built-in nets need images with class labels)"
+        )
+    return load(cfg.data, run_dir, task=task, seed=cfg.seed)
+
+
+def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
+    """The keras_file model, checked against the data's inputs, compiled with the run's loss and metrics."""
+    path = cfg.model.path
+    loaded = load_keras_file(path)
+    _check_inputs(loaded, path, data)
+    model = accumulating_clone(loaded, path)
+    compiled = compile_config(path)
+    if cfg.loss is not None:
+        loss, loss_weights = _named(cfg.loss, "loss", _loss), None
+    else:
+        loss, loss_weights = _from_file(compiled["loss"], keras.losses.get), compiled.get("loss_weights")
+    if cfg.metrics is not None:
+        metrics, weighted = _named(cfg.metrics, "metrics", _metric), None
+    else:
+        metrics = _from_file(compiled.get("metrics"), _file_metric)
+        weighted = _from_file(compiled.get("weighted_metrics"), _file_metric)
+    try:
+        model.network.compile(loss=loss, loss_weights=loss_weights, metrics=metrics, weighted_metrics=weighted)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"loss and metrics do not fit model.path={path}: {_first_line(err)}") from None
+    return set_precision(model, precision)
+
+
+class KerasLoss:
+    """The compiled loss of a KerasModel as the engine's per-example ``loss_fn``, and its evaluation."""
+
+    def __init__(self, model: KerasModel, signature, path: str):
+        self.model, self.network = model, model.network
+        x_spec, y_spec = signature
+        element = (x_spec, *_targets(y_spec))
+        try:
+            keras_private.symbolic_build(self.network, element)  # the compiled loss's entries exist after it
+            self.objective = Objective(self.network)
+            groups = self.objective.probe(element, tf.distribute.get_strategy())
+        except ConfigError:
+            raise
+        except Exception as err:  # Keras' own word on targets its loss cannot take
+            raise ConfigError(
+                f"the loss of model.path={path} cannot take the data's targets (y_train, examples of "
+                f"{shape_text(tuple(_targets(y_spec)[0].shape[1:]))}): {traced_error_line(err)}"
+            ) from None
+        kinds = [k for k in groups if k != EXAMPLES]
+        if kinds:
+            raise ConfigError(
+                f"the loss of model.path={path} divides by {_normaliser_words(self.objective, kinds)}, which "
+                f"accum-train run does not sum per example yet: train it with accum_train.fit (exact for it), "
+                f"or use a loss with reduction='sum_over_batch_size' and no mask"
+            )
+        self.names = ["loss", *_metric_names(self.network)]
+
+    def describe(self) -> dict:
+        """The loss per output (name, loss, weight) and the metrics' names, as plan shows them."""
+        losses = [
+            {"output": entry.name, "loss": entry.loss.name, "weight": entry.loss_weights}
+            for entry in self.objective.entries
+        ]
+        return {"loss": losses, "metrics": self.names[1:]}
+
+    def loss_fn(self, training: bool = True):
+        """``loss_fn(x, y)``: the micro-batch's per-example loss summed (the engine divides by the batch)."""
+
+        def loss_fn(x, y):
+            y_true, weights = _targets(y)
+            y_pred = self.network(x, training=training)
+            parts = self.objective.parts(x, y_true, y_pred, weights, (EXAMPLES,))
+            total = parts.sums[EXAMPLES]
+            penalty = self.objective.regularization()
+            if penalty is not None:
+                total = total + penalty * tf.cast(batch_size_of(x), tf.float32)
+            return total
+
+        return loss_fn
+
+    def evaluate_fn(self):
+        """``(x, y) -> (loss sum, outputs)`` in inference mode, for a tf.function."""
+        loss_fn = self.loss_fn(training=False)
+
+        def evaluate(x, y):
+            return loss_fn(x, y), self.network(x, training=False)
+
+        return evaluate
+
+    def scores(self, batches, examples: int, evaluate_batch) -> dict:
+        """The mean loss over ``examples`` and every compiled metric over the batches (Keras' own state)."""
+        metrics = keras_private.compile_metrics(self.network)
+        if metrics is not None:
+            metrics.reset_state()
+        total = 0.0
+        for x, y in batches:
+            loss_sum, y_pred = evaluate_batch(x, y)
+            total += float(loss_sum)
+            if metrics is not None:
+                y_true, weights = _targets(y)
+                metrics.update_state(y_true, y_pred, weights)
+        scores = {"loss": total / max(examples, 1)}
+        if metrics is not None:
+            scores.update({name: float(np.asarray(value)) for name, value in metrics.result().items()})
+        return scores
+
+
+def _targets(y):
+    """(targets, sample weights or None) of a batch's second part."""
+    if isinstance(y, tuple) and len(y) == 2:
+        return y
+    return y, None
+
+
+def _metric_names(network) -> list[str]:
+    metrics = keras_private.compile_metrics(network)
+    return [] if metrics is None or not metrics.built else list(metrics.result().keys())
+
+
+def _normaliser_words(objective, kinds) -> str:
+    words = []
+    for kind in kinds:
+        if kind == "total":
+            words.append("nothing (reduction='sum')")
+        else:
+            index = int(kind.rsplit("_", 1)[1])
+            entry = objective.entries[index]
+            words.append(
+                f"the valid entries or the sample weights of output {entry.name!r} (a mask, or "
+                f"reduction={entry.loss.reduction!r})"
+            )
+    return "; ".join(words)
+
+
+def _check_inputs(model: keras.Model, path: str, data) -> None:
+    """One input whose shape per example is the data's."""
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise ConfigError(
+            f"model.path={path} has {len(model.inputs)} inputs and {len(model.outputs)} outputs: accum-train run "
+            f"feeds one array x and one target y per example (several: accum_train.fit)"
+        )
+    given, shape = tuple(model.inputs[0].shape[1:]), tuple(data.input_shape)
+    if len(given) != len(shape) or any(g is not None and g != d for g, d in zip(given, shape)):
+        raise ConfigError(
+            f"model.path={path} takes inputs of shape {shape_text(given)} per example but x_train holds "
+            f"{shape_text(shape)}: build the model on keras.Input(shape={shape}) or reshape x_train"
+        )
+
+
+def _named(spec, key: str, get):
+    """A loss or metrics spec from the YAML (a name, a list, a mapping per output) as Keras objects."""
+    if isinstance(spec, dict):
+        return {name: _named(item, f"{key}.{name}", get) for name, item in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return [get(name, key) for name in spec]
+    return get(spec, key)
+
+
+def _function(name: str, key: str):
+    """``package.module:function``, imported from the working directory (or sys.path)."""
+    module_name, _, attribute = name.partition(":")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise ConfigError(
+            f"{key}={name!r}: cannot import {module_name!r} ({_first_line(err)}): put it on the Python path or in "
+            f"the working directory ({Path.cwd()})"
+        ) from None
+    if not callable(getattr(module, attribute, None)):
+        raise ConfigError(f"{key}={name!r}: module {module_name!r} has no function {attribute!r}")
+    return getattr(module, attribute)
+
+
+def _loss(name: str, key: str = "loss"):
+    if ":" in name:
+        return _function(name, key)
+    try:
+        return keras.losses.get(name)
+    except (ValueError, TypeError):
+        known = keras_private.loss_names()
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "e.g. mse, huber, binary_crossentropy"
+        raise ConfigError(f"{key}={name!r} is not a Keras loss: {hint}") from None
+
+
+def _metric(name: str, key: str = "metrics"):
+    if ":" in name:
+        return _function(name, key)
+    if name in ("accuracy", "acc", "crossentropy", "ce"):  # Keras picks the kind for the targets at compile
+        return name
+    known = keras_private.metric_names()
+    if name in known:
+        return name  # compile() resolves it, and names the metric as model.fit does ("mae", not its function's)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else "e.g. mae, accuracy, auc"
+    raise ConfigError(f"{key} has {name!r}, which is not a Keras metric: {hint}")
+
+
+def _file_metric(entry):
+    return entry if isinstance(entry, str) else keras.metrics.get(entry)
+
+
+def _from_file(spec, get):
+    """A loss or metrics spec as compile() saved it (names and serialized objects, nested per output)."""
+    if spec is None:
+        return None
+    if isinstance(spec, dict) and "class_name" not in spec:
+        return {name: _from_file(item, get) for name, item in spec.items()}
+    if isinstance(spec, list):
+        return [_from_file(item, get) for item in spec]
+    return get(spec)
+
+
+def _first_line(err) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

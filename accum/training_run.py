@@ -1,0 +1,209 @@
+"""A run set up for training: its model (built-in, a keras_file on class labels, or a keras_file with a Keras
+loss), optimizer, engine, evaluation and checkpoint, built once before the first update and then driven by
+``train``'s loop (train.py) or read back by ``trained.load_run``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from .config import Config
+from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
+from .errors import RunDirError
+from .rundir import checkpoint_numbers, kept_model, newest_intact_checkpoint, pass_over_damaged
+from .timeline import Timeline
+
+
+class Run:
+    """Everything set up for training: built once, then driven by ``train``."""
+
+    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None, shared_dir=None):
+        """``shared_dir``: the run directory a worker other than the chief reads the kept model file from (its
+        own ``run_dir`` is a scratch folder)."""
+        # Late imports: TensorLayer's import runs TensorFlow ops, and a
+        # multi-worker strategy must exist before any op does.
+        import keras
+
+        from .keras_loss import KerasLoss, build_keras_loss_model, uses_keras_loss
+        from .models import build_model
+        from .optim import make_optimizer, run_schedule
+        from .threads import parallel_micro_steps
+
+        self.run_dir, self.data = Path(run_dir), data
+        self.n_train = len(data.train)
+        self.timeline = Timeline(cfg, self.n_train)
+        self.total_steps = self.timeline.total_steps
+        self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
+
+        self.schedule = schedule = run_schedule(cfg, self.timeline)
+        in_scope = strategy or tf.distribute.get_strategy()
+        self.replicas = in_scope.num_replicas_in_sync
+        model_cfg = kept_model(shared_dir or run_dir, cfg.model)
+        signature = data.signature()
+        # a keras_file with the YAML's loss or its file's compile(): that loss, per example (keras_loss.py)
+        self.keras_loss = None
+        with in_scope.scope():
+            if uses_keras_loss(dataclasses.replace(cfg, model=model_cfg)):
+                keras.utils.set_random_seed(cfg.seed)
+                self.model = build_keras_loss_model(dataclasses.replace(cfg, model=model_cfg), data, cfg.precision)
+                self.keras_loss = KerasLoss(self.model, signature, model_cfg.path)
+            else:
+                self.model = build_model(model_cfg, cfg.seed, data.input_shape, data.num_classes, cfg.precision)
+            self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
+        loss_fn = self.keras_loss.loss_fn() if self.keras_loss else sparse_softmax_loss(self.model.forward)
+        variables = self.model.trainable_variables
+        scaling = dict(
+            loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
+            growth_updates=cfg.loss_scale.growth_updates,
+        )
+        shared = dict(
+            clip_norm=cfg.optimizer.clip_norm, norm_layers=self.model.norm_layers, input_signature=signature, **scaling
+        )
+        if cfg.baseline:
+            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, strategy=strategy, **shared)
+        else:
+            self.engine = AccumulatingUpdate(
+                loss_fn,
+                variables,
+                self.optimizer,
+                # subdivisions=auto starts at 1; choose_subdivisions measures before training.
+                subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
+                strategy=strategy,
+                parallel=parallel_micro_steps(cfg),
+                **shared,
+            )
+        evaluate = self.keras_loss.evaluate_fn() if self.keras_loss else self._evaluate_batch
+        self.evaluate_batch = tf.function(evaluate, input_signature=signature)
+        from .augment import Augment
+
+        self.augment = Augment(cfg.data.augment, cfg.seed)
+
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.saved_step = 0
+        tracked = {
+            "weights": self.model.variables,
+            "optimizer": self.optimizer,
+            "step": self.step,
+            "bad_updates_in_a_row": self.engine.bad_updates_in_a_row,
+            "skipped_updates": self.engine.skipped_updates,
+        }
+        if not cfg.baseline:
+            tracked["subdivisions"] = self.engine.subdivisions
+            # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
+            # (``adapt_subdivisions``). Checkpoints from before it was kept restore none: no change assumed.
+            with in_scope.scope():
+                self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
+            tracked["replicas"] = self.saved_replicas
+        if self.engine.dynamic:
+            tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
+        self.checkpoint = tf.train.Checkpoint(**tracked)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
+        )
+
+    @property
+    def subdivisions(self) -> int:
+        return 1 if self.cfg.baseline else int(self.engine.subdivisions.numpy())
+
+    def k_for(self, batch_size: int) -> int:
+        """The k a batch of ``batch_size`` runs with: micro_batch_size's for it (a batch_schedule's batch grows,
+        the micro-batch stays); a fixed or probed k stays; 1 for the baseline."""
+        if self.cfg.micro_batch_size is None or self.cfg.baseline:
+            return self.subdivisions
+        return self.cfg.subdivisions_for(batch_size, self.replicas)
+
+    def follow_batch(self, batch_size: int) -> int:
+        """Set k for a batch of ``batch_size`` (``k_for``); the k in force."""
+        k = self.k_for(batch_size)
+        if k != self.subdivisions:
+            self.engine.set_subdivisions(k)
+        return self.subdivisions
+
+    @property
+    def eval_batch_size(self) -> int:
+        # Evaluation holds no gradients: twice a training micro-batch fits where one did.
+        micro = self.cfg.micro_batch_size or math.ceil(self.cfg.batch_size / self.subdivisions)
+        return max(2 * micro, 100)
+
+    def examples_seen(self, step: int) -> int:
+        """Training examples consumed by the first ``step`` updates."""
+        return self.timeline.examples_seen(step)
+
+    def _evaluate_batch(self, x, y):
+        logits = self.model.forward(x, False)
+        return tf.reduce_sum(cross_entropy(y, logits)), tf.argmax(logits, 1, output_type=tf.int32)
+
+    def test_batches(self, split=None):
+        """(loss sum, labels, predicted classes) of each batch of the test split (or ``split``): what
+        evaluate and a confusion matrix sum."""
+        split = self.data.test if split is None else split
+        for x, y in split.batches(np.arange(len(split)), self.eval_batch_size):
+            batch_loss, predicted = self.evaluate_batch(x, y)
+            yield float(batch_loss), y.numpy(), predicted.numpy()
+
+    def evaluate(self, split=None):
+        """(mean loss, accuracy) on the test split (or ``split``: the validation split)."""
+        split = self.data.test if split is None else split
+        loss_sum = correct = 0.0
+        for batch_loss, labels, predicted in self.test_batches(split):
+            loss_sum += batch_loss
+            correct += int(np.sum(labels == predicted))
+        return loss_sum / len(split), correct / len(split)
+
+    def task_scores(self, split) -> dict:
+        """A Keras loss's run: the mean loss and every compiled metric over ``split``."""
+        batches = split.batches(np.arange(len(split)), self.eval_batch_size)
+        return self.keras_loss.scores(batches, len(split), self.evaluate_batch)
+
+    def scores(self) -> dict:
+        """test_loss and test_accuracy (none without test examples), and validation_loss and
+        validation_accuracy with data.validation."""
+        scores = {}
+        if self.keras_loss is not None:
+            for prefix, split in (("test", self.data.test), ("validation", self.data.validation)):
+                if split is not None and len(split):
+                    scores.update({f"{prefix}_{name}": value for name, value in self.task_scores(split).items()})
+            return scores
+        if self.data.test is not None and len(self.data.test):
+            scores["test_loss"], scores["test_accuracy"] = self.evaluate()
+        if self.data.validation is not None:
+            scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
+        return scores
+
+    def restore_latest(self, run_dir: Path, say, repair: bool = False, flag: str = "--resume ", found=None) -> int:
+        """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
+        newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
+        what ``newest_intact_checkpoint`` gave, if the caller looked already."""
+        directory = Path(run_dir) / "checkpoints"
+        if not checkpoint_numbers(directory):
+            raise RunDirError(f"{flag}{run_dir}: no checkpoint in {directory}; start a new run instead")
+        intact, damaged = found or newest_intact_checkpoint(directory, flag)
+        pass_over_damaged(intact, damaged, say, repair)
+        if repair and damaged and self.manager is not None:  # a manager reads the checkpoint list once
+            self.manager = tf.train.CheckpointManager(
+                self.checkpoint, str(directory), max_to_keep=self.cfg.checkpoint.keep
+            )
+        self.checkpoint.restore(intact).assert_existing_objects_matched()
+        self.saved_step = int(self.step.numpy())
+        return self.saved_step
+
+    def save_checkpoint(self, step: int) -> None:
+        """Save the state as of ``step`` updates; TensorFlow writes the files first and the 'checkpoint' pointer last,
+        so a failed or killed save leaves the previous checkpoint as the latest."""
+        self.step.assign(step)
+        try:
+            self.manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as err:
+            message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
+            raise RunDirError(
+                f"cannot write checkpoint {step} in {self.manager.directory} "
+                f"({message.splitlines()[0]}): free space or fix permissions, then resume with "
+                f"--resume {self.run_dir} (the last complete checkpoint, "
+                f"{Path(self.manager.latest_checkpoint or 'none').name}, is intact)"
+            ) from None
+        self.saved_step = step

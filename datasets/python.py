@@ -1,0 +1,215 @@
+"""Your own tf.data pipeline (``data: {name: python, factory: "module:function", ...}``).
+
+``function(split, epoch, seed, **options)`` returns an unbatched
+``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` for ``split``
+"train" and "test"; ``options`` are the other keys under ``data:``. accum-train
+batches it, converts it as an .npz's arrays are converted (uint8 inputs scaled
+by 1/255, float64 as float32) and, with ``data.shuffle``, shuffles it through
+a buffer of ``data.shuffle_buffer`` examples drawn from (seed, epoch). It is
+streamed: only the batches in flight are in memory.
+
+The factory's contract: the same arguments give the same examples in the same
+order, and every epoch holds as many. Then a resumed run re-creates its
+epoch's dataset, skips the examples the epoch already used, and ends where an
+uninterrupted run ends. The training set is counted once when the run starts
+(tf.data's cardinality when it knows it, else one pass), so that the epoch
+can be laid out in updates. The module is found in the working directory or
+the config file's folder (config/parse.py records its file), else among the
+installed packages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..text import first_line
+from .base import Dataset, convert_task
+
+DEFAULT_SHUFFLE_BUFFER = 10_000
+
+
+def import_factory(factory: str):
+    """The function ``module:function`` (or ``/path/file.py:function``) names; every failure in one line."""
+    module_name, _, function = factory.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            if spec is None or not Path(module_name).is_file():
+                raise FileNotFoundError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_name)
+    except Exception as err:
+        looked = (
+            module_name
+            if module_name.endswith(".py")
+            else f"{module_name.replace('.', '/')}.py in {Path.cwd()} and the config file's folder, and among the "
+            f"installed packages"
+        )
+        shown = Path(module_name).name if module_name.endswith(".py") else module_name
+        raise DataError(
+            f"data.factory={factory!r}: cannot import {shown} ({type(err).__name__}: {first_line(err)}); "
+            f"looked for {looked}"
+        ) from None
+    made = getattr(module, function, None)
+    if not callable(made):
+        functions = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise DataError(
+            f"data.factory={factory!r}: {module.__name__} has no function {function!r} "
+            f"(it has {', '.join(functions) or 'none'})"
+        )
+    return made
+
+
+class StreamSplit:
+    """One split of the factory's data, streamed; its ``len`` counted once (``data.train_limit`` caps it)."""
+
+    targets_as_given = True  # the loss takes the targets as they come (not class labels)
+
+    def __init__(self, make, factory: str, split: str, seed: int, options: dict, shuffle: bool, buffer: int):
+        self.make, self.factory, self.split, self.seed = make, factory, split, seed
+        self.options, self.shuffle, self.buffer = dict(options), shuffle, buffer
+        self.limit = None
+        self.spec = self.dataset(0).element_spec
+        self.examples = self._count()
+
+    def __len__(self) -> int:
+        return self.examples if self.limit is None else min(self.examples, self.limit)
+
+    def head(self, n: int) -> StreamSplit:
+        import copy
+
+        limited = copy.copy(self)
+        limited.limit = n if self.limit is None else min(n, self.limit)
+        return limited
+
+    def dataset(self, epoch: int):
+        """The factory's examples of ``epoch`` (checked: a dataset of (x, y) or (x, y, sample_weight)), limited and
+        shuffled as the config says."""
+        import tensorflow as tf
+
+        try:
+            made = self.make(self.split, epoch, self.seed, **self.options)
+        except Exception as err:
+            raise DataError(
+                f"data.factory={self.factory!r} failed for split {self.split!r}, epoch {epoch} "
+                f"({type(err).__name__}: {first_line(err)})"
+            ) from None
+        if not isinstance(made, tf.data.Dataset):
+            raise DataError(
+                f"data.factory={self.factory!r} returned {type(made).__name__} for split {self.split!r}: it must "
+                f"return an unbatched tf.data.Dataset of (x, y) or (x, y, sample_weight)"
+            )
+        spec = made.element_spec
+        if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+            raise DataError(
+                f"data.factory={self.factory!r} returned a dataset of {_spec_text(spec)} for split "
+                f"{self.split!r}: its elements must be (x, y) or (x, y, sample_weight)"
+            )
+        if len(spec) == 3 and spec[2].shape.rank != 0:
+            raise DataError(
+                f"data.factory={self.factory!r}: its sample weights have shape {tuple(spec[2].shape)} per example: "
+                f"give one number per example"
+            )
+        if self.limit is not None:
+            made = made.take(self.limit)
+        if self.shuffle and self.split == "train":
+            # a fixed seed per (run, epoch): the same order when the epoch is read again (a resume)
+            made = made.shuffle(
+                self.buffer,
+                seed=int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0]),
+                reshuffle_each_iteration=False,
+            )
+        return made
+
+    def _count(self) -> int:
+        import tensorflow as tf
+
+        made = self.dataset(0)
+        known = int(made.cardinality())
+        if known == tf.data.INFINITE_CARDINALITY:
+            raise DataError(
+                f"data.factory={self.factory!r} returned an infinite dataset for split {self.split!r} (it repeats): "
+                f"return one epoch of examples; accum-train repeats it"
+            )
+        if known >= 0:
+            return known
+        return int(made.reduce(np.int64(0), lambda count, _: count + 1))  # one pass, nothing kept
+
+    def _batched(self, dataset, batch_size: int):
+        def convert(*element):
+            return convert_task(element[0], element[1], element[2] if len(element) > 2 else None)
+
+        return dataset.batch(batch_size).map(convert, num_parallel_calls=1).prefetch(1)
+
+    def epoch_batches(self, epoch: int, start: int, end: int, batch_size: int, replicas: int, replica_ids):
+        """(global batch size, this process's examples of it) of each batch of examples [start, end) of
+        ``epoch`` (a resume starts past what its epoch used)."""
+        import tensorflow as tf
+
+        from ..data import worker_part
+
+        stream = self._batched(self.dataset(epoch).skip(start).take(end - start), batch_size)
+        for x, y in stream:
+            n = int(tf.shape(tf.nest.flatten(y)[0])[0])
+            begin, stop = worker_part(n, replicas, replica_ids)
+            yield n, *(tf.nest.map_structure(lambda t, b=begin, e=stop: t[b:e], part) for part in (x, y))
+
+    def batches(self, order: np.ndarray, batch_size: int):
+        """The split in its own order (evaluation reads it front to back; ``order`` must be that order)."""
+        if not np.array_equal(order, np.arange(len(order))) or len(order) != len(self):
+            raise ValueError("a streamed split is read front to back, whole")
+        return self._batched(self.dataset(0), batch_size)
+
+    def first(self, n: int):
+        """The first ``n`` examples of epoch 0 as one batch (what memory probes and the gradient check use)."""
+        return next(iter(self._batched(self.dataset(0).take(n), n)))
+
+    def stored(self) -> dict:
+        """The elements' dtypes and shapes, as the factory gives them (see TaskSplit.stored)."""
+        described = {key: {"dtype": s.dtype.name, "shape": list(s.shape)} for key, s in zip("xy", self.spec)}
+        return {**described, "weights": len(self.spec) > 2}
+
+    def signature(self):
+        """(x spec, y spec) of a batch as the update takes it."""
+        import tensorflow as tf
+
+        x, y = self.first(1)
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), (x, y))
+
+
+def _spec_text(spec) -> str:
+    if isinstance(spec, tuple):
+        return f"tuples of {len(spec)}"
+    if isinstance(spec, dict):
+        return f"dicts with keys {', '.join(map(str, spec))}"
+    return f"single {type(spec).__name__}s"
+
+
+def load(data_config, seed: int = 0) -> Dataset:
+    factory = data_config.factory
+    make = import_factory(factory)
+    buffer = data_config.shuffle_buffer or DEFAULT_SHUFFLE_BUFFER
+    splits = {
+        split: StreamSplit(make, factory, split, seed, data_config.options or {}, data_config.shuffle, buffer)
+        for split in ("train", "test")
+    }
+    if len(splits["train"]) == 0:
+        raise DataError(f"data.factory={factory!r} gave no training examples: split 'train' must hold at least one")
+    x_spec = splits["train"].spec[0]
+    return Dataset(
+        train=splits["train"],
+        test=splits["test"],
+        input_shape=tuple(x_spec.shape),
+        class_names=(),
+        source=f"python {factory}",
+    )

@@ -1,0 +1,329 @@
+"""accum-train run with a Keras loss: a keras_file's compile() (or the YAML's loss and metrics) on an .npz of any
+task. Keras' own model.fit(shuffle=False) on whole batches is the oracle: 50 examples in batches of 16 (three
+full and one of 2), k=3 (micro-batches of 5, 5, 6; the short batch 0, 1, 1), two epochs."""
+
+import json
+import subprocess
+import sys
+
+import accum_train
+import keras
+import numpy as np
+import pytest
+from accum_train import UserError
+from accum_train.evaluate import evaluate
+
+N, BATCH, K, EPOCHS, RATE = 50, 16, 3, 2, 0.1
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) for u, v in zip(a, b))
+
+
+def regression_arrays(rng, weights: bool):
+    x = rng.normal(size=(N, 6)).astype(np.float32)
+    y = (x @ rng.normal(size=(6, 2)) + 0.1 * rng.normal(size=(N, 2))).astype(np.float32)
+    x_test = rng.normal(size=(20, 6)).astype(np.float32)
+    arrays = dict(x_train=x, y_train=y, x_test=x_test, y_test=x_test[:, :2].copy())
+    if weights:
+        arrays["w_train"] = rng.uniform(0.1, 3.0, N).astype(np.float32)
+        arrays["w_test"] = rng.uniform(0.1, 3.0, 20).astype(np.float32)
+    return arrays
+
+
+def regression_model(compiled: bool):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.01), name="hidden")(
+        inputs
+    )
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+    if compiled:
+        model.compile(optimizer="adam", loss=keras.losses.Huber(), metrics=["mae"])
+    return model
+
+
+# (case, the file's compile(), the YAML's loss and metrics, sample weights, optimizer: config name, Keras class)
+CASES = [
+    ("file-huber", True, {}, False, ("sgd", keras.optimizers.SGD)),
+    ("file-huber-weights-adam", True, {}, True, ("adam", keras.optimizers.Adam)),
+    ("yaml-mse", False, {"loss": "mse", "metrics": ["mae", "mean_squared_error"]}, True, ("sgd", keras.optimizers.SGD)),
+]
+
+
+@pytest.mark.parametrize(("case", "compiled", "yaml", "weights", "optimizer"), CASES, ids=[c[0] for c in CASES])
+def test_a_keras_loss_run_ends_at_model_fit_s_weights_and_scores(tmp_path, case, compiled, yaml, weights, optimizer):
+    arrays = regression_arrays(np.random.default_rng(0), weights)
+    np.savez(tmp_path / "data.npz", **arrays)
+    regression_model(compiled).save(tmp_path / "model.keras")
+    config = {
+        "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
+        "data": {"name": "npz", "path": str(tmp_path / "data.npz"), "shuffle": False},
+        "batch_size": BATCH,
+        "subdivisions": K,
+        "epochs": EPOCHS,
+        "optimizer": {"name": optimizer[0], "learning_rate": RATE},
+        **yaml,
+    }
+    summary = accum_train.run(config, output_dir=tmp_path / "run")
+
+    oracle = keras.models.load_model(tmp_path / "model.keras", compile=False)
+    loss = keras.losses.Huber() if compiled else keras.losses.MeanSquaredError()
+    metrics = ["mae"] if compiled else ["mae", "mean_squared_error"]
+    oracle.compile(optimizer=optimizer[1](RATE), loss=loss, metrics=metrics)
+    fit_weights = arrays.get("w_train")
+    oracle.fit(
+        arrays["x_train"],
+        arrays["y_train"],
+        sample_weight=fit_weights,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+    )
+    saved = np.load(tmp_path / "run" / "weights.npz")
+    assert list(saved.files) == ["hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
+    assert max_difference([saved[k] for k in saved.files], oracle.get_weights()) < 1e-5
+
+    scores = oracle.evaluate(
+        arrays["x_test"],
+        arrays["y_test"],
+        sample_weight=arrays.get("w_test"),
+        batch_size=BATCH,
+        verbose=0,
+        return_dict=True,
+    )
+    expected = {f"test_{name}": value for name, value in scores.items()}
+    assert {key: summary[key] for key in expected} == pytest.approx(expected, rel=1e-5)
+    assert "test_accuracy" not in summary
+    # the run's evaluate gives the summary's scores again, from its checkpoint
+    evaluated = evaluate(tmp_path / "run")
+    assert {key: evaluated[key] for key in expected} == pytest.approx(expected, rel=1e-5)
+    assert json.loads((tmp_path / "run" / "evaluate" / "evaluate.json").read_text())["test_examples"] == 20
+
+
+def masked_model():
+    inputs = keras.Input((4,), dtype="int32")
+    hidden = keras.layers.Embedding(10, 3, mask_zero=True)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="tags")(hidden))
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def write(tmp_path, arrays=None, model=None):
+    arrays = arrays if arrays is not None else regression_arrays(np.random.default_rng(0), False)
+    np.savez(tmp_path / "data.npz", **arrays)
+    (model or regression_model(True)).save(tmp_path / "model.keras")
+    return {
+        "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
+        "data": {"name": "npz", "path": str(tmp_path / "data.npz")},
+        "batch_size": BATCH,
+        "subdivisions": K,
+        "epochs": 1,
+    }
+
+
+def tokens():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 10, (N, 4)).astype(np.int32)
+    return dict(x_train=x, y_train=rng.integers(0, 2, (N, 4)), x_test=x[:5], y_test=np.zeros((5, 4), np.int64))
+
+
+# (case, change to the config, arrays (None: the regression's), model (None: the compiled regression), message)
+BAD = [
+    ("unknown loss", {"loss": "msee"}, None, None, "loss='msee' is not a Keras loss: did you mean 'mse'?"),
+    (
+        "unknown metric",
+        {"metrics": ["maee"]},
+        None,
+        None,
+        "metrics has 'maee', which is not a Keras metric: did you mean 'mae'?",
+    ),
+    (
+        "loss of a built-in",
+        {"model": {"name": "mlp"}, "loss": "mse"},
+        None,
+        None,
+        "config: loss is only for model.name=keras_file, not mlp (the built-in nets train with sparse cross-entropy "
+        "on class labels): remove it",
+    ),
+    (
+        "inputs that do not fit",
+        {},
+        {
+            **regression_arrays(np.random.default_rng(0), False),
+            "x_train": np.zeros((N, 5), np.float32),
+            "x_test": np.zeros((20, 5), np.float32),
+        },
+        None,
+        "model.path={model} takes inputs of shape 6 per example but x_train holds 5: build the model on "
+        "keras.Input(shape=(5,)) or reshape x_train",
+    ),
+    (
+        "targets the loss cannot take",
+        {},
+        {
+            **regression_arrays(np.random.default_rng(0), False),
+            "y_train": np.zeros((N, 3), np.float32),
+            "y_test": np.zeros((20, 3), np.float32),
+        },
+        None,
+        "the loss of model.path={model} cannot take the data's targets (y_train, examples of 3): Dimensions must be "
+        "equal, but are 3 and 2 with input shapes: [?,3], [?,2].",
+    ),
+    (
+        "a masked loss",
+        {},
+        tokens(),
+        masked_model,
+        "the loss of model.path={model} divides by the valid entries or the sample weights of output 'tags' (a "
+        "mask, or reduction='sum_over_batch_size'), which accum-train run does not sum per example yet: train it "
+        "with accum_train.fit (exact for it), or use a loss with reduction='sum_over_batch_size' and no mask",
+    ),
+    (
+        "weights of another length",
+        {},
+        {**regression_arrays(np.random.default_rng(0), False), "w_train": np.ones(N - 1, np.float32)},
+        None,
+        "{data}: x_train holds 50 examples but w_train 49: every array needs one row per example",
+    ),
+    (
+        "negative weights",
+        {},
+        {**regression_arrays(np.random.default_rng(0), False), "w_train": -np.ones(N, np.float32)},
+        None,
+        "{data}: w_train has shape (50,) and its smallest value is -1: sample weights are one number >= 0 per "
+        "example, shape (50,)",
+    ),
+    (
+        "text targets",
+        {},
+        {**regression_arrays(np.random.default_rng(0), False), "y_train": np.array(["a"] * N)},
+        None,
+        "{data}: y_train has dtype <U1: arrays must hold numbers; convert it, e.g. y_train.astype('float32')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "arrays", "model", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, case, change, arrays, model, message):
+    config = {**write(tmp_path, arrays, model() if model else None), **change}
+    with pytest.raises(UserError) as caught:
+        accum_train.run(config, output_dir=tmp_path / "run")
+    expected = message.format(model=tmp_path / "model.keras", data=tmp_path / "data.npz")
+    assert str(caught.value) == expected
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_says_it_in_one_line_with_exit_code_2(tmp_path):
+    import yaml
+
+    config = {**write(tmp_path), "loss": "msee"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accum_train.cli.main",
+            "run",
+            str(tmp_path / "bad.yaml"),
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
+        2,
+        "error: loss='msee' is not a Keras loss: did you mean 'mse'?",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_plan_shows_the_loss_and_metrics_in_force(tmp_path):
+    from accum_train.config import as_config
+    from accum_train.keras_loss import load_data
+    from accum_train.plan import plan
+
+    cfg = as_config({**write(tmp_path), "metrics": ["mae", "mse"]})
+    result = plan(cfg, load_data(cfg))
+    assert result["loss"] == [{"output": "out", "loss": "huber_loss", "weight": None}]
+    assert result["metrics"] == ["mae", "mse"]
+
+
+def test_predict_and_export_give_the_trained_model_s_outputs(tmp_path):
+    from accum_train.export import export_run
+    from accum_train.predict import predict
+
+    config = {**write(tmp_path), "epochs": 2}
+    accum_train.run(config, output_dir=tmp_path / "run")
+    x = np.random.default_rng(5).normal(size=(7, 6)).astype(np.float32)
+    np.savez(tmp_path / "new.npz", x=x)
+    rows = predict(tmp_path / "run", [tmp_path / "new.npz"])
+    assert [row["input"] for row in rows] == [f"{tmp_path / 'new.npz'}[{i}]" for i in range(7)]
+    exported = keras.models.load_model(export_run(tmp_path / "run"))
+    expected = exported.predict(x, verbose=0)
+    assert max_difference([[row["outputs"] for row in rows]], [expected]) < 1e-5
+    # the exported model is the trained one: its weights are the run's
+    saved = np.load(tmp_path / "run" / "weights.npz")
+    assert max_difference([saved[k] for k in saved.files], exported.get_weights()) == 0.0
+    np.savez(tmp_path / "wide.npz", x=np.zeros((2, 5), np.float32))
+    with pytest.raises(UserError) as caught:
+        predict(tmp_path / "run", [tmp_path / "wide.npz"])
+    assert str(caught.value) == (
+        f"{tmp_path / 'wide.npz'}: 'x' holds float32 examples of shape 5, but the model takes float32 examples "
+        f"of shape 6"
+    )
+
+
+def regression_example(repo_root):
+    """The commands of the README's regression example, and the figures it states for its run."""
+    text = (repo_root / "README.md").read_text()
+    body = text.split("<!-- sh example: regression -->\n```sh\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in body.splitlines() if line.strip()]
+    stated = text.split("<!-- sh example: regression -->", 1)[1].split("ended at ", 1)[1]
+    loss, mae = (float(word.rstrip(",")) for word in stated.split()[2:6:3])
+    return commands, loss, mae
+
+
+def run_example(repo_root, tmp_path, monkeypatch, extra):
+    """The example as written in ``tmp_path`` (configs/ and scripts/ linked in), ``extra`` added to the run."""
+    from accum_train.cli.main import main
+    from click.testing import CliRunner
+
+    commands, loss, mae = regression_example(repo_root)
+    for name in ("configs", "scripts"):
+        (tmp_path / name).symlink_to(repo_root / name)
+    monkeypatch.chdir(tmp_path)
+    printed = {}
+    for command in commands:
+        words = command.split()
+        if words[0] == "python":
+            done = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True)
+            assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
+        else:  # in this process: no second TensorFlow start
+            result = CliRunner().invoke(main, words[1:] + (extra if words[1] == "run" else []))
+            assert result.exit_code == 0, f"{command}: {result.output}"
+            printed[words[1]] = result.stdout
+    return printed, loss, mae
+
+
+def test_the_readme_regression_example_runs_as_written_for_two_epochs(repo_root, tmp_path, monkeypatch):
+    printed, _, _ = run_example(repo_root, tmp_path, monkeypatch, ["--set", "epochs=2"])
+    assert "loss           mean_squared_error\nmetrics        mae\n" in printed["plan"]
+    assert "1024 = 8 x 128 (micro_batch_size=128: subdivisions=8)" in printed["plan"]
+    summary = json.loads((tmp_path / "runs" / "regression" / "summary.json").read_text())
+    assert summary["steps"] == 16 and summary["subdivisions"] == 8
+    evaluated = json.loads((tmp_path / "runs" / "regression" / "evaluate" / "evaluate.json").read_text())
+    assert (evaluated["test_loss"], evaluated["test_mae"]) == (summary["test_loss"], summary["test_mae"])
+    assert printed["evaluate"].startswith(f"test loss {summary['test_loss']:.4f}, test mae {summary['test_mae']:.4f}")
+
+
+@pytest.mark.slow  # 20 epochs
+def test_the_readme_regression_example_as_written_ends_near_the_figures_it_states(repo_root, tmp_path, monkeypatch):
+    run_example(repo_root, tmp_path, monkeypatch, [])
+    summary = json.loads((tmp_path / "runs" / "regression" / "summary.json").read_text())
+    _, loss, mae = regression_example(repo_root)
+    # one run's figures; another CPU rounds differently, Adam follows
+    assert summary["test_loss"] == pytest.approx(loss, rel=0.05)
+    assert summary["test_mae"] == pytest.approx(mae, rel=0.05)

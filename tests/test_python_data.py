@@ -1,0 +1,179 @@
+"""data.name=python: your own tf.data pipeline from a factory function, streamed into the update.
+
+The same arrays through a factory and through an .npz end at the same weights; with data.shuffle a stopped run
+resumed with --resume ends at the uninterrupted weights (the factory re-creates the epoch, which is skipped to
+where the checkpoint was); bad factories are one line each."""
+
+import signal
+
+import keras
+import numpy as np
+import pytest
+from accum_train import UserError
+from accum_train.config import as_config, load_config
+from accum_train.errors import Interrupted
+from accum_train.train import train
+from helpers import InterruptAt
+
+N = 50
+
+PIPELINE = """
+import numpy as np
+import tensorflow as tf
+
+
+def make(split, epoch, seed, path, scale=1.0):
+    arrays = np.load(path)
+    x, y = arrays[f"x_{split}"] * scale, arrays[f"y_{split}"]
+    return tf.data.Dataset.from_tensor_slices((x.astype("float32"), y))
+
+
+def weighted(split, epoch, seed, path):
+    arrays = np.load(path)
+    weights = np.linspace(0.5, 2.0, len(arrays[f"y_{split}"]), dtype="float32")
+    return tf.data.Dataset.from_tensor_slices((arrays[f"x_{split}"], arrays[f"y_{split}"], weights))
+
+
+def not_a_dataset(split, epoch, seed, path):
+    return [1, 2, 3]
+
+
+def singles(split, epoch, seed, path):
+    return tf.data.Dataset.from_tensor_slices(np.load(path)[f"x_{split}"])
+
+
+def endless(split, epoch, seed, path):
+    return make(split, epoch, seed, path).repeat()
+"""
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
+
+
+@pytest.fixture
+def project(tmp_path):
+    """An .npz, the same arrays behind a factory module in the config's folder, a compiled regression model."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 6)).astype(np.float32)
+    y = (x @ rng.normal(size=(6, 2))).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_test=x[:20], y_test=y[:20])
+    (tmp_path / "pipeline.py").write_text(PIPELINE)
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="tanh", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+    model.compile(loss="mse", metrics=["mae"])
+    model.save(tmp_path / "model.keras")
+    return tmp_path
+
+
+def config(project, data, *sets):
+    text = (
+        f"model: {{name: keras_file, path: {project / 'model.keras'}}}\n"
+        f"data: {data}\n"
+        "batch_size: 16\nsubdivisions: 3\nepochs: 3\nlog_every: 1\n"
+        "optimizer: {name: sgd, learning_rate: 0.1}\n"
+    )
+    (project / "run.yaml").write_text(text)
+    return load_config(project / "run.yaml", list(sets))
+
+
+def weights(run_dir):
+    return np.load(run_dir / "weights.npz")
+
+
+def test_a_factory_gives_the_weights_of_the_same_arrays_in_an_npz(project, monkeypatch, tmp_path_factory):
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))  # the module is found in the config's folder
+    npz = config(project, f"{{name: npz, path: {project / 'data.npz'}, shuffle: false}}")
+    train(npz, project / "npz")
+    factory = config(
+        project, f"{{name: python, factory: 'pipeline:make', path: {project / 'data.npz'}, shuffle: false}}"
+    )
+    assert factory.data.factory == f"{project / 'pipeline.py'}:make"  # recorded as the file the run imported
+    assert factory.data.options == {"path": str(project / "data.npz")}
+    summary = train(factory, project / "python")
+    assert max_difference(weights(project / "python"), weights(project / "npz")) < 1e-6
+    assert summary["steps"] == 12 and "test_mae" in summary
+
+
+def test_a_shuffled_stream_resumed_mid_epoch_ends_at_the_uninterrupted_weights(project):
+    cfg = config(
+        project, f"{{name: python, factory: 'pipeline:weighted', path: {project / 'data.npz'}, shuffle_buffer: 20}}"
+    )
+    whole = train(cfg, project / "whole")
+    with pytest.raises(Interrupted) as stop:
+        train(cfg, project / "cut", progress=InterruptAt(6))  # the second update of epoch 2
+    assert (stop.value.step, stop.value.signum) == (6, signal.SIGINT)
+    resumed = train(cfg, project / "cut", resume=True)
+    assert resumed["steps"] == whole["steps"] == 12
+    assert max_difference(weights(project / "cut"), weights(project / "whole")) < 1e-6
+    # the buffer shuffles: other weights than the stored order's
+    unshuffled = train(as_config(cfg, {"data.shuffle": False}), project / "unshuffled")
+    assert unshuffled["steps"] == 12
+    assert max_difference(weights(project / "unshuffled"), weights(project / "whole")) > 1e-3
+
+
+# (case, data mapping, message: {project} is the folder)
+BAD = [
+    (
+        "no such module",
+        "{{name: python, factory: 'nowhere:make'}}",
+        "data.factory='nowhere:make': cannot import nowhere (ModuleNotFoundError: No module named 'nowhere'); "
+        "looked for nowhere.py in {cwd} and the config file's folder, and among the installed packages",
+    ),
+    (
+        "no such function",
+        "{{name: python, factory: 'pipeline:maker', path: x}}",
+        "data.factory='{project}/pipeline.py:maker': pipeline has no function 'maker' (it has endless, make, "
+        "not_a_dataset, singles, weighted)",
+    ),
+    (
+        "not a dataset",
+        "{{name: python, factory: 'pipeline:not_a_dataset', path: x}}",
+        "data.factory='{project}/pipeline.py:not_a_dataset' returned list for split 'train': it must return an "
+        "unbatched tf.data.Dataset of (x, y) or (x, y, sample_weight)",
+    ),
+    (
+        "single tensors",
+        "{{name: python, factory: 'pipeline:singles', path: {project}/data.npz}}",
+        "data.factory='{project}/pipeline.py:singles' returned a dataset of single TensorSpecs for split 'train': "
+        "its elements must be (x, y) or (x, y, sample_weight)",
+    ),
+    (
+        "endless",
+        "{{name: python, factory: 'pipeline:endless', path: {project}/data.npz}}",
+        "data.factory='{project}/pipeline.py:endless' returned an infinite dataset for split 'train' (it repeats): "
+        "return one epoch of examples; accum-train repeats it",
+    ),
+    (
+        "a bad option",
+        "{{name: python, factory: 'pipeline:make', path: {project}/data.npz, scales: 2}}",
+        "data.factory='{project}/pipeline.py:make' failed for split 'train', epoch 0 (TypeError: make() got an "
+        "unexpected keyword argument 'scales')",
+    ),
+    (
+        "a buffer of none",
+        "{{name: python, factory: 'pipeline:make', shuffle_buffer: 0}}",
+        "{project}/run.yaml: data.shuffle_buffer=0 must be >= 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "data", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_factories_are_one_line_and_nothing_is_written(project, monkeypatch, case, data, message):
+    monkeypatch.chdir(project / "..")
+    with pytest.raises(UserError) as caught:
+        train(config(project, data.format(project=project)), project / "run")
+    assert str(caught.value) == message.format(project=project, cwd=project.parent)
+    assert not (project / "run").exists()
+
+
+def test_the_built_in_nets_need_images_with_class_labels(project):
+    cfg = config(project, "{name: python, factory: 'pipeline:make'}", "model={name: mlp}")
+    with pytest.raises(UserError) as caught:
+        train(cfg, project / "run")
+    assert str(caught.value) == (
+        "data.name=python feeds a model that brings its own loss: model.name=keras_file with loss: in the YAML or "
+        "a file saved after compile(loss=...) (the built-in nets need images with class labels)"
+    )
