@@ -36,19 +36,20 @@ def gradient_check(cfg: Config, data) -> dict:
     import tensorflow as tf
 
     from .data import first_batch
-    from .engine import AccumulatingUpdate, sparse_softmax_loss
-    from .models import build_model
+    from .engine import AccumulatingUpdate
+    from .keras_loss import build_with_loss, loss_function
 
-    model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
+    model, keras_loss = build_with_loss(cfg, data)
     x, y = first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
     variables = model.trainable_variables
     names = [v.name.split(":")[0] for v in variables]
     k = min(cfg.subdivisions_for(cfg.batch_size), cfg.batch_size)
 
     def check(training: bool) -> dict:
-        losses = sparse_softmax_loss(model.forward, training)
+        losses = loss_function(model, keras_loss, training)
         with tf.GradientTape() as tape:
-            full_loss = tf.reduce_mean(losses(x, y))
+            # the whole batch's mean loss, as the engine normalises it (a Keras loss gives its sum)
+            full_loss = tf.reduce_sum(losses(x, y)) / tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
         full = tape.gradient(full_loss, variables)
         engine = AccumulatingUpdate(losses, variables, None, subdivisions=k, norm_layers=model.norm_layers)
         engine.accumulate_batch(x, y)
@@ -77,9 +78,16 @@ def gradient_check(cfg: Config, data) -> dict:
 
 def _curves(run_dir: Path) -> dict:
     epochs = [r for r in read_metrics(run_dir / "metrics.jsonl") if is_epoch_record(r)]
-    return {
-        key: [r[key] for r in epochs] for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "examples_per_s")
-    }
+    keys = ["epoch", "train_loss", "test_loss", "examples_per_s"]
+    score = score_key(epochs[0]) if epochs else None
+    return {key: [r[key] for r in epochs] for key in keys + ([score] if score else [])}
+
+
+def score_key(record: dict) -> str | None:
+    """The score a compare shows beside the losses: test_accuracy, or a Keras loss's run's first metric."""
+    if "test_accuracy" in record:
+        return "test_accuracy"
+    return next((key for key in record if key.startswith("test_") and key != "test_loss"), None)
 
 
 def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progress) -> dict:
@@ -166,14 +174,16 @@ def plot(result: dict, path: Path) -> None:
         ("baseline", f"baseline (batch {cfg['batch_size']} in one pass)", "tab:blue", "-"),
         ("subdivided", f"subdivided ({cfg['subdivisions']} micro-batches)", "tab:orange", "--"),
     ]
+    score = score_key(result["subdivided"]["curves"])
+    loss = "cross-entropy" if score == "test_accuracy" else "the model's loss"
     panels = [
-        ("train_loss", "train loss (cross-entropy)"),
-        ("test_loss", "test loss (cross-entropy)"),
-        ("test_accuracy", "test accuracy (fraction correct)"),
+        ("train_loss", f"train loss ({loss})"),
+        ("test_loss", f"test loss ({loss})"),
+        (score, "test accuracy (fraction correct)" if score == "test_accuracy" else score.replace("_", " ")),
     ]
     for ax, (key, title) in zip(axes, panels):
         for side, label, color, style in sides:
-            if result[side]["status"] == "ok":
+            if result[side]["status"] == "ok" and key in result[side]["curves"]:
                 curves = result[side]["curves"]
                 ax.plot(curves["epoch"], curves[key], style, color=color, marker="o", markersize=3, label=label)
         ax.set_title(title)

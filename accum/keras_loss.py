@@ -30,22 +30,15 @@ import numpy as np
 import tensorflow as tf
 
 from .errors import ConfigError
+from .keras_archive import compile_config, uses_keras_loss
 from .keras_fit import keras_private
 from .keras_fit.objective import EXAMPLES, Objective, batch_size_of
 from .models.containers import KerasModel
-from .models.keras_file import accumulating_clone, compile_config, load_keras_file
+from .models.keras_file import accumulating_clone, load_keras_file
 from .models.precision import set_precision
 from .text import shape_text, traced_error_line
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
-
-
-def uses_keras_loss(cfg) -> bool:
-    """Whether a run trains with a Keras loss (the YAML's, or its keras_file's compile()) rather than the
-    built-in classification loss."""
-    if cfg.model.name != "keras_file":
-        return False
-    return cfg.loss is not None or bool(compile_config(cfg.model.path).get("loss"))
 
 
 def load_data(cfg, run_dir=None):
@@ -63,6 +56,27 @@ def load_data(cfg, run_dir=None):
             "YAML or a file saved after compile(loss=...) (the built-in nets need images with class labels)"
         )
     return load(cfg.data, run_dir, task=task, seed=cfg.seed)
+
+
+def build_with_loss(cfg, data, precision: str = "float32", model_cfg=None):
+    """(model, KerasLoss or None): the model a run of ``cfg`` trains, and its Keras loss if it has one (None: the
+    built-in loss). ``model_cfg``: the model config to build from (a run directory's copy of the file)."""
+    cfg = cfg if model_cfg is None else dataclasses.replace(cfg, model=model_cfg)
+    if uses_keras_loss(cfg):
+        keras.utils.set_random_seed(cfg.seed)
+        model = build_keras_loss_model(cfg, data, precision)
+        return model, KerasLoss(model, data.signature(), cfg.model.path)
+    from .models import build_model
+
+    return build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes, precision), None
+
+
+def loss_function(model, keras_loss, training: bool = True):
+    """The engine's ``loss_fn(x, y)`` for a model built by ``build_with_loss``: summed over the examples it
+    returns, per example or whole (the engine divides the update's sum by the batch once)."""
+    from .engine import sparse_softmax_loss
+
+    return keras_loss.loss_fn(training) if keras_loss is not None else sparse_softmax_loss(model.forward, training)
 
 
 def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
@@ -95,6 +109,7 @@ class KerasLoss:
         self.model, self.network = model, model.network
         x_spec, y_spec = signature
         element = (x_spec, *_targets(y_spec))
+        _check_class_targets(self.network.loss, _targets(y_spec))
         try:
             keras_private.symbolic_build(self.network, element)  # the compiled loss's entries exist after it
             self.objective = Objective(self.network)
@@ -163,6 +178,19 @@ class KerasLoss:
         if metrics is not None:
             scores.update({name: float(np.asarray(value)) for name, value in metrics.result().items()})
         return scores
+
+
+def _check_class_targets(losses, y_spec) -> None:
+    """A sparse cross-entropy takes class indices: float targets (a regression's) would be cast to them."""
+    for loss, spec in zip(tf.nest.flatten(losses), tf.nest.flatten(y_spec)):
+        function = getattr(loss, "fn", loss)
+        name = getattr(function, "__name__", type(loss).__name__)
+        if (name in SPARSE_LOSSES or type(loss).__name__ in SPARSE_LOSSES) and spec.dtype.is_floating:
+            raise ConfigError(
+                f"the loss sparse_categorical_crossentropy takes integer class indices, but the targets (y_train) "
+                f"are {spec.dtype.name}: save them as integers (y_train.astype('int64')), or choose a loss for "
+                f"values, e.g. loss: mse"
+            )
 
 
 def _targets(y):

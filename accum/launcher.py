@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -35,7 +36,8 @@ from pathlib import Path
 from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
 from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
-from .rundir import atomic_write, check_output_dir, checkpoint_numbers, writing
+from .keras_archive import uses_keras_loss
+from .rundir import atomic_write, check_output_dir, checkpoint_numbers, kept_model, writing
 
 # The supervisor names a file per worker in this variable; the worker creates it once training begins,
 # which for the chief means that every worker has joined.
@@ -214,10 +216,12 @@ def _stopped_together(pool: list, timeout_s: float) -> str:
     return "; ".join([line, *odd])
 
 
-def _check_data(config_path: Path) -> None:
-    """Load and check the data in a child process (python -m accum_train.datasets): one line if bad."""
+def _check_data(config_path: Path, task: bool) -> None:
+    """Load and check the data in a child process (python -m accum_train.datasets): one line if bad. ``task``:
+    the run has a Keras loss (its .npz holds that loss's targets)."""
     child = run_child(
-        [sys.executable, "-m", "accum_train.datasets", str(config_path)], env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        [sys.executable, "-m", "accum_train.datasets", str(config_path), *(["--task"] if task else [])],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     if child.code == DataError.exit_code and child.error.startswith("error: "):
         raise DataError(error_message(child.error))
@@ -245,7 +249,9 @@ def launch_workers(
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
         config_path = Path(scratch) / "config.yaml"
         atomic_write(config_path, resolved.to_yaml().encode())
-        _check_data(config_path)  # bad data is reported here, once, not by every worker
+        model = kept_model(run_dir, cfg.model) if resume else cfg.model  # a resume reads its copy of the file
+        task = uses_keras_loss(dataclasses.replace(cfg, model=model))
+        _check_data(config_path, task)  # bad data is reported here, once, not by every worker
         # The supervisor is the run directory's one writer, its chief writing under its lock.
         with writing(run_dir, "--resume " if resume else "--output-dir ", for_children=True):
             restarts = 0

@@ -60,14 +60,11 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
     objective = BUILT_IN_OBJECTIVE
     if model is None:
-        from .keras_loss import KerasLoss, build_keras_loss_model, uses_keras_loss
-        from .models import build_model
+        from .keras_loss import build_with_loss
 
-        if uses_keras_loss(cfg):  # built and its loss traced on the data: targets it cannot take fail here
-            model = build_keras_loss_model(cfg, data)
-            objective = KerasLoss(model, data.signature(), cfg.model.path).describe()
-        else:
-            model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes)
+        model, keras_loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
+        if keras_loss is not None:
+            objective = keras_loss.describe()
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)

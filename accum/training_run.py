@@ -5,7 +5,6 @@ loss), optimizer, engine, evaluation and checkpoint, built once before the first
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from .config import Config
-from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy, sparse_softmax_loss
+from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy
 from .errors import RunDirError
 from .rundir import checkpoint_numbers, kept_model, newest_intact_checkpoint, pass_over_damaged
 from .timeline import Timeline
@@ -27,10 +26,7 @@ class Run:
         own ``run_dir`` is a scratch folder)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        import keras
-
-        from .keras_loss import KerasLoss, build_keras_loss_model, uses_keras_loss
-        from .models import build_model
+        from .keras_loss import build_with_loss, loss_function
         from .optim import make_optimizer, run_schedule
         from .threads import parallel_micro_steps
 
@@ -48,14 +44,9 @@ class Run:
         # a keras_file with the YAML's loss or its file's compile(): that loss, per example (keras_loss.py)
         self.keras_loss = None
         with in_scope.scope():
-            if uses_keras_loss(dataclasses.replace(cfg, model=model_cfg)):
-                keras.utils.set_random_seed(cfg.seed)
-                self.model = build_keras_loss_model(dataclasses.replace(cfg, model=model_cfg), data, cfg.precision)
-                self.keras_loss = KerasLoss(self.model, signature, model_cfg.path)
-            else:
-                self.model = build_model(model_cfg, cfg.seed, data.input_shape, data.num_classes, cfg.precision)
+            self.model, self.keras_loss = build_with_loss(cfg, data, cfg.precision, model_cfg)
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        loss_fn = self.keras_loss.loss_fn() if self.keras_loss else sparse_softmax_loss(self.model.forward)
+        loss_fn = loss_function(self.model, self.keras_loss)
         variables = self.model.trainable_variables
         scaling = dict(
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,

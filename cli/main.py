@@ -303,26 +303,25 @@ def format_bench(result: dict, out_dir: Path) -> str:
 
 def format_compare(result: dict, out_dir: Path) -> str:
     """The side-by-side table: one row per epoch, then cost rows and the gradient check."""
+    from ..compare import score_key
+
     base, sub = result["baseline"], result["subdivided"]
     ok = base["status"] == "ok"
+    curves = sub["curves"]
+    score = score_key(curves)  # accuracy, or a Keras loss's run's first metric
+    short = "acc" if score == "test_accuracy" else (score or "test_")[len("test_") :][:7]
     lines = [
         f"{'epoch':>5} | {'baseline':^29} | {'subdivided':^29}",
-        f"{'':>5} | {'train loss':>10} {'test loss':>9} {'acc':>7} | {'train loss':>10} {'test loss':>9} {'acc':>7}",
+        f"{'':>5} | {'train loss':>10} {'test loss':>9} {short:>7} | {'train loss':>10} {'test loss':>9} {short:>7}",
     ]
-    curves = sub["curves"]
+
+    def cells(side_curves, i):
+        value = side_curves[score][i] if score in side_curves else float("nan")
+        return f"{side_curves['train_loss'][i]:>10.4f} {side_curves['test_loss'][i]:>9.4f} {value:>7.4f}"
+
     for i, epoch in enumerate(curves["epoch"]):
-        left = (
-            (
-                f"{base['curves']['train_loss'][i]:>10.4f} {base['curves']['test_loss'][i]:>9.4f} "
-                f"{base['curves']['test_accuracy'][i]:>7.4f}"
-            )
-            if ok
-            else f"{'out of memory':^29}"
-        )
-        lines.append(
-            f"{epoch:>5} | {left} | {curves['train_loss'][i]:>10.4f} "
-            f"{curves['test_loss'][i]:>9.4f} {curves['test_accuracy'][i]:>7.4f}"
-        )
+        left = cells(base["curves"], i) if ok else f"{'out of memory':^29}"
+        lines.append(f"{epoch:>5} | {left} | {cells(curves, i)}")
     lines.append("")
     lines.append(f"{'cost':<22} {'baseline':>12} {'subdivided':>12} {'ratio':>8}")
     units = {

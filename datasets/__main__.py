@@ -1,4 +1,5 @@
-"""``python -m accum_train.datasets CONFIG``: load and check a config's data, print nothing.
+"""``python -m accum_train.datasets CONFIG [--task]``: load and check a config's data, print nothing (``--task``:
+an .npz's targets are for the model's own loss, not class labels).
 
 Bad data ends as one line ``error: ...`` on stderr and exit code 2. The
 ``--workers`` supervisor runs this in a child process: checking an image
@@ -14,7 +15,8 @@ from . import load
 
 if __name__ == "__main__":
     try:
-        load(load_config(sys.argv[1]).data)
+        cfg = load_config(sys.argv[1])
+        load(cfg.data, task="--task" in sys.argv[2:], seed=cfg.seed)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

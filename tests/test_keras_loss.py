@@ -140,6 +140,14 @@ BAD = [
         "metrics has 'maee', which is not a Keras metric: did you mean 'mae'?",
     ),
     (
+        "float targets for class indices",
+        {"loss": "sparse_categorical_crossentropy"},
+        None,
+        None,
+        "the loss sparse_categorical_crossentropy takes integer class indices, but the targets (y_train) are "
+        "float32: save them as integers (y_train.astype('int64')), or choose a loss for values, e.g. loss: mse",
+    ),
+    (
         "loss of a built-in",
         {"model": {"name": "mlp"}, "loss": "mse"},
         None,

@@ -49,16 +49,6 @@ def _custom_code(node) -> list:
     return found
 
 
-def compile_config(path: str) -> dict:
-    """What ``compile()`` gave the model in a .keras file (its config.json's compile_config; {}: none).
-    Read without loading the model: a file that cannot be read says so when it is loaded."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return json.loads(archive.read("config.json")).get("compile_config") or {}
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return {}
-
-
 def load_keras_file(path: str) -> keras.Model:
     """keras.models.load_model(path, safe_mode=True, compile=False); every failure as one line."""
     save_hint = "save your model with model.save('my_model.keras') and give that file"

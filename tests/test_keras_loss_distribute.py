@@ -1,0 +1,46 @@
+"""accum-train run with a Keras loss under tf.distribute and in 16 bits: each variant in its own process (a
+strategy is set up before TensorFlow's runtime starts); the workers in a private network namespace. Run alone
+(make test-slow's second part): workers have start-up deadlines that a loaded machine could miss."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_distribute import private_network
+from test_keras_loss import max_difference, regression_arrays, write
+
+
+@pytest.mark.slow  # three processes, one of them two workers joined over loopback
+def test_every_strategy_and_precision_runs_a_keras_loss(tmp_path):
+    """2 mirrored replicas and 2 workers end where one device ends (the same per-example sums, one all-reduce);
+    bfloat16 compute trains the same task in float32 weights."""
+    import yaml
+
+    config = {**write(tmp_path, regression_arrays(np.random.default_rng(0), True)), "epochs": 2}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    cli = [sys.executable, "-m", "accum_train.cli.main", "run", str(tmp_path / "run.yaml"), "--quiet"]
+    variants = {
+        "one": [],
+        "mirrored": ["--set", "strategy.name=mirrored", "--set", "strategy.cpu_devices=2"],
+        "bfloat16": ["--set", "precision=mixed_bfloat16"],
+    }
+    for name, extra in variants.items():
+        done = subprocess.run([*cli, *extra, "--output-dir", str(tmp_path / name)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    command = [*cli, "--workers", "2", "--output-dir", str(tmp_path / "workers")]
+    done = subprocess.run(private_network(command), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def saved(name):
+        arrays = np.load(tmp_path / name / "weights.npz")
+        return [arrays[k] for k in arrays.files]
+
+    assert max_difference(saved("mirrored"), saved("one")) < 1e-5
+    assert max_difference(saved("workers"), saved("one")) < 1e-5
+    # 16-bit compute: the same training within bfloat16's rounding, not bit for bit
+    assert 1e-6 < max_difference(saved("bfloat16"), saved("one")) < 5e-2
+    summaries = {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in (*variants, "workers")}
+    assert summaries["mirrored"]["replicas"] == summaries["workers"]["replicas"] == 2
+    assert summaries["bfloat16"]["test_loss"] == pytest.approx(summaries["one"]["test_loss"], rel=0.05)
