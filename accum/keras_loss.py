@@ -109,7 +109,7 @@ class KerasLoss:
         self.model, self.network = model, model.network
         x_spec, y_spec = signature
         element = (x_spec, *_targets(y_spec))
-        _check_class_targets(self.network.loss, _targets(y_spec))
+        _check_class_targets(self.network.loss, _targets(y_spec)[0])
         try:
             keras_private.symbolic_build(self.network, element)  # the compiled loss's entries exist after it
             self.objective = Objective(self.network)
@@ -182,7 +182,12 @@ class KerasLoss:
 
 def _check_class_targets(losses, y_spec) -> None:
     """A sparse cross-entropy takes class indices: float targets (a regression's) would be cast to them."""
-    for loss, spec in zip(tf.nest.flatten(losses), tf.nest.flatten(y_spec)):
+    specs = tf.nest.flatten(y_spec)
+    # one loss per output (a dict or list, in the targets' order), or one loss for every output
+    pairs = (
+        zip(tf.nest.flatten(losses), specs) if isinstance(losses, (dict, list, tuple)) else [(losses, s) for s in specs]
+    )
+    for loss, spec in pairs:
         function = getattr(loss, "fn", loss)
         name = getattr(function, "__name__", type(loss).__name__)
         if (name in SPARSE_LOSSES or type(loss).__name__ in SPARSE_LOSSES) and spec.dtype.is_floating:
@@ -221,17 +226,38 @@ def _normaliser_words(objective, kinds) -> str:
 
 
 def _check_inputs(model: keras.Model, path: str, data) -> None:
-    """One input whose shape per example is the data's."""
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
+    """The data's inputs are the model's (by name when several) with the model's shapes per example, and its
+    targets one per output (by name when several)."""
+    x_spec, y_spec = data.signature()
+    y_spec = _targets(y_spec)[0]
+    inputs = {tensor.name: tensor for tensor in model.inputs}
+    _check_names(path, "inputs", "x_train", list(inputs), x_spec)
+    _check_names(path, "outputs", "y_train", list(model.output_names), y_spec)
+    for name, spec in x_spec.items() if isinstance(x_spec, dict) else [(None, x_spec)]:
+        given = tuple((inputs[name] if name else model.inputs[0]).shape[1:])
+        shape = tuple(spec.shape[1:])
+        if len(given) != len(shape) or any(g is not None and g != d for g, d in zip(given, shape)):
+            key = f"x_train_{name}" if name else "x_train"
+            raise ConfigError(
+                f"model.path={path} takes inputs of shape {shape_text(given)} per example but {key} holds "
+                f"{shape_text(shape)}: build the model on keras.Input(shape={shape}) or reshape {key}"
+            )
+
+
+def _check_names(path: str, what: str, key: str, names: list, spec) -> None:
+    """One array ``key`` for a model with one of ``what``, else one ``key_<name>`` per name."""
+    if not isinstance(spec, dict):
+        if len(names) != 1:
+            raise ConfigError(
+                f"model.path={path} has {len(names)} {what} ({', '.join(names)}) but the data gives one {key}: "
+                f"save one array per name, {', '.join(f'{key}_{name}' for name in names)}"
+            )
+        return
+    if sorted(spec) != sorted(names):
+        given = ", ".join(f"{key}_{name}" for name in sorted(spec))
         raise ConfigError(
-            f"model.path={path} has {len(model.inputs)} inputs and {len(model.outputs)} outputs: accum-train run "
-            f"feeds one array x and one target y per example (several: accum_train.fit)"
-        )
-    given, shape = tuple(model.inputs[0].shape[1:]), tuple(data.input_shape)
-    if len(given) != len(shape) or any(g is not None and g != d for g, d in zip(given, shape)):
-        raise ConfigError(
-            f"model.path={path} takes inputs of shape {shape_text(given)} per example but x_train holds "
-            f"{shape_text(shape)}: build the model on keras.Input(shape={shape}) or reshape x_train"
+            f"model.path={path} has {what} {', '.join(names)} but the data gives {given}: name the arrays "
+            f"{', '.join(f'{key}_{name}' for name in names)}"
         )
 
 

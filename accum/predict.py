@@ -83,44 +83,60 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
     )
 
 
-def read_values(paths: Sequence[Path], stored: dict) -> tuple[list[str], np.ndarray]:
-    """(one name per row, the inputs) of .npz files whose ``x`` holds examples of the stored shape, converted
-    as training converts them (a run trained with a Keras loss)."""
+def read_values(paths: Sequence[Path], stored: dict) -> tuple[list[str], object]:
+    """(one name per row, the inputs) of .npz files whose ``x`` (or ``x_<input name>`` for a model with several
+    inputs) holds examples of the stored shapes, converted as training converts them (a run trained with a
+    Keras loss)."""
     from .datasets.base import to_values
     from .datasets.npz import open_npz, read_array
 
-    names, arrays = [], []
-    shape = tuple(stored["x"]["shape"])
+    wanted = stored["x"].get("arrays") or {None: stored["x"]}
+    keys = {name: NPZ_KEY if name is None else f"{NPZ_KEY}_{name}" for name in wanted}
+    names, parts = [], []
     for path in map(Path, paths):
-        how = f"numpy.savez('{path.name}', {NPZ_KEY}=inputs)"
+        how = f"numpy.savez('{path.name}', {', '.join(f'{key}=inputs' for key in keys.values())})"
         if path.suffix.lower() != ".npz" or not path.is_file():
             raise DataError(f"{path}: not an .npz file: a run trained with a Keras loss predicts for {how}")
         with open_npz(path, how) as archive:
-            if NPZ_KEY not in archive.files:
-                keys = ", ".join(archive.files) or "none"
-                raise DataError(f"{path} has no array '{NPZ_KEY}' (its arrays: {keys}): save the inputs with {how}")
-            x = read_array(archive, path, NPZ_KEY, how)
-        if x.ndim == 0 or tuple(x.shape[1:]) != shape or x.dtype.kind not in "biuf":
-            raise DataError(
-                f"{path}: '{NPZ_KEY}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the model "
-                f"takes {stored['x']['dtype']} examples of shape {shape_text(shape)}"
-            )
-        names += [f"{path}[{i}]" for i in range(len(x))]
-        arrays.append(to_values(x.astype(stored["x"]["dtype"], copy=False)).numpy())
-    return names, np.concatenate(arrays)
+            missing = [key for key in keys.values() if key not in archive.files]
+            if missing:
+                found = ", ".join(archive.files) or "none"
+                raise DataError(f"{path} has no array '{missing[0]}' (its arrays: {found}): save the inputs with {how}")
+            arrays = {name: read_array(archive, path, key, how) for name, key in keys.items()}
+        rows = {len(a) for a in arrays.values()}
+        for name, x in arrays.items():
+            spec = wanted[name]
+            if x.ndim == 0 or tuple(x.shape[1:]) != tuple(spec["shape"]) or x.dtype.kind not in "biuf":
+                raise DataError(
+                    f"{path}: '{keys[name]}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the "
+                    f"model takes {spec['dtype']} examples of shape {shape_text(spec['shape'])}"
+                )
+        if len(rows) != 1:
+            raise DataError(f"{path}: its arrays {', '.join(keys.values())} hold different numbers of examples")
+        names += [f"{path}[{i}]" for i in range(rows.pop())]
+        parts.append(
+            {name: to_values(x.astype(wanted[name]["dtype"], copy=False)).numpy() for name, x in arrays.items()}
+        )
+    joined = {name: np.concatenate([part[name] for part in parts]) for name in wanted}
+    return names, joined.get(None, joined)
 
 
 def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
     """The run's model's outputs in inference mode (a Keras loss's run: the values the loss took)."""
     import tensorflow as tf
 
-    @tf.function(input_signature=[tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype))])
-    def batch_outputs(inputs):
-        return tf.cast(run.model.forward(inputs, False), tf.float32)
+    spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
 
-    return np.concatenate(
-        [batch_outputs(x[start : start + batch_size]).numpy() for start in range(0, len(x), batch_size)]
-    )
+    @tf.function(input_signature=[spec])
+    def batch_outputs(inputs):
+        return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), run.model.forward(inputs, False))
+
+    n = len(tf.nest.flatten(x)[0])
+    batches = [
+        batch_outputs(tf.nest.map_structure(lambda a, s=start: a[s : s + batch_size], x))
+        for start in range(0, n, batch_size)
+    ]
+    return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]), *batches)
 
 
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
@@ -131,7 +147,15 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     info = describe_run(run_dir)  # refuses a directory that is not a run
     if info.get("task") == "keras_loss":
         names, x = read_values(paths, info["stored"])
-        values = outputs(load_run(run_dir), x)
+        run = load_run(run_dir)
+        values = outputs(run, x)
+        if isinstance(values, (list, tuple)):  # several outputs: by the model's output names
+            values = dict(zip(run.model.network.output_names, values))
+        if isinstance(values, dict):
+            return [
+                {"input": name, "outputs": {k: v[i].tolist() for k, v in values.items()}}
+                for i, name in enumerate(names)
+            ]
         return [{"input": name, "outputs": row.tolist()} for name, row in zip(names, values)]
     names, x = read_inputs(paths, info["input_shape"])
     classes = info["class_names"]

@@ -243,8 +243,8 @@ def evaluate(run_dir, overrides, output_dir, verbose):
     "--output",
     "output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write FILE.npz: 'outputs' (the class probabilities, or a Keras loss's run's output values) and "
-    "'inputs' (the row names).",
+    help="Also write FILE.npz: 'outputs' (the class probabilities, or a Keras loss's run's output values; "
+    "'outputs_<name>' per output of a model with several) and 'inputs' (the row names).",
 )
 @verbose_option
 def predict(run_dir, files, as_json, top, output, verbose):
@@ -277,12 +277,14 @@ def _write_outputs(path: Path, rows: list) -> None:
 
     from ..rundir import atomic_write
 
-    if "outputs" in rows[0]:
-        values = np.array([row["outputs"] for row in rows], np.float32)
+    if "outputs" in rows[0] and isinstance(rows[0]["outputs"], dict):  # several outputs: outputs_<name>
+        arrays = {f"outputs_{k}": np.array([row["outputs"][k] for row in rows], np.float32) for k in rows[0]["outputs"]}
+    elif "outputs" in rows[0]:
+        arrays = {"outputs": np.array([row["outputs"] for row in rows], np.float32)}
     else:
-        values = np.array([list(row["probabilities"].values()) for row in rows], np.float32)
+        arrays = {"outputs": np.array([list(row["probabilities"].values()) for row in rows], np.float32)}
     buffer = io.BytesIO()
-    np.savez(buffer, outputs=values, inputs=np.array([row["input"] for row in rows]))
+    np.savez(buffer, **arrays, inputs=np.array([row["input"] for row in rows]))
     atomic_write(path, buffer.getvalue())
 
 
@@ -295,10 +297,17 @@ def format_values(rows: list) -> str:
 
     width = max(len("input"), *(len(row["input"]) for row in rows))
     lines = [f"{'input':<{width}}  outputs"]
+
+    def shown(values) -> str:
+        flat = np.asarray(values).ravel()
+        return " ".join(f"{v:.4f}" for v in flat[:VALUES_SHOWN]) + (" ..." if flat.size > VALUES_SHOWN else "")
+
     for row in rows:
-        flat = np.asarray(row["outputs"]).ravel()
-        shown = " ".join(f"{v:.4f}" for v in flat[:VALUES_SHOWN]) + (" ..." if flat.size > VALUES_SHOWN else "")
-        lines.append(f"{row['input']:<{width}}  {shown}")
+        outputs = row["outputs"]
+        text = (
+            "; ".join(f"{k}: {shown(v)}" for k, v in outputs.items()) if isinstance(outputs, dict) else shown(outputs)
+        )
+        lines.append(f"{row['input']:<{width}}  {text}")
     return "\n".join(lines)
 
 

@@ -82,29 +82,55 @@ def to_values(x):
 
 
 def convert_task(x, y, weights=None):
-    """A batch of any task as the update takes it: (inputs, targets) or (inputs, (targets, sample weights))."""
+    """A batch of any task as the update takes it: (inputs, targets) or (inputs, (targets, sample weights)).
+    ``x`` and ``y`` are tensors, or dicts of them by input and output name (a model with several)."""
     import tensorflow as tf
 
-    y = tf.cast(y, tf.float32) if y.dtype == tf.float64 else y
-    return to_values(x), (y if weights is None else (y, tf.cast(weights, tf.float32)))
+    y = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, y)
+    x = tf.nest.map_structure(to_values, x)
+    return x, (y if weights is None else (y, tf.cast(weights, tf.float32)))
+
+
+def _rows(structure, pick):
+    """Examples ``pick`` (a slice or indices) of an array or of a dict of arrays."""
+    if isinstance(structure, dict):
+        return {name: array[pick] for name, array in structure.items()}
+    return structure[pick]
+
+
+def _first(structure) -> np.ndarray:
+    return next(iter(structure.values())) if isinstance(structure, dict) else structure
+
+
+def _described(structure) -> dict:
+    """{"dtype", "shape" per example} of an array; {"arrays": {name: that}} of a dict of them."""
+    if isinstance(structure, dict):
+        return {"arrays": {name: _described(array) for name, array in structure.items()}}
+    return {"dtype": str(structure.dtype), "shape": list(structure.shape[1:])}
+
+
+def _zeros(described: dict):
+    if "arrays" in described:
+        return {name: _zeros(one) for name, one in described["arrays"].items()}
+    return np.zeros((0, *described["shape"]), described["dtype"])
 
 
 class TaskSplit:
-    """A split of any task held in memory: inputs ``x``, targets ``y`` (any shape and dtype the loss takes)
-    and optional per-example ``weights``. Batches are (x, y) or, with weights, (x, (y, weights)): the
-    engine hands the second to the loss as it is."""
+    """A split of any task held in memory: inputs ``x``, targets ``y`` (any shape and dtype the loss takes;
+    each an array, or a dict of arrays by input and output name) and optional per-example ``weights``.
+    Batches are (x, y) or, with weights, (x, (y, weights)): the engine hands the second to the loss as it is."""
 
     targets_as_given = True  # the loss takes the targets as they come (not class labels)
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None):
+    def __init__(self, x, y, weights: np.ndarray | None = None):
         self.x, self.y, self.weights = x, y, weights
         self._tensors = None
 
     def __len__(self) -> int:
-        return len(self.y)
+        return len(_first(self.y))
 
     def _part(self, pick) -> TaskSplit:
-        return TaskSplit(self.x[pick], self.y[pick], None if self.weights is None else self.weights[pick])
+        return TaskSplit(_rows(self.x, pick), _rows(self.y, pick), None if self.weights is None else self.weights[pick])
 
     def head(self, n: int) -> TaskSplit:
         return self._part(slice(0, n))
@@ -113,37 +139,37 @@ class TaskSplit:
         return self._part(indices)
 
     def take(self, indices: np.ndarray):
-        return convert_task(self.x[indices], self.y[indices], None if self.weights is None else self.weights[indices])
+        part = self._part(indices)
+        return convert_task(part.x, part.y, part.weights)
 
     def batches(self, order: np.ndarray, batch_size: int):
         """Batches in ``order``, gathered on the tf.data side from one copy in TF memory (as ArraySplit's)."""
         import tensorflow as tf
 
         if self._tensors is None:
-            self._tensors = tuple(tf.constant(a) for a in (self.x, self.y, self.weights) if a is not None)
+            weights = None if self.weights is None else tf.constant(self.weights)
+            self._tensors = (*tf.nest.map_structure(tf.constant, (self.x, self.y)), weights)
         indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
 
         def gather(idx):
-            parts = [tf.gather(t, idx) for t in self._tensors]
-            return convert_task(parts[0], parts[1], parts[2] if len(parts) > 2 else None)
+            x, y, weights = (
+                None if part is None else tf.nest.map_structure(lambda t: tf.gather(t, idx), part)
+                for part in self._tensors
+            )
+            return convert_task(x, y, weights)
 
         return indices.map(gather).prefetch(1)
 
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (dataset.json keeps them: a run is rebuilt
         from them without its data)."""
-        kinds = {"x": self.x, "y": self.y}
-        described = {key: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for key, a in kinds.items()}
-        return {**described, "weights": self.weights is not None}
+        return {"x": _described(self.x), "y": _described(self.y), "weights": self.weights is not None}
 
     @classmethod
     def empty(cls, stored: dict) -> TaskSplit:
         """No examples, of the dtypes and shapes ``stored`` recorded."""
-
-        def zeros(key):
-            return np.zeros((0, *stored[key]["shape"]), stored[key]["dtype"])
-
-        return cls(zeros("x"), zeros("y"), np.zeros((0,), np.float32) if stored["weights"] else None)
+        weights = np.zeros((0,), np.float32) if stored["weights"] else None
+        return cls(_zeros(stored["x"]), _zeros(stored["y"]), weights)
 
     def signature(self):
         """(x spec, y spec) of a batch as the update takes it."""

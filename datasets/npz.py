@@ -43,52 +43,103 @@ def load(data_config, task: bool = False) -> Dataset:
 
 def load_task(path: Path) -> Dataset:
     """The arrays of any task: ``x_*`` of any shape and numeric dtype (uint8 scaled by 1/255, float64 kept as
-    float32, the rest as given), ``y_*`` whatever the loss takes, optional ``w_*`` sample weights [N]."""
+    float32, the rest as given), ``y_*`` whatever the loss takes, optional ``w_*`` sample weights [N]. A model
+    with several inputs or outputs takes ``x_train_<input name>`` and ``y_train_<output name>`` (and the test
+    split's alike) instead of ``x_train`` and ``y_train``."""
     archive = _open(path)
     with archive:
-        missing = [key for key in REQUIRED_KEYS if key not in archive.files]
-        if missing:
-            found = ", ".join(archive.files) or "no arrays"
-            raise DataError(
-                f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
-                f"x_train, y_train, x_test, y_test (and, if you like, w_train, w_test); save them with {HOW_TO_SAVE}"
-            )
-        keys = [*REQUIRED_KEYS, *(k for k in ("w_train", "w_test") if k in archive.files)]
-        arrays = {key: read_array(archive, path, key) for key in keys}
+        files = list(archive.files)
+        arrays = {key: read_array(archive, path, key) for key in files}
     for key, array in arrays.items():
         _check_values(path, key, array)
     splits = {}
     for split in ("train", "test"):
-        x, y, w = arrays[f"x_{split}"], arrays[f"y_{split}"], arrays.get(f"w_{split}")
-        for key, other in ((f"y_{split}", y), (f"w_{split}", w)):
-            if other is not None and len(other) != len(x):
+        x, y = (_named(path, arrays, f"{kind}_{split}") for kind in ("x", "y"))
+        w = arrays.get(f"w_{split}")
+        n = len(_first(x))
+        for key, array in _flat(path, arrays, split):
+            if len(array) != n:
+                first = _flat(path, arrays, split)[0][0]
                 raise DataError(
-                    f"{path}: x_{split} holds {len(x)} examples but {key} {len(other)}: every array needs one "
-                    f"row per example"
+                    f"{path}: {first} holds {n} examples but {key} {len(array)}: every array needs one row per example"
                 )
         if w is not None and (w.ndim != 1 or (len(w) and w.min() < 0)):
             raise DataError(
                 f"{path}: w_{split} has shape {w.shape} and its smallest value is {w.min() if w.size else 0:g}: "
-                f"sample weights are one number >= 0 per example, shape ({len(x)},)"
+                f"sample weights are one number >= 0 per example, shape ({n},)"
             )
-        to32 = [a.astype(np.float32) if a is not None and a.dtype == np.float64 else a for a in (x, y, w)]
-        splits[split] = TaskSplit(*to32)
+        splits[split] = TaskSplit(_as32(x), _as32(y), _as32(w))
     if len(splits["train"]) == 0:
         raise DataError(f"{path}: x_train holds no examples: it needs at least one")
-    for kind in ("x", "y"):
-        train, test = arrays[f"{kind}_train"], arrays[f"{kind}_test"]
-        if train.shape[1:] != test.shape[1:]:
+    train_arrays, test_arrays = dict(_flat(path, arrays, "train")), dict(_flat(path, arrays, "test"))
+    for key in sorted(set(train_arrays) ^ {k.replace("_test", "_train", 1) for k in test_arrays}):
+        there, missing = (
+            (key, key.replace("_train", "_test", 1))
+            if key in train_arrays
+            else (key.replace("_train", "_test", 1), key)
+        )
+        raise DataError(f"{path} has {there} but no {missing}: give both splits the same arrays")
+    for key, train in train_arrays.items():
+        test_key = key.replace("_train", "_test", 1)
+        test = test_arrays[test_key]
+        if key != "w_train" and train.shape[1:] != test.shape[1:]:
             raise DataError(
-                f"{path}: {kind}_test holds examples of shape {train_shape(test)} but {kind}_train "
+                f"{path}: {test_key} holds examples of shape {train_shape(test)} but {key} "
                 f"{train_shape(train)}: both splits need one shape per example"
             )
     return Dataset(
         train=splits["train"],
         test=splits["test"],
-        input_shape=tuple(int(n) for n in arrays["x_train"].shape[1:]),
+        input_shape=tuple(int(n) for n in _first(splits["train"].x).shape[1:]),
         class_names=(),
         source=str(path.resolve()),
     )
+
+
+def _named(path: Path, arrays: dict, key: str):
+    """``key``'s array, or the dict {name: array} of its ``key_<name>`` arrays (several inputs or outputs)."""
+    named = {k[len(key) + 1 :]: a for k, a in sorted(arrays.items()) if k.startswith(key + "_")}
+    if key in arrays and named:
+        raise DataError(
+            f"{path} has {key} and {', '.join(f'{key}_{name}' for name in named)}: give one array {key}, or one "
+            f"per input or output name ({key}_<name>), not both"
+        )
+    if key not in arrays and not named:
+        found = ", ".join(sorted(arrays)) or "no arrays"
+        raise DataError(
+            f"{path} has no {key} (it has {found}): data.name=npz needs x_train, y_train, x_test, y_test (or "
+            f"x_train_<input name>, y_train_<output name>, ...; and, if you like, w_train, w_test); save them with "
+            f"{HOW_TO_SAVE}"
+        )
+    return arrays.get(key, named)
+
+
+def _flat(path: Path, arrays: dict, split: str) -> list:
+    """(key, array) of a split's arrays: inputs, targets, weights."""
+    pairs = []
+    for kind in ("x", "y"):
+        named = _named(path, arrays, f"{kind}_{split}")
+        pairs += (
+            [(f"{kind}_{split}_{name}", a) for name, a in named.items()]
+            if isinstance(named, dict)
+            else [(f"{kind}_{split}", named)]
+        )
+    if f"w_{split}" in arrays:
+        pairs.append((f"w_{split}", arrays[f"w_{split}"]))
+    return pairs
+
+
+def _first(structure) -> np.ndarray:
+    return next(iter(structure.values())) if isinstance(structure, dict) else structure
+
+
+def _as32(structure):
+    """float64 arrays as float32 (what the model takes: half the memory)."""
+    if structure is None:
+        return None
+    if isinstance(structure, dict):
+        return {name: _as32(array) for name, array in structure.items()}
+    return structure.astype(np.float32) if structure.dtype == np.float64 else structure
 
 
 def train_shape(array: np.ndarray) -> str:

@@ -322,3 +322,81 @@ def test_the_readme_regression_example_as_written_ends_near_the_figures_it_state
     # one run's figures; another CPU rounds differently, Adam follows
     assert summary["test_loss"] == pytest.approx(loss, rel=0.05)
     assert summary["test_mae"] == pytest.approx(mae, rel=0.05)
+
+
+def two_by_two():
+    """Two inputs, two outputs (a value and a class), loss weights: the file's compile()."""
+    keras.utils.set_random_seed(4)
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    hidden = keras.layers.Dense(6, activation="tanh", name="hidden")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model(
+        [a, b], [keras.layers.Dense(1, name="price")(hidden), keras.layers.Dense(4, name="kind")(hidden)]
+    )
+    model.compile(
+        loss={"price": "mse", "kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+        loss_weights={"price": 1.0, "kind": 0.5},
+        metrics={"price": ["mae"]},
+    )
+    return model
+
+
+def test_two_inputs_and_two_outputs_by_name_end_at_model_fit_s_weights(tmp_path):
+    from accum_train.predict import predict
+
+    rng = np.random.default_rng(2)
+    x = {"a": rng.normal(size=(N + 20, 3)).astype(np.float32), "b": rng.normal(size=(N + 20, 2)).astype(np.float32)}
+    y = {"price": rng.normal(size=(N + 20, 1)).astype(np.float32), "kind": rng.integers(0, 4, N + 20)}
+    weights = rng.uniform(0.5, 2.0, N + 20).astype(np.float32)
+    arrays = {
+        **{f"x_train_{k}": v[:N] for k, v in x.items()},
+        **{f"x_test_{k}": v[N:] for k, v in x.items()},
+        **{f"y_train_{k}": v[:N] for k, v in y.items()},
+        **{f"y_test_{k}": v[N:] for k, v in y.items()},
+        "w_train": weights[:N],
+        "w_test": weights[N:],
+    }
+    config = {
+        **write(tmp_path, arrays, two_by_two()),
+        "epochs": EPOCHS,
+        "data": {"name": "npz", "path": str(tmp_path / "data.npz"), "shuffle": False},
+        "optimizer": {"name": "sgd", "learning_rate": RATE},
+    }
+    summary = accum_train.run(config, output_dir=tmp_path / "run")
+
+    oracle = two_by_two()
+    oracle.compile(
+        optimizer=keras.optimizers.SGD(RATE),
+        loss={"price": "mse", "kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+        loss_weights={"price": 1.0, "kind": 0.5},
+        metrics={"price": ["mae"]},
+    )
+    # model.fit takes the targets in the outputs' order; w_train weighs every output (one array per output there)
+    train = ({k: v[:N] for k, v in x.items()}, [y["price"][:N], y["kind"][:N]])
+    each = [weights[:N], weights[:N]]
+    oracle.fit(*train, sample_weight=each, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    saved = np.load(tmp_path / "run" / "weights.npz")
+    assert max_difference([saved[k] for k in saved.files], oracle.get_weights()) < 1e-5
+    scores = oracle.evaluate(
+        {k: v[N:] for k, v in x.items()},
+        [y["price"][N:], y["kind"][N:]],
+        sample_weight=[weights[N:], weights[N:]],
+        batch_size=BATCH,
+        verbose=0,
+        return_dict=True,
+    )
+    assert summary["test_loss"] == pytest.approx(scores["loss"], rel=1e-5)
+    assert summary["test_price_mae"] == pytest.approx(scores["price_mae"], rel=1e-5)
+
+    np.savez(tmp_path / "new.npz", x_a=x["a"][:3], x_b=x["b"][:3])
+    rows = predict(tmp_path / "run", [tmp_path / "new.npz"])
+    expected = oracle.predict({k: v[:3] for k, v in x.items()}, verbose=0)
+    assert max_difference([[row["outputs"]["price"] for row in rows]], [expected[0]]) < 1e-5
+    assert max_difference([[row["outputs"]["kind"] for row in rows]], [expected[1]]) < 1e-5
+
+    del arrays["x_test_b"]
+    np.savez(tmp_path / "data.npz", **arrays)
+    with pytest.raises(UserError) as caught:
+        accum_train.run(config, output_dir=tmp_path / "again")
+    assert (
+        str(caught.value) == f"{tmp_path / 'data.npz'} has x_train_b but no x_test_b: give both splits the same arrays"
+    )
