@@ -400,3 +400,19 @@ def test_two_inputs_and_two_outputs_by_name_end_at_model_fit_s_weights(tmp_path)
     assert (
         str(caught.value) == f"{tmp_path / 'data.npz'} has x_train_b but no x_test_b: give both splits the same arrays"
     )
+
+
+@pytest.mark.slow  # two runs, each in a fresh process
+def test_compare_checks_the_gradient_and_plots_the_loss_and_the_first_metric(tmp_path):
+    from accum_train.compare import compare
+    from accum_train.config import as_config
+
+    cfg = as_config({**write(tmp_path, regression_arrays(np.random.default_rng(0), True)), "epochs": 2})
+    result = compare(cfg, tmp_path / "compare")
+    check = result["gradient_check"]
+    assert check["subdivisions"] == K and check["max_rel_diff"] < 1e-5
+    base, sub = result["baseline"]["curves"], result["subdivided"]["curves"]
+    assert set(sub) == {"epoch", "train_loss", "test_loss", "test_mae", "examples_per_s"}
+    # the baseline's one pass and the subdivided update are the same update (to rounding)
+    assert sub["test_loss"] == pytest.approx(base["test_loss"], rel=1e-4)
+    assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000

@@ -177,3 +177,35 @@ def test_the_built_in_nets_need_images_with_class_labels(project):
         "data.name=python feeds a model that brings its own loss: model.name=keras_file with loss: in the YAML or "
         "a file saved after compile(loss=...) (the built-in nets need images with class labels)"
     )
+
+
+@pytest.mark.slow  # three fresh processes
+def test_a_stream_killed_mid_epoch_resumes_to_the_uninterrupted_weights(project, repo_root):
+    """kill -9 (no cleanup) during an update of epoch 2, then --resume: the factory's epoch is made again and
+    skipped to the last checkpoint (every 2 updates), every update once in metrics.jsonl."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    data = f"{{name: python, factory: 'pipeline:weighted', path: {project / 'data.npz'}, shuffle_buffer: 20}}"
+    config(project, data, "checkpoint.every_steps=2")
+    cli = [sys.executable, "-m", "accum_train.cli.main", "run"]
+    sets = ["--set", "checkpoint.every_steps=2", "--quiet"]
+    whole = subprocess.run([*cli, str(project / "run.yaml"), "--output-dir", str(project / "whole"), *sets])
+    assert whole.returncode == 0
+    runner = [sys.executable, str(repo_root / "tests" / "fault_runner.py"), "run"]
+    killed = subprocess.run(
+        [*runner, str(project / "run.yaml"), "--output-dir", str(project / "cut"), *sets],
+        env={**os.environ, "ACCUM_FAULT": "update:7"},  # epoch 2 holds updates 5-8; the last checkpoint is 6
+        capture_output=True,
+        text=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = subprocess.run([*cli, "--resume", str(project / "cut"), "--quiet"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert max_difference(weights(project / "cut"), weights(project / "whole")) < 1e-6
+    records = [json.loads(line) for line in (project / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
+    history = [json.loads(line)["event"] for line in (project / "cut" / "history.jsonl").read_text().splitlines()]
+    assert history == ["start", "resume"]
