@@ -71,12 +71,18 @@ def read_inputs(paths: Sequence[Path], input_shape) -> tuple[list[str], np.ndarr
 
 
 def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
-    """softmax(logits) of the run's model in inference mode, [N, classes] float32."""
+    """softmax(logits) of the run's model in inference mode, [N, classes] float32. A model trained with its own
+    loss on class labels gives its outputs as they are when it ends in a softmax (they are probabilities)."""
     import tensorflow as tf
+
+    from .models.keras_file import ends_in_softmax
+
+    given = run.keras_loss is not None and ends_in_softmax(run.model.network)
 
     @tf.function(input_signature=[tf.TensorSpec([None, *x.shape[1:]], tf.float32)])
     def batch_probabilities(images):
-        return tf.nn.softmax(run.model.forward(images, False))
+        outputs = tf.cast(run.model.forward(images, False), tf.float32)
+        return outputs if given else tf.nn.softmax(outputs)
 
     return np.concatenate(
         [batch_probabilities(x[start : start + batch_size]).numpy() for start in range(0, len(x), batch_size)]

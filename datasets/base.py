@@ -98,7 +98,8 @@ def _rows(structure, pick):
     return structure[pick]
 
 
-def _first(structure) -> np.ndarray:
+def first_array(structure) -> np.ndarray:
+    """The array, or the first array of a dict of them (a split's example count is its length)."""
     return next(iter(structure.values())) if isinstance(structure, dict) else structure
 
 
@@ -127,7 +128,7 @@ class TaskSplit:
         self._tensors = None
 
     def __len__(self) -> int:
-        return len(_first(self.y))
+        return len(first_array(self.y))
 
     def _part(self, pick) -> TaskSplit:
         return TaskSplit(_rows(self.x, pick), _rows(self.y, pick), None if self.weights is None else self.weights[pick])

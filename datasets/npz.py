@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..text import first_line, shape_text
-from .base import ArraySplit, Dataset, TaskSplit
+from .base import ArraySplit, Dataset, TaskSplit, first_array
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
 HOW_TO_SAVE = "numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) (keras.datasets layout)"
@@ -56,7 +56,7 @@ def load_task(path: Path) -> Dataset:
     for split in ("train", "test"):
         x, y = (_named(path, arrays, f"{kind}_{split}") for kind in ("x", "y"))
         w = arrays.get(f"w_{split}")
-        n = len(_first(x))
+        n = len(first_array(x))
         for key, array in _flat(path, arrays, split):
             if len(array) != n:
                 first = _flat(path, arrays, split)[0][0]
@@ -90,7 +90,7 @@ def load_task(path: Path) -> Dataset:
     return Dataset(
         train=splits["train"],
         test=splits["test"],
-        input_shape=tuple(int(n) for n in _first(splits["train"].x).shape[1:]),
+        input_shape=tuple(int(n) for n in first_array(splits["train"].x).shape[1:]),
         class_names=(),
         source=str(path.resolve()),
     )
@@ -127,10 +127,6 @@ def _flat(path: Path, arrays: dict, split: str) -> list:
     if f"w_{split}" in arrays:
         pairs.append((f"w_{split}", arrays[f"w_{split}"]))
     return pairs
-
-
-def _first(structure) -> np.ndarray:
-    return next(iter(structure.values())) if isinstance(structure, dict) else structure
 
 
 def _as32(structure):

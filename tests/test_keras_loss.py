@@ -51,7 +51,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("case", "compiled", "yaml", "weights", "optimizer"), CASES, ids=[c[0] for c in CASES])
+# make test runs these; make test-slow all (the default suite's 4-minute budget)
+DEFAULT = ("file-huber", "yaml-mse")
+
+
+@pytest.mark.parametrize(
+    ("case", "compiled", "yaml", "weights", "optimizer"),
+    [c if c[0] in DEFAULT else pytest.param(*c, marks=pytest.mark.slow) for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_a_keras_loss_run_ends_at_model_fit_s_weights_and_scores(tmp_path, case, compiled, yaml, weights, optimizer):
     arrays = regression_arrays(np.random.default_rng(0), weights)
     np.savez(tmp_path / "data.npz", **arrays)
@@ -340,6 +348,7 @@ def two_by_two():
     return model
 
 
+@pytest.mark.slow  # the one-input cases run in make test
 def test_two_inputs_and_two_outputs_by_name_end_at_model_fit_s_weights(tmp_path):
     from accum_train.predict import predict
 
@@ -416,3 +425,34 @@ def test_compare_checks_the_gradient_and_plots_the_loss_and_the_first_metric(tmp
     # the baseline's one pass and the subdivided update are the same update (to rounding)
     assert sub["test_loss"] == pytest.approx(base["test_loss"], rel=1e-4)
     assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow  # an image folder checked, two epochs, an export
+def test_a_compiled_classifier_on_an_image_folder_trains_with_its_loss_and_predicts_probabilities(tmp_path):
+    """A file saved after compile(loss=sparse cross-entropy on a softmax): its own loss and accuracy metric;
+    predict gives the softmax's outputs as the probabilities (not a softmax of them)."""
+    from accum_train.export import export_run
+    from accum_train.predict import predict
+    from test_own_data import tiny_folder
+
+    tiny_folder(tmp_path / "images")
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((6, 6, 1))
+    outputs = keras.layers.Dense(3, activation="softmax", name="classes")(keras.layers.Flatten()(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.save(tmp_path / "model.keras")
+    config = {
+        "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
+        "data": {"name": "image_folder", "path": str(tmp_path / "images"), "channels": 1},
+        "batch_size": 6,
+        "subdivisions": 2,
+        "epochs": 2,
+    }
+    summary = accum_train.run(config, output_dir=tmp_path / "run")
+    assert {"test_loss", "test_accuracy"} <= set(summary)
+    rows = predict(tmp_path / "run", [tmp_path / "images" / "test" / "b" / "00.png"])
+    probabilities = list(rows[0]["probabilities"].values())
+    trained = keras.models.load_model(export_run(tmp_path / "run"))
+    image = np.full((1, 6, 6, 1), 10 * (3 * 0 + 1) + 5, np.float32) / 255.0
+    assert max_difference([probabilities], trained.predict(image, verbose=0)) < 1e-5

@@ -125,6 +125,11 @@ def _output_layer(model: keras.Model):
     return _output_layer(layer) if isinstance(layer, keras.Model) else layer
 
 
+def ends_in_softmax(model: keras.Model) -> bool:
+    """Whether the model's (one) output is a softmax's: probabilities, not logits."""
+    return len(model.outputs) == 1 and _is_softmax(_output_layer(model))
+
+
 def _is_softmax(layer) -> bool:
     return isinstance(layer, keras.layers.Softmax) or getattr(layer, "activation", None) is keras.activations.softmax
 
