@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
-import sys
-from pathlib import Path
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from .errors import ConfigError
+from .imports import import_function
 from .keras_archive import compile_config, uses_keras_loss
 from .keras_fit import keras_private
 from .keras_fit.objective import EXAMPLES, Objective, batch_size_of
@@ -270,26 +268,9 @@ def _named(spec, key: str, get):
     return get(spec, key)
 
 
-def _function(name: str, key: str):
-    """``package.module:function``, imported from the working directory (or sys.path)."""
-    module_name, _, attribute = name.partition(":")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:
-        raise ConfigError(
-            f"{key}={name!r}: cannot import {module_name!r} ({_first_line(err)}): put it on the Python path or in "
-            f"the working directory ({Path.cwd()})"
-        ) from None
-    if not callable(getattr(module, attribute, None)):
-        raise ConfigError(f"{key}={name!r}: module {module_name!r} has no function {attribute!r}")
-    return getattr(module, attribute)
-
-
 def _loss(name: str, key: str = "loss"):
     if ":" in name:
-        return _function(name, key)
+        return import_function(name, key, ConfigError)
     try:
         return keras.losses.get(name)
     except (ValueError, TypeError):
@@ -301,7 +282,7 @@ def _loss(name: str, key: str = "loss"):
 
 def _metric(name: str, key: str = "metrics"):
     if ":" in name:
-        return _function(name, key)
+        return import_function(name, key, ConfigError)
     if name in ("accuracy", "acc", "crossentropy", "ce"):  # Keras picks the kind for the targets at compile
         return name
     known = keras_private.metric_names()

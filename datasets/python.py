@@ -20,14 +20,10 @@ installed packages.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from ..errors import DataError
+from ..imports import import_function
 from ..text import first_line
 from .base import Dataset, convert_task
 
@@ -35,39 +31,8 @@ DEFAULT_SHUFFLE_BUFFER = 10_000
 
 
 def import_factory(factory: str):
-    """The function ``module:function`` (or ``/path/file.py:function``) names; every failure in one line."""
-    module_name, _, function = factory.rpartition(":")
-    try:
-        if module_name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-            if spec is None or not Path(module_name).is_file():
-                raise FileNotFoundError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            if str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
-            module = importlib.import_module(module_name)
-    except Exception as err:
-        looked = (
-            module_name
-            if module_name.endswith(".py")
-            else f"{module_name.replace('.', '/')}.py in {Path.cwd()} and the config file's folder, and among the "
-            f"installed packages"
-        )
-        shown = Path(module_name).name if module_name.endswith(".py") else module_name
-        raise DataError(
-            f"data.factory={factory!r}: cannot import {shown} ({type(err).__name__}: {first_line(err)}); "
-            f"looked for {looked}"
-        ) from None
-    made = getattr(module, function, None)
-    if not callable(made):
-        functions = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        raise DataError(
-            f"data.factory={factory!r}: {module.__name__} has no function {function!r} "
-            f"(it has {', '.join(functions) or 'none'})"
-        )
-    return made
+    """The function data.factory names; every failure in one line."""
+    return import_function(factory, "data.factory", DataError, also=" and the config file's folder")
 
 
 class StreamSplit:

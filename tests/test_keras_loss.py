@@ -456,3 +456,26 @@ def test_a_compiled_classifier_on_an_image_folder_trains_with_its_loss_and_predi
     trained = keras.models.load_model(export_run(tmp_path / "run"))
     image = np.full((1, 6, 6, 1), 10 * (3 * 0 + 1) + 5, np.float32) / 255.0
     assert max_difference([probabilities], trained.predict(image, verbose=0)) < 1e-5
+
+
+def test_a_loss_given_as_a_function_is_imported_from_the_working_directory(tmp_path, monkeypatch):
+    from accum_train.config import as_config
+    from accum_train.keras_loss import load_data
+    from accum_train.plan import plan
+
+    (tmp_path / "my_losses.py").write_text(
+        "import keras\n\n\ndef half_mse(y_true, y_pred):\n"
+        "    return 0.5 * keras.losses.mean_squared_error(y_true, y_pred)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = as_config({**write(tmp_path), "loss": "my_losses:half_mse"})
+    assert plan(cfg, load_data(cfg))["loss"] == [{"output": "out", "loss": "half_mse", "weight": None}]
+    with pytest.raises(UserError) as caught:
+        plan(as_config({**write(tmp_path), "loss": "my_losses:halve"}), load_data(cfg))
+    assert str(caught.value) == ("loss='my_losses:halve': my_losses has no function 'halve' (it has half_mse)")
+    with pytest.raises(UserError) as caught:
+        plan(as_config({**write(tmp_path), "loss": "their_losses:half_mse"}), load_data(cfg))
+    assert str(caught.value) == (
+        "loss='their_losses:half_mse': cannot import their_losses (ModuleNotFoundError: No module named "
+        f"'their_losses'); looked for their_losses.py in {tmp_path}, and among the installed packages"
+    )

@@ -1,0 +1,50 @@
+"""Your Python functions named in a config: ``package.module:function`` or ``/path/to/file.py:function``.
+
+A data factory (``data.factory``) and a loss or metric given as a function (``loss: my_losses:huber``) are
+imported here, every failure as one line that names the key, what was looked for and where."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from .errors import UserError
+from .text import first_line
+
+
+def import_function(spec: str, key: str, error: type[UserError] = UserError, also: str = ""):
+    """The function ``spec`` names (a module found from the working directory or installed, or a file);
+    ``also``: where else the module name was looked for, as the error says it (e.g. " and the config file's
+    folder")."""
+    module_name, _, name = spec.rpartition(":")
+    is_file = module_name.endswith(".py")
+    try:
+        if is_file:
+            found = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            if found is None or not Path(module_name).is_file():
+                raise FileNotFoundError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(found)
+            found.loader.exec_module(module)
+        else:
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_name)
+    except Exception as err:
+        looked = (
+            module_name
+            if is_file
+            else f"{module_name.replace('.', '/')}.py in {Path.cwd()}{also}, and among the installed packages"
+        )
+        raise error(
+            f"{key}={spec!r}: cannot import {Path(module_name).name if is_file else module_name} "
+            f"({type(err).__name__}: {first_line(err)}); looked for {looked}"
+        ) from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        functions = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise error(
+            f"{key}={spec!r}: {module.__name__} has no function {name!r} (it has {', '.join(functions) or 'none'})"
+        )
+    return function
