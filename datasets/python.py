@@ -141,8 +141,13 @@ class StreamSplit:
 
     def stored(self) -> dict:
         """The elements' dtypes and shapes, as the factory gives them (see TaskSplit.stored)."""
-        described = {key: {"dtype": s.dtype.name, "shape": list(s.shape)} for key, s in zip("xy", self.spec)}
-        return {**described, "weights": len(self.spec) > 2}
+
+        def described(spec):
+            if isinstance(spec, dict):  # several inputs or outputs, by name
+                return {"arrays": {name: described(one) for name, one in spec.items()}}
+            return {"dtype": spec.dtype.name, "shape": list(spec.shape)}
+
+        return {"x": described(self.spec[0]), "y": described(self.spec[1]), "weights": len(self.spec) > 2}
 
     def signature(self):
         """(x spec, y spec) of a batch as the update takes it."""
@@ -161,6 +166,7 @@ def _spec_text(spec) -> str:
 
 
 def load(data_config, seed: int = 0) -> Dataset:
+    """Both splits of the factory's data (``seed``: the run's, which the factory is called with)."""
     factory = data_config.factory
     make = import_factory(factory)
     buffer = data_config.shuffle_buffer or DEFAULT_SHUFFLE_BUFFER
@@ -170,11 +176,13 @@ def load(data_config, seed: int = 0) -> Dataset:
     }
     if len(splits["train"]) == 0:
         raise DataError(f"data.factory={factory!r} gave no training examples: split 'train' must hold at least one")
-    x_spec = splits["train"].spec[0]
+    import tensorflow as tf
+
+    first_input = tf.nest.flatten(splits["train"].spec[0])[0]
     return Dataset(
         train=splits["train"],
         test=splits["test"],
-        input_shape=tuple(x_spec.shape),
+        input_shape=tuple(first_input.shape),
         class_names=(),
         source=f"python {factory}",
     )
