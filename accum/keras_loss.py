@@ -115,9 +115,11 @@ class KerasLoss:
         except ConfigError:
             raise
         except Exception as err:  # Keras' own word on targets its loss cannot take
+            targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), _targets(y_spec)[0])
+            outputs = [shape_text(tuple(t.shape[1:])) for t in self.network.outputs]
             raise ConfigError(
-                f"the loss of model.path={path} cannot take the data's targets (y_train, examples of "
-                f"{shape_text(tuple(_targets(y_spec)[0].shape[1:]))}): {traced_error_line(err)}"
+                f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
+                f"{_listed(targets)}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
             ) from None
         kinds = [k for k in groups if k != EXAMPLES]
         if kinds:
@@ -194,6 +196,13 @@ def _check_class_targets(losses, y_spec) -> None:
                 f"are {spec.dtype.name}: save them as integers (y_train.astype('int64')), or choose a loss for "
                 f"values, e.g. loss: mse"
             )
+
+
+def _listed(structure) -> str:
+    """'3', or 'price 1, kind 4' for several outputs by name."""
+    if isinstance(structure, dict):
+        return ", ".join(f"{name} {text}" for name, text in structure.items())
+    return str(structure)
 
 
 def _targets(y):

@@ -184,8 +184,8 @@ BAD = [
             "y_test": np.zeros((20, 3), np.float32),
         },
         None,
-        "the loss of model.path={model} cannot take the data's targets (y_train, examples of 3): Dimensions must be "
-        "equal, but are 3 and 2 with input shapes: [?,3], [?,2].",
+        "the loss of model.path={model} cannot take the data's targets (y_train holds examples of 3, the model "
+        "outputs 2 per example): Dimensions must be equal, but are 3 and 2 with input shapes: [?,3], [?,2].",
     ),
     (
         "a masked loss",
