@@ -398,13 +398,12 @@ def _move_aside(directory: Path, number: int) -> None:
 
 
 def _rewrite_checkpoint_list(directory: Path, latest: int) -> None:
-    """The 'checkpoint' file TensorFlow's manager reads: the intact checkpoints, ``latest`` last."""
-    import tensorflow as tf
-
+    """The 'checkpoint' file TensorFlow's manager reads: the intact checkpoints, ``latest`` last. Written as the
+    CheckpointState text TensorFlow writes (paths relative to the folder), atomically; TensorFlow's own writer
+    for it (tf.compat.v1.train.update_checkpoint_state) prints a deprecation warning into the run's output."""
     kept = sorted(n for n in checkpoint_numbers(directory) if n <= latest)
-    tf.compat.v1.train.update_checkpoint_state(
-        str(directory), f"ckpt-{latest}", all_model_checkpoint_paths=[f"ckpt-{n}" for n in kept]
-    )
+    lines = [f'model_checkpoint_path: "ckpt-{latest}"', *(f'all_model_checkpoint_paths: "ckpt-{n}"' for n in kept)]
+    atomic_write(Path(directory) / "checkpoint", ("\n".join(lines) + "\n").encode())
 
 
 # ----------------------------------------------------------------------------
