@@ -24,8 +24,10 @@ holds a collective, so the replicas cannot disagree inside one. Keras'
 optimizer would all-reduce the gradients a second time inside
 ``apply_gradients``; the engine turns that off (``_all_reduce_sum_gradients``,
 its one private Keras hook, guarded by a test that a double reduction fails).
-The baseline, ``PlainUpdate``, is the same update without the micro-batches:
-each replica's share of the batch in one pass, then the same all-reduce.
+The baseline, ``PlainUpdate`` (baseline.py), is the same update without the
+micro-batches: each replica's share of the batch in one pass, then the same
+all-reduce. The gradient cache is gradient_cache.py's, the built-in loss
+losses.py's.
 
 The pieces are separately usable: ``reset``, ``accumulate`` (one
 micro-batch), ``accumulate_batch`` (all k micro-batches of a batch) and
@@ -55,50 +57,10 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from .batching import micro_bounds
+from .gradient_cache import GradientCache, all_finite
 
 NAN = float("nan")
 SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
-REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
-
-
-class GradientCache:
-    """One zero-initialised, replica-local float32 tf.Variable per trainable variable, and one for the loss.
-
-    float32 whatever the compute precision: k micro-batch gradients summed in 16 bits would lose what
-    accumulation is for."""
-
-    def __init__(self, variables: Sequence[tf.Variable]):
-        self.variables = list(variables)
-        self.slots = [
-            tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"grad_cache_{i}", **REPLICA_LOCAL)
-            for i, v in enumerate(self.variables)
-        ]
-        self.loss = tf.Variable(0.0, trainable=False, name="loss_cache", **REPLICA_LOCAL)
-
-    def clear(self):
-        # tf.zeros of the shape, not zeros_like(slot): reading a replica-local variable in cross-replica
-        # context would be a collective
-        for slot in self.slots:
-            slot.assign(tf.zeros(slot.shape, slot.dtype))
-        self.loss.assign(0.0)
-
-    def add(self, gradients, loss=0.0):
-        for slot, grad in zip(self.slots, gradients):
-            if grad is not None:  # a variable the loss does not touch keeps a zero gradient
-                slot.assign_add(tf.cast(grad, tf.float32))
-        self.loss.assign_add(loss)
-
-    def gradients(self):
-        """This replica's sums (on one device: the cache); read on the host, the sum over replicas."""
-        return [slot.read_value() for slot in self.slots]
-
-
-def all_finite(loss, gradients):
-    finite = tf.math.is_finite(loss)
-    for grad in gradients:
-        if grad is not None:
-            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
-    return finite
 
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list:
@@ -505,55 +467,3 @@ class AccumulatingUpdate(Update):
             return self._finish_replica(False, stop)
 
         return self.strategy.run(replica_update, args=(xs, ys))
-
-
-class PlainUpdate(Update):
-    """The baseline: the whole batch in one pass, no cache (the seed's ``ori_optim_op``).
-
-    Under a strategy each replica takes its contiguous share of the global batch
-    in one pass (no micro-batch loop) and differentiates ``sum(per-example
-    loss) / n``, n the global batch size, so that the replicas' gradients sum
-    to that of the global mean loss in the same one all-reduce as the
-    subdivided update's. ``update`` takes what AccumulatingUpdate's does: this
-    process's examples of the global batch and ``n``. ``shared`` are Update's
-    keyword arguments."""
-
-    def __init__(
-        self, loss_fn: Callable, variables: Sequence[tf.Variable], optimizer, *, input_signature=None, **shared
-    ):
-        super().__init__(variables, optimizer, **shared)
-        self.loss_fn = loss_fn
-        signature = (
-            (*input_signature, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)) if input_signature else None
-        )
-        self._update = _function(self._update_all, signature)
-
-    def update(self, x, y, n=None, stop=0):
-        """One update from a batch: one graph call; as AccumulatingUpdate.update."""
-        return _first(self.strategy, self._update(x, y, _size(y, n), _signal(stop)))
-
-    def _update_all(self, x, y, n, stop):
-        xs, ys = self._shares(x, y, n)
-        return self.strategy.run(self._update_replica, args=(xs, ys, n, stop))
-
-    def _update_replica(self, x, y, n, stop):
-        with tf.GradientTape() as tape:
-            losses = self.loss_fn(x, y)
-            # sum / n, not reduce_mean: a replica's share is not the batch (on one device the same bits)
-            loss = tf.reduce_sum(losses) / tf.cast(n, losses.dtype)
-            scaled = self._scaled(loss)
-        return self._conclude(loss, tape.gradient(scaled, self.variables), False, stop)
-
-
-def cross_entropy(labels, logits):
-    """Per-example cross-entropy of integer labels against logits: what every update and evaluation uses."""
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
-
-
-def sparse_softmax_loss(forward: Callable, training: bool = True) -> Callable:
-    """``loss_fn(x, y)``: the per-example cross-entropy of ``forward``'s logits (in training mode by default)."""
-
-    def loss_fn(x, y):
-        return cross_entropy(y, forward(x, training))
-
-    return loss_fn

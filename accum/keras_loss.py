@@ -72,7 +72,7 @@ def build_with_loss(cfg, data, precision: str = "float32", model_cfg=None):
 def loss_function(model, keras_loss, training: bool = True):
     """The engine's ``loss_fn(x, y)`` for a model built by ``build_with_loss``: summed over the examples it
     returns, per example or whole (the engine divides the update's sum by the batch once)."""
-    from .engine import sparse_softmax_loss
+    from .losses import sparse_softmax_loss
 
     return keras_loss.loss_fn(training) if keras_loss is not None else sparse_softmax_loss(model.forward, training)
 

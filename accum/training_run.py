@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from .baseline import PlainUpdate
 from .config import Config
-from .engine import AccumulatingUpdate, PlainUpdate, cross_entropy
+from .engine import AccumulatingUpdate
 from .errors import RunDirError
+from .losses import cross_entropy
 from .rundir import checkpoint_numbers, kept_model, newest_intact_checkpoint, pass_over_damaged
 from .timeline import Timeline
 

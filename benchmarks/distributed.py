@@ -142,7 +142,8 @@ def main():
     import numpy as np
     import tensorflow as tf
     from accum_train.config import ModelConfig, OptimizerConfig
-    from accum_train.engine import AccumulatingUpdate, micro_bounds, sparse_softmax_loss
+    from accum_train.engine import AccumulatingUpdate, micro_bounds
+    from accum_train.losses import sparse_softmax_loss
     from accum_train.models import build_model
     from accum_train.optim import make_optimizer
 

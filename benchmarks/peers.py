@@ -61,8 +61,10 @@ import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow lo
 import keras
 import numpy as np
 import tensorflow as tf
+from accum_train.baseline import PlainUpdate
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
-from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
 from accum_train.optim import make_optimizer
 from accum_train.threads import child_environment, parallel_micro_steps, thread_pools

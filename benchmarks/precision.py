@@ -17,7 +17,8 @@ import numpy as np
 def main():
     from accum_train.config import DataConfig, ModelConfig, OptimizerConfig
     from accum_train.datasets import load
-    from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+    from accum_train.engine import AccumulatingUpdate
+    from accum_train.losses import sparse_softmax_loss
     from accum_train.models import build_model
     from accum_train.optim import make_optimizer
 

@@ -97,7 +97,8 @@ def measure(k: int, parallel: int, updates: int) -> dict:
     import tensorflow as tf
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.datasets import fashion_mnist
-    from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+    from accum_train.engine import AccumulatingUpdate
+    from accum_train.losses import sparse_softmax_loss
     from accum_train.models import build_model
     from accum_train.optim import make_optimizer
     from tensorflow.tsl.profiler.protobuf import xplane_pb2

@@ -456,7 +456,9 @@ from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
+from accum_train.baseline import PlainUpdate
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 with strategy.scope():
@@ -486,7 +488,8 @@ from accum_train.config import StrategyConfig
 from accum_train.distribute import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 with strategy.scope():
@@ -680,7 +683,8 @@ from accum_train.config import ModelConfig, StrategyConfig
 from accum_train.distribute import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
-from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 SCALE = 3.0  # not a power of two: multiplying by it, and by 1/3, rounds
 with strategy.scope():

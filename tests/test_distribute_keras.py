@@ -274,7 +274,9 @@ from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 import keras
-from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
+from accum_train.baseline import PlainUpdate
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 path, kind = sys.argv[1], sys.argv[2]

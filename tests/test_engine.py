@@ -15,8 +15,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.baseline import PlainUpdate
 from accum_train.config import ModelConfig, OptimizerConfig, ScheduleConfig
-from accum_train.engine import AccumulatingUpdate, GradientCache, PlainUpdate, micro_bounds, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate, micro_bounds
+from accum_train.gradient_cache import GradientCache
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer, make_schedule
 

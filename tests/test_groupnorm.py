@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorlayer as tl
+from accum_train.baseline import PlainUpdate
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
-from accum_train.engine import AccumulatingUpdate, PlainUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
 from accum_train.errors import ConfigError
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import GroupNorm, build_model
 from accum_train.optim import make_optimizer
 

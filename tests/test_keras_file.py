@@ -25,8 +25,9 @@ from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.data import epoch_order
 from accum_train.datasets import load
-from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
 from accum_train.errors import ConfigError, Interrupted
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import KerasAccumBatchNorm, KerasModel, build_model
 from accum_train.optim import make_optimizer
 from accum_train.train import train

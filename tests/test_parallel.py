@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from accum_train import threads
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
-from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
-from accum_train.engine import AccumulatingUpdate, sparse_softmax_loss
+from accum_train.engine import AccumulatingUpdate
+from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 from accum_train.rundir import read_metrics

@@ -28,7 +28,8 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from ..engine import REPLICA_LOCAL, GradientCache, Update, _first, _signal
+from ..engine import Update, _first, _signal
+from ..gradient_cache import REPLICA_LOCAL, GradientCache
 from ..models.containers import _storage
 from . import keras_private
 from .objective import TOTAL, Objective, Parts
