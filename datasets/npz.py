@@ -48,18 +48,20 @@ def load_task(path: Path) -> Dataset:
     split's alike) instead of ``x_train`` and ``y_train``."""
     archive = _open(path)
     with archive:
-        files = list(archive.files)
-        arrays = {key: read_array(archive, path, key) for key in files}
+        # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
+        keys = [key for key in archive.files if key.startswith(("x_train", "x_test", "y_train", "y_test", "w_"))]
+        arrays = {key: read_array(archive, path, key) for key in keys}
     for key, array in arrays.items():
         _check_values(path, key, array)
-    splits = {}
+    splits, flats = {}, {}
     for split in ("train", "test"):
         x, y = (_named(path, arrays, f"{kind}_{split}") for kind in ("x", "y"))
         w = arrays.get(f"w_{split}")
         n = len(first_array(x))
-        for key, array in _flat(path, arrays, split):
+        flat = flats[split] = _flat(path, arrays, split)
+        for key, array in flat:
             if len(array) != n:
-                first = _flat(path, arrays, split)[0][0]
+                first = flat[0][0]
                 raise DataError(
                     f"{path}: {first} holds {n} examples but {key} {len(array)}: every array needs one row per example"
                 )
@@ -71,7 +73,7 @@ def load_task(path: Path) -> Dataset:
         splits[split] = TaskSplit(_as32(x), _as32(y), _as32(w))
     if len(splits["train"]) == 0:
         raise DataError(f"{path}: x_train holds no examples: it needs at least one")
-    train_arrays, test_arrays = dict(_flat(path, arrays, "train")), dict(_flat(path, arrays, "test"))
+    train_arrays, test_arrays = dict(flats["train"]), dict(flats["test"])
     for key in sorted(set(train_arrays) ^ {k.replace("_test", "_train", 1) for k in test_arrays}):
         there, missing = (
             (key, key.replace("_train", "_test", 1))
@@ -142,6 +144,12 @@ def train_shape(array: np.ndarray) -> str:
     return str(tuple(int(n) for n in array.shape[1:]))
 
 
+def first_non_finite(array: np.ndarray) -> int | None:
+    """The index of the first example (row) of a float array holding a NaN or an infinity, or None."""
+    finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+    return None if finite.all() else int(np.argmin(finite))
+
+
 def _check_values(path: Path, key: str, array: np.ndarray) -> None:
     """Numbers (bool, integers or finite floats) with an axis of examples."""
     if array.ndim == 0:
@@ -151,9 +159,8 @@ def _check_values(path: Path, key: str, array: np.ndarray) -> None:
             f"{path}: {key} has dtype {array.dtype}: arrays must hold numbers; convert it, e.g. {key}.astype('float32')"
         )
     if array.dtype.kind == "f" and array.size:
-        finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
-        if not finite.all():
-            index = int(np.argmin(finite))
+        index = first_non_finite(array)
+        if index is not None:
             raise DataError(f"{path}: {key}[{index}] is not finite (NaN or infinite): fix or drop that example")
 
 
@@ -279,9 +286,8 @@ def check_images(path: Path, key: str, x: np.ndarray) -> None:
     if len(x) == 0 or 0 in x.shape[1:]:
         raise DataError(f"{path}: {key} has shape {x.shape}: it needs at least one image of at least 1x1 pixels")
     if x.dtype.kind == "f":
-        finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
-        if not finite.all():
-            index = int(np.argmin(finite))
+        index = first_non_finite(x)
+        if index is not None:
             what = "NaN" if np.isnan(x[index]).any() else "an infinite value"
             raise DataError(f"{path}: {key}[{index}] has {what}: float images must be finite; fix or drop that example")
 

@@ -248,7 +248,9 @@ def test_plan_shows_the_loss_and_metrics_in_force(tmp_path):
     from accum_train.keras_loss import load_data
     from accum_train.plan import plan
 
-    cfg = as_config({**write(tmp_path), "metrics": ["mae", "mse"]})
+    # an array the loss does not read (class_names, as a classifier's .npz may hold) is left alone
+    arrays = {**regression_arrays(np.random.default_rng(0), False), "class_names": np.array(["a", "b"])}
+    cfg = as_config({**write(tmp_path, arrays), "metrics": ["mae", "mse"]})
     result = plan(cfg, load_data(cfg))
     assert result["loss"] == [{"output": "out", "loss": "huber_loss", "weight": None}]
     assert result["metrics"] == ["mae", "mse"]
