@@ -44,8 +44,9 @@ class StreamSplit:
         self.make, self.factory, self.split, self.seed = make, factory, split, seed
         self.options, self.shuffle, self.buffer = dict(options), shuffle, buffer
         self.limit = None
-        self.spec = self.dataset(0).element_spec
-        self.examples = self._count()
+        made = self.dataset(0)  # checked here: a bad factory fails before anything is counted
+        self.spec = made.element_spec
+        self.examples = self._count(made)
 
     def __len__(self) -> int:
         return self.examples if self.limit is None else min(self.examples, self.limit)
@@ -96,10 +97,9 @@ class StreamSplit:
             )
         return made
 
-    def _count(self) -> int:
+    def _count(self, made) -> int:
         import tensorflow as tf
 
-        made = self.dataset(0)
         known = int(made.cardinality())
         if known == tf.data.INFINITE_CARDINALITY:
             raise DataError(
@@ -150,11 +150,22 @@ class StreamSplit:
         return {"x": described(self.spec[0]), "y": described(self.spec[1]), "weights": len(self.spec) > 2}
 
     def signature(self):
-        """(x spec, y spec) of a batch as the update takes it."""
+        """(x spec, y spec) of a batch as the update takes it: the factory's element spec, converted as
+        ``convert_task`` converts the examples (nothing read)."""
         import tensorflow as tf
 
-        x, y = self.first(1)
-        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), (x, y))
+        def batched(spec, dtype):
+            return tf.TensorSpec([None, *spec.shape], dtype)
+
+        def converted_input(spec):
+            return batched(spec, tf.float32 if spec.dtype in (tf.uint8, tf.float64) else spec.dtype)
+
+        def converted_target(spec):
+            return batched(spec, tf.float32 if spec.dtype == tf.float64 else spec.dtype)
+
+        x = tf.nest.map_structure(converted_input, self.spec[0])
+        y = tf.nest.map_structure(converted_target, self.spec[1])
+        return x, (y if len(self.spec) < 3 else (y, batched(self.spec[2], tf.float32)))
 
 
 def _spec_text(spec) -> str:
