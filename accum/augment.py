@@ -29,6 +29,10 @@ class Augment:
             return x
         return self._apply(x, tf.constant(step, tf.int64), tf.constant(n, tf.int32), tf.constant(begin, tf.int32))
 
+    def rows(self, x, step, n, begin):
+        """Inside a graph: ``x``, rows [begin, begin + len(x)) of update ``step``'s global batch of ``n``."""
+        return self._augment(x, tf.cast(step, tf.int64), tf.cast(n, tf.int32), tf.cast(begin, tf.int32))
+
     def _augment(self, x, step, n, begin):
         rows = tf.shape(x)[0]
         seed = tf.stack([tf.constant(self.seed, tf.int64), step])

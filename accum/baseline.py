@@ -31,10 +31,19 @@ class PlainUpdate(Update):
             (*input_signature, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)) if input_signature else None
         )
         self._update = _function(self._update_all, signature)
+        self._update_pulled = tf.function(self._update_from)
 
     def update(self, x, y, n=None, stop=0):
         """One update from a batch: one graph call; as AccumulatingUpdate.update."""
         return _first(self.strategy, self._update(x, y, _size(y, n), _signal(stop)))
+
+    def update_from(self, iterator, n: int, pulls: int = 1, stop=0):
+        """One update from a feed's one element per local replica (its share of the batch, in one pass)."""
+        return _first(self.strategy, self._update_pulled(iterator, _size(None, n), _signal(stop)))
+
+    def _update_from(self, iterator, n, stop):
+        element = next(iterator)
+        return self.strategy.run(lambda e: self._update_replica(*self.prepare(e, n), n, stop), args=(element,))
 
     def _update_all(self, x, y, n, stop):
         xs, ys = self._shares(x, y, n)

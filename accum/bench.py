@@ -3,8 +3,9 @@
 ``bench`` runs ``measure`` once per variant (a precision and a k) and round,
 each in a fresh process (so each peak memory is its own), and writes
 bench.json and bench.png. ``measure`` warms up (tracing), then times N
-updates of the configured batch, waiting for each to finish; the TensorFlow
-allocator peak is read over the timed updates only.
+updates of the configured batch as a run makes them (each pulling its
+micro-batches from the run's feed), waiting for each to finish; the
+TensorFlow allocator peak is read over the timed updates only.
 
 On a shared machine the load drifts between one process and the next, so a
 ratio of two variants measured one after the other is noise. With
@@ -35,22 +36,31 @@ from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_r
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
-    from .data import first_batch
+    from .feed import Reader
     from .memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
     from .train import Run
 
-    x, y = first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
-    # The run never batches its splits here, so no copy of the training set
-    # enters TensorFlow's memory: the update's memory is what is measured.
+    # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
+    # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
     with tempfile.TemporaryDirectory() as scratch:
         run = Run(cfg, data, Path(scratch))
-        for _ in range(warmup):
-            float(run.engine.update(x, y)["loss"])
+        reader = Reader(run)
+
+        def update(i):
+            step = i % run.total_steps
+            iterator, planned = reader.at(step)
+            run.follow_batch(planned.batch_size)
+            out = run.engine.update_from(iterator, planned.n, planned.pulls)
+            reader.pulled()
+            return float(out["loss"])  # waits for the update
+
+        for i in range(warmup):
+            update(i)
         reset_allocator_peak()
         wall, cpu_start = [], time.process_time()
-        for _ in range(steps):
+        for i in range(warmup, warmup + steps):
             start = time.perf_counter()
-            float(run.engine.update(x, y)["loss"])  # waits for the update
+            update(i)
             wall.append(time.perf_counter() - start)
         cpu = time.process_time() - cpu_start
     median = statistics.median(wall)

@@ -94,6 +94,11 @@ def _signal(stop) -> tf.Tensor:
     return tf.constant(int(stop), tf.int32)
 
 
+def _as_given(element, n):
+    """An element that is already (x, y)."""
+    return element
+
+
 def _function(fn, input_signature):
     kwargs = {"input_signature": input_signature} if input_signature else {"reduce_retracing": True}
     return tf.function(fn, **kwargs)
@@ -118,8 +123,12 @@ class Update:
         strategy: tf.distribute.Strategy | None = None,
         loss_scale: float | None = None,
         growth_updates: int = 2000,
+        prepare: Callable | None = None,
     ):
         self.strategy = strategy or tf.distribute.get_strategy()
+        # What a micro-step makes of an element pulled from a feed (accum/feed.py): (x, y) as the loss takes
+        # them; inside the micro-step, so that the pipeline holds stored values (uint8), never float inputs.
+        self.prepare = prepare or _as_given
         self.variables = list(variables)
         self.optimizer = optimizer
         self.clip_norm = clip_norm
@@ -358,6 +367,8 @@ class AccumulatingUpdate(Update):
             lambda x, y, n: self.strategy.run(self._accumulate_micro, args=(x, y, n)), reduce_retracing=True
         )
         self._reset = tf.function(lambda: self.strategy.run(self._reset_replica))
+        self._update_pulled = tf.function(self._update_from)
+        self._accumulate_pulled = tf.function(self._accumulate_from)
 
     def set_subdivisions(self, k: int) -> None:
         self.subdivisions.assign(int(k))
@@ -368,6 +379,16 @@ class AccumulatingUpdate(Update):
         """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry, stop}.
         ``stop``: the signal this process was sent (0: none); ``stop`` out: any process's (``_conclude``)."""
         return _first(self.strategy, self._update(x, y, _size(y, n), _signal(stop)))
+
+    def update_from(self, iterator, n: int, pulls: int, stop=0):
+        """One update whose micro-batches the graph pulls from ``iterator`` (a feed's: ``pulls`` elements per
+        local replica, each ``prepare``d inside its micro-step), ``n`` the global batch: one graph call, the
+        record ``update`` gives. Only one micro-batch is ever an input: the batch is never held whole."""
+        return _first(self.strategy, self._update_pulled(iterator, _size(None, n), _size(None, pulls), _signal(stop)))
+
+    def accumulate_from(self, iterator, n: int, pulls: int):
+        """``update_from``'s micro-batches into the cache, nothing applied (``finish`` concludes)."""
+        return _first(self.strategy, self._accumulate_pulled(iterator, _size(None, n), _size(None, pulls)))
 
     def accumulate_batch(self, x, y, n=None):
         """All k micro-batches of a batch into the cache, nothing applied; this replica's loss share."""
@@ -411,44 +432,69 @@ class AccumulatingUpdate(Update):
         """This replica's share (x, y) of a batch of n, as k micro-batches, into its cache."""
         local_n = _examples(y)
         k = tf.minimum(self.subdivisions, local_n)  # a short share may have fewer examples than k, even none
+
+        def micro_batch(i):
+            start, end = micro_bounds(i, local_n, k)
+            return _rows(x, start, end), _rows(y, start, end)
+
         if self.parallel > 1:
-            return self._accumulate_carried(x, y, n, local_n, k)
+            return self._carried(micro_batch, _as_given, k, n)
         loss = tf.constant(0.0)
         for i in tf.range(k):
-            start, end = micro_bounds(i, local_n, k)
-            loss += self._accumulate_micro(_rows(x, start, end), _rows(y, start, end), n)
+            loss += self._accumulate_micro(*micro_batch(i), n)
         return loss
 
-    def _accumulate_carried(self, x, y, n, local_n, k):
-        """The same k micro-batches with their sums carried through the loop as tensors and written to
-        the cache once. No variable is written inside the loop, so up to ``parallel`` micro-steps can
-        run at once (``parallel_iterations``); each sum still adds in micro-batch order, the order the
-        cache adds in."""
+    def _carried(self, fetch, prepare, k, n):
+        """The k micro-batches (``fetch(i)``, then ``prepare``d) with their sums carried through the loop as
+        tensors and written to the cache once. No variable is written inside the loop, so up to ``parallel``
+        micro-steps can run at once (``parallel_iterations``); the next micro-batch is fetched by the
+        micro-step before it, and each sum still adds in micro-batch order, the order the cache adds in."""
         pending = [layer.pending for layer in self.norm_layers]
 
-        def body(i, loss, grads, stats):
-            start, end = micro_bounds(i, local_n, k)
+        def body(i, element, loss, grads, stats):
+            following = tf.cond(i + 1 < k, lambda: fetch(i + 1), lambda: element)
             with contextlib.ExitStack() as stack:
                 collected = [stack.enter_context(p.collect()) for p in pending]
-                share, micro_grads = self._micro_gradients(_rows(x, start, end), _rows(y, start, end), n)
+                share, micro_grads = self._micro_gradients(*prepare(element, n), n)
             grads = [total if g is None else total + tf.cast(g, tf.float32) for total, g in zip(grads, micro_grads)]
             stats = list(stats)  # one [count, sum, sum of squares] per layer
             for j, calls in enumerate(collected):
                 for sums in calls:  # one per call of the layer in this micro-batch
                     stats[j] = [total + s for total, s in zip(stats[j], sums)]
-            return i + 1, loss + share, grads, stats
+            return i + 1, following, loss + share, grads, stats
 
         start = (
             tf.constant(0),
+            fetch(0),
             tf.constant(0.0),
             [tf.zeros(v.shape, tf.float32) for v in self.variables],
             [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending],
         )
-        _, loss, grads, stats = tf.while_loop(lambda i, *_: i < k, body, start, parallel_iterations=self.parallel)
+        _, _, loss, grads, stats = tf.while_loop(lambda i, *_: i < k, body, start, parallel_iterations=self.parallel)
         self.cache.add(grads, loss)
         for p, sums in zip(pending, stats):
             p.add_sums(sums)
         return loss
+
+    def _pull(self, iterator, n, pulls):
+        """A feed's ``pulls`` micro-steps per replica into the caches: one element per replica and pull (a replica
+        cannot pull from a distributed iterator, so micro-steps overlap only on one device)."""
+        if self.parallel > 1 and self.replicas == 1 and self.one_process:
+            self._carried(lambda i: next(iterator), self.prepare, pulls, n)
+            return
+        for _ in tf.range(pulls):
+            self.strategy.run(self._accumulate_element, args=(next(iterator), n))
+
+    def _accumulate_element(self, element, n):
+        return self._accumulate_micro(*self.prepare(element, n), n)
+
+    def _update_from(self, iterator, n, pulls, stop):
+        self._pull(iterator, n, pulls)
+        return self.strategy.run(self._finish_replica, args=(False, stop))
+
+    def _accumulate_from(self, iterator, n, pulls):
+        self._pull(iterator, n, pulls)
+        return self.strategy.run(self.cache.loss.read_value)
 
     def _finish_replica(self, retry, stop=0):
         out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry, stop)

@@ -138,15 +138,18 @@ class MemoryGuard:
     def _how(self, k: int) -> str:
         return f"subdivisions={k}" if self.accumulating else "the whole batch in one pass"
 
-    def update(self, x, y, n: int, step: int, stop: int = 0):
-        """Update ``step`` (0-based) from a global batch of ``n``, within memory; the engine's record.
+    def update(self, reader, step: int, stop: int = 0):
+        """Update ``step`` (0-based) from ``reader`` (feed.Reader), within memory; the engine's record.
         ``stop``: the engine's (a signal this process was sent)."""
         while True:
             k = self.subdivisions
-            out, problem, detail = self._attempt(x, y, n, k, stop)
+            iterator, planned = reader.at(step)  # made again for a retry: its elements are pulled anew
+            out, problem, detail = self._attempt(iterator, planned, k, stop)
             if problem is None:
+                reader.pulled()
                 self.check_peak = False
                 return out
+            reader.forget()
             self.engine.reset()
             if k >= self.batch_size:
                 raise OutOfMemory(
@@ -159,18 +162,19 @@ class MemoryGuard:
             self.engine.set_subdivisions(min(2 * k, self.batch_size))
             self.say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}")
 
-    def _attempt(self, x, y, n: int, k: int, stop: int):
+    def _attempt(self, iterator, planned, k: int, stop: int):
         """One try at the update: (the engine's record, None, '') or (None, what was too much, the error's words)."""
         # Accumulate, look at the peak (or hear from the other workers), only then apply or drop.
         separate = self.accumulating and (self.check_peak or self.agree)
+        n, pulls = planned.n, planned.pulls
         problem = detail = ""
         try:
             if separate:
-                _, peak = peak_during(lambda: self.engine.accumulate_batch(x, y, n))
+                _, peak = peak_during(lambda: self.engine.accumulate_from(iterator, n, pulls))
             elif self.check_peak:
-                out, peak = peak_during(lambda: self.engine.update(x, y, n, stop))
-            else:
-                return self.engine.update(x, y, n, stop), None, ""  # auto on one process: only an error can say
+                out, peak = peak_during(lambda: self.engine.update_from(iterator, n, pulls, stop))
+            else:  # auto on one process: only an error can say
+                return self.engine.update_from(iterator, n, pulls, stop), None, ""
             if self.check_peak and peak is not None and peak > self.limit:
                 problem = (
                     f"peaked at {mib_text(peak)} of TensorFlow memory with {self._how(k)}, "

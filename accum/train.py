@@ -27,13 +27,11 @@ import tensorflow as tf
 from .config import Config
 from .data import (
     describe_split,
-    epoch_order,
     first_batch,
     largest_micro_batch,
-    worker_batches,
-    worker_part,
 )
 from .errors import Interrupted, TrainingStopped
+from .feed import Reader
 from .launcher import RESTARTS, announce_started
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .progress import Progress
@@ -272,6 +270,15 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
     )
 
 
+def broken_file(split, indices, err) -> None:
+    """Raise the DataError that names the image file of ``indices`` behind ``err``, if it was one (an image folder
+    whose file changed after the run's check); nothing otherwise."""
+    if hasattr(split, "paths") and len(indices):
+        from .datasets.image_folder import _raise_first_bad
+
+        _raise_first_bad(split.paths[indices], split.input_shape[2], err)
+
+
 def _micro_batches(run: Run, segments, until: int | None = None) -> int:
     """The micro-batches of the updates of ``segments`` (before update ``until``, if given), as the k each
     segment's batch has now (what a progress bar counts)."""
@@ -289,7 +296,6 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
     cfg, timeline, engine = run.cfg, run.timeline, run.engine
     epoch = timeline.epoch_of(step)
     epoch_first, epoch_end = timeline.epoch_range(epoch)
-    order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
     whole_epoch = timeline.rest_of_epoch(epoch_first)
     micro_done = _micro_batches(run, whole_epoch, until=step)
     progress.epoch_start(epoch + 1, cfg.epochs, _micro_batches(run, whole_epoch), micro_done)
@@ -297,20 +303,8 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
     # A run resumed mid-epoch picks up the losses this epoch already logged.
     loss_sum, applied_examples = log.epoch_losses(epoch + 1) if step > epoch_first else (0.0, 0)
     pending = []
-
-    def batches():
-        """(batch size in force, global batch size, this process's examples) of each update left."""
-        for segment in timeline.rest_of_epoch(step):
-            run.follow_batch(segment.batch_size)  # before the segment's first update, after the last one's
-            part, size = order[segment.start : segment.end], segment.batch_size
-            if hasattr(run.data.train, "epoch_batches"):  # a stream (python factory): its own order, skipped to start
-                shares = run.data.train.epoch_batches(
-                    epoch, segment.start, segment.end, size, engine.replicas, engine.replica_ids
-                )
-            else:
-                shares = worker_batches(run.data.train, part, size, engine.replicas, engine.replica_ids)
-            for n, raw, y in shares:
-                yield size, n, raw, y
+    reader = Reader(run)
+    in_force = None  # the batch size whose k the engine holds
 
     def flush(pending, loss_sum, applied_examples):
         """Write the buffered updates' records; before any checkpoint, which must never count an update that
@@ -325,16 +319,27 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
             )
         return loss_sum, applied_examples, []
 
-    for batch, n, raw, y in batches():
-        x = run.augment(raw, step, n, worker_part(n, engine.replicas, engine.replica_ids)[0])
+    while step < epoch_end:
+        iterator, planned = reader.at(step)
+        batch, n = planned.batch_size, planned.n
+        if batch != in_force:  # before the first update at this size
+            run.follow_batch(batch)
+            in_force = batch
         try:
             # A signal to this process goes into the update's all-reduce: every process stops after it.
-            out = guard.update(x, y, n, step, stop.signum) if guard.needed else engine.update(x, y, n, stop.signum)
+            if guard.needed:
+                out = guard.update(reader, step, stop.signum)
+            else:
+                out = engine.update_from(iterator, n, planned.pulls, stop.signum)
+                reader.pulled()
         except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
             raise guard.out_of_memory(step, err) from None
+        except tf.errors.OpError as err:  # an image that no longer decodes: named, as the data check would
+            broken_file(run.data.train, reader.indices(step), err)
+            raise
         step += 1
         epoch_examples += n
-        micro_done += min(run.subdivisions, n)
+        micro_done += planned.pulls
         pending.append((step, n, out, batch, run.subdivisions))
         bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
         # Any process's signal, as of this update (every process learns it in the same update's all-reduce)

@@ -55,7 +55,11 @@ class Run:
             growth_updates=cfg.loss_scale.growth_updates,
         )
         shared = dict(
-            clip_norm=cfg.optimizer.clip_norm, norm_layers=self.model.norm_layers, input_signature=signature, **scaling
+            clip_norm=cfg.optimizer.clip_norm,
+            norm_layers=self.model.norm_layers,
+            input_signature=signature,
+            prepare=self.prepare,
+            **scaling,
         )
         if cfg.baseline:
             self.engine = PlainUpdate(loss_fn, variables, self.optimizer, strategy=strategy, **shared)
@@ -98,6 +102,15 @@ class Run:
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
         )
+
+    def prepare(self, element, n):
+        """Inside a micro-step: a feed's element (accum/feed.py: stored values and where they sit) as the loss
+        takes it, converted (uint8 to float) and augmented there, so the pipeline holds no float batch."""
+        stored, where = element
+        x, y = self.data.train.convert(stored)
+        if self.augment.active:  # the draws of these rows of update where[0]'s global batch of n
+            x = self.augment.rows(x, where[0], n, tf.cast(where[1], tf.int32))
+        return x, y
 
     @property
     def subdivisions(self) -> int:

@@ -23,13 +23,25 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+# uint8 v as float32 v / 255, correctly rounded. Looked up rather than divided: inside a graph, grappler turns a
+# division by a constant into a multiplication by its reciprocal, which is an ulp off for some v, and a batch
+# must give the same bits wherever it is converted (the pipeline, or the update's micro-step).
+_SCALED = np.arange(256, dtype=np.float32) / np.float32(255)
+
+
+def scaled(x):
+    """uint8 -> float32 in [0, 1], v / 255 exactly as the division rounds it."""
+    import tensorflow as tf
+
+    return tf.gather(tf.constant(_SCALED), tf.cast(x, tf.int32))
+
 
 def to_inputs(images, labels):
     """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
     import tensorflow as tf
 
     x = tf.convert_to_tensor(images)
-    x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+    x = scaled(x) if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
     if x.shape.rank == 3:
         x = x[..., tf.newaxis]
     return x, tf.cast(labels, tf.int32)
@@ -56,13 +68,32 @@ class ArraySplit:
     def take(self, indices: np.ndarray):
         return to_inputs(self.images[indices], self.labels[indices])
 
+    def tensors(self):
+        """The split's arrays as they are stored, once, in host memory (what tf.data gathers from)."""
+        import tensorflow as tf
+
+        if self._tensors is None:
+            with tf.device("CPU:0"):
+                self._tensors = tf.constant(self.images), tf.constant(self.labels)
+        return self._tensors
+
+    def gather(self, indices):
+        """Examples ``indices`` (a tensor) as stored: uint8 images stay uint8 (``convert`` makes the inputs)."""
+        import tensorflow as tf
+
+        images, labels = self.tensors()
+        return tf.gather(images, indices), tf.gather(labels, indices)
+
+    @staticmethod
+    def convert(stored):
+        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
+        return to_inputs(*stored)
+
     def batches(self, order: np.ndarray, batch_size: int):
         """Batches in ``order``, gathered and converted on the tf.data side from one copy in TF memory."""
         import tensorflow as tf
 
-        if self._tensors is None:
-            self._tensors = tf.constant(self.images), tf.constant(self.labels)
-        images, labels = self._tensors
+        images, labels = self.tensors()
         indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
         # One batch made at a time and one waiting: a whole batch is the one input the update holds that
         # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
@@ -77,7 +108,7 @@ def to_values(x):
 
     x = tf.convert_to_tensor(x)
     if x.dtype == tf.uint8:
-        return tf.cast(x, tf.float32) / 255.0
+        return scaled(x)
     return tf.cast(x, tf.float32) if x.dtype == tf.float64 else x
 
 
@@ -143,23 +174,35 @@ class TaskSplit:
         part = self._part(indices)
         return convert_task(part.x, part.y, part.weights)
 
+    def tensors(self):
+        """(x, y, weights or None) as stored, once, in host memory (what tf.data gathers from)."""
+        import tensorflow as tf
+
+        if self._tensors is None:
+            with tf.device("CPU:0"):
+                weights = None if self.weights is None else tf.constant(self.weights)
+                self._tensors = (*tf.nest.map_structure(tf.constant, (self.x, self.y)), weights)
+        return self._tensors
+
+    def gather(self, indices):
+        """Examples ``indices`` (a tensor) as stored: (x, y) or (x, y, weights); ``convert`` makes the batch."""
+        import tensorflow as tf
+
+        parts = tuple(part for part in self.tensors() if part is not None)
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), parts)
+
+    @staticmethod
+    def convert(stored):
+        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
+        return convert_task(*stored)
+
     def batches(self, order: np.ndarray, batch_size: int):
         """Batches in ``order``, gathered on the tf.data side from one copy in TF memory (as ArraySplit's)."""
         import tensorflow as tf
 
-        if self._tensors is None:
-            weights = None if self.weights is None else tf.constant(self.weights)
-            self._tensors = (*tf.nest.map_structure(tf.constant, (self.x, self.y)), weights)
+        self.tensors()  # made here, eagerly: not inside the map's graph
         indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-
-        def gather(idx):
-            x, y, weights = (
-                None if part is None else tf.nest.map_structure(lambda t: tf.gather(t, idx), part)
-                for part in self._tensors
-            )
-            return convert_task(x, y, weights)
-
-        return indices.map(gather).prefetch(1)
+        return indices.map(lambda idx: self.convert(self.gather(idx))).prefetch(1)
 
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (dataset.json keeps them: a run is rebuilt

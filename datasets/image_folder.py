@@ -275,6 +275,24 @@ class FileSplit:
     def batches(self, order: np.ndarray, batch_size: int) -> StreamedBatches:
         return StreamedBatches(self, np.asarray(order, np.int64), batch_size)
 
+    parallel_gather = -1  # tf.data.AUTOTUNE: decoding is the pipeline's work; micro-batches decode side by side
+
+    def gather(self, indices):
+        """Examples ``indices`` (a tensor), decoded: (float32 images, int32 labels)."""
+        import tensorflow as tf
+
+        shape = self.input_shape
+        paths = tf.gather(tf.constant(self.paths), indices)
+        one = lambda path: decode(tf.io.read_file(path), shape)  # noqa: E731
+        images = tf.map_fn(one, paths, fn_output_signature=tf.TensorSpec(shape, tf.float32))
+        return images, tf.gather(tf.constant(self.labels), indices)
+
+    @staticmethod
+    def convert(stored):
+        from .base import to_inputs
+
+        return to_inputs(*stored)
+
 
 class StreamedBatches:
     """The batches of a FileSplit in a given order: iterate it for (x, y) tensors.

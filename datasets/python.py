@@ -39,6 +39,12 @@ class StreamSplit:
     """One split of the factory's data, streamed; its ``len`` counted once (``data.train_limit`` caps it)."""
 
     targets_as_given = True  # the loss takes the targets as they come (not class labels)
+    streamed = True  # read front to back (accum.feed.streamed), not by index
+
+    @staticmethod
+    def convert(stored):
+        """A micro-batch of the factory's elements as the update takes it (inside its micro-step)."""
+        return convert_task(stored[0], stored[1], stored[2] if len(stored) > 2 else None)
 
     def __init__(self, make, factory: str, split: str, seed: int, options: dict, shuffle: bool, buffer: int):
         self.make, self.factory, self.split, self.seed = make, factory, split, seed

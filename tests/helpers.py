@@ -13,28 +13,37 @@ from tensorflow.python.eager.polymorphic_function import atomic_function
 
 
 def poison(monkeypatch, bad_steps, snapshot_after=None):
-    """update() calls whose 1-based number is in bad_steps get a NaN in their last example.
+    """Updates whose 1-based number is in bad_steps get a NaN in their last example: the run's micro-step that
+    holds it (``prepare``, inside the update's graph) puts it there.
 
     With snapshot_after=N, the weights and moving statistics right after update N are kept in the returned
     dict, by their names in weights.npz."""
     original = AccumulatingUpdate.__init__
     calls, kept = [0], {}
+    bad = tf.constant(sorted(step - 1 for step in bad_steps) or [-1], tf.int64)
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        real = self.update
+        prepare, real = self.prepare, self.update_from
 
-        def update(x, y, n=None, stop=0):
+        def poisoned(element, n):
+            x, y = prepare(element, n)
+            step, begin = element[1][0], element[1][1]
+            rows = tf.shape(x)[0]
+            last = tf.equal(begin + tf.cast(rows, tf.int64), tf.cast(n, tf.int64))  # holds the batch's last example
+            hit = tf.logical_and(tf.reduce_any(tf.equal(bad, step)), tf.logical_and(last, rows > 0))
+            nan = lambda: tf.tensor_scatter_nd_update(x, [[rows - 1, 0, 0, 0]], [float("nan")])  # noqa: E731
+            return tf.cond(hit, nan, lambda: x), y
+
+        def update_from(iterator, n, pulls, stop=0):
             calls[0] += 1
-            if calls[0] in bad_steps:
-                x = tf.tensor_scatter_nd_update(x, [[int(y.shape[0]) - 1, 0, 0, 0]], [float("nan")])
-            out = real(x, y, n, stop)
+            out = real(iterator, n, pulls, stop)
             if calls[0] == snapshot_after:
                 statistics = [s for layer in self.norm_layers for s in (layer.moving_mean, layer.moving_var)]
                 kept.update({v.name.split(":")[0]: v.numpy() for v in self.variables + statistics})
             return out
 
-        self.update = update
+        self.prepare, self.update_from = poisoned, update_from
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
     return kept

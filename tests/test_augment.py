@@ -160,19 +160,26 @@ def test_the_engine_trains_on_the_batch_cropped_and_flipped_as_drawn(tmp_path, r
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        real = self.update
+        prepare = self.prepare
 
-        def update(x, y, n=None, stop=0):
-            received.append(x.numpy())
-            return real(x, y, n, stop)
+        def seen(element, n):  # each micro-batch as the micro-step trains on it, and where it sits
+            x, y = prepare(element, n)
+            record = lambda x, where: received.append((x.numpy(), *where.numpy())) or 0  # noqa: E731
+            done = tf.py_function(record, [x, element[1]], tf.int32)
+            with tf.control_dependencies([done]):
+                return tf.identity(x), y
 
-        self.update = update
+        self.prepare = seen
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
     train(cfg, tmp_path / "run")
     data = load(cfg.data)
     order = epoch_order(cfg.seed, 0, len(data.train))
-    assert len(received) == 4  # 256 / 64
+    batches = {}
+    for x, step, _begin in sorted(received, key=lambda r: (r[1], r[2])):
+        batches.setdefault(step, []).append(x)
+    received = [np.concatenate(parts) for _, parts in sorted(batches.items())]
+    assert len(received) == 4 and all(len(x) == 64 for x in received)  # 256 / 64
     for step, x in enumerate(received):
         raw = data.train.take(order[64 * step : 64 * (step + 1)])[0].numpy()
         np.testing.assert_array_equal(x, by_hand(raw, cfg.seed, step, crop=2))

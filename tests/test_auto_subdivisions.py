@@ -96,17 +96,17 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        real_micro, real_batch = self.accumulate, self.accumulate_batch
+        real_micro, real_batch = self.accumulate, self.accumulate_from
 
         def accumulate(x, y, n):
             peak[0] = int(x.shape[0]) * MiB
             return real_micro(x, y, n)
 
-        def accumulate_batch(x, y, n=None):
-            peak[0] = 3 * (int(y.shape[0]) // int(self.subdivisions.numpy())) * MiB // 2
-            return real_batch(x, y, n)
+        def accumulate_from(iterator, n, pulls):
+            peak[0] = 3 * (n // pulls) * MiB // 2
+            return real_batch(iterator, n, pulls)
 
-        self.accumulate, self.accumulate_batch = accumulate, accumulate_batch
+        self.accumulate, self.accumulate_from = accumulate, accumulate_from
 
     monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
     monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
@@ -137,17 +137,19 @@ def oom_once(monkeypatch):
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        real = self.update
+        real = self.update_from
 
-        def update(x, y, n=None, stop=0):
+        def update_from(iterator, n, pulls, stop=0):
             calls[0] += 1
             if calls[0] == 5:
-                # half an update's worth of gradient is in the cache when memory runs out
+                # half an update's micro-batches pulled, and their gradient in the cache, when memory runs out
+                for _ in range(pulls // 2):
+                    next(iterator)
                 self.cache.add([tf.ones_like(v) for v in self.variables])
                 raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,8]")
-            return real(x, y, n, stop)
+            return real(iterator, n, pulls, stop)
 
-        self.update = update
+        self.update_from = update_from
 
     return arm
 
@@ -171,7 +173,7 @@ def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root,
     messages = Messages()
     summary = train(cfg, tmp_path / "auto", progress=messages)
     # under memory_limit the first update is accumulated and measured before it is applied, without
-    # calling update(): the 5th update() call is update 6
+    # calling update_from(): the 5th update_from() call is update 6
     assert (
         "update 6 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" in messages.lines
     )

@@ -1,0 +1,237 @@
+"""The run's input pipeline: each update's micro-batches, pulled one at a time by the update itself.
+
+``Feed`` lays out the rest of an epoch (``plan``): for each update its
+global batch ``n`` and the micro-steps it pulls, and for each micro-step one
+element per local replica, in the order the update pulls them. An element is
+one micro-batch of the split's *stored* values (uint8 images stay uint8) and
+``where``: (update, the micro-batch's first row in the global batch), what the
+augmentation draws from. The update converts and augments an element inside
+its micro-step (``Run.prepare``), so the pipeline never holds a batch, nor
+anything in float32: one micro-batch being gathered and one waiting.
+
+The cut is the engines' (accum.batching): each replica takes a contiguous
+share of the batch and cuts it into ``pulls = min(k, largest share)``
+micro-batches (one device: ``min(k, n)``, as the engine cut a batch it held).
+A stream (data.name: python) is read front to back, so there each micro-step
+takes a contiguous chunk of the batch and the replicas share the chunk: the
+same micro-batches on one replica, and elements in stream order on several.
+
+Where the data live: the split's arrays are one constant in host memory
+(``tf.device("CPU:0")``), the gathers run in tf.data's host threads, and the
+update's ``next(iterator)`` hands one micro-batch at a time to the device
+that computes it. On a GPU the whole batch is never an input of the graph,
+so it never lands on the device. The element stream is followed by empty
+elements for ever (``endless``): under several workers tf.distribute then
+needs no collective per pull to learn whether one is left.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from .batching import micro_bounds
+
+
+def empty_like(spec):
+    """An element with no examples for ``spec`` (unknown axes as 0)."""
+    return tf.nest.map_structure(
+        lambda s: tf.zeros([0] + [d if d is not None else 0 for d in s.shape[1:]], s.dtype), spec
+    )
+
+
+def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
+    """``elements``, then empty ones for ever (``value``: what to follow them with instead)."""
+    tail = empty_like(elements.element_spec) if value is None else value
+    return elements.concatenate(tf.data.Dataset.from_tensors(tail).repeat())
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One update as the feed lays it out: ``step`` (0-based), the batch size in force, the global batch
+    ``n`` (the last one of an epoch may be short) and the micro-steps it pulls."""
+
+    step: int
+    batch_size: int
+    n: int
+    pulls: int
+    k: int  # micro-batches per share the layout was made for (pulls: fewer when the batch is short)
+
+
+@dataclass
+class Layout:
+    """Every element of the updates planned: [start, end) of the epoch's positions, and where (update, row of
+    the batch); elements in pull order."""
+
+    updates: list
+    starts: np.ndarray
+    ends: np.ndarray
+    where: np.ndarray
+
+
+def pieces(n: int, pulls: int, replicas: int, local, chunk_first: bool):
+    """[start, end) in a batch of ``n`` of each element, in pull order: per micro-step, per local replica."""
+    out = []
+    for i in range(pulls):
+        for r in local:
+            if chunk_first:  # a stream: micro-step i's chunk, shared by the replicas
+                c0, c1 = micro_bounds(i, n, pulls)
+                s0, s1 = micro_bounds(r, c1 - c0, replicas)
+                out.append((c0 + s0, c0 + s1))
+            else:  # the engines' cut: replica r's share, then its micro-batch i
+                s0, s1 = micro_bounds(r, n, replicas)
+                m0, m1 = micro_bounds(i, s1 - s0, pulls)
+                out.append((s0 + m0, s0 + m1))
+    return out
+
+
+def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> Layout:
+    """The layout of ``segments`` (timeline.Segment), ``k_for(batch_size)`` micro-batches per share."""
+    updates, starts, ends, where = [], [], [], []
+    for segment in segments:
+        k = k_for(segment.batch_size)
+        for u in range(segment.updates):
+            first = segment.start + u * segment.batch_size
+            n = min(segment.batch_size, segment.end - first)
+            pulls = min(k, math.ceil(n / replicas))
+            step = segment.first_step + u
+            updates.append(Planned(step, segment.batch_size, n, pulls, k))
+            for start, end in pieces(n, pulls, replicas, local, chunk_first):
+                starts.append(first + start)
+                ends.append(first + end)
+                where.append((step, start))
+    as_array = lambda values: np.asarray(values, np.int64).reshape(-1)  # noqa: E731
+    return Layout(updates, as_array(starts), as_array(ends), np.asarray(where, np.int64).reshape(-1, 2))
+
+
+def positions(layout: Layout) -> np.ndarray:
+    """The epoch positions of every element, concatenated in pull order."""
+    lengths = layout.ends - layout.starts
+    total = int(lengths.sum())
+    offsets = np.repeat(layout.starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return (np.arange(total, dtype=np.int64) + offsets).astype(np.int64)
+
+
+def gathered(split, order: np.ndarray, layout: Layout) -> tf.data.Dataset:
+    """Elements of a split read by index (``split.gather(indices)``: its stored values of those examples)."""
+    lengths = layout.ends - layout.starts
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with tf.device("CPU:0"):
+        indices = tf.constant(np.asarray(order, np.int64)[positions(layout)])
+    if hasattr(split, "tensors"):
+        split.tensors()  # made here, eagerly: not inside the map's graph
+    bounds = tf.data.Dataset.from_tensor_slices((splits[:-1], splits[1:], layout.where))
+    parallel = getattr(split, "parallel_gather", None)
+    return bounds.map(
+        lambda a, b, where: (split.gather(indices[a:b]), where),
+        **({"num_parallel_calls": parallel, "deterministic": True} if parallel else {}),
+    )
+
+
+def streamed(split, epoch: int, layout: Layout) -> tf.data.Dataset:
+    """Elements of a stream, read front to back: each example goes to the element holding its position (the
+    elements are in stream order: ``chunk_first``); positions no local element holds are skipped."""
+    lengths = layout.ends - layout.starts
+    batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), split.spec)
+    no_where = tf.zeros([2], tf.int64)
+    if not len(lengths):
+        return tf.data.Dataset.from_tensors((empty_like(batched), no_where)).take(0)
+    first, last = int(layout.starts.min()), int(layout.ends.max())
+    owner = np.full(last - first, -1, np.int64)
+    ids = np.arange(len(lengths), dtype=np.int64)
+    owner[positions(layout) - first] = np.repeat(ids, lengths)
+    owner_t, sizes_t, where_t = tf.constant(owner), tf.constant(lengths), tf.constant(layout.where)
+    examples = split.dataset(epoch).skip(first).take(last - first).enumerate()
+    examples = examples.filter(lambda i, _: owner_t[i] >= 0)
+    full = examples.group_by_window(
+        key_func=lambda i, _: owner_t[i],
+        reduce_func=lambda key, window: window.batch(tf.gather(sizes_t, key)).map(
+            lambda i, element: (element, tf.gather(where_t, owner_t[i[0]]))
+        ),
+        window_size_func=lambda key: tf.gather(sizes_t, key),
+    )
+    if lengths.min() > 0:
+        return full
+    # a short batch left some local micro-batches empty: they come in their places
+    empty = tf.data.Dataset.from_tensor_slices(layout.where[lengths == 0]).map(lambda w: (empty_like(batched), w))
+    choice = tf.data.Dataset.from_tensor_slices((lengths == 0).astype(np.int64))
+    return tf.data.Dataset.choose_from_datasets([full, empty], choice)
+
+
+class Feed:
+    """This process's elements for the rest of an epoch, and the updates they make.
+
+    ``iterator`` is what the engine pulls from; ``updates`` the plan, in order."""
+
+    def __init__(self, split, order, epoch: int, segments, k_for, strategy, replica_ids):
+        replicas = strategy.num_replicas_in_sync
+        self.stream = getattr(split, "streamed", False)
+        self.layout = plan(segments, k_for, replicas, replica_ids, chunk_first=self.stream)
+        self.updates = self.layout.updates
+        elements = streamed(split, epoch, self.layout) if self.stream else gathered(split, order, self.layout)
+        elements = endless(elements.prefetch(1))
+        if replicas == 1 and len(replica_ids) == 1:
+            self.iterator = iter(elements)
+        else:  # each pull gives every local replica its next element, in turn
+            self.iterator = iter(strategy.distribute_datasets_from_function(lambda context: elements))
+
+    def indices(self, order, update: int) -> np.ndarray:
+        """The split's indices of this process's examples of ``updates[update]`` (what a file error is
+        looked for in)."""
+        step = self.updates[update].step
+        mine = self.layout.where[:, 0] == step
+        parts = [np.arange(a, b) for a, b in zip(self.layout.starts[mine], self.layout.ends[mine])]
+        picked = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return np.asarray(order)[picked] if order is not None else picked
+
+
+class Reader:
+    """A run's updates from any step on and the feed that serves them, made again when it cannot: at the start of
+    each epoch, after an update that did not finish (its elements were pulled: a retry pulls them again), and
+    when k changes (subdivisions: auto after running out of memory)."""
+
+    def __init__(self, run):
+        self.run = run
+        self.feed, self.next = None, 0
+
+    def at(self, step: int):
+        """(iterator, Planned) of update ``step`` (0-based): pull ``pulls`` elements per local replica."""
+        from .data import epoch_order
+
+        run = self.run
+        planned = self.feed.updates[self.next] if self.feed and self.next < len(self.feed.updates) else None
+        if planned is None or planned.step != step or planned.k != run.k_for(planned.batch_size):
+            cfg, engine = run.cfg, run.engine
+            epoch = run.timeline.epoch_of(step)
+            self.order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
+            self.feed = Feed(
+                run.data.train,
+                self.order,
+                epoch,
+                run.timeline.rest_of_epoch(step),
+                run.k_for,
+                engine.strategy,
+                engine.replica_ids,
+            )
+            self.next = 0
+            planned = self.feed.updates[0]
+        return self.feed.iterator, planned
+
+    def pulled(self) -> None:
+        """The update ``at`` gave has pulled its elements and finished."""
+        self.next += 1
+
+    def forget(self) -> None:
+        """The update did not finish: the next ``at`` makes the feed again."""
+        self.feed = None
+
+    def indices(self, step: int) -> np.ndarray:
+        """The split's indices this process reads for update ``step`` and the one after (a broken file is
+        looked for among them: the pipeline reads ahead)."""
+        if self.feed is None or self.feed.stream:
+            return np.zeros(0, np.int64)
+        mine = [u for u, planned in enumerate(self.feed.updates) if planned.step in (step, step + 1)]
+        return np.concatenate([self.feed.indices(self.order, u) for u in mine]) if mine else np.zeros(0, np.int64)

@@ -1,0 +1,87 @@
+"""Memory against batch size at a fixed micro-batch: does it follow the micro-batch?
+
+Issue 29's setting: configs/fmnist.yaml's net at width 1/8, no augmentation,
+micro-batches of at most 500 computed one at a time (micro_batch_size: 500,
+parallel_micro_steps: 1), one epoch of the 60000 training examples at each
+batch size. Each row is a fresh `accum-train run` (its own allocator), and
+the figure is its summary's TensorFlow allocator peak (over the whole run:
+the training set stored as uint8, the model, the optimizer state, the
+gradient cache, the micro-batches in flight, one micro-step's activations,
+and the evaluation's batches) and the process's peak RSS.
+
+    python benchmarks/memory_batch.py --output docs/memory-batch.json
+    python benchmarks/memory_batch.py --batches 500,60000   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SETTING = [
+    "model.width=0.125",
+    "data.augment.crop=0",
+    "micro_batch_size=500",
+    "subdivisions=null",
+    "parallel_micro_steps=1",
+    "epochs=1",
+    "log_every=1000",
+]
+
+
+def measure(batch: int, scratch: Path) -> dict:
+    """One fresh run at ``batch``: its summary's figures."""
+    out = scratch / f"batch-{batch}"
+    command = [str(Path(sys.executable).parent / "accum-train"), "run", str(ROOT / "configs" / "fmnist.yaml")]
+    for setting in [*SETTING, f"batch_size={batch}", "optimizer.schedule.warmup_steps=0"]:
+        command += ["--set", setting]
+    subprocess.run([*command, "--output-dir", str(out), "--quiet"], check=True, cwd=ROOT)
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "batch_size": batch,
+        "subdivisions": summary["subdivisions"],
+        "updates": summary["steps"],
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+        "peak_rss_bytes": summary["peak_rss_bytes"],
+        "wall_time_s": summary["wall_time_s"],
+        "test_accuracy": summary.get("test_accuracy"),
+    }
+
+
+def commit() -> str:
+    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return found.stdout.strip() or "unknown"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="500,4000,16000,60000", help="batch sizes, comma-separated")
+    parser.add_argument("--output", type=Path, help="write the rows here as JSON")
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for batch in (int(b) for b in args.batches.split(",")):
+            rows.append(measure(batch, Path(scratch)))
+            print(json.dumps(rows[-1]), flush=True)
+    first = rows[0]["peak_memory_bytes"]
+    print(f"\n| batch | k | updates | TF allocator peak | over batch {rows[0]['batch_size']} | peak RSS |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        peak = row["peak_memory_bytes"]
+        print(
+            f"| {row['batch_size']} | {row['subdivisions']} | {row['updates']} | {peak / 2**20:.0f} MiB | "
+            f"{peak / first:.2f}x | {row['peak_rss_bytes'] / 2**20:.0f} MiB |"
+        )
+    if args.output:
+        result = {"setting": SETTING, "commit": commit(), "rows": rows}
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The run's feed (accum/feed.py): the update pulls its micro-batches from the input pipeline, stored as they are
+(uint8) until its micro-step converts them, and gets the bits it got from the batch held whole; the memory of an
+update follows the micro-batch, not the batch."""
+
+import gc
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from accum_train.batching import micro_bounds
+from accum_train.config import load_config
+from accum_train.data import epoch_order
+from accum_train.feed import Reader, plan
+from accum_train.keras_loss import load_data
+from accum_train.memory import allocator_peak_bytes, reset_allocator_peak
+from accum_train.timeline import Segment
+from accum_train.training_run import Run
+
+
+@pytest.mark.parametrize(
+    "n, k, replicas, local, chunk_first",
+    [
+        (64, 4, 1, (0,), False),
+        (64, 5, 1, (0,), False),  # ragged: 12-13
+        (3, 5, 1, (0,), False),  # a short batch: 3 micro-batches of 1
+        (10, 4, 2, (0, 1), False),  # mirrored: each share of 5 as 4
+        (3, 4, 2, (0, 1), False),  # shares of 2 and 1: 2 pulls, replica 1's second micro-batch empty
+        (10, 4, 2, (1,), False),  # the second worker's replica only
+        (10, 3, 2, (0, 1), True),  # a stream: each micro-step's chunk shared by the replicas
+        (7, 3, 2, (1,), True),
+    ],
+)
+def test_the_layout_cuts_every_batch_once_in_pull_order(n, k, replicas, local, chunk_first):
+    layout = plan([Segment(0, 0, 0, 2 * n, n)], lambda batch: k, replicas, local, chunk_first)
+    pulls = min(k, -(-n // replicas))
+    assert [(u.step, u.n, u.pulls, u.k) for u in layout.updates] == [(0, n, pulls, k), (1, n, pulls, k)]
+    assert len(layout.starts) == 2 * pulls * len(local)
+    for step in (0, 1):
+        mine = layout.where[:, 0] == step
+        starts, ends = layout.starts[mine] - step * n, layout.ends[mine] - step * n
+        assert list(layout.where[mine, 1]) == list(starts)  # where: the element's first row in its batch
+        expected = []
+        for i in range(pulls):
+            for r in local:
+                if chunk_first:
+                    c0, c1 = micro_bounds(i, n, pulls)
+                    s0, s1 = micro_bounds(r, c1 - c0, replicas)
+                    expected.append((c0 + s0, c0 + s1))
+                else:
+                    s0, s1 = micro_bounds(r, n, replicas)
+                    m0, m1 = micro_bounds(i, s1 - s0, pulls)
+                    expected.append((s0 + m0, s0 + m1))
+        assert list(zip(starts, ends)) == expected
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)])
+        assert len(set(rows)) == len(rows)  # no example twice
+        if local == tuple(range(replicas)):
+            assert sorted(rows) == list(range(n))  # every example of the batch
+        if chunk_first:
+            assert list(rows) == sorted(rows)  # a stream is read front to back
+
+
+def _updates_from_feed(cfg, data, steps):
+    run = Run(cfg, data, Path(tempfile.mkdtemp()))
+    reader = Reader(run)
+    for step in range(steps):
+        iterator, planned = reader.at(step)
+        run.follow_batch(planned.batch_size)
+        run.engine.update_from(iterator, planned.n, planned.pulls)
+        reader.pulled()
+    return [np.asarray(v) for v in run.model.named_weights().values()]
+
+
+def _updates_from_batches(cfg, data, steps):
+    """The batches held whole and converted before the update, as the loop ran them before the feed."""
+    run = Run(cfg, data, Path(tempfile.mkdtemp()))
+    order = epoch_order(cfg.seed, 0, len(data.train), cfg.data.shuffle)
+    for step in range(steps):
+        x, y = data.train.take(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])
+        run.engine.update(run.augment(x, step, len(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])), y)
+    return [np.asarray(v) for v in run.model.named_weights().values()]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["subdivisions=5", "parallel_micro_steps=1"],  # ragged micro-batches of 12-13, BatchNorm
+        ["subdivisions=4", "parallel_micro_steps=2", "data.augment.crop=2", "data.augment.flip=true"],
+        ["subdivisions=8", "parallel_micro_steps=2", "model.norm=none", "data.train_limit=3000", "epochs=1"],
+    ],
+)
+def test_an_update_from_the_feed_gets_the_bits_of_the_batch_held_whole(repo_root, overrides):
+    # thread pools as the suite's process has them; both paths in this process, the same ops on the same values
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
+    data = load_data(cfg)
+    fed, held = _updates_from_feed(cfg, data, 4), _updates_from_batches(cfg, data, 4)
+    assert all(np.array_equal(a, b) for a, b in zip(fed, held))
+    assert not np.array_equal(fed[0], _updates_from_feed(cfg, data, 3)[0])  # the updates moved the weights
+
+
+def test_the_feed_holds_stored_micro_batches(repo_root):
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
+    data = load_data(cfg)
+    run = Run(cfg, data, Path(tempfile.mkdtemp()))
+    iterator, planned = Reader(run).at(0)
+    (images, labels), where = next(iterator)
+    assert (planned.n, planned.pulls) == (64, 4)
+    assert images.dtype == tf.uint8 and images.shape == (16, 28, 28)  # uint8, one micro-batch: not a float batch
+    order = epoch_order(cfg.seed, 0, len(data.train))
+    np.testing.assert_array_equal(images.numpy(), data.train.images[order[:16]])
+    assert list(where.numpy()) == [0, 0]
+
+
+def _peak_of_one_update(cfg, data, held_whole):
+    """The allocator peak over the second update (the first traced it), as the loop runs it."""
+    run = Run(cfg, data, Path(tempfile.mkdtemp()))
+    reader, order = Reader(run), epoch_order(cfg.seed, 0, len(data.train))
+    for step in (0, 1):
+        iterator, planned = reader.at(step)
+        run.follow_batch(planned.batch_size)
+        if held_whole:  # the batch as the loop held it before the feed: float32, whole, an input of the update
+            x, y = data.train.take(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])
+            update = lambda: run.engine.update(x, y)  # noqa: E731
+        else:
+            update = lambda: run.engine.update_from(iterator, planned.n, planned.pulls)  # noqa: E731
+        if step == 1:
+            gc.collect()
+            reset_allocator_peak()
+        float(update()["loss"])
+        reader.pulled()
+    return allocator_peak_bytes()
+
+
+def test_the_memory_of_an_update_follows_the_micro_batch_not_the_batch(repo_root):
+    base = ["model.name=mlp", "model.hidden=32", "micro_batch_size=500", "subdivisions=null", "parallel_micro_steps=1"]
+    base += ["data.train_limit=8000", "data.test_limit=100", "data.augment.crop=0"]
+    peaks = {}
+    for batch in (500, 4000):
+        cfg = load_config(repo_root / "configs" / "fmnist.yaml", [*base, f"batch_size={batch}"])
+        data = load_data(cfg)
+        peaks[batch, "fed"] = _peak_of_one_update(cfg, data, held_whole=False)
+        peaks[batch, "held"] = _peak_of_one_update(cfg, data, held_whole=True)
+    if peaks[500, "fed"] is None:
+        pytest.skip("this allocator keeps no statistics")
+    assert peaks[4000, "fed"] <= 1.15 * peaks[500, "fed"], peaks
+    # the premise: holding the batch (4000 x 784 float32 = 12 MB) shows at this scale
+    assert peaks[4000, "held"] > 2 * peaks[500, "held"], peaks
