@@ -104,7 +104,7 @@ def test_the_feed_holds_stored_micro_batches(repo_root):
     data = load_data(cfg)
     run = Run(cfg, data, Path(tempfile.mkdtemp()))
     iterator, planned = Reader(run).at(0)
-    (images, labels), where = next(iterator)
+    (images, _), where = next(iterator)
     assert (planned.n, planned.pulls) == (64, 4)
     assert images.dtype == tf.uint8 and images.shape == (16, 28, 28)  # uint8, one micro-batch: not a float batch
     order = epoch_order(cfg.seed, 0, len(data.train))
@@ -121,13 +121,11 @@ def _peak_of_one_update(cfg, data, held_whole):
         run.follow_batch(planned.batch_size)
         if held_whole:  # the batch as the loop held it before the feed: float32, whole, an input of the update
             x, y = data.train.take(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])
-            update = lambda: run.engine.update(x, y)  # noqa: E731
-        else:
-            update = lambda: run.engine.update_from(iterator, planned.n, planned.pulls)  # noqa: E731
         if step == 1:
             gc.collect()
             reset_allocator_peak()
-        float(update()["loss"])
+        out = run.engine.update(x, y) if held_whole else run.engine.update_from(iterator, planned.n, planned.pulls)
+        float(out["loss"])
         reader.pulled()
     return allocator_peak_bytes()
 
