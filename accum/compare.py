@@ -142,6 +142,7 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=N
         from .keras_loss import load_data
 
         data = load_data(cfg)
+    cfg = cfg.for_data(len(data.train))
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     atomic_write(config_path, cfg.to_yaml().encode())

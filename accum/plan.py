@@ -53,6 +53,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
 
         data = load_data(cfg)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
+    whole_set, cfg = cfg.whole_set, cfg.for_data(n_train)
     timeline = Timeline(cfg, n_train)
     first, end = timeline.epoch_range(0)
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
@@ -99,6 +100,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         },
         **objective,
         "batch_size": cfg.batch_size,
+        "whole_training_set": whole_set,  # batch_size: all
         "subdivisions": subdivisions,
         "micro_batch_size": cfg.micro_batch_size,
         "parallel_micro_steps": parallel_micro_steps(cfg),
@@ -174,13 +176,8 @@ def _learning_rates(cfg: Config, timeline: Timeline) -> dict:
 
 def _warnings(result: dict, cfg: Config) -> list[str]:
     warnings = []
-    n_train, batch_size, k = result["data"]["train_examples"], cfg.batch_size, result["subdivisions"]
+    k = result["subdivisions"]
     last = result["last_batch"]
-    if n_train < batch_size:
-        warnings.append(
-            f"the training set has {n_train} examples, fewer than batch_size={batch_size}: "
-            f"every update is one short batch of {n_train}; lower batch_size to at most {n_train}"
-        )
     if k == "auto" and not cfg.baseline:
         warnings.append(
             f"subdivisions=auto: the split is chosen when the run starts, the fewest micro-batches "

@@ -39,7 +39,12 @@ def parallel_micro_steps(cfg: Config) -> int:
     is subdivided and the CPU has cores to share out; never more than the micro-batches of an update."""
     if cfg.baseline:
         return 1
-    limit = max(cfg.batch_sizes) if cfg.auto_subdivisions else max(cfg.subdivisions_for(b) for b in cfg.batch_sizes)
+    if cfg.whole_set:  # the training set's size is not known yet: as if it were large
+        limit = cfg.subdivisions if isinstance(cfg.subdivisions, int) else AUTO_PARALLEL
+    elif cfg.auto_subdivisions:
+        limit = max(cfg.batch_sizes)
+    else:
+        limit = max(cfg.subdivisions_for(b) for b in cfg.batch_sizes)
     if cfg.parallel_micro_steps != "auto":
         return min(cfg.parallel_micro_steps, limit)
     if cfg.memory_limit is not None or cfg.strategy.name == "mirrored" or tf.config.list_physical_devices("GPU"):

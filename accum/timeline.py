@@ -55,6 +55,11 @@ class Timeline:
 
     def __init__(self, cfg: Config, n_train: int):
         self.n_train, self.epochs = n_train, cfg.epochs
+        if cfg.batch_size > n_train > 0:
+            raise ConfigError(
+                f"batch_size={cfg.batch_size} is more than the {n_train} training examples: lower it, or set "
+                f"batch_size: all to train on the whole training set as one batch"
+            )
         for change in cfg.batch_schedule:
             if change.batch_size > n_train > 0:  # 0: rebuilt without its training set, nothing to lay out
                 start = f"epoch {change.epoch}" if change.epoch is not None else f"step {change.step}"

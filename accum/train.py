@@ -80,6 +80,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         from .keras_loss import load_data
 
         data = load_data(cfg, run_dir if resume else None)  # before anything is written: bad data leaves no trace
+    cfg = cfg.for_data(len(data.train))  # batch_size: all, as the number config.yaml records
     shared_dir = run_dir = Path(run_dir)
     if not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")

@@ -34,6 +34,7 @@ class Run:
 
         self.run_dir, self.data = Path(run_dir), data
         self.n_train = len(data.train)
+        cfg = cfg.for_data(self.n_train)
         self.timeline = Timeline(cfg, self.n_train)
         self.total_steps = self.timeline.total_steps
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records

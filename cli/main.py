@@ -236,6 +236,10 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
     quiet_tensorflow(verbose)
     with exit_codes():
         cfg = load_config(config, overrides)
+        if cfg.whole_set:  # batch_size: all is the training set's size
+            from ..keras_loss import load_data
+
+            cfg = cfg.for_data(len(load_data(cfg).train))
         if ks is not None and micro_sizes is not None:
             raise UserError("give --subdivisions or --micro-batch-size, not both")
         if micro_sizes is not None:

@@ -91,7 +91,11 @@ def format_plan(result: dict) -> str:
         _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
         _row("loss", _loss_text(result["loss"])),
         _row("metrics", ", ".join(result["metrics"]) or "none"),
-        _row("batch_size", f"{result['batch_size']} examples per update"),
+        _row(
+            "batch_size",
+            f"{result['batch_size']} examples per update"
+            + (" (all: the whole training set as one batch)" if result.get("whole_training_set") else ""),
+        ),
     ]
     full, last = result["full_batch"], result["last_batch"]
     if result["baseline"]:

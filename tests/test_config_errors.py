@@ -13,7 +13,7 @@ CASES = [
     # (config text, extra CLI args, expected message)
     ("batch_size: 0\n", [], "{cfg}: batch_size=0 must be >= 1 and <= 1000000"),
     ("batch_size: -5\n", [], "{cfg}: batch_size=-5 must be >= 1 and <= 1000000"),
-    ("batch_size: abc\n", [], "{cfg}: batch_size='abc' must be an integer >= 1 and <= 1000000"),
+    ("batch_size: abc\n", [], "{cfg}: batch_size='abc' must be an integer >= 1 and <= 1000000 or all"),
     ("batch_size: 2.5\n", [], "{cfg}: batch_size=2.5 must be an integer >= 1 and <= 1000000"),
     ("batch_size: true\n", [], "{cfg}: batch_size=true must be an integer >= 1 and <= 1000000"),
     ("batch_size: 5000000\n", [], "{cfg}: batch_size=5000000 must be <= 1000000"),

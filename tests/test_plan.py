@@ -115,14 +115,6 @@ WARNING_CASES = [
     (["batch_size=64", "subdivisions=4"], 256, []),
     (["batch_size=64", "subdivisions=4"], 300, []),  # last batch of 44: 4 x 11
     (
-        ["batch_size=500", "subdivisions=5"],
-        100,
-        [
-            "the training set has 100 examples, fewer than batch_size=500: every update is one short batch of 100; "
-            "lower batch_size to at most 100"
-        ],
-    ),
-    (
         ["batch_size=64", "subdivisions=16"],
         256,
         [f"micro-batches of 4 examples (under 8) {NOISY}, or use fewer subdivisions"],
@@ -184,6 +176,69 @@ def test_warnings(overrides, n_train, warnings):
     assert plan(load_config(None, overrides), tiny_data(n_train))["warnings"] == warnings
 
 
+@pytest.mark.parametrize(
+    "overrides, n_train, batch, updates, micro",
+    [
+        (["batch_size=all", "subdivisions=4"], 256, 256, 1, [[4, 64]]),
+        (["batch_size=all", "micro_batch_size=100", "subdivisions=null"], 250, 250, 1, [[2, 83], [1, 84]]),
+        (["batch_size=256", "subdivisions=4"], 256, 256, 1, [[4, 64]]),  # exactly the training set: allowed
+    ],
+)
+def test_batch_size_all_is_the_whole_training_set_as_one_batch(overrides, n_train, batch, updates, micro):
+    cfg = load_config(None, [*overrides, "epochs=2"])
+    result = plan(cfg, tiny_data(n_train))
+    assert (result["batch_size"], result["full_batch"]["count"], result["full_batch"]["micro_batches"]) == (
+        batch,
+        updates,
+        micro,
+    )
+    assert result["whole_training_set"] == ("batch_size=all" in overrides)
+    assert result["last_batch"] is None and result["warnings"] == []
+
+
+def test_a_batch_over_the_training_set_is_refused_in_one_line(tmp_path, repo_root):
+    with pytest.raises(Exception) as err:
+        plan(load_config(None, ["batch_size=500", "subdivisions=5"]), tiny_data(100))
+    assert str(err.value) == (
+        "batch_size=500 is more than the 100 training examples: lower it, or set batch_size: all to train on the "
+        "whole training set as one batch"
+    )
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        main,
+        ["run", str(repo_root / "configs" / "smoke.yaml"), "--set", "data.train_limit=null"]
+        + ["--set", "batch_size=70000", "--output-dir", str(out)],
+    )
+    assert (result.exit_code, result.stderr.splitlines()) == (
+        2,
+        [
+            "error: batch_size=70000 is more than the 60000 training examples: lower it, or set batch_size: all "
+            "to train on the whole training set as one batch"
+        ],
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["batch_size=every"],
+            "--set: batch_size='every' must be an integer >= 1 and <= 1000000 or all",
+        ),
+        (
+            ["batch_size=all", "batch_schedule=[{epoch: 2, batch_size: 1000}]"],
+            "--set: batch_size=all is every training example in one batch, which no batch_schedule can grow: give "
+            "batch_size a number, or remove batch_schedule",
+        ),
+    ],
+)
+def test_bad_batch_size_all(overrides, message):
+    with pytest.raises(Exception) as err:
+        load_config(None, overrides)
+    assert str(err.value) == message
+
+
 def test_a_keras_file_with_batchnorm_is_warned_about(tmp_path):
     import keras
 
@@ -225,13 +280,6 @@ def test_warnings_are_printed_after_the_plan(tmp_path, data_dir):
         "2 micro-batches of 1",
         f"warning: micro-batches of 4 examples (under 8) {NOISY}, or use fewer subdivisions",
     ]
-
-
-def test_a_short_epoch_is_shown_as_the_only_batch():
-    result = plan(load_config(None, ["batch_size=500", "subdivisions=5"]), tiny_data(100))
-    assert (result["updates_per_epoch"], result["total_updates"]) == (1, 10)
-    assert result["full_batch"]["count"] == 0
-    assert result["last_batch"] == {"size": 100, "micro_batches": [[5, 20]]}
 
 
 LR = 0.003

@@ -214,11 +214,12 @@ def _check_value(tp, meta, value, key, where, overridden):
     if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[int] or int | None
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         optional = type(None) in typing.get_args(tp)
-        if meta.get("choices") == "auto":  # an integer, or the word auto
-            if value == "auto":
+        if meta.get("choices") in ("auto", "all"):  # an integer, or the word
+            word = meta["choices"]
+            if value == word:
                 return value
             if isinstance(value, str):
-                raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)} or auto")
+                raise ConfigError(f"{where}: {key}={_show(value)} must be an integer{_range_text(meta)} or {word}")
             meta = {**meta, "choices": None}
         tp = args[0]
     if value is None:

@@ -43,6 +43,11 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
     changes = cfg.batch_schedule
     if not changes:
         return cfg
+    if cfg.whole_set:
+        raise ConfigError(
+            f"{where('batch_size', 'batch_schedule')}: batch_size=all is every training example in one batch, "
+            f"which no batch_schedule can grow: give batch_size a number, or remove batch_schedule"
+        )
     at = where("batch_schedule")
     for i, change in enumerate(changes):
         if (change.epoch is None) == (change.step is None):
@@ -82,6 +87,8 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
                 f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
                 f"(e.g. memory_limit: 2GiB) to know what fits"
             )
+    elif cfg.whole_set:
+        pass  # the training set's size is known when the data are: Timeline checks k against it
     elif cfg.subdivisions is not None and cfg.subdivisions > min(cfg.batch_sizes):
         if cfg.batch_schedule and cfg.subdivisions <= cfg.batch_size:
             raise ConfigError(
@@ -133,12 +140,12 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"{where('data.validation', 'data.train_limit')}: data.validation={cfg.data.validation} "
             f"leaves no training examples of data.train_limit={limit}: lower it or raise the limit"
         )
-    if limit is not None and limit < cfg.batch_size:
+    if limit is not None and not cfg.whole_set and limit < cfg.batch_size:
         raise ConfigError(
             f"{where('data.train_limit', 'batch_size')}: data.train_limit={limit} is smaller "
             f"than batch_size={cfg.batch_size}: raise it or lower batch_size"
         )
-    if limit is not None and limit < max(cfg.batch_sizes):
+    if limit is not None and not cfg.whole_set and limit < max(cfg.batch_sizes):
         raise ConfigError(
             f"{where('data.train_limit', 'batch_schedule')}: data.train_limit={limit} is smaller than "
             f"batch_schedule's batch_size={max(cfg.batch_sizes)}: raise it or lower that batch size"

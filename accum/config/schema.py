@@ -32,6 +32,7 @@ DEFAULT_SUBDIVISIONS = 5
 # Large enough for any real run, small enough that a typo like 5e9 is caught
 # before it allocates anything.
 MAX_BATCH_SIZE = 1_000_000
+ALL = "all"  # batch_size: all, the whole training set as one batch
 MAX_EPOCHS = 100_000
 
 
@@ -319,11 +320,13 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
-    batch_size: int = _spec(
+    batch_size: int | str = _spec(
         500,
         minimum=1,
         maximum=MAX_BATCH_SIZE,
-        help="examples per update (the large batch); the first of batch_schedule",
+        choices="all",
+        help="examples per update (the large batch); the first of batch_schedule; all: the whole training set "
+        "as one batch (batch gradient descent), resolved when the data are loaded",
     )
     subdivisions: int | str | None = _spec(
         None,
@@ -414,6 +417,15 @@ class Config:
     @property
     def auto_subdivisions(self) -> bool:
         return self.subdivisions == "auto"
+
+    @property
+    def whole_set(self) -> bool:
+        """batch_size: all, before the data are loaded (``for_data``)."""
+        return self.batch_size == ALL
+
+    def for_data(self, train_examples: int) -> Config:
+        """batch_size: all made the training set's size (everything else as it is)."""
+        return dataclasses.replace(self, batch_size=train_examples) if self.whole_set else self
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
