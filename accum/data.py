@@ -24,32 +24,6 @@ def worker_part(n: int, replicas: int, replica_ids) -> tuple:
     return (replica_ids[0] * n) // replicas, ((replica_ids[-1] + 1) * n) // replicas
 
 
-def worker_order(order: np.ndarray, batch_size: int, replicas: int, replica_ids) -> np.ndarray:
-    """What one process reads of ``order``: its part of every global batch, in order.
-
-    Batching this by its part of a full batch gives the parts batch by batch
-    (only the last, short batch can be smaller, or empty); one device reads
-    ``order`` itself. So under multi-worker each worker decodes only its own
-    replicas' examples, in the exact order a single device would see them."""
-    parts = []
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
-        begin, end = worker_part(len(batch), replicas, replica_ids)
-        parts.append(batch[begin:end])
-    return np.concatenate(parts) if parts else order[:0]
-
-
-def worker_batches(split, order: np.ndarray, batch_size: int, replicas: int, replica_ids):
-    """(global batch size, this process's examples of it) for each batch of ``order``."""
-    begin, end = worker_part(batch_size, replicas, replica_ids)
-    parts = iter(split.batches(worker_order(order, batch_size, replicas, replica_ids), max(end - begin, 1)))
-    for start in range(0, len(order), batch_size):
-        n = len(order[start : start + batch_size])
-        begin, end = worker_part(n, replicas, replica_ids)
-        x, y = next(parts) if end > begin else split.take(order[:0])  # a short batch left this process nothing
-        yield n, x, y
-
-
 def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
     """The first update's batch (epoch 0): what memory probes and the gradient check look at."""
     if hasattr(data.train, "first"):  # a stream: its epoch 0 front to back

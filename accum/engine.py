@@ -332,7 +332,7 @@ class AccumulatingUpdate(Update):
     in training mode. ``input_signature`` is (x, y) of a batch; ``update``,
     ``accumulate_batch`` and ``finish`` take this process's examples of the
     global batch (all of them, except under multi-worker: the shares of its
-    replicas, in replica order, see ``data.worker_order``) and ``n``, the
+    replicas, in replica order, see ``data.worker_part``) and ``n``, the
     global batch size. ``shared`` are Update's keyword arguments (clip_norm,
     norm_layers, strategy, loss_scale, growth_updates).
     """

@@ -122,19 +122,6 @@ class StreamSplit:
 
         return dataset.batch(batch_size).map(convert, num_parallel_calls=1).prefetch(1)
 
-    def epoch_batches(self, epoch: int, start: int, end: int, batch_size: int, replicas: int, replica_ids):
-        """(global batch size, this process's examples of it) of each batch of examples [start, end) of
-        ``epoch`` (a resume starts past what its epoch used)."""
-        import tensorflow as tf
-
-        from ..data import worker_part
-
-        stream = self._batched(self.dataset(epoch).skip(start).take(end - start), batch_size)
-        for x, y in stream:
-            n = int(tf.shape(tf.nest.flatten(y)[0])[0])
-            begin, stop = worker_part(n, replicas, replica_ids)
-            yield n, *(tf.nest.map_structure(lambda t, b=begin, e=stop: t[b:e], part) for part in (x, y))
-
     def batches(self, order: np.ndarray, batch_size: int):
         """The split in its own order (evaluation reads it front to back; ``order`` must be that order)."""
         if not np.array_equal(order, np.arange(len(order))) or len(order) != len(self):

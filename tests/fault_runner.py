@@ -42,16 +42,16 @@ def arm(point, n):
 
         def init(self, *args, **kwargs):
             original(self, *args, **kwargs)
-            real = self.update
+            real = self.update_from
 
-            def update(x, y, n=None, stop=0):
+            def update_from(iterator, n, pulls, stop=0):
                 if hit():
                     if point == "oom":
                         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
                     threading.Timer(0.002, die).start()
-                return real(x, y, n, stop)
+                return real(iterator, n, pulls, stop)
 
-            self.update = update
+            self.update_from = update_from
 
         AccumulatingUpdate.__init__ = init
     elif point in ("checkpoint", "partial", "after_checkpoint"):

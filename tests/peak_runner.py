@@ -16,7 +16,7 @@ from accum_train.engine import AccumulatingUpdate
 MiB = 2**20
 SCALE = 2 if os.environ.get("ACCUM_TRAIN_WORKER") == "1" else 1
 peak = [0]
-real_accumulate, real_accumulate_batch = AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_batch
+real_accumulate, real_accumulate_from = AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_from
 
 
 def accumulate(self, x, y, batch_examples):
@@ -24,13 +24,13 @@ def accumulate(self, x, y, batch_examples):
     return real_accumulate(self, x, y, batch_examples)
 
 
-def accumulate_batch(self, x, y, n=None):
-    share = math.ceil((len(y) if n is None else int(n)) / self.replicas)
+def accumulate_from(self, iterator, n, pulls):
+    share = math.ceil(int(n) / self.replicas)
     peak[0] = SCALE * 3 * math.ceil(share / int(self.subdivisions.numpy())) * MiB // 2
-    return real_accumulate_batch(self, x, y, n)
+    return real_accumulate_from(self, iterator, n, pulls)
 
 
-AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_batch = accumulate, accumulate_batch
+AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_from = accumulate, accumulate_from
 memory.allocator_peak_bytes = lambda: peak[0]
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
