@@ -483,6 +483,8 @@ class AccumulatingUpdate(Update):
             self._carried(lambda i: next(iterator), self.prepare, pulls, n)
             return
         for _ in tf.range(pulls):
+            # one micro-step at a time: the next element is pulled (and converted) when this one is done
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
             self.strategy.run(self._accumulate_element, args=(next(iterator), n))
 
     def _accumulate_element(self, element, n):

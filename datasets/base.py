@@ -36,6 +36,16 @@ def scaled(x):
     return tf.gather(tf.constant(_SCALED), tf.cast(x, tf.int32))
 
 
+def stored(array):
+    """An array as tf.data gathers from it: once, in host memory, in a variable. A tf.data function copies a tensor
+    it captures each time its pipeline is made (a run makes one per epoch: the training set twice over, measured),
+    and only refers to a variable."""
+    import tensorflow as tf
+
+    with tf.device("CPU:0"):
+        return tf.Variable(array, trainable=False)
+
+
 def to_inputs(images, labels):
     """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
     import tensorflow as tf
@@ -70,11 +80,9 @@ class ArraySplit:
 
     def tensors(self):
         """The split's arrays as they are stored, once, in host memory (what tf.data gathers from)."""
-        import tensorflow as tf
 
         if self._tensors is None:
-            with tf.device("CPU:0"):
-                self._tensors = tf.constant(self.images), tf.constant(self.labels)
+            self._tensors = stored(self.images), stored(self.labels)
         return self._tensors
 
     def gather(self, indices):
@@ -179,9 +187,8 @@ class TaskSplit:
         import tensorflow as tf
 
         if self._tensors is None:
-            with tf.device("CPU:0"):
-                weights = None if self.weights is None else tf.constant(self.weights)
-                self._tensors = (*tf.nest.map_structure(tf.constant, (self.x, self.y)), weights)
+            weights = None if self.weights is None else stored(self.weights)
+            self._tensors = (*tf.nest.map_structure(stored, (self.x, self.y)), weights)
         return self._tensors
 
     def gather(self, indices):
