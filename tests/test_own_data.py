@@ -277,6 +277,24 @@ def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path, monkeypatch):
     assert seen == [expected[i : i + 4] for i in range(0, 16, 4)]
 
 
+@pytest.mark.parametrize("file", [0, 17])  # the first micro-batch's, and one of the last update's
+def test_a_file_removed_during_training_is_named_by_the_update_that_reads_it(tmp_path, file):
+    """The update pulls its micro-batches, decoded in the pipeline as it goes: a file gone since the check stops
+    the run with the DataError that names it, at the update whose micro-batch holds it."""
+    root = tiny_folder(tmp_path / "d")
+    sets = ["data.channels=1", "model.name=mlp", "model.hidden=8", "batch_size=6", "subdivisions=2"]
+    cfg = load_config(None, ["data.name=image_folder", f"data.path={root}", *sets, "epochs=1", "data.shuffle=false"])
+    data = load(cfg.data)
+    removed = os.fsdecode(data.train.paths[file])
+    os.unlink(removed)
+    with pytest.raises(DataError) as err:
+        train(cfg, tmp_path / "run", data=data)
+    assert str(err.value) == (
+        f"{removed} cannot be read (No such file or directory); it was fine when the run "
+        f"started: restore it, then resume the run with --resume"
+    )
+
+
 def test_a_file_broken_in_a_chunk_that_spans_two_batches_is_named(tmp_path, monkeypatch):
     """Files are decoded CHUNK at a time, then cut into batches: a chunk's failure can come while the batch
     before the file's own is built, and the file is still named."""

@@ -33,6 +33,7 @@ import tensorflow as tf
 from ..batching import micro_bounds
 from ..data import epoch_order
 from ..errors import UserError
+from ..feed import endless
 from . import keras_private
 
 WHERE = "accum_train.fit"
@@ -108,19 +109,6 @@ def class_weights_tensor(y, class_weight: dict):
         table[int(c)] = w
     inside = tf.logical_and(labels >= 0, labels < size)
     return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)
-
-
-def empty_like(spec):
-    """An element with no examples for ``spec`` (unknown axes as 0)."""
-    return tf.nest.map_structure(
-        lambda s: tf.zeros([0] + [d if d is not None else 0 for d in s.shape[1:]], s.dtype), spec
-    )
-
-
-def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
-    """``elements``, then empty ones for ever (``value``: what to follow them with instead)."""
-    tail = empty_like(elements.element_spec) if value is None else value
-    return elements.concatenate(tf.data.Dataset.from_tensors(tail).repeat())
 
 
 class ArrayFeed:

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import Interrupted
-from .inputs import empty_like, endless
+from ..feed import empty_like, endless
 
 
 def as_python(logs: dict) -> dict:
