@@ -95,7 +95,10 @@ def _updates_from_batches(cfg, data, steps):
     [
         ["subdivisions=5", "parallel_micro_steps=1"],  # ragged micro-batches of 12-13, BatchNorm
         ["subdivisions=4", "parallel_micro_steps=2", "data.augment.crop=2", "data.augment.flip=true"],
-        ["subdivisions=8", "parallel_micro_steps=2", "model.norm=none", "data.train_limit=3000", "epochs=1"],
+        pytest.param(
+            ["subdivisions=8", "parallel_micro_steps=2", "model.norm=none", "data.train_limit=3000", "epochs=1"],
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_an_update_from_the_feed_gets_the_bits_of_the_batch_held_whole(repo_root, overrides):

@@ -64,7 +64,7 @@ def train(cfg, k, optimizer, lr):
 # becomes a visible step; four steps at 0.01 amplify the rounding of batched against micro-batched
 # convolutions to 3.5e-5 in this conv net on an AVX2 CPU (2.9e-6 with AVX-512). At 0.003, the configs'
 # rate, it is 1.2e-6 there; SGD, whose step is the gradient itself, stays at 2e-8.
-@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.1), ("adam", 0.003)])
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.1), pytest.param("adam", 0.003, marks=pytest.mark.slow)])
 def test_subdivided_equals_whole_batch(model_cfg, optimizer, lr):
     whole, model = train(model_cfg, 1, optimizer, lr)
     parts, _ = train(model_cfg, 4, optimizer, lr)
