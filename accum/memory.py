@@ -61,23 +61,29 @@ def peak_during(work: Callable[[], tf.Tensor]):
     return result, allocator_peak_bytes()
 
 
-def choose_subdivisions(engine, x, y, memory_limit: str, limit_bytes: int, say: Callable[[str], None]) -> int:
+def choose_subdivisions(
+    engine, take: Callable, batch: int, memory_limit: str, limit_bytes: int, say: Callable[[str], None]
+) -> int:
     """subdivisions=auto: the smallest k (1, 2, 4, ...) whose micro-step fits the limit.
 
     One micro-step (forward, backward, add to the cache) runs at each candidate
     micro-batch size of a replica's share of the batch; the cache and
-    statistics are cleared afterwards, so no weight moves. Under several
-    workers each probes its own device, and all take the largest k any chose."""
-    batch = int(y.shape[0])
+    statistics are cleared afterwards, so no weight moves. ``take(m)`` gives
+    the batch's first m examples: only the micro-batch being probed is made
+    (a run holds no more: its update pulls one micro-batch at a time), so the
+    batch does not count in the probe's peak. Under several workers each
+    probes its own device, and all take the largest k any chose."""
     share = math.ceil(batch / engine.replicas)
     k = 1
     while True:
         micro = math.ceil(share / k)
         try:
-            _, peak = peak_during(lambda micro=micro: engine.accumulate(x[:micro], y[:micro], batch))
+            x, y = take(micro)
+            _, peak = peak_during(lambda x=x, y=y: engine.accumulate(x, y, batch))
             fits = peak is None or peak <= limit_bytes
         except tf.errors.ResourceExhaustedError:
             peak, fits = None, False
+        x = y = None  # the probe's micro-batch goes before the next is made
         engine.reset()
         say(
             f"subdivisions=auto: micro-batch of {micro} -> {mib_text(peak, 'out of memory')} "

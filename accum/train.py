@@ -183,8 +183,14 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
             _adapt_to_replicas(run, progress, run.timeline.batch_size(step))
     else:
         if cfg.auto_subdivisions and not cfg.baseline:
-            x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
-            choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
+            choose_subdivisions(
+                run.engine,
+                _first_examples(run),
+                cfg.batch_size,
+                cfg.memory_limit,
+                cfg.memory_limit_bytes,
+                progress.message,
+            )
         run.save_checkpoint(0)  # a run is resumable from its first moment
     batch = run.timeline.batch_size(min(step, run.total_steps - 1))
     k = run.follow_batch(batch)
@@ -247,6 +253,12 @@ def describe_phases(run: Run) -> str:
     return "; ".join(parts)
 
 
+def _first_examples(run: Run):
+    """take(m): the first m examples of the first update's batch (what subdivisions=auto probes with)."""
+    cfg = run.cfg
+    return lambda m: first_batch(run.data, cfg.seed, m, cfg.data.shuffle)
+
+
 def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
     """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
     ``batch``: the batch size in force."""
@@ -257,9 +269,10 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
     if cfg.micro_batch_size is not None:
         run.follow_batch(batch)
     elif cfg.auto_subdivisions:
-        x, y = first_batch(run.data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
         run.engine.set_subdivisions(1)
-        choose_subdivisions(run.engine, x, y, cfg.memory_limit, cfg.memory_limit_bytes, progress.message)
+        choose_subdivisions(
+            run.engine, _first_examples(run), batch, cfg.memory_limit, cfg.memory_limit_bytes, progress.message
+        )
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)

@@ -77,6 +77,42 @@ def test_auto_picks_the_fewest_subdivisions_that_fit(tmp_path, repo_root, fake_p
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["subdivisions"] == chosen
 
 
+class ProbedEngine:
+    """What choose_subdivisions needs of an engine: a micro-step of m examples peaks at m MiB."""
+
+    replicas = 1
+
+    def __init__(self, peak):
+        self.peak, self.k = peak, None
+
+    def accumulate(self, x, y, batch):
+        self.peak[0] = int(x.shape[0]) * MiB
+        return tf.constant(0.0)
+
+    def reset(self):
+        pass
+
+    def largest_over_workers(self, k):
+        return k
+
+    def set_subdivisions(self, k):
+        self.k = k
+
+
+def test_the_probe_makes_only_the_micro_batch_it_measures(fake_peak):
+    """The probe's peak is its micro-step's, not the batch's: only the micro-batch probed is made (``take``), as a
+    run's update pulls one at a time. Holding the batch of 64 (1 MiB per example here) would make 40MiB fit no k."""
+    taken = []
+
+    def take(m):
+        taken.append(m)
+        return tf.zeros([m, 2]), tf.zeros([m], tf.int32)
+
+    engine = ProbedEngine(fake_peak)
+    assert memory_module.choose_subdivisions(engine, take, 64, "40MiB", 40 * MiB, lambda line: None) == 2
+    assert taken == [64, 32] and engine.k == 2
+
+
 def test_auto_with_nothing_that_fits(tmp_path, repo_root, fake_peak):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "subdivisions=auto", "memory_limit=512KiB"])
     with pytest.raises(OutOfMemory) as err:
