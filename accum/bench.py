@@ -47,12 +47,7 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
         reader = Reader(run)
 
         def update(i):
-            step = i % run.total_steps
-            iterator, planned = reader.at(step)
-            run.follow_batch(planned.batch_size)
-            out = run.engine.update_from(iterator, planned.n, planned.pulls)
-            reader.pulled()
-            return float(out["loss"])  # waits for the update
+            return float(reader.update(i % run.total_steps)["loss"])  # waits for the update
 
         for i in range(warmup):
             update(i)

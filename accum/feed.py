@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from .batching import micro_bounds
+from .data import epoch_order
 
 
 def empty_like(spec):
@@ -196,11 +197,11 @@ class Reader:
     def __init__(self, run):
         self.run = run
         self.feed, self.next = None, 0
+        self.in_force = None  # the batch size whose k the engine was set for
 
     def at(self, step: int):
-        """(iterator, Planned) of update ``step`` (0-based): pull ``pulls`` elements per local replica."""
-        from .data import epoch_order
-
+        """(iterator, Planned) of update ``step`` (0-based): pull ``pulls`` elements per local replica. The engine's
+        k is set for the update's batch size (``Run.follow_batch``) before its first update at that size."""
         run = self.run
         planned = self.feed.updates[self.next] if self.feed and self.next < len(self.feed.updates) else None
         if planned is None or planned.step != step or planned.k != run.k_for(planned.batch_size):
@@ -218,7 +219,17 @@ class Reader:
             )
             self.next = 0
             planned = self.feed.updates[0]
+        if planned.batch_size != self.in_force:
+            run.follow_batch(planned.batch_size)
+            self.in_force = planned.batch_size
         return self.feed.iterator, planned
+
+    def update(self, step: int, stop: int = 0) -> dict:
+        """Update ``step`` straight from the feed (no memory guard): the engine's record."""
+        iterator, planned = self.at(step)
+        out = self.run.engine.update_from(iterator, planned.n, planned.pulls, stop)
+        self.pulled()
+        return out
 
     def pulled(self) -> None:
         """The update ``at`` gave has pulled its elements and finished."""

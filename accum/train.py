@@ -80,7 +80,6 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         from .keras_loss import load_data
 
         data = load_data(cfg, run_dir if resume else None)  # before anything is written: bad data leaves no trace
-    cfg = cfg.for_data(len(data.train))  # batch_size: all, as the number config.yaml records
     shared_dir = run_dir = Path(run_dir)
     if not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
@@ -318,7 +317,6 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
     loss_sum, applied_examples = log.epoch_losses(epoch + 1) if step > epoch_first else (0.0, 0)
     pending = []
     reader = Reader(run)
-    in_force = None  # the batch size whose k the engine holds
 
     def flush(pending, loss_sum, applied_examples):
         """Write the buffered updates' records; before any checkpoint, which must never count an update that
@@ -334,18 +332,11 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
         return loss_sum, applied_examples, []
 
     while step < epoch_end:
-        iterator, planned = reader.at(step)
+        planned = reader.at(step)[1]
         batch, n = planned.batch_size, planned.n
-        if batch != in_force:  # before the first update at this size
-            run.follow_batch(batch)
-            in_force = batch
         try:
             # A signal to this process goes into the update's all-reduce: every process stops after it.
-            if guard.needed:
-                out = guard.update(reader, step, stop.signum)
-            else:
-                out = engine.update_from(iterator, n, planned.pulls, stop.signum)
-                reader.pulled()
+            out = guard.update(reader, step, stop.signum) if guard.needed else reader.update(step, stop.signum)
         except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
             raise guard.out_of_memory(step, err) from None
         except tf.errors.OpError as err:  # an image that no longer decodes: named, as the data check would
