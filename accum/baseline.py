@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from .engine import Update, _first, _function, _signal, _size
+from .update import Update, _first, _function, _signal, _size
 
 
 class PlainUpdate(Update):

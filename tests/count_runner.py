@@ -11,7 +11,7 @@ import json
 import sys
 
 from accum_train.cli.main import main
-from accum_train.engine import Update
+from accum_train.update import Update
 from helpers import GraphCalls
 
 graph, engines = GraphCalls(setattr), []

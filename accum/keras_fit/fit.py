@@ -23,9 +23,9 @@ import numpy as np
 import tensorflow as tf
 
 from ..batching import k_for_micro_batch
-from ..engine import local_replica_ids
 from ..errors import UserError
 from ..text import traced_error_line
+from ..update import local_replica_ids
 from . import keras_private
 from .batchnorm import pooled
 from .history import FitHistory

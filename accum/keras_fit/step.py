@@ -28,9 +28,9 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from ..engine import Update, _first, _signal
 from ..gradient_cache import REPLICA_LOCAL, GradientCache
 from ..models.containers import _storage
+from ..update import Update, _first, _signal
 from . import keras_private
 from .objective import TOTAL, Objective, Parts
 

@@ -1,0 +1,280 @@
+"""What every update shares, the subdivided one (engine.py), the one-pass baseline (baseline.py) and
+accum_train.fit's (keras_fit/step.py): the update's one all-reduce, then the finite check, clipping and one
+apply (or a skip) in cross-replica context, the dynamic loss scale and the skip counters; and the small
+helpers that hand values to and from the graphs of every strategy. See engine.py for the whole design.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from .batching import micro_bounds
+from .gradient_cache import all_finite
+
+NAN = float("nan")
+SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
+
+
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list:
+    """The global ids of this process's replicas (all of them, except under multi-worker)."""
+    ids = strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant(ctx.replica_id_in_sync_group))
+    return [int(i) for i in strategy.experimental_local_results(ids)]
+
+
+def _first(strategy, structure):
+    """The value of replica 0 of this process (every replica computes the same one)."""
+    return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], structure)
+
+
+def _size(y, n=None):
+    """The global batch size as the graphs take it (a tensor: a Python int would retrace per value)."""
+    return tf.constant(len(tf.nest.flatten(y)[0]) if n is None else int(n), tf.int32)
+
+
+def _rows(structure, start, end):
+    """Examples [start, end) of a batch: a tensor, or a structure of them (targets with sample weights)."""
+    return tf.nest.map_structure(lambda tensor: tensor[start:end], structure)
+
+
+def _examples(structure):
+    """How many examples a batch (or a structure of tensors of one batch) holds."""
+    return tf.shape(tf.nest.flatten(structure)[0])[0]
+
+
+def _signal(stop) -> tf.Tensor:
+    """A stop request as the graphs take it (a tensor: a Python int would retrace per value)."""
+    return tf.constant(int(stop), tf.int32)
+
+
+def _as_given(element, n):
+    """An element that is already (x, y)."""
+    return element
+
+
+def _function(fn, input_signature):
+    kwargs = {"input_signature": input_signature} if input_signature else {"reduce_retracing": True}
+    return tf.function(fn, **kwargs)
+
+
+class Update:
+    """What every engine shares: the one all-reduce, then one clipped apply per update, or a skip.
+
+    ``norm_layers`` are objects with ``deferred``, ``pending.values()``,
+    ``fold(values)`` and ``discard()`` (AccumBatchNorm): the engine defers their
+    moving statistics and folds them in once per applied update, from the sums
+    of every micro-batch on every replica. ``strategy`` None is one device.
+    """
+
+    def __init__(
+        self,
+        variables: Sequence[tf.Variable],
+        optimizer,
+        *,
+        clip_norm: float | None = None,
+        norm_layers=(),
+        strategy: tf.distribute.Strategy | None = None,
+        loss_scale: float | None = None,
+        growth_updates: int = 2000,
+        prepare: Callable | None = None,
+    ):
+        self.strategy = strategy or tf.distribute.get_strategy()
+        # What a micro-step makes of an element pulled from a feed (accum/feed.py): (x, y) as the loss takes
+        # them; inside the micro-step, so that the pipeline holds stored values (uint8), never float inputs.
+        self.prepare = prepare or _as_given
+        self.variables = list(variables)
+        self.optimizer = optimizer
+        self.clip_norm = clip_norm
+        self.norm_layers = list(norm_layers)
+        for layer in self.norm_layers:
+            layer.deferred = True  # moving statistics move once per update, not per micro-batch
+        self.replica_ids = local_replica_ids(self.strategy)
+        with self.strategy.scope():
+            self.bad_updates_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates_in_a_row")
+            self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
+            # Dynamic loss scaling (mixed_float16): ONE scale per update. Every micro-batch is scaled by
+            # it, the accumulated gradient is unscaled once, and it changes only between updates.
+            self.dynamic = loss_scale is not None
+            self.growth_updates = int(growth_updates)
+            self.loss_scale = tf.Variable(float(loss_scale or 1.0), trainable=False, name="loss_scale")
+            self.good_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_updates")
+        self.hold()
+
+    def hold(self) -> None:
+        """Keep the optimizer from all-reducing what apply_gradients gets: the gradients reaching it are already
+        the global sum (the one all-reduce). ``release`` gives it back its own."""
+        if self.optimizer is not None:
+            if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):
+                raise RuntimeError(
+                    "this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
+                    "it from reducing the gradients a second time; use Keras 3.x with TensorFlow"
+                )
+            self.optimizer._all_reduce_sum_gradients = list
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def release(self) -> None:
+        """Give the optimizer back its own all-reduce (a caller's optimizer may train elsewhere after this)."""
+        if self.optimizer is not None and "_all_reduce_sum_gradients" in vars(self.optimizer):
+            del self.optimizer._all_reduce_sum_gradients
+
+    @property
+    def one_process(self) -> bool:
+        """Every replica is in this process (one device, or mirrored): nothing to agree on with others."""
+        return self.replicas == len(self.replica_ids)
+
+    def largest_over_workers(self, value: int) -> int:
+        """The largest ``value`` any worker holds (every worker must call this at the same point)."""
+        if self.one_process:
+            return int(value)
+
+        def every():  # each replica puts its value at its own place: the SUM holds every replica's
+            ctx = tf.distribute.get_replica_context()
+            mine = tf.one_hot(ctx.replica_id_in_sync_group, self.replicas) * float(value)
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
+        return int(tf.reduce_max(_first(self.strategy, tf.function(lambda: self.strategy.run(every))())))
+
+    def learning_rate(self):
+        """The rate the next apply_gradients uses (the schedule at optimizer.iterations)."""
+        return tf.cast(self.optimizer.learning_rate, tf.float32)
+
+    def _shares(self, x, y, n):
+        """Each local replica's contiguous share of the global batch, from this process's examples."""
+        if len(self.replica_ids) == 1 and self.replicas == 1:
+            return x, y  # one device: the batch itself
+        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
+
+        def share(ctx, tensor):
+            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
+            return _rows(tensor, start - offset, end - offset)
+
+        return (
+            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
+            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)),
+        )
+
+    def _scaled(self, loss):
+        """What a micro-batch differentiates: its loss share times the update's loss scale."""
+        return loss * self.loss_scale if self.dynamic else loss
+
+    def _conclude(self, loss, gradients, retry, stop=0):
+        """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context.
+
+        ``stop``: the signal (SIGINT 2, SIGTERM 15; 0: none) this process received. It rides in the same
+        all-reduce, so every process learns after this same update that one of them was asked to stop."""
+        used = [g is not None for g in gradients]
+        reduced = self._all_reduce(self._payload(loss, gradients, retry, stop))
+        return self._settle(reduced["loss"], self._unscaled(reduced["grads"]), reduced, used)
+
+    def _payload(self, loss, gradients, retry, stop=0, extra=None) -> dict:
+        """What the update's one all-reduce carries: gradients (None as zeros), the loss, the BatchNorm sums,
+        the retry flag, the stop request and ``extra`` (any structure of float tensors the caller sums too)."""
+        grads = [
+            tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
+            for g, v in zip(gradients, self.variables * (len(gradients) // max(len(self.variables), 1)))
+        ]
+        stop = tf.convert_to_tensor(stop, tf.int32)
+        return {
+            "grads": grads,
+            "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
+            "loss": loss,
+            "retry": tf.cast(retry, tf.float32),
+            "stop": tf.cast(tf.stack([tf.equal(stop, SIGINT), tf.equal(stop, SIGTERM)]), tf.float32),
+            "extra": extra if extra is not None else {},
+        }
+
+    @staticmethod
+    def _all_reduce(payload: dict) -> dict:
+        """One collective: all_reduce batches the whole structure."""
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, payload)
+
+    def _unscaled(self, grads):
+        """The reduced gradients without the update's loss scale (unscaled once, for the whole update)."""
+        if not self.dynamic:
+            return grads
+        scale = self.loss_scale.read_value()
+        return [g * (1.0 / scale) for g in grads]
+
+    def _settle(self, loss, grads, reduced: dict, used):
+        """Replica context, after the all-reduce: the finite check, clipping, then apply once, skip (not
+        finite) or drop (retry) in cross-replica context; the update's record. ``grads``: the global,
+        unscaled gradients; ``reduced``: the payload as reduced (stats, retry, stop)."""
+        ctx = tf.distribute.get_replica_context()
+        stats, retried = reduced["stats"], reduced["retry"]
+        # SIGTERM (a platform preempting the machine) wins over SIGINT
+        stop = tf.where(reduced["stop"][1] > 0, SIGTERM, tf.where(reduced["stop"][0] > 0, SIGINT, 0))
+        scale = self.loss_scale.read_value()
+        retry = retried > 0  # any replica of any worker asked for it: all drop the update together
+        finite = all_finite(loss, grads)
+        # An overflow of the scaled gradient (the loss itself finite): a smaller scale will fix it.
+        overflow = (
+            tf.logical_and(tf.logical_not(finite), tf.logical_and(tf.math.is_finite(loss), scale > 1.0))
+            if self.dynamic
+            else tf.constant(False)
+        )
+        applied = tf.logical_and(finite, tf.logical_not(retry))
+        norm = tf.linalg.global_norm(grads)
+        if self.clip_norm is not None:
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
+        rate = self.learning_rate()  # read before the apply advances optimizer.iterations
+        ctx.merge_call(self._decide, args=(applied, retry, overflow, tuple(grads), tuple(stats), tuple(used)))
+        for layer in self.norm_layers:
+            layer.discard()
+        nan = tf.constant(NAN)
+        out = {
+            "loss": loss,
+            "grad_norm": tf.where(applied, norm, nan),
+            "applied": applied,
+            "learning_rate": tf.where(applied, rate, nan),
+            "retry": retry,
+            "stop": stop,
+        }
+        if self.dynamic:
+            out.update(loss_scale=scale, overflow=overflow)
+        return out
+
+    def _decide(self, strategy, applied, retry, overflow, grads, stats, used):
+        """Cross-replica context: every replica holds the same decision; the branches hold no collective."""
+
+        def apply():
+            def apply_local(*local):
+                self.optimizer.apply_gradients(
+                    [(tf.cast(g, v.dtype), v) for g, v, u in zip(local, self.variables, used) if u]
+                )
+
+            strategy.extended.call_for_each_replica(apply_local, args=grads)
+            for layer, sums in zip(self.norm_layers, stats):
+                layer.fold(_first(strategy, sums))
+            self.bad_updates_in_a_row.assign(0)
+            if self.dynamic:  # grow after growth_updates applied updates in a row: counted in updates
+                grow = self.good_updates + 1 >= self.growth_updates
+                self.loss_scale.assign(tf.where(grow, self.loss_scale * 2.0, self.loss_scale))
+                self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_updates + 1))
+            return tf.constant(True)
+
+        def skip():  # weights, optimizer state and statistics stay as they were
+            self.skipped_updates.assign_add(1)
+            if not self.dynamic:
+                self.bad_updates_in_a_row.assign_add(1)
+                return tf.constant(False)
+            # An overflow while the scale searches halves it, once for the whole update, and is not a
+            # bad update; anything else (a non-finite loss, or still non-finite at scale 1) is.
+            over = _first(strategy, overflow)
+            self.bad_updates_in_a_row.assign_add(tf.where(over, tf.constant(0, tf.int64), tf.constant(1, tf.int64)))
+            self.loss_scale.assign(tf.where(over, tf.maximum(self.loss_scale / 2.0, 1.0), self.loss_scale))
+            self.good_updates.assign(0)
+            return tf.constant(False)
+
+        return tf.cond(
+            _first(strategy, applied), apply, lambda: tf.cond(_first(strategy, retry), lambda: tf.constant(False), skip)
+        )
+
+    def reset(self):
+        """Forget a half-done update (pooled BatchNorm statistics)."""
+        for layer in self.norm_layers:
+            layer.discard()
