@@ -158,10 +158,22 @@ class AccumulatingUpdate(Update):
             scaled = self._scaled(share)
         return share, tape.gradient(scaled, self.variables)
 
+    def _noise_terms(self, gradients, examples, batch_examples):
+        """[|g_i|^2, 1/b_i, 1] of a micro-batch of b_i = ``examples``, g_i its mean gradient over its own examples
+        (accum/noise.py); zeros for an empty one. Its gradients are of (its loss sum) / n, times the loss scale:
+        g_i is them times n / (b_i x scale). One reduction over gradients already computed, no collective."""
+        squared = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in gradients if g is not None])
+        b = tf.cast(examples, tf.float32)
+        ratio = tf.cast(batch_examples, tf.float32) / tf.maximum(b, 1.0)
+        if self.dynamic:
+            ratio = ratio / self.loss_scale
+        there = tf.cast(examples > 0, tf.float32)
+        return tf.stack([squared * ratio * ratio, 1.0 / tf.maximum(b, 1.0), 1.0]) * there
+
     def _accumulate_micro(self, x, y, batch_examples):
         """Add the gradient of this micro-batch's share of the batch's mean loss."""
         share, gradients = self._micro_gradients(x, y, batch_examples)
-        self.cache.add(gradients, share)
+        self.cache.add(gradients, share, self._noise_terms(gradients, _examples(y), batch_examples))
         return share
 
     def _accumulate_replica(self, x, y, n):
@@ -187,17 +199,19 @@ class AccumulatingUpdate(Update):
         micro-step before it, and each sum still adds in micro-batch order, the order the cache adds in."""
         pending = [layer.pending for layer in self.norm_layers]
 
-        def body(i, element, loss, grads, stats):
+        def body(i, element, loss, grads, stats, noise):
             following = tf.cond(i + 1 < k, lambda: fetch(i + 1), lambda: element)
             with contextlib.ExitStack() as stack:
                 collected = [stack.enter_context(p.collect()) for p in pending]
-                share, micro_grads = self._micro_gradients(*prepare(element, n), n)
+                x, y = prepare(element, n)
+                share, micro_grads = self._micro_gradients(x, y, n)
             grads = [total if g is None else total + tf.cast(g, tf.float32) for total, g in zip(grads, micro_grads)]
             stats = list(stats)  # one [count, sum, sum of squares] per layer
             for j, calls in enumerate(collected):
                 for sums in calls:  # one per call of the layer in this micro-batch
                     stats[j] = [total + s for total, s in zip(stats[j], sums)]
-            return i + 1, following, loss + share, grads, stats
+            noise = noise + self._noise_terms(micro_grads, _examples(y), n)
+            return i + 1, following, loss + share, grads, stats, noise
 
         start = (
             tf.constant(0),
@@ -205,9 +219,12 @@ class AccumulatingUpdate(Update):
             tf.constant(0.0),
             [tf.zeros(v.shape, tf.float32) for v in self.variables],
             [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending],
+            tf.zeros([3]),
         )
-        _, _, loss, grads, stats = tf.while_loop(lambda i, *_: i < k, body, start, parallel_iterations=self.parallel)
-        self.cache.add(grads, loss)
+        _, _, loss, grads, stats, noise = tf.while_loop(
+            lambda i, *_: i < k, body, start, parallel_iterations=self.parallel
+        )
+        self.cache.add(grads, loss, noise)
         for p, sums in zip(pending, stats):
             p.add_sums(sums)
         return loss
@@ -235,7 +252,8 @@ class AccumulatingUpdate(Update):
         return self.strategy.run(self.cache.loss.read_value)
 
     def _finish_replica(self, retry, stop=0):
-        out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry, stop)
+        noise = {"noise": self.cache.noise.read_value()}
+        out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry, stop, noise)
         self.cache.clear()
         return out
 

@@ -26,6 +26,9 @@ class GradientCache:
             for i, v in enumerate(self.variables)
         ]
         self.loss = tf.Variable(0.0, trainable=False, name="loss_cache", **REPLICA_LOCAL)
+        # The gradient noise scale's sums over this replica's micro-batches (accum/noise.py): the squared norm of
+        # each one's mean gradient, 1 / its examples, and how many there were (empty ones count nothing).
+        self.noise = tf.Variable(tf.zeros([3]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
 
     def clear(self):
         # tf.zeros of the shape, not zeros_like(slot): reading a replica-local variable in cross-replica
@@ -33,12 +36,15 @@ class GradientCache:
         for slot in self.slots:
             slot.assign(tf.zeros(slot.shape, slot.dtype))
         self.loss.assign(0.0)
+        self.noise.assign(tf.zeros([3]))
 
-    def add(self, gradients, loss=0.0):
+    def add(self, gradients, loss=0.0, noise=None):
         for slot, grad in zip(self.slots, gradients):
             if grad is not None:  # a variable the loss does not touch keeps a zero gradient
                 slot.assign_add(tf.cast(grad, tf.float32))
         self.loss.assign_add(loss)
+        if noise is not None:
+            self.noise.assign_add(noise)
 
     def gradients(self):
         """This replica's sums (on one device: the cache); read on the host, the sum over replicas."""

@@ -198,14 +198,32 @@ class BatchScaled(keras.optimizers.schedules.LearningRateSchedule):
         return {"starts": self.starts, "factors": self.factors}
 
 
-def run_schedule(cfg: Config, timeline):
+class Followed(keras.optimizers.schedules.LearningRateSchedule):
+    """``base`` times ``factor``, a tf.Variable the run sets to scale_learning_rate's factor for the batch in
+    force: what batch_schedule's rule gives, whose batches are not known before the run makes them."""
+
+    def __init__(self, base, factor: tf.Variable):
+        self.base, self.factor = base, factor
+
+    def __call__(self, step):
+        rate = self.base(step) if callable(self.base) else tf.constant(self.base, tf.float32)
+        return tf.cast(rate, tf.float32) * tf.cast(self.factor, tf.float32)
+
+    def get_config(self):
+        return {"factor": float(self.factor.numpy())}
+
+
+def run_schedule(cfg: Config, timeline, factor: tf.Variable | None = None):
     """The learning rate a run applies at each update: the schedule of optimizer.schedule, times
     scale_learning_rate's factor for the batch in force (``timeline``: accum.timeline.Timeline).
-    One batch size folds the factor into the rate; a batch_schedule multiplies phase by phase. Which of
-    the two depends on the config alone: a constant rate is an optimizer variable and a schedule is not,
-    so a run rebuilt without its training set (evaluate, export) must choose as training did."""
+    One batch size folds the factor into the rate; a batch_schedule multiplies phase by phase; a
+    batch_schedule rule multiplies by ``factor``, the variable the run keeps at the batch in force. Which
+    depends on the config alone: a constant rate is an optimizer variable and a schedule is not, so a run
+    rebuilt without its training set (evaluate, export) must choose as training did."""
     scale, optimizer = cfg.optimizer.scale_learning_rate, cfg.optimizer
-    if scale.rule == "none" or not cfg.batch_schedule:
+    if factor is not None:
+        return Followed(make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps), factor)
+    if scale.rule == "none" or not cfg.batch_changes:
         rate = optimizer.learning_rate * scale.factor(cfg.batch_size)
         return make_schedule(rate, optimizer.schedule, timeline.total_steps)
     base = make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps)

@@ -114,9 +114,31 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         "total_updates": total_updates,
         "learning_rate": _learning_rates(cfg, timeline),
         "phases": _phases(cfg, timeline) if len(timeline.phases) > 1 else None,
+        "noise_scale": _noise_scale(cfg, subdivisions),
     }
     result["warnings"] = _warnings(result, cfg)
     return result
+
+
+def _noise_scale(cfg: Config, subdivisions) -> dict:
+    """Whether each update measures the gradient noise scale (noise.py: it needs two micro-batches or more), how
+    it is averaged, and batch_schedule's rule that follows it."""
+    from .noise import DECAY
+
+    measured = not cfg.baseline and (subdivisions == "auto" or subdivisions >= 2)
+    rule = cfg.batch_rule
+    return {
+        "measured": measured,
+        "decay": DECAY if measured else None,
+        "rule": None
+        if rule is None
+        else {
+            "rule": rule.rule,
+            "max_batch_size": rule.max_batch_size,
+            "every_epochs": rule.every_epochs,
+            "micro_batch_size": cfg.micro_batch_size,
+        },
+    }
 
 
 def _phases(cfg: Config, timeline: Timeline) -> list[dict]:

@@ -205,7 +205,7 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
 
 # An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
 # loss's run has its metrics there).
-EPOCH_SCALARS = ("train_loss", "examples_per_s")
+EPOCH_SCALARS = ("train_loss", "examples_per_s", "noise_scale")
 
 
 def epoch_scalars(record: dict) -> list[str]:
@@ -269,8 +269,12 @@ class MetricsLog:
                             tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
                     continue
                 # a skipped update has no loss, and no rate was applied
-                for key, tag in (("loss", "train/loss"), ("learning_rate", "train/learning_rate")):
-                    if record[key] is not None:
+                for key, tag in (
+                    ("loss", "train/loss"),
+                    ("learning_rate", "train/learning_rate"),
+                    ("noise_scale", "train/noise_scale"),
+                ):
+                    if record.get(key) is not None:
                         tf.summary.scalar(tag, record[key], step=record["step"])
         self.writer.flush()
 
@@ -296,6 +300,8 @@ class MetricsLog:
                 "grad_norm": float(out["grad_norm"]) if applied else None,
                 "skipped": not applied,
             }
+            if "noise_scale" in out:  # the gradient noise scale's running estimate after it (noise.py); or null
+                record["noise_scale"] = out["noise_scale"]
             if "loss_scale" in out:  # mixed_float16: the scale this update used; an overflow skip
                 record.update(loss_scale=float(out["loss_scale"]), overflow=bool(out["overflow"]))
             records.append(record)

@@ -17,7 +17,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from .config import Config
+from .config import BatchChange, Config
 from .errors import ConfigError
 
 
@@ -53,23 +53,33 @@ class Phase:
 class Timeline:
     """The run's updates, epoch by epoch, as segments of one batch size."""
 
-    def __init__(self, cfg: Config, n_train: int):
+    def __init__(self, cfg: Config, n_train: int, grown: tuple = ()):
+        """``grown``: under batch_schedule's rule, the changes it has made so far, ((1-based epoch, batch size),
+        ...); the epochs after the last one are laid out at the batch in force (what ``total_steps`` counts, the
+        most updates the run can still take)."""
         self.n_train, self.epochs = n_train, cfg.epochs
         if cfg.batch_size > n_train > 0:
             raise ConfigError(
                 f"batch_size={cfg.batch_size} is more than the {n_train} training examples: lower it, or set "
                 f"batch_size: all to train on the whole training set as one batch"
             )
-        for change in cfg.batch_schedule:
+        rule = cfg.batch_rule
+        if rule is not None and rule.max_batch_size > n_train > 0:
+            raise ConfigError(
+                f"batch_schedule: max_batch_size={rule.max_batch_size} is more than the {n_train} training "
+                f"examples: lower it"
+            )
+        schedule = cfg.batch_changes or tuple(BatchChange(epoch=e, batch_size=b) for e, b in grown)
+        for change in schedule:
             if change.batch_size > n_train > 0:  # 0: rebuilt without its training set, nothing to lay out
                 start = f"epoch {change.epoch}" if change.epoch is not None else f"step {change.step}"
                 raise ConfigError(
                     f"batch_schedule: batch_size={change.batch_size} (from {start}) is more than the "
                     f"{n_train} training examples: lower it"
                 )
-        by_step = bool(cfg.batch_schedule) and cfg.batch_schedule[0].step is not None
+        by_step = bool(schedule) and schedule[0].step is not None
         # (where, batch): epoch-keyed changes as 0-based epochs, step-keyed ones as updates done
-        changes = [(c.step if by_step else c.epoch - 1, c.batch_size) for c in cfg.batch_schedule]
+        changes = [(c.step if by_step else c.epoch - 1, c.batch_size) for c in schedule]
         self.segments: list[Segment] = []
         step, batch = 0, cfg.batch_size
         pending = list(changes)

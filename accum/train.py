@@ -139,6 +139,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         "baseline": cfg.baseline,
         "precision": cfg.precision,
         "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
+        "noise_scale": run.noise.value(),
         **threads,
     }
     save_weights(run.model.named_weights(), run_dir / "weights.npz")
@@ -197,8 +198,10 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
         progress.message(describe_split(batch, None if cfg.baseline else k, run.replicas))
     elif not cfg.baseline:
         progress.message(describe_split(batch, k))
-    if len(run.timeline.phases) > 1:
+    if len(run.timeline.phases) > 1 and cfg.batch_rule is None:
         progress.message("batch_schedule: " + describe_phases(run))
+    if cfg.baseline or k * run.replicas < 2:
+        progress.message(NO_NOISE_SCALE)
     if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         progress.message(
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
@@ -217,6 +220,9 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
         handle.write(json.dumps(entry) + "\n")
     return step
 
+
+# Said once when no update can measure the gradient noise scale (noise.py); metrics.jsonl then holds null.
+NO_NOISE_SCALE = "noise_scale: none (each update is one micro-batch; the estimate needs two or more: subdivisions >= 2)"
 
 # A run directory's record of its starts and resumes, one JSON line each (appended; informational).
 HISTORY = "history.jsonl"
@@ -345,6 +351,7 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
         step += 1
         epoch_examples += n
         micro_done += planned.pulls
+        out = {**out, "noise_scale": run.noise.add(out, n)}
         pending.append((step, n, out, batch, run.subdivisions))
         bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
         # Any process's signal, as of this update (every process learns it in the same update's all-reduce)
@@ -376,10 +383,12 @@ def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progr
         "step": step,
         "train_loss": loss_sum / applied_examples if applied_examples else None,
         **scores,
+        "noise_scale": run.noise.value(),  # the gradient noise scale as of the epoch's last update (noise.py)
         "elapsed_s": elapsed,
         "examples_per_s": epoch_examples / max(elapsed, 1e-9),
     }
     log.write([record])
+    run.follow_noise(epoch + 1, progress.message)  # batch_schedule's rule: before the checkpoint that keeps it
     run.save_checkpoint(step)
     progress.epoch_end(record)
     return step

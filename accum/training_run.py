@@ -5,6 +5,7 @@ loss), optimizer, engine, evaluation and checkpoint, built once before the first
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from .config import Config
 from .engine import AccumulatingUpdate
 from .errors import RunDirError
 from .losses import cross_entropy
+from .noise import NoiseScale, grown_batch
 from .rundir import checkpoint_numbers, kept_model, newest_intact_checkpoint, pass_over_damaged
 from .timeline import Timeline
 
@@ -34,12 +36,19 @@ class Run:
 
         self.run_dir, self.data = Path(run_dir), data
         self.n_train = len(data.train)
-        cfg = cfg.for_data(self.n_train)
-        self.timeline = Timeline(cfg, self.n_train)
-        self.total_steps = self.timeline.total_steps
+        self.cfg = cfg = cfg.for_data(self.n_train)
+        self._lay_out(())
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
-        self.schedule = schedule = run_schedule(cfg, self.timeline)
+        # batch_schedule's rule: the changes it made ([[1-based epoch, batch size], ...] as JSON, checkpointed:
+        # a resume lays out the epochs before it as they ran) and the learning-rate factor of the batch in force
+        self.rule_changes = self.rate_factor = None
+        if cfg.batch_rule is not None:
+            self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
+            factor = cfg.optimizer.scale_learning_rate.factor(cfg.batch_size)
+            self.rate_factor = tf.Variable(factor, dtype=tf.float32, trainable=False, name="rate_factor")
+        self.noise = NoiseScale()
+        self.schedule = schedule = run_schedule(cfg, self.timeline, self.rate_factor)
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
         model_cfg = kept_model(shared_dir or run_dir, cfg.model)
@@ -99,10 +108,58 @@ class Run:
             tracked["replicas"] = self.saved_replicas
         if self.engine.dynamic:
             tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
+        if not cfg.baseline:
+            tracked.update(self.noise.variables())
+        if self.rule_changes is not None:
+            tracked["rule_changes"] = self.rule_changes
         self.checkpoint = tf.train.Checkpoint(**tracked)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
         )
+
+    def _lay_out(self, grown: tuple) -> None:
+        """The timeline of the run's updates, with batch_schedule rule's changes ``grown`` so far."""
+        self.timeline = Timeline(self.cfg, self.n_train, grown)
+        self.total_steps = self.timeline.total_steps
+
+    @property
+    def grown(self) -> tuple:
+        """batch_schedule rule's changes so far: ((1-based epoch, batch size), ...)."""
+        if self.rule_changes is None:
+            return ()
+        return tuple((int(e), int(b)) for e, b in json.loads(self.rule_changes.numpy().decode()))
+
+    def follow_noise(self, epochs_done: int, say) -> None:
+        """batch_schedule's rule at the end of epoch ``epochs_done`` (1-based): the batch of the epochs from the
+        next on, from the noise scale measured so far (accum/noise.py ``grown_batch``), and its learning rate.
+        Before the epoch's checkpoint, which keeps the change; the same estimate gives the same change on a
+        resume that makes it again."""
+        rule, cfg = self.cfg.batch_rule, self.cfg
+        if rule is None or epochs_done % rule.every_epochs or epochs_done >= cfg.epochs:
+            return
+        before = self.timeline.phases[-1].batch_size
+        noise = self.noise.value()
+        after = grown_batch(noise, before, cfg.micro_batch_size, rule.max_batch_size)
+        shown = "none yet" if noise is None else f"{noise:.0f} examples"
+        if after == before:
+            say(f"noise scale {shown}: batch_size stays {before}")
+            return
+        self.rule_changes.assign(json.dumps([*map(list, self.grown), [epochs_done + 1, after]]))
+        self._lay_out(self.grown)
+        self.rate_factor.assign(cfg.optimizer.scale_learning_rate.factor(after))
+        say(
+            f"noise scale {shown}: batch_size {before} -> {after} from epoch {epochs_done + 1} "
+            f"(k={self.k_for(after)}, learning rate x{self.rate_factor.numpy():.4g} of the configured one)"
+        )
+
+    def _regrow(self, step: int) -> None:
+        """After a restore: the timeline with the rule's restored changes, and the rate of the batch at ``step``."""
+        if self.rule_changes is None:
+            return
+        self._lay_out(self.grown)
+        if self.total_steps:  # a run rebuilt without its training set (evaluate, export) lays out nothing
+            batch = self.timeline.batch_size(min(step, self.total_steps - 1))
+            self.rate_factor.assign(self.cfg.optimizer.scale_learning_rate.factor(batch))
 
     def prepare(self, element, n):
         """Inside a micro-step: a feed's element (accum/feed.py: stored values and where they sit) as the loss
@@ -197,6 +254,7 @@ class Run:
             )
         self.checkpoint.restore(intact).assert_existing_objects_matched()
         self.saved_step = int(self.step.numpy())
+        self._regrow(self.saved_step)
         return self.saved_step
 
     def save_checkpoint(self, step: int) -> None:

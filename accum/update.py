@@ -162,14 +162,17 @@ class Update:
         """What a micro-batch differentiates: its loss share times the update's loss scale."""
         return loss * self.loss_scale if self.dynamic else loss
 
-    def _conclude(self, loss, gradients, retry, stop=0):
+    def _conclude(self, loss, gradients, retry, stop=0, extra=None):
         """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context.
 
         ``stop``: the signal (SIGINT 2, SIGTERM 15; 0: none) this process received. It rides in the same
-        all-reduce, so every process learns after this same update that one of them was asked to stop."""
+        all-reduce, so every process learns after this same update that one of them was asked to stop.
+        ``extra``: a dict of float tensors summed in the same all-reduce and returned in the record (the
+        gradient noise scale's sums, ``noise``)."""
         used = [g is not None for g in gradients]
-        reduced = self._all_reduce(self._payload(loss, gradients, retry, stop))
-        return self._settle(reduced["loss"], self._unscaled(reduced["grads"]), reduced, used)
+        reduced = self._all_reduce(self._payload(loss, gradients, retry, stop, extra))
+        out = self._settle(reduced["loss"], self._unscaled(reduced["grads"]), reduced, used)
+        return {**out, **reduced["extra"]}
 
     def _payload(self, loss, gradients, retry, stop=0, extra=None) -> dict:
         """What the update's one all-reduce carries: gradients (None as zeros), the loss, the BatchNorm sums,

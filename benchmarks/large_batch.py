@@ -13,12 +13,18 @@ Rows, each a fresh `accum-train run` (its own thread pools and allocator):
   (a)         batch B at the reference's rate
   (b)         the linear rule (rate x B/500) with 1 and with 3 epochs of
               warm-up, and the square-root rule (rate x sqrt(B/500))
-  (c)         LAMB at the square-root and at the linear rule's rate
-  (d)         LARS (momentum 0.9, trust coefficient 0.001) at two rates
+  (c)         LAMB tuned over five rates: 1e-3, the reference's 3e-3, the
+              square-root rule's, the linear rule's and twice that
+  (d)         LARS (momentum 0.9, trust coefficient 0.001) at 0.5, 2 and 8
   (e)         batch 500 growing to 4000 (500, 1000, 2000, 4000 from epochs 1,
               5, 7, 9, or later: 1, 6, 8, 10) at the reference's peak rate held
               constant after the warm-up, against the reference's cosine decay
               (Smith et al. 2018)
+  (f)         batch 4000 given the reference's number of updates (8x the
+              epochs), at the best 10-epoch recipe of (a)-(b)
+  (g)         batch_schedule's rule: the batch grown at each epoch's end to
+              the gradient noise scale the run measures (McCandlish et al.
+              2018), from 500 in micro-batches of 250, constant rate or sqrt rule
 Every row at batch B sets model.bn_momentum to 0.9^(B/500): BatchNorm's moving
 statistics move once per update, and this keeps their history as many examples
 long as the reference's (at 0.9, batch 16000's 40 updates left them holding
@@ -100,6 +106,16 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
                 common + ["optimizer.scale_learning_rate={rule: sqrt, base_batch_size: 500}"],
             ),
             (
+                f"{batch}-lamb-0.001",
+                "(c) LAMB at 1e-3",
+                common + ["optimizer.name=lamb", "optimizer.learning_rate=0.001"],
+            ),
+            (
+                f"{batch}-lamb-0.003",
+                "(c) LAMB at the reference's rate",
+                common + ["optimizer.name=lamb", f"optimizer.learning_rate={RATE}"],
+            ),
+            (
                 f"{batch}-lamb-sqrt",
                 "(c) LAMB at the sqrt rule's rate",
                 common + ["optimizer.name=lamb", f"optimizer.learning_rate={sqrt_rate:.6g}"],
@@ -109,9 +125,31 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
                 "(c) LAMB at the linear rule's rate",
                 common + ["optimizer.name=lamb", f"optimizer.learning_rate={linear_rate:.6g}"],
             ),
+            (
+                f"{batch}-lamb-2x-linear",
+                "(c) LAMB at twice the linear rule's rate",
+                common + ["optimizer.name=lamb", f"optimizer.learning_rate={2 * linear_rate:.6g}"],
+            ),
+            (f"{batch}-lars-0.5", "(d) LARS at 0.5", common + ["optimizer.name=lars", "optimizer.learning_rate=0.5"]),
             (f"{batch}-lars-2", "(d) LARS at 2", common + ["optimizer.name=lars", "optimizer.learning_rate=2"]),
             (f"{batch}-lars-8", "(d) LARS at 8", common + ["optimizer.name=lars", "optimizer.learning_rate=8"]),
         ]
+    # (f) batch 4000 given the reference's number of updates (8x its epochs), at the best 10-epoch recipe
+    # of issue 20's table (the linear rule, 3 epochs of warm-up)
+    long_epochs = epochs * 8
+    out.append(
+        (
+            "4000-long",
+            f"(f) batch 4000 for {long_epochs} epochs (the reference's updates), linear rule, 3 epochs warm-up",
+            [
+                "batch_size=4000",
+                f"optimizer.schedule.warmup_steps={warmup(4000, 3)}",
+                f"model.bn_momentum={BN_MOMENTUM**8:.4g}",
+                "optimizer.scale_learning_rate={rule: linear, base_batch_size: 500}",
+                f"epochs={long_epochs}",
+            ],
+        )
+    )
     # (e): the batch doubles where a step schedule would halve the rate; two timings of the doublings
     for name, fractions in (("growing", (0.4, 0.6, 0.8)), ("growing-late", (0.5, 0.7, 0.9))):
         # 10 epochs: 1, 5, 7, 9 and 1, 6, 8, 10; fewer (a quick look): as many doublings as fit
@@ -130,6 +168,20 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
                 ],
             )
         )
+    # (g) the batch grown to the gradient noise scale measured as it trains (batch_schedule's rule, issue 30):
+    # from 500 at each epoch's end, in micro-batches of 250 (two per batch of 500: the estimate needs two or
+    # more), up to 16000; the reference's peak rate held after its warm-up, as (e), or scaled by the sqrt rule
+    rule = "batch_schedule={rule: noise_scale, max_batch_size: 16000}"
+    grown = ["batch_size=500", "micro_batch_size=250", rule, "optimizer.schedule.name=constant"]
+    grown.append(f"optimizer.schedule.warmup_steps={warmup(500)}")
+    out += [
+        ("noise-scale", "(g) batch grown to the measured noise scale, constant rate", grown),
+        (
+            "noise-scale-sqrt",
+            "(g) batch grown to the measured noise scale, sqrt rule",
+            grown + ["optimizer.scale_learning_rate={rule: sqrt, base_batch_size: 500}"],
+        ),
+    ]
     return out
 
 
@@ -152,6 +204,8 @@ def run_row(overrides: list[str], epochs: int, folder: Path) -> dict:
         "process_wall_s": time.time() - started,
         "peak_memory_bytes": summary["peak_memory_bytes"],
         "subdivisions_at_end": summary["subdivisions"],
+        "noise_scale_at_end": summary.get("noise_scale"),
+        "batch_schedule": summary.get("batch_schedule"),
     }
 
 
@@ -224,7 +278,11 @@ def best_by_validation(results: list[dict]) -> dict:
     reference = next((r for r in results if r["row"] == "reference" and r["status"] == "ok"), None)
     best = {}
     for batch in ("4000", "16000"):
-        candidates = [r for r in results if r["row"].startswith(batch + "-") and r["status"] == "ok"]
+        candidates = [
+            r
+            for r in results
+            if r["row"].startswith(batch + "-") and not r["row"].endswith("-long") and r["status"] == "ok"
+        ]
         if not candidates:
             continue
         top = max(candidates, key=lambda r: r["validation_accuracy"])
@@ -233,16 +291,17 @@ def best_by_validation(results: list[dict]) -> dict:
             "test_accuracy": top["test_accuracy"],
             "gap_to_reference": None if reference is None else reference["test_accuracy"] - top["test_accuracy"],
         }
-    grown = [r for r in results if r["row"].startswith("growing") and r["status"] == "ok"]
-    growing = max(grown, key=lambda r: r["validation_accuracy"]) if grown else None
-    if growing and reference:
-        best["growing"] = {
-            "row": growing["row"],
-            "test_accuracy": growing["test_accuracy"],
-            "gap_to_reference": reference["test_accuracy"] - growing["test_accuracy"],
-            "updates": growing["updates"],
-            "reference_updates": reference["updates"],
-        }
+    for group in ("growing", "noise-scale"):
+        grown = [r for r in results if r["row"].startswith(group) and r["status"] == "ok"]
+        top = max(grown, key=lambda r: r["validation_accuracy"]) if grown else None
+        if top and reference:
+            best[group] = {
+                "row": top["row"],
+                "test_accuracy": top["test_accuracy"],
+                "gap_to_reference": reference["test_accuracy"] - top["test_accuracy"],
+                "updates": top["updates"],
+                "reference_updates": reference["updates"],
+            }
     return best
 
 

@@ -145,10 +145,12 @@ def format_plan(result: dict) -> str:
                 )
             )
     else:
+        rule = result["noise_scale"]["rule"]
         lines.append(
             _row(
                 "updates",
-                f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = {result['total_updates']}",
+                f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = {result['total_updates']}"
+                + (" at most (fewer as the batch grows)" if rule else ""),
             )
         )
     if last is None:
@@ -182,7 +184,11 @@ def format_plan(result: dict) -> str:
             + (f" ({', '.join(settings)})" if settings else ""),
         )
     )
-    if schedule == "constant" and not rate["warmup_steps"] and not result["phases"]:
+    if result["noise_scale"]["rule"]:  # the batches, and so the scaled rates, come as the run measures
+        first = rate["first"]
+        grows = f"scaled by the {scaled['rule']} rule to the batch in force" if scaled else "whatever the batch"
+        lines.append(_row("learning rate", f"{_rate(first['value'])} at update 1 (first), then {grows}"))
+    elif schedule == "constant" and not rate["warmup_steps"] and not result["phases"]:
         lines.append(_row("learning rate", f"{_rate(rate['first']['value'])} throughout"))
     else:
         points = [(rate["first"], "first")]
@@ -195,8 +201,36 @@ def format_plan(result: dict) -> str:
                 ", ".join(f"{_rate(p['value'])} at update {p['update']} ({what})" for p, what in points),
             )
         )
+    lines += _noise_lines(result)
     lines += [f"warning: {text}" for text in result["warnings"]]
     return "\n".join(lines)
+
+
+def _noise_lines(result: dict) -> list[str]:
+    """The gradient noise scale's measurement, and batch_schedule's rule that follows it."""
+    noise = result["noise_scale"]
+    if not noise["measured"]:
+        why = "baseline=true has no micro-batches" if result["baseline"] else "each update is one micro-batch"
+        return [_row("noise scale", f"none: {why} (the estimate needs two or more)")]
+    lines = [
+        _row(
+            "noise scale",
+            f"measured each update from its micro-batches (exponential average, decay {noise['decay']:g} per update)",
+        )
+    ]
+    rule = noise["rule"]
+    if rule:
+        scaled = result["learning_rate"]["scaled"]
+        every = "each epoch's end" if rule["every_epochs"] == 1 else f"the end of every {rule['every_epochs']} epochs"
+        lines.append(
+            _row(
+                "batch rule",
+                f"{rule['rule']}: at {every} the batch becomes the noise scale in whole micro-batches of "
+                f"{rule['micro_batch_size']}, from {result['batch_size']} up to {rule['max_batch_size']}; "
+                + (f"learning rate by the {scaled['rule']} rule" if scaled else "learning rate unscaled"),
+            )
+        )
+    return lines
 
 
 @click.command(short_help="Test loss, accuracy and confusion matrix of a trained run.")

@@ -91,6 +91,24 @@ def test_tensorboard_events_hold_the_scalars(smoke_run):
     assert tags["epoch/test_accuracy"] == [47, 94]
 
 
+def test_the_noise_scale_is_in_every_record_and_in_tensorboard(smoke_run):
+    """Each update's record carries the running estimate after it, each epoch's the estimate at its last update,
+    summary.json the last; TensorBoard has both (k = 4 micro-batches: every applied update measures)."""
+    out, _, _ = smoke_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if "loss" in r]
+    epochs = [r for r in records if "elapsed_s" in r]
+    assert all(isinstance(r["noise_scale"], float) and r["noise_scale"] > 0 for r in updates[5:])
+    assert [e["noise_scale"] for e in epochs] == [updates[46]["noise_scale"], updates[93]["noise_scale"]]
+    assert json.loads((out / "summary.json").read_text())["noise_scale"] == epochs[-1]["noise_scale"]
+    tags = {}
+    for event in tf.compat.v1.train.summary_iterator(str(next((out / "tensorboard").glob("events.out.tfevents.*")))):
+        for value in event.summary.value:
+            tags.setdefault(value.tag, []).append(event.step)
+    assert tags["epoch/noise_scale"] == [47, 94]
+    assert tags["train/noise_scale"] == [r["step"] for r in updates if r["noise_scale"] is not None]
+
+
 def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
     out, _, _ = smoke_run
     summary = json.loads((out / "summary.json").read_text())

@@ -193,7 +193,8 @@ BAD = [
     ),
     (
         {"batch_schedule": {"epoch": 2, "batch_size": 800}},
-        "config: batch_schedule={batch_size: 800, epoch: 2} must be a list of mappings, e.g. [{epoch: ...}, ...]",
+        "config: batch_schedule={batch_size: 800, epoch: 2} must be a list of changes, e.g. [{epoch: 6, "
+        "batch_size: 2000}], or a rule, e.g. {rule: noise_scale, max_batch_size: 16000}",
     ),
     (
         {"optimizer": {"scale_learning_rate": {"rule": "square"}}},

@@ -36,6 +36,7 @@ updates        120 per epoch x 30 epochs = 3600
 last batch     none: every batch is full (60000 = 120 x 500)
 optimizer      adam, learning_rate 0.003, schedule cosine (warmup_steps=120, decay_steps=3480)
 learning rate  2.5e-05 at update 1 (first), 0.003 at update 120 (end of warm-up), 6.258e-10 at update 3600 (last)
+noise scale    measured each update from its micro-batches (exponential average, decay 0.95 per update)
 """
 
 SMOKE_5_PLAN = """\
@@ -53,6 +54,7 @@ updates        47 per epoch x 2 epochs = 94
 last batch     56 examples: 56 = 4 x 11 + 1 x 12
 optimizer      adam, learning_rate 0.003, schedule constant
 learning rate  0.003 throughout
+noise scale    measured each update from its micro-batches (exponential average, decay 0.95 per update)
 """
 
 
@@ -270,12 +272,13 @@ def test_warnings_are_printed_after_the_plan(tmp_path, data_dir):
     result = CliRunner().invoke(main, ["plan", str(config)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[-7:] == [
+    assert lines[-8:] == [
         "micro-batches  64 = 16 x 4 (subdivisions=16)",
         "updates        3 per epoch x 10 epochs = 30",
         "last batch     2 examples: 2 = 2 x 1",
         "optimizer      adam, learning_rate 0.001, schedule constant",
         "learning rate  0.001 throughout",
+        "noise scale    measured each update from its micro-batches (exponential average, decay 0.95 per update)",
         "warning: subdivisions=16 is more than the 2 examples of each epoch's last batch: that batch runs as "
         "2 micro-batches of 1",
         f"warning: micro-batches of 4 examples (under 8) {NOISY}, or use fewer subdivisions",

@@ -15,6 +15,7 @@ from ..errors import ConfigError
 from .parse import as_config, config_from_dict, load_config, with_overrides
 from .schema import (
     ADAPTIVE_KEYS,
+    BATCH_RULES,
     DATASET_NAMES,
     DEFAULT_SUBDIVISIONS,
     MAX_BATCH_SIZE,
@@ -29,6 +30,7 @@ from .schema import (
     STRATEGY_NAMES,
     AugmentConfig,
     BatchChange,
+    BatchRule,
     CheckpointConfig,
     Config,
     DataConfig,
@@ -43,6 +45,7 @@ from .wording import parse_size
 
 __all__ = [
     "ADAPTIVE_KEYS",
+    "BATCH_RULES",
     "DATASET_NAMES",
     "DEFAULT_SUBDIVISIONS",
     "MAX_BATCH_SIZE",
@@ -57,6 +60,7 @@ __all__ = [
     "STRATEGY_NAMES",
     "AugmentConfig",
     "BatchChange",
+    "BatchRule",
     "CheckpointConfig",
     "Config",
     "ConfigError",

@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import ConfigError
 from .rules import check_relations, resolve_batches
-from .schema import Config, DataConfig
+from .schema import BatchChange, BatchRule, Config, DataConfig
 from .wording import _came_from_set, _show, _type_word, parse_size
 
 
@@ -210,6 +210,8 @@ def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
 
 
 def _check_value(tp, meta, value, key, where, overridden):
+    if meta.get("choices") == "schedule":  # batch_schedule: a list of changes, or a rule
+        return _check_schedule(value, key, where, overridden)
     optional = False
     if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[int] or int | None
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -294,6 +296,21 @@ def _check_value(tp, meta, value, key, where, overridden):
         raise TypeError(f"unsupported config type {tp!r} for {key}")
     _check_range(value, meta, key, where)
     return value
+
+
+def _check_schedule(value, key: str, where: str, overridden):
+    """batch_schedule: [] or null (none), a list of {epoch or step, batch_size}, or a mapping {rule: ...}."""
+    if value is None:
+        return ()
+    one_change = isinstance(value, dict) and "rule" not in value and {"epoch", "step", "batch_size"} & set(value)
+    if isinstance(value, dict) and not one_change:
+        return _build(BatchRule, value, key + ".", where, overridden)
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ConfigError(
+            f"{where}: {key}={_show(value)} must be a list of changes, e.g. [{{epoch: 6, batch_size: 2000}}], "
+            f"or a rule, e.g. {{rule: noise_scale, max_batch_size: 16000}}"
+        )
+    return _check_list(BatchChange, value, key, where, overridden)
 
 
 def _check_objective(kind: str, value, key: str, where: str):

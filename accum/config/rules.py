@@ -49,6 +49,9 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
             f"which no batch_schedule can grow: give batch_size a number, or remove batch_schedule"
         )
     at = where("batch_schedule")
+    if cfg.batch_rule is not None:
+        _check_rule(cfg, where)
+        return cfg
     for i, change in enumerate(changes):
         if (change.epoch is None) == (change.step is None):
             raise ConfigError(
@@ -78,6 +81,53 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
     return cfg
 
 
+def _check_rule(cfg: Config, where) -> None:
+    """batch_schedule as a rule ({rule: noise_scale, max_batch_size: N}): what it needs of itself and of the
+    keys around it."""
+    rule, at = cfg.batch_rule, where("batch_schedule")
+    if rule.rule is None:
+        raise ConfigError(
+            f"{at}: batch_schedule as a mapping needs rule: noise_scale "
+            f"(e.g. {{rule: noise_scale, max_batch_size: 16000}})"
+        )
+    if rule.max_batch_size is None:
+        raise ConfigError(
+            f"{at}: batch_schedule rule {rule.rule} needs max_batch_size, the largest batch it may grow to "
+            f"(e.g. {{rule: {rule.rule}, max_batch_size: 16000}})"
+        )
+    if cfg.micro_batch_size is None:
+        raise ConfigError(
+            f"{where('batch_schedule', 'subdivisions')}: batch_schedule rule {rule.rule} grows the batch in whole "
+            f"micro-batches: give micro_batch_size (what fits in memory) instead of subdivisions"
+        )
+    if rule.max_batch_size < cfg.batch_size:
+        raise ConfigError(
+            f"{where('batch_schedule', 'batch_size')}: batch_schedule max_batch_size={rule.max_batch_size} is "
+            f"smaller than batch_size={cfg.batch_size} (the rule never shrinks the batch): raise max_batch_size"
+        )
+
+
+def _check_rule_relations(cfg: Config, where) -> None:
+    rule = cfg.batch_rule
+    if rule.every_epochs >= cfg.epochs:
+        raise ConfigError(
+            f"{where('batch_schedule', 'epochs')}: batch_schedule every_epochs={rule.every_epochs} leaves no epoch "
+            f"for the batch to change at (epochs={cfg.epochs}): lower every_epochs or raise epochs"
+        )
+    if cfg.baseline:
+        raise ConfigError(
+            f"{where('batch_schedule', 'baseline')}: batch_schedule rule {rule.rule} measures from the micro-batches "
+            f"of each update, and the baseline has none: set baseline=false or remove batch_schedule"
+        )
+    schedule = cfg.optimizer.schedule
+    if schedule.name != "constant" and schedule.decay_steps is None:
+        raise ConfigError(
+            f"{where('optimizer.schedule.decay_steps', 'batch_schedule')}: optimizer.schedule.name={schedule.name} "
+            f"decays over the run's updates, which batch_schedule rule {rule.rule} does not know before it runs: "
+            f"give optimizer.schedule.decay_steps, or set optimizer.schedule.name=constant"
+        )
+
+
 def check_relations(cfg: Config, source: str, overridden: set) -> None:
     where = _blamer(source, overridden)
 
@@ -100,7 +150,9 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
             f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)"
         )
-    if cfg.batch_schedule:
+    if cfg.batch_rule is not None:
+        _check_rule_relations(cfg, where)
+    if cfg.batch_changes:
         if cfg.auto_subdivisions:
             raise ConfigError(
                 f"{where('subdivisions', 'batch_schedule')}: batch_schedule needs micro_batch_size or a fixed "

@@ -25,6 +25,7 @@ SCHEDULE_NAMES = ("constant", "cosine", "exponential")
 DATASET_NAMES = ("fashion_mnist", "npz", "image_folder", "python")
 STRATEGY_NAMES = ("default", "mirrored", "multi_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+BATCH_RULES = ("noise_scale",)
 
 # subdivisions when neither it nor micro_batch_size is given
 DEFAULT_SUBDIVISIONS = 5
@@ -200,6 +201,22 @@ class BatchChange:
 
 
 @dataclass(frozen=True)
+class BatchRule:
+    rule: str | None = _spec(
+        None,
+        choices=BATCH_RULES,
+        help="noise_scale: at each change the batch becomes the measured gradient noise scale (accum/noise.py), "
+        "rounded to whole micro-batches, never smaller than the batch in force",
+    )
+    max_batch_size: int | None = _spec(
+        None, minimum=1, maximum=MAX_BATCH_SIZE, help="the largest batch the rule may grow to"
+    )
+    every_epochs: int = _spec(
+        1, minimum=1, maximum=MAX_EPOCHS, help="epochs between changes; each change comes at an epoch's end"
+    )
+
+
+@dataclass(frozen=True)
 class AugmentConfig:
     flip: bool = _spec(
         False,
@@ -343,10 +360,12 @@ class Config:
         help="instead of subdivisions: the most examples a device computes at once (what fits); "
         "k = ceil(batch_size / micro_batch_size) per device, and again at each batch_schedule change",
     )
-    batch_schedule: tuple[BatchChange, ...] = _spec(
+    batch_schedule: tuple[BatchChange, ...] | BatchRule = _spec(
         (),
+        choices="schedule",
         help="batch sizes that change during the run, keyed by epoch or by step: "
-        "[{epoch: 1, batch_size: 500}, {epoch: 6, batch_size: 2000}]",
+        "[{epoch: 1, batch_size: 500}, {epoch: 6, batch_size: 2000}]; or a rule that grows the batch as "
+        "training goes: {rule: noise_scale, max_batch_size: 16000} (needs micro_batch_size)",
     )
     epochs: int = _spec(10, minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
     seed: int = _spec(0, minimum=0, maximum=2**31 - 1, help="weights and data order")
@@ -428,8 +447,20 @@ class Config:
         return dataclasses.replace(self, batch_size=train_examples) if self.whole_set else self
 
     @property
+    def batch_rule(self) -> BatchRule | None:
+        """batch_schedule given as a rule ({rule: noise_scale, ...}), else None."""
+        return self.batch_schedule if isinstance(self.batch_schedule, BatchRule) else None
+
+    @property
+    def batch_changes(self) -> tuple[BatchChange, ...]:
+        """batch_schedule given as a list of changes; () for none or a rule."""
+        return () if self.batch_rule is not None else self.batch_schedule
+
+    @property
     def batch_sizes(self) -> tuple[int, ...]:
-        """Every batch size the run uses: batch_size, then batch_schedule's."""
+        """Every batch size the run uses: batch_size, then batch_schedule's (a rule's: the largest it may reach)."""
+        if self.batch_rule is not None:
+            return (self.batch_size, self.batch_rule.max_batch_size or self.batch_size)
         return (self.batch_size, *(change.batch_size for change in self.batch_schedule))
 
     def with_decay_steps(self, decay_steps: int | None) -> Config:
