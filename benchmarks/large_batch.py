@@ -15,7 +15,7 @@ Rows, each a fresh `accum-train run` (its own thread pools and allocator):
               warm-up, and the square-root rule (rate x sqrt(B/500))
   (c)         LAMB tuned over five rates: 1e-3, the reference's 3e-3, the
               square-root rule's, the linear rule's and twice that
-  (d)         LARS (momentum 0.9, trust coefficient 0.001) at 0.5, 2 and 8
+  (d)         LARS (momentum 0.9, trust coefficient 0.001) at 0.5, 2, 8, 16, 32
   (e)         batch 500 growing to 4000 (500, 1000, 2000, 4000 from epochs 1,
               5, 7, 9, or later: 1, 6, 8, 10) at the reference's peak rate held
               constant after the warm-up, against the reference's cosine decay
@@ -133,6 +133,8 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
             (f"{batch}-lars-0.5", "(d) LARS at 0.5", common + ["optimizer.name=lars", "optimizer.learning_rate=0.5"]),
             (f"{batch}-lars-2", "(d) LARS at 2", common + ["optimizer.name=lars", "optimizer.learning_rate=2"]),
             (f"{batch}-lars-8", "(d) LARS at 8", common + ["optimizer.name=lars", "optimizer.learning_rate=8"]),
+            (f"{batch}-lars-16", "(d) LARS at 16", common + ["optimizer.name=lars", "optimizer.learning_rate=16"]),
+            (f"{batch}-lars-32", "(d) LARS at 32", common + ["optimizer.name=lars", "optimizer.learning_rate=32"]),
         ]
     # (f) batch 4000 given the reference's number of updates (8x its epochs), at the best 10-epoch recipe
     # of issue 20's table (the linear rule, 3 epochs of warm-up)

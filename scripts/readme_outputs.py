@@ -1,6 +1,6 @@
-"""Keep the README's command output true: regenerate it from the tool, or check it.
+"""Keep the command output in the README and the docs/ pages true: regenerate it from the tool, or check it.
 
-A block of the README that shows what a command prints stands under a marker
+A block of a page that shows what a command prints stands under a marker
 naming the command:
 
     <!-- output of: accum-train plan configs/fmnist.yaml -->
@@ -9,7 +9,7 @@ naming the command:
     ```
 
 ``<!-- output after the example above: COMMAND -->`` runs COMMAND where the
-README's own-data example (the sh block under "Your own data and model") has
+own-data example (the first sh block of docs/data-and-models.md) has
 just run, in a scratch folder holding a copy of configs/ and scripts/.
 Such a block is predict's table after a training run, whose rounding differs
 from one CPU to another: the check wants the same inputs and predictions and
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MARKER = re.compile(
     r"^<!-- output (?P<where>of|after the example above): (?P<command>.+?) -->\n```\n(?P<body>.*?)```\n", re.M | re.S
 )
-EXAMPLE_HEADING = "## Your own data and model"
+EXAMPLE_HEADING = "# Your data and your model"
 TOLERANCE = 0.02
 
 
@@ -49,6 +49,16 @@ class Block:
     body: str
     start: int  # offsets of the body in the README text
     end: int
+
+
+def pages() -> list:
+    """The pages whose blocks are checked: the README, then every docs/ page."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def all_text() -> str:
+    """Every page, one after another (what the tests read the examples from)."""
+    return "\n".join(page.read_text() for page in pages())
 
 
 def blocks(text: str) -> list:
@@ -133,19 +143,28 @@ def main(args=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="Only compare; exit 1 where a block differs.")
     options = parser.parse_args(args)
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    everything, rewritten, seen, stale_any = all_text(), 0, 0, False
     with tempfile.TemporaryDirectory(prefix="readme-example-") as scratch:
-        printed = outputs(text, blocks(text), Path(scratch))
-    stale = [block for block, out in printed.items() if not same(block.body, out, block.after_example)]
-    for block in stale:
-        print(f"stale: the README's output of {block.command!r}", file=sys.stderr)
+        for page in pages():
+            text = page.read_text()
+            found = blocks(text)
+            if not found:
+                continue
+            # the own-data example may stand on another page than the block that runs after it
+            printed = outputs(everything, found, Path(scratch))
+            stale = [block for block, out in printed.items() if not same(block.body, out, block.after_example)]
+            for block in stale:
+                print(f"stale: {page.relative_to(ROOT)}'s output of {block.command!r}", file=sys.stderr)
+            seen, stale_any = seen + len(printed), stale_any or bool(stale)
+            if options.check or not stale:
+                continue
+            for block in sorted(stale, key=lambda b: -b.start):  # from the end, so earlier offsets stay valid
+                text = text[: block.start] + printed[block] + text[block.end :]
+            page.write_text(text)
+            rewritten += len(stale)
     if options.check:
-        return 1 if stale else 0
-    for block in sorted(stale, key=lambda b: -b.start):  # from the end, so earlier offsets stay valid
-        text = text[: block.start] + printed[block] + text[block.end :]
-    readme.write_text(text)
-    print(f"{len(stale)} of {len(printed)} blocks rewritten")
+        return 1 if stale_any else 0
+    print(f"{rewritten} of {seen} blocks rewritten")
     return 0
 
 

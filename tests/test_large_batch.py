@@ -424,14 +424,13 @@ def test_killed_across_a_change_of_phase_resumes_to_the_uninterrupted_weights(re
     assert steps == list(range(1, 13))
 
 
-def test_the_readme_s_large_batch_configs_are_valid(repo_root):
+def test_the_large_batch_page_s_configs_are_valid(repo_root):
     """The section's YAML examples are configs as written (k and the scaled rate as its text says)."""
     import re
 
     import yaml
 
-    text = (repo_root / "README.md").read_text()
-    section = text[text.index("## Large batches") : text.index("## More than one device")]
+    section = (repo_root / "docs" / "large-batch.md").read_text()
     first, second = [as_config(yaml.safe_load(b)) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
     assert first.subdivisions_for(first.batch_size) == 8
     assert first.optimizer.scale_learning_rate.factor(first.batch_size) == pytest.approx(math.sqrt(8))

@@ -25,7 +25,7 @@ def readme(repo_root):
     module = importlib.util.module_from_spec(spec)
     sys.modules["readme_outputs"] = module
     spec.loader.exec_module(module)
-    return module, (repo_root / "README.md").read_text()
+    return module, module.all_text()
 
 
 def test_every_output_block_names_a_command_of_the_tool(readme):
@@ -118,7 +118,7 @@ def test_the_own_data_example_as_written_prints_the_readme_block(readme, tmp_pat
 
 
 def python_block(repo_root, name: str) -> str:
-    text = (repo_root / "README.md").read_text()
+    text = "\n".join(page.read_text() for page in [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))])
     return text.split(f"<!-- python example: {name} -->\n```python\n", 1)[1].split("```", 1)[0]
 
 
@@ -180,3 +180,44 @@ def test_the_run_example_runs_as_written(repo_root, data_dir, tmp_path):
     accuracy, steps = run_line.removeprefix("run: ").split()
     assert float(accuracy) > 0.5 and int(steps) == 94
     assert json.loads((tmp_path / "runs" / "from-python" / "summary.json").read_text())["steps"] == 94
+
+
+def pages(repo_root):
+    return [repo_root / "README.md", *sorted((repo_root / "docs").rglob("*.md")), repo_root / "CHANGELOG.md"]
+
+
+def test_the_readme_is_short(repo_root):
+    assert len((repo_root / "README.md").read_text().splitlines()) <= 300
+
+
+def test_every_relative_link_resolves(repo_root):
+    """Markdown links to files of the repository (not URLs, not anchors) name files that exist."""
+    import re
+
+    broken = []
+    for page in pages(repo_root):
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(repo_root)}: {target}")
+    assert broken == []
+
+
+def test_the_configuration_page_is_the_schema_s(repo_root):
+    """docs/configuration.md is what scripts/config_reference.py makes of the schema now."""
+    done = subprocess.run(
+        [sys.executable, str(repo_root / "scripts" / "config_reference.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_readme_s_config_is_a_valid_config(repo_root):
+    import yaml
+    from accum_train.config import as_config
+
+    text = (repo_root / "README.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = as_config(yaml.safe_load(block))
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.subdivisions_for(cfg.batch_size)) == (4000, 500, 8)
