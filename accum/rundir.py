@@ -17,32 +17,12 @@ import io
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from .config import Config, as_config, load_config
 from .errors import RunDirError
+from .files import _UMASK, atomic_write
 from .text import first_line
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write then rename: a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a run's files are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def is_run_dir(path: Path) -> bool:

@@ -24,7 +24,8 @@ Rows, each a fresh `accum-train run` (its own thread pools and allocator):
               epochs), at the best 10-epoch recipe of (a)-(b)
   (g)         batch_schedule's rule: the batch grown at each epoch's end to
               the gradient noise scale the run measures (McCandlish et al.
-              2018), from 500 in micro-batches of 250, constant rate or sqrt rule
+              2018), from 500 in micro-batches of 250: constant rate, the sqrt
+              rule, or the reference's cosine over its 990 updates after warm-up
 Every row at batch B sets model.bn_momentum to 0.9^(B/500): BatchNorm's moving
 statistics move once per update, and this keeps their history as many examples
 long as the reference's (at 0.9, batch 16000's 40 updates left them holding
@@ -174,6 +175,7 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
     # from 500 at each epoch's end, in micro-batches of 250 (two per batch of 500: the estimate needs two or
     # more), up to 16000; the reference's peak rate held after its warm-up, as (e), or scaled by the sqrt rule
     rule = "batch_schedule={rule: noise_scale, max_batch_size: 16000}"
+    decay = epochs * math.ceil(TRAIN / 500) - warmup(500)  # the reference's cosine, which the rule cannot size
     grown = ["batch_size=500", "micro_batch_size=250", rule, "optimizer.schedule.name=constant"]
     grown.append(f"optimizer.schedule.warmup_steps={warmup(500)}")
     out += [
@@ -182,6 +184,11 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
             "noise-scale-sqrt",
             "(g) batch grown to the measured noise scale, sqrt rule",
             grown + ["optimizer.scale_learning_rate={rule: sqrt, base_batch_size: 500}"],
+        ),
+        (
+            "noise-scale-cosine",
+            "(g) batch grown to the measured noise scale, the reference's cosine (counted in updates)",
+            grown[:3] + [f"optimizer.schedule.warmup_steps={warmup(500)}", f"optimizer.schedule.decay_steps={decay}"],
         ),
     ]
     return out

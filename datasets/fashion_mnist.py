@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..rundir import atomic_write
+from ..files import atomic_write
 from .base import ArraySplit, Dataset
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -83,7 +83,7 @@ class Checked:
 
     def save(self, run_dir: Path) -> None:
         """The run directory's manifest (the writer calls this once it holds the lock)."""
-        from ..rundir import atomic_write
+        from ..files import atomic_write
 
         atomic_write(Path(run_dir) / MANIFEST, self.manifest)
 
@@ -273,7 +273,7 @@ def _read(path: Path, root: Path, channels: int) -> tuple[dict, bytes]:
 
 def _write_cache(path: Path, manifest: bytes) -> str | None:
     """Write the folder's cache whole; the reason it could not be (the run goes on), or None."""
-    from ..rundir import atomic_write
+    from ..files import atomic_write
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
