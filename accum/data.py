@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .batching import largest_micro_batch
+from .batching import largest_micro_batch, largest_share
 
 
 def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarray:
@@ -39,8 +39,9 @@ def updates_per_epoch(examples: int, batch_size: int) -> int:
 def describe_split(batch_size: int, k: int | None, replicas: int | None = None) -> str:
     """The line a run starts with: how each batch is cut (``k`` None: the baseline, each share in one pass)."""
     if replicas is None:
-        return f"batch_size={batch_size} as {k} micro-batches of {batch_size // k}-{math.ceil(batch_size / k)} examples"
-    share = math.ceil(batch_size / replicas)
+        largest = largest_micro_batch(batch_size, 1, k)
+        return f"batch_size={batch_size} as {k} micro-batches of {batch_size // k}-{largest} examples"
+    share = largest_share(batch_size, replicas)
     cut = (
         "each in one pass (baseline)"
         if k is None

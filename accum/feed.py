@@ -27,13 +27,12 @@ needs no collective per pull to learn whether one is left.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
-from .batching import micro_bounds
+from .batching import largest_share, micro_bounds
 from .data import epoch_order
 
 
@@ -97,7 +96,7 @@ def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> La
         for u in range(segment.updates):
             first = segment.start + u * segment.batch_size
             n = min(segment.batch_size, segment.end - first)
-            pulls = min(k, math.ceil(n / replicas))
+            pulls = min(k, largest_share(n, replicas))
             step = segment.first_step + u
             updates.append(Planned(step, segment.batch_size, n, pulls, k))
             for start, end in pieces(n, pulls, replicas, local, chunk_first):

@@ -12,11 +12,11 @@ same peak over its timed updates.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 
 import tensorflow as tf
 
+from .batching import largest_micro_batch, largest_share
 from .errors import OutOfMemory
 from .text import first_line, mib_text
 
@@ -73,10 +73,9 @@ def choose_subdivisions(
     (a run holds no more: its update pulls one micro-batch at a time), so the
     batch does not count in the probe's peak. Under several workers each
     probes its own device, and all take the largest k any chose."""
-    share = math.ceil(batch / engine.replicas)
-    k = 1
+    share, k = largest_share(batch, engine.replicas), 1
     while True:
-        micro = math.ceil(share / k)
+        micro = largest_micro_batch(batch, engine.replicas, k)
         try:
             x, y = take(micro)
             _, peak = peak_during(lambda x=x, y=y: engine.accumulate(x, y, batch))

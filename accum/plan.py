@@ -13,9 +13,9 @@ the plan cannot drift from what a run does.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
+from .batching import largest_micro_batch
 from .config import Config
 from .data import updates_per_epoch
 from .threads import parallel_micro_steps
@@ -155,7 +155,7 @@ def _phases(cfg: Config, timeline: Timeline) -> list[dict]:
                 "epoch": phase.epoch + 1,
                 "batch_size": phase.batch_size,
                 "subdivisions": k,
-                "micro_batch": math.ceil(phase.batch_size / k),
+                "micro_batch": largest_micro_batch(phase.batch_size, 1, k),
                 "updates_per_epoch": updates_per_epoch(timeline.n_train, phase.batch_size),
                 "learning_rate": learning_rate_at(schedule, phase.step),
             }

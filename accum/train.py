@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from .batching import k_for_micro_batch
 from .config import Config
 from .data import (
     describe_split,
@@ -150,9 +150,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
 def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, replicas: int) -> int:
     """The fewest micro-batches per replica share that keep every micro-batch within the largest one
     ``k_before`` cut on ``replicas_before`` replicas: what a resume on other replicas runs."""
-    micro = largest_micro_batch(batch_size, replicas_before, k_before)
-    share = math.ceil(batch_size / replicas)
-    return max(1, min(math.ceil(share / micro), share))
+    return k_for_micro_batch(batch_size, largest_micro_batch(batch_size, replicas_before, k_before), replicas)
 
 
 def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Progress) -> int:

@@ -6,13 +6,13 @@ loss), optimizer, engine, evaluation and checkpoint, built once before the first
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from .baseline import PlainUpdate
+from .batching import largest_micro_batch
 from .config import Config
 from .engine import AccumulatingUpdate
 from .errors import RunDirError
@@ -191,7 +191,7 @@ class Run:
     @property
     def eval_batch_size(self) -> int:
         # Evaluation holds no gradients: twice a training micro-batch fits where one did.
-        micro = self.cfg.micro_batch_size or math.ceil(self.cfg.batch_size / self.subdivisions)
+        micro = self.cfg.micro_batch_size or largest_micro_batch(self.cfg.batch_size, 1, self.subdivisions)
         return max(2 * micro, 100)
 
     def examples_seen(self, step: int) -> int:

@@ -12,12 +12,12 @@ only after the config has been checked, so those errors come back at once.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
 import click
 
+from ..batching import k_for_micro_batch
 from ..config import load_config
 from ..errors import UserError
 from ..rundir import default_output_dir
@@ -244,7 +244,7 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
             raise UserError("give --subdivisions or --micro-batch-size, not both")
         if micro_sizes is not None:
             sizes = _parse_ks(micro_sizes, "--micro-batch-size", "500,250")
-            values = list(dict.fromkeys(math.ceil(cfg.batch_size / size) for size in sizes))
+            values = list(dict.fromkeys(k_for_micro_batch(cfg.batch_size, size) for size in sizes))
         else:
             values = _parse_ks(ks or "1,2,4,8,16")
         too_many = [k for k in values if k > cfg.batch_size]

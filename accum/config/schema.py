@@ -6,12 +6,11 @@ name what each choice may be, and their implementations check at import that the
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 import yaml
 
-from ..batching import k_for_micro_batch
+from ..batching import k_for_micro_batch, largest_micro_batch
 from .wording import parse_size
 
 # Registries. The implementations live in models.py, optim.py and the datasets
@@ -431,7 +430,7 @@ class Config:
         """The largest micro-batch of the first batch on one device: what memory has to hold."""
         if self.auto_subdivisions:
             raise ValueError("subdivisions=auto has no micro-batch size until the run measures one")
-        return math.ceil(self.batch_size / self.subdivisions_for(self.batch_size))
+        return largest_micro_batch(self.batch_size, 1, self.subdivisions_for(self.batch_size))
 
     @property
     def auto_subdivisions(self) -> bool:
