@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import as_config, with_overrides
+from .config import as_config, override_key, with_overrides
 from .errors import UserError
 from .progress import Progress
 from .rundir import (
@@ -81,7 +81,7 @@ def run(
 
 def _names_strategy(config, overrides) -> bool:
     """Whether this call itself names a strategy (then --workers must agree with it)."""
-    keys = overrides.keys() if isinstance(overrides, dict) else [o.split("=", 1)[0].strip() for o in overrides]
+    keys = overrides.keys() if isinstance(overrides, dict) else [override_key(o) for o in overrides]
     named = any(key == "strategy" or key.startswith("strategy.") for key in keys)
     if isinstance(config, dict):
         return named or "strategy" in config

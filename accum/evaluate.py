@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import load_config
+from .config import load_config, override_key
 from .errors import ConfigError, DataError, RunDirError
 from .rundir import check_output_dir, pyplot, save_figure, write_json, write_result
 from .text import shape_text
@@ -36,7 +36,7 @@ MAX_FIGURE_INCHES = 24.0
 def evaluation_config(run_dir: Path, overrides: Sequence[str] = ()):
     """The run's config with ``--set data.KEY=VALUE`` overrides; any other key is refused."""
     for item in overrides:
-        key = item.partition("=")[0].strip()
+        key = override_key(item)
         if not key.startswith(CHANGEABLE_PREFIX):
             raise ConfigError(
                 f"--set {item}: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
@@ -66,7 +66,7 @@ def _names_text(names, shown: int = 4) -> str:
     return f"[{text}] ({len(names)})"
 
 
-def default_output_dir(run_dir: Path) -> Path:
+def evaluation_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "evaluate"
 
 
@@ -80,7 +80,7 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     info = describe_run(run_dir)  # refuses a directory that is not a run
     cfg = evaluation_config(run_dir, overrides)
     if out_dir is None:
-        out_dir = default_output_dir(run_dir)
+        out_dir = evaluation_dir(run_dir)
         if out_dir.is_dir() and any(out_dir.iterdir()):
             raise RunDirError(
                 f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, or remove it"

@@ -7,6 +7,13 @@ import os
 import tempfile
 from pathlib import Path
 
+
+def user_cache() -> Path:
+    """The tool's folder in the user's cache ($XDG_CACHE_HOME, else ~/.cache): downloads, image checks."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "accum-train"
+
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

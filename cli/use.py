@@ -247,10 +247,10 @@ def evaluate(run_dir, overrides, output_dir, verbose):
     """
     quiet_tensorflow(verbose)
     with exit_codes():
-        from ..evaluate import default_output_dir
         from ..evaluate import evaluate as run_evaluate
+        from ..evaluate import evaluation_dir
 
-        out_dir = Path(output_dir) if output_dir else default_output_dir(run_dir)
+        out_dir = Path(output_dir) if output_dir else evaluation_dir(run_dir)
         result = run_evaluate(run_dir, output_dir, overrides)
     if "correct" not in result:  # a Keras loss's run: its loss and metrics
         click.echo(f"{scores_text(result, 'test')} on {result['test_examples']} examples")

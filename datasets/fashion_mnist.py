@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..files import atomic_write
+from ..files import atomic_write, user_cache
 from .base import ArraySplit, Dataset
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -46,8 +46,7 @@ CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", 
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "accum-train" / "fashion-mnist"
+    return user_cache() / "fashion-mnist"
 
 
 def candidate_dirs(configured: str | None) -> list:

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import user_cache
+
 MANIFEST = "image-checks.npz"  # in a run directory
 CACHE_ENV = "ACCUM_TRAIN_CACHE"
 FORMAT = 1
@@ -49,8 +51,7 @@ def cache_dir() -> Path:
     """Where the per-folder memories live: $ACCUM_TRAIN_CACHE, else the XDG cache folder."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "accum-train"
+    return user_cache()
 
 
 def cache_file(root: Path, channels: int) -> Path:

@@ -116,11 +116,16 @@ def _read_yaml(path: Path) -> Any:
     return {} if data is None else data
 
 
-def _parse_override(item: str):
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
+def override_key(item: str) -> str:
+    """The KEY of a ``KEY=VALUE`` override (one line naming the form when it has none)."""
+    key, sep, _ = item.partition("=")
+    if not sep or not key.strip():
         raise ConfigError(f"--set {item!r} must look like KEY=VALUE, e.g. --set subdivisions=10")
+    return key.strip()
+
+
+def _parse_override(item: str):
+    key, text = override_key(item), item.partition("=")[2]
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
