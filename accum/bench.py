@@ -31,8 +31,9 @@ from pathlib import Path
 from .child import run_child
 from .config import Config, load_config
 from .errors import WorkerFailed
+from .files import atomic_write
 from .progress import Progress
-from .rundir import atomic_write, check_output_dir, pyplot, save_figure, write_result
+from .rundir import check_output_dir, pyplot, save_figure, write_result
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:

@@ -21,8 +21,10 @@ import numpy as np
 from .child import error_message, run_child
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
+from .files import atomic_write
+from .metrics_log import is_epoch_record, read_metrics
 from .progress import Progress
-from .rundir import atomic_write, check_output_dir, is_epoch_record, pyplot, read_metrics, save_figure, write_result
+from .rundir import check_output_dir, pyplot, save_figure, write_result
 
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import RunDirError, UserError
-from .rundir import atomic_write
+from .files import atomic_write
 
 
 def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = False) -> Path:

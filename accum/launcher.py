@@ -33,11 +33,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .checkpoints import checkpoint_numbers
 from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
 from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
+from .files import atomic_write
 from .keras_archive import uses_keras_loss
-from .rundir import atomic_write, check_output_dir, checkpoint_numbers, kept_model, writing
+from .lock import writing
+from .rundir import check_output_dir, kept_model
 
 # The supervisor names a file per worker in this variable; the worker creates it once training begins,
 # which for the chief means that every worker has joined.

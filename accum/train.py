@@ -24,6 +24,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from .batching import k_for_micro_batch
+from .checkpoints import newest_intact_checkpoint
 from .config import Config
 from .data import (
     describe_split,
@@ -32,20 +33,13 @@ from .data import (
 )
 from .errors import Interrupted, TrainingStopped
 from .feed import Reader
+from .files import atomic_write
 from .launcher import RESTARTS, announce_started
+from .lock import writing
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
+from .metrics_log import MetricsLog
 from .progress import Progress
-from .rundir import (
-    MetricsLog,
-    atomic_write,
-    check_output_dir,
-    keep_model_file,
-    kept_model,
-    newest_intact_checkpoint,
-    save_weights,
-    write_json,
-    writing,
-)
+from .rundir import check_output_dir, keep_model_file, kept_model, save_weights, write_json
 from .stopping import StopFlag
 from .training_run import Run
 
@@ -62,7 +56,7 @@ def train(
 
     Under a multi-worker strategy every worker calls this; only the chief writes
     ``run_dir``, the others write their (required) checkpoints to a scratch folder.
-    The chief holds the run directory's writer lock (``rundir.writing``) from
+    The chief holds the run directory's writer lock (``lock.writing``) from
     before its first write to its return."""
     with contextlib.ExitStack() as held:
         return _train(cfg, run_dir, progress, resume, data, strategy, held)

@@ -19,8 +19,25 @@ from .errors import RunDirError
 from .rundir import require_run_dir
 
 
-def load_run(run_dir: Path, data=None, float32: bool = False, say=None):
-    """The ``train.Run`` of ``run_dir`` with its latest weights.
+class Trained:
+    """A trained run read back: its config, data (empty splits unless given), model with the checkpoint's
+    weights, Keras loss (None for the built-in one) and the scores over its splits (``scoring.Scorer``'s
+    methods). No optimizer, engine or checkpoint manager: nothing that trains."""
+
+    def __init__(self, cfg, data, model, keras_loss, subdivisions: int):
+        from .scoring import Scorer, eval_batch_size
+
+        self.cfg, self.data, self.model, self.keras_loss = cfg, data, model, keras_loss
+        self.scorer = Scorer(model, keras_loss, data, lambda: eval_batch_size(cfg, subdivisions))
+        self.test_batches, self.evaluate, self.task_scores = (
+            self.scorer.test_batches,
+            self.scorer.evaluate,
+            self.scorer.task_scores,
+        )
+
+
+def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Trained:
+    """The model of ``run_dir`` with its latest checkpoint's weights, and what scores it.
 
     ``data`` (a loaded Dataset) is needed only to evaluate; without it the
     run's splits are empty and only its model is of use. The model computes
@@ -28,9 +45,13 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None):
     with ``float32`` (export: the weights are float32 in every precision).
     A damaged latest checkpoint is passed over for the newest intact one, in
     one line to ``say`` (default: stderr), and left where it is: a reader
-    changes nothing in the run directory."""
+    changes nothing in the run directory. Only the weights are read."""
+    import tensorflow as tf
+
+    from .checkpoints import latest_intact
     from .datasets.base import ArraySplit, Dataset
-    from .train import Run
+    from .keras_loss import build_with_loss
+    from .rundir import kept_model
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
@@ -50,9 +71,14 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None):
         data = Dataset(
             train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
         )
-    run = Run(cfg, data, run_dir)
-    run.restore_latest(run_dir, say or _to_stderr, flag="")
-    return run
+    intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
+    model, keras_loss = build_with_loss(cfg, data, cfg.precision, kept_model(run_dir, cfg.model))
+    # the run's checkpoint holds the weights under "weights" (training_run.Run): read those, nothing else
+    tf.train.Checkpoint(weights=model.variables).restore(intact).expect_partial().assert_existing_objects_matched()
+    reader = tf.train.load_checkpoint(intact)
+    key = "subdivisions/.ATTRIBUTES/VARIABLE_VALUE"
+    subdivisions = int(reader.get_tensor(key)) if reader.has_tensor(key) else 1  # the baseline keeps none
+    return Trained(cfg, data, model, keras_loss, subdivisions)
 
 
 def _to_stderr(line: str) -> None:

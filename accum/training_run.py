@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
 from .baseline import PlainUpdate
-from .batching import largest_micro_batch
+from .checkpoints import latest_intact
 from .config import Config
 from .engine import AccumulatingUpdate
 from .errors import RunDirError
-from .losses import cross_entropy
 from .noise import NoiseScale, grown_batch
-from .rundir import checkpoint_numbers, kept_model, newest_intact_checkpoint, pass_over_damaged
+from .rundir import kept_model
+from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
 
 
@@ -84,8 +83,7 @@ class Run:
                 parallel=parallel_micro_steps(cfg),
                 **shared,
             )
-        evaluate = self.keras_loss.evaluate_fn() if self.keras_loss else self._evaluate_batch
-        self.evaluate_batch = tf.function(evaluate, input_signature=signature)
+        self.scorer = Scorer(self.model, self.keras_loss, data, lambda: self.eval_batch_size)
         from .augment import Augment
 
         self.augment = Augment(cfg.data.augment, cfg.seed)
@@ -190,67 +188,24 @@ class Run:
 
     @property
     def eval_batch_size(self) -> int:
-        # Evaluation holds no gradients: twice a training micro-batch fits where one did.
-        micro = self.cfg.micro_batch_size or largest_micro_batch(self.cfg.batch_size, 1, self.subdivisions)
-        return max(2 * micro, 100)
+        return eval_batch_size(self.cfg, self.subdivisions)
 
     def examples_seen(self, step: int) -> int:
         """Training examples consumed by the first ``step`` updates."""
         return self.timeline.examples_seen(step)
 
-    def _evaluate_batch(self, x, y):
-        logits = self.model.forward(x, False)
-        return tf.reduce_sum(cross_entropy(y, logits)), tf.argmax(logits, 1, output_type=tf.int32)
-
-    def test_batches(self, split=None):
-        """(loss sum, labels, predicted classes) of each batch of the test split (or ``split``): what
-        evaluate and a confusion matrix sum."""
-        split = self.data.test if split is None else split
-        for x, y in split.batches(np.arange(len(split)), self.eval_batch_size):
-            batch_loss, predicted = self.evaluate_batch(x, y)
-            yield float(batch_loss), y.numpy(), predicted.numpy()
-
-    def evaluate(self, split=None):
-        """(mean loss, accuracy) on the test split (or ``split``: the validation split)."""
-        split = self.data.test if split is None else split
-        loss_sum = correct = 0.0
-        for batch_loss, labels, predicted in self.test_batches(split):
-            loss_sum += batch_loss
-            correct += int(np.sum(labels == predicted))
-        return loss_sum / len(split), correct / len(split)
-
-    def task_scores(self, split) -> dict:
-        """A Keras loss's run: the mean loss and every compiled metric over ``split``."""
-        batches = split.batches(np.arange(len(split)), self.eval_batch_size)
-        return self.keras_loss.scores(batches, len(split), self.evaluate_batch)
-
     def scores(self) -> dict:
-        """test_loss and test_accuracy (none without test examples), and validation_loss and
-        validation_accuracy with data.validation."""
-        scores = {}
-        if self.keras_loss is not None:
-            for prefix, split in (("test", self.data.test), ("validation", self.data.validation)):
-                if split is not None and len(split):
-                    scores.update({f"{prefix}_{name}": value for name, value in self.task_scores(split).items()})
-            return scores
-        if self.data.test is not None and len(self.data.test):
-            scores["test_loss"], scores["test_accuracy"] = self.evaluate()
-        if self.data.validation is not None:
-            scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
-        return scores
+        """The model's test (and validation) scores now (scoring.Scorer)."""
+        return self.scorer.scores()
 
     def restore_latest(self, run_dir: Path, say, repair: bool = False, flag: str = "--resume ", found=None) -> int:
         """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
         newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
         what ``newest_intact_checkpoint`` gave, if the caller looked already."""
-        directory = Path(run_dir) / "checkpoints"
-        if not checkpoint_numbers(directory):
-            raise RunDirError(f"{flag}{run_dir}: no checkpoint in {directory}; start a new run instead")
-        intact, damaged = found or newest_intact_checkpoint(directory, flag)
-        pass_over_damaged(intact, damaged, say, repair)
+        intact, damaged = latest_intact(run_dir, say, repair, flag, found)
         if repair and damaged and self.manager is not None:  # a manager reads the checkpoint list once
             self.manager = tf.train.CheckpointManager(
-                self.checkpoint, str(directory), max_to_keep=self.cfg.checkpoint.keep
+                self.checkpoint, str(Path(run_dir) / "checkpoints"), max_to_keep=self.cfg.checkpoint.keep
             )
         self.checkpoint.restore(intact).assert_existing_objects_matched()
         self.saved_step = int(self.step.numpy())

@@ -313,7 +313,7 @@ def _write_outputs(path: Path, rows: list) -> None:
 
     import numpy as np
 
-    from ..rundir import atomic_write
+    from ..files import atomic_write
 
     if "outputs" in rows[0] and isinstance(rows[0]["outputs"], dict):  # several outputs: outputs_<name>
         arrays = {f"outputs_{k}": np.array([row["outputs"][k] for row in rows], np.float32) for k in rows[0]["outputs"]}

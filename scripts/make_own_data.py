@@ -17,7 +17,7 @@ named after Fashion-MNIST's classes, made safe for file names
     accum-train run configs/smoke.yaml --set data.name=image_folder --set data.path=mydata/images \\
         --set data.channels=1 --set data.train_limit=null --set data.test_limit=null
 
-Every file goes through accum_train.rundir.atomic_write, so an interrupted
+Every file goes through accum_train.files.atomic_write, so an interrupted
 run leaves no half-written file; an existing OUT/fashion.npz or OUT/images is
 refused rather than mixed with.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from accum_train.datasets import fashion_mnist
 from accum_train.errors import UserError
-from accum_train.rundir import atomic_write
+from accum_train.files import atomic_write
 from PIL import Image
 
 

@@ -75,7 +75,7 @@ def arm(point, n):
 
         Run.save_checkpoint = save
     elif point == "metrics":
-        from accum_train.rundir import MetricsLog
+        from accum_train.metrics_log import MetricsLog
 
         real_write = MetricsLog.write
 

@@ -16,7 +16,7 @@ from accum_train.config import AugmentConfig, load_config
 from accum_train.data import epoch_order
 from accum_train.datasets import load
 from accum_train.engine import AccumulatingUpdate
-from accum_train.rundir import read_metrics
+from accum_train.metrics_log import read_metrics
 from accum_train.train import Run, train
 
 N, SIZE = 64, 12

@@ -67,10 +67,16 @@ def tree(path):
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-def test_evaluate_reproduces_the_summary(smoke, tmp_path):
+def test_evaluate_reproduces_the_summary(smoke, tmp_path, monkeypatch):
+    """... and builds no trainer: the model and its weights only (a Run would fail here)."""
     run_dir, summary, run, data = smoke
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("evaluate built a training Run")
+
+    monkeypatch.setattr("accum_train.training_run.Run.__init__", no_trainer)
     result = CliRunner().invoke(main, ["evaluate", str(copy)])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     written = json.loads((copy / "evaluate" / "evaluate.json").read_text())

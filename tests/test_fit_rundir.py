@@ -9,8 +9,9 @@ import keras
 import numpy as np
 import pytest
 from accum_train import UserError
+from accum_train.checkpoints import checkpoint_numbers
 from accum_train.errors import Interrupted
-from accum_train.rundir import checkpoint_numbers, read_metrics
+from accum_train.metrics_log import read_metrics
 
 N, BATCH, K, SEED = 50, 16, 3, 5
 RNG = np.random.default_rng(11)

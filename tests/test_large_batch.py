@@ -410,7 +410,7 @@ def test_killed_across_a_change_of_phase_resumes_to_the_uninterrupted_weights(re
         env={**os.environ, "ACCUM_FAULT": "update:10"},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    from accum_train.rundir import checkpoint_numbers
+    from accum_train.checkpoints import checkpoint_numbers
 
     # the premise: the resume starts inside the segment, before the change (a late kill would test nothing)
     assert checkpoint_numbers(cut / "checkpoints")[0] == 7

@@ -345,7 +345,7 @@ def test_killed_after_the_batch_grew_resumes_to_the_uninterrupted_weights(data_d
     from pathlib import Path
 
     import yaml
-    from accum_train.rundir import checkpoint_numbers
+    from accum_train.checkpoints import checkpoint_numbers
 
     path = tmp_path / "c.yaml"
     rule = {"rule": "noise_scale", "max_batch_size": 192}

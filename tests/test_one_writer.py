@@ -18,7 +18,7 @@ import time
 import pytest
 from accum_train.cli.main import main
 from accum_train.errors import RunDirError
-from accum_train.rundir import LOCK, LOCK_HELD, lock_holder, writing
+from accum_train.lock import LOCK, LOCK_HELD, lock_holder, writing
 from click.testing import CliRunner
 
 # Real processes and whole runs: in the slow suite with the other kill and resume cases (make test-slow).

@@ -12,9 +12,9 @@ from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.engine import AccumulatingUpdate
 from accum_train.losses import sparse_softmax_loss
+from accum_train.metrics_log import read_metrics
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
-from accum_train.rundir import read_metrics
 from accum_train.train import train
 from click.testing import CliRunner
 

@@ -29,18 +29,13 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from ..checkpoints import checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from ..distribute import is_chief
 from ..errors import Interrupted, RunDirError
+from ..files import atomic_write
+from ..lock import LOCK, writing
 from ..models.containers import _storage
-from ..rundir import (
-    LOCK,
-    atomic_write,
-    checkpoint_numbers,
-    newest_intact_checkpoint,
-    pass_over_damaged,
-    write_json,
-    writing,
-)
+from ..rundir import write_json
 from ..stopping import StopFlag
 
 RECORD = "fit.json"

@@ -1,0 +1,127 @@
+"""metrics.jsonl, a run's record of every update and every epoch (one JSON object per line), and the same
+scalars for TensorBoard. The one file appended to: a resumed run drops what follows its checkpoint
+(``MetricsLog.truncate_after``), and every write is flushed to disk before the checkpoint that counts it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from .files import atomic_write
+
+# An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
+# loss's run has its metrics there).
+EPOCH_SCALARS = ("train_loss", "examples_per_s", "noise_scale")
+
+
+def epoch_scalars(record: dict) -> list[str]:
+    return [*EPOCH_SCALARS, *(key for key in record if key.startswith(("test_", "validation_")))]
+
+
+def is_epoch_record(record: dict) -> bool:
+    """An epoch's line of metrics.jsonl (an update's has a "loss")."""
+    return "elapsed_s" in record
+
+
+def read_metrics(path: Path) -> list:
+    """The records of a metrics.jsonl."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class MetricsLog:
+    """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
+
+    def __init__(self, run_dir: Path):
+        import tensorflow as tf
+
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+
+    def truncate_after(self, step: int, epochs_done: int) -> None:
+        """Drop records a resumed run will write again (those after its checkpoint)."""
+        if not self.path.exists():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if is_epoch_record(record):
+                if record["epoch"] <= epochs_done:
+                    keep.append(line)
+            elif record.get("step", 0) <= step:
+                keep.append(line)
+        atomic_write(self.path, "".join(line + "\n" for line in keep).encode())
+
+    def write(self, records) -> None:
+        import tensorflow as tf
+
+        with open(self.path, "a") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())  # before the checkpoint that counts these updates as done
+        with self.writer.as_default():
+            for record in records:
+                if is_epoch_record(record):
+                    for key in epoch_scalars(record):
+                        if isinstance(record.get(key), (int, float)):
+                            tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
+                    continue
+                # a skipped update has no loss, and no rate was applied
+                for key, tag in (
+                    ("loss", "train/loss"),
+                    ("learning_rate", "train/learning_rate"),
+                    ("noise_scale", "train/noise_scale"),
+                ):
+                    if record.get(key) is not None:
+                        tf.summary.scalar(tag, record[key], step=record["step"])
+        self.writer.flush()
+
+    def write_updates(self, pending, timeline) -> tuple:
+        """Records of buffered updates, (step, examples, engine output, batch size in force, k) each; (loss sum,
+        examples) of the applied ones. ``timeline`` (accum.timeline.Timeline) places each update in its epoch."""
+        records = []
+        loss_sum, examples = 0.0, 0
+        for step, n, out, batch_size, k in pending:
+            loss, rate, applied = float(out["loss"]), float(out["learning_rate"]), bool(out["applied"])
+            if applied:
+                loss_sum += loss * n
+                examples += n
+            record = {
+                "epoch": timeline.epoch_of(step - 1) + 1,
+                "step": step,
+                "examples_seen": timeline.examples_seen(step),
+                "batch_size": batch_size,
+                "subdivisions": k,
+                "loss": loss if math.isfinite(loss) else None,
+                "learning_rate": rate if applied else None,  # the rate applied; none if skipped
+                # the global norm of the update's gradient, before clipping
+                "grad_norm": float(out["grad_norm"]) if applied else None,
+                "skipped": not applied,
+            }
+            if "noise_scale" in out:  # the gradient noise scale's running estimate after it (noise.py); or null
+                record["noise_scale"] = out["noise_scale"]
+            if "loss_scale" in out:  # mixed_float16: the scale this update used; an overflow skip
+                record.update(loss_scale=float(out["loss_scale"]), overflow=bool(out["overflow"]))
+            records.append(record)
+        self.write(records)
+        return loss_sum, examples
+
+    def read(self):
+        return read_metrics(self.path) if self.path.exists() else []
+
+    def epoch_losses(self, epoch: int) -> tuple:
+        """(loss sum, examples) of the applied updates logged so far in ``epoch``."""
+        loss_sum, examples, seen = 0.0, 0, 0
+        for record in self.read():
+            if "loss" not in record:
+                continue
+            n, seen = record["examples_seen"] - seen, record["examples_seen"]  # records start at step 1
+            if record["epoch"] == epoch and not record["skipped"]:
+                loss_sum += record["loss"] * n
+                examples += n
+        return loss_sum, examples
