@@ -21,7 +21,7 @@ from .data import updates_per_epoch
 from .threads import parallel_micro_steps
 from .timeline import Timeline
 
-# The threshold: BatchNorm's statistics over fewer examples than this
+# BatchNorm's statistics over fewer examples than this
 # are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
 # shows BatchNorm's error rising quickly below about 8 examples per batch).
 MIN_BATCHNORM_MICRO_BATCH = 8

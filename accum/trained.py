@@ -92,6 +92,6 @@ def describe_run(run_dir: Path) -> dict:
         return json.loads((run_dir / "dataset.json").read_text())
     except FileNotFoundError:
         raise RunDirError(
-            f"{run_dir} has no dataset.json (a run started before runs recorded their data): "
-            f"resume it once with 'accum-train run --resume {run_dir}' to write it"
+            f"{run_dir} has no dataset.json, which every run writes before its first update: it is not a "
+            f"complete run directory (pass the folder a run wrote)"
         ) from None

@@ -100,7 +100,7 @@ class Run:
         if not cfg.baseline:
             tracked["subdivisions"] = self.engine.subdivisions
             # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
-            # (``adapt_subdivisions``). Checkpoints from before it was kept restore none: no change assumed.
+            # (``adapt_subdivisions``).
             with in_scope.scope():
                 self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
             tracked["replicas"] = self.saved_replicas

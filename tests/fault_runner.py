@@ -7,6 +7,7 @@ cleanup, no atexit, like a power cut or the OOM killer):
   checkpoint:N       during the Nth checkpoint save (TensorFlow is writing)
   partial:N          the Nth checkpoint save has left a half-written data file
   after_checkpoint:N right after the Nth checkpoint (e.g. between epochs)
+  pause_checkpoint:N (not a kill) before the Nth checkpoint save, write $ACCUM_FAULT_MARK and wait 60 s
   metrics:N          halfway through the Nth metrics.jsonl line
   weights:1          while weights.npz is being written
 """
@@ -15,6 +16,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 
 import tensorflow as tf
 from accum_train.cli.main import main
@@ -54,6 +57,20 @@ def arm(point, n):
             self.update_from = update_from
 
         AccumulatingUpdate.__init__ = init
+    elif point == "pause_checkpoint":
+        from accum_train.train import Run
+
+        real_save = Run.save_checkpoint
+
+        def save(self, step):
+            if hit():  # say so, then wait (a signal's handler still runs) before the save
+                Path(os.environ["ACCUM_FAULT_MARK"]).write_text(str(step))
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return real_save(self, step)
+
+        Run.save_checkpoint = save
     elif point in ("checkpoint", "partial", "after_checkpoint"):
         from accum_train.train import Run  # late: a multi-worker strategy must come before TensorLayer's import
 

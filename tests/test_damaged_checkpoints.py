@@ -19,8 +19,8 @@ from accum_train.cli.main import main
 from click.testing import CliRunner
 from helpers import update_records
 
-# Real processes and whole runs: in the slow suite with the other kill and resume cases (make test-slow).
-pytestmark = pytest.mark.slow
+# Whole runs: in the slow suite with the other kill and resume cases (make test-slow), but for one cheap case in
+# the default suite (a small MLP: the fallback and the repair, seconds).
 
 SETTINGS = ["data.train_limit=640", "data.test_limit=200", "checkpoint.every_steps=4", "checkpoint.keep=3"]
 DATA = "ckpt-{n}.data-00000-of-00001"
@@ -69,6 +69,7 @@ DAMAGE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, damage, problem", DAMAGE, ids=[d[0] for d in DAMAGE])
 def test_each_kind_of_damage_is_found_and_the_next_checkpoint_used(tmp_path, runs, name, damage, problem):
     directory = tmp_path / "checkpoints"
@@ -93,6 +94,7 @@ def snapshot(folder):
     }
 
 
+@pytest.mark.slow
 def test_resume_past_a_damaged_latest_equals_an_uninterrupted_run(tmp_path, runs):
     run_dir = tmp_path / "run"
     shutil.copytree(runs[0], run_dir)
@@ -117,6 +119,7 @@ def test_resume_past_a_damaged_latest_equals_an_uninterrupted_run(tmp_path, runs
         np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_is_one_line_exit_2_and_nothing_changed(tmp_path, runs):
     run_dir = tmp_path / "run"
     shutil.copytree(runs[0], run_dir)
@@ -135,6 +138,7 @@ def test_no_intact_checkpoint_is_one_line_exit_2_and_nothing_changed(tmp_path, r
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.slow
 def test_readers_use_the_newest_intact_checkpoint_and_move_nothing(tmp_path, runs):
     run_dir = tmp_path / "run"
     shutil.copytree(runs[0], run_dir)
@@ -147,3 +151,24 @@ def test_readers_use_the_newest_intact_checkpoint_and_move_nothing(tmp_path, run
         in result.stderr.splitlines()
     )
     assert snapshot(run_dir) == before
+
+
+def test_a_resume_passes_over_a_damaged_latest_checkpoint_and_moves_it_aside(tmp_path, repo_root):
+    """The default suite's case: a small MLP's latest checkpoint truncated; the resume says so in one line, moves
+    its files to checkpoints/damaged/, goes on from the one before and ends with every update once."""
+    sets = ["model.name=mlp", "model.hidden=32", "data.train_limit=600", "data.test_limit=100", "epochs=2"]
+    sets = [item for s in [*sets, "checkpoint.every_steps=4", "log_every=2"] for item in ("--set", s)]
+    out = tmp_path / "run"
+    assert cli("run", repo_root / "configs" / "smoke.yaml", "--output-dir", out, *sets).exit_code == 0
+    assert checkpoint_numbers(out / "checkpoints") == [20, 16, 12]
+    truncate(out / "checkpoints" / DATA.format(n=20))
+    (out / "summary.json").unlink()  # as if killed after the last checkpoint
+    result = cli("run", "--resume", out)
+    assert result.exit_code == 0, result.output
+    assert (
+        f"checkpoint ckpt-20 is damaged (Read less bytes than requested): using ckpt-16 instead; its files are "
+        f"moved to {out / 'checkpoints' / DAMAGED}" in result.stdout.splitlines()
+    )
+    assert sorted(p.name for p in (out / "checkpoints" / DAMAGED).iterdir()) == [DATA.format(n=20), "ckpt-20.index"]
+    assert [r["step"] for r in update_records(out)] == list(range(1, 21))
+    assert json.loads((out / "summary.json").read_text())["steps"] == 20

@@ -3,6 +3,8 @@ update, metrics.jsonl complete before every checkpoint, the max_bad_updates
 stop at the update that reaches it, the learning rate logged as applied, and
 a schedule that a longer resume does not bend."""
 
+import signal
+
 import pytest
 import tensorflow as tf
 import yaml
@@ -135,3 +137,32 @@ def test_resume_with_more_epochs_keeps_the_schedule_it_started_on(tmp_path, repo
         ).optimizer.schedule.decay_steps
         == 20
     )
+
+
+@pytest.mark.parametrize(
+    "sig, signals, code, line",
+    [
+        (signal.SIGTERM, 1, 143, "stopped by SIGTERM after update 3; checkpoint saved. "),
+        (signal.SIGTERM, 2, 143, "stopped at once by a second SIGTERM; the last checkpoint (update 0) is intact. "),
+        (signal.SIGINT, 2, 130, "stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. "),
+    ],
+)
+def test_signals_in_process_stop_as_they_say_and_resume(tmp_path, repo_root, monkeypatch, sig, signals, code, line):
+    """One SIGTERM (a platform preempting the machine) finishes the update and checkpoints; a second signal of
+    either kind stops at once, the checkpoint before it intact; both resume to the run's end."""
+    import accum_train.cli.main as cli
+    from accum_train.cli.main import main
+    from click.testing import CliRunner
+
+    sets = [item for key in [*SHORT, "epochs=1", "log_every=3"] for item in ("--set", key)]
+    out = tmp_path / "run"
+    monkeypatch.setattr(cli, "BarProgress", lambda show_bar: InterruptAt(1, signals=signals, sig=sig))
+    result = CliRunner().invoke(
+        main, ["run", str(repo_root / "configs" / "smoke.yaml"), *sets, "--output-dir", str(out)]
+    )
+    assert (result.exit_code, result.stderr) == (code, f"{line}Resume with: accum-train run --resume {out}\n")
+    assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith(f"ckpt-{3 if signals == 1 else 0}")
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(main, ["run", "--resume", str(out)])
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["step"] for r in update_records(out)] == list(range(1, 11))

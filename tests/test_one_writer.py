@@ -21,8 +21,8 @@ from accum_train.errors import RunDirError
 from accum_train.lock import LOCK, LOCK_HELD, lock_holder, writing
 from click.testing import CliRunner
 
-# Real processes and whole runs: in the slow suite with the other kill and resume cases (make test-slow).
-pytestmark = pytest.mark.slow
+# The cases with a live writer (a real process and a whole run) are in the slow suite with the other kill and
+# resume cases (make test-slow); the lock's own rules run in the default suite (milliseconds).
 
 SETTINGS = ["data.train_limit=640", "data.test_limit=200", "epochs=2", "checkpoint.every_steps=2"]
 
@@ -70,6 +70,7 @@ def live_writer(tmp_path, repo_root):
         process.stderr.close()
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_and_readers_go_on(live_writer, tmp_path, repo_root):
     run_dir, writer = live_writer
     assert lock_holder(run_dir) == str(writer.pid)
@@ -95,6 +96,7 @@ def test_a_second_writer_is_refused_and_readers_go_on(live_writer, tmp_path, rep
     assert cli("plan", run_dir / "config.yaml").exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_writer_killed_with_9_blocks_no_one(live_writer):
     run_dir, writer = live_writer
     writer.kill()

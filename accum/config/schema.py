@@ -13,7 +13,7 @@ import yaml
 from ..batching import k_for_micro_batch, largest_micro_batch
 from .wording import parse_size
 
-# Registries. The implementations live in models.py, optim.py and the datasets
+# Registries. The implementations live in models/, optim.py and the datasets
 # package; each checks at import that it implements exactly these names, so a
 # config that validates here always finds its implementation.
 MODEL_NAMES = ("seed_convnet", "mlp", "keras_file")
@@ -52,7 +52,7 @@ def _spec(
     return field(default=default, metadata=meta)
 
 
-# seed_convnet's channels at width 1.0 (models.py builds from them; groupnorm's groups are checked against them).
+# seed_convnet's channels at width 1.0 (models/builtin.py builds from them; groupnorm's groups are checked against them).
 SEED_CHANNELS = (128, 256, 384, 512, 640)
 
 
