@@ -141,7 +141,7 @@ def test_a_run_opens_no_listening_socket(tmp_path, repo_root):
 def test_the_checkpoint_list_after_a_damaged_latest_is_what_tensorflow_reads(tmp_path, monkeypatch):
     """A resume past a damaged checkpoint rewrites the 'checkpoint' file (the intact ones, the chosen one last)
     itself: TensorFlow's deprecated writer for it printed a warning into the run's output."""
-    from accum_train import rundir
+    from accum_train import checkpoints
 
     def deprecated(*args, **kwargs):
         raise AssertionError("tf.compat.v1.train.update_checkpoint_state is deprecated: not to be called")
@@ -149,7 +149,7 @@ def test_the_checkpoint_list_after_a_damaged_latest_is_what_tensorflow_reads(tmp
     monkeypatch.setattr(tf.compat.v1.train, "update_checkpoint_state", deprecated)
     for n in (2, 4, 6):
         (tmp_path / f"ckpt-{n}.index").write_bytes(b"")
-    rundir._rewrite_checkpoint_list(tmp_path, 4)
+    checkpoints._rewrite_checkpoint_list(tmp_path, 4)
     state = tf.train.get_checkpoint_state(str(tmp_path))
     assert state.model_checkpoint_path == str(tmp_path / "ckpt-4")
     assert list(state.all_model_checkpoint_paths) == [str(tmp_path / "ckpt-2"), str(tmp_path / "ckpt-4")]
