@@ -6,7 +6,6 @@ helpers that hand values to and from the graphs of every strategy. See engine.py
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -15,7 +14,9 @@ from .batching import micro_bounds
 from .gradient_cache import all_finite
 
 NAN = float("nan")
-SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
+# A stop request is a small integer (0: none; the training loop sends a signal's number): every process learns
+# the largest any process made, after the same update. The engine knows no signals, only the numbers' order.
+STOP_REQUESTS = 65
 
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list:
@@ -165,8 +166,8 @@ class Update:
     def _conclude(self, loss, gradients, retry, stop=0, extra=None):
         """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context.
 
-        ``stop``: the signal (SIGINT 2, SIGTERM 15; 0: none) this process received. It rides in the same
-        all-reduce, so every process learns after this same update that one of them was asked to stop.
+        ``stop``: this process's stop request (an integer below STOP_REQUESTS; 0: none). It rides in the same
+        all-reduce, so every process learns after this same update the largest request any of them made.
         ``extra``: a dict of float tensors summed in the same all-reduce and returned in the record (the
         gradient noise scale's sums, ``noise``)."""
         used = [g is not None for g in gradients]
@@ -187,7 +188,7 @@ class Update:
             "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
             "loss": loss,
             "retry": tf.cast(retry, tf.float32),
-            "stop": tf.cast(tf.stack([tf.equal(stop, SIGINT), tf.equal(stop, SIGTERM)]), tf.float32),
+            "stop": tf.one_hot(stop, STOP_REQUESTS),  # summed: which requests any process made
             "extra": extra if extra is not None else {},
         }
 
@@ -209,8 +210,8 @@ class Update:
         unscaled gradients; ``reduced``: the payload as reduced (stats, retry, stop)."""
         ctx = tf.distribute.get_replica_context()
         stats, retried = reduced["stats"], reduced["retry"]
-        # SIGTERM (a platform preempting the machine) wins over SIGINT
-        stop = tf.where(reduced["stop"][1] > 0, SIGTERM, tf.where(reduced["stop"][0] > 0, SIGINT, 0))
+        # the largest request made (the loop's SIGTERM, 15, a platform preempting the machine, wins over SIGINT, 2)
+        stop = tf.reduce_max(tf.where(reduced["stop"] > 0, tf.range(STOP_REQUESTS), 0))
         scale = self.loss_scale.read_value()
         retry = retried > 0  # any replica of any worker asked for it: all drop the update together
         finite = all_finite(loss, grads)

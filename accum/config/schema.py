@@ -52,7 +52,8 @@ def _spec(
     return field(default=default, metadata=meta)
 
 
-# seed_convnet's channels at width 1.0 (models/builtin.py builds from them; groupnorm's groups are checked against them).
+# seed_convnet's channels at width 1.0 (models/builtin.py builds from them; groupnorm's groups are checked
+# against them).
 SEED_CHANNELS = (128, 256, 384, 512, 640)
 
 
