@@ -43,9 +43,9 @@ class Child:
     error: str  # last_error of its stderr
 
 
-def run_child(command: Sequence[str], *, env: dict | None = None, on_line: Callable[[str], None] | None = None):
+def run_child(command: Sequence[str], *, env: dict | None = None, say: Callable[[str], None] | None = None):
     """Run a command to its end; its exit code, stdout and ``last_error``. Each stdout line is handed to
-    ``on_line`` as it comes; stderr is read beside it, so that neither pipe can fill up and block the child."""
+    ``say`` as it comes; stderr is read beside it, so that neither pipe can fill up and block the child."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     errors: list = []
     reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
@@ -53,8 +53,8 @@ def run_child(command: Sequence[str], *, env: dict | None = None, on_line: Calla
     out = []
     for line in process.stdout:
         out.append(line)
-        if on_line is not None:
-            on_line(line.rstrip("\n"))
+        if say is not None:
+            say(line.rstrip("\n"))
     code = process.wait()
     reader.join()
     return Child(code=code, stdout="".join(out), error=last_error(errors))

@@ -108,7 +108,7 @@ def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progres
         "--quiet",
     ]
     progress.message(f"== {label} ==")
-    child = run_child(command, on_line=lambda line: progress.message(f"  {line.rstrip()}"))
+    child = run_child(command, say=lambda line: progress.message(f"  {line.rstrip()}"))
     if child.code == OutOfMemory.exit_code:
         message = error_message(child.error)  # "out of memory: ...": the reason, as the side printed it
         progress.message(f"  {label} could not run: {message}")

@@ -80,7 +80,7 @@ def worker_command(run_args: Sequence[str], index: int) -> list[str]:
 
 
 class _Worker:
-    def __init__(self, index: int, command: list[str], env: dict, echo: Callable[[str], None]):
+    def __init__(self, index: int, command: list[str], env: dict, say: Callable[[str], None]):
         self.index = index
         self.started_file = Path(env[STARTED_FILE])
         self.errors = collections.deque(maxlen=KEPT_ERROR_LINES)
@@ -88,7 +88,7 @@ class _Worker:
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
         self._readers = [
-            threading.Thread(target=self._read, args=(self.process.stdout, echo), daemon=True),
+            threading.Thread(target=self._read, args=(self.process.stdout, say), daemon=True),
             threading.Thread(target=self._read_errors, args=(self.process.stderr,), daemon=True),
         ]
         for reader in self._readers:
@@ -98,10 +98,10 @@ class _Worker:
     def started(self) -> bool:
         return self.started_file.exists()
 
-    def _read(self, stream, echo):
+    def _read(self, stream, say):
         for line in stream:
             if self.index == 0:
-                echo(line.rstrip("\n"))
+                say(line.rstrip("\n"))
 
     def _read_errors(self, stream):
         self.errors.extend(stream)
@@ -118,17 +118,17 @@ class _Worker:
 
 
 def launch(
-    run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None], env: dict | None = None
+    run_args: Sequence[str], workers: int, timeout_s: float, say: Callable[[str], None], env: dict | None = None
 ) -> tuple:
     """Run the workers to the end; (0, None), or the exit code of the run (OutOfMemory's if a worker ran out of
     memory, a worker's own 130 or 143 if a signal stopped it, else WorkerFailed's) and why it failed. ``env``:
     more variables for every worker."""
     with tempfile.TemporaryDirectory(prefix="accum-train-started-") as flags:
-        return _supervise(run_args, workers, timeout_s, echo, Path(flags), env or {})
+        return _supervise(run_args, workers, timeout_s, say, Path(flags), env or {})
 
 
 def _supervise(
-    run_args: Sequence[str], workers: int, timeout_s: float, echo: Callable[[str], None], flags: Path, extra: dict
+    run_args: Sequence[str], workers: int, timeout_s: float, say: Callable[[str], None], flags: Path, extra: dict
 ):
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
@@ -142,7 +142,7 @@ def _supervise(
             STARTED_FILE: str(flags / f"worker-{index}"),
             **extra,
         }
-        pool.append(_Worker(index, command, env, echo))
+        pool.append(_Worker(index, command, env, say))
     with _forwarding_signals_to(pool[0]):
         return _watch(pool, workers, timeout_s)
 
@@ -233,7 +233,7 @@ def _check_data(config_path: Path, task: bool) -> None:
 
 
 def launch_workers(
-    cfg: Config, run_dir: Path, resume: bool, workers: int, echo: Callable[[str], None], max_restarts: int = 0
+    cfg: Config, run_dir: Path, resume: bool, workers: int, say: Callable[[str], None], max_restarts: int = 0
 ) -> dict:
     """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary.
 
@@ -260,13 +260,13 @@ def launch_workers(
             restarts = 0
             while True:
                 args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
-                code, failure = launch(args, workers, cfg.strategy.worker_timeout_s, echo, {RESTARTS: str(restarts)})
+                code, failure = launch(args, workers, cfg.strategy.worker_timeout_s, say, {RESTARTS: str(restarts)})
                 if code in (0, OutOfMemory.exit_code, *INTERRUPTED_CODES) or restarts >= max_restarts:
                     break
                 restarts += 1
                 # A start that failed before its first checkpoint starts afresh (nothing of it is kept).
                 resume = resume or bool(checkpoint_numbers(Path(run_dir) / "checkpoints"))
-                echo(
+                say(
                     f"{failure}: restarting all {workers} workers from "
                     f"{'the last checkpoint' if resume else 'the start'} (restart {restarts} of {max_restarts})"
                 )

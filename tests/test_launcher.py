@@ -21,7 +21,7 @@ seen = {"launches": []}
 # ACCUM_TEST_CODES: the exit code of each launch in turn (default: one failure); a launch writes the first
 # checkpoint, and a successful one summary.json
 codes = [int(c) for c in os.environ.get("ACCUM_TEST_CODES", "1").split(",")]
-def launch(args, workers, timeout_s, echo, env=None):
+def launch(args, workers, timeout_s, say, env=None):
     seen.update(args=args, workers=workers, timeout_s=timeout_s, config=open(args[0]).read(),
                 tensorflow="tensorflow" in sys.modules)
     seen["launches"].append({"args": args[1:], "env": env})
