@@ -315,17 +315,59 @@ def best_by_validation(results: list[dict]) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = [
-        "| row | recipe | validation accuracy | test accuracy | updates | wall time | TF allocator peak |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
+    """The rows as Markdown: one table per machine and commit they were measured on (each row's ``measured``),
+    named once above it."""
+    groups: dict = {}
     for r in report["rows"]:
-        if r["status"] != "ok":
-            lines.append(f"| {r['row']} | {r['recipe']} | {r['status']} | | | | |")
+        groups.setdefault(r.get("measured", "this run"), []).append(r)
+    out = []
+    for measured, rows in groups.items():
+        lines = [
+            f"Measured on {measured}:",
+            "",
+            "| row | recipe | validation accuracy | test accuracy | updates | wall time | TF allocator peak |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            if r["status"] != "ok":
+                lines.append(f"| {r['row']} | {r['recipe']} | {r['status']} | | | | |")
+                continue
+            lines.append(
+                f"| {r['row']} | {r['recipe']} | {r['validation_accuracy']:.4f} | {r['test_accuracy']:.4f} | "
+                f"{r['updates']} | {r['wall_time_s']:.0f} s | {r['peak_memory_bytes'] / 2**20:.0f} MiB |"
+            )
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+# Issue 30's targets: (what, the rows that compete, chosen on validation, the most test accuracy it may be short of
+# the reference, the most updates as a share of the reference's)
+TARGETS = [
+    ("LAMB or LARS at batch 4000, 10 epochs", ("4000-lamb", "4000-lars"), 0.015, None),
+    ("the noise-scale rule, from batch 500", ("noise-scale",), 0.003, 0.5),
+]
+
+
+def targets(report: dict) -> str:
+    """The targets table: per target the row chosen on validation, its test accuracy against the reference's."""
+    rows = [r for r in report["rows"] if r["status"] == "ok"]
+    reference = next(r for r in rows if r["row"] == "reference")
+    lines = [
+        f"| target | chosen on validation | test accuracy | short of the reference ({reference['test_accuracy']:.4f}) "
+        f"| updates (reference {reference['updates']}) | target | met |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for what, prefixes, short, share in TARGETS:
+        candidates = [r for r in rows if r["row"].startswith(prefixes)]
+        if not candidates:
             continue
+        top = max(candidates, key=lambda r: r["validation_accuracy"])
+        gap = reference["test_accuracy"] - top["test_accuracy"]
+        goal = f"within {short}" + (f", at most {share:.0%} of the updates" if share else "")
+        met = gap <= short and (share is None or top["updates"] <= share * reference["updates"])
         lines.append(
-            f"| {r['row']} | {r['recipe']} | {r['validation_accuracy']:.4f} | {r['test_accuracy']:.4f} | "
-            f"{r['updates']} | {r['wall_time_s']:.0f} s | {r['peak_memory_bytes'] / 2**20:.0f} MiB |"
+            f"| {what} | {top['row']} | {top['test_accuracy']:.4f} | {gap:.4f} | {top['updates']} | {goal} | "
+            f"{'yes' if met else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -221,3 +221,12 @@ def test_the_readme_s_config_is_a_valid_config(repo_root):
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = as_config(yaml.safe_load(block))
     assert (cfg.batch_size, cfg.micro_batch_size, cfg.subdivisions_for(cfg.batch_size)) == (4000, 500, 8)
+
+
+def test_the_results_tables_are_their_json_s(repo_root):
+    """Every table of docs/ generated from a benchmark's JSON (scripts/results_tables.py) says what the JSON says."""
+    done = subprocess.run(
+        [sys.executable, str(repo_root / "scripts" / "results_tables.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "<!-- table from docs/large-batch.json: rows -->" in (repo_root / "docs" / "large-batch.md").read_text()
