@@ -20,14 +20,31 @@ from helpers import GraphCalls, InterruptAt, poison, update_records
 SHORT = ["model.name=mlp", "model.hidden=32", "data.train_limit=600", "data.test_limit=100"]
 
 
+class Said(Progress):
+    def __init__(self):
+        self.lines = []
+
+    def message(self, text):
+        self.lines.append(text)
+
+
 @pytest.mark.parametrize("k", [1, 8])
 def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
-    """Python enters TensorFlow's graphs once per update, whatever k (evaluation and checkpoints aside)."""
-    graph = GraphCalls(monkeypatch.setattr)
+    """Python enters TensorFlow's graphs once per update, whatever k (evaluation and checkpoints aside). And the
+    noise scale's records: k=1 has no estimate (null everywhere, said once), k=8 one from the first update."""
+    from accum_train.train import NO_NOISE_SCALE
+
+    graph, said = GraphCalls(monkeypatch.setattr), Said()
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, f"subdivisions={k}", "epochs=1", "log_every=3"])
-    summary = train(cfg, tmp_path / "run")
+    summary = train(cfg, tmp_path / "run", progress=said)
     assert summary["steps"] == 10
     assert graph.calls == 10
+    estimates = [r["noise_scale"] for r in update_records(tmp_path / "run")]
+    assert said.lines.count(NO_NOISE_SCALE) == (1 if k == 1 else 0)
+    if k == 1:
+        assert estimates == [None] * 10 and summary["noise_scale"] is None
+    else:
+        assert estimates[0] is not None and summary["noise_scale"] == estimates[-1]
 
 
 class KilledAfter(BaseException):

@@ -298,22 +298,6 @@ def read_records(run_dir):
     return [r for r in records if "loss" in r], [r for r in records if "elapsed_s" in r]
 
 
-def test_updates_of_one_micro_batch_record_null_and_say_so_once(data_dir, tmp_path):
-    import yaml
-    from accum_train.cli.main import main
-    from accum_train.train import NO_NOISE_SCALE
-    from click.testing import CliRunner
-
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(small(data_dir, micro_batch_size=None, subdivisions=1, epochs=2)))
-    result = CliRunner().invoke(main, ["run", str(path), "--output-dir", str(tmp_path / "run")])
-    assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines().count(NO_NOISE_SCALE) == 1
-    updates, epochs = read_records(tmp_path / "run")
-    assert len(updates) == 24 and {r["noise_scale"] for r in updates + epochs} == {None}
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["noise_scale"] is None
-
-
 def test_the_rule_grows_the_batch_to_the_noise_scale_in_whole_micro_batches(data_dir, tmp_path):
     """Each epoch's batch is grown_batch of the estimate at the previous epoch's end (at most 192, in micro-batches
     of 16); k and the linearly scaled rate follow it; summary.json lists the batches as run."""
