@@ -1,15 +1,12 @@
-"""The training loop and the run it owns, from start to summary.
+"""A run from its start to its summary: ``train(cfg, run_dir)``.
 
-``train(cfg, run_dir)`` owns a run's start: it loads and checks the data,
-checks the output directory, fixes what is computed from the run's length
-(``Config.resolved``) and writes config.yaml, all before the first update,
-so bad input leaves nothing behind. Then one plain loop: one graph call per
-update, its result read back at once (so a stop for non-finite updates comes
-at the update that reaches max_bad_updates), records flushed to metrics.jsonl
-every ``log_every`` updates and before every checkpoint (so a checkpoint never
-counts an update that metrics.jsonl lacks). ``resume=True`` continues from
-the latest checkpoint with the same data order, reaching the weights an
-uninterrupted run would.
+It loads and checks the data, checks the output directory, fixes what is
+computed from the run's length (``Config.resolved``) and writes config.yaml,
+all before the first update, so bad input leaves nothing behind; starts or
+resumes (``_start``: k for subdivisions=auto, a resume on other replicas);
+hands the loop to trainer.Trainer; writes summary.json and weights.npz.
+``resume=True`` continues from the latest checkpoint with the same data
+order, reaching the weights an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ from .data import (
     first_batch,
     largest_micro_batch,
 )
-from .errors import Interrupted, TrainingStopped
-from .feed import Reader
+from .errors import Interrupted
 from .files import atomic_write
 from .launcher import RESTARTS, announce_started
 from .lock import writing
@@ -41,6 +37,7 @@ from .metrics_log import MetricsLog
 from .progress import Progress
 from .rundir import check_output_dir, keep_model_file, kept_model, save_weights, write_json
 from .stopping import StopFlag
+from .trainer import Trainer
 from .training_run import Run
 
 
@@ -108,8 +105,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
     announce_started()  # to a --workers supervisor: every worker has joined
 
     with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
-        while step < run.total_steps:
-            step = _epoch(run, log, step, stop, progress, guard)
+        step = Trainer(run, log, progress, guard, stop).train(step)
 
     summary = {
         **run.scores(),
@@ -279,108 +275,3 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
         f"learning-rate schedule and update count unchanged"
     )
-
-
-def broken_file(split, indices, err) -> None:
-    """Raise the DataError that names the image file of ``indices`` behind ``err``, if it was one (an image folder
-    whose file changed after the run's check); nothing otherwise."""
-    if hasattr(split, "paths") and len(indices):
-        from .datasets.image_folder import _raise_first_bad
-
-        _raise_first_bad(split.paths[indices], split.input_shape[2], err)
-
-
-def _micro_batches(run: Run, segments, until: int | None = None) -> int:
-    """The micro-batches of the updates of ``segments`` (before update ``until``, if given), as the k each
-    segment's batch has now (what a progress bar counts)."""
-    total = 0
-    for segment in segments:
-        k = run.k_for(segment.batch_size)
-        updates = segment.updates if until is None else max(0, min(segment.updates, until - segment.first_step))
-        for i in range(updates):
-            total += min(k, segment.batch_size, segment.end - segment.start - i * segment.batch_size)
-    return total
-
-
-def _epoch(run: Run, log: MetricsLog, step: int, stop: StopFlag, progress: Progress, guard: MemoryGuard) -> int:
-    """The rest of the epoch that ``step`` (updates done) falls in; the step it ends at."""
-    cfg, timeline, engine = run.cfg, run.timeline, run.engine
-    epoch = timeline.epoch_of(step)
-    epoch_first, epoch_end = timeline.epoch_range(epoch)
-    whole_epoch = timeline.rest_of_epoch(epoch_first)
-    micro_done = _micro_batches(run, whole_epoch, until=step)
-    progress.epoch_start(epoch + 1, cfg.epochs, _micro_batches(run, whole_epoch), micro_done)
-    epoch_started, epoch_examples = time.time(), 0
-    # A run resumed mid-epoch picks up the losses this epoch already logged.
-    loss_sum, applied_examples = log.epoch_losses(epoch + 1) if step > epoch_first else (0.0, 0)
-    pending = []
-    reader = Reader(run)
-
-    def flush(pending, loss_sum, applied_examples):
-        """Write the buffered updates' records; before any checkpoint, which must never count an update that
-        metrics.jsonl lacks."""
-        if pending:
-            flushed = log.write_updates(pending, timeline)
-            loss_sum, applied_examples = loss_sum + flushed[0], applied_examples + flushed[1]
-            progress.updates(
-                micro_done,
-                flushed[0] / flushed[1] if flushed[1] else float("nan"),
-                epoch_examples / max(time.time() - epoch_started, 1e-9),
-            )
-        return loss_sum, applied_examples, []
-
-    while step < epoch_end:
-        planned = reader.at(step)[1]
-        batch, n = planned.batch_size, planned.n
-        try:
-            # A signal to this process goes into the update's all-reduce: every process stops after it.
-            out = guard.update(reader, step, stop.signum) if guard.needed else reader.update(step, stop.signum)
-        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
-            raise guard.out_of_memory(step, err) from None
-        except tf.errors.OpError as err:  # an image that no longer decodes: named, as the data check would
-            broken_file(run.data.train, reader.indices(step), err)
-            raise
-        step += 1
-        epoch_examples += n
-        micro_done += planned.pulls
-        out = {**out, "noise_scale": run.noise.add(out, n)}
-        pending.append((step, n, out, batch, run.subdivisions))
-        bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
-        # Any process's signal, as of this update (every process learns it in the same update's all-reduce)
-        signalled = int(out["stop"])
-        end_of_epoch = step == epoch_end
-        checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
-        if len(pending) >= cfg.log_every or end_of_epoch or checkpoint_due or signalled or bad >= cfg.max_bad_updates:
-            loss_sum, applied_examples, pending = flush(pending, loss_sum, applied_examples)
-        if engine.one_process and stop.signum and not signalled:  # no one to agree with: stop after this update
-            signalled = stop.signum
-            loss_sum, applied_examples, pending = flush(pending, loss_sum, applied_examples)
-        if bad >= cfg.max_bad_updates:
-            run.save_checkpoint(step)  # skipped updates changed nothing: this is the last good state
-            raise TrainingStopped(
-                f"{bad} updates in a row had a non-finite loss or gradient (max_bad_updates="
-                f"{cfg.max_bad_updates}), the last at update {step}; weights are checkpointed as of the last "
-                f"good update: lower optimizer.learning_rate or set optimizer.clip_norm, then resume with "
-                f"--resume {run.run_dir}"
-            )
-        if signalled:
-            run.save_checkpoint(step)
-            raise Interrupted(signalled, run.run_dir, step)
-        if checkpoint_due and not end_of_epoch:
-            run.save_checkpoint(step)
-    scores = run.scores()
-    elapsed = time.time() - epoch_started
-    record = {
-        "epoch": epoch + 1,
-        "step": step,
-        "train_loss": loss_sum / applied_examples if applied_examples else None,
-        **scores,
-        "noise_scale": run.noise.value(),  # the gradient noise scale as of the epoch's last update (noise.py)
-        "elapsed_s": elapsed,
-        "examples_per_s": epoch_examples / max(elapsed, 1e-9),
-    }
-    log.write([record])
-    run.follow_noise(epoch + 1, progress.message)  # batch_schedule's rule: before the checkpoint that keeps it
-    run.save_checkpoint(step)
-    progress.epoch_end(record)
-    return step
