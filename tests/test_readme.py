@@ -230,3 +230,26 @@ def test_the_results_tables_are_their_json_s(repo_root):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "<!-- table from docs/large-batch.json: rows -->" in (repo_root / "docs" / "large-batch.md").read_text()
+
+
+def test_every_documented_command_names_real_commands_and_options(repo_root):
+    """Each `accum-train ...` line of a sh block in the README or docs/ parses: its command and options exist
+    (click parses the whole line before --help answers; an unknown command or option is exit 2)."""
+    import re
+    import shlex
+
+    found = []
+    for page in pages(repo_root):
+        for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
+            for line in block.splitlines():
+                command = line.split(" #", 1)[0].strip()
+                if command.startswith("accum-train "):
+                    found.append((page.name, command))
+    assert len(found) >= 20  # the premise: the pages' commands were found
+    wrong = []
+    for name, command in found:
+        words = [w for w in shlex.split(command)[1:] if w not in ("|", "&&")]
+        result = CliRunner().invoke(main, [*words, "--help"])
+        if result.exit_code != 0:
+            wrong.append(f"{name}: {command}: {result.output.strip().splitlines()[-1:]}")
+    assert wrong == []
