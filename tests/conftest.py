@@ -42,3 +42,26 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+# The files that take longest (measured with --durations), first: pytest-xdist deals files out in collection order
+# (--dist loadfile), and a long file dealt last keeps one process busy while the other has finished.
+FIRST = (
+    "test_export.py",
+    "test_auto_subdivisions.py",
+    "test_keras_file.py",
+    "test_own_data.py",
+    "test_parallel.py",
+    "test_engine.py",
+    "test_cli_run.py",
+    "test_fit_exact.py",
+    "test_readme.py",
+    "test_evaluate_predict.py",
+    "test_feed.py",
+    "test_loop.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(FIRST)))  # stable: the rest keep order

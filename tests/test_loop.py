@@ -161,7 +161,13 @@ def test_resume_with_more_epochs_keeps_the_schedule_it_started_on(tmp_path, repo
     [
         (signal.SIGTERM, 1, 143, "stopped by SIGTERM after update 3; checkpoint saved. "),
         (signal.SIGTERM, 2, 143, "stopped at once by a second SIGTERM; the last checkpoint (update 0) is intact. "),
-        (signal.SIGINT, 2, 130, "stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. "),
+        pytest.param(  # the same path as a second SIGTERM; test_cli_run and test_kills have it too (slow)
+            signal.SIGINT,
+            2,
+            130,
+            "stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. ",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_signals_in_process_stop_as_they_say_and_resume(tmp_path, repo_root, monkeypatch, sig, signals, code, line):
