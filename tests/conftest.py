@@ -59,6 +59,16 @@ FIRST = (
     "test_evaluate_predict.py",
     "test_feed.py",
     "test_loop.py",
+    "test_keras_loss.py",
+    "test_fit_api.py",
+    "test_precision.py",
+    "test_python_data.py",
+    "test_faults.py",
+    "test_large_batch.py",
+    "test_noise_scale.py",
+    "test_groupnorm.py",
+    "test_models.py",
+    "test_image_check.py",
 )
 
 

@@ -138,7 +138,8 @@ def test_summary_and_weights_match_the_last_checkpoint(smoke_run):
 SHORT = ["data.train_limit=600", "data.test_limit=100"]
 
 
-@pytest.mark.parametrize("stop_at", [2, pytest.param(15, marks=pytest.mark.slow)])  # epoch 1, epoch 2
+# epoch 1, epoch 2: both in the slow suite (test_loop's in-process signals and test_kills cover the default one)
+@pytest.mark.parametrize("stop_at", [pytest.param(2, marks=pytest.mark.slow), pytest.param(15, marks=pytest.mark.slow)])
 def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, data_dir, stop_at):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "log_every=1", "optimizer.schedule.name=cosine"])
     full = train(cfg, tmp_path / "full")

@@ -77,6 +77,7 @@ SMOKE = {
 }
 
 
+@pytest.mark.slow  # the full example runs as written in the slow suite too
 def test_the_own_data_example_runs_as_written_at_smoke_size(readme, repo_root, tmp_path, monkeypatch):
     module, text = readme
     commands = module.example_commands(text)
