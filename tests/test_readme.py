@@ -1,8 +1,7 @@
 """The README says what the tool does: its blocks of command output are what the commands print
 (scripts/readme_outputs.py writes them), and its own-data example runs as written.
 
-The example trains for seconds at smoke size in the default suite; the slow suite runs it exactly as
-the README gives it and compares predict's output with the README's block.
+The slow suite runs the example at smoke size and exactly as the page gives it and compares predict's output with the README's block.
 """
 
 import importlib.util
