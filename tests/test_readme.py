@@ -1,7 +1,8 @@
 """The README says what the tool does: its blocks of command output are what the commands print
 (scripts/readme_outputs.py writes them), and its own-data example runs as written.
 
-The slow suite runs the example at smoke size and exactly as the page gives it and compares predict's output with the README's block.
+The slow suite runs the own-data example at smoke size and exactly as its page gives it, and compares
+predict's output with the page's block.
 """
 
 import importlib.util
