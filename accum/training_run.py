@@ -144,7 +144,7 @@ class Run:
             return
         self.rule_changes.assign(json.dumps([*map(list, self.grown), [epochs_done + 1, after]]))
         self._lay_out(self.grown)
-        self.rate_factor.assign(cfg.optimizer.scale_learning_rate.factor(after))
+        self._rate_for(after)
         say(
             f"noise scale {shown}: batch_size {before} -> {after} from epoch {epochs_done + 1} "
             f"(k={self.k_for(after)}, learning rate x{self.rate_factor.numpy():.4g} of the configured one)"
@@ -156,8 +156,11 @@ class Run:
             return
         self._lay_out(self.grown)
         if self.total_steps:  # a run rebuilt without its training set (evaluate, export) lays out nothing
-            batch = self.timeline.batch_size(min(step, self.total_steps - 1))
-            self.rate_factor.assign(self.cfg.optimizer.scale_learning_rate.factor(batch))
+            self._rate_for(self.timeline.batch_size(min(step, self.total_steps - 1)))
+
+    def _rate_for(self, batch_size: int) -> None:
+        """The rule's learning-rate factor: scale_learning_rate's for the batch in force."""
+        self.rate_factor.assign(self.cfg.optimizer.scale_learning_rate.factor(batch_size))
 
     def prepare(self, element, n):
         """Inside a micro-step: a feed's element (accum/feed.py: stored values and where they sit) as the loss
