@@ -13,11 +13,11 @@ reported, not fatal: that is the case subdivisions exist for.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from . import worker
 from .child import error_message, run_child
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
@@ -95,18 +95,7 @@ def score_key(record: dict) -> str | None:
 def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progress) -> dict:
     """Train one side in a fresh process; its summary and curves, or why it could not run."""
     label = "baseline" if baseline else "subdivided"
-    command = [
-        sys.executable,
-        "-m",
-        "accum_train.cli.main",
-        "run",
-        str(config_path),
-        "--set",
-        f"baseline={'true' if baseline else 'false'}",
-        "--output-dir",
-        str(run_dir),
-        "--quiet",
-    ]
+    command = worker.command(str(config_path), "--output-dir", str(run_dir), f"--set=baseline={str(baseline).lower()}")
     progress.message(f"== {label} ==")
     child = run_child(command, say=lambda line: progress.message(f"  {line.rstrip()}"))
     if child.code == OutOfMemory.exit_code:

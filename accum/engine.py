@@ -70,7 +70,7 @@ class AccumulatingUpdate(Update):
     global batch (all of them, except under multi-worker: the shares of its
     replicas, in replica order, see ``data.worker_part``) and ``n``, the
     global batch size. ``shared`` are Update's keyword arguments (clip_norm,
-    norm_layers, strategy, loss_scale, growth_updates).
+    norm_layers, strategy, loss_scale, growth_steps).
     """
 
     def __init__(

@@ -3,8 +3,8 @@
 Every one carries a one-line message and its ``exit_code``, the one place
 the codes are set: UserError 2 (bad input: names what is wrong and how to fix
 it), OutOfMemory 3, TrainingStopped (and WorkerFailed) 1, Interrupted 128 +
-the signal's number. The CLI (``cli/common.exit_codes``) turns them into
-that code and one line; ``compare`` reads a child's code the same way. Any
+the signal's number. ``outcome.ending`` turns them into
+that code and one line (for the CLI and the core's own children); ``compare`` reads a child's code the same way. Any
 other exception is a bug and keeps its traceback.
 """
 
@@ -27,7 +27,7 @@ class RunDirError(UserError):
     """An output or resume directory cannot be used."""
 
 
-# How an OutOfMemory ends a process's stderr (cli/common.py writes it; the launcher reads a worker's).
+# How an OutOfMemory ends a process's stderr (outcome.py writes it; the launcher reads a worker's).
 OUT_OF_MEMORY_LINE = "error: out of memory: "
 
 

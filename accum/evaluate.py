@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import load_config, override_key
+from .config import load_run_config, override_key
 from .errors import ConfigError, DataError, RunDirError
 from .rundir import check_output_dir, pyplot, save_figure, write_json, write_result
 from .text import shape_text
@@ -42,7 +42,7 @@ def evaluation_config(run_dir: Path, overrides: Sequence[str] = ()):
                 f"--set {item}: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
                 f"{key or 'the key'} is part of the trained run"
             )
-    return load_config(Path(run_dir) / "config.yaml", overrides)
+    return load_run_config(run_dir, overrides)
 
 
 def check_compatible(data, info: dict, run_dir: Path) -> None:

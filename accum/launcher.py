@@ -1,7 +1,7 @@
 """``accum-train run --workers N``: N local worker processes under a watchdog.
 
-Each worker is ``accum-train run`` with ``strategy.name=multi_worker`` and a
-TF_CONFIG naming N ports on 127.0.0.1 (worker 0 is the chief and writes the
+Each worker is the core's own training process (``python -m accum_train.worker``)
+with ``strategy.name=multi_worker`` and a TF_CONFIG naming N ports on 127.0.0.1 (worker 0 is the chief and writes the
 run directory). The watchdog stops every worker, within a bounded time, as
 soon as one fails or one has not started training within
 ``strategy.worker_timeout_s``: a missing peer would otherwise leave the others
@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from .checkpoints import checkpoint_numbers
@@ -41,6 +41,7 @@ from .files import atomic_write
 from .keras_archive import uses_keras_loss
 from .lock import writing
 from .rundir import check_output_dir, kept_model
+from .worker import command as training_process
 
 # The supervisor names a file per worker in this variable; the worker creates it once training begins,
 # which for the chief means that every worker has joined.
@@ -62,6 +63,11 @@ def announce_started() -> None:
         Path(path).touch()
 
 
+def worker_command(run_args: list[str], index: int) -> list[str]:
+    """Worker ``index``'s command line (the tests replace one worker through this)."""
+    return training_process(*run_args)
+
+
 def free_ports(count: int) -> list[int]:
     sockets = []
     try:
@@ -73,10 +79,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def worker_command(run_args: Sequence[str], index: int) -> list[str]:
-    return [sys.executable, "-m", "accum_train.cli.main", "run", *run_args]
 
 
 class _Worker:
@@ -118,7 +120,7 @@ class _Worker:
 
 
 def launch(
-    run_args: Sequence[str], workers: int, timeout_s: float, say: Callable[[str], None], env: dict | None = None
+    run_args: list[str], workers: int, timeout_s: float, say: Callable[[str], None], env: dict | None = None
 ) -> tuple:
     """Run the workers to the end; (0, None), or the exit code of the run (OutOfMemory's if a worker ran out of
     memory, a worker's own 130 or 143 if a signal stopped it, else WorkerFailed's) and why it failed. ``env``:
@@ -127,9 +129,7 @@ def launch(
         return _supervise(run_args, workers, timeout_s, say, Path(flags), env or {})
 
 
-def _supervise(
-    run_args: Sequence[str], workers: int, timeout_s: float, say: Callable[[str], None], flags: Path, extra: dict
-):
+def _supervise(run_args: dict, workers: int, timeout_s: float, say: Callable[[str], None], flags: Path, extra: dict):
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     pool = []
@@ -259,7 +259,7 @@ def launch_workers(
         with writing(run_dir, "--resume " if resume else "--output-dir ", for_children=True):
             restarts = 0
             while True:
-                args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir), "--quiet"]
+                args = [str(config_path), "--resume" if resume else "--output-dir", str(run_dir)]
                 code, failure = launch(args, workers, cfg.strategy.worker_timeout_s, say, {RESTARTS: str(restarts)})
                 if code in (0, OutOfMemory.exit_code, *INTERRUPTED_CODES) or restarts >= max_restarts:
                     break

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from .config import Config, as_config, load_config
+from .config import Config, as_config, load_run_config
 from .errors import RunDirError
 from .files import atomic_write
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
@@ -160,10 +160,10 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
     Values resolved when the run started (a schedule's decay_steps) stay as
     resolved, even where the given config leaves them to be computed."""
     run_dir = require_run_dir(run_dir, "--resume")
-    saved = load_config(run_dir / "config.yaml")
+    saved = load_run_config(run_dir)
     if config_path is None and not overrides:
         return saved
-    wanted = as_config(config_path if config_path is not None else run_dir / "config.yaml", overrides)
+    wanted = as_config(config_path, overrides) if config_path is not None else load_run_config(run_dir, overrides)
     wanted = wanted.with_decay_steps(wanted.optimizer.schedule.decay_steps or saved.optimizer.schedule.decay_steps)
     old, new = _flatten(saved.to_dict()), _flatten(wanted.to_dict())
     changed = [k for k in new if old.get(k) != new[k]]

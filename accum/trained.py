@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import LossScaleConfig, load_config
+from .config import LossScaleConfig, load_run_config
 from .errors import RunDirError
 from .rundir import require_run_dir
 
@@ -55,7 +55,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_run_config(run_dir)
     if float32:
         cfg = dataclasses.replace(cfg, precision="float32", loss_scale=LossScaleConfig())
     if data is None and info.get("task") == "keras_loss":  # arrays of the stored dtypes and shapes, no examples

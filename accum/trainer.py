@@ -2,7 +2,7 @@
 
 ``Trainer.train(step)`` runs the epochs from ``step`` (updates done) to the run's
 end. Each update's result is read back at once, so a stop for non-finite
-updates comes at the update that reaches max_bad_updates; records are flushed
+updates comes at the update that reaches max_bad_steps; records are flushed
 to metrics.jsonl every ``log_every`` updates and before every checkpoint (a
 checkpoint never counts an update that metrics.jsonl lacks); a signal to any
 process stops every process after the same update, checkpointed. Where the
@@ -93,17 +93,17 @@ class Trainer:
             or end_of_epoch
             or checkpoint_due
             or signalled
-            or bad >= cfg.max_bad_updates
+            or bad >= cfg.max_bad_steps
         ):
             self._flush(state)
         if run.engine.one_process and self.stop.signum and not signalled:  # no one to agree with: stop now
             signalled = self.stop.signum
             self._flush(state)
-        if bad >= cfg.max_bad_updates:
+        if bad >= cfg.max_bad_steps:
             run.save_checkpoint(step)  # skipped updates changed nothing: this is the last good state
             raise TrainingStopped(
-                f"{bad} updates in a row had a non-finite loss or gradient (max_bad_updates="
-                f"{cfg.max_bad_updates}), the last at update {step}; weights are checkpointed as of the last "
+                f"{bad} updates in a row had a non-finite loss or gradient (max_bad_steps="
+                f"{cfg.max_bad_steps}), the last at update {step}; weights are checkpointed as of the last "
                 f"good update: lower optimizer.learning_rate or set optimizer.clip_norm, then resume with "
                 f"--resume {run.run_dir}"
             )

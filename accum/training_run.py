@@ -61,7 +61,7 @@ class Run:
         variables = self.model.trainable_variables
         scaling = dict(
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
-            growth_updates=cfg.loss_scale.growth_updates,
+            growth_steps=cfg.loss_scale.growth_steps,
         )
         shared = dict(
             clip_norm=cfg.optimizer.clip_norm,

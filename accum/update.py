@@ -78,7 +78,7 @@ class Update:
         norm_layers=(),
         strategy: tf.distribute.Strategy | None = None,
         loss_scale: float | None = None,
-        growth_updates: int = 2000,
+        growth_steps: int = 2000,
         prepare: Callable | None = None,
     ):
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -98,7 +98,7 @@ class Update:
             # Dynamic loss scaling (mixed_float16): ONE scale per update. Every micro-batch is scaled by
             # it, the accumulated gradient is unscaled once, and it changes only between updates.
             self.dynamic = loss_scale is not None
-            self.growth_updates = int(growth_updates)
+            self.growth_steps = int(growth_steps)
             self.loss_scale = tf.Variable(float(loss_scale or 1.0), trainable=False, name="loss_scale")
             self.good_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_updates")
         self.hold()
@@ -255,8 +255,8 @@ class Update:
             for layer, sums in zip(self.norm_layers, stats):
                 layer.fold(_first(strategy, sums))
             self.bad_updates_in_a_row.assign(0)
-            if self.dynamic:  # grow after growth_updates applied updates in a row: counted in updates
-                grow = self.good_updates + 1 >= self.growth_updates
+            if self.dynamic:  # grow after growth_steps applied updates in a row: counted in updates
+                grow = self.good_updates + 1 >= self.growth_steps
                 self.loss_scale.assign(tf.where(grow, self.loss_scale * 2.0, self.loss_scale))
                 self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_updates + 1))
             return tf.constant(True)

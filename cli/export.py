@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
-from .common import exit_codes, quiet_tensorflow, verbose_option
+from ..outcome import ending
+from ..quiet import quiet_tensorflow
+from .common import verbose_option
 
 
 @click.command()
@@ -28,7 +30,7 @@ def export(run_dir, output, overwrite, verbose):
     accum-train export runs/smoke --output smoke.keras --overwrite
     """
     quiet_tensorflow(verbose)
-    with exit_codes():
+    with ending():
         from ..export import export_run
 
         path = export_run(run_dir, output, overwrite)

@@ -4,7 +4,7 @@ Subcommands: ``run`` trains one config, ``compare`` trains the baseline and the
 subdivided run side by side, ``bench`` measures time and memory against k;
 ``plan``, ``evaluate`` and ``predict`` (use.py) and ``export`` (export.py) work
 before and after training. The commands parse flags and print; the core does
-the work, and ``common.exit_codes`` turns how it ended into an exit code.
+the work, and ``outcome.ending`` turns how it ended into an exit code.
 Bad input of any kind (config, data, paths) ends as one line on stderr,
 ``error: ...``, with exit code 2 and nothing written; TensorFlow is imported
 only after the config has been checked, so those errors come back at once.
@@ -20,17 +20,11 @@ import click
 from ..batching import k_for_micro_batch
 from ..config import load_config
 from ..errors import UserError
+from ..outcome import ending, epoch_line, last_line
+from ..quiet import quiet_tensorflow
 from ..rundir import default_output_dir
 from ..text import mib_text
-from .common import (
-    count_option,
-    exit_codes,
-    output_dir_option,
-    quiet_tensorflow,
-    scores_text,
-    set_option,
-    verbose_option,
-)
+from .common import count_option, output_dir_option, set_option, verbose_option
 from .export import export
 from .use import evaluate, plan, predict
 
@@ -79,14 +73,7 @@ class BarProgress:
         if self.bar is not None:
             self.bar.finish()
             self.bar = None
-        train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
-        scores = "".join(
-            f"{text}, " for text in (scores_text(record, "validation"), scores_text(record, "test")) if text
-        )
-        click.echo(
-            f"epoch {record['epoch']}/{self.epochs}: train loss {train_loss}, {scores}"
-            f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s"
-        )
+        click.echo(epoch_line(record, self.epochs))
 
     def message(self, text):
         click.echo(text)
@@ -145,7 +132,7 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts,
     if output_dir is None and resume_dir is None and config is not None:
         output_dir = default_output_dir(config)
     run_dir = resume_dir or output_dir
-    with exit_codes():
+    with ending():
         summary = run_api(
             config,
             output_dir=output_dir,
@@ -157,18 +144,7 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts,
         )
     if workers:
         return  # the chief's own output, echoed by the launcher, ended with the same line
-    click.echo(
-        f"{final_scores(summary)} after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; "
-        f"run directory: {run_dir}"
-    )
-
-
-def final_scores(summary: dict) -> str:
-    """The run's last line opens with its test scores: "test accuracy A (test loss L)" for the built-in loss,
-    "test loss L, test mae M" for a Keras loss's run."""
-    if "test_accuracy" in summary:
-        return f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f})"
-    return scores_text(summary, "test") or "no test examples"
+    click.echo(last_line(summary, run_dir))
 
 
 @main.command()
@@ -184,7 +160,7 @@ def compare(config, overrides, output_dir, verbose):
     accum-train compare configs/smoke.yaml --set model.norm=none --output-dir runs/cmp
     """
     quiet_tensorflow(verbose)
-    with exit_codes():
+    with ending():
         cfg = load_config(config, overrides)
         out_dir = Path(output_dir) if output_dir else default_output_dir(config, "compare-")
         from ..compare import compare as run_compare
@@ -234,7 +210,7 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
     accum-train bench configs/fmnist.yaml --micro-batch-size 500,250 --rounds 5
     """
     quiet_tensorflow(verbose)
-    with exit_codes():
+    with ending():
         cfg = load_config(config, overrides)
         if cfg.whole_set:  # batch_size: all is the training set's size
             from ..keras_loss import load_data

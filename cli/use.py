@@ -17,8 +17,10 @@ import click
 
 from ..config import load_config
 from ..errors import UserError
+from ..outcome import ending, scores_text
+from ..quiet import quiet_tensorflow
 from ..text import shape_text
-from .common import exit_codes, output_dir_option, quiet_tensorflow, scores_text, set_option, verbose_option
+from .common import output_dir_option, set_option, verbose_option
 
 LABEL_WIDTH = 15
 CLASS_NAMES_SHOWN = 5
@@ -36,7 +38,7 @@ def plan(config, overrides, as_json, verbose):
     accum-train plan configs/fmnist.yaml
     accum-train plan configs/smoke.yaml --set subdivisions=5
     """
-    with exit_codes():
+    with ending():
         cfg = load_config(config, overrides)  # before TensorFlow loads: a bad config answers at once
         quiet_tensorflow(verbose)  # image_folder decodes with TensorFlow while it checks the files
         from ..keras_loss import load_data
@@ -246,7 +248,7 @@ def evaluate(run_dir, overrides, output_dir, verbose):
     accum-train evaluate runs/smoke --set data.test_limit=100 --output-dir runs/smoke/eval-100
     """
     quiet_tensorflow(verbose)
-    with exit_codes():
+    with ending():
         from ..evaluate import evaluate as run_evaluate
         from ..evaluate import evaluation_dir
 
@@ -294,7 +296,7 @@ def predict(run_dir, files, as_json, top, output, verbose):
     accum-train predict runs/smoke images.npz --json
     """
     quiet_tensorflow(verbose)
-    with exit_codes():
+    with ending():
         from ..predict import predict as run_predict
 
         if output is not None and output.suffix != ".npz":

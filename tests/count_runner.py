@@ -4,12 +4,16 @@ Counts the calls from Python into TensorFlow graphs outside evaluation and check
 the claim), and the collective ops in the traced graph of the update (one all-reduce is the claim; under
 MultiWorkerMirroredStrategy a collective is an op in the graph). The last line of stdout is
 {"graph_calls": N, "collectives": {op: count}}; under --workers the launcher echoes the chief's.
+
+``RUNNER worker ARGS`` runs the core's worker entry point (``accum_train.worker``) instead, as the
+``--workers`` launcher starts one (tests/launch_runner.py).
 """
 
 import collections
 import json
 import sys
 
+from accum_train import worker
 from accum_train.cli.main import main
 from accum_train.update import Update
 from helpers import GraphCalls
@@ -35,5 +39,5 @@ def init(self, *args, **kwargs):  # the base of both engines: the subdivided upd
 Update.__init__ = init
 
 if __name__ == "__main__":
-    main(sys.argv[1:], standalone_mode=False)
+    worker.main(sys.argv[2:]) if sys.argv[1] == "worker" else main(sys.argv[1:], standalone_mode=False)
     print(json.dumps({"graph_calls": graph.calls, "collectives": collectives(engines[0]._update)}))

@@ -10,6 +10,9 @@ cleanup, no atexit, like a power cut or the OOM killer):
   pause_checkpoint:N (not a kill) before the Nth checkpoint save, write $ACCUM_FAULT_MARK and wait 60 s
   metrics:N          halfway through the Nth metrics.jsonl line
   weights:1          while weights.npz is being written
+
+``RUNNER worker ARGS`` runs the core's worker entry point (``accum_train.worker``) instead, as the
+``--workers`` launcher starts one (tests/launch_runner.py).
 """
 
 import os
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import tensorflow as tf
+from accum_train import worker
 from accum_train.cli.main import main
 from accum_train.engine import AccumulatingUpdate
 
@@ -125,4 +129,4 @@ if __name__ == "__main__":
     point, _, count = os.environ["ACCUM_FAULT"].partition(":")
     arm(point, int(count or 1))
     tf.get_logger().setLevel("ERROR")
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(worker.main(sys.argv[2:]) if sys.argv[1] == "worker" else main(sys.argv[1:]))

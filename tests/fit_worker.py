@@ -96,6 +96,7 @@ history = accum_train.fit(
     verbose=0,
     validation_data=(tokens[:11], tags[:11]),
     output_dir=output_dir,
+    strategy=strategy if mode == "mirrored" else None,  # given, as a script may; else the model's own
 )
 print(
     json.dumps(

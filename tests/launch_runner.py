@@ -21,14 +21,14 @@ def worker_command(run_args, index):
     fault = os.environ["ACCUM_LAUNCH_FAULT"]
     runner = {"peaks": "peak_runner.py", "count": "count_runner.py"}.get(fault)
     if runner:
-        return [sys.executable, str(Path(__file__).with_name(runner)), "run", *run_args]
+        return [sys.executable, str(Path(__file__).with_name(runner)), "worker", *run_args]
     if index != 1:
         return real_command(run_args, index)
     if fault == "hang":
         return [sys.executable, "-c", "import time; time.sleep(600)"]
     point, count = fault.split(":")
     os.environ["ACCUM_FAULT"] = f"{'update' if point == 'die' else point}:{count}"  # inherited by later workers
-    return [sys.executable, str(Path(__file__).with_name("fault_runner.py")), "run", *run_args]
+    return [sys.executable, str(Path(__file__).with_name("fault_runner.py")), "worker", *run_args]
 
 
 launcher.worker_command = worker_command

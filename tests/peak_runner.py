@@ -3,6 +3,9 @@
 A micro-step probe of m examples peaks at m MiB, a whole update at k at 1.5 MiB per example of one
 micro-batch of a replica's share; worker 1 of a multi-worker run (ACCUM_TRAIN_WORKER=1) needs twice
 as much, so the workers must agree on a k and on a retry that only one of them needs.
+
+``RUNNER worker ARGS`` runs the core's worker entry point (``accum_train.worker``) instead, as the
+``--workers`` launcher starts one (tests/launch_runner.py).
 """
 
 import math
@@ -10,6 +13,7 @@ import os
 import sys
 
 import accum_train.memory as memory
+from accum_train import worker
 from accum_train.cli.main import main
 from accum_train.engine import AccumulatingUpdate
 
@@ -33,4 +37,4 @@ def accumulate_from(self, iterator, n, pulls):
 AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_from = accumulate, accumulate_from
 memory.allocator_peak_bytes = lambda: peak[0]
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(worker.main(sys.argv[2:]) if sys.argv[1] == "worker" else main(sys.argv[1:]))

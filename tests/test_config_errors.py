@@ -4,6 +4,8 @@ The CLI is run through click's CliRunner; ``{cfg}`` in a message stands for the
 config file's path. None of these reaches TensorFlow or the data.
 """
 
+import dataclasses
+
 import pytest
 from accum_train.cli.main import main
 from accum_train.config import Config, ConfigError, load_config, parse_size
@@ -135,6 +137,13 @@ CASES = [
         "{cfg}: unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)",
     ),
     ("strategy: {cpu_devices: 2}\n", [], "{cfg}: strategy.cpu_devices is only for strategy.name=mirrored"),
+    # keys renamed in this release: a config of yours is told the new name (a run directory's is read under it)
+    ("max_bad_updates: 3\n", [], "{cfg}: unknown key 'max_bad_updates' (renamed 'max_bad_steps')"),
+    (
+        "",
+        ["--set", "loss_scale.growth_updates=5"],
+        "--set: unknown key 'loss_scale.growth_updates' (renamed 'loss_scale.growth_steps')",
+    ),
 ]
 
 
@@ -201,6 +210,23 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     again = tmp_path / "again.yaml"
     again.write_text(cfg.to_yaml())
     assert load_config(again) == cfg
+
+
+def test_a_run_directory_s_config_with_renamed_keys_is_read_under_the_new_names(tmp_path):
+    """config.yaml of a run an earlier release wrote: evaluate, export, predict and --resume read it as it was."""
+    from accum_train.config import load_run_config
+
+    mixed = dataclasses.replace(Config(), precision="mixed_float16")  # where loss_scale keys may differ
+    written = mixed.to_yaml().replace("max_bad_steps:", "max_bad_updates:").replace("growth_steps:", "growth_updates:")
+    written = written.replace("max_bad_updates: 10", "max_bad_updates: 4").replace(
+        "growth_updates: 2000", "growth_updates: 7"
+    )
+    assert "max_bad_updates: 4" in written and "growth_updates: 7" in written  # the premise: both old keys written
+    (tmp_path / "config.yaml").write_text(written)
+    cfg = load_run_config(tmp_path, ["data.test_limit=10"])
+    assert (cfg.max_bad_steps, cfg.loss_scale.growth_steps, cfg.data.test_limit) == (4, 7, 10)
+    with pytest.raises(ConfigError, match="unknown key 'max_bad_updates' \\(renamed 'max_bad_steps'\\)"):
+        load_config(tmp_path / "config.yaml")  # only a run directory's own file is migrated
 
 
 @pytest.mark.parametrize(

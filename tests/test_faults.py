@@ -37,11 +37,11 @@ def test_non_finite_updates_are_skipped_and_counted(tmp_path, repo_root, monkeyp
 
 def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp_path, repo_root, monkeypatch):
     after_five = poison(monkeypatch, set(range(6, 100)), snapshot_after=5)
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1", "log_every=1", "max_bad_updates=3"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["epochs=1", "log_every=1", "max_bad_steps=3"])
     with pytest.raises(TrainingStopped) as err:
         train(cfg, tmp_path / "run")
     assert str(err.value) == (
-        "3 updates in a row had a non-finite loss or gradient (max_bad_updates=3), the last at update 8; "
+        "3 updates in a row had a non-finite loss or gradient (max_bad_steps=3), the last at update 8; "
         "weights are checkpointed as of the last good update: lower optimizer.learning_rate or set "
         f"optimizer.clip_norm, then resume with --resume {tmp_path / 'run'}"
     )
@@ -54,7 +54,7 @@ def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp
     assert len(saved) == 5 + 5 * 4 + 2  # conv filters; BatchNorm beta, gamma, moving mean and variance; dense
     for name, array in after_five.items():
         np.testing.assert_array_equal(saved[name], array, err_msg=name)
-    assert load_config(repo_root / "configs" / "smoke.yaml").max_bad_updates == 10  # the default
+    assert load_config(repo_root / "configs" / "smoke.yaml").max_bad_steps == 10  # the default
 
 
 def test_cli_reports_the_stop_with_exit_1(tmp_path, repo_root, monkeypatch):
@@ -69,13 +69,13 @@ def test_cli_reports_the_stop_with_exit_1(tmp_path, repo_root, monkeypatch):
             str(out),
             *(arg for setting in SHORT for arg in ("--set", setting)),
             "--set",
-            "max_bad_updates=2",
+            "max_bad_steps=2",
             "--set",
             "log_every=1",
         ],
     )
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: 2 updates in a row had a non-finite loss or gradient (max_bad_updates=2)")
+    assert result.stderr.startswith("error: 2 updates in a row had a non-finite loss or gradient (max_bad_steps=2)")
     assert result.stderr.count("\n") == 1
 
 

@@ -478,3 +478,82 @@ def test_a_mixed_float16_model_trains_with_one_loss_scale_per_update():
     assert int(ours.optimizer.iterations.numpy()) == 8
     # float16 activations round differently when the batch is cut (5e-5 measured); float32 is exact to 1e-7
     assert max_difference(ours.get_weights(), oracle.get_weights()) < 2e-4
+
+
+def batch_norm_net():
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization(), keras.layers.Dense(1)],
+        name="with_batch_norm",
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+class Raise(keras.callbacks.Callback):
+    """After update ``at``: raise ``error`` (a KeyboardInterrupt is Ctrl-C without a run directory), or send
+    ``signum`` to this process (with one: the run stops after the update in hand)."""
+
+    def __init__(self, at, error=None, signum=None):
+        super().__init__()
+        self.at, self.error, self.signum, self.seen = at, error, signum, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            if self.error is not None:
+                raise self.error
+            os.kill(os.getpid(), self.signum)
+
+
+INTERRUPTS = [
+    pytest.param(lambda: Raise(3, error=KeyboardInterrupt()), KeyboardInterrupt, False, id="Ctrl-C, no run directory"),
+    pytest.param(lambda: Raise(3, signum=2), accum_train.errors.Interrupted, True, id="SIGINT, a run directory"),
+]
+
+
+@pytest.mark.parametrize(("interrupt", "raised", "keeps_dir"), INTERRUPTS)
+def test_an_interrupt_leaves_the_model_at_its_last_update_with_its_own_layers_back(
+    interrupt, raised, keeps_dir, tmp_path
+):
+    """The model object is trained in place: stopped after update 3, it holds what a run told to stop there
+    holds (weights and BatchNorm's moving statistics), and its layers are its own again (their dtype policy
+    after precision=, BatchNorm's own call after pooling), so model.fit and predict go on with it."""
+    shared = dict(batch_size=BATCH, subdivisions=2, epochs=3, shuffle=False, verbose=0, precision="mixed_bfloat16")
+    told = batch_norm_net()
+    accum_train.fit(told, X, Y, callbacks=[Steps(3)], **shared)
+    stopped = batch_norm_net()
+    with pytest.raises(raised):
+        accum_train.fit(
+            stopped, X, Y, callbacks=[interrupt()], output_dir=tmp_path / "run" if keeps_dir else None, **shared
+        )
+    assert int(stopped.optimizer.iterations.numpy()) == 3
+    assert max_difference(stopped.get_weights(), told.get_weights()) == 0.0
+    assert {layer.dtype_policy.name for layer in stopped.layers} == {"float32"}
+    assert all("call" not in vars(layer) for layer in stopped.layers)  # no pooled call left on BatchNorm
+    assert (tmp_path / "run" / "checkpoints").is_dir() is keeps_dir
+    before = stopped.predict(X[:4], verbose=0)
+    stopped.fit(X, Y, batch_size=BATCH, epochs=1, verbose=0)  # Keras' own fit, on the layers as they were
+    assert int(stopped.optimizer.iterations.numpy()) == 7 and before.dtype == np.float32
+
+
+def test_a_strategy_given_is_the_one_trained_under_and_must_hold_the_model():
+    """strategy=: the model created (and compiled) in its scope trains under it, to the weights it has without
+    one; a model created outside it is refused in one line before anything trains."""
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        inside = regression()
+    plain = regression()
+    shared = dict(batch_size=BATCH, subdivisions=3, epochs=2, shuffle=False, verbose=0)
+    under = accum_train.fit(inside, X, Y, strategy=strategy, **shared)
+    alone = accum_train.fit(plain, X, Y, **shared)
+    assert max_difference(inside.get_weights(), plain.get_weights()) < 1e-6
+    assert under.history["loss"] == pytest.approx(alone.history["loss"], rel=1e-6)
+    outside = regression()
+    with pytest.raises(UserError) as caught:
+        accum_train.fit(outside, X, Y, strategy=strategy, **shared)
+    assert str(caught.value) == (
+        "accum_train.fit: model 'regression' was not created under strategy.scope(): create (and compile) it "
+        "inside `with strategy.scope():`, as model.fit needs"
+    )
+    assert int(outside.optimizer.iterations.numpy()) == 0

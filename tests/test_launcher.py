@@ -63,7 +63,7 @@ def test_supervisor_hands_over_one_resolved_config_without_tensorflow(tmp_path, 
         "error: worker 1 exited with code 1 (for the test); stopped all 2 workers (the last checkpoint stays readable)"
     )
     assert not seen["tensorflow"] and not seen["tensorflow_at_exit"]
-    assert seen["args"][1:] == ["--output-dir", str(out), "--quiet"] and seen["workers"] == 2
+    assert seen["args"][1:] == ["--output-dir", str(out)] and seen["workers"] == 2
     handed = yaml.safe_load(seen["config"])
     expected = load_config(smoke, ["model.norm=none", "subdivisions=3", "strategy.name=multi_worker"])
     assert handed == expected.to_dict()
@@ -149,9 +149,9 @@ def test_the_supervisor_restarts_every_worker_from_the_last_checkpoint(
     launches = seen["launches"]
     assert len(launches) == len(restarts) + 1
     # the first start as asked, every restart a resume of the run directory, each told its restart count
-    assert [launch["args"] for launch in launches] == [["--output-dir", str(out), "--quiet"]] + [
-        ["--resume", str(out), "--quiet"]
-    ] * len(restarts)
+    assert [launch["args"] for launch in launches] == [["--output-dir", str(out)]] + [["--resume", str(out)]] * len(
+        restarts
+    )
     assert [launch["env"] for launch in launches] == [{"ACCUM_TRAIN_RESTARTS": str(i)} for i in range(len(launches))]
     if last is None:
         assert json.loads((out / "summary.json").read_text()) == {"restarts": len(restarts)}

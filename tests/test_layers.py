@@ -75,6 +75,20 @@ def test_nothing_below_the_cli_imports_it():
     assert {name: found for name, found in offenders.items() if found} == {}
 
 
+def test_the_core_starts_no_process_of_the_cli():
+    """Workers, compare's sides and the core's other children run its own entry points (``accum_train.worker``,
+    ``accum_train.bench``, ``accum_train.datasets``), never ``accum_train.cli``: a string naming it is enough to
+    find one (a module name in a string constant, as ``-m`` takes it)."""
+    naming = sorted(
+        name
+        for name, path in sources().items()
+        if not name.startswith("cli")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("accum_train.cli")
+    )
+    assert naming == []
+
+
 def test_the_dataset_loaders_import_only_the_core_s_leaves():
     modules = sources()
     allowed = LEAVES | {name for name in modules if name.startswith("datasets")}

@@ -1,5 +1,5 @@
 """The training loop's edges, each asserted with numbers: one graph call per
-update, metrics.jsonl complete before every checkpoint, the max_bad_updates
+update, metrics.jsonl complete before every checkpoint, the max_bad_steps
 stop at the update that reaches it, the learning rate logged as applied, and
 a schedule that a longer resume does not bend."""
 
@@ -91,16 +91,14 @@ def test_every_checkpoint_follows_its_metrics(
         (set(range(1, 200)), 1, 1),
     ],
 )
-def test_max_bad_updates_stops_at_the_update_that_reaches_it(
-    tmp_path, repo_root, monkeypatch, bad_steps, limit, stop_at
-):
+def test_max_bad_steps_stops_at_the_update_that_reaches_it(tmp_path, repo_root, monkeypatch, bad_steps, limit, stop_at):
     poison(monkeypatch, bad_steps)
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "log_every=50", f"max_bad_updates={limit}"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "log_every=50", f"max_bad_steps={limit}"])
     with pytest.raises(TrainingStopped) as err:
         train(cfg, tmp_path / "run")
     assert str(err.value).startswith(
         f"{limit} updates in a row had a non-finite loss or gradient "
-        f"(max_bad_updates={limit}), the last at update {stop_at}; "
+        f"(max_bad_steps={limit}), the last at update {stop_at}; "
     )
     reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == stop_at

@@ -32,7 +32,7 @@ def engine_for(
     optimizer="adam",
     lr=1e-3,
     loss_scale=None,
-    growth_updates=2000,
+    growth_steps=2000,
 ):
     model = build_model(ModelConfig(name=name, width=0.0625, norm=norm, hidden=32), 7, (28, 28, 1), 10, precision)
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, model.trainable_variables)
@@ -43,7 +43,7 @@ def engine_for(
         subdivisions=k,
         norm_layers=model.norm_layers,
         loss_scale=loss_scale,
-        growth_updates=growth_updates,
+        growth_steps=growth_steps,
     )
     return model, opt, engine
 
@@ -81,7 +81,7 @@ def test_float32_is_exactly_invariant_to_a_power_of_two_loss_scale():
 def test_an_overflow_skips_the_whole_update_and_halves_the_scale_once():
     # the MLP (with BatchNorm, whose statistics must not move either): float16 convolutions are slow on a CPU,
     # and the search skips as many updates from 2^40 (about 20) with it
-    model, opt, engine = engine_for("mlp", precision="mixed_float16", loss_scale=2.0**40, growth_updates=3)
+    model, opt, engine = engine_for("mlp", precision="mixed_float16", loss_scale=2.0**40, growth_steps=3)
     before = state(model, opt)
     scales, applied = [], []
     for _ in range(30):
@@ -103,9 +103,9 @@ def test_an_overflow_skips_the_whole_update_and_halves_the_scale_once():
     assert int(opt.iterations.numpy()) == applied.count(True)
 
 
-def test_the_scale_grows_after_growth_updates_applied_updates_counted_in_updates():
+def test_the_scale_grows_after_growth_steps_applied_updates_counted_in_updates():
     """k=4 micro-batches per update: growth counted in micro-steps would double the scale every update."""
-    _, _, engine = engine_for(optimizer="sgd", lr=0.01, loss_scale=1.0, growth_updates=3)
+    _, _, engine = engine_for(optimizer="sgd", lr=0.01, loss_scale=1.0, growth_steps=3)
     scales = []
     for _ in range(10):
         out = engine.update(tf.constant(X), tf.constant(Y))
@@ -122,7 +122,7 @@ def linear_engine(loss_of, loss_scale):
         return loss_of(weights) * tf.ones(tf.shape(y), tf.float32)
 
     engine = AccumulatingUpdate(
-        loss_fn, [weights], keras.optimizers.SGD(0.1), subdivisions=2, loss_scale=loss_scale, growth_updates=1000
+        loss_fn, [weights], keras.optimizers.SGD(0.1), subdivisions=2, loss_scale=loss_scale, growth_steps=1000
     )
     return weights, engine
 
@@ -195,7 +195,7 @@ def test_a_bfloat16_run_learns_as_float32_does(tmp_path, repo_root):
 
 
 def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, repo_root):
-    """From 2^40 the search skips more updates in a row than max_bad_updates=3: the run goes on, because
+    """From 2^40 the search skips more updates in a row than max_bad_steps=3: the run goes on, because
     an overflow while the scale is above 1 is the search, not a bad update. A small MLP: float16 convolutions
     are slow on a CPU (no float16 kernels), and the search and what follows it are the same."""
     cfg = load_config(
@@ -205,7 +205,7 @@ def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, rep
             "model.hidden=32",
             "precision=mixed_float16",
             f"loss_scale.initial={2**40}",
-            "max_bad_updates=3",
+            "max_bad_steps=3",
         ],
     )
     summary = train(cfg, tmp_path / "run")
@@ -213,7 +213,7 @@ def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, rep
     updates = [r for r in records if "loss" in r]
     skipped = [r for r in updates if r["skipped"]]
     assert skipped and all(r["overflow"] for r in skipped) and skipped[0]["step"] == 1
-    assert len(skipped) > cfg.max_bad_updates
+    assert len(skipped) > cfg.max_bad_steps
     assert [r["loss_scale"] for r in skipped] == [2.0 ** (40 - i) for i in range(len(skipped))]
     assert summary["skipped_updates"] == len(skipped) and summary["steps"] == len(updates) == 94
     assert summary["test_accuracy"] > 0.3  # it trained after the search

@@ -12,7 +12,7 @@ ranges), ``rules`` (what ties keys together), ``wording`` (how errors name value
 """
 
 from ..errors import ConfigError
-from .parse import as_config, config_from_dict, load_config, override_key, with_overrides
+from .parse import as_config, config_from_dict, load_config, load_run_config, override_key, with_overrides
 from .schema import (
     ADAPTIVE_KEYS,
     BATCH_RULES,
@@ -74,6 +74,7 @@ __all__ = [
     "as_config",
     "config_from_dict",
     "load_config",
+    "load_run_config",
     "override_key",
     "parse_size",
     "with_overrides",

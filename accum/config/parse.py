@@ -21,13 +21,22 @@ from .rules import check_relations, resolve_batches
 from .schema import BatchChange, BatchRule, Config, DataConfig
 from .wording import _came_from_set, _show, _type_word, parse_size
 
+# Keys renamed since a release (old dotted name: new). A run directory's config.yaml that an earlier release wrote
+# is read under the new names (``load_run_config``); a config of yours with an old name is refused, naming the new.
+RENAMED = {"max_bad_updates": "max_bad_steps", "loss_scale.growth_updates": "loss_scale.growth_steps"}
 
-def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML file (or only defaults, if path is None), apply overrides."""
+
+def load_config(
+    path: str | Path | None, overrides: typing.Sequence[str] = (), *, written_by_us: bool = False
+) -> Config:
+    """Read a YAML file (or only defaults, if path is None), apply overrides. ``written_by_us``: the file is a run
+    directory's config.yaml, whose renamed keys (``RENAMED``) are read under their new names."""
     source = str(path) if path is not None else "defaults"
     raw: dict = {}
     if path is not None:
         raw = _read_yaml(Path(path))
+        if written_by_us:
+            raw = _renamed(raw)
     overridden: set = set()
     for item in overrides:
         key, value = _parse_override(item)
@@ -35,6 +44,23 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         overridden.add(key)
     cfg = config_from_dict(raw, source, overridden)
     return anchored_factory(cfg, Path(path).parent) if path is not None else cfg
+
+
+def load_run_config(run_dir: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+    """The config a run directory recorded (its config.yaml), in today's key names."""
+    return load_config(Path(run_dir) / "config.yaml", overrides, written_by_us=True)
+
+
+def _renamed(raw: dict) -> dict:
+    raw = copy.deepcopy(raw)
+    for old, new in RENAMED.items():
+        *parents, name = old.split(".")
+        node = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and name in node:
+            node[new.rsplit(".", 1)[-1]] = node.pop(name)
+    return raw
 
 
 def anchored_factory(cfg: Config, folder: Path) -> Config:
@@ -167,6 +193,8 @@ ALIASES = {
 
 
 def _hint(key: str, valid: typing.Sequence[str], prefix: str = "") -> str:
+    if prefix + key in RENAMED:
+        return f"renamed {RENAMED[prefix + key]!r}"
     if ALIASES.get(key) in valid:
         return f"did you mean {prefix + ALIASES[key]!r}?"
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)

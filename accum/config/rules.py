@@ -180,7 +180,7 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
             )
     if cfg.precision != "mixed_float16" and cfg.loss_scale != LossScaleConfig():
         raise ConfigError(
-            f"{where('loss_scale.initial', 'loss_scale.growth_updates', 'precision')}: loss_scale is only for "
+            f"{where('loss_scale.initial', 'loss_scale.growth_steps', 'precision')}: loss_scale is only for "
             f"precision=mixed_float16 (precision={cfg.precision} needs no loss scaling): remove it or set the precision"
         )
     if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":

@@ -323,7 +323,7 @@ class LossScaleConfig:
     initial: float = _spec(
         32768.0, minimum=1.0, maximum=2.0**64, help="mixed_float16: the loss scale of the first update"
     )
-    growth_updates: int = _spec(
+    growth_steps: int = _spec(
         2000, minimum=1, help="mixed_float16: double the scale after this many applied updates in a row"
     )
 
@@ -375,7 +375,7 @@ class Config:
     log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
     strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
-    max_bad_updates: int = _spec(
+    max_bad_steps: int = _spec(
         10, minimum=1, help="stop after this many updates in a row skipped for a non-finite loss or gradient"
     )
     precision: str = _spec(

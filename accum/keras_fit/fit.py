@@ -419,5 +419,5 @@ def _engine(model, objective, norm_layers, k, scale, strategy, groups, eval_grou
         strategy=strategy,
         parallel=parallel,
         loss_scale=loss_scale,
-        growth_updates=growth,
+        growth_steps=growth,
     )

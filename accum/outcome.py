@@ -1,0 +1,91 @@
+"""What a training process says: one line per epoch, its last line, and how it ends.
+
+The CLI and the core's own child processes (``accum.worker``: a ``--workers``
+worker, a side of ``compare``) print the same lines and end the same way, so
+that a supervisor reads a child as a user reads the CLI: ``ending`` turns the
+exception a run ends with into one line on stderr and its exit code (see
+errors.py), and ``child.last_error`` finds that line again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+
+from .errors import OUT_OF_MEMORY_LINE, Interrupted, OutOfMemory, TrainingStopped, UserError
+from .progress import Progress
+
+
+@contextlib.contextmanager
+def ending():
+    """The one place where a run's end becomes an exit code and one line on stderr."""
+    try:
+        yield
+    except (UserError, TrainingStopped) as err:
+        die(f"error: {err}", err.exit_code)
+    except OutOfMemory as err:
+        die(f"{OUT_OF_MEMORY_LINE}{err}", err.exit_code)
+    except Interrupted as stop:
+        name = signal.Signals(stop.signum).name
+        how = (
+            f"stopped at once by a second {name}; the last checkpoint (update {stop.step}) is intact"
+            if stop.forced
+            else f"stopped by {name} after update {stop.step}; checkpoint saved"
+        )
+        die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", stop.exit_code)
+
+
+def die(line: str, code: int) -> None:
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def scores_text(record: dict, prefix: str) -> str:
+    """ "test loss 0.3012, test accuracy 0.8950" of a record's ``prefix``_ scores (loss first, then the others:
+    accuracy for the built-in loss, the compiled metrics for a Keras loss's run)."""
+    keys = [
+        key
+        for key in record
+        if key.startswith(prefix + "_") and not key.endswith("_examples") and isinstance(record[key], (int, float))
+    ]
+    keys.sort(key=lambda key: key != f"{prefix}_loss")
+    return ", ".join(f"{prefix} {key[len(prefix) + 1 :].replace('_', ' ')} {record[key]:.4f}" for key in keys)
+
+
+def epoch_line(record: dict, epochs: int) -> str:
+    """ "epoch 2/10: train loss 0.4123, test loss ..., 41.9 s, 1432 examples/s" from an epoch's record."""
+    train_loss = f"{record['train_loss']:.4f}" if record["train_loss"] is not None else "n/a"
+    scores = "".join(f"{text}, " for text in (scores_text(record, "validation"), scores_text(record, "test")) if text)
+    return (
+        f"epoch {record['epoch']}/{epochs}: train loss {train_loss}, {scores}"
+        f"{record['elapsed_s']:.1f} s, {record['examples_per_s']:.0f} examples/s"
+    )
+
+
+def final_scores(summary: dict) -> str:
+    """The run's last line opens with its test scores: "test accuracy A (test loss L)" for the built-in loss,
+    "test loss L, test mae M" for a Keras loss's run."""
+    if "test_accuracy" in summary:
+        return f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f})"
+    return scores_text(summary, "test") or "no test examples"
+
+
+def last_line(summary: dict, run_dir) -> str:
+    return (
+        f"{final_scores(summary)} after {summary['steps']} updates in {summary['wall_time_s']:.0f} s; "
+        f"run directory: {run_dir}"
+    )
+
+
+class EpochLines(Progress):
+    """One line per epoch and every message, on stdout as they come: no bar."""
+
+    def epoch_start(self, epoch, epochs, micro_batches, done):
+        self.epochs = epochs
+
+    def epoch_end(self, record):
+        print(epoch_line(record, self.epochs), flush=True)
+
+    def message(self, text):
+        print(text, flush=True)
