@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,62 @@ def keras_child(model_file: str, images: str, epochs: int, batch: int, cache: bo
 
     model.fit(train, epochs=epochs, verbose=0, callbacks=[EpochTimes()])
     print(json.dumps({"examples_per_s": n / times[-1], "epoch_s": times[-1]}))
+
+
+def _caption(report: dict) -> str:
+    """The tables' caption: the machine and command the JSON records (it has no commit)."""
+    machine = report["machine"]
+    return (
+        f"Measured on {machine['cpus']} CPUs, Python {machine['python']}, load average "
+        f"{machine['load_before'][0]:.1f} before the run and {machine['load_after'][0]:.1f} after, "
+        f"{'commit ' + report['commit'] if report.get('commit') else 'commit not recorded'}: `{report['command']}`"
+    )
+
+
+def check_table(report: dict) -> str:
+    """The check's times as docs/data-and-models.md's table."""
+    data, check = report["data"], report["check"]
+    rows = [
+        ("scan of the folder", check["scan"]),
+        ("check, first time (empty cache, parallel map)", check["first"]),
+        (f"check, second time (every file unchanged: {check['second']['decoded']} decoded)", check["second"]),
+        ("check, first time, one map call at a time", check["first_one_at_a_time"]),
+    ]
+    lines = [
+        _caption(report),
+        "",
+        f"| {data['files']:,} PNGs, 28x28 gray (Fashion-MNIST, {data['train']:,} train + {data['test']:,} test) "
+        "| time | CPU |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {label} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s |" for label, r in rows]
+    return "\n".join(lines)
+
+
+# the JSON's training rows (after "MODEL/") -> the page's name for each input
+INPUTS = {
+    "accum-train image folder": "accum-train, image folder",
+    "accum-train .npz": "accum-train, .npz",
+    "keras image_dataset_from_directory": "`keras.utils.image_dataset_from_directory` + `model.fit`",
+    "keras image_dataset_from_directory + cache": "the same with `.cache()` (decoded images held in memory after "
+    "epoch 1)",
+}
+
+
+def train_table(report: dict) -> str:
+    """Training throughput as docs/data-and-models.md's table; the ratio rounded down (against accum-train)."""
+    train = report["train"]
+    models = list(dict.fromkeys(name.split("/", 1)[0] for name in train))
+    lines = [_caption(report), "", "| input | examples/s | against Keras from the folder |", "|---|---:|---:|"]
+    for name, row in train.items():
+        model, what = name.split("/", 1)
+        keras = train[f"{model}/keras image_dataset_from_directory"]["examples_per_s"]
+        ratio = Decimal(repr(row["examples_per_s"] / keras)).quantize(Decimal("0.01"), ROUND_FLOOR)
+        # the page's one comparison: the folder, ours against Keras' (Keras' own row is the unit)
+        shown = {"accum-train image folder": str(ratio), "keras image_dataset_from_directory": "1"}.get(what, "")
+        label = INPUTS.get(what, what) if len(models) == 1 else f"{model}: {INPUTS.get(what, what)}"
+        lines.append(f"| {label} | {row['examples_per_s']:,.0f} |{f' {shown} ' if shown else ' '}|")
+    return "\n".join(lines)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,30 @@ def main(argv=None) -> None:
     if args.output:
         result = {"setting": SETTING, "commit": commit(), "rows": rows}
         args.output.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def table(report: dict) -> str:
+    """The JSON of --output as docs/memory.md's table, its caption naming the commit (the JSON has no machine).
+
+    "over batch B" is rounded up, to 3 decimals: a peak that grew with the batch never reads as flat."""
+    rows = report["rows"]
+    first = rows[0]
+    batches = ",".join(str(row["batch_size"]) for row in rows)
+    lines = [
+        f"Measured on a machine the JSON does not record, commit {report.get('commit') or 'not recorded'}: "
+        f"`python benchmarks/memory_batch.py --batches {batches} --output docs/memory-batch.json`",
+        "",
+        f"| batch | k | updates | allocator peak | over batch {first['batch_size']} | peak RSS |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        over = Decimal(row["peak_memory_bytes"]) / Decimal(first["peak_memory_bytes"])
+        lines.append(
+            f"| {row['batch_size']} | {row['subdivisions']} | {row['updates']} | "
+            f"{row['peak_memory_bytes'] / 2**20:.0f} MiB | {over.quantize(Decimal('0.001'), ROUND_CEILING)}x | "
+            f"{row['peak_rss_bytes'] / 2**20:.0f} MiB |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

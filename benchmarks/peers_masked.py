@@ -348,6 +348,48 @@ def shown(value):
     return str(Decimal(repr(value)).quantize(Decimal("0.001"), rounding=ROUND_FLOOR))
 
 
+def two_figures(value):
+    """2 significant figures, small ones as 2.2e-8 (what a distance's size says; the JSON has them in full)."""
+    if value >= 0.01:
+        return f"{value:.2g}"
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def markdown_table(report, stated_commit=None):
+    """The JSON of --output as docs/fit.md's table, its caption naming the machine and commit once.
+
+    ``stated_commit``: the commit a page named for a JSON written before --output recorded none (said so)."""
+    env, args, times, dist = report["environment"], report["args"], report["time"], report["distance"]
+    spe = {B: "`steps_per_execution=1`", B_SPE: "`steps_per_execution=k`"}
+    best_cpu, best_wall = report["a_b_against"]["cpu"], report["a_b_against"]["wall"]
+    commit = report.get("commit") or (stated_commit and f"{stated_commit} (the page's; the JSON does not record it)")
+    machine = (
+        f"{env['cpus']} CPUs ({env['platform']}), Python {env['python']}, TensorFlow {env['tensorflow']}, "
+        f"Keras {env['keras']}, load average {env['load_average_before'][0]:.1f} before the run"
+    )
+    options = "".join(f" --{key} {args[key]}" for key in ("k", "micro", "rounds", "updates", "output"))
+    return "\n".join(
+        [
+            f"Measured on {machine}, {f'commit {commit}' if commit else 'commit not recorded'}: "
+            f"`python benchmarks/peers_masked.py{options}`",
+            "",
+            "| | accum-train | Keras `gradient_accumulation_steps` |",
+            "|---|---:|---:|",
+            f"| examples per CPU-second | {times[A]['examples_per_cpu_s']:.0f} | "
+            f"{times[best_cpu]['examples_per_cpu_s']:.0f} ({spe[best_cpu]}) |",
+            f"| examples per wall-second | {times[A]['examples_per_wall_s']:.0f} | "
+            f"{times[best_wall]['examples_per_wall_s']:.0f} ({spe[best_wall]}) |",
+            f"| accum-train / Keras | {shown(report['ratios']['cpu'])} (CPU), "
+            f"{shown(report['ratios']['wall'])} (wall) | |",
+            f"| max distance from whole-batch `model.fit` after {args['distance_updates']} updates | "
+            f"{two_figures(dist['accum-train']['max_abs'])} | {two_figures(dist['keras GA']['max_abs'])} |",
+            f"| the same, relative to how far the weights moved ({two_figures(dist['moved'])}) | "
+            f"{two_figures(dist['accum-train']['relative'])} | {two_figures(dist['keras GA']['relative'])} |",
+        ]
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--V", type=int, default=1000, help="vocabulary size (id 0 is padding)")

@@ -6,6 +6,9 @@ A generated table stands between two markers naming its source and kind:
     ...generated...
     <!-- end of table -->
 
+Each table opens with its caption, one line naming the machine and commit its JSON records (or saying that the
+JSON does not record them) and the command that wrote the JSON.
+
     python scripts/results_tables.py            # rewrite every generated table
     python scripts/results_tables.py --check    # exit 1, naming the table, where one differs (a test runs this)
 """
@@ -13,6 +16,7 @@ A generated table stands between two markers naming its source and kind:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import re
@@ -26,6 +30,7 @@ BLOCK = re.compile(
 )
 
 
+@functools.cache  # one load per module, however many tables it makes
 def _benchmark(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -33,18 +38,39 @@ def _benchmark(name: str):
     return module
 
 
-def _large_batch(report: dict, kind: str) -> str:
-    bench = _benchmark("large_batch")
-    return {"rows": bench.table, "targets": bench.targets}[kind](report)
+# source file name -> (the module of benchmarks/ that makes its tables, {kind: that module's function}).
+# benchmarks/tables.py makes the tables of scripts that import TensorFlow at the top (and of compare's JSON).
+MAKERS = {
+    "large-batch.json": ("large_batch", {"rows": "table", "targets": "targets"}),
+    "peers.json": ("tables", {"results": "peers"}),
+    "peers-keras-file.json": ("tables", {"results": "peers_keras"}),
+    "peers-masked.json": ("peers_masked", {"results": "markdown_table"}),
+    "memory-batch.json": ("memory_batch", {"rows": "table"}),
+    "image-folder.json": ("image_folder", {"check": "check_table", "train": "train_table"}),
+    "compare-fmnist.json": ("tables", {"results": "compare"}),
+}
+
+# Commits a page named for a JSON written before its script recorded one: the caption says where it came from
+STATED = {"peers-masked.json": {"stated_commit": "a93e03e"}}
 
 
-# source file name -> how its kinds of table are made
-MAKERS = {"large-batch.json": _large_batch}
+# Tables made from several JSONs (the marker names them all, comma-separated): kind -> (module, function).
+SEVERAL = {"headline": ("tables", "headline")}
 
 
 def render(source: str, kind: str) -> str:
+    if "," in source:
+        if kind not in SEVERAL:
+            raise SystemExit(f"no table of kind {kind!r} is made from {source} (scripts/results_tables.py: SEVERAL)")
+        module, function = SEVERAL[kind]
+        reports = {Path(name).name: json.loads((ROOT / name).read_text()) for name in source.split(",")}
+        return getattr(_benchmark(module), function)(reports).rstrip() + "\n"
     path = ROOT / source
-    return MAKERS[path.name](json.loads(path.read_text()), kind).rstrip() + "\n"
+    if path.name not in MAKERS or kind not in MAKERS[path.name][1]:
+        raise SystemExit(f"no table of kind {kind!r} is made from {source} (scripts/results_tables.py: MAKERS)")
+    module, kinds = MAKERS[path.name]
+    make = getattr(_benchmark(module), kinds[kind])
+    return make(json.loads(path.read_text()), **STATED.get(path.name, {})).rstrip() + "\n"
 
 
 def main(argv=None) -> int:
@@ -52,7 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 where a generated table is not current")
     options = parser.parse_args(argv)
     stale = []
-    for page in sorted((ROOT / "docs").glob("*.md")):
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text()
         fresh = BLOCK.sub(lambda m: m["open"] + render(m["source"], m["kind"]) + m["close"], text)
         if fresh != text:

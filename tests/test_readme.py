@@ -1,5 +1,6 @@
-"""The README says what the tool does: its blocks of command output are what the commands print
-(scripts/readme_outputs.py writes them), and its own-data example runs as written.
+"""The README and docs/ say what the tool does: their blocks of command output are what the commands print
+(scripts/readme_outputs.py writes them), every command of their sh blocks parses (and, in the slow suite, runs at
+smoke size), their Python examples run as written, their tables say what their JSON says, their links resolve.
 
 The slow suite runs the own-data example at smoke size and exactly as its page gives it, and compares
 predict's output with the page's block.
@@ -230,22 +231,32 @@ def test_the_results_tables_are_their_json_s(repo_root):
         [sys.executable, str(repo_root / "scripts" / "results_tables.py"), "--check"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "<!-- table from docs/large-batch.json: rows -->" in (repo_root / "docs" / "large-batch.md").read_text()
+    # every benchmark JSON of docs/ is the source of a generated table: none can go back to being typed by hand
+    import re
+
+    text = "\n".join(page.read_text() for page in (repo_root / "docs").glob("*.md"))
+    sources = set(re.findall(r"<!-- table from docs/(\S+\.json): [\w-]+ -->", text))
+    expected = {
+        "large-batch.json",
+        "peers.json",
+        "peers-keras-file.json",
+        "peers-masked.json",
+        "memory-batch.json",
+        "image-folder.json",
+        "compare-fmnist.json",
+    }
+    assert expected <= {path.name for path in (repo_root / "docs").glob("*.json")}  # the premise: they exist
+    missing = (expected | {path.name for path in (repo_root / "docs").glob("*.json")}) - sources
+    assert not missing, f"no generated table (<!-- table from docs/X.json: KIND -->) in docs/ for {sorted(missing)}"
+    assert text.count("<!-- table from ") == text.count("<!-- end of table -->")  # no block left unclosed
 
 
 def test_every_documented_command_names_real_commands_and_options(repo_root):
     """Each `accum-train ...` line of a sh block in the README or docs/ parses: its command and options exist
     (click parses the whole line before --help answers; an unknown command or option is exit 2)."""
-    import re
     import shlex
 
-    found = []
-    for page in pages(repo_root):
-        for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
-            for line in block.splitlines():
-                command = line.split(" #", 1)[0].strip()
-                if command.startswith("accum-train "):
-                    found.append((page.name, command))
+    found = [(name, command) for name, command in documented_commands(repo_root) if command.startswith("accum-train ")]
     assert len(found) >= 20  # the premise: the pages' commands were found
     wrong = []
     for name, command in found:
@@ -254,3 +265,130 @@ def test_every_documented_command_names_real_commands_and_options(repo_root):
         if result.exit_code != 0:
             wrong.append(f"{name}: {command}: {result.output.strip().splitlines()[-1:]}")
     assert wrong == []
+
+
+# Every command of a sh block in the README and docs/, run in order per page in an empty folder, at smoke size:
+# the data, the width, the epochs, the timed rounds cut down; every other word as the page gives it.
+NOT_RUN = {
+    "make main": "the main job itself (CI runs it)",
+    "make test": "the suite this test is part of",
+    ". .venv/bin/activate": "the environment this test runs in",
+}
+FASHION_CONFIGS = ("configs/fmnist.yaml", "configs/smoke.yaml")
+SMOKE_SETS = ["epochs=1"]
+SMOKE_FASHION = ["data.train_limit=1000", "data.test_limit=200", "model.width=0.0625", "data.validation=0"]
+SMOKE_WORDS = {  # option: the value it is run with
+    "--rounds": "1",
+    "--steps": "2",
+    "--train": "640",
+    "--test": "200",
+    "--mem-batch": "256",
+    "--mem-k": "2",
+    "--updates": "2",
+}
+SMOKE_ADDED = {  # a script's smoke options that the page leaves at their defaults
+    "scripts/make_own_data.py": ["--train", "640", "--test", "200"],
+    "benchmarks/peers.py": ["--rounds", "1", "--mem-batch", "256", "--mem-k", "2"],
+    "benchmarks/profile.py": ["--updates", "2"],
+}
+
+
+def documented_commands(repo_root):
+    """(page, command) for each line of each ```sh block, in page order."""
+    import re
+
+    found = []
+    for page in pages(repo_root):
+        for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
+            for line in block.splitlines():
+                command = line.split(" #", 1)[0].strip()
+                if command:
+                    found.append((page.name, command))
+    return found
+
+
+def smoke_size(words: list) -> list:
+    """The command's words with its size cut down (SMOKE_*), nothing else changed."""
+    out = [SMOKE_WORDS.get(before, word) if i else word for i, (before, word) in enumerate(zip(["", *words], words))]
+    if words[0] == "accum-train" and words[1] in ("run", "compare", "plan", "bench") and "--resume" not in words:
+        sets = SMOKE_SETS + (SMOKE_FASHION if words[2] in FASHION_CONFIGS else [])
+        out += [part for value in sets for part in ("--set", value)]
+        if words[1] == "bench":
+            out += [
+                part
+                for option in ("--steps", "--rounds")
+                if option not in words
+                for part in (option, SMOKE_WORDS[option])
+            ]
+    for script, added in SMOKE_ADDED.items():
+        if script in words and not any(option in words for option in added[::2]):
+            out += added
+    return out
+
+
+@pytest.mark.slow  # every documented command, each a run of seconds to a minute
+def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_path, monkeypatch):
+    import shlex
+    import shutil
+
+    monkeypatch.setenv("ACCUM_TRAIN_DATA", str(data_dir))
+    commands = documented_commands(repo_root)
+    assert len(commands) >= 30  # the premise: the pages' commands were found
+    failed, ran = [], 0
+    for page in dict.fromkeys(name for name, _ in commands):
+        folder = tmp_path / page.removesuffix(".md")
+        (folder / "docs").mkdir(parents=True)  # a benchmark's --output docs/X.json lands here, not in the repo
+        for name in ("configs", "scripts", "benchmarks"):
+            (folder / name).symlink_to(repo_root / name)
+        monkeypatch.chdir(folder)
+        for _, command in [c for c in commands if c[0] == page]:
+            if command in NOT_RUN:
+                continue
+            words = smoke_size(shlex.split(command))
+            if words[0] == "accum-train" and "--workers" not in words:
+                # in this process: no second TensorFlow start (compare and bench start their own children)
+                result = CliRunner().invoke(main, words[1:])
+                code, said = result.exit_code, result.output[-1500:]
+            else:
+                argv = (
+                    [sys.executable, "-m", "accum_train.cli.main", *words[1:]] if words[0] == "accum-train" else words
+                )
+                argv = [sys.executable, *argv[1:]] if argv[0] == "python" else argv
+                if "--workers" in words:  # TF's gRPC server listens on every interface: a private network
+                    if shutil.which("unshare") is None:
+                        continue
+                    quoted = " ".join(shlex.quote(part) for part in argv)
+                    argv = ["unshare", "-rn", "sh", "-c", f"ip link set lo up && exec {quoted}"]
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+                code, said = done.returncode, (done.stdout + done.stderr)[-1500:]
+            ran += 1
+            if code != 0:
+                failed.append(f"{page}: {command} (as {' '.join(words)}): exit {code}: {said}")
+    assert failed == []
+    assert ran >= 28
+
+
+@pytest.mark.parametrize(
+    "command, run_as",
+    [
+        (
+            "accum-train bench configs/fmnist.yaml --subdivisions 1,8 --rounds 5",
+            "accum-train bench configs/fmnist.yaml --subdivisions 1,8 --rounds 1 --set epochs=1 --set "
+            "data.train_limit=1000 --set data.test_limit=200 --set model.width=0.0625 --set data.validation=0 "
+            "--steps 2",
+        ),
+        ("accum-train run --resume runs/x", "accum-train run --resume runs/x"),
+        (
+            "accum-train run configs/own-data.yaml --output-dir runs/mine",
+            "accum-train run configs/own-data.yaml --output-dir runs/mine --set epochs=1",
+        ),
+        ("accum-train evaluate runs/x", "accum-train evaluate runs/x"),
+        (
+            "python scripts/make_own_data.py --out mydata",
+            "python scripts/make_own_data.py --out mydata --train 640 --test 200",
+        ),
+        ("python benchmarks/profile.py", "python benchmarks/profile.py --updates 2"),
+    ],
+)
+def test_a_documented_command_runs_with_only_its_size_cut_down(command, run_as):
+    assert " ".join(smoke_size(command.split())) == run_as

@@ -1,0 +1,247 @@
+"""Markdown tables made from the JSON of peers.py, peers_keras.py and `accum-train compare`.
+
+Those scripts import TensorFlow at the top, so their tables are made here, where importing costs nothing:
+scripts/results_tables.py calls these functions on the JSON alone. Ratios of accum-train to another method are
+shown rounded against accum-train, as peers.py prints them (the display never flatters it); absolute figures are
+rounded to the nearest.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+MIB = 2**20
+
+# peers.py's method keys (the JSON's) -> the name the pages give each method; {micro} and {batch} from the args
+METHODS = {
+    "(a) accum-train": "(a) accum-train",
+    "(a1) accum-train, 1 at a time": "(a1) accum-train, one micro-step at a time",
+    "(b) keras GA, fit": "(b) Keras 3 `gradient_accumulation_steps`, `fit`, compile defaults",
+    "(b') keras GA, fit, spe=k": "(b') the same with `steps_per_execution=k`",
+    "(b'') keras GA, spe=k, threads": "(b'') (b') under (a)'s thread pools",
+    "(c) tf1 session": "(c) TF1 Session, feed_dict per micro-batch",
+    "(d) plain, micro-batch": "(d) plain, micro-batch {micro}",
+    "(e) plain, whole batch": "(e) plain, whole batch {batch}",
+}
+A, A1 = "(a) accum-train", "(a1) accum-train, 1 at a time"
+# the per-variant keys of ratios_a_b_per_keras_variant, for the Keras variants under TensorFlow's default threads
+KERAS_DEFAULT_THREADS = {"(b)": "(b) compile defaults", "(b')": "(b') spe=k"}
+RATIO_HEADER = "ratio (3 decimals, rounded against accum-train)"
+
+
+def against(value: float, higher_is_better: bool, places: str = "0.001") -> str:
+    """``value`` rounded against accum-train: down where higher is better for it, up where lower is."""
+    rounding = ROUND_FLOOR if higher_is_better else ROUND_CEILING
+    return str(Decimal(repr(value)).quantize(Decimal(places), rounding=rounding))
+
+
+def caption(machine: str, commit: str | None, command: str, note: str = "") -> str:
+    """The one line above a table that names where and from what it was measured."""
+    return f"Measured on {machine}, {f'commit {commit}' if commit else 'commit not recorded'}: `{command}`{note}"
+
+
+def short_g(value: float) -> str:
+    """3 significant figures, the exponent without padding (1.93e-5, not 1.93e-05)."""
+    mantissa, _, exponent = f"{value:.3g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
+
+
+def _command(script: str, args: dict, keys: tuple[str, ...]) -> str:
+    # the settings spelled out, not left to defaults, so the line reproduces the run even if a default changes
+    options = "".join(f" --{key.replace('_', '-')} {args[key]}" for key in (*keys, "output"))
+    return f"python benchmarks/{script}{options}"
+
+
+def _machine(env: dict) -> str:
+    return (
+        f"{env['cpus']} CPUs, TensorFlow {env['tensorflow']}, Keras {env['keras']}, "
+        f"load average {env['load_average_before'][0]:.1f} before the run"
+    )
+
+
+def _short(method: str) -> str:
+    return method.split(" ", 1)[0]  # "(b'')"
+
+
+def _times(report: dict) -> list[str]:
+    """peers.py's and peers_keras.py's medians, one row per method."""
+    args = report["args"]
+    lines = [
+        "| method | CPU ms/example | wall ms/example | examples/s | threads |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, r in report["time"].items():
+        label = METHODS.get(name, name).format(micro=args["micro"], batch=int(args["k"]) * int(args["micro"]))
+        threads = r["threads"]
+        threads = "defaults" if isinstance(threads, str) else f"intra {threads['intra']}, inter {threads['inter']}"
+        lines.append(
+            f"| {label} | {1000 * r['cpu_s_per_example']:.3f} | {1000 * r['wall_s_per_example']:.3f} | "
+            f"{r['examples_per_s']:.0f} | {threads} |"
+        )
+    return lines
+
+
+def _headline(report: dict) -> list[tuple[str, str]]:
+    """(label, value, target key) of the two a/b ratios, named after the Keras variant each was taken against."""
+    cpu, wall = _short(report["a_b_against"]["cpu"]), _short(report["a_b_against"]["wall"])
+    return [
+        (f"(a)/{cpu} examples per CPU-second (the fastest Keras by CPU)", "a/b examples per CPU-second"),
+        (f"(a)/{wall} examples per wall-second (the fastest Keras by wall time)", "a/b examples per wall-second"),
+    ]
+
+
+def _one_at_a_time(report: dict) -> list[tuple[str, float]]:
+    """(a1)'s ratios against the same fastest Keras variants: the gain that is not micro-steps in flight."""
+    cpu, wall = _short(report["a_b_against"]["cpu"]), _short(report["a_b_against"]["wall"])
+    details = report["ratios_a_b_per_keras_variant"]
+    return [
+        (f"(a1)/{cpu} examples per CPU-second", details["a1/b examples per CPU-second (one micro-step at a time)"]),
+        (f"(a1)/{wall} examples per wall-second", details["a1/b examples per wall-second (one micro-step at a time)"]),
+    ]
+
+
+def peers(report: dict) -> str:
+    """benchmarks/peers.py's JSON: the medians per method, then the ratios with issue 13's targets."""
+    ratios, targets, memory = report["ratios"], report["targets"], report["memory"]
+    one_pass = memory["(e) plain, whole batch"]
+    rows = [(label, key, True) for label, key in _headline(report)]  # bold: the two the targets are about
+    rows += [("(a)/(c) examples per second", "a/c examples per second", False)]
+    rows += [("(a)/(d) CPU time per example", "a/d CPU time per example", False)]
+    lines = [f"| {RATIO_HEADER} | target | measured |", "|---|---|---:|"]
+    for label, key, bold in rows:
+        shown = against(ratios[key], targets[key]["higher_is_better"])
+        lines.append(f"| {label} | {targets[key]['target'] or '-'} | {f'**{shown}**' if bold else shown} |")
+    for method, key in ((A1, "a1/e TF allocator peak"), (A, "a/e TF allocator peak")):
+        ours = memory[method]
+        label = f"{_short(method)} k={ours['subdivisions']} / (e) TF allocator peak, batch {ours['batch_size']}"
+        mib = f"({ours['peak_memory_bytes'] / MIB:.0f} vs {one_pass['peak_memory_bytes'] / MIB:.0f} MiB)"
+        lines.append(f"| {label} | {targets[key]['target'] or '-'} | {against(ratios[key], False)} {mib} |")
+    lines += [f"| {label} | - | {against(value, True)} |" for label, value in _one_at_a_time(report)]
+    env, args = report["environment"], report["args"]
+    command = _command("peers.py", args, ("width", "k", "micro", "rounds", "updates", "mem_batch", "mem_k"))
+    return "\n".join([caption(_machine(env), report.get("commit"), command), "", *_times(report), "", *lines])
+
+
+def peers_keras(report: dict) -> str:
+    """benchmarks/peers_keras.py's JSON (the README's keras_file model): the medians, then the ratios."""
+    details = report["ratios_a_b_per_keras_variant"]
+    rows = [(label, f"**{against(report['ratios'][key], True)}**") for label, key in _headline(report)]
+    # under TensorFlow's default threads, the Keras variant that spent less CPU: the smaller a/b ratio
+    per_cpu = {name: details[f"a/b examples per CPU-second, {key}"] for name, key in KERAS_DEFAULT_THREADS.items()}
+    best = min(per_cpu, key=per_cpu.get)
+    shown = against(per_cpu[best], True)
+    rows.append((f"(a)/{best} examples per CPU-second (best of compile defaults and `steps_per_execution=k`)", shown))
+    defaults = [details[f"a/b examples per {per}-second, (b) compile defaults"] for per in ("CPU", "wall")]
+    shown = ", ".join(against(value, True) for value in defaults)
+    rows.append(("(a)/(b) examples per CPU-second, per wall-second (compile defaults)", shown))
+    rows += [(label, against(value, True)) for label, value in _one_at_a_time(report)]
+    lines = [f"| {RATIO_HEADER} | measured |", "|---|---:|", *(f"| {label} | {shown} |" for label, shown in rows)]
+    command = _command("peers_keras.py", report["args"], ("k", "micro", "rounds", "updates"))
+    machine = _machine(report["environment"])
+    return "\n".join([caption(machine, report.get("commit"), command), "", *_times(report), "", *lines])
+
+
+def compare(report: dict) -> str:
+    """`accum-train compare`'s compare.json: both runs' figures and their ratio, then the gradient check."""
+    sub, base = report["subdivided"]["summary"], report["baseline"]["summary"]
+    ratios, config = report["ratios"], report["config"]
+    k = sub["subdivisions"]
+    lines = [
+        f"| | subdivided (k={k}) | baseline (one pass) | subdivided / baseline (rounded up) |",
+        "|---|---:|---:|---:|",
+        f"| test accuracy | {sub['test_accuracy']:.4f} | {base['test_accuracy']:.4f} | |",
+    ]
+    # costs: a ratio over 1 is subdivision's price, so it is rounded up, never in its favour
+    for label, key, unit, scale in (
+        ("wall time", "wall_time_s", "s", 1),
+        ("CPU time", "cpu_time_s", "s", 1),
+        ("TF allocator peak", "peak_memory_bytes", "MiB", MIB),
+        ("peak RSS", "peak_rss_bytes", "MiB", MIB),
+    ):
+        lines.append(
+            f"| {label} | {sub[key] / scale:.0f} {unit} | {base[key] / scale:.0f} {unit} | "
+            f"{against(ratios[key], False, '0.01')}x |"
+        )
+    check = report["gradient_check"]
+    lines += [
+        "",
+        f"| gradient check at the initial weights, first batch, k={check['subdivisions']} "
+        "| max relative difference | max absolute difference |",
+        "|---|---:|---:|",
+        f"| BatchNorm in training mode | {short_g(check['max_rel_diff'])} | {short_g(check['max_abs_diff'])} |",
+    ]
+    if "bn_inference_mode" in check:
+        inference = check["bn_inference_mode"]
+        relative, absolute = short_g(inference["max_rel_diff"]), short_g(inference["max_abs_diff"])
+        lines.append(f"| BatchNorm in inference mode | {relative} | {absolute} |")
+    model = config["model"]
+    setting = (
+        f"{model['name']} width {model['width']}, batch {config['batch_size']}, subdivisions {config['subdivisions']},"
+        f" {config['epochs']} epochs, {config['optimizer']['name']} {config['optimizer']['learning_rate']}"
+    )
+    where = report["subdivided"]["run_dir"].rsplit("/", 1)[0]
+    line = caption(
+        "a machine the JSON does not record",
+        report.get("commit"),
+        f"accum-train compare CONFIG --output-dir {where}",
+        f", CONFIG as the JSON records it ({setting})",
+    )
+    return "\n".join([line, "", *lines])
+
+
+def headline(reports: dict) -> str:
+    """The README's results table: one figure per claim, each from its benchmark's JSON (``reports``: file name
+    -> JSON), with the command that measured it and the page that holds the whole table."""
+    masked, peers, memory = reports["peers-masked.json"], reports["peers.json"], reports["memory-batch.json"]
+    distance, ratios = masked["distance"], peers["ratios"]
+    base, whole = peers["memory"][A1], peers["memory"]["(e) plain, whole batch"]
+    peaks = [row["peak_memory_bytes"] for row in memory["rows"]]
+    batches = [row["batch_size"] for row in memory["rows"]]
+
+    def mib(value):
+        return f"{value / MIB:.0f} MiB"
+
+    rows = [
+        (
+            f"weights after {masked['args']['distance_updates']} updates of a masked tagger, distance from "
+            "whole-batch `model.fit`",
+            f"accum-train {_two_figures(distance['accum-train']['max_abs'])}; Keras `gradient_accumulation_steps` "
+            f"{_two_figures(distance['keras GA']['max_abs'])} ({_two_figures(distance['keras GA']['relative'])} "
+            "of the step)",
+            f"`python benchmarks/peers_masked.py --rounds {masked['args']['rounds']}`",
+            "[fit](docs/fit.md)",
+        ),
+        (
+            "examples per CPU-second against Keras' own accumulation (its best variant), seed convnet, "
+            f"k={peers['args']['k']}",
+            f"{against(ratios['a/b examples per CPU-second'], True)}x",
+            "`python benchmarks/peers.py`",
+            "[performance](docs/performance.md)",
+        ),
+        (
+            f"TF allocator peak, k={base['subdivisions']} one micro-step at a time against one pass, "
+            f"batch {base['batch_size']}",
+            f"{against(ratios['a1/e TF allocator peak'], False)}x ({mib(base['peak_memory_bytes'])} against "
+            f"{mib(whole['peak_memory_bytes'])})",
+            "`python benchmarks/peers.py`",
+            "[performance](docs/performance.md)",
+        ),
+        (
+            f"TF allocator peak from batch {batches[0]} to the whole training set ({batches[-1]}), micro-batch "
+            f"{memory['rows'][-1]['batch_size'] // memory['rows'][-1]['subdivisions']}",
+            f"{mib(min(peaks))} to {mib(max(peaks))} (the largest {against(max(peaks) / min(peaks), False)}x the "
+            "smallest)",
+            "`python benchmarks/memory_batch.py`",
+            "[memory](docs/memory.md)",
+        ),
+    ]
+    lines = ["| what | measured | command | page |", "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {' | '.join(row)} |" for row in rows])
+
+
+def _two_figures(value: float) -> str:
+    """2 significant figures, small ones as 2.2e-8 (peers_masked.py's way of showing a distance)."""
+    if value >= 0.01:
+        return f"{value:.2g}"
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
