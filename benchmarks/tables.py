@@ -229,8 +229,12 @@ def headline(reports: dict) -> str:
         (
             f"TF allocator peak from batch {batches[0]} to the whole training set ({batches[-1]}), micro-batch "
             f"{memory['rows'][-1]['batch_size'] // memory['rows'][-1]['subdivisions']}",
-            f"{mib(min(peaks))} to {mib(max(peaks))} (the largest {against(max(peaks) / min(peaks), False)}x the "
-            "smallest)",
+            (
+                f"{mib(min(peaks))} at every batch"
+                if mib(min(peaks)) == mib(max(peaks))
+                else f"{mib(min(peaks))} to {mib(max(peaks))}"
+            )
+            + f" (the largest {against(max(peaks) / min(peaks), False)}x the smallest)",
             "`python benchmarks/memory_batch.py`",
             "[memory](docs/memory.md)",
         ),

@@ -226,7 +226,8 @@ def test_the_readme_s_config_is_a_valid_config(repo_root):
 
 
 def test_the_results_tables_are_their_json_s(repo_root):
-    """Every table of docs/ generated from a benchmark's JSON (scripts/results_tables.py) says what the JSON says."""
+    """Every table of the README and docs/ generated from a benchmark's JSON (scripts/results_tables.py) says what
+    the JSON says."""
     done = subprocess.run(
         [sys.executable, str(repo_root / "scripts" / "results_tables.py"), "--check"], capture_output=True, text=True
     )
@@ -249,6 +250,9 @@ def test_the_results_tables_are_their_json_s(repo_root):
     missing = (expected | {path.name for path in (repo_root / "docs").glob("*.json")}) - sources
     assert not missing, f"no generated table (<!-- table from docs/X.json: KIND -->) in docs/ for {sorted(missing)}"
     assert text.count("<!-- table from ") == text.count("<!-- end of table -->")  # no block left unclosed
+    # the README's headline table, made from three of them
+    readme = (repo_root / "README.md").read_text()
+    assert "<!-- table from docs/peers-masked.json,docs/peers.json,docs/memory-batch.json: headline -->" in readme
 
 
 def test_every_documented_command_names_real_commands_and_options(repo_root):
