@@ -47,6 +47,7 @@ from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 
 import numpy as np
+import provenance  # benchmarks/ is on sys.path: this script runs from there
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_FILES = 10000
@@ -201,12 +202,14 @@ def keras_child(model_file: str, images: str, epochs: int, batch: int, cache: bo
 
 
 def _caption(report: dict) -> str:
-    """The tables' caption: the machine and command the JSON records (it has no commit)."""
+    """The tables' caption: the machine, commit and command the JSON records."""
     machine = report["machine"]
+    commit = report.get("commit") or machine.get("commit")
+    cpu = f" ({machine['cpu']})" if machine.get("cpu") else ""
     return (
-        f"Measured on {machine['cpus']} CPUs, Python {machine['python']}, load average "
+        f"Measured on {machine['cpus']} CPUs{cpu}, Python {machine['python']}, load average "
         f"{machine['load_before'][0]:.1f} before the run and {machine['load_after'][0]:.1f} after, "
-        f"{'commit ' + report['commit'] if report.get('commit') else 'commit not recorded'}: `{report['command']}`"
+        f"{'commit ' + commit if commit else 'commit not recorded'}: `{report['command']}`"
     )
 
 
@@ -278,7 +281,7 @@ def main() -> None:
         work = args.work or Path(temporary)
         result = {
             "command": " ".join(["python", "benchmarks/image_folder.py", *sys.argv[1:]]),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": os.getloadavg()},
+            "machine": {**provenance.machine(), "python": platform.python_version(), "load_before": os.getloadavg()},
         }
         result["data"] = write_data(work, args.files)
         print(f"wrote {args.files} PNG files and the .npz in {result['data']['write_s']:.0f} s", flush=True)

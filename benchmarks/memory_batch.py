@@ -23,6 +23,8 @@ import tempfile
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
+import provenance  # benchmarks/ is on sys.path: this script runs from there
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTING = [
@@ -55,11 +57,6 @@ def measure(batch: int, scratch: Path) -> dict:
     }
 
 
-def commit() -> str:
-    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return found.stdout.strip() or "unknown"
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="500,4000,16000,60000", help="batch sizes, comma-separated")
@@ -80,19 +77,21 @@ def main(argv=None) -> None:
             f"{peak / first:.2f}x | {row['peak_rss_bytes'] / 2**20:.0f} MiB |"
         )
     if args.output:
-        result = {"setting": SETTING, "commit": commit(), "rows": rows}
+        result = {"setting": SETTING, "commit": provenance.commit(), "machine": provenance.machine(), "rows": rows}
         args.output.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def table(report: dict) -> str:
-    """The JSON of --output as docs/memory.md's table, its caption naming the commit (the JSON has no machine).
+    """The JSON of --output as docs/memory.md's table, its caption naming the machine and commit.
 
     "over batch B" is rounded up, to 3 decimals: a peak that grew with the batch never reads as flat."""
     rows = report["rows"]
     first = rows[0]
     batches = ",".join(str(row["batch_size"]) for row in rows)
+    machine = report.get("machine")  # recorded since benchmarks/provenance.py
+    where = f"{machine['cpus']} CPUs ({machine['cpu']})" if machine else "a machine the JSON does not record"
     lines = [
-        f"Measured on a machine the JSON does not record, commit {report.get('commit') or 'not recorded'}: "
+        f"Measured on {where}, commit {report.get('commit') or 'not recorded'}: "
         f"`python benchmarks/memory_batch.py --batches {batches} --output docs/memory-batch.json`",
         "",
         f"| batch | k | updates | allocator peak | over batch {first['batch_size']} | peak RSS |",

@@ -60,6 +60,7 @@ from pathlib import Path
 import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow loads)
 import keras
 import numpy as np
+import provenance  # benchmarks/ is on sys.path: this script runs from there
 import tensorflow as tf
 from accum_train.baseline import PlainUpdate
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
@@ -429,11 +430,11 @@ def print_details(details):
 
 def environment(load_before, timing_s, keras_jit):
     return {
+        **provenance.machine(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "numpy": np.__version__,
         "python": platform.python_version(),
-        "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "timing_wall_s": timing_s,
         "keras_jit_compile": keras_jit,

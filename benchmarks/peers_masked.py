@@ -72,6 +72,7 @@ from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 
 import numpy as np
+import provenance  # benchmarks/ is on sys.path: this script runs from there
 
 A, B, B_SPE = "(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k"
 METHODS = (A, B, B_SPE)
@@ -363,10 +364,15 @@ def markdown_table(report, stated_commit=None):
     env, args, times, dist = report["environment"], report["args"], report["time"], report["distance"]
     spe = {B: "`steps_per_execution=1`", B_SPE: "`steps_per_execution=k`"}
     best_cpu, best_wall = report["a_b_against"]["cpu"], report["a_b_against"]["wall"]
-    commit = report.get("commit") or (stated_commit and f"{stated_commit} (the page's; the JSON does not record it)")
+    commit = (
+        report.get("commit")
+        or env.get("commit")
+        or (stated_commit and f"{stated_commit} (the page's; the JSON does not record it)")
+    )
     machine = (
-        f"{env['cpus']} CPUs ({env['platform']}), Python {env['python']}, TensorFlow {env['tensorflow']}, "
-        f"Keras {env['keras']}, load average {env['load_average_before'][0]:.1f} before the run"
+        f"{env['cpus']} CPUs ({env.get('cpu', env['platform'])}), Python {env['python']}, "
+        f"TensorFlow {env['tensorflow']}, Keras {env['keras']}, "
+        f"load average {env['load_average_before'][0]:.1f} before the run"
     )
     options = "".join(f" --{key} {args[key]}" for key in ("k", "micro", "rounds", "updates", "output"))
     return "\n".join(
@@ -474,9 +480,9 @@ def main():
 
     if args.output:
         environment = {
+            **provenance.machine(),
             "python": platform.python_version(),
             **versions,
-            "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "thread_pools": pools_text(args.threads),
             "load_average_before": load_before,

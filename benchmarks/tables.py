@@ -53,8 +53,9 @@ def _command(script: str, args: dict, keys: tuple[str, ...]) -> str:
 
 
 def _machine(env: dict) -> str:
+    cpu = f" ({env['cpu']})" if env.get("cpu") else ""  # recorded since benchmarks/provenance.py
     return (
-        f"{env['cpus']} CPUs, TensorFlow {env['tensorflow']}, Keras {env['keras']}, "
+        f"{env['cpus']} CPUs{cpu}, TensorFlow {env['tensorflow']}, Keras {env['keras']}, "
         f"load average {env['load_average_before'][0]:.1f} before the run"
     )
 
@@ -101,7 +102,7 @@ def _one_at_a_time(report: dict) -> list[tuple[str, float]]:
 
 
 def peers(report: dict) -> str:
-    """benchmarks/peers.py's JSON: the medians per method, then the ratios with issue 13's targets."""
+    """benchmarks/peers.py's JSON: the medians per method, then the ratios with their targets."""
     ratios, targets, memory = report["ratios"], report["targets"], report["memory"]
     one_pass = memory["(e) plain, whole batch"]
     rows = [(label, key, True) for label, key in _headline(report)]  # bold: the two the targets are about
@@ -119,7 +120,8 @@ def peers(report: dict) -> str:
     lines += [f"| {label} | - | {against(value, True)} |" for label, value in _one_at_a_time(report)]
     env, args = report["environment"], report["args"]
     command = _command("peers.py", args, ("width", "k", "micro", "rounds", "updates", "mem_batch", "mem_k"))
-    return "\n".join([caption(_machine(env), report.get("commit"), command), "", *_times(report), "", *lines])
+    commit = report.get("commit") or env.get("commit")
+    return "\n".join([caption(_machine(env), commit, command), "", *_times(report), "", *lines])
 
 
 def peers_keras(report: dict) -> str:
@@ -137,8 +139,9 @@ def peers_keras(report: dict) -> str:
     rows += [(label, against(value, True)) for label, value in _one_at_a_time(report)]
     lines = [f"| {RATIO_HEADER} | measured |", "|---|---:|", *(f"| {label} | {shown} |" for label, shown in rows)]
     command = _command("peers_keras.py", report["args"], ("k", "micro", "rounds", "updates"))
-    machine = _machine(report["environment"])
-    return "\n".join([caption(machine, report.get("commit"), command), "", *_times(report), "", *lines])
+    env = report["environment"]
+    commit = report.get("commit") or env.get("commit")
+    return "\n".join([caption(_machine(env), commit, command), "", *_times(report), "", *lines])
 
 
 def compare(report: dict) -> str:

@@ -396,3 +396,19 @@ def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_pa
 )
 def test_a_documented_command_runs_with_only_its_size_cut_down(command, run_as):
     assert " ".join(smoke_size(command.split())) == run_as
+
+
+def test_a_json_that_records_its_commit_and_cpu_names_them_in_its_caption(repo_root, monkeypatch):
+    """benchmarks/provenance.py records where a benchmark ran; the caption of the table made from it says so
+    (older JSONs, without them, say "commit not recorded")."""
+    monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
+    import provenance
+    import tables
+
+    where = provenance.machine()
+    assert set(where) == {"commit", "cpu", "cpus"} and where["commit"] != "unknown"
+    report = json.loads((repo_root / "docs" / "peers.json").read_text())
+    assert "commit not recorded" in tables.peers(report).splitlines()[0]
+    report["environment"].update(commit="abc1234", cpu="Some CPU")
+    first = tables.peers(report).splitlines()[0]
+    assert first.startswith("Measured on 2 CPUs (Some CPU), TensorFlow ") and ", commit abc1234: `python " in first
