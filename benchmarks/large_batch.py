@@ -1,6 +1,6 @@
 """Large batches that train well: recipes at batch 4000 and 16000 against batch 500.
 
-Issue 20's setting: configs/fmnist.yaml's net at width 1/8, no augmentation,
+The setting: configs/fmnist.yaml's net at width 1/8, no augmentation,
 10 epochs for every row, Adam at 3e-3 on a cosine with one epoch of warm-up,
 micro-batches of at most 500 (micro_batch_size: 500, one micro-batch computed
 at a time: the same memory in every row). 5000 training examples are held
@@ -138,7 +138,7 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
             (f"{batch}-lars-32", "(d) LARS at 32", common + ["optimizer.name=lars", "optimizer.learning_rate=32"]),
         ]
     # (f) batch 4000 given the reference's number of updates (8x its epochs), at the best 10-epoch recipe
-    # of issue 20's table (the linear rule, 3 epochs of warm-up)
+    # of the first table (the linear rule, 3 epochs of warm-up)
     long_epochs = epochs * 8
     out.append(
         (
@@ -171,7 +171,7 @@ def rows(epochs: int) -> list[tuple[str, str, list[str]]]:
                 ],
             )
         )
-    # (g) the batch grown to the gradient noise scale measured as it trains (batch_schedule's rule, issue 30):
+    # (g) the batch grown to the gradient noise scale measured as it trains (batch_schedule's rule):
     # from 500 at each epoch's end, in micro-batches of 250 (two per batch of 500: the estimate needs two or
     # more), up to 16000; the reference's peak rate held after its warm-up, as (e), or scaled by the sqrt rule
     rule = "batch_schedule={rule: noise_scale, max_batch_size: 16000}"
@@ -340,8 +340,8 @@ def table(report: dict) -> str:
     return "\n\n".join(out)
 
 
-# Issue 30's targets: (what, the rows that compete, chosen on validation, the most test accuracy it may be short of
-# the reference, the most updates as a share of the reference's)
+# The targets set for the tuned rows: (what, the rows that compete, chosen on validation, the most test accuracy
+# it may be short of the reference, the most updates as a share of the reference's)
 TARGETS = [
     ("LAMB or LARS at batch 4000, 10 epochs", ("4000-lamb", "4000-lars"), 0.015, None),
     ("the noise-scale rule, from batch 500", ("noise-scale",), 0.003, 0.5),

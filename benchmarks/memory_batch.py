@@ -1,6 +1,6 @@
 """Memory against batch size at a fixed micro-batch: does it follow the micro-batch?
 
-Issue 29's setting: configs/fmnist.yaml's net at width 1/8, no augmentation,
+The setting: configs/fmnist.yaml's net at width 1/8, no augmentation,
 micro-batches of at most 500 computed one at a time (micro_batch_size: 500,
 parallel_micro_steps: 1), one epoch of the 60000 training examples at each
 batch size. Each row is a fresh `accum-train run` (its own allocator), and
