@@ -1,5 +1,5 @@
 """Where a benchmark ran, written into its JSON so that the table made from it names the machine and commit once
-(scripts/results_tables.py): the commit (with "+changes" when the tracked files differ from it) and the CPU."""
+(scripts/results_tables.py): the commit (with "+changes" when the code differs from it) and the CPU."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CODE = ("accum", "cli", "datasets", "benchmarks", "configs", "setup.cfg", "pyproject.toml")
 
 
 def commit() -> str:
@@ -16,7 +17,9 @@ def commit() -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # the code that was measured: a results file written by an earlier benchmark of the same session is not it
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
+    return head + ("+changes" if changed else "")
 
 
 def cpu() -> str:

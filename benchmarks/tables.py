@@ -223,7 +223,7 @@ def headline(reports: dict) -> str:
         ),
         (
             f"TF allocator peak, k={base['subdivisions']} one micro-step at a time against one pass, "
-            f"batch {base['batch_size']}",
+            f"batch {base['batch_size']} (both holding the stored training set)",
             f"{against(ratios['a1/e TF allocator peak'], False)}x ({mib(base['peak_memory_bytes'])} against "
             f"{mib(whole['peak_memory_bytes'])})",
             "`python benchmarks/peers.py`",
