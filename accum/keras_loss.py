@@ -239,7 +239,7 @@ def _check_inputs(model: keras.Model, path: str, data) -> None:
     y_spec = _targets(y_spec)[0]
     inputs = {tensor.name: tensor for tensor in model.inputs}
     _check_names(path, "inputs", "x_train", list(inputs), x_spec)
-    _check_names(path, "outputs", "y_train", list(model.output_names), y_spec)
+    _check_names(path, "outputs", "y_train", output_names(model), y_spec)
     for name, spec in x_spec.items() if isinstance(x_spec, dict) else [(None, x_spec)]:
         given = tuple((inputs[name] if name else model.inputs[0]).shape[1:])
         shape = tuple(spec.shape[1:])
@@ -249,6 +249,13 @@ def _check_inputs(model: keras.Model, path: str, data) -> None:
                 f"model.path={path} takes inputs of shape {shape_text(given)} per example but {key} holds "
                 f"{shape_text(shape)}: build the model on keras.Input(shape={shape}) or reshape {key}"
             )
+
+
+def output_names(model: keras.Model) -> list:
+    """The names a model's outputs go by: a functional model's ``output_names``; a Sequential model (which has
+    none, and one output) its last layer's name, as the same model made functional would call it."""
+    names = getattr(model, "output_names", None)
+    return list(names) if names else [model.layers[-1].name]
 
 
 def _check_names(path: str, what: str, key: str, names: list, spec) -> None:

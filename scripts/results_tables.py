@@ -50,6 +50,8 @@ MAKERS = {
     "memory-batch.json": ("memory_batch", {"rows": "table"}),
     "image-folder.json": ("image_folder", {"check": "check_table", "train": "train_table"}),
     "compare-fmnist.json": ("tables", {"results": "compare"}),
+    "subdivided.json": ("subdivided", {"results": "table"}),
+    "subdivided-precision.json": ("subdivided", {"results": "table"}),
 }
 
 # Commits a page named for a JSON written before its script recorded one: the caption says where it came from

@@ -209,3 +209,44 @@ def test_a_stream_killed_mid_epoch_resumes_to_the_uninterrupted_weights(project,
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
     history = [json.loads(line)["event"] for line in (project / "cut" / "history.jsonl").read_text().splitlines()]
     assert history == ["start", "resume"]
+
+
+def test_the_documented_tfrecord_pipeline_runs_as_written(repo_root, tmp_path, monkeypatch):
+    """docs/keras-loss.md's factory (a module of TFRecord files) and its YAML, as written but for the folder:
+    a run trains on the records, every example once per epoch."""
+    import json
+
+    import tensorflow as tf
+    import yaml
+    from accum_train.cli.main import main
+    from click.testing import CliRunner
+
+    page = (repo_root / "docs" / "keras-loss.md").read_text()
+    module = page.split("<!-- python example: pipeline -->\n```python\n", 1)[1].split("```", 1)[0]
+    data = yaml.safe_load(page.split("## Your own tf.data pipeline\n\n```yaml\n", 1)[1].split("```", 1)[0])["data"]
+    assert data["path"] == "/data/records"  # the premise: the page's block, its folder replaced below
+    records = tmp_path / "records"
+    records.mkdir()
+    rng = np.random.default_rng(1)
+    for split, count, files in (("train", 300, 2), ("test", 60, 1)):
+        images, labels = rng.random((count, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, count)
+        for part in range(files):
+            with tf.io.TFRecordWriter(str(records / f"{split}-{part}.tfrecord")) as writer:
+                for i in range(part, count, files):
+                    feature = {
+                        "image": tf.train.Feature(float_list=tf.train.FloatList(value=images[i].ravel())),
+                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[i]])),
+                    }
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    (tmp_path / "my_pipeline.py").write_text(module)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.save(tmp_path / "model.keras")  # a pipeline's run brings its model and loss
+    config = {"model": {"name": "keras_file", "path": "model.keras"}, "batch_size": 64, "subdivisions": 4, "epochs": 2}
+    config["data"] = {**data, "path": str(records)}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["run", "run.yaml", "--output-dir", "out", "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["steps"], summary["examples_seen"]) == (10, 600)  # 300 records: 4 full batches, one of 44
