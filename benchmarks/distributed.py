@@ -26,17 +26,22 @@ plus strategy.reduce, which MirroredStrategy runs past the strategy's
 CrossDeviceOps when the destination is a CPU.
 
     python benchmarks/distributed.py            # 2 logical CPUs, k=8
+    python benchmarks/distributed.py --output docs/distributed.json   # docs/distributed.md's table
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
 import time
 from decimal import ROUND_FLOOR, Decimal
+from pathlib import Path
 
 import accum_train  # noqa: F401
+import provenance  # benchmarks/ is on sys.path: this script runs from there
 from accum_train.config import StrategyConfig
 from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 
@@ -134,7 +139,9 @@ def main():
     parser.add_argument("--width", type=float, default=0.125)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
+    load_before = os.getloadavg()
 
     ops = LoggingCrossDeviceOps()
     strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=args.devices), cross_device_ops=ops)
@@ -279,6 +286,26 @@ def main():
         f"(n)/(a) time per update, 3 decimals rounded down (against accum-train), then full precision:\n"
         f"  wall {floor3(wall_ratio)}  {wall_ratio!r}\n  CPU  {floor3(cpu_ratio)}  {cpu_ratio!r}"
     )
+    if args.output:
+        report = {
+            "machine": {**provenance.machine(), "load_average_before": load_before, "tensorflow": tf.__version__},
+            "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+            "gradient_elements": gradient_elements,
+            "first_updates_agree": worst,
+            "methods": {
+                name: {
+                    "graph_calls": counts[name]["graph_calls"],
+                    "gradient_all_reduces": counts[name]["gradient_all_reduces"],
+                    "other_collectives": counts[name]["other_collectives"],
+                    "collectives": [list(entry) for entry in counts[name]["log"]],
+                    "wall_s": wall[name],
+                    "cpu_s": cpu[name],
+                }
+                for name in methods
+            },
+            "ratios": {"wall": wall_ratio, "cpu": cpu_ratio},
+        }
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def floor3(value):

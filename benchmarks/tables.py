@@ -192,6 +192,36 @@ def compare(report: dict) -> str:
     return "\n".join([line, "", *lines])
 
 
+def distributed(report: dict) -> str:
+    """benchmarks/distributed.py's JSON as docs/distributed.md's table: per update, what each method runs and
+    what it costs; the ratio of (n) to (a) rounded against accum-train."""
+    import statistics
+
+    machine, args = report["machine"], report["args"]
+    command = _command("distributed.py", args, ("devices", "k", "micro", "width", "rounds", "updates"))
+    lines = [
+        caption(f"{args['devices']} logical CPUs of {machine['cpus']} ({machine['cpu']})", machine["commit"], command),
+        "",
+        "| per update | graph calls | gradient all-reduces | other collectives | wall s (median) | CPU s (median) |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for name, method in report["methods"].items():
+        # a gradient all-reduce moves at least every gradient float; what it carries besides is named
+        sizes = [size for kind, _, size in method["collectives"] if kind != "broadcast"]
+        carried = max(sizes) if sizes else 0
+        extra = f" ({carried:,} floats: the gradients and {carried - report['gradient_elements']} more)"
+        gradient = f"{method['gradient_all_reduces']}" + (extra if carried > report["gradient_elements"] else "")
+        others = [kind for kind, _, size in method["collectives"] if kind == "broadcast"]
+        other = f"{method['other_collectives']}" + (f": {len(others)} broadcast" if others else "")
+        lines.append(
+            f"| {name} | {method['graph_calls']} | {gradient} | {other} | "
+            f"{statistics.median(method['wall_s']):.4f} | {statistics.median(method['cpu_s']):.4f} |"
+        )
+    ratios = report["ratios"]
+    lines += ["", f"(n)/(a): {against(ratios['wall'], True)} wall, {against(ratios['cpu'], True)} CPU."]
+    return "\n".join(lines)
+
+
 def headline(reports: dict) -> str:
     """The README's results table: one figure per claim, each from its benchmark's JSON (``reports``: file name
     -> JSON), with the command that measured it and the page that holds the whole table."""

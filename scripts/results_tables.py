@@ -51,6 +51,7 @@ MAKERS = {
     "image-folder.json": ("image_folder", {"check": "check_table", "train": "train_table"}),
     "compare-fmnist.json": ("tables", {"results": "compare"}),
     "subdivided.json": ("subdivided", {"results": "table"}),
+    "distributed.json": ("tables", {"results": "distributed"}),
     "subdivided-precision.json": ("subdivided", {"results": "table"}),
 }
 
