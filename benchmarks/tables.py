@@ -212,7 +212,11 @@ def distributed(report: dict) -> str:
         extra = f" ({carried:,} floats: the gradients and {carried - report['gradient_elements']} more)"
         gradient = f"{method['gradient_all_reduces']}" + (extra if carried > report["gradient_elements"] else "")
         others = [kind for kind, _, size in method["collectives"] if kind == "broadcast"]
-        other = f"{method['other_collectives']}" + (f": {len(others)} broadcast" if others else "")
+        other = (
+            f"{len(others)} broadcast"
+            if len(others) == method["other_collectives"]
+            else f"{method['other_collectives']}"
+        )
         lines.append(
             f"| {name} | {method['graph_calls']} | {gradient} | {other} | "
             f"{statistics.median(method['wall_s']):.4f} | {statistics.median(method['cpu_s']):.4f} |"
