@@ -27,7 +27,8 @@ where the op sits:
   after the loop  all-reduce, finite check, norm, the optimizer's apply,
                   the BatchNorm fold, clearing the cache
 
-    python benchmarks/profile.py            # the README's table
+    python benchmarks/profile.py                              # the table, printed
+    python benchmarks/profile.py --output docs/profile.json   # and kept: docs/performance.md's table
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+import provenance  # benchmarks/ is on sys.path: this script runs from there
 
 VARIANTS = {"k=1": (1, 1), "k=8, 1 at once": (8, 1), "k=8, 2 at once": (8, 2)}  # label: (k, parallel)
 KINDS = (
@@ -145,6 +149,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=10)
     parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)  # k parallel
+    parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(*args.child, args.updates)))
@@ -174,6 +179,9 @@ def main():
         kernels = "".join(f"{rows[label]['op_ms'].get(name, 0.0):>16.1f}" for label in labels)
         print(f"{'  ' + name:<28}" + kernels)
     print(f"{'  all kernels':<28}" + "".join(f"{sum(rows[label]['op_ms'].values()):>16.1f}" for label in labels))
+    if args.output:
+        report = {"machine": provenance.machine(), "updates": args.updates, "kinds": list(KINDS), "variants": rows}
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

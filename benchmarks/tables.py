@@ -226,6 +226,41 @@ def distributed(report: dict) -> str:
     return "\n".join(lines)
 
 
+# benchmarks/profile.py's kinds of kernel, as docs/performance.md names them
+PROFILE_KINDS = {
+    "convolutions": "convolutions (forward, both backward)",
+    "batch norm": "batch norm (fused, with its gradient)",
+    "activations": "activations, loss, pooling",
+    "accumulation": "accumulation (cache and BatchNorm sums)",
+    "loop, slicing": "loop control, micro-batch slices",
+    "other in loop": "other ops in the micro-step",
+    "after the loop": "after the loop (reduce, checks, Adam, fold)",
+}
+
+
+def profile(report: dict) -> str:
+    """benchmarks/profile.py's JSON: ms per update of each variant, wall, CPU and kernel time by kind."""
+    machine, variants = report["machine"], report["variants"]
+    labels = list(variants)
+    shown = [label + (" (default)" if label == "k=8, 2 at once" else "") for label in labels]
+    command = f"python benchmarks/profile.py --updates {report['updates']} --output docs/profile.json"
+    lines = [
+        caption(f"{machine['cpus']} CPUs ({machine['cpu']})", machine["commit"], command),
+        "",
+        "| ms per update | " + " | ".join(shown) + " |",
+        "|---|" + "---:|" * len(labels),
+        "| wall | " + " | ".join(f"{variants[label]['wall_ms']:.1f}" for label in labels) + " |",
+        "| CPU | " + " | ".join(f"{variants[label]['cpu_ms']:.1f}" for label in labels) + " |",
+    ]
+    for kind in report["kinds"]:
+        cells = " | ".join(f"{variants[label]['op_ms'].get(kind, 0.0):.1f}" for label in labels)
+        lines.append(f"| kernels: {PROFILE_KINDS.get(kind, kind)} | {cells} |")
+    # CPU time no kernel accounts for: thread pools spinning and waking, Python, the executor itself
+    outside = [variants[label]["cpu_ms"] - sum(variants[label]["op_ms"].values()) for label in labels]
+    lines.append("| CPU not in a kernel | " + " | ".join(f"{value:.1f}" for value in outside) + " |")
+    return "\n".join(lines)
+
+
 def headline(reports: dict) -> str:
     """The README's results table: one figure per claim, each from its benchmark's JSON (``reports``: file name
     -> JSON), with the command that measured it and the page that holds the whole table."""

@@ -52,6 +52,7 @@ MAKERS = {
     "compare-fmnist.json": ("tables", {"results": "compare"}),
     "subdivided.json": ("subdivided", {"results": "table"}),
     "distributed.json": ("tables", {"results": "distributed"}),
+    "profile.json": ("tables", {"results": "profile"}),
     "subdivided-precision.json": ("subdivided", {"results": "table"}),
 }
 
