@@ -261,6 +261,58 @@ def profile(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _main_job_caption(report: dict) -> str:
+    machine = report["machine"]
+    return caption(f"{machine['cpus']} CPUs ({machine['cpu']})", machine["commit"], report["command"])
+
+
+def main_job(report: dict) -> str:
+    """benchmarks/main_job.py's JSON as docs/development.md's table: what the main job reached and cost."""
+    summary, epochs = report["summary"], report["epochs"]
+    times = [epoch["elapsed_s"] for epoch in epochs]
+    rows = [
+        ("test accuracy", f"{summary['test_accuracy']:.4f}"),
+        (
+            "updates",
+            f"{summary['steps']} of batch {summary['batch_size']}, {summary['subdivisions']} micro-batches each",
+        ),
+        ("micro-steps in flight", f"{summary['parallel_micro_steps']}"),
+        ("training", f"{summary['wall_time_s']:.0f} s, epochs of {min(times):.0f}-{max(times):.0f} s"),
+        ("CPU time", f"{summary['cpu_time_s']:.0f} s"),
+        ("TF allocator peak", f"{summary['peak_memory_bytes'] / MIB:.0f} MiB"),
+        ("peak RSS", f"{summary['peak_rss_bytes'] / MIB:.0f} MiB"),
+    ]
+    return "\n".join([_main_job_caption(report), "", "| | |", "|---|---:|", *(f"| {a} | {b} |" for a, b in rows)])
+
+
+def noise_scale(report: dict, group: int = 6) -> str:
+    """The main job's noise scale at each epoch's end, as its range over each ``group`` epochs (null where the
+    estimate was not positive)."""
+
+    def shown(value):
+        return "null" if value is None else f"{value:.0f}"
+
+    epochs = report["epochs"]
+    spans, cells = [], []
+    for start in range(0, len(epochs), group):
+        part = epochs[start : start + group]
+        values = [epoch["noise_scale"] for epoch in part]
+        known = [value for value in values if value is not None]
+        low = "null" if None in values else shown(min(known))
+        high = shown(max(known)) if known else "null"
+        spans.append(f"{part[0]['epoch']}-{part[-1]['epoch']}")
+        cells.append(f"{low}-{high}")
+    return "\n".join(
+        [
+            _main_job_caption(report),
+            "",
+            "| epochs | " + " | ".join(spans) + " |",
+            "|---|" + "---|" * len(spans),
+            "| noise scale | " + " | ".join(cells) + " |",
+        ]
+    )
+
+
 def headline(reports: dict) -> str:
     """The README's results table: one figure per claim, each from its benchmark's JSON (``reports``: file name
     -> JSON), with the command that measured it and the page that holds the whole table."""
@@ -311,6 +363,17 @@ def headline(reports: dict) -> str:
             "[memory](docs/memory.md)",
         ),
     ]
+    if "main-job.json" in reports:
+        job, epochs = reports["main-job.json"]["summary"], len(reports["main-job.json"]["epochs"])
+        rows.append(
+            (
+                f"the main job's test accuracy (configs/fmnist.yaml: width 1/4, {epochs} epochs, "
+                f"{job['subdivisions']} micro-batches per update)",
+                f"{job['test_accuracy']:.4f}",
+                "`make main`",
+                "[development](docs/development.md)",
+            )
+        )
     lines = ["| what | measured | command | page |", "|---|---|---|---|"]
     return "\n".join(lines + [f"| {' | '.join(row)} |" for row in rows])
 

@@ -53,6 +53,7 @@ MAKERS = {
     "subdivided.json": ("subdivided", {"results": "table"}),
     "distributed.json": ("tables", {"results": "distributed"}),
     "profile.json": ("tables", {"results": "profile"}),
+    "main-job.json": ("tables", {"results": "main_job", "noise-scale": "noise_scale"}),
     "subdivided-precision.json": ("subdivided", {"results": "table"}),
 }
 
