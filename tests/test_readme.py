@@ -252,7 +252,7 @@ def test_the_results_tables_are_their_json_s(repo_root):
     assert text.count("<!-- table from ") == text.count("<!-- end of table -->")  # no block left unclosed
     # the README's headline table, made from three of them
     readme = (repo_root / "README.md").read_text()
-    assert "<!-- table from docs/peers-masked.json,docs/peers.json,docs/memory-batch.json: headline -->" in readme
+    assert "<!-- table from docs/peers-masked.json,docs/peers.json,docs/memory-batch.json,docs/main-job.json: headline -->" in readme
 
 
 def test_every_documented_command_names_real_commands_and_options(repo_root):
