@@ -361,8 +361,8 @@ def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_pa
                 )
                 argv = [sys.executable, *argv[1:]] if argv[0] == "python" else argv
                 if "--workers" in words:  # TF's gRPC server listens on every interface: a private network
-                    if shutil.which("unshare") is None:
-                        continue
+                    if shutil.which("unshare") is None or shutil.which("ip") is None:
+                        pytest.fail("unshare and ip (util-linux, iproute2) run --workers on a private network")
                     quoted = " ".join(shlex.quote(part) for part in argv)
                     argv = ["unshare", "-rn", "sh", "-c", f"ip link set lo up && exec {quoted}"]
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
