@@ -196,6 +196,27 @@ def test_second_interrupt_stops_at_once_in_one_line(tmp_path, repo_root, monkeyp
     assert json.loads((out / "summary.json").read_text())["steps"] == 94
 
 
+def test_a_run_directory_with_a_renamed_key_is_evaluated_and_resumed(tmp_path, smoke_run):
+    """config.yaml as an earlier release wrote it (max_bad_updates, now max_bad_steps): evaluate reads it, and a
+    resume goes on and writes it under today's names."""
+    import shutil
+
+    out, _, _ = smoke_run
+    old = tmp_path / "old"
+    shutil.copytree(out, old, ignore=shutil.ignore_patterns("writer.lock", "evaluate"))
+    written = (old / "config.yaml").read_text()
+    (old / "config.yaml").write_text(written.replace("max_bad_steps: 10", "max_bad_updates: 10"))
+    assert "max_bad_updates: 10" in (old / "config.yaml").read_text()  # the premise
+    evaluated = CliRunner().invoke(main, ["evaluate", str(old)])
+    assert evaluated.exit_code == 0, evaluated.output
+    summary = json.loads((old / "summary.json").read_text())
+    assert json.loads((old / "evaluate" / "evaluate.json").read_text())["test_accuracy"] == summary["test_accuracy"]
+    resumed = CliRunner().invoke(main, ["run", "--resume", str(old), "--set", "epochs=3"])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((old / "summary.json").read_text())["steps"] == 141  # 47 updates per epoch
+    assert "max_bad_steps: 10" in (old / "config.yaml").read_text()
+
+
 def test_run_dir_errors(tmp_path, repo_root, smoke_run):
     smoke = str(repo_root / "configs" / "smoke.yaml")
     done, _, _ = smoke_run
