@@ -1,11 +1,11 @@
 """``accum-train run --workers N``: N local worker processes under a watchdog.
 
 Each worker is the core's own training process (``python -m accum_train.worker``)
-with ``strategy.name=multi_worker`` and a TF_CONFIG naming N ports on 127.0.0.1 (worker 0 is the chief and writes the
-run directory). The watchdog stops every worker, within a bounded time, as
-soon as one fails or one has not started training within
-``strategy.worker_timeout_s``: a missing peer would otherwise leave the others
-blocked in a collective for minutes.
+with ``strategy.name=multi_worker`` and a TF_CONFIG naming N ports on 127.0.0.1
+(worker 0 is the chief and writes the run directory). The watchdog stops every
+worker, within a bounded time, as soon as one fails or one has not started
+training within ``strategy.worker_timeout_s``: a missing peer would otherwise
+leave the others blocked in a collective for minutes.
 
 The supervisor checks everything once (config, output directory, data) and
 hands every worker the same resolved config file; it never imports
