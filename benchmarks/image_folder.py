@@ -43,11 +43,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 
 import numpy as np
 import provenance  # benchmarks/ is on sys.path: this script runs from there
+from tables import against, caption
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_FILES = 10000
@@ -206,11 +206,11 @@ def _caption(report: dict) -> str:
     machine = report["machine"]
     commit = report.get("commit") or machine.get("commit")
     cpu = f" ({machine['cpu']})" if machine.get("cpu") else ""
-    return (
-        f"Measured on {machine['cpus']} CPUs{cpu}, Python {machine['python']}, load average "
-        f"{machine['load_before'][0]:.1f} before the run and {machine['load_after'][0]:.1f} after, "
-        f"{'commit ' + commit if commit else 'commit not recorded'}: `{report['command']}`"
+    where = (
+        f"{machine['cpus']} CPUs{cpu}, Python {machine['python']}, load average "
+        f"{machine['load_before'][0]:.1f} before the run and {machine['load_after'][0]:.1f} after"
     )
+    return caption(where, commit, report["command"])
 
 
 def check_table(report: dict) -> str:
@@ -251,7 +251,7 @@ def train_table(report: dict) -> str:
     for name, row in train.items():
         model, what = name.split("/", 1)
         keras = train[f"{model}/keras image_dataset_from_directory"]["examples_per_s"]
-        ratio = Decimal(repr(row["examples_per_s"] / keras)).quantize(Decimal("0.01"), ROUND_FLOOR)
+        ratio = against(row["examples_per_s"] / keras, True, "0.01")
         # the page's one comparison: the folder, ours against Keras' (Keras' own row is the unit)
         shown = {"accum-train image folder": str(ratio), "keras image_dataset_from_directory": "1"}.get(what, "")
         label = INPUTS.get(what, what) if len(models) == 1 else f"{model}: {INPUTS.get(what, what)}"

@@ -24,6 +24,7 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 import provenance  # benchmarks/ is on sys.path: this script runs from there
+from tables import caption
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,8 +92,11 @@ def table(report: dict) -> str:
     machine = report.get("machine")  # recorded since benchmarks/provenance.py
     where = f"{machine['cpus']} CPUs ({machine['cpu']})" if machine else "a machine the JSON does not record"
     lines = [
-        f"Measured on {where}, commit {report.get('commit') or 'not recorded'}: "
-        f"`python benchmarks/memory_batch.py --batches {batches} --output docs/memory-batch.json`",
+        caption(
+            where,
+            report.get("commit"),
+            f"python benchmarks/memory_batch.py --batches {batches} --output docs/memory-batch.json",
+        ),
         "",
         f"| batch | k | updates | allocator peak | over batch {first['batch_size']} | peak RSS |",
         "|---:|---:|---:|---:|---:|---:|",

@@ -68,11 +68,11 @@ import statistics
 import subprocess
 import sys
 import time
-from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 
 import numpy as np
 import provenance  # benchmarks/ is on sys.path: this script runs from there
+from tables import against, caption, two_figures
 
 A, B, B_SPE = "(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k"
 METHODS = (A, B, B_SPE)
@@ -344,19 +344,6 @@ def time_methods(args):
     return times, keras_jit
 
 
-def shown(value):
-    """3 decimals, rounded down: a ratio where higher is better for accum-train is never displayed higher."""
-    return str(Decimal(repr(value)).quantize(Decimal("0.001"), rounding=ROUND_FLOOR))
-
-
-def two_figures(value):
-    """2 significant figures, small ones as 2.2e-8 (what a distance's size says; the JSON has them in full)."""
-    if value >= 0.01:
-        return f"{value:.2g}"
-    mantissa, exponent = f"{value:.1e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
-
-
 def markdown_table(report, stated_commit=None):
     """The JSON of --output as docs/fit.md's table, its caption naming the machine and commit once.
 
@@ -377,8 +364,7 @@ def markdown_table(report, stated_commit=None):
     options = "".join(f" --{key} {args[key]}" for key in ("k", "micro", "rounds", "updates", "output"))
     return "\n".join(
         [
-            f"Measured on {machine}, {f'commit {commit}' if commit else 'commit not recorded'}: "
-            f"`python benchmarks/peers_masked.py{options}`",
+            caption(machine, commit, f"python benchmarks/peers_masked.py{options}"),
             "",
             "| | accum-train | Keras `gradient_accumulation_steps` |",
             "|---|---:|---:|",
@@ -386,8 +372,8 @@ def markdown_table(report, stated_commit=None):
             f"{times[best_cpu]['examples_per_cpu_s']:.0f} ({spe[best_cpu]}) |",
             f"| examples per wall-second | {times[A]['examples_per_wall_s']:.0f} | "
             f"{times[best_wall]['examples_per_wall_s']:.0f} ({spe[best_wall]}) |",
-            f"| accum-train / Keras | {shown(report['ratios']['cpu'])} (CPU), "
-            f"{shown(report['ratios']['wall'])} (wall) | |",
+            f"| accum-train / Keras | {against(report['ratios']['cpu'], True)} (CPU), "
+            f"{against(report['ratios']['wall'], True)} (wall) | |",
             f"| max distance from whole-batch `model.fit` after {args['distance_updates']} updates | "
             f"{two_figures(dist['accum-train']['max_abs'])} | {two_figures(dist['keras GA']['max_abs'])} |",
             f"| the same, relative to how far the weights moved ({two_figures(dist['moved'])}) | "
@@ -464,8 +450,8 @@ def main():
         f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
         f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}"
     )
-    print(f"  a/b examples per CPU-second  {shown(ratios['cpu'])}  {ratios['cpu']!r}")
-    print(f"  a/b examples per wall-second  {shown(ratios['wall'])}  {ratios['wall']!r}")
+    print(f"  a/b examples per CPU-second  {against(ratios['cpu'], True)}  {ratios['cpu']!r}")
+    print(f"  a/b examples per wall-second  {against(ratios['wall'], True)}  {ratios['wall']!r}")
 
     print(
         f"\ndistance from whole-batch training: SGD lr {args.distance_lr}, {args.distance_updates} updates of "

@@ -18,10 +18,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 import provenance  # benchmarks/ is on sys.path: this script runs from there
+from tables import against, caption
 
 SETTING = ["model.width=0.125", "batch_size=256", "data.train_limit=4096"]
 VARIANTS = {"auto": "parallel_micro_steps=auto", "one at a time": "parallel_micro_steps=1"}
@@ -66,9 +66,8 @@ def main(argv=None) -> None:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def _up(value: float, places: str = "0.01") -> str:
-    # a cost rounded up: k=8's price never reads smaller than measured
-    return str(Decimal(repr(value)).quantize(Decimal(places), rounding=ROUND_CEILING))
+def _up(value: float) -> str:
+    return against(value, False, "0.01")  # a cost rounded up: k=8's price never reads smaller than measured
 
 
 def _spread(ratio: dict) -> str:
@@ -78,11 +77,10 @@ def _spread(ratio: dict) -> str:
 def _caption(report: dict, output: str) -> str:
     machine = report["machine"]
     precision = f" --precision {report['precision']}" if report.get("precision") else ""
-    return (
-        f"Measured on {machine['cpus']} CPUs ({machine['cpu']}), load average {machine['load_average_before'][0]:.1f} "
-        f"before the run, commit {machine['commit']}: `python benchmarks/subdivided.py --rounds {report['rounds']} "
-        f"--steps {report['steps']}{precision} --output {output}`"
-    )
+    load = machine["load_average_before"][0]
+    where = f"{machine['cpus']} CPUs ({machine['cpu']}), load average {load:.1f} before the run"
+    command = f"python benchmarks/subdivided.py --rounds {report['rounds']} --steps {report['steps']}{precision}"
+    return caption(where, machine["commit"], f"{command} --output {output}")
 
 
 def table(report: dict) -> str:

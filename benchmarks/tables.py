@@ -40,6 +40,14 @@ def caption(machine: str, commit: str | None, command: str, note: str = "") -> s
     return f"Measured on {machine}, {f'commit {commit}' if commit else 'commit not recorded'}: `{command}`{note}"
 
 
+def two_figures(value: float) -> str:
+    """2 significant figures, small ones as 2.2e-8 (what a distance's size says; the JSON has them in full)."""
+    if value >= 0.01:
+        return f"{value:.2g}"
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def short_g(value: float) -> str:
     """3 significant figures, the exponent without padding (1.93e-5, not 1.93e-05)."""
     mantissa, _, exponent = f"{value:.3g}".partition("e")
@@ -329,8 +337,8 @@ def headline(reports: dict) -> str:
         (
             f"weights after {masked['args']['distance_updates']} updates of a masked tagger, distance from "
             "whole-batch `model.fit`",
-            f"accum-train {_two_figures(distance['accum-train']['max_abs'])}; Keras `gradient_accumulation_steps` "
-            f"{_two_figures(distance['keras GA']['max_abs'])} ({_two_figures(distance['keras GA']['relative'])} "
+            f"accum-train {two_figures(distance['accum-train']['max_abs'])}; Keras `gradient_accumulation_steps` "
+            f"{two_figures(distance['keras GA']['max_abs'])} ({two_figures(distance['keras GA']['relative'])} "
             "of the step)",
             f"`python benchmarks/peers_masked.py --rounds {masked['args']['rounds']}`",
             "[fit](docs/fit.md)",
@@ -376,11 +384,3 @@ def headline(reports: dict) -> str:
         )
     lines = ["| what | measured | command | page |", "|---|---|---|---|"]
     return "\n".join(lines + [f"| {' | '.join(row)} |" for row in rows])
-
-
-def _two_figures(value: float) -> str:
-    """2 significant figures, small ones as 2.2e-8 (peers_masked.py's way of showing a distance)."""
-    if value >= 0.01:
-        return f"{value:.2g}"
-    mantissa, exponent = f"{value:.1e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
