@@ -148,6 +148,7 @@ def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a run trained
     with a Keras loss, one {input, outputs: [...]} (the model's output values)."""
+    from .keras_loss import output_names
     from .trained import describe_run, load_run
 
     info = describe_run(run_dir)  # refuses a directory that is not a run
@@ -156,7 +157,7 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
         run = load_run(run_dir)
         values = outputs(run, x)
         if isinstance(values, (list, tuple)):  # several outputs: by the model's output names
-            values = dict(zip(run.model.network.output_names, values))
+            values = dict(zip(output_names(run.model.network), values))
         if isinstance(values, dict):
             return [
                 {"input": name, "outputs": {k: v[i].tolist() for k, v in values.items()}}
