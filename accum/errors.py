@@ -3,9 +3,10 @@
 Every one carries a one-line message and its ``exit_code``, the one place
 the codes are set: UserError 2 (bad input: names what is wrong and how to fix
 it), OutOfMemory 3, TrainingStopped (and WorkerFailed) 1, Interrupted 128 +
-the signal's number. ``outcome.ending`` turns them into
-that code and one line (for the CLI and the core's own children); ``compare`` reads a child's code the same way. Any
-other exception is a bug and keeps its traceback.
+the signal's number. ``outcome.ending`` turns them into that code and one
+line, for the CLI and the core's own children alike; ``compare`` reads a
+child's code the same way. Any other exception is a bug and keeps its
+traceback.
 """
 
 
