@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import worker
 from .child import error_message, run_child
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
 from .metrics_log import is_epoch_record, read_metrics
+from .processes import training_process
 from .progress import Progress
 from .rundir import check_output_dir, pyplot, save_figure, write_result
 
@@ -95,7 +95,9 @@ def score_key(record: dict) -> str | None:
 def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progress) -> dict:
     """Train one side in a fresh process; its summary and curves, or why it could not run."""
     label = "baseline" if baseline else "subdivided"
-    command = worker.command(str(config_path), "--output-dir", str(run_dir), f"--set=baseline={str(baseline).lower()}")
+    command = training_process(
+        str(config_path), "--output-dir", str(run_dir), f"--set=baseline={str(baseline).lower()}"
+    )
     progress.message(f"== {label} ==")
     child = run_child(command, say=lambda line: progress.message(f"  {line.rstrip()}"))
     if child.code == OutOfMemory.exit_code:

@@ -40,27 +40,11 @@ from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, Worke
 from .files import atomic_write
 from .keras_archive import uses_keras_loss
 from .lock import writing
+from .processes import INTERRUPTED_CODES, RESTARTS, STARTED_FILE, STOP_SIGNALS, training_process
 from .rundir import check_output_dir, kept_model
-from .worker import command as training_process
 
-# The supervisor names a file per worker in this variable; the worker creates it once training begins,
-# which for the chief means that every worker has joined.
-STARTED_FILE = "ACCUM_TRAIN_STARTED_FILE"
-# How many times the supervisor has restarted the workers (summary.json's restarts); unset: none.
-RESTARTS = "ACCUM_TRAIN_RESTARTS"
-# The signals that stop a run after the update in hand (train._StopFlag; the supervisor hands them to the
-# chief), and the exit codes of a run they stopped (Interrupted: 128 + the signal's number).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-INTERRUPTED_CODES = tuple(128 + sig for sig in STOP_SIGNALS)
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
 KEPT_ERROR_LINES = 200
-
-
-def announce_started() -> None:
-    """Tell a ``--workers`` supervisor that this process is training; nothing for a run of its own."""
-    path = os.environ.get(STARTED_FILE)
-    if path:
-        Path(path).touch()
 
 
 def worker_command(run_args: list[str], index: int) -> list[str]:

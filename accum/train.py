@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +29,10 @@ from .data import (
 )
 from .errors import Interrupted
 from .files import atomic_write
-from .launcher import RESTARTS, announce_started
 from .lock import writing
 from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .metrics_log import MetricsLog
+from .processes import announce_started, restarts
 from .progress import Progress
 from .rundir import check_output_dir, keep_model_file, kept_model, save_weights, write_json
 from .stopping import StopFlag
@@ -119,7 +118,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         "subdivisions": run.subdivisions,
         "replicas": run.replicas,
         # how many times a --workers supervisor started this run's workers again after a failure
-        "restarts": int(os.environ.get(RESTARTS, "0")),
+        "restarts": restarts(),
         "batch_size": cfg.batch_size,
         "batch_schedule": [
             {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size} for p in run.timeline.phases

@@ -10,14 +10,8 @@ core's own entry point: the core never starts (or imports) the CLI.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-
-def command(*args: str) -> list[str]:
-    """The argument list that starts one with ``args`` (CONFIG, --output-dir DIR or --resume DIR, --set ...)."""
-    return [sys.executable, "-m", "accum_train.worker", *args]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,7 +2,7 @@
 
 - the CLI (cli/) sits on top: nothing under accum/ or datasets/ imports it;
 - the dataset loaders (datasets/) import only the leaves of the core: config, errors, text, imports, files;
-- no two modules import each other, directly or around a circle, at module level;
+- no two modules import each other, directly or around a circle, even through imports inside functions;
 - no module of accum/, cli/ or datasets/ is over 500 lines.
 """
 
@@ -12,16 +12,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"accum": "", "cli": "cli", "datasets": "datasets"}  # each folder's place under accum_train
-LEAVES = {"config", "errors", "text", "imports", "files"}
+PACKAGE = "accum_train"
+FOLDERS = {"accum": PACKAGE, "cli": f"{PACKAGE}.cli", "datasets": f"{PACKAGE}.datasets"}  # setup.cfg's package_dir
+LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "errors", "text", "imports", "files")}
+CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
 MAX_LINES = 500
 
 
 def module_name(path: Path) -> str:
+    """The import name of a source file: accum/engine.py is accum_train.engine, accum/__init__.py the package
+    root accum_train itself."""
     relative = path.relative_to(ROOT)
-    parts = [FOLDERS[relative.parts[0]]] if FOLDERS[relative.parts[0]] else []
-    parts += list(relative.with_suffix("").parts[1:])
-    if parts and parts[-1] == "__init__":
+    parts = [*FOLDERS[relative.parts[0]].split("."), *relative.with_suffix("").parts[1:]]
+    if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
@@ -30,47 +33,63 @@ def sources() -> dict:
     return {module_name(path): path for folder in FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))}
 
 
-def imports(path: Path, name: str, modules: dict) -> set:
-    """The package's modules that ``path`` (module ``name``) imports anywhere, inside functions too."""
+def imports(path: Path, name: str, modules: dict, top_level_only: bool = False) -> set:
+    """The package's modules that ``path`` (module ``name``) imports: relative (``from .x import y``) and absolute
+    (``from accum_train.x import y``, ``import accum_train.x``) imports, inside functions too unless
+    ``top_level_only`` (those run when the function is called, after every module loaded)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.ImportFrom) or not node.level:
-            continue
-        base = package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])
-        for alias in node.names:
-            target = ".".join([*base, alias.name])
+
+    def targets(base, names):
+        for alias in names:
+            target = ".".join([*base, alias])
             found.add(target if target in modules else ".".join(base))
-    return {target for target in found if target in modules and target != name}
-
-
-def lazy_free_imports(path: Path, name: str, modules: dict) -> set:
-    """Module-level imports only: those inside a function run when it is called, after every module loaded."""
-    tree = ast.parse(path.read_text())
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    found = set()
 
     def visit(node):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])
-            for alias in node.names:
-                target = ".".join([*base, alias.name])
-                found.add(target if target in modules else ".".join(base))
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])
+                targets(base, [alias.name for alias in node.names])
+            elif node.module and node.module.split(".")[0] == PACKAGE:
+                targets(node.module.split("."), [alias.name for alias in node.names])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(tree)
+    visit(ast.parse(path.read_text()))
     return {target for target in found if target in modules and target != name}
+
+
+def circles(graph: dict) -> list:
+    """Every import circle of ``graph`` (module -> the modules it imports), each as "a -> b -> a"."""
+    found, state, stack = [], {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                found.append(" -> ".join([*stack[stack.index(target) :], target]))
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
 
 
 def test_nothing_below_the_cli_imports_it():
     modules = sources()
     offenders = {
-        name: sorted(t for t in imports(path, name, modules) if t == "cli" or t.startswith("cli."))
+        name: sorted(t for t in imports(path, name, modules) if t == CLI or t.startswith(f"{CLI}."))
         for name, path in modules.items()
-        if not (name == "cli" or name.startswith("cli."))
+        if not (name == CLI or name.startswith(f"{CLI}."))
     }
     assert {name: found for name, found in offenders.items() if found} == {}
 
@@ -82,7 +101,7 @@ def test_the_core_starts_no_process_of_the_cli():
     naming = sorted(
         name
         for name, path in sources().items()
-        if not name.startswith("cli")
+        if not name.startswith(CLI)
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("accum_train.cli")
     )
@@ -91,36 +110,22 @@ def test_the_core_starts_no_process_of_the_cli():
 
 def test_the_dataset_loaders_import_only_the_core_s_leaves():
     modules = sources()
-    allowed = LEAVES | {name for name in modules if name.startswith("datasets")}
+    allowed = LEAVES | {name for name in modules if name.startswith(DATASETS)}
     wrong = {
         name: sorted(found - allowed)
         for name, path in modules.items()
-        if name.startswith("datasets")
+        if name.startswith(DATASETS)
         for found in [imports(path, name, modules)]
     }
     assert {name: found for name, found in wrong.items() if found} == {}
 
 
-def test_no_import_circle_at_module_level():
+def test_no_import_circle():
+    """Not at module level, and not through the imports inside functions either: a function-level import that
+    closes a circle still drags one layer's modules into the other's processes (the training process into the
+    supervisor's, say)."""
     modules = sources()
-    graph = {name: lazy_free_imports(path, name, modules) for name, path in modules.items()}
-    circles, state, stack = [], {}, []
-
-    def visit(node):
-        state[node] = "open"
-        stack.append(node)
-        for target in sorted(graph[node]):
-            if state.get(target) == "open":
-                circles.append(" -> ".join([*stack[stack.index(target) :], target]))
-            elif target not in state:
-                visit(target)
-        stack.pop()
-        state[node] = "done"
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
-    assert circles == []
+    assert circles({name: imports(path, name, modules) for name, path in modules.items()}) == []
 
 
 @pytest.mark.parametrize("folder", sorted(FOLDERS))
@@ -134,8 +139,17 @@ def test_no_room_is_over_500_lines(folder):
 
 
 def test_the_checks_see_what_they_check():
-    """The premise: the import reader finds the package's own imports (a reader that found none would pass)."""
+    """The premise: the import reader finds the package's own imports, relative, absolute and inside functions,
+    the package root's too, and the circle finder finds a circle (a reader that found none would pass)."""
     modules = sources()
-    assert "files" in imports(modules["datasets.fashion_mnist"], "datasets.fashion_mnist", modules)
-    assert {"config", "errors"} <= lazy_free_imports(modules["rundir"], "rundir", modules)
-    assert "engine" in lazy_free_imports(modules["training_run"], "training_run", modules)
+
+    def of(name, top_level_only=False):
+        return imports(modules[name], name, modules, top_level_only)
+
+    assert f"{PACKAGE}.files" in of(f"{DATASETS}.fashion_mnist")
+    assert {f"{PACKAGE}.config", f"{PACKAGE}.errors"} <= of(f"{PACKAGE}.rundir", True)
+    assert f"{PACKAGE}.train" in of(f"{PACKAGE}.api")  # inside run()
+    assert f"{PACKAGE}.train" not in of(f"{PACKAGE}.api", True)
+    assert f"{PACKAGE}.api" in of(PACKAGE)  # the root's own imports are read
+    assert f"{PACKAGE}.cli.main" in imports(ROOT / "tests" / "test_worker.py", "tests.test_worker", modules)
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]

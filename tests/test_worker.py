@@ -7,12 +7,12 @@ import sys
 import pytest
 from accum_train import worker
 from accum_train.cli.main import main as cli
-from accum_train.launcher import RESTARTS
+from accum_train.processes import RESTARTS, training_process
 from click.testing import CliRunner
 
 
 def test_its_command_runs_the_core_s_entry_point():
-    assert worker.command("c.yaml", "--output-dir", "run") == [
+    assert training_process("c.yaml", "--output-dir", "run") == [
         sys.executable,
         "-m",
         "accum_train.worker",
