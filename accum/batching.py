@@ -1,9 +1,9 @@
 """The batch arithmetic: how a batch of ``n`` examples is cut into shares and micro-batches.
 
-One place for it, imported wherever a batch is cut (the engines, the data
-order, accum_train.fit's input pipeline): each of ``replicas`` takes a
-contiguous share of the batch, and cuts its share into ``k`` contiguous
-micro-batches whose sizes differ by at most one.
+One place for it, imported wherever a batch is cut (the accumulator's held
+batches, the run's feed, accum_train.fit's input pipeline): each of
+``replicas`` takes a contiguous share of the batch, and cuts its share into
+``k`` contiguous micro-batches whose sizes differ by at most one.
 """
 
 from __future__ import annotations
@@ -31,3 +31,21 @@ def k_for_micro_batch(batch_size: int, micro_batch_size: int, replicas: int = 1)
 def largest_micro_batch(batch_size: int, replicas: int, k: int) -> int:
     """The largest micro-batch when each of ``replicas`` cuts its share of ``batch_size`` into ``k``."""
     return math.ceil(largest_share(batch_size, replicas) / k)
+
+
+def pieces(n, k: int, replicas: int, local, chunk_first: bool = False) -> list:
+    """[start, end) in a batch of ``n`` (an int or a tensor) of each element a process pulls, in pull order: per
+    micro-step, per local replica (ids ``local``). Each replica's share cut into ``k`` micro-batches; with
+    ``chunk_first`` (a stream, read front to back) micro-step i's chunk of the batch, shared by the replicas."""
+    out = []
+    for i in range(k):
+        for r in local:
+            if chunk_first:
+                c0, c1 = micro_bounds(i, n, k)
+                s0, s1 = micro_bounds(r, c1 - c0, replicas)
+                out.append((c0 + s0, c0 + s1))
+            else:
+                s0, s1 = micro_bounds(r, n, replicas)
+                m0, m1 = micro_bounds(i, s1 - s0, k)
+                out.append((s0 + m0, s0 + m1))
+    return out

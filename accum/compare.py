@@ -32,30 +32,35 @@ COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes",
 def gradient_check(cfg: Config, data) -> dict:
     """Accumulated vs whole-batch gradient on the first batch at the initial weights.
 
-    The accumulated side is the engine's own: AccumulatingUpdate fills its
-    cache with the k micro-batches of the batch, which is then read and
-    cleared, never applied."""
+    The accumulated side is the accumulator's own: it fills its caches with the
+    k micro-batches of the batch, which are then read and cleared, never
+    applied."""
     import tensorflow as tf
 
     from .data import first_batch
-    from .engine import AccumulatingUpdate
-    from .keras_loss import build_with_loss, loss_function
+    from .engine import Accumulator
+    from .keras_loss import build_with_loss
+    from .objective import TOTAL, combine
+    from .scoring import as_data
 
-    model, keras_loss = build_with_loss(cfg, data)
-    x, y = first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle)
+    model, objective = build_with_loss(cfg, data)
+    x, y, weights = as_data(first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle))
     variables = model.trainable_variables
     names = [v.name.split(":")[0] for v in variables]
     k = min(cfg.subdivisions_for(cfg.batch_size), cfg.batch_size)
+    groups = objective.groups
 
     def check(training: bool) -> dict:
-        losses = loss_function(model, keras_loss, training)
+        inference = objective if training else InferenceMode(objective)
         with tf.GradientTape() as tape:
-            # the whole batch's mean loss, as the engine normalises it (a Keras loss gives its sum)
-            full_loss = tf.reduce_sum(losses(x, y)) / tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
+            # the whole batch's loss as the objective normalises it (without the weight regularizers)
+            parts, _ = inference.evaluate(x, y, weights, training, groups)
+            counts = [parts.counts[g] for g in groups if g != TOTAL]
+            full_loss = combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
         full = tape.gradient(full_loss, variables)
-        engine = AccumulatingUpdate(losses, variables, None, subdivisions=k, norm_layers=model.norm_layers)
-        engine.accumulate_batch(x, y)
-        accumulated = engine.cache.gradients()
+        engine = Accumulator(inference, variables, None, subdivisions=k, norm_layers=model.norm_layers)
+        engine.accumulate_batch(x, y, sample_weight=weights)
+        accumulated = engine.accumulated()
         engine.reset()  # nothing is applied, no statistic moves
         per_variable = {}
         for name, acc, ref in zip(names, accumulated, full):
@@ -76,6 +81,20 @@ def gradient_check(cfg: Config, data) -> dict:
     result["subdivisions"] = k
     result["bn_inference_mode"] = check(training=False) if model.norm_layers else None
     return result
+
+
+class InferenceMode:
+    """An objective evaluated in inference mode however it is asked (BatchNorm on its moving statistics): with
+    it, what is left between the accumulated and the whole-batch gradient is not BatchNorm's."""
+
+    def __init__(self, objective):
+        self.objective, self.groups, self.kinds = objective, objective.groups, objective.kinds
+
+    def evaluate(self, x, y, sample_weight, training, groups=None):
+        return self.objective.evaluate(x, y, sample_weight, False, groups)
+
+    def regularization(self):
+        return self.objective.regularization()
 
 
 def _curves(run_dir: Path) -> dict:

@@ -1,271 +1,380 @@
-"""The accumulation engine: a gradient cache and a one-graph-call update, on
-one device or on any tf.distribute strategy.
+"""The accumulator: one gradient cache per normaliser of the loss, and an update that is one graph call, on one
+device or on any tf.distribute strategy. ``accum-train run``/``compare``/``bench``, ``accum_train.run`` and
+``accum_train.fit`` all train with it; what differs between them is passed in.
 
-A batch of ``n`` examples is cut into ``k = min(subdivisions, n)`` contiguous
-micro-batches whose sizes differ by at most one. Each micro-batch adds the
-gradient of ``sum(per-example loss) / n`` to the cache, so the cache ends up
-holding the gradient of the *mean loss over the whole batch*, whatever the
-split: ragged micro-batches and a short last batch are weighted by their
-example counts. (Dividing by ``subdivisions``, or averaging micro-batch means
-as equals, is biased as soon as the sizes differ.)
+- The objective (objective.py): what a micro-batch adds up, per normaliser of the loss a sum and a count.
+  The built-in cross-entropy is the one-normaliser, per-example case; a compiled Keras loss has one normaliser
+  per kind of division it makes (keras_objective.py).
+- ``prepare(element, n)``: how an element pulled from the input pipeline becomes ``(x, y, sample_weight)``,
+  inside the micro-step (the CLI's feed converts and augments its stored values there; fit unpacks its data).
+- ``metrics``: what else a micro-step keeps, read once per update (fit's compiled metrics; none for the CLI).
 
-One device is tf.distribute's default strategy: the same code runs there and
-on MirroredStrategy or MultiWorkerMirroredStrategy. Under a strategy each
-replica takes its contiguous share of the global batch and cuts that into k
-micro-batches; the cache (and the BatchNorm layers' pending statistics) are
-replica-local ``ON_READ``/``SUM`` variables, so no collective runs inside the
-micro-batch loop. An update then makes ONE collective: a single all-reduce of
-the accumulated gradients, the loss, a retry flag and the BatchNorm sums.
-Norm, clipping and the finite check act on the reduced (global) values, the
-same on every replica; the apply-or-skip decision is a ``tf.cond`` in
-cross-replica context (``merge_call``), whose apply branch goes back to the
-replicas for ``apply_gradients`` (``call_for_each_replica``). Neither branch
-holds a collective, so the replicas cannot disagree inside one. Keras'
-optimizer would all-reduce the gradients a second time inside
-``apply_gradients``; the engine turns that off (``_all_reduce_sum_gradients``,
-its one private Keras hook, guarded by a test that a double reduction fails).
-The baseline, ``PlainUpdate`` (baseline.py), is the same update without the
-micro-batches: each replica's share of the batch in one pass, then the same
-all-reduce. What every update shares (the all-reduce, apply or skip, the loss
-scale, the counters) is update.py's, the gradient cache gradient_cache.py's,
-the built-in loss losses.py's, the micro-batches a run pulls feed.py's.
+A batch of ``n`` examples is cut into contiguous micro-batches whose sizes differ by at most one (batching.py);
+under a strategy each replica takes its contiguous share and cuts that. Each micro-step differentiates its
+part of each normaliser's sum, divided by ``n`` (the magnitude of a batch mean, what a 16-bit loss scale
+expects), into that normaliser's cache and adds its part of the normaliser to the totals. The update then makes
+ONE collective, an all-reduce of the caches, the totals, the BatchNorm sums, the noise terms, the metrics, a
+retry flag and the stop request; each cache is multiplied by ``n / D`` once (exactly 1 for a per-example loss
+of a whole batch: the bits of dividing by ``n`` in the micro-step), the weight regularizers' gradient is added
+once, and update.py's ``Update`` applies the result once or skips it. Averaging micro-batch means, or dividing
+by ``subdivisions``, is biased as soon as micro-batches differ in size or in valid tokens.
 
-The pieces are separately usable: ``reset``, ``accumulate`` (one
-micro-batch), ``accumulate_batch`` (all k micro-batches of a batch) and
-``finish`` (reduce, then apply once or skip, then clear). ``update`` composes
-them into ONE tf.function call per batch: the micro-batch loop is a
-``tf.range`` loop inside the graph, so only one micro-batch of activations is
-alive at a time and Python is entered once per update. With ``parallel`` > 1
-the loop carries the sums as tensors instead (a ``tf.while_loop`` with
-``parallel_iterations``) and writes them to the cache once, so that up to that
-many micro-steps run at once: on a few CPU cores, small micro-batches keep the
-cores busier that way than with threads inside each op (threads.py). The sums
-add in micro-batch order either way: the two paths give the same bits.
-Nothing here knows TensorLayer: any list of variables and per-example loss
-function will do.
+The micro-batches come from an input pipeline (``update_from``: ``pulls`` elements per local replica, pulled
+inside the graph, so only one micro-batch is ever an input) or from a batch held in memory (``update``: the
+tests, the gradient check, the memory probe). Two loops run the micro-steps. One at a time (``parallel`` 1)
+adds each to the cache variables as it is done: the least memory. ``parallel`` > 1 carries the sums as tensors
+through a ``tf.while_loop`` with ``parallel_iterations`` and writes them once, so that micro-steps overlap: on
+a few CPU cores small micro-batches keep the cores busier that way than with threads inside each op
+(threads.py). Both add in micro-batch order: they give the same bits. A replica cannot pull from a distributed
+iterator, so pulled micro-steps overlap only on one device. ``one_pass`` is the baseline: each replica's share
+in one micro-step, its gradients straight to the all-reduce, no cache.
 
-Every engine counts, inside its graph, the updates it skipped in all and in a
-row; the training loop reads the counters after each update and checkpoints
-them, so they are never stale.
+The pieces are separately usable: ``accumulate_from``/``accumulate_batch``/``accumulate`` (into the caches,
+nothing applied), ``finish`` (reduce, apply or skip, clear) and ``reset``; the memory guard uses them to look
+at an update's peak, or to let every worker agree on a retry, before anything is applied.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from . import noise
 from .batching import micro_bounds
-from .gradient_cache import GradientCache
-from .update import Update, _as_given, _examples, _first, _function, _rows, _signal, _size
+from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
+from .objective import Totals, as_data, as_objective, combine, output_values, scale_of, units
+from .update import STOP_REQUESTS, Update, _examples, _first, _rows, _signal, _size
 
 
-class AccumulatingUpdate(Update):
-    """The subdivided update: accumulate k micro-batches per replica, reduce and apply once.
+class Accumulator(Update):
+    """The update of ``objective`` over k micro-batches per replica: accumulate, reduce once, apply once.
 
-    ``loss_fn(x, y)`` returns the per-example loss (a vector) of a micro-batch
-    in training mode. ``input_signature`` is (x, y) of a batch; ``update``,
-    ``accumulate_batch`` and ``finish`` take this process's examples of the
-    global batch (all of them, except under multi-worker: the shares of its
-    replicas, in replica order, see ``data.worker_part``) and ``n``, the
-    global batch size. ``shared`` are Update's keyword arguments (clip_norm,
-    norm_layers, strategy, loss_scale, growth_steps).
-    """
+    ``objective``: an objective (objective.py), or a per-example ``loss_fn(x, y)``. ``subdivisions``: k for
+    a held batch (``update``; a variable: changing it never retraces). ``groups``: the normalisers the data
+    gives (the objective's own by default). ``shared`` are Update's keyword arguments (clip_norm, norm_layers,
+    strategy, loss_scale, growth_steps)."""
 
     def __init__(
         self,
-        loss_fn: Callable,
-        variables: Sequence[tf.Variable],
+        objective,
+        variables,
         optimizer,
         *,
-        subdivisions: int,
-        input_signature=None,
+        subdivisions: int = 1,
+        one_pass: bool = False,
         parallel: int = 1,
+        groups=None,
+        metrics=None,
+        prepare=None,
         **shared,
     ):
         super().__init__(variables, optimizer, **shared)
-        self.loss_fn = loss_fn
-        # Micro-steps in flight at once: 1 adds each micro-batch to the cache variables as it is done
-        # (the least memory); more carries the sums as tensors (one more gradient-sized buffer, and up
-        # to ``parallel`` micro-batches of activations alive) so that micro-steps can overlap.
-        self.parallel = int(parallel)
+        self.objective = as_objective(objective)
+        self.groups = tuple(groups if groups is not None else self.objective.groups)
+        self.metrics, self.one_pass = metrics, bool(one_pass)
+        self.prepare = prepare or as_data
+        # Micro-steps in flight at once: 1 adds each micro-batch to the caches as it is done (the least memory);
+        # more carries the sums as tensors (one more gradient-sized buffer per normaliser, and up to
+        # ``parallel`` micro-batches of activations alive) so that micro-steps can overlap.
+        self.parallel = 1 if self.one_pass else max(1, int(parallel))
+        self.used = [False] * len(self.variables)  # which variables the loss reaches (found while tracing)
+        self._n = None  # the batch of the micro-batches accumulated so far (``finish`` divides by it)
         with self.strategy.scope():
-            self.cache = GradientCache(self.variables)
-            # A variable, not a Python int, so that changing k (subdivisions: auto,
-            # retry after out-of-memory) never retraces the graph.
+            # A variable, not a Python int: changing k (subdivisions: auto, a retry after running out of memory)
+            # never retraces the graph.
             self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32, name="subdivisions")
-        signature = (*input_signature, tf.TensorSpec([], tf.int32)) if input_signature else None
-        self._update = _function(self._update_all, signature and (*signature, tf.TensorSpec([], tf.int32)))
-        self._accumulate_batch = _function(self._accumulate_all, signature)
-        self._finish = tf.function(lambda retry, stop: self.strategy.run(self._finish_replica, args=(retry, stop)))
-        self._accumulate = tf.function(
-            lambda x, y, n: self.strategy.run(self._accumulate_micro, args=(x, y, n)), reduce_retracing=True
-        )
-        self._reset = tf.function(lambda: self.strategy.run(self._reset_replica))
+            self.totals = Totals(self.groups, len(self.objective.kinds))
+            if not self.one_pass:
+                self.caches = [GradientCache(self.variables) for _ in self.groups]
+                size = noise.terms_size(len(self.groups))
+                self.noise = tf.Variable(tf.zeros([size]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
+        run = self.strategy.run
         self._update_pulled = tf.function(self._update_from)
         self._accumulate_pulled = tf.function(self._accumulate_from)
+        self._update_held = tf.function(self._update_batch, reduce_retracing=True)
+        self._accumulate_held = tf.function(self._accumulate_batch, reduce_retracing=True)
+        self._accumulate_one = tf.function(self._accumulate_micro, reduce_retracing=True)
+        self._finish = tf.function(lambda n, retry, stop: run(self._finish_replica, args=(n, retry, stop)))
+        self._reset = tf.function(lambda: run(self._reset_replica))
 
     def set_subdivisions(self, k: int) -> None:
         self.subdivisions.assign(int(k))
 
-    # -- the separately usable pieces (host side)
-
-    def update(self, x, y, n=None, stop=0):
-        """One update from a batch: one graph call; {loss, grad_norm, applied, learning_rate, retry, stop}.
-        ``stop``: the signal this process was sent (0: none); ``stop`` out: any process's (``_conclude``)."""
-        return _first(self.strategy, self._update(x, y, _size(y, n), _signal(stop)))
+    # -- host side
 
     def update_from(self, iterator, n: int, pulls: int, stop=0):
-        """One update whose micro-batches the graph pulls from ``iterator`` (a feed's: ``pulls`` elements per
-        local replica, each ``prepare``d inside its micro-step), ``n`` the global batch: one graph call, the
-        record ``update`` gives. Only one micro-batch is ever an input: the batch is never held whole."""
-        return _first(self.strategy, self._update_pulled(iterator, _size(None, n), _size(None, pulls), _signal(stop)))
+        """One update whose micro-batches the graph pulls from ``iterator`` (``pulls`` elements per local replica,
+        each ``prepare``d inside its micro-step), ``n`` the global batch (or the nominal one of a stream): one
+        graph call; the record {loss, grad_norm, applied, learning_rate, retry, stop, examples, noise, ...},
+        with ``logs`` when there are metrics. ``stop``: the signal this process was sent (0: none); ``stop``
+        out: the largest any process was sent."""
+        self._n = None
+        return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop)))
 
     def accumulate_from(self, iterator, n: int, pulls: int):
-        """``update_from``'s micro-batches into the cache, nothing applied (``finish`` concludes)."""
-        return _first(self.strategy, self._accumulate_pulled(iterator, _size(None, n), _size(None, pulls)))
+        """``update_from``'s micro-batches into the caches, nothing applied (``finish`` concludes); the examples
+        this process's first replica holds so far."""
+        self._n = n
+        return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls)))
 
-    def accumulate_batch(self, x, y, n=None):
-        """All k micro-batches of a batch into the cache, nothing applied; this replica's loss share."""
-        return _first(self.strategy, self._accumulate_batch(x, y, _size(y, n)))
+    def update(self, x, y, n=None, stop=0, sample_weight=None):
+        """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
+        of them except under multi-worker: see ``data.worker_part``): one graph call, as ``update_from``."""
+        data = (x, y) if sample_weight is None else (x, y, sample_weight)
+        return _first(self.strategy, self._update_held(data, _size(n, y), _signal(stop)))
+
+    def accumulate_batch(self, x, y, n=None, sample_weight=None):
+        """All k micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
+        self._n = _size(n, y)
+        data = (x, y) if sample_weight is None else (x, y, sample_weight)
+        return _first(self.strategy, self._accumulate_held(data, self._n))
+
+    def accumulate(self, x, y, n):
+        """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
+        ``accumulate_from``."""
+        self._n = n
+        return _first(self.strategy, self._accumulate_one((x, y), _size(n)))
+
+    def accumulated(self) -> list:
+        """What was accumulated so far as the batch's gradient, one tensor per variable (the sum over this
+        process's replicas; nothing is applied or cleared)."""
+        totals = self.totals.values()  # read across replicas: their sum
+        factors, _ = combine(totals, self.groups, _size(self._n))
+        scale = self.loss_scale if self.dynamic else 1.0
+        return [
+            tf.add_n([f * cache.slots[i].read_value() for f, cache in zip(factors, self.caches)]) / scale
+            for i in range(len(self.variables))
+        ]
 
     def finish(self, retry=False, stop=0):
-        """Reduce the cache, then apply it once (or skip it if anything is not finite, or drop it if any
-        worker asks to ``retry``), then clear it; the update's record, as ``update`` gives it."""
-        return _first(self.strategy, self._finish(tf.constant(bool(retry)), _signal(stop)))
+        """Reduce what was accumulated, then apply it once (or skip it if anything is not finite, or drop it if
+        any worker asks to ``retry``), then clear it; the update's record."""
+        n, self._n = self._n, None
+        return _first(self.strategy, self._finish(_size(n), tf.constant(bool(retry)), _signal(stop)))
 
-    def accumulate(self, x, y, batch_examples):
-        """One micro-batch (the same on every replica) into the cache; its share of the batch's mean loss."""
-        return _first(self.strategy, self._accumulate(x, y, _size(y, batch_examples)))
-
-    def reset(self):
-        """Forget a half-done update: the cache and the pooled BatchNorm statistics (on every replica,
-        in replica context: no collective, so workers may reset different numbers of times)."""
+    def reset(self) -> None:
+        """Forget a half-done update: the caches, totals, noise terms and pooled BatchNorm statistics (on every
+        replica, in replica context: no collective, so workers may reset different numbers of times). The
+        metrics' state is the caller's to restore."""
+        self._n = None
         self._reset()
 
-    def _reset_replica(self):
-        self.cache.clear()
-        super().reset()
+    # -- inside the graph: the micro-step
 
-    # -- inside the graph
+    def _gradients(self, x, y, sample_weight, n):
+        """One micro-batch: its parts, its sums as divided (``shares``) and per normaliser the gradients of its
+        (loss-scaled) share."""
+        with tf.GradientTape(persistent=len(self.groups) > 1) as tape:
+            parts, predictions = self.objective.evaluate(x, y, sample_weight, True, self.groups)
+            shares = {g: parts.sums[g] / scale_of(g, n) for g in self.groups}
+            targets = [self._scaled(shares[g]) for g in self.groups]
+        gradients = [tape.gradient(target, self.variables) for target in targets]
+        del tape
+        for grads in gradients:
+            self.used = [u or g is not None for u, g in zip(self.used, grads)]
+        if self.metrics is not None:
+            self.metrics.update(x, y, predictions, sample_weight)
+        return parts, shares, gradients
 
-    def _micro_gradients(self, x, y, batch_examples):
-        """This micro-batch's share of the batch's mean loss, and its (scaled) gradients."""
-        with tf.GradientTape() as tape:
-            losses = self.loss_fn(x, y)
-            share = tf.reduce_sum(losses) / tf.cast(batch_examples, losses.dtype)
-            scaled = self._scaled(share)
-        return share, tape.gradient(scaled, self.variables)
+    def _terms(self, parts, gradients):
+        return noise.micro_terms(gradients, units(parts, self.groups))
 
-    def _noise_terms(self, gradients, examples, batch_examples):
-        """[|g_i|^2, 1/b_i, 1] of a micro-batch of b_i = ``examples``, g_i its mean gradient over its own examples
-        (accum/noise.py); zeros for an empty one. Its gradients are of (its loss sum) / n, times the loss scale:
-        g_i is them times n / (b_i x scale). One reduction over gradients already computed, no collective."""
-        squared = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in gradients if g is not None])
-        b = tf.cast(examples, tf.float32)
-        ratio = tf.cast(batch_examples, tf.float32) / tf.maximum(b, 1.0)
-        if self.dynamic:
-            ratio = ratio / self.loss_scale
-        there = tf.cast(examples > 0, tf.float32)
-        return tf.stack([squared * ratio * ratio, 1.0 / tf.maximum(b, 1.0), 1.0]) * there
+    def _micro(self, data, n, prepare=as_data):
+        """Replica context: one micro-batch into the caches and totals."""
+        parts, shares, gradients = self._gradients(*prepare(data, n), n)
+        for cache, grads in zip(self.caches, gradients):
+            cache.add(grads)
+        self.totals.add(self.totals.plus(self.totals.zeros(), parts, shares))
+        self.noise.assign_add(self._terms(parts, gradients))
 
-    def _accumulate_micro(self, x, y, batch_examples):
-        """Add the gradient of this micro-batch's share of the batch's mean loss."""
-        share, gradients = self._micro_gradients(x, y, batch_examples)
-        self.cache.add(gradients, share, self._noise_terms(gradients, _examples(y), batch_examples))
-        return share
+    def _micro_pulled(self, element, n):
+        self._micro(element, n, self.prepare)
 
-    def _accumulate_replica(self, x, y, n):
-        """This replica's share (x, y) of a batch of n, as k micro-batches, into its cache."""
-        local_n = _examples(y)
-        k = tf.minimum(self.subdivisions, local_n)  # a short share may have fewer examples than k, even none
-
-        def micro_batch(i):
-            start, end = micro_bounds(i, local_n, k)
-            return _rows(x, start, end), _rows(y, start, end)
-
-        if self.parallel > 1:
-            return self._carried(micro_batch, _as_given, k, n)
-        loss = tf.constant(0.0)
-        for i in tf.range(k):
-            loss += self._accumulate_micro(*micro_batch(i), n)
-        return loss
+    # -- the two loops
 
     def _carried(self, fetch, prepare, k, n):
         """The k micro-batches (``fetch(i)``, then ``prepare``d) with their sums carried through the loop as
-        tensors and written to the cache once. No variable is written inside the loop, so up to ``parallel``
-        micro-steps can run at once (``parallel_iterations``); the next micro-batch is fetched by the
-        micro-step before it, and each sum still adds in micro-batch order, the order the cache adds in."""
+        tensors and written to the caches once. No variable is written inside the loop (but the metrics'), so
+        up to ``parallel`` micro-steps can run at once; the next micro-batch is fetched by the micro-step before
+        it, and each sum still adds in micro-batch order, the order the caches add in."""
         pending = [layer.pending for layer in self.norm_layers]
 
-        def body(i, element, loss, grads, stats, noise):
+        def body(i, element, grads, totals, stats, terms):
+            # first: the next micro-step can start once its micro-batch is here, while this one still runs
             following = tf.cond(i + 1 < k, lambda: fetch(i + 1), lambda: element)
             with contextlib.ExitStack() as stack:
                 collected = [stack.enter_context(p.collect()) for p in pending]
-                x, y = prepare(element, n)
-                share, micro_grads = self._micro_gradients(x, y, n)
-            grads = [total if g is None else total + tf.cast(g, tf.float32) for total, g in zip(grads, micro_grads)]
+                parts, shares, gradients = self._gradients(*prepare(element, n), n)
+            grads = [
+                [total if g is None else total + dense(g) for total, g in zip(sums, micro)]
+                for sums, micro in zip(grads, gradients)
+            ]
             stats = list(stats)  # one [count, sum, sum of squares] per layer
             for j, calls in enumerate(collected):
                 for sums in calls:  # one per call of the layer in this micro-batch
                     stats[j] = [total + s for total, s in zip(stats[j], sums)]
-            noise = noise + self._noise_terms(micro_grads, _examples(y), n)
-            return i + 1, following, loss + share, grads, stats, noise
+            terms = terms + self._terms(parts, gradients)
+            return i + 1, following, grads, self.totals.plus(totals, parts, shares), stats, terms
 
         start = (
             tf.constant(0),
             fetch(0),
-            tf.constant(0.0),
-            [tf.zeros(v.shape, tf.float32) for v in self.variables],
+            [[tf.zeros(v.shape, tf.float32) for v in self.variables] for _ in self.groups],
+            self.totals.zeros(),
             [[tf.zeros(v.shape, v.dtype) for v in p.variables()] for p in pending],
-            tf.zeros([3]),
+            tf.zeros(self.noise.shape),
         )
-        _, _, loss, grads, stats, noise = tf.while_loop(
+        _, _, grads, totals, stats, terms = tf.while_loop(
             lambda i, *_: i < k, body, start, parallel_iterations=self.parallel
         )
-        self.cache.add(grads, loss, noise)
+        for cache, sums in zip(self.caches, grads):
+            cache.add(sums)
+        self.totals.add(totals)
         for p, sums in zip(pending, stats):
             p.add_sums(sums)
-        return loss
+        self.noise.assign_add(terms)
+
+    def _one_at_a_time(self, fetch, prepare, k, n):
+        for i in tf.range(k):
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
+            self._micro(fetch(i), n, prepare)
+
+    def _steps(self, fetch, prepare, k, n):
+        (self._carried if self.parallel > 1 else self._one_at_a_time)(fetch, prepare, k, n)
+
+    # -- pulled from a pipeline
 
     def _pull(self, iterator, n, pulls):
-        """A feed's ``pulls`` micro-steps per replica into the caches: one element per replica and pull (a replica
-        cannot pull from a distributed iterator, so micro-steps overlap only on one device)."""
-        if self.parallel > 1 and self.replicas == 1 and self.one_process:
-            self._carried(lambda i: next(iterator), self.prepare, pulls, n)
+        """``pulls`` micro-steps per local replica from ``iterator``: one element per replica and pull."""
+        if self.replicas == 1 and self.one_process:
+            self._steps(lambda i: next(iterator), self.prepare, pulls, n)
             return
-        for _ in tf.range(pulls):
-            # one micro-step at a time: the next element is pulled (and converted) when this one is done
+        for _ in tf.range(pulls):  # a replica cannot pull from a distributed iterator: one pull per step
             tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            self.strategy.run(self._accumulate_element, args=(next(iterator), n))
-
-    def _accumulate_element(self, element, n):
-        return self._accumulate_micro(*self.prepare(element, n), n)
-
-    def _update_from(self, iterator, n, pulls, stop):
-        self._pull(iterator, n, pulls)
-        return self.strategy.run(self._finish_replica, args=(False, stop))
+            self.strategy.run(self._micro_pulled, args=(next(iterator), n))
 
     def _accumulate_from(self, iterator, n, pulls):
         self._pull(iterator, n, pulls)
-        return self.strategy.run(self.cache.loss.read_value)
+        return self._held()
 
-    def _finish_replica(self, retry, stop=0):
-        noise = {"noise": self.cache.noise.read_value()}
-        out = self._conclude(self.cache.loss.read_value(), self.cache.gradients(), retry, stop, noise)
-        self.cache.clear()
+    def _update_from(self, iterator, n, pulls, stop):
+        if self.one_pass:  # the baseline: the one element of each replica's share, straight to the all-reduce
+            return self.strategy.run(lambda e: self._one_pass(self.prepare(e, n), n, stop), args=(next(iterator),))
+        self._pull(iterator, n, pulls)
+        return self.strategy.run(self._finish_replica, args=(n, False, stop))
+
+    # -- held in memory
+
+    def _shares(self, data, n):
+        """Each local replica's contiguous share of the global batch, from this process's examples."""
+        if len(self.replica_ids) == 1 and self.replicas == 1:
+            return data  # one device: the batch itself
+        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
+
+        def share(ctx):
+            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
+            return _rows(data, start - offset, end - offset)
+
+        return self.strategy.experimental_distribute_values_from_function(share)
+
+    def _held_steps(self, data, n):
+        """Replica context: this replica's share of a held batch as k micro-batches (a short share may have
+        fewer examples than k, even none)."""
+        local_n = _examples(data)
+        k = tf.minimum(self.subdivisions, local_n)
+
+        def fetch(i):
+            start, end = micro_bounds(i, local_n, k)
+            return _rows(data, start, end)
+
+        self._steps(fetch, as_data, k, n)
+
+    def _accumulate_batch(self, data, n):
+        self.strategy.run(self._held_steps, args=(self._shares(data, n), n))
+        return self._held()
+
+    def _accumulate_micro(self, data, n):
+        self.strategy.run(self._micro, args=(data, n))
+        return self._held()
+
+    def _held(self):
+        """Each replica's examples in the caches so far (in replica context: no collective)."""
+        return self.strategy.run(self.totals.examples.read_value)
+
+    def _update_batch(self, data, n, stop):
+        def replica(share):
+            if self.one_pass:
+                return self._one_pass(as_data(share, n), n, stop)
+            self._held_steps(share, n)
+            return self._finish_replica(n, False, stop)
+
+        return self.strategy.run(replica, args=(self._shares(data, n),))
+
+    # -- the finish and its one all-reduce
+
+    def _one_pass(self, inputs, n, stop):
+        parts, shares, gradients = self._gradients(*inputs, n)
+        grads = [
+            [tf.zeros(v.shape) if g is None else dense(g) for g, v in zip(one, self.variables)] for one in gradients
+        ]
+        local = {"grads": grads, "totals": self.totals.plus(self.totals.zeros(), parts, shares)}
+        return self._finish_replica(n, False, stop, local)
+
+    def _finish_replica(self, n, retry, stop, local=None):
+        """Replica context: the one all-reduce, each normaliser's cache times n / D, the regularizers once, then
+        apply once, skip or drop (update.py); the caches and totals cleared. ``local``: the sums of a one-pass
+        update (default: this replica's caches and totals)."""
+        if local is None:
+            local = {"grads": [cache.gradients() for cache in self.caches], "totals": self.totals.values()}
+            local["terms"] = self.noise.read_value()
+        payload = {
+            **local,
+            "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
+            "retry": tf.cast(retry, tf.float32),
+            "stop": tf.one_hot(tf.convert_to_tensor(stop, tf.int32), STOP_REQUESTS),  # which requests were made
+            "metrics": self.metrics.local() if self.metrics is not None else [],
+        }
+        reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, payload)
+        totals = reduced["totals"]
+        factors, loss = combine(totals, self.groups, n)
+        grads = [
+            tf.add_n([f * cache[i] for f, cache in zip(factors, reduced["grads"])]) for i in range(len(self.variables))
+        ]
+        grads = self._unscaled(grads)
+        data_grads = grads
+        penalty, penalty_grads = self._regularization()
+        grads = [g if p is None else g + dense(p) for g, p in zip(grads, penalty_grads)]
+        used = [u or p is not None for u, p in zip(self.used, penalty_grads)]
+        # an update that holds no example (a stream's end) changes nothing: dropped as a retry is
+        reduced["retry"] = tf.where(totals["examples"] > 0, reduced["retry"], 1.0)
+        out = self._settle(loss + penalty, grads, reduced, used)
+        out["examples"] = totals["examples"]
+        if "terms" in reduced:
+            scale = self.loss_scale.read_value() if self.dynamic else tf.constant(1.0)
+            out.update(noise.update_terms(reduced["terms"], factors, scale, data_grads))
+        if self.metrics is not None:
+            values = output_values(totals, self.objective.kinds)
+            out["logs"] = self.metrics.results(reduced["metrics"], loss + penalty, totals, values)
+        if not self.one_pass:
+            self._clear()
         return out
 
-    def _accumulate_all(self, x, y, n):
-        xs, ys = self._shares(x, y, n)
-        return self.strategy.run(self._accumulate_replica, args=(xs, ys, n))
+    def _regularization(self):
+        """The weight regularizers' value and gradients (once per update, the same on every replica)."""
+        with tf.GradientTape() as tape:
+            value = self.objective.regularization()
+        if value is None:
+            return tf.constant(0.0), [None] * len(self.variables)
+        return value, tape.gradient(value, self.variables)
 
-    def _update_all(self, x, y, n, stop):
-        xs, ys = self._shares(x, y, n)
+    def _clear(self):
+        for cache in self.caches:
+            cache.clear()
+        self.totals.clear()
+        self.noise.assign(tf.zeros(self.noise.shape))
 
-        def replica_update(x, y):
-            self._accumulate_replica(x, y, n)
-            return self._finish_replica(False, stop)
-
-        return self.strategy.run(replica_update, args=(xs, ys))
+    def _reset_replica(self):
+        if not self.one_pass:
+            self._clear()
+        super().reset()

@@ -95,7 +95,7 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     if len(data.test) == 0:
         raise DataError("the test split is empty: nothing to evaluate")
     run = load_run(run_dir, data)
-    if run.keras_loss is not None:  # a Keras loss's run: its loss and metrics, no classes to confuse
+    if run.keras_loss:  # a Keras loss's run: its loss and metrics, no classes to confuse
         scores = {f"test_{name}": value for name, value in run.task_scores(data.test).items()}
         result = {**scores, "test_examples": len(data.test)}
         result["run_dir"], result["data"] = str(run_dir), {**dataclasses.asdict(cfg.data), "source": data.source}
@@ -112,18 +112,17 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
 def measure(run, class_names: Sequence[str]) -> dict:
     """Test loss, accuracy and confusion matrix of ``run``'s model on its test split.
 
-    The batches and sums are ``Run.evaluate``'s (``Run.test_batches``), so the
-    loss and accuracy match summary.json's."""
+    The loss and accuracy are a training run's own (``Run.evaluate``: the same batches and sums), so they match
+    summary.json's; the matrix counts the same predictions."""
     n, classes = len(run.data.test), len(class_names)
     confusion = np.zeros((classes, classes), np.int64)
-    loss_sum = 0.0
-    for batch_loss, labels, predicted in run.test_batches():
-        loss_sum += batch_loss
+    for labels, predicted in run.classes():
         np.add.at(confusion, (labels, predicted), 1)
+    loss, accuracy = run.evaluate()
     correct = int(np.trace(confusion))
     return {
-        "test_loss": loss_sum / n,
-        "test_accuracy": correct / n,
+        "test_loss": loss,
+        "test_accuracy": accuracy,
         "test_examples": n,
         "correct": correct,
         "class_names": list(class_names),

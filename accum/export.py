@@ -6,8 +6,8 @@ nothing of accum-train installed: only built-in Keras layers and plain
 weights. The TensorLayer built-ins are rebuilt layer by layer as the
 equivalent Keras layers (BatchNorm as BatchNormalization with the trained
 moving statistics, GroupNorm as GroupNormalization, TF's leaky ReLU as
-LeakyReLU(0.2)); a keras_file model gets its accumulating BatchNorm layers
-swapped back for keras.layers.BatchNormalization and, with
+LeakyReLU(0.2)); a keras_file model gets fresh BatchNormalization layers
+(the trained ones pool their statistics over micro-batches) and, with
 model.from_logits=false, its softmax back. The model outputs what the run's
 model outputs: logits, or the file's softmax probabilities.
 """
@@ -71,10 +71,9 @@ def to_keras(model, input_shape):
 
 
 def _keras_file_model(model):
-    """The trained network with keras.layers.BatchNormalization (and a peeled softmax) back."""
+    """The trained network as a model of its own: fresh BatchNormalization layers (the trained ones pool their
+    statistics, models/norm.py) and the peeled softmax back."""
     import keras
-
-    from .models.norm import KerasAccumBatchNorm
 
     originals = {id(trained): original for trained, original in model.peeled}
     replaced = []
@@ -82,7 +81,7 @@ def _keras_file_model(model):
     def swap(layer):
         if id(layer) in originals:
             new = type(originals[id(layer)]).from_config(originals[id(layer)].get_config())
-        elif isinstance(layer, KerasAccumBatchNorm):
+        elif isinstance(layer, keras.layers.BatchNormalization):
             new = keras.layers.BatchNormalization.from_config(layer.get_config())
         else:
             return layer

@@ -9,7 +9,7 @@ augmentation draws from. The update converts and augments an element inside
 its micro-step (``Run.prepare``), so the pipeline never holds a batch, nor
 anything in float32: one micro-batch being gathered and one waiting.
 
-The cut is the engines' (accum.batching): each replica takes a contiguous
+The cut is every caller's (accum.batching): each replica takes a contiguous
 share of the batch and cuts it into ``pulls = min(k, largest share)``
 micro-batches (one device: ``min(k, n)``, as the engine cut a batch it held).
 A stream (data.name: python) is read front to back, so there each micro-step
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from .batching import largest_share, micro_bounds
+from .batching import largest_share, pieces
 from .data import epoch_order
 
 
@@ -70,22 +70,6 @@ class Layout:
     starts: np.ndarray
     ends: np.ndarray
     where: np.ndarray
-
-
-def pieces(n: int, pulls: int, replicas: int, local, chunk_first: bool):
-    """[start, end) in a batch of ``n`` of each element, in pull order: per micro-step, per local replica."""
-    out = []
-    for i in range(pulls):
-        for r in local:
-            if chunk_first:  # a stream: micro-step i's chunk, shared by the replicas
-                c0, c1 = micro_bounds(i, n, pulls)
-                s0, s1 = micro_bounds(r, c1 - c0, replicas)
-                out.append((c0 + s0, c0 + s1))
-            else:  # the engines' cut: replica r's share, then its micro-batch i
-                s0, s1 = micro_bounds(r, n, replicas)
-                m0, m1 = micro_bounds(i, s1 - s0, pulls)
-                out.append((s0 + m0, s0 + m1))
-    return out
 
 
 def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> Layout:
@@ -161,6 +145,14 @@ def streamed(split, epoch: int, layout: Layout) -> tf.data.Dataset:
     return tf.data.Dataset.choose_from_datasets([full, empty], choice)
 
 
+def distribute(strategy, elements: tf.data.Dataset):
+    """An iterator over this process's ``elements``: each pull gives every local replica its next one, in turn
+    (one device: the next element)."""
+    if strategy.num_replicas_in_sync == 1:
+        return iter(elements)
+    return iter(strategy.distribute_datasets_from_function(lambda context: elements))
+
+
 class Feed:
     """This process's elements for the rest of an epoch, and the updates they make.
 
@@ -172,11 +164,7 @@ class Feed:
         self.layout = plan(segments, k_for, replicas, replica_ids, chunk_first=self.stream)
         self.updates = self.layout.updates
         elements = streamed(split, epoch, self.layout) if self.stream else gathered(split, order, self.layout)
-        elements = endless(elements.prefetch(1))
-        if replicas == 1 and len(replica_ids) == 1:
-            self.iterator = iter(elements)
-        else:  # each pull gives every local replica its next element, in turn
-            self.iterator = iter(strategy.distribute_datasets_from_function(lambda context: elements))
+        self.iterator = distribute(strategy, endless(elements.prefetch(1)))
 
     def indices(self, order, update: int) -> np.ndarray:
         """The split's indices of this process's examples of ``updates[update]`` (what a file error is

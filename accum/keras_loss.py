@@ -5,16 +5,11 @@ labels) unless the YAML names a ``loss`` or the file was saved compiled with
 one; then it trains with that loss, per output with the file's
 ``loss_weights``, and is scored with the YAML's (or the file's) metrics.
 
-The engine sums a per-example loss over each micro-batch and divides the
-update's sum by the batch's example count once (engine.py). A compiled Keras
-loss fits that exactly when its normaliser is a fixed number of elements per
-example: every ``sum_over_batch_size`` loss without a mask, whatever the
-targets' shape, with sample weights and loss weights (keras_fit/objective.py
-takes it apart; its ``examples`` sum is this per-example sum). The weight
-regularizers are added as ``penalty * examples`` per micro-batch, which sums
-to the penalty once per update. A loss whose normaliser depends on the data
-(a Keras mask, ``mean_with_sample_weight``) or is the whole batch (``sum``)
-is refused in one line: ``accum_train.fit`` trains those exactly.
+The loss is taken apart as accum_train.fit takes it (keras_objective.py), and
+the accumulator is the same: every normaliser a compiled loss divides by (the
+examples, the valid entries under a mask, the sample weights, or none for
+``reduction="sum"``), per output, is summed over the whole batch and divided
+once, and the weight regularizers count once per update.
 """
 
 from __future__ import annotations
@@ -23,17 +18,17 @@ import dataclasses
 import difflib
 
 import keras
-import numpy as np
 import tensorflow as tf
 
+from . import keras_private
 from .errors import ConfigError
 from .imports import import_function
 from .keras_archive import compile_config, uses_keras_loss
-from .keras_fit import keras_private
-from .keras_fit.objective import EXAMPLES, Objective, batch_size_of
+from .keras_objective import KerasObjective
 from .models.containers import KerasModel
 from .models.keras_file import accumulating_clone, load_keras_file
 from .models.precision import set_precision
+from .objective import classifier
 from .text import shape_text, traced_error_line
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
@@ -57,24 +52,23 @@ def load_data(cfg, run_dir=None):
 
 
 def build_with_loss(cfg, data, precision: str = "float32", model_cfg=None):
-    """(model, KerasLoss or None): the model a run of ``cfg`` trains, and its Keras loss if it has one (None: the
-    built-in loss). ``model_cfg``: the model config to build from (a run directory's copy of the file)."""
+    """(model, objective): the model a run of ``cfg`` trains and what it trains on (objective.py), the built-in
+    cross-entropy (``objective.classifier``) or its Keras loss, taken apart for the data (a KerasObjective).
+    ``model_cfg``: the model config to build from (a run directory's copy of the file)."""
     cfg = cfg if model_cfg is None else dataclasses.replace(cfg, model=model_cfg)
     if uses_keras_loss(cfg):
         keras.utils.set_random_seed(cfg.seed)
         model = build_keras_loss_model(cfg, data, precision)
-        return model, KerasLoss(model, data.signature(), cfg.model.path)
+        return model, keras_objective(model.network, data.signature(), cfg.model.path)
     from .models import build_model
 
-    return build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes, precision), None
+    model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes, precision)
+    return model, classifier(model.forward)
 
 
-def loss_function(model, keras_loss, training: bool = True):
-    """The engine's ``loss_fn(x, y)`` for a model built by ``build_with_loss``: summed over the examples it
-    returns, per example or whole (the engine divides the update's sum by the batch once)."""
-    from .losses import sparse_softmax_loss
-
-    return keras_loss.loss_fn(training) if keras_loss is not None else sparse_softmax_loss(model.forward, training)
+def is_keras_loss(objective) -> bool:
+    """Whether a run's objective is a Keras loss (its loss and compiled metrics) rather than the built-in one."""
+    return isinstance(objective, KerasObjective)
 
 
 def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
@@ -100,84 +94,34 @@ def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
     return set_precision(model, precision)
 
 
-class KerasLoss:
-    """The compiled loss of a KerasModel as the engine's per-example ``loss_fn``, and its evaluation."""
+def keras_objective(network, signature, path: str) -> KerasObjective:
+    """The compiled loss of ``network`` taken apart for data of ``signature`` ((x, y) or (x, (y, weights)) of a
+    batch): its normalisers found by tracing one micro-step. Targets the loss cannot take fail here, in one line."""
+    x_spec, y_spec = signature
+    element = (x_spec, *_targets(y_spec))
+    _check_class_targets(network.loss, _targets(y_spec)[0])
+    try:
+        keras_private.symbolic_build(network, element)  # the compiled loss's entries exist after it
+        objective = KerasObjective(network, where=f"the loss of model.path={path}")
+        objective.probe(element, tf.distribute.get_strategy())
+    except ConfigError:
+        raise
+    except Exception as err:  # Keras' own word on targets its loss cannot take
+        targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), _targets(y_spec)[0])
+        outputs = [shape_text(tuple(t.shape[1:])) for t in network.outputs]
+        raise ConfigError(
+            f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
+            f"{_listed(targets)}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
+        ) from None
+    return objective
 
-    def __init__(self, model: KerasModel, signature, path: str):
-        self.model, self.network = model, model.network
-        x_spec, y_spec = signature
-        element = (x_spec, *_targets(y_spec))
-        _check_class_targets(self.network.loss, _targets(y_spec)[0])
-        try:
-            keras_private.symbolic_build(self.network, element)  # the compiled loss's entries exist after it
-            self.objective = Objective(self.network)
-            groups = self.objective.probe(element, tf.distribute.get_strategy())
-        except ConfigError:
-            raise
-        except Exception as err:  # Keras' own word on targets its loss cannot take
-            targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), _targets(y_spec)[0])
-            outputs = [shape_text(tuple(t.shape[1:])) for t in self.network.outputs]
-            raise ConfigError(
-                f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
-                f"{_listed(targets)}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
-            ) from None
-        kinds = [k for k in groups if k != EXAMPLES]
-        if kinds:
-            raise ConfigError(
-                f"the loss of model.path={path} divides by {_normaliser_words(self.objective, kinds)}, which "
-                f"accum-train run does not sum per example yet: train it with accum_train.fit (exact for it), "
-                f"or use a loss with reduction='sum_over_batch_size' and no mask"
-            )
-        self.names = ["loss", *_metric_names(self.network)]
 
-    def describe(self) -> dict:
-        """The loss per output (name, loss, weight) and the metrics' names, as plan shows them."""
-        losses = [
-            {"output": entry.name, "loss": entry.loss.name, "weight": entry.loss_weights}
-            for entry in self.objective.entries
-        ]
-        return {"loss": losses, "metrics": self.names[1:]}
-
-    def loss_fn(self, training: bool = True):
-        """``loss_fn(x, y)``: the micro-batch's per-example loss summed (the engine divides by the batch)."""
-
-        def loss_fn(x, y):
-            y_true, weights = _targets(y)
-            y_pred = self.network(x, training=training)
-            parts = self.objective.parts(x, y_true, y_pred, weights, (EXAMPLES,))
-            total = parts.sums[EXAMPLES]
-            penalty = self.objective.regularization()
-            if penalty is not None:
-                total = total + penalty * tf.cast(batch_size_of(x), tf.float32)
-            return total
-
-        return loss_fn
-
-    def evaluate_fn(self):
-        """``(x, y) -> (loss sum, outputs)`` in inference mode, for a tf.function."""
-        loss_fn = self.loss_fn(training=False)
-
-        def evaluate(x, y):
-            return loss_fn(x, y), self.network(x, training=False)
-
-        return evaluate
-
-    def scores(self, batches, examples: int, evaluate_batch) -> dict:
-        """The mean loss over ``examples`` and every compiled metric over the batches (Keras' own state)."""
-        metrics = keras_private.compile_metrics(self.network)
-        if metrics is not None:
-            metrics.reset_state()
-        total = 0.0
-        for x, y in batches:
-            loss_sum, y_pred = evaluate_batch(x, y)
-            total += float(loss_sum)
-            if metrics is not None:
-                y_true, weights = _targets(y)
-                metrics.update_state(y_true, y_pred, weights)
-        scores = {"loss": total / max(examples, 1)}
-        if metrics is not None:
-            scores.update({name: float(np.asarray(value)) for name, value in metrics.result().items()})
-        return scores
+def describe_loss(objective: KerasObjective) -> dict:
+    """The loss per output (name, loss, weight) and the metrics' names, as plan shows them."""
+    losses = [
+        {"output": entry.name, "loss": entry.loss.name, "weight": entry.loss_weights} for entry in objective.entries
+    ]
+    return {"loss": losses, "metrics": _metric_names(objective.model)}
 
 
 def _check_class_targets(losses, y_spec) -> None:
@@ -215,21 +159,6 @@ def _targets(y):
 def _metric_names(network) -> list[str]:
     metrics = keras_private.compile_metrics(network)
     return [] if metrics is None or not metrics.built else list(metrics.result().keys())
-
-
-def _normaliser_words(objective, kinds) -> str:
-    words = []
-    for kind in kinds:
-        if kind == "total":
-            words.append("nothing (reduction='sum')")
-        else:
-            index = int(kind.rsplit("_", 1)[1])
-            entry = objective.entries[index]
-            words.append(
-                f"the valid entries or the sample weights of output {entry.name!r} (a mask, or "
-                f"reduction={entry.loss.reduction!r})"
-            )
-    return "; ".join(words)
 
 
 def _check_inputs(model: keras.Model, path: str, data) -> None:

@@ -126,7 +126,7 @@ class MemoryGuard:
     def __init__(self, engine, cfg, say: Callable[[str], None]):
         self.engine, self.say = engine, say
         self.limit, self.limit_text, self.batch_size = cfg.memory_limit_bytes, cfg.memory_limit, cfg.batch_size
-        self.accumulating = hasattr(engine, "accumulate_batch")  # the baseline has no cache to look into
+        self.accumulating = not engine.one_pass  # the baseline has no cache to look into
         self.adapts = cfg.auto_subdivisions and self.accumulating
         self.agree = self.adapts and engine.replicas > len(engine.replica_ids)
         self.check_peak = self.limit is not None  # until the first update of this process is done

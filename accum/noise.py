@@ -12,12 +12,23 @@ and h = mean_i 1 / b_i over the k non-empty micro-batches, E m = |G|^2 + S h, so
 
     S_hat  = (m - |G_B|^2) / (h - 1/B)        G2_hat = |G_B|^2 - S_hat / B
 
-(h - 1/B > 0 whenever k >= 2: an update of one micro-batch has no estimate.) The engine sums |g_i|^2, 1/b_i and
-k in its graph and they ride in the update's one all-reduce (engine.py ``_noise_terms``); |G_B| is the norm it
-computes anyway, before clipping. Here, on the host: S_hat and G2_hat each averaged over updates, an
-exponential average with DECAY per update (Adam's bias correction), and their ratio (the ratio of averages,
-not an average of ratios: one update's G2_hat is noisy and often negative). Skipped and dropped updates count
-nothing. The averages are checkpointed, so a resumed run reads the values an uninterrupted one would.
+(h - 1/B > 0 whenever k >= 2: an update of one micro-batch has no estimate.)
+
+What a micro-batch's size is depends on the loss (objective.py): with one normaliser, its count (examples for
+a per-example loss, valid tokens for a masked one), g_i the gradient of the micro-batch's own sum over its own
+count. With several (a masked output beside an unmasked one, say) a micro-batch has no one count: its size is
+its examples, and g_i the gradient of its own examples' share of the update's loss, each normaliser's sum over
+its count per example in the update (D_g / B), so that G_B, their mean, is the update's gradient. The caches
+hold each normaliser's gradient separately and those weights are known only after the all-reduce, so each
+micro-step adds the inner products of its normalisers' gradients (one, a squared norm, with one normaliser)
+over its size squared; ``update_terms`` weighs them once the totals are known.
+
+The accumulator sums these terms in its graph and they ride in the update's one all-reduce (engine.py); |G_B|
+is taken from the update's gradient before the weight regularizers (which have no noise) and clipping. Here,
+on the host: S_hat and G2_hat each averaged over updates, an exponential average with DECAY per update (Adam's
+bias correction), and their ratio (the ratio of averages, not an average of ratios: one update's G2_hat is
+noisy and often negative). Skipped and dropped updates count nothing. The averages are checkpointed, so a
+resumed run reads the values an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -30,8 +41,44 @@ import tensorflow as tf
 DECAY = 0.95
 
 
-def one_update(squares: float, inverses: float, count: float, batch_squared: float, n: int):
-    """(S_hat, G2_hat) of one update from its sums (sum |g_i|^2, sum 1/b_i, k) and |G_B|^2 over n examples;
+def terms_size(groups: int) -> int:
+    """The length of a micro-step's terms: the inner products of ``groups`` gradients, then 1/b, 1 and b."""
+    return groups * (groups + 1) // 2 + 3
+
+
+def micro_terms(gradients: list, size) -> tf.Tensor:
+    """One micro-batch's terms (in graph): ``gradients`` one list per normaliser (None where a variable has
+    none), ``size`` its b_i. Each pair's inner product over b_i^2, then 1/b_i, 1 and b_i; zeros when empty."""
+    dense = [[None if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32) for g in one] for one in gradients]
+    products = []
+    for a, first in enumerate(dense):
+        for second in dense[a:]:
+            pairs = [tf.reduce_sum(u * v) for u, v in zip(first, second) if u is not None and v is not None]
+            products.append(tf.add_n(pairs) if pairs else tf.constant(0.0))
+    b = tf.maximum(tf.cast(size, tf.float32), 1.0)
+    there = tf.cast(size > 0, tf.float32)
+    return tf.concat([tf.stack(products) / (b * b), [1.0 / b, 1.0, b]], 0) * there
+
+
+def update_terms(terms, factors: list, loss_scale, gradient) -> dict:
+    """An update's record of the noise (in graph) from its all-reduced ``terms``: ``noise`` [sum |g_i|^2,
+    sum 1/b_i, k] and ``noise_batch`` [|G_B|^2, B]. ``factors``: each normaliser's multiplier of its
+    cache (scale / D_g); ``loss_scale``: what the caches were multiplied by; ``gradient``: G_B."""
+    count = len(factors)
+    pairs = count * (count + 1) // 2
+    inverses, micro_batches, total = terms[pairs], terms[pairs + 1], terms[pairs + 2]
+    weights = [f * total / loss_scale for f in factors]  # g_i = sum_g weight_g x cache_g / b_i
+    squares, index = tf.constant(0.0), 0
+    for a in range(count):
+        for b in range(a, count):
+            squares += (1.0 if a == b else 2.0) * weights[a] * weights[b] * terms[index]
+            index += 1
+    batch = tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradient])
+    return {"noise": tf.stack([squares, inverses, micro_batches]), "noise_batch": tf.stack([batch, total])}
+
+
+def one_update(squares: float, inverses: float, count: float, batch_squared: float, n: float):
+    """(S_hat, G2_hat) of one update from its sums (sum |g_i|^2, sum 1/b_i, k) and |G_B|^2 over a batch of size n;
     None when it has no estimate (fewer than two non-empty micro-batches)."""
     if count < 2 or n < 2:
         return None
@@ -56,13 +103,14 @@ class NoiseScale:
     def variables(self) -> dict:
         return {"noise_trace": self.trace, "noise_signal": self.signal, "noise_weight": self.weight}
 
-    def add(self, out: dict, n: int) -> float | None:
-        """Fold in one update's record (the engine's: ``noise`` sums, ``grad_norm``, ``applied``) of ``n``
-        examples; the noise scale after it."""
+    def add(self, out: dict) -> float | None:
+        """Fold in one update's record (the accumulator's: ``noise``, ``noise_batch``, ``applied``); the noise
+        scale after it."""
         if "noise" not in out or not bool(out["applied"]):
             return self.value()
         squares, inverses, count = (float(v) for v in out["noise"])
-        estimate = one_update(squares, inverses, count, float(out["grad_norm"]) ** 2, int(n))
+        batch_squared, size = (float(v) for v in out["noise_batch"])
+        estimate = one_update(squares, inverses, count, batch_squared, size)
         if estimate is not None and all(math.isfinite(v) for v in estimate):
             trace, signal = estimate
             self.trace.assign(DECAY * self.trace + (1 - DECAY) * trace)

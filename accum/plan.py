@@ -61,11 +61,11 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
     objective = BUILT_IN_OBJECTIVE
     if model is None:
-        from .keras_loss import build_with_loss
+        from .keras_loss import build_with_loss, describe_loss, is_keras_loss
 
-        model, keras_loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
-        if keras_loss is not None:
-            objective = keras_loss.describe()
+        model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
+        if is_keras_loss(loss):
+            objective = describe_loss(loss)
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)

@@ -77,7 +77,7 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
 
     from .models.keras_file import ends_in_softmax
 
-    given = run.keras_loss is not None and ends_in_softmax(run.model.network)
+    given = run.keras_loss and ends_in_softmax(run.model.network)
 
     @tf.function(input_signature=[tf.TensorSpec([None, *x.shape[1:]], tf.float32)])
     def batch_probabilities(images):

@@ -1,66 +1,204 @@
-"""A model's scores over a split: the test and validation loss and accuracy of the built-in loss, or a Keras loss's
-loss and compiled metrics. What a run's epochs and summary report (training_run.Run) and what evaluate reports of
-a trained run (trained.load_run), from the same batches and sums."""
+"""Scores: what an update or an evaluation reports besides its gradient, and the one evaluation path.
+
+``Evaluation`` measures a model over data in inference mode with the objective the accumulator trains with
+(objective.py): the same sums and normalisers, added up over every micro-batch and replica and divided once
+(one all-reduce at the end), so a masked loss or a short last batch is the set's own, not a mean of batch
+means. fit's validation pulls its micro-batches from the input pipeline; a run's test and validation splits
+(``Scorer``) are read in batches held in memory. What else is kept besides the loss:
+
+- ``KerasMetrics``: a Keras model's compiled metrics and loss trackers, as model.fit keeps them (exact across
+  replicas at no extra collective: their replica-local state rides in the one all-reduce);
+- ``Correct``: the built-in classifier's correct predictions (accuracy is counted, then divided on the host).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from .losses import cross_entropy
+from . import keras_private
+from .gradient_cache import REPLICA_LOCAL
+from .models.containers import _storage
+from .objective import Totals, as_data, combine, output_values, scale_of
+from .update import _first
+
+
+class KerasMetrics:
+    """The model's metrics (model.metrics: the loss tracker, the per-output loss trackers, the compiled metrics)
+    as model.fit keeps them, updated by the micro-steps and read once per update (or evaluation)."""
+
+    def __init__(self, model: keras.Model, strategy=None):
+        self.model = model
+        self.sync = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync > 1
+        self.variables = [_storage(v) for v in model.metrics_variables]
+        self.loss = keras_private.loss_tracker(model)
+        self.per_output = keras_private.output_loss_trackers(model)
+        self.custom = type(model).compute_metrics is not keras.Model.compute_metrics
+
+    def update(self, x, y, y_pred, sample_weight) -> None:
+        """One micro-batch into the compiled metrics (replica context)."""
+        if self.custom:
+            self.model.compute_metrics(x, y, y_pred, sample_weight)
+        elif keras_private.compile_metrics(self.model) is not None:
+            keras_private.compile_metrics(self.model).update_state(y, y_pred, sample_weight)
+
+    def local(self) -> list:
+        return [v.read_value() for v in self.variables] if self.sync else []
+
+    def reset(self) -> None:
+        self.model.reset_metrics()
+
+    def results(self, reduced: list, loss, totals: dict, loss_values) -> dict:
+        """Replica context, after the all-reduce: the trackers take the update's (or evaluation's) exact loss
+        as model.fit weighs a batch's (the total by its examples); the logs as model.fit's get_metrics_result."""
+        for variable, total in zip(self.variables, reduced):
+            variable.assign(total)
+        if self.loss is not None:
+            self.loss.update_state(loss, sample_weight=totals["examples"])
+        for tracker, value in zip(self.per_output, loss_values):
+            # model.fit weighs these by the batch's static size, unknown (None: each batch weighs 1) unless
+            # every batch has the same size
+            tracker.update_state(value)
+        logs = self.model.get_metrics_result()
+        logs = {name: tf.identity(value) for name, value in logs.items()}  # read before the totals move on
+        if self.sync:  # replica 0 keeps the totals: a cross-replica read (their sum) is the global value
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            with tf.control_dependencies(list(logs.values())):
+                for variable in self.variables:
+                    variable.assign(tf.where(first, variable.read_value(), tf.zeros_like(variable.read_value())))
+        return logs
+
+
+class Correct:
+    """The built-in classifier's correct predictions (the argmax of its logits against integer labels)."""
+
+    def __init__(self):
+        self.correct = tf.Variable(0.0, trainable=False, name="correct", **REPLICA_LOCAL)
+
+    def update(self, x, y, y_pred, sample_weight) -> None:
+        hits = tf.equal(tf.argmax(y_pred, axis=-1, output_type=tf.int32), tf.cast(y, tf.int32))
+        self.correct.assign_add(tf.reduce_sum(tf.cast(hits, tf.float32)))
+
+    def local(self) -> list:
+        return [self.correct.read_value()]
+
+    def reset(self) -> None:
+        self.correct.assign(0.0)
+
+    def results(self, reduced: list, loss, totals: dict, loss_values) -> dict:
+        self.correct.assign(0.0)
+        return {"loss": loss, "correct": reduced[0], "examples": totals["examples"]}
+
+
+class Evaluation:
+    """The objective's loss and the metrics over data, in inference mode: ``step`` (pulled micro-batches) or
+    ``batch`` (held ones) as often as the data goes, then ``end`` (one all-reduce). ``groups``: the normalisers
+    of the data (the objective's by default); ``prepare(element, n)``: a pulled element as (x, y, weights)."""
+
+    def __init__(self, objective, metrics, groups=None, strategy=None, prepare=as_data):
+        self.objective, self.metrics, self.prepare = objective, metrics, prepare
+        self.groups = tuple(groups if groups is not None else objective.groups)
+        self.strategy = strategy or tf.distribute.get_strategy()
+        with self.strategy.scope():
+            self.totals = Totals(self.groups, len(objective.kinds))
+        run = self.strategy.run
+        self._step = tf.function(self._pull)
+        self._batch = tf.function(lambda data: run(self._micro, args=(data,)), reduce_retracing=True)
+        self._end = tf.function(lambda: run(self._end_replica))
+
+    def step(self, iterator, pulls: int) -> bool:
+        """One batch's ``pulls`` micro-steps per replica from ``iterator``, whose elements are (element, real);
+        False at the end of the data (the first element of the batch is not real)."""
+        return bool(_first(self.strategy, self._step(iterator, tf.constant(int(pulls)))))
+
+    def batch(self, data) -> None:
+        """A batch held in memory, (x, y) or (x, y, sample_weight)."""
+        self._batch(tuple(data))
+
+    def end(self) -> dict:
+        """The loss and metrics over everything seen since the last ``end`` (one all-reduce)."""
+        return _first(self.strategy, self._end())
+
+    def _micro(self, element, prepare=as_data):
+        x, y, sample_weight = prepare(element, None)
+        parts, predictions = self.objective.evaluate(x, y, sample_weight, False, self.groups)
+        shares = {g: parts.sums[g] / scale_of(g, 1) for g in self.groups}
+        self.totals.add(self.totals.plus(self.totals.zeros(), parts, shares))
+        if self.metrics is not None:
+            self.metrics.update(x, y, predictions, sample_weight)
+
+    def _pull(self, iterator, pulls):
+        element, real = next(iterator)  # a round of the stream's end says so in its flag
+        self.strategy.run(self._micro, args=(element, self.prepare))
+        for _ in tf.range(pulls - 1):
+            element, _ = next(iterator)
+            self.strategy.run(self._micro, args=(element, self.prepare))
+        return real
+
+    def _end_replica(self):
+        metrics = self.metrics.local() if self.metrics is not None else []
+        reduced = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, {"totals": self.totals.values(), "metrics": metrics}
+        )
+        totals = reduced["totals"]
+        _, loss = combine(totals, self.groups, 1)
+        penalty = self.objective.regularization()
+        if penalty is not None:
+            loss = loss + penalty
+        self.totals.clear()
+        if self.metrics is None:
+            return {"loss": loss, "examples": totals["examples"]}
+        return self.metrics.results(reduced["metrics"], loss, totals, output_values(totals, self.objective.kinds))
 
 
 class Scorer:
-    """Scores of ``model`` (and its ``keras_loss``, None for the built-in one) over ``data``'s splits, in batches
-    of ``batch_size()`` examples (a callable: a run's micro-batch may change while it trains)."""
+    """Scores of ``model`` trained on ``objective`` (objective.classifier, or a KerasObjective) over ``data``'s
+    splits, in batches of ``batch_size()`` examples (a callable: a run's micro-batch may change as it trains)."""
 
-    def __init__(self, model, keras_loss, data, batch_size: Callable[[], int]):
-        self.model, self.keras_loss, self.data = model, keras_loss, data
-        self.batch_size = batch_size
-        evaluate = keras_loss.evaluate_fn() if keras_loss else self._evaluate_batch
-        self.evaluate_batch = tf.function(evaluate, input_signature=data.signature())
+    def __init__(self, model, objective, data, batch_size: Callable[[], int]):
+        self.model, self.objective, self.data, self.batch_size = model, objective, data, batch_size
+        self.keras = hasattr(objective, "probe")  # a Keras loss: its loss and compiled metrics, no classes
+        self.metrics = KerasMetrics(model.network) if self.keras else Correct()
+        self.evaluation = Evaluation(objective, self.metrics)
+        self._classes = tf.function(lambda x: tf.argmax(model.forward(x, False), 1, output_type=tf.int32))
 
-    def _evaluate_batch(self, x, y):
-        logits = self.model.forward(x, False)
-        return tf.reduce_sum(cross_entropy(y, logits)), tf.argmax(logits, 1, output_type=tf.int32)
+    def _over(self, split) -> dict:
+        self.metrics.reset()
+        for batch in split.batches(np.arange(len(split)), self.batch_size()):
+            self.evaluation.batch(batch)
+        return {name: np.asarray(value) for name, value in self.evaluation.end().items()}
 
-    def test_batches(self, split=None):
-        """(loss sum, labels, predicted classes) of each batch of the test split (or ``split``): what
-        evaluate and a confusion matrix sum."""
+    def evaluate(self, split=None) -> tuple[float, float]:
+        """(mean loss, accuracy) of the built-in classifier on the test split (or ``split``)."""
         split = self.data.test if split is None else split
-        for x, y in split.batches(np.arange(len(split)), self.batch_size()):
-            batch_loss, predicted = self.evaluate_batch(x, y)
-            yield float(batch_loss), y.numpy(), predicted.numpy()
-
-    def evaluate(self, split=None):
-        """(mean loss, accuracy) on the test split (or ``split``: the validation split)."""
-        split = self.data.test if split is None else split
-        loss_sum = correct = 0.0
-        for batch_loss, labels, predicted in self.test_batches(split):
-            loss_sum += batch_loss
-            correct += int(np.sum(labels == predicted))
-        return loss_sum / len(split), correct / len(split)
+        logs = self._over(split)
+        return float(logs["loss"]), int(logs["correct"]) / len(split)
 
     def task_scores(self, split) -> dict:
-        """A Keras loss's run: the mean loss and every compiled metric over ``split``."""
-        batches = split.batches(np.arange(len(split)), self.batch_size())
-        return self.keras_loss.scores(batches, len(split), self.evaluate_batch)
+        """A Keras loss's run: the loss and every compiled metric over ``split``."""
+        return {name: float(value) for name, value in self._over(split).items()}
+
+    def classes(self, split=None):
+        """(labels, predicted classes) of each batch of the test split (or ``split``): a confusion matrix."""
+        split = self.data.test if split is None else split
+        for x, y in split.batches(np.arange(len(split)), self.batch_size()):
+            yield y.numpy(), self._classes(x).numpy()
 
     def scores(self) -> dict:
         """test_loss and test_accuracy (none without test examples), and validation_loss and
         validation_accuracy with data.validation; a Keras loss's run: test_ and validation_ of each of its scores."""
         scores = {}
-        if self.keras_loss is not None:
-            for prefix, split in (("test", self.data.test), ("validation", self.data.validation)):
-                if split is not None and len(split):
-                    scores.update({f"{prefix}_{name}": value for name, value in self.task_scores(split).items()})
-            return scores
-        if self.data.test is not None and len(self.data.test):
-            scores["test_loss"], scores["test_accuracy"] = self.evaluate()
-        if self.data.validation is not None:
-            scores["validation_loss"], scores["validation_accuracy"] = self.evaluate(self.data.validation)
+        splits = (("test", self.data.test), ("validation", self.data.validation))
+        for prefix, split in splits:
+            if split is None or not len(split):
+                continue
+            if self.keras:
+                scores.update({f"{prefix}_{name}": value for name, value in self.task_scores(split).items()})
+            else:
+                scores[f"{prefix}_loss"], scores[f"{prefix}_accuracy"] = self.evaluate(split)
         return scores
 
 

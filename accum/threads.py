@@ -34,9 +34,19 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def auto_parallel(limit: int, memory_limited: bool = False, replicas: int = 1) -> int:
+    """auto's choice of micro-steps in flight, for a run's CLI and for accum_train.fit: 1 with a GPU (the device
+    is the bottleneck, memory what accumulation is for), under a memory limit (memory is what the run is short
+    of) or over several local replicas (they already share the cores out); else as many as measured to help on
+    a CPU with cores to share out, never more than ``limit``, the micro-batches of an update."""
+    if memory_limited or replicas > 1 or tf.config.list_physical_devices("GPU"):
+        return 1
+    return max(1, min(AUTO_PARALLEL, cpu_cores(), limit))
+
+
 def parallel_micro_steps(cfg: Config) -> int:
-    """The configured number, or auto's choice: 1 unless there is no GPU, no memory_limit, the batch
-    is subdivided and the CPU has cores to share out; never more than the micro-batches of an update."""
+    """The configured number, or auto's choice (``auto_parallel``); never more than the micro-batches of an
+    update."""
     if cfg.baseline:
         return 1
     if cfg.whole_set:  # the training set's size is not known yet: as if it were large
@@ -47,10 +57,7 @@ def parallel_micro_steps(cfg: Config) -> int:
         limit = max(cfg.subdivisions_for(b) for b in cfg.batch_sizes)
     if cfg.parallel_micro_steps != "auto":
         return min(cfg.parallel_micro_steps, limit)
-    if cfg.memory_limit is not None or cfg.strategy.name == "mirrored" or tf.config.list_physical_devices("GPU"):
-        # memory_limit: memory is what this run is short of; mirrored: the replicas already share the cores out
-        return 1
-    return max(1, min(AUTO_PARALLEL, cpu_cores(), limit))
+    return auto_parallel(limit, cfg.memory_limit is not None, 2 if cfg.strategy.name == "mirrored" else 1)
 
 
 ENV = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"}

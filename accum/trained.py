@@ -21,16 +21,19 @@ from .rundir import require_run_dir
 
 class Trained:
     """A trained run read back: its config, data (empty splits unless given), model with the checkpoint's
-    weights, Keras loss (None for the built-in one) and the scores over its splits (``scoring.Scorer``'s
-    methods). No optimizer, engine or checkpoint manager: nothing that trains."""
+    weights, objective (``keras_loss``: whether it is a Keras loss rather than the built-in one) and the scores
+    over its splits (``scoring.Scorer``'s methods). No optimizer, accumulator or checkpoint manager: nothing that
+    trains."""
 
-    def __init__(self, cfg, data, model, keras_loss, subdivisions: int):
+    def __init__(self, cfg, data, model, objective, subdivisions: int):
+        from .keras_loss import is_keras_loss
         from .scoring import Scorer, eval_batch_size
 
-        self.cfg, self.data, self.model, self.keras_loss = cfg, data, model, keras_loss
-        self.scorer = Scorer(model, keras_loss, data, lambda: eval_batch_size(cfg, subdivisions))
-        self.test_batches, self.evaluate, self.task_scores = (
-            self.scorer.test_batches,
+        self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
+        self.keras_loss = is_keras_loss(objective)
+        self.scorer = Scorer(model, objective, data, lambda: eval_batch_size(cfg, subdivisions))
+        self.classes, self.evaluate, self.task_scores = (
+            self.scorer.classes,
             self.scorer.evaluate,
             self.scorer.task_scores,
         )
@@ -72,13 +75,13 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
             train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
         )
     intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
-    model, keras_loss = build_with_loss(cfg, data, cfg.precision, kept_model(run_dir, cfg.model))
+    model, objective = build_with_loss(cfg, data, cfg.precision, kept_model(run_dir, cfg.model))
     # the run's checkpoint holds the weights under "weights" (training_run.Run): read those, nothing else
     tf.train.Checkpoint(weights=model.variables).restore(intact).expect_partial().assert_existing_objects_matched()
     reader = tf.train.load_checkpoint(intact)
     key = "subdivisions/.ATTRIBUTES/VARIABLE_VALUE"
     subdivisions = int(reader.get_tensor(key)) if reader.has_tensor(key) else 1  # the baseline keeps none
-    return Trained(cfg, data, model, keras_loss, subdivisions)
+    return Trained(cfg, data, model, objective, subdivisions)
 
 
 def _to_stderr(line: str) -> None:

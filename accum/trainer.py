@@ -81,7 +81,7 @@ class Trainer:
         state.step = step = step + 1
         state.examples += planned.n
         state.micro_done += planned.pulls
-        out = {**out, "noise_scale": run.noise.add(out, planned.n)}
+        out = {**out, "noise_scale": run.noise.add(out)}
         state.pending.append((step, planned.n, out, planned.batch_size, run.subdivisions))
         bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
         # Any process's stop request, as of this update (every process learns it in the same all-reduce)

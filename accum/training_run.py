@@ -1,6 +1,6 @@
 """A run set up for training: its model (built-in, a keras_file on class labels, or a keras_file with a Keras
-loss), optimizer, engine, evaluation and checkpoint, built once before the first update and then driven by
-``train``'s loop (train.py) or read back by ``trained.load_run``.
+loss) and objective, optimizer, accumulator, evaluation and checkpoint, built once before the first update and
+then driven by ``train``'s loop (train.py) or read back by ``trained.load_run``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from .baseline import PlainUpdate
 from .checkpoints import latest_intact
 from .config import Config
-from .engine import AccumulatingUpdate
+from .engine import Accumulator
 from .errors import RunDirError
 from .noise import NoiseScale, grown_batch
+from .objective import as_data
 from .rundir import kept_model
 from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
@@ -29,7 +29,7 @@ class Run:
         own ``run_dir`` is a scratch folder)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        from .keras_loss import build_with_loss, loss_function
+        from .keras_loss import build_with_loss, is_keras_loss
         from .optim import make_optimizer, run_schedule
         from .threads import parallel_micro_steps
 
@@ -51,39 +51,27 @@ class Run:
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
         model_cfg = kept_model(shared_dir or run_dir, cfg.model)
-        signature = data.signature()
-        # a keras_file with the YAML's loss or its file's compile(): that loss, per example (keras_loss.py)
-        self.keras_loss = None
         with in_scope.scope():
-            self.model, self.keras_loss = build_with_loss(cfg, data, cfg.precision, model_cfg)
+            # a keras_file with the YAML's loss or its file's compile() trains on that loss (keras_loss.py)
+            self.model, self.objective = build_with_loss(cfg, data, cfg.precision, model_cfg)
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        loss_fn = loss_function(self.model, self.keras_loss)
-        variables = self.model.trainable_variables
-        scaling = dict(
+        self.keras_loss = is_keras_loss(self.objective)
+        self.engine = Accumulator(
+            self.objective,
+            self.model.trainable_variables,
+            self.optimizer,
+            # subdivisions=auto starts at 1; choose_subdivisions measures before training.
+            subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
+            one_pass=cfg.baseline,
+            parallel=parallel_micro_steps(cfg),
+            strategy=strategy,
+            prepare=self.prepare,
+            clip_norm=cfg.optimizer.clip_norm,
+            norm_layers=self.model.norm_layers,
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
             growth_steps=cfg.loss_scale.growth_steps,
         )
-        shared = dict(
-            clip_norm=cfg.optimizer.clip_norm,
-            norm_layers=self.model.norm_layers,
-            input_signature=signature,
-            prepare=self.prepare,
-            **scaling,
-        )
-        if cfg.baseline:
-            self.engine = PlainUpdate(loss_fn, variables, self.optimizer, strategy=strategy, **shared)
-        else:
-            self.engine = AccumulatingUpdate(
-                loss_fn,
-                variables,
-                self.optimizer,
-                # subdivisions=auto starts at 1; choose_subdivisions measures before training.
-                subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
-                strategy=strategy,
-                parallel=parallel_micro_steps(cfg),
-                **shared,
-            )
-        self.scorer = Scorer(self.model, self.keras_loss, data, lambda: self.eval_batch_size)
+        self.scorer = Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
         from .augment import Augment
 
         self.augment = Augment(cfg.data.augment, cfg.seed)
@@ -164,12 +152,13 @@ class Run:
 
     def prepare(self, element, n):
         """Inside a micro-step: a feed's element (accum/feed.py: stored values and where they sit) as the loss
-        takes it, converted (uint8 to float) and augmented there, so the pipeline holds no float batch."""
+        takes it, (x, y, sample weights or None), converted (uint8 to float) and augmented there, so the
+        pipeline holds no float batch."""
         stored, where = element
-        x, y = self.data.train.convert(stored)
+        x, y, weights = as_data(self.data.train.convert(stored))
         if self.augment.active:  # the draws of these rows of update where[0]'s global batch of n
             x = self.augment.rows(x, where[0], n, tf.cast(where[1], tf.int32))
-        return x, y
+        return x, y, weights
 
     @property
     def subdivisions(self) -> int:

@@ -1,19 +1,27 @@
-"""What every update shares, the subdivided one (engine.py), the one-pass baseline (baseline.py) and
-accum_train.fit's (keras_fit/step.py): the update's one all-reduce, then the finite check, clipping and one
-apply (or a skip) in cross-replica context, the dynamic loss scale and the skip counters; and the small
-helpers that hand values to and from the graphs of every strategy. See engine.py for the whole design.
+"""What an update does after its one all-reduce (engine.py's accumulator): the finite check, clipping and one
+apply (or a skip) in cross-replica context, the dynamic loss scale and the skip counters; and the small helpers
+that hand values to and from the graphs of every strategy.
+
+Norm, clipping and the finite check act on the reduced (global) values, the same on every replica; the
+apply-or-skip decision is a ``tf.cond`` in cross-replica context (``merge_call``), whose apply branch goes back
+to the replicas for ``apply_gradients`` (``call_for_each_replica``). Neither branch holds a collective, so the
+replicas cannot disagree inside one. Keras' optimizer would all-reduce the gradients a second time inside
+``apply_gradients``; ``hold`` turns that off (``_all_reduce_sum_gradients``, the one private Keras hook here,
+guarded by a test that a double reduction fails).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
-from .batching import micro_bounds
+from .config import LossScaleConfig
 from .gradient_cache import all_finite
 
 NAN = float("nan")
+# A dynamic loss scale's defaults (mixed_float16), the config's loss_scale section's, as accum_train.fit takes them
+LOSS_SCALE = LossScaleConfig()
 # A stop request is a small integer (0: none; the training loop sends a signal's number): every process learns
 # the largest any process made, after the same update. The engine knows no signals, only the numbers' order.
 STOP_REQUESTS = 65
@@ -30,8 +38,9 @@ def _first(strategy, structure):
     return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], structure)
 
 
-def _size(y, n=None):
-    """The global batch size as the graphs take it (a tensor: a Python int would retrace per value)."""
+def _size(n, y=None):
+    """A count (the global batch, the pulls) as the graphs take it (a tensor: a Python int would retrace per
+    value); ``n`` None: the examples of the held batch ``y``."""
     return tf.constant(len(tf.nest.flatten(y)[0]) if n is None else int(n), tf.int32)
 
 
@@ -50,24 +59,12 @@ def _signal(stop) -> tf.Tensor:
     return tf.constant(int(stop), tf.int32)
 
 
-def _as_given(element, n):
-    """An element that is already (x, y)."""
-    return element
-
-
-def _function(fn, input_signature):
-    kwargs = {"input_signature": input_signature} if input_signature else {"reduce_retracing": True}
-    return tf.function(fn, **kwargs)
-
-
 class Update:
-    """What every engine shares: the one all-reduce, then one clipped apply per update, or a skip.
+    """After the all-reduce: one clipped apply per update, or a skip.
 
-    ``norm_layers`` are objects with ``deferred``, ``pending.values()``,
-    ``fold(values)`` and ``discard()`` (AccumBatchNorm): the engine defers their
-    moving statistics and folds them in once per applied update, from the sums
-    of every micro-batch on every replica. ``strategy`` None is one device.
-    """
+    ``norm_layers`` are objects with ``deferred``, ``pending`` (models/norm.py PendingStats), ``fold(values)``
+    and ``discard()`` (AccumBatchNorm, PooledBatchNorm): their moving statistics are deferred and folded in once
+    per applied update, from the sums of every micro-batch on every replica. ``strategy`` None is one device."""
 
     def __init__(
         self,
@@ -78,13 +75,9 @@ class Update:
         norm_layers=(),
         strategy: tf.distribute.Strategy | None = None,
         loss_scale: float | None = None,
-        growth_steps: int = 2000,
-        prepare: Callable | None = None,
+        growth_steps: int = LOSS_SCALE.growth_steps,
     ):
         self.strategy = strategy or tf.distribute.get_strategy()
-        # What a micro-step makes of an element pulled from a feed (accum/feed.py): (x, y) as the loss takes
-        # them; inside the micro-step, so that the pipeline holds stored values (uint8), never float inputs.
-        self.prepare = prepare or _as_given
         self.variables = list(variables)
         self.optimizer = optimizer
         self.clip_norm = clip_norm
@@ -144,58 +137,9 @@ class Update:
         """The rate the next apply_gradients uses (the schedule at optimizer.iterations)."""
         return tf.cast(self.optimizer.learning_rate, tf.float32)
 
-    def _shares(self, x, y, n):
-        """Each local replica's contiguous share of the global batch, from this process's examples."""
-        if len(self.replica_ids) == 1 and self.replicas == 1:
-            return x, y  # one device: the batch itself
-        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
-
-        def share(ctx, tensor):
-            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
-            return _rows(tensor, start - offset, end - offset)
-
-        return (
-            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, x)),
-            self.strategy.experimental_distribute_values_from_function(lambda ctx: share(ctx, y)),
-        )
-
     def _scaled(self, loss):
         """What a micro-batch differentiates: its loss share times the update's loss scale."""
         return loss * self.loss_scale if self.dynamic else loss
-
-    def _conclude(self, loss, gradients, retry, stop=0, extra=None):
-        """Replica context: reduce, then apply once, skip (not finite) or drop (retry) in cross-replica context.
-
-        ``stop``: this process's stop request (an integer below STOP_REQUESTS; 0: none). It rides in the same
-        all-reduce, so every process learns after this same update the largest request any of them made.
-        ``extra``: a dict of float tensors summed in the same all-reduce and returned in the record (the
-        gradient noise scale's sums, ``noise``)."""
-        used = [g is not None for g in gradients]
-        reduced = self._all_reduce(self._payload(loss, gradients, retry, stop, extra))
-        out = self._settle(reduced["loss"], self._unscaled(reduced["grads"]), reduced, used)
-        return {**out, **reduced["extra"]}
-
-    def _payload(self, loss, gradients, retry, stop=0, extra=None) -> dict:
-        """What the update's one all-reduce carries: gradients (None as zeros), the loss, the BatchNorm sums,
-        the retry flag, the stop request and ``extra`` (any structure of float tensors the caller sums too)."""
-        grads = [
-            tf.zeros(v.shape, tf.float32) if g is None else tf.cast(g, tf.float32)
-            for g, v in zip(gradients, self.variables * (len(gradients) // max(len(self.variables), 1)))
-        ]
-        stop = tf.convert_to_tensor(stop, tf.int32)
-        return {
-            "grads": grads,
-            "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
-            "loss": loss,
-            "retry": tf.cast(retry, tf.float32),
-            "stop": tf.one_hot(stop, STOP_REQUESTS),  # summed: which requests any process made
-            "extra": extra if extra is not None else {},
-        }
-
-    @staticmethod
-    def _all_reduce(payload: dict) -> dict:
-        """One collective: all_reduce batches the whole structure."""
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, payload)
 
     def _unscaled(self, grads):
         """The reduced gradients without the update's loss scale (unscaled once, for the whole update)."""

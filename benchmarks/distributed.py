@@ -1,6 +1,6 @@
 """Accumulate-then-reduce vs a reduction per micro-batch, on MirroredStrategy.
 
-(a) accum-train's engine (AccumulatingUpdate on the strategy): each replica
+(a) accum-train's engine (Accumulator on the strategy): each replica
     accumulates its k local micro-batches in a tf.range loop (no collective
     inside), then ONE all-reduce per update carries the gradients, the loss
     and the retry flag; the apply-or-skip decision is a tf.cond in
@@ -148,10 +148,11 @@ def main():
     ops.watch(strategy)
     import numpy as np
     import tensorflow as tf
+    from accum_train.batching import micro_bounds
     from accum_train.config import ModelConfig, OptimizerConfig
-    from accum_train.engine import AccumulatingUpdate, micro_bounds
-    from accum_train.losses import sparse_softmax_loss
+    from accum_train.engine import Accumulator
     from accum_train.models import build_model
+    from accum_train.objective import sparse_softmax_loss
     from accum_train.optim import make_optimizer
 
     def setup():
@@ -167,7 +168,7 @@ def main():
     y = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
 
     model, opt, loss_fn = setup()
-    ours = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, subdivisions=k, strategy=strategy)
+    ours = Accumulator(loss_fn, model.trainable_variables, opt, subdivisions=k, strategy=strategy)
 
     naive_model, naive_opt, naive_loss = setup()
     variables = naive_model.trainable_variables

@@ -4,7 +4,7 @@ One run, interleaved rounds, ratios printed. Methods, all on the seed convnet
 (scaled by --width; a Keras-layer twin and a raw-op TF1 twin where a peer
 needs its own), the same Fashion-MNIST batch and the same micro-batch:
 
-  (a)  accum-train: AccumulatingUpdate, one graph call per update, with the
+  (a)  accum-train: Accumulator, one graph call per update, with the
        micro-steps in flight and the thread pools accum-train itself chooses
        (threads.py: on this CPU two micro-steps at once, one thread per op)
   (a1) the same, one micro-step at a time, TensorFlow's default threads
@@ -62,11 +62,10 @@ import keras
 import numpy as np
 import provenance  # benchmarks/ is on sys.path: this script runs from there
 import tensorflow as tf
-from accum_train.baseline import PlainUpdate
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 from accum_train.threads import child_environment, parallel_micro_steps, thread_pools
 
@@ -89,9 +88,11 @@ def ours(model_cfg, k, x, y, plain=False, parallel=1):
     opt = make_optimizer(OptimizerConfig(learning_rate=LR), LR, model.trainable_variables)
     loss_fn = sparse_softmax_loss(model.forward)
     if plain:
-        engine = PlainUpdate(loss_fn, model.trainable_variables, opt, clip_norm=None, norm_layers=model.norm_layers)
+        engine = Accumulator(
+            loss_fn, model.trainable_variables, opt, clip_norm=None, norm_layers=model.norm_layers, one_pass=True
+        )
     else:
-        engine = AccumulatingUpdate(
+        engine = Accumulator(
             loss_fn, model.trainable_variables, opt, subdivisions=k, norm_layers=model.norm_layers, parallel=parallel
         )
 

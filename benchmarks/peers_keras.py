@@ -6,9 +6,9 @@ conv, dense) saved to a .keras file at the start, and the same Fashion-MNIST
 batch, micro-batch, k and Adam learning rate for every method:
 
   (a)  accum-train as a keras_file run trains it: build_model with
-       model.name keras_file (its BatchNormalization swapped for the pooling
-       KerasAccumBatchNorm, moving statistics deferred to once per update),
-       AccumulatingUpdate, one graph call per update, with the micro-steps in
+       model.name keras_file (its BatchNormalization layers pooling their
+       statistics, moving statistics deferred to once per update),
+       Accumulator, one graph call per update, with the micro-steps in
        flight and the thread pools accum-train itself chooses (threads.py)
   (a1) the same, one micro-step at a time, TensorFlow's default threads
   (b)  the same file through keras.models.load_model, compiled with

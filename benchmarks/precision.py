@@ -17,9 +17,9 @@ import numpy as np
 def main():
     from accum_train.config import DataConfig, ModelConfig, OptimizerConfig
     from accum_train.datasets import load
-    from accum_train.engine import AccumulatingUpdate
-    from accum_train.losses import sparse_softmax_loss
+    from accum_train.engine import Accumulator
     from accum_train.models import build_model
+    from accum_train.objective import sparse_softmax_loss
     from accum_train.optim import make_optimizer
 
     data = load(DataConfig(train_limit=640, test_limit=1))
@@ -30,7 +30,7 @@ def main():
             ModelConfig(name=name, width=0.125, norm=norm, hidden=64), 3, data.input_shape, data.num_classes, precision
         )
         opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, model.trainable_variables)
-        engine = AccumulatingUpdate(
+        engine = Accumulator(
             sparse_softmax_loss(model.forward),
             model.trainable_variables,
             opt,

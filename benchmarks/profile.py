@@ -101,9 +101,9 @@ def measure(k: int, parallel: int, updates: int) -> dict:
     import tensorflow as tf
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.datasets import fashion_mnist
-    from accum_train.engine import AccumulatingUpdate
-    from accum_train.losses import sparse_softmax_loss
+    from accum_train.engine import Accumulator
     from accum_train.models import build_model
+    from accum_train.objective import sparse_softmax_loss
     from accum_train.optim import make_optimizer
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -112,7 +112,7 @@ def measure(k: int, parallel: int, updates: int) -> dict:
     y = tf.constant(data.train.labels.astype(np.int32))
     model = build_model(ModelConfig(width=0.125), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(learning_rate=1e-3), 1e-3, model.trainable_variables)
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         sparse_softmax_loss(model.forward),
         model.trainable_variables,
         opt,

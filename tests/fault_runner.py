@@ -25,7 +25,7 @@ from pathlib import Path
 import tensorflow as tf
 from accum_train import worker
 from accum_train.cli.main import main
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 
 
 def die():
@@ -45,7 +45,7 @@ def counter(n):
 def arm(point, n):
     hit = counter(n)
     if point in ("update", "oom"):
-        original = AccumulatingUpdate.__init__
+        original = Accumulator.__init__
 
         def init(self, *args, **kwargs):
             original(self, *args, **kwargs)
@@ -60,7 +60,7 @@ def arm(point, n):
 
             self.update_from = update_from
 
-        AccumulatingUpdate.__init__ = init
+        Accumulator.__init__ = init
     elif point == "pause_checkpoint":
         from accum_train.train import Run
 

@@ -33,7 +33,7 @@ else:
 import accum_train  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from accum_train.keras_fit.step import FitUpdate  # noqa: E402
+from accum_train.engine import Accumulator  # noqa: E402
 from tensorflow.python.eager.polymorphic_function import atomic_function  # noqa: E402
 
 N, BATCH, VOCABULARY, STEPS = 40, 16, 20, 7
@@ -65,18 +65,19 @@ def counted(*args, **kwargs):
 
 
 atomic_function.AtomicFunction.call_flat = counted
-real_update = FitUpdate.update
+real_update = Accumulator.update_from
 
 
 traced = {}
 
 
-def update(self, iterator, stop=0):
+def update(self, iterator, n, pulls, stop=0):
     before = (calls[0], ops.batch_reduce_calls + ops.reduce_calls)
-    out = real_update(self, iterator, stop)
+    out = real_update(self, iterator, n, pulls, stop)
     per_update.append([calls[0] - before[0], ops.batch_reduce_calls + ops.reduce_calls - before[1]])
     if not traced:  # the collective ops in the update's graph (under multi-worker a collective is an op there)
-        graph = self._update.get_concrete_function(iterator, tf.constant(int(stop), tf.int32)).graph.as_graph_def()
+        args = [tf.constant(int(v), tf.int32) for v in (n, pulls, stop)]
+        graph = self._update_pulled.get_concrete_function(iterator, *args).graph.as_graph_def()
         nodes = list(graph.node) + [node for f in graph.library.function for node in f.node_def]
         for node in nodes:
             if node.op.startswith("Collective"):
@@ -84,7 +85,7 @@ def update(self, iterator, stop=0):
     return out
 
 
-FitUpdate.update = update
+Accumulator.update_from = update
 history = accum_train.fit(
     model,
     tokens,

@@ -7,7 +7,7 @@ import os
 import signal
 
 import tensorflow as tf
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 from accum_train.train import Progress, Run
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
@@ -18,7 +18,7 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
 
     With snapshot_after=N, the weights and moving statistics right after update N are kept in the returned
     dict, by their names in weights.npz."""
-    original = AccumulatingUpdate.__init__
+    original = Accumulator.__init__
     calls, kept = [0], {}
     bad = tf.constant(sorted(step - 1 for step in bad_steps) or [-1], tf.int64)
 
@@ -27,13 +27,13 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
         prepare, real = self.prepare, self.update_from
 
         def poisoned(element, n):
-            x, y = prepare(element, n)
+            x, y, weights = prepare(element, n)
             step, begin = element[1][0], element[1][1]
             rows = tf.shape(x)[0]
             last = tf.equal(begin + tf.cast(rows, tf.int64), tf.cast(n, tf.int64))  # holds the batch's last example
             hit = tf.logical_and(tf.reduce_any(tf.equal(bad, step)), tf.logical_and(last, rows > 0))
             nan = lambda: tf.tensor_scatter_nd_update(x, [[rows - 1, 0, 0, 0]], [float("nan")])  # noqa: E731
-            return tf.cond(hit, nan, lambda: x), y
+            return tf.cond(hit, nan, lambda: x), y, weights
 
         def update_from(iterator, n, pulls, stop=0):
             calls[0] += 1
@@ -45,7 +45,7 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
 
         self.prepare, self.update_from = poisoned, update_from
 
-    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    monkeypatch.setattr(Accumulator, "__init__", init)
     return kept
 
 

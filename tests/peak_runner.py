@@ -15,12 +15,12 @@ import sys
 import accum_train.memory as memory
 from accum_train import worker
 from accum_train.cli.main import main
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 
 MiB = 2**20
 SCALE = 2 if os.environ.get("ACCUM_TRAIN_WORKER") == "1" else 1
 peak = [0]
-real_accumulate, real_accumulate_from = AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_from
+real_accumulate, real_accumulate_from = Accumulator.accumulate, Accumulator.accumulate_from
 
 
 def accumulate(self, x, y, batch_examples):
@@ -34,7 +34,7 @@ def accumulate_from(self, iterator, n, pulls):
     return real_accumulate_from(self, iterator, n, pulls)
 
 
-AccumulatingUpdate.accumulate, AccumulatingUpdate.accumulate_from = accumulate, accumulate_from
+Accumulator.accumulate, Accumulator.accumulate_from = accumulate, accumulate_from
 memory.allocator_peak_bytes = lambda: peak[0]
 if __name__ == "__main__":
     sys.exit(worker.main(sys.argv[2:]) if sys.argv[1] == "worker" else main(sys.argv[1:]))

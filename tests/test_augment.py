@@ -15,7 +15,7 @@ from accum_train.augment import Augment
 from accum_train.config import AugmentConfig, load_config
 from accum_train.data import epoch_order
 from accum_train.datasets import load
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 from accum_train.metrics_log import read_metrics
 from accum_train.train import Run, train
 
@@ -156,22 +156,22 @@ def test_the_engine_trains_on_the_batch_cropped_and_flipped_as_drawn(tmp_path, r
         ],
     )
     received = []
-    original = AccumulatingUpdate.__init__
+    original = Accumulator.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
         prepare = self.prepare
 
         def seen(element, n):  # each micro-batch as the micro-step trains on it, and where it sits
-            x, y = prepare(element, n)
+            x, y, weights = prepare(element, n)
             record = lambda x, where: received.append((x.numpy(), *where.numpy())) or 0  # noqa: E731
             done = tf.py_function(record, [x, element[1]], tf.int32)
             with tf.control_dependencies([done]):
-                return tf.identity(x), y
+                return tf.identity(x), y, weights
 
         self.prepare = seen
 
-    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    monkeypatch.setattr(Accumulator, "__init__", init)
     train(cfg, tmp_path / "run")
     data = load(cfg.data)
     order = epoch_order(cfg.seed, 0, len(data.train))

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 from accum_train.errors import OutOfMemory
 from accum_train.train import Progress, train
 from click.testing import CliRunner
@@ -37,7 +37,7 @@ class Messages(Progress):
 def fake_peak(monkeypatch):
     """Allocator peak = 1 MiB per example of the last micro-step measured."""
     peak = [0]
-    original = AccumulatingUpdate.__init__
+    original = Accumulator.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -49,7 +49,7 @@ def fake_peak(monkeypatch):
 
         self.accumulate = accumulate
 
-    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    monkeypatch.setattr(Accumulator, "__init__", init)
     monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
     return peak
 
@@ -128,7 +128,7 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
     overrides = [*SHORT, "model.norm=none", "epochs=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
     train(load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=2"]), tmp_path / "ref")
     peak = [0]
-    original = AccumulatingUpdate.__init__
+    original = Accumulator.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -144,7 +144,7 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
 
         self.accumulate, self.accumulate_from = accumulate, accumulate_from
 
-    monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+    monkeypatch.setattr(Accumulator, "__init__", init)
     monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
     messages = Messages()
     cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", "memory_limit=64MiB"])
@@ -166,10 +166,10 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
 def oom_once(monkeypatch):
     """Once armed, the 5th update call raises ResourceExhaustedError before anything is applied."""
     calls = [0]
-    original = AccumulatingUpdate.__init__
+    original = Accumulator.__init__
 
     def arm():
-        monkeypatch.setattr(AccumulatingUpdate, "__init__", init)
+        monkeypatch.setattr(Accumulator, "__init__", init)
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -181,7 +181,7 @@ def oom_once(monkeypatch):
                 # half an update's micro-batches pulled, and their gradient in the cache, when memory runs out
                 for _ in range(pulls // 2):
                     next(iterator)
-                self.cache.add([tf.ones_like(v) for v in self.variables])
+                self.caches[0].add([tf.ones_like(v) for v in self.variables])
                 raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,8]")
             return real(iterator, n, pulls, stop)
 

@@ -61,10 +61,11 @@ def test_gradient_check_cuts_the_batch_as_micro_batch_size_says(repo_root, small
 
 def test_gradient_check_measures_the_engine_itself(repo_root, small_data, monkeypatch):
     """Break the engine (each micro-batch counted twice) and the check must see it."""
-    from accum_train.engine import AccumulatingUpdate
+    from accum_train.engine import Accumulator
+    from accum_train.objective import as_data
 
-    real = AccumulatingUpdate._accumulate_micro
-    monkeypatch.setattr(AccumulatingUpdate, "_accumulate_micro", lambda self, x, y, n: real(self, x, y, n // 2))
+    real = Accumulator._micro
+    monkeypatch.setattr(Accumulator, "_micro", lambda self, data, n, prepare=as_data: real(self, data, n // 2, prepare))
     check = gradient_check(load_config(repo_root / "configs" / "smoke.yaml", ["model.norm=none"]), small_data)
     assert check["max_rel_diff"] == pytest.approx(1.0, rel=1e-4)  # twice the gradient: off by its own size
 

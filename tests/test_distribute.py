@@ -459,9 +459,8 @@ from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.baseline import PlainUpdate
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
+from accum_train.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 with strategy.scope():
@@ -469,9 +468,9 @@ with strategy.scope():
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
 shared = dict(clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
 if sys.argv[1] == "baseline":
-    update = PlainUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, **shared)
+    update = Accumulator(sparse_softmax_loss(model.forward), model.trainable_variables, opt, **shared, one_pass=True)
 else:
-    update = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt,
+    update = Accumulator(sparse_softmax_loss(model.forward), model.trainable_variables, opt,
                                 subdivisions=int(sys.argv[1]), **shared)
 x, y = tf.random.uniform([64, 28, 28, 1]), tf.zeros([64], tf.int32)
 counts = []
@@ -491,14 +490,14 @@ from accum_train.config import StrategyConfig
 from accum_train.distribute import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
+from accum_train.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="adam", learning_rate=0.01), 0.01, model.trainable_variables)
-update = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, opt, subdivisions=3,
+update = Accumulator(sparse_softmax_loss(model.forward), model.trainable_variables, opt, subdivisions=3,
                             clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
 x = np.random.default_rng(0).random((40, 28, 28, 1), dtype=np.float32)
 y = np.arange(40, dtype=np.int32) % 10
@@ -686,22 +685,22 @@ from accum_train.config import ModelConfig, StrategyConfig
 from accum_train.distribute import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
+from accum_train.objective import sparse_softmax_loss
 from accum_train.models import build_model
 SCALE = 3.0  # not a power of two: multiplying by it, and by 1/3, rounds
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="none", hidden=32), 0, (28, 28, 1), 10, "mixed_float16")
     optimizer = keras.optimizers.SGD(1.0)  # w - 1.0 * g: the applied gradient, to the bit
     optimizer.build(model.trainable_variables)
-engine = AccumulatingUpdate(sparse_softmax_loss(model.forward), model.trainable_variables, optimizer,
+engine = Accumulator(sparse_softmax_loss(model.forward), model.trainable_variables, optimizer,
                             subdivisions=3, strategy=strategy, loss_scale=SCALE)
 rng = np.random.default_rng(0)
 x = tf.constant(rng.random((40, 28, 28, 1), dtype=np.float32))
 y = tf.constant(rng.integers(0, 10, 40).astype(np.int32))
 before = [v.numpy() for v in model.trainable_variables]
 engine.accumulate_batch(x, y, 40)
-caches = [[c.numpy() for c in strategy.experimental_local_results(slot)] for slot in engine.cache.slots]
+caches = [[c.numpy() for c in strategy.experimental_local_results(slot)] for slot in engine.caches[0].slots]
 out = engine.finish()
 after = [v.numpy() for v in model.trainable_variables]
 third = np.float32(1.0) / np.float32(SCALE)

@@ -274,9 +274,8 @@ from accum_train.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 import keras
-from accum_train.baseline import PlainUpdate
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
+from accum_train.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.optim import make_optimizer
 path, kind = sys.argv[1], sys.argv[2]
@@ -297,9 +296,9 @@ result = {
 shared = dict(clip_norm=1.0, norm_layers=model.norm_layers, strategy=strategy)
 loss_fn = sparse_softmax_loss(model.forward)
 if kind == "baseline":
-    engine = PlainUpdate(loss_fn, model.trainable_variables, opt, **shared)
+    engine = Accumulator(loss_fn, model.trainable_variables, opt, **shared, one_pass=True)
 else:
-    engine = AccumulatingUpdate(loss_fn, model.trainable_variables, opt, subdivisions=3, **shared)
+    engine = Accumulator(loss_fn, model.trainable_variables, opt, subdivisions=3, **shared)
 rng = np.random.default_rng(0)
 x = tf.constant(rng.random((64, 28, 28, 1), dtype=np.float32) * 2.0 + 0.5)
 y = tf.constant(rng.integers(0, 10, 64).astype(np.int32))

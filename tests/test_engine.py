@@ -15,12 +15,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.baseline import PlainUpdate
+from accum_train.batching import micro_bounds
 from accum_train.config import ModelConfig, OptimizerConfig, ScheduleConfig
-from accum_train.engine import AccumulatingUpdate, micro_bounds
+from accum_train.engine import Accumulator
 from accum_train.gradient_cache import GradientCache
-from accum_train.losses import sparse_softmax_loss
 from accum_train.models import build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer, make_schedule
 
 RNG = np.random.default_rng(1234)
@@ -58,11 +58,9 @@ def train(make, k, optimizer="sgd", lr=0.05, clip_norm=None, schedule=None):
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), schedule, variables)
     norm_layers = getattr(model, "norm_layers", [])
     if k is None:
-        engine = PlainUpdate(loss_fn, variables, opt, clip_norm=clip_norm, norm_layers=norm_layers)
+        engine = Accumulator(loss_fn, variables, opt, clip_norm=clip_norm, norm_layers=norm_layers, one_pass=True)
     else:
-        engine = AccumulatingUpdate(
-            loss_fn, variables, opt, subdivisions=k, clip_norm=clip_norm, norm_layers=norm_layers
-        )
+        engine = Accumulator(loss_fn, variables, opt, subdivisions=k, clip_norm=clip_norm, norm_layers=norm_layers)
     for start, end in BATCHES:
         engine.update(tf.constant(X[start:end]), tf.constant(Y[start:end]))
     return [v.numpy() for v in variables], opt, engine
@@ -70,7 +68,7 @@ def train(make, k, optimizer="sgd", lr=0.05, clip_norm=None, schedule=None):
 
 @pytest.fixture(scope="module")
 def whole_batch():
-    """``whole_batch(make, optimizer, lr)``: the weights and update count of whole-batch training (PlainUpdate),
+    """``whole_batch(make, optimizer, lr)``: the weights and update count of whole-batch training (one pass),
     trained once per (model, optimizer, rate) and shared by every test that compares with it: the k-way cases
     differ only in k, and tracing a fresh engine costs more than its three updates."""
     done = {}
@@ -111,7 +109,7 @@ def test_accumulated_gradient_is_the_full_batch_mean_gradient(k):
     x, y = tf.constant(X[:40]), tf.constant(Y[:40])
     with tf.GradientTape() as tape:
         full = tape.gradient(tf.reduce_mean(loss_fn(x, y)), variables)
-    engine = AccumulatingUpdate(loss_fn, variables, keras.optimizers.SGD(0.0), subdivisions=k)
+    engine = Accumulator(loss_fn, variables, keras.optimizers.SGD(0.0), subdivisions=k)
     naive = [tf.zeros_like(v) for v in variables]
     for i in range(k):
         start, end = micro_bounds(i, 40, k)
@@ -119,7 +117,7 @@ def test_accumulated_gradient_is_the_full_batch_mean_gradient(k):
         with tf.GradientTape() as tape:
             micro_mean = tf.reduce_mean(loss_fn(x[start:end], y[start:end]))
         naive = [a + g / k for a, g in zip(naive, tape.gradient(micro_mean, variables))]
-    cached = [g.numpy() for g in engine.cache.gradients()]
+    cached = [g.numpy() for g in engine.accumulated()]
     assert max_diff(cached, full) < 1e-6
     if 40 % k:
         # Averaging micro-batch means as equals (Keras' gradient_accumulation_steps,
@@ -188,10 +186,11 @@ def test_schedule_and_adam_count_updates_not_micro_batches():
 
 def test_cache_is_empty_after_every_update():
     variables, loss_fn, _ = tl_model()
-    engine = AccumulatingUpdate(loss_fn, variables, keras.optimizers.SGD(0.1), subdivisions=3)
+    engine = Accumulator(loss_fn, variables, keras.optimizers.SGD(0.1), subdivisions=3)
     for start, end in BATCHES:
         engine.update(tf.constant(X[start:end]), tf.constant(Y[start:end]))
-        assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in engine.cache.gradients())
+        held = [*engine.caches[0].gradients(), *engine.totals.values()["sums"], engine.noise.read_value()]
+        assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in held)
 
 
 def test_clipping_applies_once_to_the_accumulated_gradient():
@@ -202,7 +201,7 @@ def test_clipping_applies_once_to_the_accumulated_gradient():
         full = tape.gradient(tf.reduce_mean(loss_fn(x, y)), variables)
     norm = float(tf.linalg.global_norm(full))
     clip = norm / 4  # the clip must bite
-    engine = AccumulatingUpdate(loss_fn, variables, keras.optimizers.SGD(1.0), subdivisions=4, clip_norm=clip)
+    engine = Accumulator(loss_fn, variables, keras.optimizers.SGD(1.0), subdivisions=4, clip_norm=clip)
     out = engine.update(x, y)
     expected = [b - g.numpy() * clip / norm for b, g in zip(before, full)]
     assert max_diff([v.numpy() for v in variables], expected) < 1e-6
@@ -225,7 +224,7 @@ def test_gradient_cache_clear_add_gradients():
 def test_non_finite_micro_batch_skips_the_whole_update():
     variables, loss_fn, _ = tl_model()
     opt = keras.optimizers.Adam(0.01)
-    engine = AccumulatingUpdate(loss_fn, variables, opt, subdivisions=3)
+    engine = Accumulator(loss_fn, variables, opt, subdivisions=3)
     engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))
     before = [v.numpy() for v in variables]
     slots = [s.numpy() for s in opt.variables]
@@ -235,7 +234,7 @@ def test_non_finite_micro_batch_skips_the_whole_update():
     assert not bool(out["applied"])
     assert max_diff([v.numpy() for v in variables], before) == 0.0
     assert max_diff([s.numpy() for s in opt.variables], slots) == 0.0  # iterations and moments too
-    assert all(float(tf.reduce_sum(tf.abs(g))) == 0.0 for g in engine.cache.gradients())
+    assert all(float(tf.reduce_sum(tf.abs(g))) == 0.0 for g in engine.caches[0].gradients())
     assert bool(engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))["applied"])
 
 
@@ -248,11 +247,9 @@ def test_a_skipped_update_leaves_batchnorm_statistics_and_everything_else_unchan
     variables, loss_fn, model = tl_model("seed_convnet", "batchnorm")
     opt = keras.optimizers.Adam(0.01)
     engine = (
-        PlainUpdate(loss_fn, variables, opt, norm_layers=model.norm_layers)
+        Accumulator(loss_fn, variables, opt, norm_layers=model.norm_layers, one_pass=True)
         if k is None
-        else AccumulatingUpdate(
-            loss_fn, variables, opt, subdivisions=k, norm_layers=model.norm_layers, parallel=parallel
-        )
+        else Accumulator(loss_fn, variables, opt, subdivisions=k, norm_layers=model.norm_layers, parallel=parallel)
     )
     engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))  # a good update: statistics and moments have moved
     state = {v.name: v.numpy() for v in model.variables}

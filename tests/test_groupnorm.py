@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorlayer as tl
-from accum_train.baseline import PlainUpdate
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 from accum_train.errors import ConfigError
-from accum_train.losses import sparse_softmax_loss
 from accum_train.models import GroupNorm, build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 
 RNG = np.random.default_rng(8)
@@ -44,9 +43,9 @@ def train(cfg, k, optimizer, lr):
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, variables)
     loss_fn = sparse_softmax_loss(model.forward)
     engine = (
-        PlainUpdate(loss_fn, variables, opt, norm_layers=model.norm_layers)
+        Accumulator(loss_fn, variables, opt, norm_layers=model.norm_layers, one_pass=True)
         if k == 1
-        else AccumulatingUpdate(loss_fn, variables, opt, subdivisions=k, norm_layers=model.norm_layers)
+        else Accumulator(loss_fn, variables, opt, subdivisions=k, norm_layers=model.norm_layers)
     )
     rng = np.random.default_rng(0)
     for n in (30, 30, 30, 13):  # k=4: micro-batches of 7-8; the short last batch as 3-4

@@ -25,10 +25,10 @@ from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.data import epoch_order
 from accum_train.datasets import load
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 from accum_train.errors import ConfigError, Interrupted
-from accum_train.losses import sparse_softmax_loss
-from accum_train.models import KerasAccumBatchNorm, KerasModel, build_model
+from accum_train.models import KerasModel, PooledBatchNorm, build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 from accum_train.train import train
 from click.testing import CliRunner
@@ -196,12 +196,15 @@ def test_subdivided_equals_whole_batch(oracle_runs, name, opt, lr):
 @pytest.mark.parametrize(
     "name, bn_layers, softmax", [("functional", 2, False), ("sequential", 1, True), ("nested", 1, True)]
 )
-def test_batchnorm_is_swapped_with_its_weights(files, name, bn_layers, softmax):
+def test_batchnorm_pools_its_statistics_with_its_weights(files, name, bn_layers, softmax):
     original = keras.models.load_model(files[name], compile=False)
     model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax), 0, SHAPE, 10)
     assert isinstance(model, KerasModel)
     assert len(model.norm_layers) == bn_layers
-    assert all(type(layer) is KerasAccumBatchNorm for layer in model.norm_layers)
+    # Keras' own layers (class, config, weights), each with its call pooling through an adapter
+    assert all(type(layer) is PooledBatchNorm for layer in model.norm_layers)
+    assert all(type(layer.layer) is keras.layers.BatchNormalization for layer in model.norm_layers)
+    assert all("call" in vars(layer.layer) for layer in model.norm_layers)
     # moving statistics away from their init, so that inference shows whether they were copied
     for layer in model.norm_layers:
         layer.moving_mean.assign(tf.fill(layer.moving_mean.shape, 0.3))
@@ -262,7 +265,7 @@ def test_one_subdivided_update_moves_the_first_bn_as_one_whole_batch_pass(files,
     model = build_model(ModelConfig(name="keras_file", path=str(files[name]), from_logits=not softmax), 0, SHAPE, 10)
     variables = model.trainable_variables
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, variables)
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         sparse_softmax_loss(model.forward), variables, opt, subdivisions=4, norm_layers=model.norm_layers
     )
     rng = np.random.default_rng(2)

@@ -110,14 +110,6 @@ def test_a_keras_loss_run_ends_at_model_fit_s_weights_and_scores(tmp_path, case,
     assert json.loads((tmp_path / "run" / "evaluate" / "evaluate.json").read_text())["test_examples"] == 20
 
 
-def masked_model():
-    inputs = keras.Input((4,), dtype="int32")
-    hidden = keras.layers.Embedding(10, 3, mask_zero=True)(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(2, name="tags")(hidden))
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
 def write(tmp_path, arrays=None, model=None):
     arrays = arrays if arrays is not None else regression_arrays(np.random.default_rng(0), False)
     np.savez(tmp_path / "data.npz", **arrays)
@@ -129,12 +121,6 @@ def write(tmp_path, arrays=None, model=None):
         "subdivisions": K,
         "epochs": 1,
     }
-
-
-def tokens():
-    rng = np.random.default_rng(1)
-    x = rng.integers(0, 10, (N, 4)).astype(np.int32)
-    return dict(x_train=x, y_train=rng.integers(0, 2, (N, 4)), x_test=x[:5], y_test=np.zeros((5, 4), np.int64))
 
 
 # (case, change to the config, arrays (None: the regression's), model (None: the compiled regression), message)
@@ -186,15 +172,6 @@ BAD = [
         None,
         "the loss of model.path={model} cannot take the data's targets (y_train holds examples of 3, the model "
         "outputs 2 per example): Dimensions must be equal, but are 3 and 2 with input shapes: [?,3], [?,2].",
-    ),
-    (
-        "a masked loss",
-        {},
-        tokens(),
-        masked_model,
-        "the loss of model.path={model} divides by the valid entries or the sample weights of output 'tags' (a "
-        "mask, or reduction='sum_over_batch_size'), which accum-train run does not sum per example yet: train it "
-        "with accum_train.fit (exact for it), or use a loss with reduction='sum_over_batch_size' and no mask",
     ),
     (
         "weights of another length",

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorlayer as tl
-from accum_train.baseline import PlainUpdate
 from accum_train.config import MODEL_NAMES, ModelConfig, OptimizerConfig
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
 from accum_train.models import BUILDERS, AccumBatchNorm, build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 
 RNG = np.random.default_rng(5)
@@ -95,11 +94,9 @@ def test_subdivided_update_moves_first_bn_like_the_whole_batch_and_differs_after
         opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
         loss_fn = sparse_softmax_loss(model.forward)
         engine = (
-            PlainUpdate(loss_fn, model.trainable_variables, opt, norm_layers=model.norm_layers)
+            Accumulator(loss_fn, model.trainable_variables, opt, norm_layers=model.norm_layers, one_pass=True)
             if k is None
-            else AccumulatingUpdate(
-                loss_fn, model.trainable_variables, opt, subdivisions=k, norm_layers=model.norm_layers
-            )
+            else Accumulator(loss_fn, model.trainable_variables, opt, subdivisions=k, norm_layers=model.norm_layers)
         )
         engine.update(x, y)
         results[k] = model.named_weights()

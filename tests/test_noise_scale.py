@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.batching import micro_bounds
-from accum_train.engine import AccumulatingUpdate
+from accum_train.engine import Accumulator
 from accum_train.noise import DECAY, NoiseScale, grown_batch, one_update
 
 IN, OUT = 5, 3
@@ -29,7 +29,7 @@ def linear_engine(k, parallel=1, loss_scale=None, strategy=None):
     def loss_fn(x, y):
         return 0.5 * tf.reduce_sum(tf.square(tf.matmul(x, w) + b - y), axis=1)
 
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         loss_fn, [w, b], optimizer, subdivisions=k, parallel=parallel, loss_scale=loss_scale, strategy=strategy
     )
     return engine, w.numpy(), b.numpy()
@@ -57,7 +57,8 @@ def batch(n, seed=1):
 )
 def test_the_two_scalars_are_numpy_s_from_the_micro_batches_gradients(n, k, parallel, loss_scale):
     """sum |g_i|^2 (g_i: micro-batch i's mean gradient over its own examples), sum 1/b_i and k ride in the
-    update's record; |G_B|^2 is its gradient norm squared; S_hat and G2_hat follow the formula, to float32."""
+    update's record, with |G_B|^2 (its gradient norm squared) and B; S_hat and G2_hat follow the formula, to
+    float32."""
     engine, w, b = linear_engine(k, parallel, loss_scale)
     x, y = batch(n)
     out = engine.update(tf.constant(x), tf.constant(y))
@@ -71,11 +72,12 @@ def test_the_two_scalars_are_numpy_s_from_the_micro_batches_gradients(n, k, para
     assert noise[1] == pytest.approx(sum(1 / s for s in sizes), rel=1e-6)
     assert noise[2] == k
     assert float(out["grad_norm"]) ** 2 == pytest.approx(batch_squared, rel=1e-5)
+    assert list(out["noise_batch"].numpy()) == [pytest.approx(batch_squared, rel=1e-5), n]
 
     m, h = squares / k, np.mean([1 / s for s in sizes])
     trace = (m - batch_squared) / (h - 1 / n)
     estimate = NoiseScale()
-    estimate.add(out, n)
+    estimate.add(out)
     assert estimate.averages() == pytest.approx((trace, batch_squared - trace / n), rel=1e-4)
 
 
@@ -85,7 +87,7 @@ def test_one_micro_batch_has_no_estimate():
     out = engine.update(tf.constant(x), tf.constant(y))
     assert list(out["noise"].numpy()) == [pytest.approx(float(out["grad_norm"]) ** 2, rel=1e-5), 1 / 8, 1]
     estimate = NoiseScale()
-    assert estimate.add(out, 8) is None and estimate.averages() is None
+    assert estimate.add(out) is None and estimate.averages() is None
 
 
 # A problem whose gradient covariance is known: per-example loss 0.5 |theta - x|^2 at theta = 0, x drawn from
@@ -102,7 +104,7 @@ def test_the_estimate_is_within_its_statistical_error_of_the_known_noise_scale()
     theta = tf.Variable(tf.zeros(DIM))
     optimizer = keras.optimizers.SGD(learning_rate=0.0)
     optimizer.build([theta])
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         lambda x, y: 0.5 * tf.reduce_sum(tf.square(theta - x), axis=1), [theta], optimizer, subdivisions=8
     )
     rng = np.random.default_rng(2026)
@@ -114,7 +116,7 @@ def test_the_estimate_is_within_its_statistical_error_of_the_known_noise_scale()
         trace, signal = one_update(*(float(v) for v in out["noise"]), float(out["grad_norm"]) ** 2, n)
         traces.append(trace)
         signals.append(signal)
-        ratios.append(estimate.add(out, n))
+        ratios.append(estimate.add(out))
     error = lambda values: np.std(values, ddof=1) / np.sqrt(len(values))  # noqa: E731
     assert error(traces) < 0.03 * SIGMA2.sum() and error(signals) < 0.08 * MU @ MU
     assert abs(np.mean(traces) - SIGMA2.sum()) < 4 * error(traces)
@@ -146,12 +148,15 @@ def test_the_average_is_exponential_with_bias_correction():
         # an update of two micro-batches of 1 example over n = 2: S_hat = (m - G2B) / (1 - 1/2), G2_hat = G2B - S/2
         batch_squared = signal + trace / 2
         m = batch_squared + trace / 2
-        estimate.add({"noise": [2 * m, 2.0, 2.0], "grad_norm": batch_squared**0.5, "applied": True}, 2)
+        estimate.add({"noise": [2 * m, 2.0, 2.0], "noise_batch": [batch_squared, 2.0], "applied": True})
     weights = np.array([DECAY * (1 - DECAY), 1 - DECAY]) / (1 - DECAY**2)
-    assert estimate.averages() == pytest.approx((weights @ [10, 30], weights @ [1, 3]), rel=1e-9)
-    assert estimate.value() == pytest.approx((weights @ [10, 30]) / (weights @ [1, 3]), rel=1e-9)
-    skipped = {"noise": [1e9, 2.0, 2.0], "grad_norm": float("nan"), "applied": False}
-    assert estimate.add(skipped, 2) == estimate.value()  # a skipped update counts nothing
+    averages = (weights @ [10, 30], weights @ [1, 3])
+    assert estimate.averages() == pytest.approx(averages, rel=1e-9)
+    assert estimate.value() == pytest.approx(averages[0] / averages[1], rel=1e-9)
+    skipped = {"noise": [1e9, 2.0, 2.0], "noise_batch": [0.0, 2.0], "applied": False}
+    # a skipped update counts nothing: the averages stay the two updates'
+    assert estimate.add(skipped) == pytest.approx(averages[0] / averages[1], rel=1e-9)
+    assert estimate.averages() == pytest.approx(averages, rel=1e-9)
 
 
 TWO_REPLICAS = r"""
@@ -166,7 +171,7 @@ out = {}
 for name, strategy, k in (("one", None, 4), ("two", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), 2)):
     engine, _, _ = linear_engine(k, strategy=strategy)
     record = engine.update(tf.constant(x), tf.constant(y))
-    out[name] = [float(v) for v in record["noise"]] + [float(record["grad_norm"])]
+    out[name] = [float(v) for v in [*record["noise"], *record["noise_batch"]]] + [float(record["grad_norm"])]
 print(json.dumps(out))
 """
 

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 from accum_train import threads
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
 from accum_train.models import build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 
 RNG = np.random.default_rng(99)
@@ -25,7 +25,7 @@ BATCHES = [(0, 29), (29, 58), (58, 70)]  # 29 examples as 4 micro-batches of 7-8
 def train(norm, parallel, k=4, optimizer="adam", loss_scale=None):
     model = build_model(ModelConfig(width=0.0625, norm=norm, groups=2), 3, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=0.003), 0.003, model.trainable_variables)
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         sparse_softmax_loss(model.forward),
         model.trainable_variables,
         opt,
@@ -36,7 +36,7 @@ def train(norm, parallel, k=4, optimizer="adam", loss_scale=None):
     )
     losses = [float(engine.update(tf.constant(X[a:b]), tf.constant(Y[a:b]))["loss"]) for a, b in BATCHES]
     state = [v.numpy() for v in model.variables] + [v.numpy() for v in opt.variables]
-    cache = [slot.numpy() for slot in engine.cache.slots]
+    cache = [slot.numpy() for slot in engine.caches[0].slots]
     return losses, state, cache
 
 
@@ -68,7 +68,7 @@ def test_batchnorm_statistics_move_in_parallel_as_one_at_a_time():
         model = build_model(ModelConfig(width=0.0625, norm="batchnorm"), 3, (28, 28, 1), 10)
         before = model.norm_layers[0].moving_mean.numpy().copy()
         opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.01), 0.01, model.trainable_variables)
-        engine = AccumulatingUpdate(
+        engine = Accumulator(
             sparse_softmax_loss(model.forward),
             model.trainable_variables,
             opt,

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
-from accum_train.engine import AccumulatingUpdate
-from accum_train.losses import sparse_softmax_loss
+from accum_train.engine import Accumulator
 from accum_train.metrics_log import read_metrics
 from accum_train.models import build_model
+from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 from accum_train.train import train
 from click.testing import CliRunner
@@ -36,7 +36,7 @@ def engine_for(
 ):
     model = build_model(ModelConfig(name=name, width=0.0625, norm=norm, hidden=32), 7, (28, 28, 1), 10, precision)
     opt = make_optimizer(OptimizerConfig(name=optimizer, learning_rate=lr), lr, model.trainable_variables)
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         sparse_softmax_loss(model.forward),
         model.trainable_variables,
         opt,
@@ -62,7 +62,7 @@ def test_compute_is_16_bit_and_everything_kept_is_float32(precision, compute):
     assert model.forward(tf.constant(X[:2]), True).dtype == tf.float32  # logits reach the loss in float32
     out = engine.update(tf.constant(X), tf.constant(Y))
     assert bool(out["applied"])
-    assert {s.dtype for s in engine.cache.slots} == {tf.float32}
+    assert {s.dtype for s in engine.caches[0].slots} == {tf.float32}
     assert {v.dtype for v in model.variables} == {tf.float32}
     assert {str(v.dtype) for v in opt.variables} <= {"float32", "int64"}  # Adam slots float32; iterations
     assert {s.dtype for layer in model.norm_layers for s in (layer.pending.sum, layer.pending.sq)} == {tf.float32}
@@ -121,7 +121,7 @@ def linear_engine(loss_of, loss_scale):
     def loss_fn(x, y):
         return loss_of(weights) * tf.ones(tf.shape(y), tf.float32)
 
-    engine = AccumulatingUpdate(
+    engine = Accumulator(
         loss_fn, [weights], keras.optimizers.SGD(0.1), subdivisions=2, loss_scale=loss_scale, growth_steps=1000
     )
     return weights, engine

@@ -320,6 +320,7 @@ class StrategyConfig:
 
 @dataclass(frozen=True)
 class LossScaleConfig:
+    # Keras' LossScaleOptimizer's own defaults; accum_train.fit's too (update.LOSS_SCALE)
     initial: float = _spec(
         32768.0, minimum=1.0, maximum=2.0**64, help="mixed_float16: the loss scale of the first update"
     )

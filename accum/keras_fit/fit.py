@@ -22,16 +22,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import keras_private
 from ..batching import k_for_micro_batch
+from ..engine import Accumulator
 from ..errors import UserError
+from ..keras_objective import KerasObjective
+from ..models.containers import _storage, leaves
+from ..models.norm import pooled
+from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
-from ..update import local_replica_ids
-from . import keras_private
-from .batchnorm import pooled
+from ..threads import auto_parallel
+from ..update import LOSS_SCALE, local_replica_ids
 from .history import FitHistory
 from .inputs import Cut, is_dataset, make_feed
 from .loop import Loop
-from .objective import Objective
 
 WHERE = "accum_train.fit"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -69,7 +73,9 @@ def fit(
 
     The arguments are model.fit's, plus: ``subdivisions`` (micro-batches per
     replica and update) or ``micro_batch_size`` (the fewest micro-batches that
-    keep each within it); neither: one pass per update. ``seed`` fixes the
+    keep each within it; "auto": the whole batch at first, and an update that
+    runs out of memory retried from the same data at twice the micro-batches);
+    neither: one pass per update. ``seed`` fixes the
     order arrays are shuffled in (and Keras' random state). ``precision``:
     "float32", "mixed_float16" or "mixed_bfloat16" for this call (None: the
     model's own policy); float16 gets one dynamic loss scale per update.
@@ -110,7 +116,11 @@ def fit(
             f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={feed.batch_size} "
             f"(a micro-batch holds at least one example)"
         )
-    k = subdivisions or (k_for_micro_batch(nominal, micro_batch_size, replicas) if micro_batch_size else 1)
+    auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
+    if auto:
+        k = 1
+    else:
+        k = subdivisions or (k_for_micro_batch(nominal, micro_batch_size, replicas) if micro_batch_size else 1)
     cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
@@ -120,28 +130,36 @@ def fit(
         _check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
             _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
-        key = _engine_key(model, strategy, k, nominal, precision, feed, validation)
-        engine = _ENGINES.get(model, {}).get(key)
-        if engine is None:  # built and traced once, then reused by later calls as Keras reuses its train function
-            adapters = restore.enter_context(pooled(model, strategy))
-            objective = Objective(model)
+        key = _engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation)
+        built = _ENGINES.get(model, {}).get(key)
+        if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
+            adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
+            objective = KerasObjective(model)
             groups = _probe(objective, feed.element_spec, strategy)
             eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
-            engine = _engine(model, objective, adapters, k, nominal, strategy, groups, eval_groups)
-            _ENGINES[model] = {key: engine}
+            built = _engine(model, objective, adapters, k, strategy, groups, eval_groups, auto)
+            _ENGINES[model] = {key: built}
         else:
-            restore.enter_context(pooled(model, strategy, engine.norm_layers))
-            engine.hold()
+            restore.enter_context(pooled(model, strategy, built[0].norm_layers))
+            built[0].hold()
+        engine, evaluation = built
+        engine.set_subdivisions(k)
         restore.callback(engine.release)
-        loop = Loop(model, engine, feed, cut, validation, cut, strategy=strategy)
+        loop = Loop(model, engine, evaluation, feed, cut, validation, nominal=nominal, auto=auto)
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir
 
-            described = dict(batch_size=feed.batch_size, k=k, seed=seed, shuffle=shuffle, steps=steps_per_epoch)
+            described = dict(
+                batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
+            )
             say = print if verbose else (lambda line: None)
-            checkpoints = restore.enter_context(FitRunDir.open(Path(output_dir), model, engine, described, say))
+            checkpoints = restore.enter_context(
+                FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say)
+            )
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
+            if auto:  # a resume goes on at the micro-batches the run had come to
+                loop.cut = Cut(int(engine.subdivisions.numpy()), replicas, cut.local)
         history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
         loop.run(
             epochs=epochs,
@@ -190,10 +208,6 @@ def _strategy(model, strategy):
     return strategy
 
 
-def _storage(variable):
-    return variable.value if isinstance(variable, keras.Variable) else variable
-
-
 def _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch) -> None:
     def positive(name, value):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
@@ -202,10 +216,17 @@ def _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_e
     for name, value in (
         ("batch_size", batch_size),
         ("subdivisions", subdivisions),
-        ("micro_batch_size", micro_batch_size),
         ("steps_per_epoch", steps_per_epoch),
     ):
         positive(name, value)
+    if micro_batch_size != "auto":
+        try:
+            positive("micro_batch_size", micro_batch_size)
+        except UserError:
+            raise UserError(
+                f"{WHERE}: micro_batch_size={micro_batch_size!r} must be an integer >= 1 or 'auto' (the largest "
+                f"that fits)"
+            ) from None
     if subdivisions is not None and micro_batch_size is not None:
         raise UserError(
             f"{WHERE}: give subdivisions or micro_batch_size, not both "
@@ -326,8 +347,6 @@ def _precision(model, precision):
     if precision is None:
         yield
         return
-    from ..models.keras_file import leaves
-
     saved = [(layer, layer.dtype_policy) for layer in leaves(model) if not isinstance(layer, keras.layers.InputLayer)]
     try:
         for layer, _ in saved:
@@ -392,32 +411,34 @@ def _probe(objective, element_spec, strategy) -> tuple:
     return groups
 
 
-def _engine(model, objective, norm_layers, k, scale, strategy, groups, eval_groups):
-    from .step import FitUpdate
-
+def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, auto):
+    """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart as ``objective``."""
     optimizer = model.optimizer
-    loss_scale, growth = None, 2000
+    loss_scale, growth = None, LOSS_SCALE.growth_steps
     if keras_private.is_loss_scale_optimizer(optimizer):
         loss_scale, growth = float(optimizer.initial_scale), int(optimizer.dynamic_growth_steps)
         optimizer = optimizer.inner_optimizer
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in model._flatten_layers()):
-        loss_scale = 2.0**15  # Keras' LossScaleOptimizer's initial scale
-    from ..threads import AUTO_PARALLEL, cpu_cores
-
-    # Two micro-steps in flight keep a few CPU cores busier than threads inside each small op (threads.py);
-    # with a GPU the device is the bottleneck and memory what accumulation is for.
-    parallel = 1 if tf.config.list_physical_devices("GPU") else min(AUTO_PARALLEL, cpu_cores())
-    return FitUpdate(
-        model,
+        loss_scale = LOSS_SCALE.initial
+    metrics = KerasMetrics(model, strategy)
+    engine = Accumulator(
         objective,
+        [_storage(v) for v in model.trainable_variables],
         optimizer,
-        norm_layers,
-        k=k,
-        scale=scale,
+        subdivisions=k,
+        parallel=auto_parallel(2 if auto else k, replicas=strategy.num_replicas_in_sync),
         groups=groups,
-        eval_groups=eval_groups,
+        metrics=metrics,
+        prepare=_unpacked,
+        norm_layers=norm_layers,
         strategy=strategy,
-        parallel=parallel,
         loss_scale=loss_scale,
         growth_steps=growth,
     )
+    evaluation = Evaluation(objective, metrics, eval_groups, strategy, _unpacked) if eval_groups else None
+    return engine, evaluation
+
+
+def _unpacked(element, n):
+    """An element of accum_train.fit's pipeline (inputs.py: (data, where)) as (x, y, sample_weight)."""
+    return keras.utils.unpack_x_y_sample_weight(element[0])

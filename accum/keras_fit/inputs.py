@@ -7,12 +7,15 @@ with ``batch_size``), or a ``keras.utils.PyDataset``. Every source becomes a
 replicas, in the order the update pulls them: for each update, for each of its
 ``k`` micro-steps, one element per local replica. Each replica takes a
 contiguous share of the batch and cuts it into ``k`` contiguous micro-batches
-(accum.batching), the cut every engine makes; a short batch gives short or
-even empty micro-batches, never fewer of them, so updates stay aligned.
+(accum.batching), the cut the run's feed makes; a short batch gives short or
+even empty micro-batches, never fewer of them, so updates stay aligned. An
+element is (data, where), as the run's feed gives them (``prepare`` unpacks
+the data inside the micro-step).
 
-Arrays are never copied per epoch: each element gathers its own examples from
-them (the epoch's order is a pure function of the seed and the pass, so a
-resumed fit sees the same batches). A dataset is streamed: it is read batch by
+Arrays are stored once and never copied per epoch: each element gathers its
+own examples from them (the run's ``feed.gathered``; the epoch's order is a
+pure function of the seed and the pass, so a resumed fit sees the same
+batches). A dataset is streamed: it is read batch by
 batch as the updates pull it, never into memory. When a stream's length is
 not known, the loop learns it from the rounds of empty micro-batches that
 follow every source's end: an update that pulls one holds no example, changes
@@ -30,11 +33,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ..batching import micro_bounds
+from .. import keras_private
+from ..batching import pieces
 from ..data import epoch_order
+from ..datasets.base import stored
 from ..errors import UserError
-from ..feed import endless
-from . import keras_private
+from ..feed import Layout, endless, gathered
 
 WHERE = "accum_train.fit"
 
@@ -49,13 +53,7 @@ class Cut:
 
     def bounds(self, n):
         """[start, end) of each element of a batch of ``n`` examples, in pull order (ints or tensors)."""
-        out = []
-        for i in range(self.k):
-            for r in self.local:
-                share_start, share_end = micro_bounds(r, n, self.replicas)
-                start, end = micro_bounds(i, share_end - share_start, self.k)
-                out.append((share_start + start, share_start + end))
-        return out
+        return pieces(n, self.k, self.replicas, self.local)
 
     @property
     def per_update(self) -> int:
@@ -136,8 +134,8 @@ class ArrayFeed:
                 weights = weights * np.asarray(arrays[2], np.float32).reshape(self.examples, -1)[:, 0]
             arrays = (*arrays[:2], weights)
         self.arrays = arrays
-        with tf.device("CPU:0"):
-            self.tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
+        self.stored = tf.nest.map_structure(stored, arrays)  # once, in host memory: what every epoch gathers from
+        self.parallel_gather = tf.data.AUTOTUNE
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.batches_per_pass = math.ceil(self.examples / batch_size)
         self.steps_per_epoch = steps_per_epoch or self.batches_per_pass
@@ -145,11 +143,15 @@ class ArrayFeed:
 
     @property
     def element_spec(self):
-        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.tensors)
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.stored)
 
     def first_batch(self):
         """The first batch's arrays (what the model, its loss and its metrics are built from)."""
-        return tf.nest.map_structure(lambda t: t[: min(self.batch_size, self.examples)], self.tensors)
+        return tf.nest.map_structure(lambda t: t[: min(self.batch_size, self.examples)], self.arrays)
+
+    def gather(self, indices):
+        """Examples ``indices`` (a tensor) of every array (feed.gathered's reader)."""
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
 
     def _pass_order(self, p: int) -> np.ndarray:
         if self.shuffle == "batch":  # whole batches in a new order, each batch's examples as stored
@@ -165,36 +167,37 @@ class ArrayFeed:
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
         empty ones)."""
-        pieces, orders = [], {}
+        batches, orders = [], {}
         for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
             p, b = divmod(u, self.batches_per_pass)
             if p not in orders:
                 orders[p] = self._pass_order(p)
-            batch = orders[p][b * self.batch_size : (b + 1) * self.batch_size]
-            pieces.extend(batch[start:end] for start, end in cut.bounds(len(batch)))
-        ends = np.cumsum([len(piece) for piece in pieces])
-        starts = ends - np.array([len(piece) for piece in pieces], dtype=ends.dtype)
-        order = tf.constant(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), tf.int64)
-        tensors = self.tensors
-
-        def gather(start, end):
-            rows = order[start:end]
-            return tf.nest.map_structure(lambda t: tf.gather(t, rows), tensors)
-
-        bounds = tf.data.Dataset.from_tensor_slices((starts.astype(np.int64), ends.astype(np.int64)))
-        elements = bounds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            batches.append(orders[p][b * self.batch_size : (b + 1) * self.batch_size])
+        starts, ends, where, offset = [], [], [], 0
+        for u, batch in enumerate(batches):  # each batch's elements, at its place in the epoch's order
+            for start, end in cut.bounds(len(batch)):
+                starts.append(offset + start)
+                ends.append(offset + end)
+                where.append((first + u, start))
+            offset += len(batch)
+        order = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        as_array = lambda values: np.asarray(values, np.int64).reshape(-1)  # noqa: E731
+        layout = Layout([], as_array(starts), as_array(ends), np.asarray(where, np.int64).reshape(-1, 2))
+        elements = gathered(self, order, layout)
         return endless(elements) if pad else elements
 
 
 def _batched_split(dataset: tf.data.Dataset, cut: Cut) -> tf.data.Dataset:
-    """Each element a batch: cut into this process's elements, in pull order."""
+    """Each element a batch: cut into this process's elements, in pull order, each (data, where) as the run's
+    feed gives them (where: unused here)."""
+    nowhere = tf.zeros([2], tf.int64)
 
     def split(*batch):
         element = batch if len(batch) > 1 else batch[0]
         n = tf.shape(tf.nest.flatten(element)[0])[0]
         bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n)])
         return tf.data.Dataset.from_tensor_slices(bounds).map(
-            lambda b: tf.nest.map_structure(lambda t: t[b[0] : b[1]], element)
+            lambda b: (tf.nest.map_structure(lambda t: t[b[0] : b[1]], element), nowhere)
         )
 
     return dataset.flat_map(split)

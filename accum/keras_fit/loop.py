@@ -1,4 +1,4 @@
-"""accum_train.fit's loop: model.fit's own, one engine update per step.
+"""accum_train.fit's loop: model.fit's own, one accumulator update per step.
 
 The order of events is ``model.fit``'s (Keras 3, TensorFlow trainer): the
 callbacks' ``on_train_begin``; per epoch ``reset_metrics``,
@@ -7,18 +7,30 @@ the running logs, the validation (``on_test_*``) and ``on_epoch_end`` with the
 ``val_`` logs; ``model.stop_training`` checked after each update and epoch;
 ``finalize_variable_values``; ``on_train_end``. One update is one step: a
 progress bar and every callback count updates, never micro-batches.
+
+Besides model.fit's logs, each update's carries ``noise_scale``, the gradient
+noise scale's running estimate (accum/noise.py), when the updates can measure
+it (two or more micro-batches in all). With ``micro_batch_size="auto"`` an
+update that runs out of memory is retried from the same data at twice the
+micro-batches: nothing of it was applied, and the metrics go back to where
+they were before it.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from ..errors import Interrupted
-from ..feed import empty_like, endless
+from ..batching import largest_share
+from ..errors import Interrupted, OutOfMemory
+from ..feed import distribute, empty_like, endless
+from ..noise import NoiseScale
+from ..text import first_line
+from .inputs import Cut
 
 
 def as_python(logs: dict) -> dict:
@@ -27,44 +39,42 @@ def as_python(logs: dict) -> dict:
     return {name: float(a) if a.size == 1 else a for name, a in arrays.items()}
 
 
-def distribute(strategy, dataset: tf.data.Dataset, one_process_one_replica: bool):
-    """An iterator over this process's elements: each pull gives every local replica its next element."""
-    if one_process_one_replica:
-        return iter(dataset)
-    return iter(strategy.distribute_datasets_from_function(lambda context: dataset))
-
-
 class Loop:
-    """The epochs of one accum_train.fit call. ``train`` feeds the engine; ``feed``/``validation`` are
-    inputs.Feed objects; ``cut`` and ``eval_cut`` how their batches are cut; ``checkpoints`` (or None)
-    keeps a run directory's state (rundir.py)."""
+    """The epochs of one accum_train.fit call. ``engine`` (engine.Accumulator) trains, ``evaluation``
+    (scoring.Evaluation) validates; ``feed``/``validation`` are inputs.Feed objects; ``cut`` how a batch
+    becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
+    ``checkpoints`` (or None) keeps a run directory's state (rundir.py)."""
 
-    def __init__(self, model, engine, feed, cut, validation, eval_cut, *, strategy, checkpoints=None, stop=None):
-        self.model, self.engine, self.feed, self.cut = model, engine, feed, cut
-        self.validation, self.eval_cut = validation, eval_cut
-        self.strategy = strategy
-        self.simple = strategy.num_replicas_in_sync == 1 and len(cut.local) == 1
-        self.checkpoints, self.stop = checkpoints, stop
+    def __init__(self, model, engine, evaluation, feed, cut, validation, *, nominal, auto=False, noise=None):
+        self.model, self.engine, self.evaluation = model, engine, evaluation
+        self.feed, self.cut, self.validation = feed, cut, validation
+        self.nominal, self.auto = int(nominal), auto
+        self.strategy = engine.strategy
+        self.noise = noise or NoiseScale()
+        self.checkpoints = self.stop = None
         self.stream, self.ran_out = None, False
+
+    @property
+    def measures_noise(self) -> bool:
+        """Whether the updates can measure the noise scale (two micro-batches or more in all), or may come to."""
+        return self.auto or self.cut.k * self.cut.replicas >= 2
 
     def _iterator(self, epoch: int, first: int):
         if self.feed.continues and self.stream is not None:
             return self.stream  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
-        dataset = self.feed.dataset(epoch, first, self.cut, again=self.ran_out)
-        self.stream = distribute(self.strategy, dataset, self.simple)
+        self.stream = distribute(self.strategy, self.feed.dataset(epoch, first, self.cut, again=self.ran_out))
         return self.stream
 
     def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
         """Train from epoch ``start[0]``, update ``start[1]`` of it (a History among ``callbacks`` records it)."""
         model = self.model
-        steps = self.feed.updates(initial_epoch)
         callbacks = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
             add_progbar=verbose != 0,
             verbose=verbose,
             epochs=epochs,
-            steps=steps,
+            steps=self.feed.updates(initial_epoch),
             model=model,
         )
         model.stop_training = False
@@ -77,11 +87,10 @@ class Loop:
                 model.reset_metrics()  # a resumed epoch keeps the metrics its checkpoint restored
             callbacks.on_epoch_begin(epoch)
             step = first_update if resumed_mid_epoch else 0
-            iterator = self._iterator(epoch, step)
             updates = self.feed.updates(epoch)
             while updates is None or step < updates:
                 callbacks.on_train_batch_begin(step)
-                out, step_logs = self.engine.update(iterator, self.stop.signum if self.stop else 0)
+                out = self._update(epoch, step)
                 if float(out["examples"]) == 0:  # the data ended
                     self.stream, self.ran_out = None, True
                     if updates is not None:
@@ -92,7 +101,10 @@ class Loop:
                         )
                     break
                 step += 1
-                logs = as_python(step_logs)
+                logs = as_python(out["logs"])
+                noise = self.noise.add(out)
+                if self.measures_noise:
+                    logs["noise_scale"] = math.nan if noise is None else noise
                 callbacks.on_train_batch_end(step - 1, logs)
                 signalled = int(out["stop"])
                 if not signalled and self.stop is not None and self.engine.one_process:
@@ -119,22 +131,50 @@ class Loop:
             model.optimizer.finalize_variable_values(model.trainable_weights)
         callbacks.on_train_end(logs=training_logs)
 
+    def _update(self, epoch: int, step: int) -> dict:
+        """Update ``step`` of ``epoch``: the accumulator's record. With ``auto``, running out of memory retries
+        the same batch at twice the micro-batches (the caches cleared, the metrics as they were before it)."""
+        stop = self.stop.signum if self.stop else 0
+        while True:
+            iterator = self._iterator(epoch, step)
+            saved = [v.numpy() for v in self.engine.metrics.variables] if self.auto else None
+            try:
+                return self.engine.update_from(iterator, self.nominal, self.cut.k, stop)
+            except tf.errors.ResourceExhaustedError as err:
+                largest = largest_share(self.nominal, self.cut.replicas)
+                if not self.auto:
+                    raise OutOfMemory(
+                        f"accum_train.fit: update {step + 1} ran out of memory with micro-batches of up to "
+                        f"{math.ceil(largest / self.cut.k)} examples ({first_line(err)}): pass a smaller "
+                        f"micro_batch_size, or micro_batch_size='auto'"
+                    ) from None
+                if self.cut.k >= largest:
+                    raise OutOfMemory(
+                        f"accum_train.fit: update {step + 1} ran out of memory with one example per micro-batch "
+                        f"({first_line(err)}): use a smaller model"
+                    ) from None
+                self.engine.reset()
+                for variable, value in zip(self.engine.metrics.variables, saved):
+                    variable.assign(value)
+                self.cut = Cut(min(2 * self.cut.k, largest), self.cut.replicas, self.cut.local)
+                self.stream = None  # the elements of this update are pulled anew, cut for the new k
+                self.engine.set_subdivisions(self.cut.k)
+
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""
         self.model.reset_metrics()
         callbacks.on_test_begin()
-        dataset = self.validation.dataset(0, 0, self.eval_cut, pad=False)
+        dataset = self.validation.dataset(0, 0, self.cut, pad=False)
         flagged = dataset.map(lambda *element: (element if len(element) > 1 else element[0], True))
-        spec = dataset.element_spec
-        iterator = distribute(self.strategy, endless(flagged, (empty_like(spec), False)), self.simple)
+        iterator = distribute(self.strategy, endless(flagged, (empty_like(dataset.element_spec), False)))
         step = 0
         while validation_steps is None or step < validation_steps:
             callbacks.on_test_batch_begin(step)
-            if not self.engine.evaluate_step(iterator):
+            if not self.evaluation.step(iterator, self.cut.k):
                 break
             callbacks.on_test_batch_end(step, {})
             step += 1
-        logs = as_python(self.engine.evaluate_end())
+        logs = as_python(self.evaluation.end())
         callbacks.on_test_end(logs)
         return logs
 

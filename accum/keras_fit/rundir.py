@@ -49,7 +49,7 @@ def is_fit_run_dir(path: Path) -> bool:
 class FitRunDir:
     """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
 
-    def __init__(self, run_dir: Path, model, engine, strategy):
+    def __init__(self, run_dir: Path, model, engine, noise, strategy):
         self.run_dir, self.model, self.engine = Path(run_dir), model, engine
         self.writer = is_chief(strategy)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -67,7 +67,10 @@ class FitRunDir:
         }
         if engine.dynamic:
             tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
-        self.checkpoint = tf.train.Checkpoint(**tracked)
+        # what a run directory of 0.1.0 did not hold: restored when the checkpoint has it
+        self.later = {**noise.variables(), "subdivisions": engine.subdivisions}
+        self.tracked = tracked
+        self.checkpoint = tf.train.Checkpoint(**tracked, **self.later)
         self.start = (0, 0)
         self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, int(self.step.numpy()), forced=True))
         self.started, self.saved_at = time.time(), time.time()
@@ -75,10 +78,11 @@ class FitRunDir:
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, run_dir: Path, model, engine, described: dict, say=print):
+    def open(cls, run_dir: Path, model, engine, noise, described: dict, say=print):
         """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
-        out save the model and summary.json (or, on an exception, leave the last checkpoint as it is)."""
-        run = cls(run_dir, model, engine, engine.strategy)
+        out save the model and summary.json (or, on an exception, leave the last checkpoint as it is).
+        ``noise``: the run's noise.NoiseScale, checkpointed with it."""
+        run = cls(run_dir, model, engine, noise, engine.strategy)
         with contextlib.ExitStack() as held:
             if not run.writer:  # another worker: its checkpoints go to a scratch folder, removed at the end
                 scratch = held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-"))
@@ -122,8 +126,11 @@ class FitRunDir:
         pass_over_damaged(intact, damaged, say, repair=self.writer)
         if damaged and self.writer:  # the manager read the list before the repair
             self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=3)
+        saved = {name for name, _ in tf.train.list_variables(intact)}
+        held = {key: v for key, v in self.later.items() if f"{key}/.ATTRIBUTES/VARIABLE_VALUE" in saved}
+        checkpoint = tf.train.Checkpoint(**self.tracked, **held)
         try:
-            self.checkpoint.restore(intact).assert_existing_objects_matched()
+            checkpoint.restore(intact).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "

@@ -18,7 +18,7 @@ from ..config import MODEL_NAMES, SEED_CHANNELS, ModelConfig
 from .builtin import SEED_STRIDES, mlp, seed_convnet, tensorlayer_model
 from .containers import KerasModel, Model
 from .keras_file import keras_file
-from .norm import AccumBatchNorm, GroupNorm, KerasAccumBatchNorm
+from .norm import AccumBatchNorm, GroupNorm, PooledBatchNorm
 from .precision import set_precision
 
 __all__ = [
@@ -27,9 +27,9 @@ __all__ = [
     "SEED_STRIDES",
     "AccumBatchNorm",
     "GroupNorm",
-    "KerasAccumBatchNorm",
     "KerasModel",
     "Model",
+    "PooledBatchNorm",
     "build_model",
 ]
 

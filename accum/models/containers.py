@@ -20,7 +20,7 @@ class Model:
 
     network: Any  # tl.models.Model here; keras.Model in KerasModel
     forward: Callable  # (images float32 [n, *input_shape], training: bool) -> logits [n, num_classes]
-    norm_layers: list[Any]  # AccumBatchNorm or KerasAccumBatchNorm
+    norm_layers: list[Any]  # AccumBatchNorm, or PooledBatchNorm adapters of a Keras model's layers
 
     @property
     def trainable_variables(self):
@@ -85,6 +85,14 @@ class KerasModel(Model):
             if id(_storage(v)) not in named:
                 add(v.path, v)
         return names
+
+
+def leaves(model: keras.Model) -> list:
+    """Every layer of a Keras model, nested Functional and Sequential models opened."""
+    layers = []
+    for layer in model.layers:
+        layers += leaves(layer) if isinstance(layer, keras.Model) else [layer]
+    return layers
 
 
 def _storage(variable):

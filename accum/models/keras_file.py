@@ -2,11 +2,10 @@
 
 The file is loaded with ``safe_mode=True`` (no Python code from the file runs)
 and checked against the dataset's input shape and class count. Its
-``BatchNormalization`` layers are swapped for ``KerasAccumBatchNorm``, a
-subclass with the same weights that pools its statistics over the
-micro-batches of an update; export swaps them back (accum/export.py).
-Built inside a tf.distribute strategy's scope (as train.Run builds every
-model), the loaded and cloned weights are mirrored variables and the swapped
+``BatchNormalization`` layers pool their statistics over the micro-batches of
+an update (models/norm.py ``pooled``: each keeps its class, config and
+weights). Built inside a tf.distribute strategy's scope (as train.Run builds
+every model), the loaded and cloned weights are mirrored variables and the
 layers' pending statistics replica-local ones, so the model trains on every
 strategy as the built-ins do.
 """
@@ -23,7 +22,7 @@ from ..config import ModelConfig
 from ..errors import ConfigError
 from ..text import shape_text
 from .containers import KerasModel
-from .norm import KerasAccumBatchNorm
+from .norm import pool
 
 
 def _file_error(path: str, problem: str) -> ConfigError:
@@ -157,42 +156,24 @@ def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
 
 
 def accumulating_clone(loaded: keras.Model, path: str, softmax=None) -> KerasModel:
-    """A clone of ``loaded`` (read from ``path``) with the file's weights, its BatchNormalization layers made
-    accumulating and ``softmax`` (the output layer, when given) computing the logits under it."""
-    for layer in leaves(loaded):
-        if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm:
-            raise _file_error(
-                path,
-                f"has BatchNormalization {layer.name!r} with renorm=True, whose "
-                f"corrections cannot be pooled over micro-batches: use renorm=False",
-            )
-    replaced, peeled = [], []
+    """A clone of ``loaded`` (read from ``path``) with the file's weights, its BatchNormalization layers pooling
+    their statistics for as long as the model lives, and ``softmax`` (the output layer, when given) computing
+    the logits under it."""
+    peeled = []
 
     def swap(layer):
-        if layer is softmax:
-            new = _without_softmax(layer)
-            peeled.append((new, layer))
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            new = KerasAccumBatchNorm.from_config(layer.get_config())
-        else:
+        if layer is not softmax:
             return layer  # reused as it is: its weights stay the file's
-        replaced.append((layer, new))
+        new = _without_softmax(layer)
+        peeled.append((new, layer))
         return new
 
     network = keras.models.clone_model(loaded, clone_function=swap, recursive=True)
-    for old, new in replaced:  # clone_model builds the new layers; the weights are the file's
+    for new, old in peeled:  # clone_model builds the new layer; the weights are the file's
         new.set_weights(old.get_weights())
-    norm_layers = [layer for layer in leaves(network) if isinstance(layer, KerasAccumBatchNorm)]
+    norm_layers = pool(network, f"model.path={path}", ConfigError)
 
     def forward(x, training: bool):
         return network(x, training=training)
 
     return KerasModel(network=network, forward=forward, norm_layers=norm_layers, peeled=peeled)
-
-
-def leaves(model: keras.Model) -> list:
-    """Every layer of a model, nested Functional and Sequential models opened."""
-    layers = []
-    for layer in model.layers:
-        layers += leaves(layer) if isinstance(layer, keras.Model) else [layer]
-    return layers

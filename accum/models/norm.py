@@ -5,21 +5,27 @@ TensorFlow (it rebinds its moving-statistics attributes to the result of an
 assign and pollutes them during the static build; ../shared/NOTES.md).
 ``AccumBatchNorm`` replaces its forward: statistics are updated in place,
 never during the build pass, and moving_var starts at ones as in Keras.
-``KerasAccumBatchNorm`` gives a keras_file model's BatchNormalization layers
-the same behaviour. Both normalise with the statistics of the micro-batch
-they see and, deferred, pool them (``PendingStats``) for the engine to fold
-in once per update. TL's GroupNorm needs a static batch size, so ``GroupNorm``
-is our own.
+A Keras model's BatchNormalization layers (a keras_file's, or the model handed
+to accum_train.fit) get the same behaviour from ``pooled``: each layer keeps
+its class, config and weights, and its ``call`` is replaced on the instance by
+the pooling one, through a ``PooledBatchNorm`` adapter. Both normalise with
+the statistics of the micro-batch they see and, deferred, pool them
+(``PendingStats``) for the accumulator to fold in once per update. TL's
+GroupNorm needs a static batch size, so ``GroupNorm`` is our own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import keras
 import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import BatchNorm
+
+from ..errors import UserError
+from .containers import leaves
 
 
 class PendingStats:
@@ -222,38 +228,75 @@ class GroupNorm(tl.layers.Layer):
         return self.act(outputs) if self.act else outputs
 
 
-class KerasAccumBatchNorm(DeferredStatistics, keras.layers.BatchNormalization):
-    """keras.layers.BatchNormalization with the engine's norm-layer API (as AccumBatchNorm).
+class PooledBatchNorm(DeferredStatistics):
+    """The norm-layer API (``deferred``, ``pending``, ``fold``, ``discard``) for one keras BatchNormalization
+    layer, whose ``call`` ``pooled`` replaces (Keras' momentum: ``moving = moving * momentum + batch * (1 -
+    momentum)``, the batch variance biased as Keras' own)."""
 
-    Same config, same four weights, same inference. In training it normalises
-    with the statistics of the (micro-)batch it sees; ``deferred=False``
-    moves the moving statistics right away as Keras does, ``deferred=True``
-    pools them (PendingStats) and the engine folds them in once per update with
-    Keras' momentum: ``moving = moving * momentum + batch * (1 - momentum)``,
-    the batch variance biased as Keras' own.
-    """
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        if self.renorm:  # load_keras_file refuses it with a message naming the file
-            raise ValueError("batch renormalisation is not supported")
+    def __init__(self, layer: keras.layers.BatchNormalization):
+        self.layer = layer
+        self.name = layer.name
         self.deferred = False
-
-    def build(self, input_shape):
-        super().build(input_shape)
         # Plain tf.Variables, which Keras does not track: not weights (not saved, not trained).
-        self.pending = PendingStats(self.name, tuple(self.moving_mean.shape))
+        self.pending = PendingStats(layer.name, tuple(layer.moving_mean.shape))
 
-    def call(self, inputs, training=None, mask=None):
-        return pooled_call(self, super().call, inputs, training=training, mask=mask)
+    def __getattr__(self, name):  # what pooled_call reads of the layer it stands for
+        return getattr(self.layer, name)
 
     def fold(self, values):
         """Fold pooled statistics (this layer's PendingStats values, summed over replicas) into the moving ones."""
-        fold_statistics(self.moving_mean, self.moving_variance, self.momentum, values)
+        fold_statistics(self.layer.moving_mean, self.layer.moving_variance, self.layer.momentum, values)
+
+
+def batch_norm_layers(model: keras.Model, where: str, error=UserError) -> list:
+    """The model's BatchNormalization layers (nested models included); renorm refused in one line that starts
+    with ``where`` (the model's file, or accum_train.fit's model), as an ``error``."""
+    found = []
+    for layer in leaves(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            if layer.renorm:
+                raise error(
+                    f"{where} has BatchNormalization {layer.name!r} with renorm=True, whose corrections cannot be "
+                    f"pooled over micro-batches: use renorm=False"
+                )
+            found.append(layer)
+    return found
+
+
+def pool(model: keras.Model, where: str = "the model", error=UserError, adapters=None) -> list:
+    """The model's BatchNormalization layers made to pool their statistics (their ``call`` replaced on the
+    instance) until ``unpool``; their ``PooledBatchNorm`` adapters, created in the strategy scope in force (the
+    pending sums replica-local), or ``adapters``, made by an earlier call."""
+    if adapters is None:
+        adapters = [PooledBatchNorm(layer) for layer in batch_norm_layers(model, where, error)]
+    for adapter in adapters:
+        layer = adapter.layer
+        keras_call = type(layer).call.__get__(layer)
+        # an instance attribute: Keras' Operation.__call__ looks ``self.call`` up at each call
+        object.__setattr__(layer, "call", functools.partial(pooled_call, adapter, keras_call))
+    return adapters
+
+
+def unpool(adapters) -> None:
+    """Every layer of ``adapters`` Keras' own again."""
+    for adapter in adapters:
+        if "call" in vars(adapter.layer):
+            object.__delattr__(adapter.layer, "call")
+
+
+@contextlib.contextmanager
+def pooled(model: keras.Model, strategy=None, adapters=None, where: str = "the model"):
+    """Within: ``pool``'s adapters (made in ``strategy``'s scope); on the way out every layer is Keras' own."""
+    with (strategy or tf.distribute.get_strategy()).scope():
+        adapters = pool(model, where, adapters=adapters)
+    try:
+        yield adapters
+    finally:
+        unpool(adapters)
 
 
 def pooled_call(layer, keras_call, inputs, training=None, mask=None):
-    """A keras BatchNormalization ``layer``'s call with the engine's norm-layer behaviour (``layer.pending``,
+    """A keras BatchNormalization layer's call through its adapter ``layer`` (``layer.pending``,
     ``layer.deferred``); ``keras_call`` is Keras' own, for inference, a frozen layer and the symbolic build.
 
     Keras' own arithmetic (float32 moments, ops.batch_normalization), so that a whole batch here gives what

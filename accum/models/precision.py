@@ -11,8 +11,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from .containers import KerasModel, Model
-from .keras_file import leaves
+from .containers import KerasModel, Model, leaves
 from .norm import AccumBatchNorm, GroupNorm
 
 

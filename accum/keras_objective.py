@@ -1,12 +1,14 @@
-"""A compiled Keras loss taken apart into sums and normalisers, so that micro-batches add up to their batch.
+"""A compiled Keras loss taken apart into sums and normalisers (objective.py), so that micro-batches add up to
+their batch: what ``accum_train.fit`` and a keras_file run with a Keras loss train with.
 
 For each output, Keras' loss over a batch is ``S / D``: ``S`` the sum of the
 output's per-element values times their sample weights (and mask), ``D`` its
 normaliser: the element count (``sum_over_batch_size``), the valid entries
 under a mask, the sum of the sample weights (``mean_with_sample_weight``), or
 1 (``sum``). ``S`` and ``D`` are both sums over the batch's examples, hence
-over its micro-batches and replicas: the engine accumulates the gradient of
-``S`` and the sum of ``D`` and divides once, after the update's all-reduce.
+over its micro-batches and replicas: the accumulator (engine.py) accumulates
+the gradient of ``S`` and the sum of ``D`` and divides once, after the update's
+all-reduce.
 Averaging micro-batch losses instead (what Keras' own
 ``gradient_accumulation_steps`` does) weighs a micro-batch with few valid
 tokens as much as one with many.
@@ -23,25 +25,12 @@ update (``regularization``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import keras
 import tensorflow as tf
 
-from ..errors import UserError
 from . import keras_private
-
-EXAMPLES, TOTAL = "examples", "total"
-
-
-@dataclass
-class Parts:
-    """One micro-batch's share of the update's loss."""
-
-    examples: tf.Tensor  # how many examples it holds
-    sums: dict = field(default_factory=dict)  # normaliser -> the weighted sum S of the losses it divides
-    counts: dict = field(default_factory=dict)  # normaliser -> this micro-batch's part of D (none for TOTAL)
-    outputs: list = field(default_factory=list)  # per compiled loss: [S, D] unweighted (D 0 for a sum loss)
+from .errors import UserError
+from .objective import EXAMPLES, TOTAL, Parts
 
 
 def batch_size_of(x) -> tf.Tensor:
@@ -93,25 +82,27 @@ def _take_apart(loss, y_true, y_pred, sample_weight):
     return total, elements, "data"
 
 
-class Objective:
+class KerasObjective:
     """The model's compiled loss (and the losses its layers add) as normalisers and sums.
 
     Which normalisers a micro-batch has depends on the model and on what the data holds (sample weights,
-    masks, static shapes): ``probe`` finds them for a data source by tracing, before the engine creates
-    its caches, and ``parts`` gives every micro-batch of that source the same ones."""
+    masks, static shapes): ``probe`` finds them for a data source by tracing, before the accumulator creates
+    its caches (``groups``), and ``parts`` gives every micro-batch of that source the same ones. ``where``:
+    who refuses a loss that cannot be accumulated (the error's first words)."""
 
-    def __init__(self, model: keras.Model):
+    def __init__(self, model: keras.Model, where: str = "accum_train.fit"):
         self.model = model
         self.entries = keras_private.flat_losses(model)
         for entry in self.entries:
             if entry.loss.reduction in (None, "none"):
                 raise UserError(
-                    f"accum_train.fit: loss {entry.loss.name!r} has reduction={entry.loss.reduction!r}: give it "
+                    f"{where}: loss {entry.loss.name!r} has reduction={entry.loss.reduction!r}: give it "
                     f"'sum_over_batch_size' (the mean, model.fit's default) or 'sum', whose gradients add up over "
                     f"micro-batches"
                 )
         self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
         self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"
+        self.groups: tuple = ()  # the normalisers of the data the last ``probe`` traced
 
     @property
     def names(self) -> list[str]:
@@ -133,7 +124,13 @@ class Objective:
         specs = element_spec if isinstance(element_spec, tuple) else (element_spec,)
         with strategy.scope():
             tf.function(step).get_concrete_function(*specs)
-        return tuple(sorted(found[0].sums, key=lambda g: (g != EXAMPLES, g != TOTAL, g)))
+        self.groups = tuple(sorted(found[0].sums, key=lambda g: (g != EXAMPLES, g != TOTAL, g)))
+        return self.groups
+
+    def evaluate(self, x, y, sample_weight, training: bool, groups=None):
+        """(Parts, predictions) of one micro-batch, every one of ``groups`` there (default: the last probed)."""
+        y_pred = self.model(x, training=training)
+        return self.parts(x, y, y_pred, sample_weight, self.groups if groups is None else groups), y_pred
 
     def parts(self, x, y, y_pred, sample_weight, groups=()) -> Parts:
         """One micro-batch's sums and normalisers (call after ``y_pred = model(x, training=...)``); every one
