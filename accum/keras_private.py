@@ -22,6 +22,12 @@ from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  
 from keras.src.trainers.compile_utils import CompileLoss
 
 
+def storage(variable):
+    """The tf.Variable under a Keras 3 variable (outside autocast scopes, ``value`` is it): what an optimizer,
+    a tf.train.Checkpoint and a strategy's scope see."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
 def compile_loss(model) -> CompileLoss | None:
     """The loss ``compile()`` gave the model (None: compiled without one)."""
     return getattr(model, "_compile_loss", None)

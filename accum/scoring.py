@@ -21,7 +21,6 @@ import tensorflow as tf
 
 from . import keras_private
 from .gradient_cache import REPLICA_LOCAL
-from .models.containers import _storage
 from .objective import Totals, as_data, combine, output_values, scale_of
 from .update import _first
 
@@ -33,7 +32,7 @@ class KerasMetrics:
     def __init__(self, model: keras.Model, strategy=None):
         self.model = model
         self.sync = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync > 1
-        self.variables = [_storage(v) for v in model.metrics_variables]
+        self.variables = [keras_private.storage(v) for v in model.metrics_variables]
         self.loss = keras_private.loss_tracker(model)
         self.per_output = keras_private.output_loss_trackers(model)
         self.custom = type(model).compute_metrics is not keras.Model.compute_metrics

@@ -123,6 +123,24 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
     assert got["parallel_micro_steps"] == threads.parallel_micro_steps(config_from_dict(BASE))
 
 
+NOT_STARTED = """
+import accum_train.cli.main, accum_train.train, accum_train.worker, accum_train.bench, accum_train.api
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)  # RuntimeError once TensorFlow's runtime has started
+"""
+
+
+def test_what_a_run_imports_before_setting_its_pools_starts_no_tensorflow_runtime():
+    """The thread pools are fixed when TensorFlow's runtime starts, which any op does (TensorLayer's import
+    runs some): a module of the run's that imports one at module level would leave every run on the default
+    pools, and two micro-steps in flight on other bits than the configured ones."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NOT_STARTED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.slow  # a fresh process that trains
 def test_a_run_sets_its_thread_pools_before_the_runtime_starts(tmp_path, data_dir):
     # A fresh process, as `accum-train run` is: the pools are set and the summary says which.

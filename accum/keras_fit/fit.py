@@ -27,7 +27,8 @@ from ..batching import k_for_micro_batch
 from ..engine import Accumulator
 from ..errors import UserError
 from ..keras_objective import KerasObjective
-from ..models.containers import _storage, leaves
+from ..keras_private import storage
+from ..models.containers import leaves
 from ..models.norm import pooled
 from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
@@ -199,7 +200,7 @@ def _strategy(model, strategy):
         return model.distribute_strategy
     if not isinstance(strategy, tf.distribute.Strategy):
         raise UserError(f"{WHERE}: strategy is a {type(strategy).__name__}, not a tf.distribute.Strategy")
-    inside = [strategy.extended.variable_created_in_scope(_storage(v)) for v in model.variables]
+    inside = [strategy.extended.variable_created_in_scope(storage(v)) for v in model.variables]
     if model.variables and not all(inside):
         raise UserError(
             f"{WHERE}: model {model.name!r} was not created under strategy.scope(): create (and compile) it "
@@ -423,7 +424,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
     metrics = KerasMetrics(model, strategy)
     engine = Accumulator(
         objective,
-        [_storage(v) for v in model.trainable_variables],
+        [storage(v) for v in model.trainable_variables],
         optimizer,
         subdivisions=k,
         parallel=auto_parallel(2 if auto else k, replicas=strategy.num_replicas_in_sync),

@@ -33,8 +33,8 @@ from ..checkpoints import checkpoint_numbers, newest_intact_checkpoint, pass_ove
 from ..distribute import is_chief
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
+from ..keras_private import storage
 from ..lock import LOCK, writing
-from ..models.containers import _storage
 from ..rundir import write_json
 from ..stopping import StopFlag
 
@@ -56,9 +56,9 @@ class FitRunDir:
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
         tracked = {
-            "weights": [_storage(v) for v in model.variables],
+            "weights": [storage(v) for v in model.variables],
             "optimizer": engine.optimizer,
-            "metrics": [_storage(v) for v in model.metrics_variables],
+            "metrics": [storage(v) for v in model.metrics_variables],
             "step": self.step,
             "epoch": self.epoch,
             "update_in_epoch": self.update_in_epoch,

@@ -13,6 +13,8 @@ from typing import Any
 
 import keras
 
+from ..keras_private import storage
+
 
 @dataclass
 class Model:
@@ -48,12 +50,12 @@ class KerasModel(Model):
 
     @property
     def trainable_variables(self):
-        return [_storage(v) for v in self.network.trainable_variables]
+        return [storage(v) for v in self.network.trainable_variables]
 
     @property
     def variables(self):
         # includes the state of dropout's seed generators: a resumed run draws the same masks
-        return [_storage(v) for v in self.network.variables]
+        return [storage(v) for v in self.network.variables]
 
     def named_weights(self) -> dict:
         """LAYER/WEIGHT names (nested models as MODEL/LAYER/WEIGHT) -> variables, for weights.npz.
@@ -67,7 +69,7 @@ class KerasModel(Model):
             while unique in names:  # two weights of one name (a layer with inner layers): _1, _2, ...
                 n += 1
                 unique = f"{name}_{n}"
-            names[unique] = _storage(variable)
+            names[unique] = storage(variable)
 
         def walk(layer, prefix):
             if isinstance(layer, keras.Model):
@@ -82,7 +84,7 @@ class KerasModel(Model):
             walk(layer, "")
         named = {id(v) for v in names.values()}
         for v in self.network.variables:  # any variable no layer owns
-            if id(_storage(v)) not in named:
+            if id(storage(v)) not in named:
                 add(v.path, v)
         return names
 
@@ -93,8 +95,3 @@ def leaves(model: keras.Model) -> list:
     for layer in model.layers:
         layers += leaves(layer) if isinstance(layer, keras.Model) else [layer]
     return layers
-
-
-def _storage(variable):
-    """The tf.Variable under a Keras 3 variable (outside autocast scopes, ``value`` is it)."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
