@@ -47,6 +47,24 @@ from .objective import Totals, as_data, as_objective, combine, output_values, sc
 from .update import STOP_REQUESTS, Update, _examples, _first, _rows, _signal, _size
 
 
+def graph(function, **options):
+    """``function`` as one TensorFlow graph, traced as written: its Python control flow runs once, while tracing
+    (autograph would convert every function the micro-step calls, the model's layers included, at a cost of
+    seconds per trace), and its loops over tensors are ``in_turn``'s or the carried ``tf.while_loop``."""
+    return tf.function(function, autograph=False, **options)
+
+
+def in_turn(k, step) -> None:
+    """``step(i)`` for i = 0 .. k-1 (``k`` a tensor), one after another, inside the graph; what ``step`` does
+    to variables is all it leaves."""
+
+    def body(i):
+        step(i)
+        return i + 1
+
+    tf.while_loop(lambda i: i < k, body, [tf.constant(0)], parallel_iterations=1)
+
+
 class Accumulator(Update):
     """The update of ``objective`` over k micro-batches per replica: accumulate, reduce once, apply once.
 
@@ -90,13 +108,13 @@ class Accumulator(Update):
                 size = noise.terms_size(len(self.groups))
                 self.noise = tf.Variable(tf.zeros([size]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
         run = self.strategy.run
-        self._update_pulled = tf.function(self._update_from)
-        self._accumulate_pulled = tf.function(self._accumulate_from)
-        self._update_held = tf.function(self._update_batch, reduce_retracing=True)
-        self._accumulate_held = tf.function(self._accumulate_batch, reduce_retracing=True)
-        self._accumulate_one = tf.function(self._accumulate_micro, reduce_retracing=True)
-        self._finish = tf.function(lambda n, retry, stop: run(self._finish_replica, args=(n, retry, stop)))
-        self._reset = tf.function(lambda: run(self._reset_replica))
+        self._update_pulled = graph(self._update_from)
+        self._accumulate_pulled = graph(self._accumulate_from)
+        self._update_held = graph(self._update_batch, reduce_retracing=True)
+        self._accumulate_held = graph(self._accumulate_batch, reduce_retracing=True)
+        self._accumulate_one = graph(self._accumulate_micro, reduce_retracing=True)
+        self._finish = graph(lambda n, retry, stop: run(self._finish_replica, args=(n, retry, stop)))
+        self._reset = graph(lambda: run(self._reset_replica))
 
     def set_subdivisions(self, k: int) -> None:
         self.subdivisions.assign(int(k))
@@ -236,9 +254,7 @@ class Accumulator(Update):
         self.noise.assign_add(terms)
 
     def _one_at_a_time(self, fetch, prepare, k, n):
-        for i in tf.range(k):
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            self._micro(fetch(i), n, prepare)
+        in_turn(k, lambda i: self._micro(fetch(i), n, prepare))
 
     def _steps(self, fetch, prepare, k, n):
         (self._carried if self.parallel > 1 else self._one_at_a_time)(fetch, prepare, k, n)
@@ -250,9 +266,8 @@ class Accumulator(Update):
         if self.replicas == 1 and self.one_process:
             self._steps(lambda i: next(iterator), self.prepare, pulls, n)
             return
-        for _ in tf.range(pulls):  # a replica cannot pull from a distributed iterator: one pull per step
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            self.strategy.run(self._micro_pulled, args=(next(iterator), n))
+        # a replica cannot pull from a distributed iterator: one pull per step, each replica's element in turn
+        in_turn(pulls, lambda i: self.strategy.run(self._micro_pulled, args=(next(iterator), n)))
 
     def _accumulate_from(self, iterator, n, pulls):
         self._pull(iterator, n, pulls)

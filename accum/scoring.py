@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import keras_private
+from .engine import graph, in_turn
 from .gradient_cache import REPLICA_LOCAL
 from .objective import Totals, as_data, combine, output_values, scale_of
 from .update import _first
@@ -104,9 +105,9 @@ class Evaluation:
         with self.strategy.scope():
             self.totals = Totals(self.groups, len(objective.kinds))
         run = self.strategy.run
-        self._step = tf.function(self._pull)
-        self._batch = tf.function(lambda data: run(self._micro, args=(data,)), reduce_retracing=True)
-        self._end = tf.function(lambda: run(self._end_replica))
+        self._step = graph(self._pull)
+        self._batch = graph(lambda data: run(self._micro, args=(data,)), reduce_retracing=True)
+        self._end = graph(lambda: run(self._end_replica))
 
     def step(self, iterator, pulls: int) -> bool:
         """One batch's ``pulls`` micro-steps per replica from ``iterator``, whose elements are (element, real);
@@ -132,9 +133,7 @@ class Evaluation:
     def _pull(self, iterator, pulls):
         element, real = next(iterator)  # a round of the stream's end says so in its flag
         self.strategy.run(self._micro, args=(element, self.prepare))
-        for _ in tf.range(pulls - 1):
-            element, _ = next(iterator)
-            self.strategy.run(self._micro, args=(element, self.prepare))
+        in_turn(pulls - 1, lambda i: self.strategy.run(self._micro, args=(next(iterator)[0], self.prepare)))
         return real
 
     def _end_replica(self):
@@ -162,7 +161,7 @@ class Scorer:
         self.keras = hasattr(objective, "probe")  # a Keras loss: its loss and compiled metrics, no classes
         self.metrics = KerasMetrics(model.network) if self.keras else Correct()
         self.evaluation = Evaluation(objective, self.metrics)
-        self._classes = tf.function(lambda x: tf.argmax(model.forward(x, False), 1, output_type=tf.int32))
+        self._classes = graph(lambda x: tf.argmax(model.forward(x, False), 1, output_type=tf.int32))
 
     def _over(self, split) -> dict:
         self.metrics.reset()

@@ -90,6 +90,21 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 16
 
 
+def test_a_run_directory_of_the_previous_release_resumes(tmp_path, monkeypatch, uninterrupted):
+    """0.1.0 checkpointed neither the noise scale's averages nor k: such a directory resumes at the uninterrupted
+    weights, its estimate starting afresh."""
+    from accum_train.keras_fit.rundir import FitRunDir
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as earlier:
+        earlier.setattr(FitRunDir, "_later", staticmethod(lambda noise, engine: {}))
+        fit(model(), 2, run_dir)
+    resumed = model()
+    history = fit(resumed, 4, run_dir)
+    assert max_difference(resumed.get_weights(), uninterrupted[0]) == 0.0
+    assert history.epoch == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize(("signum", "update"), [(signal.SIGINT, 6), (signal.SIGTERM, 3)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an_uninterrupted_one_does(
     tmp_path, uninterrupted, signum, update

@@ -9,7 +9,8 @@ update). Each update is the update of the whole batch (``batch_size``
 examples), computed as ``subdivisions`` micro-batches per replica (or as many
 as ``micro_batch_size`` needs), to 1e-5 of ``model.fit`` on the whole batch:
 sample and class weights, masks and several outputs normalise over the whole
-batch (objective.py), the model's own losses count once.
+batch (keras_objective.py), the model's own losses count once. It trains on the
+accumulator ``accum-train run`` trains on (engine.py).
 """
 
 from __future__ import annotations

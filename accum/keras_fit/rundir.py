@@ -67,14 +67,19 @@ class FitRunDir:
         }
         if engine.dynamic:
             tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
-        # what a run directory of 0.1.0 did not hold: restored when the checkpoint has it
-        self.later = {**noise.variables(), "subdivisions": engine.subdivisions}
+        self.later = self._later(noise, engine)
         self.tracked = tracked
         self.checkpoint = tf.train.Checkpoint(**tracked, **self.later)
         self.start = (0, 0)
         self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, int(self.step.numpy()), forced=True))
         self.started, self.saved_at = time.time(), time.time()
         self.directory = self.run_dir / "checkpoints"
+
+    @staticmethod
+    def _later(noise, engine) -> dict:
+        """What a run directory of 0.1.0 did not hold (the noise scale's averages, k): restored when the
+        checkpoint has it, else left as it starts."""
+        return {**noise.variables(), "subdivisions": engine.subdivisions}
 
     @classmethod
     @contextlib.contextmanager
