@@ -59,11 +59,9 @@ class Loop:
         """Whether the updates can measure the noise scale (two micro-batches or more in all), or may come to."""
         return self.auto or self.cut.k * self.cut.replicas >= 2
 
-    def _iterator(self, epoch: int, first: int):
-        if self.feed.continues and self.stream is not None:
-            return self.stream  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
+    def _open(self, epoch: int, first: int) -> None:
+        """The stream of ``epoch``'s elements from its update ``first`` (``self.stream``)."""
         self.stream = distribute(self.strategy, self.feed.dataset(epoch, first, self.cut, again=self.ran_out))
-        return self.stream
 
     def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
         """Train from epoch ``start[0]``, update ``start[1]`` of it (a History among ``callbacks`` records it)."""
@@ -87,6 +85,8 @@ class Loop:
                 model.reset_metrics()  # a resumed epoch keeps the metrics its checkpoint restored
             callbacks.on_epoch_begin(epoch)
             step = first_update if resumed_mid_epoch else 0
+            if not (self.feed.continues and self.stream is not None):
+                self._open(epoch, step)  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
             updates = self.feed.updates(epoch)
             while updates is None or step < updates:
                 callbacks.on_train_batch_begin(step)
@@ -136,10 +136,11 @@ class Loop:
         the same batch at twice the micro-batches (the caches cleared, the metrics as they were before it)."""
         stop = self.stop.signum if self.stop else 0
         while True:
-            iterator = self._iterator(epoch, step)
+            if self.stream is None:
+                self._open(epoch, step)
             saved = [v.numpy() for v in self.engine.metrics.variables] if self.auto else None
             try:
-                return self.engine.update_from(iterator, self.nominal, self.cut.k, stop)
+                return self.engine.update_from(self.stream, self.nominal, self.cut.k, stop)
             except tf.errors.ResourceExhaustedError as err:
                 largest = largest_share(self.nominal, self.cut.replicas)
                 if not self.auto:
