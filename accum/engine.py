@@ -136,11 +136,10 @@ class Accumulator(Update):
         self._n = n
         return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls)))
 
-    def update(self, x, y, n=None, stop=0, sample_weight=None):
+    def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
         of them except under multi-worker: see ``data.worker_part``): one graph call, as ``update_from``."""
-        data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        return _first(self.strategy, self._update_held(data, _size(n, y), _signal(stop)))
+        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop)))
 
     def accumulate_batch(self, x, y, n=None, sample_weight=None):
         """All k micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""

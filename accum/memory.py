@@ -121,15 +121,25 @@ class MemoryGuard:
     update and double k together when any one of them ran out of memory. With
     a fixed k a worker's out-of-memory ends the run (the launcher stops the
     others), as its peers wait in the update's all-reduce.
+
+    A run's (``of_run``) and accum_train.fit's (``micro_batch_size="auto"``)
+    updates go through the same guard: ``largest`` is the most micro-batches k
+    may grow to, ``more`` what the end of a fixed k's run tells the user to do.
     """
 
-    def __init__(self, engine, cfg, say: Callable[[str], None]):
-        self.engine, self.say = engine, say
-        self.limit, self.limit_text, self.batch_size = cfg.memory_limit_bytes, cfg.memory_limit, cfg.batch_size
+    def __init__(self, engine, say: Callable[[str], None], *, largest: int, adapts: bool, more: str, limit=None):
+        self.engine, self.say, self.largest, self.more = engine, say, largest, more
+        self.limit, self.limit_text = (None, None) if limit is None else limit
         self.accumulating = not engine.one_pass  # the baseline has no cache to look into
-        self.adapts = cfg.auto_subdivisions and self.accumulating
+        self.adapts = adapts and self.accumulating
         self.agree = self.adapts and engine.replicas > len(engine.replica_ids)
         self.check_peak = self.limit is not None  # until the first update of this process is done
+
+    @classmethod
+    def of_run(cls, engine, cfg, say: Callable[[str], None]) -> MemoryGuard:
+        """The guard of a run of ``cfg`` (its memory_limit, subdivisions: auto)."""
+        limit = None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit)
+        return cls(engine, say, largest=cfg.batch_size, adapts=cfg.auto_subdivisions, more=_MORE, limit=limit)
 
     @property
     def needed(self) -> bool:
@@ -156,15 +166,15 @@ class MemoryGuard:
                 return out
             reader.forget()
             self.engine.reset()
-            if k >= self.batch_size:
+            if k >= self.largest:
                 raise OutOfMemory(
                     f"update {step + 1} {problem}{detail}: even one example per micro-batch does not fit: "
                     f"use a smaller model"
                 )
             if not self.adapts:
-                fix = _MORE_SUBDIVISIONS if detail else "raise memory_limit or use more subdivisions"
+                fix = self.more if detail else "raise memory_limit or use more subdivisions"
                 raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}")
-            self.engine.set_subdivisions(min(2 * k, self.batch_size))
+            self.engine.set_subdivisions(min(2 * k, self.largest))
             self.say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}")
 
     def _attempt(self, iterator, planned, k: int, stop: int):
@@ -197,8 +207,8 @@ class MemoryGuard:
         """The end of a run whose update ``step`` (0-based), run by the loop itself, ran out of memory."""
         return OutOfMemory(
             f"update {step + 1} ran out of memory with {self._how(self.subdivisions)} ({first_line(err)}): "
-            f"{_MORE_SUBDIVISIONS}"
+            f"{self.more}"
         )
 
 
-_MORE_SUBDIVISIONS = "use more subdivisions or subdivisions: auto"
+_MORE = "use more subdivisions or subdivisions: auto"

@@ -100,7 +100,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         progress.message(data.file_checks.line())
     log = MetricsLog(run_dir)
     step = _start(run, log, resume, restored, progress)
-    guard = MemoryGuard(run.engine, cfg, progress.message)
+    guard = MemoryGuard.of_run(run.engine, cfg, progress.message)
     announce_started()  # to a --workers supervisor: every worker has joined
 
     with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:

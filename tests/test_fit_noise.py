@@ -94,7 +94,7 @@ def test_updates_of_one_micro_batch_log_no_noise_scale_and_a_first_update_logs_n
     assert not any(math.isnan(logs["noise_scale"]) for logs in logged)
 
 
-def test_auto_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batches(monkeypatch):
+def test_auto_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batches(monkeypatch, capsys):
     """The second update's first attempt at k=1 runs out of memory after pulling and accumulating its micro-batch;
     it is retried from the same data at k=2, and the run ends at model.fit's weights on whole batches (nothing
     lost, nothing applied twice), its metrics as model.fit's (the failed attempt's metric state undone)."""
@@ -113,8 +113,11 @@ def test_auto_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batch
         return real(self, iterator, n, pulls, stop)
 
     monkeypatch.setattr(Accumulator, "update_from", update_from)
-    history = accum_train.fit(ours, x, y, batch_size=BATCH, micro_batch_size="auto", shuffle=False, verbose=0)
+    history = accum_train.fit(ours, x, y, batch_size=BATCH, micro_batch_size="auto", shuffle=False, verbose=1)
     assert pulls_seen == [1, 1, 2]
+    assert "update 2 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" in (
+        capsys.readouterr().out
+    )
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), oracle.get_weights())) < 1e-6
     for name in ("loss", "mae"):
         assert history.history[name] == pytest.approx(expected.history[name], rel=1e-5), name
@@ -130,8 +133,8 @@ def test_out_of_memory_with_a_fixed_micro_batch_is_one_line(monkeypatch):
     with pytest.raises(accum_train.errors.OutOfMemory) as caught:
         accum_train.fit(linear(), x, y, batch_size=BATCH, micro_batch_size=12, verbose=0)
     assert str(caught.value) == (
-        "accum_train.fit: update 1 ran out of memory with micro-batches of up to 12 examples (OOM when allocating "
-        "tensor with shape[12,3]): pass a smaller micro_batch_size, or micro_batch_size='auto'"
+        "update 1 ran out of memory with subdivisions=2 (OOM when allocating tensor with shape[12,3]): pass a "
+        "smaller micro_batch_size, or micro_batch_size='auto'"
     )
 
 

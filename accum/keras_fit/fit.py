@@ -147,7 +147,8 @@ def fit(
         engine, evaluation = built
         engine.set_subdivisions(k)
         restore.callback(engine.release)
-        loop = Loop(model, engine, evaluation, feed, cut, validation, nominal=nominal, auto=auto)
+        say = print if verbose else (lambda line: None)
+        loop = Loop(model, engine, evaluation, feed, cut, validation, nominal=nominal, auto=auto, say=say)
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir
@@ -155,7 +156,6 @@ def fit(
             described = dict(
                 batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
             )
-            say = print if verbose else (lambda line: None)
             checkpoints = restore.enter_context(
                 FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say)
             )

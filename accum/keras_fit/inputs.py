@@ -55,9 +55,6 @@ class Cut:
         """[start, end) of each element of a batch of ``n`` examples, in pull order (ints or tensors)."""
         return pieces(n, self.k, self.replicas, self.local)
 
-    @property
-    def per_update(self) -> int:
-        return self.k * len(self.local)
 
 
 def _leaves_as_arrays(structure, name: str):
@@ -85,18 +82,9 @@ def _tuples(structure):
     return structure
 
 
-def class_weights_numpy(y: np.ndarray, class_weight: dict) -> np.ndarray:
-    """Sample weights from class weights as model.fit derives them: one-hot targets by their argmax, [N, 1]
-    squeezed, rounded to integers; classes not named weigh 1."""
-    labels = y
-    if labels.ndim > 1:
-        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
-    labels = np.round(labels).astype(np.int64)
-    return np.array([class_weight.get(int(c), 1.0) for c in labels.reshape(-1)], dtype=np.float32)
-
-
 def class_weights_tensor(y, class_weight: dict):
-    """The same rule as ``class_weights_numpy``, in TensorFlow ops (for a dataset's batches)."""
+    """Sample weights from class weights as model.fit derives them: one-hot targets by their argmax, [N, 1]
+    squeezed, rounded to integers; classes not named weigh 1 (arrays' and a dataset's batches alike)."""
     labels = tf.convert_to_tensor(y)
     if labels.shape.rank > 1:
         labels = tf.argmax(labels, axis=-1) if labels.shape[-1] != 1 else tf.squeeze(labels, axis=-1)
@@ -129,7 +117,7 @@ class ArrayFeed:
         if self.examples == 0:
             raise UserError(f"{WHERE}: x holds no example")
         if class_weight is not None:
-            weights = class_weights_numpy(tf.nest.flatten(arrays[1])[0], class_weight)
+            weights = class_weights_tensor(tf.nest.flatten(arrays[1])[0], class_weight).numpy()
             if sample_weight is not None:
                 weights = weights * np.asarray(arrays[2], np.float32).reshape(self.examples, -1)[:, 0]
             arrays = (*arrays[:2], weights)

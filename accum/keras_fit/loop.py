@@ -10,10 +10,10 @@ progress bar and every callback count updates, never micro-batches.
 
 Besides model.fit's logs, each update's carries ``noise_scale``, the gradient
 noise scale's running estimate (accum/noise.py), when the updates can measure
-it (two or more micro-batches in all). With ``micro_batch_size="auto"`` an
-update that runs out of memory is retried from the same data at twice the
-micro-batches: nothing of it was applied, and the metrics go back to where
-they were before it.
+it (two or more micro-batches in all). Updates go through the run's memory
+guard (accum/memory.py): with ``micro_batch_size="auto"`` an update that runs
+out of memory (on any worker) is retried from the same data at twice the
+micro-batches, nothing of it applied and the metrics put back as they were.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import numpy as np
 import tensorflow as tf
 
 from ..batching import largest_share
-from ..errors import Interrupted, OutOfMemory
-from ..feed import distribute, empty_like, endless
+from ..errors import Interrupted
+from ..feed import Planned, distribute, empty_like, endless
+from ..memory import MemoryGuard
 from ..noise import NoiseScale
-from ..text import first_line
 from .inputs import Cut
 
 
@@ -45,12 +45,19 @@ class Loop:
     becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
     ``checkpoints`` (or None) keeps a run directory's state (rundir.py)."""
 
-    def __init__(self, model, engine, evaluation, feed, cut, validation, *, nominal, auto=False, noise=None):
+    def __init__(self, model, engine, evaluation, feed, cut, validation, *, nominal, auto=False, say=print):
         self.model, self.engine, self.evaluation = model, engine, evaluation
         self.feed, self.cut, self.validation = feed, cut, validation
         self.nominal, self.auto = int(nominal), auto
         self.strategy = engine.strategy
-        self.noise = noise or NoiseScale()
+        self.guard = MemoryGuard(
+            engine,
+            say,
+            largest=largest_share(self.nominal, cut.replicas),
+            adapts=auto,
+            more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
+        )
+        self.noise = NoiseScale()
         self.checkpoints = self.stop = None
         self.stream, self.ran_out = None, False
 
@@ -132,34 +139,16 @@ class Loop:
         callbacks.on_train_end(logs=training_logs)
 
     def _update(self, epoch: int, step: int) -> dict:
-        """Update ``step`` of ``epoch``: the accumulator's record. With ``auto``, running out of memory retries
-        the same batch at twice the micro-batches (the caches cleared, the metrics as they were before it)."""
+        """Update ``step`` of ``epoch``: the accumulator's record, through the memory guard."""
         stop = self.stop.signum if self.stop else 0
-        while True:
-            if self.stream is None:
-                self._open(epoch, step)
-            saved = [v.numpy() for v in self.engine.metrics.variables] if self.auto else None
-            try:
-                return self.engine.update_from(self.stream, self.nominal, self.cut.k, stop)
-            except tf.errors.ResourceExhaustedError as err:
-                largest = largest_share(self.nominal, self.cut.replicas)
-                if not self.auto:
-                    raise OutOfMemory(
-                        f"accum_train.fit: update {step + 1} ran out of memory with micro-batches of up to "
-                        f"{math.ceil(largest / self.cut.k)} examples ({first_line(err)}): pass a smaller "
-                        f"micro_batch_size, or micro_batch_size='auto'"
-                    ) from None
-                if self.cut.k >= largest:
-                    raise OutOfMemory(
-                        f"accum_train.fit: update {step + 1} ran out of memory with one example per micro-batch "
-                        f"({first_line(err)}): use a smaller model"
-                    ) from None
-                self.engine.reset()
-                for variable, value in zip(self.engine.metrics.variables, saved):
-                    variable.assign(value)
-                self.cut = Cut(min(2 * self.cut.k, largest), self.cut.replicas, self.cut.local)
-                self.stream = None  # the elements of this update are pulled anew, cut for the new k
-                self.engine.set_subdivisions(self.cut.k)
+        pulls = Pulls(self, epoch)
+        try:
+            if self.guard.needed:
+                return self.guard.update(pulls, step, stop)
+            stream, planned = pulls.at(step)
+            return self.engine.update_from(stream, planned.n, planned.pulls, stop)
+        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit
+            raise self.guard.out_of_memory(step, err) from None
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""
@@ -178,6 +167,34 @@ class Loop:
         logs = as_python(self.evaluation.end())
         callbacks.on_test_end(logs)
         return logs
+
+
+class Pulls:
+    """An update's elements as the memory guard reads them (feed.Reader's ``at``, ``pulled``, ``forget``): the
+    epoch's stream, cut for the accumulator's k; a retry (``forget``) opens it again from the update and puts
+    the metrics back as they were before it."""
+
+    def __init__(self, loop: Loop, epoch: int):
+        self.loop, self.epoch, self.saved = loop, epoch, None
+
+    def at(self, step: int):
+        loop = self.loop
+        k = int(loop.engine.subdivisions.numpy()) if loop.auto else loop.cut.k
+        if k != loop.cut.k:  # the guard doubled it: the elements are cut for the new k from here on
+            loop.cut, loop.stream = Cut(k, loop.cut.replicas, loop.cut.local), None
+        if loop.stream is None:
+            loop._open(self.epoch, step)
+        if loop.auto:
+            self.saved = [v.numpy() for v in loop.engine.metrics.variables]
+        return loop.stream, Planned(step, loop.nominal, loop.nominal, k, k)
+
+    def pulled(self) -> None:
+        pass
+
+    def forget(self) -> None:
+        self.loop.stream = None
+        for variable, value in zip(self.loop.engine.metrics.variables, self.saved or ()):
+            variable.assign(value)
 
 
 def _due(epoch: int, validation_freq) -> bool:
