@@ -262,8 +262,8 @@ class Accumulator(Update):
 
     def _pull(self, iterator, n, pulls):
         """``pulls`` micro-steps per local replica from ``iterator``: one element per replica and pull."""
-        if self.replicas == 1 and self.one_process:
-            self._steps(lambda i: next(iterator), self.prepare, pulls, n)
+        if self.replicas == 1:  # in replica context (a strategy's variables are written there), pulled from it
+            self.strategy.run(lambda: self._steps(lambda i: next(iterator), self.prepare, pulls, n))
             return
         # a replica cannot pull from a distributed iterator: one pull per step, each replica's element in turn
         in_turn(pulls, lambda i: self.strategy.run(self._micro_pulled, args=(next(iterator), n)))

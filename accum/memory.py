@@ -206,8 +206,7 @@ class MemoryGuard:
     def out_of_memory(self, step: int, err: tf.errors.ResourceExhaustedError) -> OutOfMemory:
         """The end of a run whose update ``step`` (0-based), run by the loop itself, ran out of memory."""
         return OutOfMemory(
-            f"update {step + 1} ran out of memory with {self._how(self.subdivisions)} ({first_line(err)}): "
-            f"{self.more}"
+            f"update {step + 1} ran out of memory with {self._how(self.subdivisions)} ({first_line(err)}): {self.more}"
         )
 
 

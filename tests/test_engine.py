@@ -270,3 +270,22 @@ def test_a_skipped_update_leaves_batchnorm_statistics_and_everything_else_unchan
     assert (int(engine.bad_updates_in_a_row.numpy()), int(engine.skipped_updates.numpy())) == (1, 1)
     assert bool(engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))["applied"])
     assert (int(engine.bad_updates_in_a_row.numpy()), int(engine.skipped_updates.numpy())) == (0, 1)
+
+
+def test_one_replica_of_a_strategy_trains_as_the_default_strategy_does():
+    """MirroredStrategy on one device (a machine with one GPU, or `strategy.name: mirrored` on a CPU): its
+    replica-local variables are written in replica context, pulled micro-batches too; the same bits."""
+    from accum_train.feed import distribute
+
+    def trained(strategy):
+        with strategy.scope():
+            variables, loss_fn, _ = tl_model(norm="batchnorm")
+            opt = keras.optimizers.SGD(0.05)
+        engine = Accumulator(loss_fn, variables, opt, subdivisions=3, norm_layers=_.norm_layers, strategy=strategy)
+        engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))
+        elements = tf.data.Dataset.from_tensor_slices((X[24:48], Y[24:48])).batch(8)
+        engine.update_from(distribute(engine.strategy, elements), 24, 3)
+        return [v.numpy() for v in variables]
+
+    one = trained(tf.distribute.MirroredStrategy(["/cpu:0"]))
+    assert max_diff(one, trained(tf.distribute.get_strategy())) == 0.0

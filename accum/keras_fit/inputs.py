@@ -56,7 +56,6 @@ class Cut:
         return pieces(n, self.k, self.replicas, self.local)
 
 
-
 def _leaves_as_arrays(structure, name: str):
     """A structure of arrays as numpy, floats as float32 (model.fit casts floats to floatx); lists as tuples
     (what tf.data carries)."""
