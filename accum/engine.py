@@ -194,19 +194,13 @@ class Accumulator(Update):
             self.metrics.update(x, y, predictions, sample_weight)
         return parts, shares, gradients
 
-    def _terms(self, parts, gradients):
-        return noise.micro_terms(gradients, units(parts, self.groups))
-
     def _micro(self, data, n, prepare=as_data):
         """Replica context: one micro-batch into the caches and totals."""
         parts, shares, gradients = self._gradients(*prepare(data, n), n)
         for cache, grads in zip(self.caches, gradients):
             cache.add(grads)
         self.totals.add(self.totals.plus(self.totals.zeros(), parts, shares))
-        self.noise.assign_add(self._terms(parts, gradients))
-
-    def _micro_pulled(self, element, n):
-        self._micro(element, n, self.prepare)
+        self.noise.assign_add(noise.micro_terms(gradients, units(parts, self.groups)))
 
     # -- the two loops
 
@@ -231,7 +225,7 @@ class Accumulator(Update):
             for j, calls in enumerate(collected):
                 for sums in calls:  # one per call of the layer in this micro-batch
                     stats[j] = [total + s for total, s in zip(stats[j], sums)]
-            terms = terms + self._terms(parts, gradients)
+            terms = terms + noise.micro_terms(gradients, units(parts, self.groups))
             return i + 1, following, grads, self.totals.plus(totals, parts, shares), stats, terms
 
         start = (
@@ -266,7 +260,7 @@ class Accumulator(Update):
             self.strategy.run(lambda: self._steps(lambda i: next(iterator), self.prepare, pulls, n))
             return
         # a replica cannot pull from a distributed iterator: one pull per step, each replica's element in turn
-        in_turn(pulls, lambda i: self.strategy.run(self._micro_pulled, args=(next(iterator), n)))
+        in_turn(pulls, lambda i: self.strategy.run(lambda e: self._micro(e, n, self.prepare), args=(next(iterator),)))
 
     def _accumulate_from(self, iterator, n, pulls):
         self._pull(iterator, n, pulls)

@@ -96,7 +96,7 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
         raise DataError("the test split is empty: nothing to evaluate")
     run = load_run(run_dir, data)
     if run.keras_loss:  # a Keras loss's run: its loss and metrics, no classes to confuse
-        scores = {f"test_{name}": value for name, value in run.task_scores(data.test).items()}
+        scores = {f"test_{name}": value for name, value in run.scorer.task_scores(data.test).items()}
         result = {**scores, "test_examples": len(data.test)}
         result["run_dir"], result["data"] = str(run_dir), {**dataclasses.asdict(cfg.data), "source": data.source}
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,9 +116,9 @@ def measure(run, class_names: Sequence[str]) -> dict:
     summary.json's; the matrix counts the same predictions."""
     n, classes = len(run.data.test), len(class_names)
     confusion = np.zeros((classes, classes), np.int64)
-    for labels, predicted in run.classes():
+    for labels, predicted in run.scorer.classes():
         np.add.at(confusion, (labels, predicted), 1)
-    loss, accuracy = run.evaluate()
+    loss, accuracy = run.scorer.evaluate()
     correct = int(np.trace(confusion))
     return {
         "test_loss": loss,

@@ -28,8 +28,8 @@ from .keras_objective import KerasObjective
 from .models.containers import KerasModel
 from .models.keras_file import accumulating_clone, load_keras_file
 from .models.precision import set_precision
-from .objective import classifier
-from .text import shape_text, traced_error_line
+from .objective import as_data, classifier
+from .text import first_line, shape_text, traced_error_line
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
 
@@ -90,16 +90,16 @@ def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
     try:
         model.network.compile(loss=loss, loss_weights=loss_weights, metrics=metrics, weighted_metrics=weighted)
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"loss and metrics do not fit model.path={path}: {_first_line(err)}") from None
+        raise ConfigError(f"loss and metrics do not fit model.path={path}: {first_line(err)}") from None
     return set_precision(model, precision)
 
 
 def keras_objective(network, signature, path: str) -> KerasObjective:
     """The compiled loss of ``network`` taken apart for data of ``signature`` ((x, y) or (x, (y, weights)) of a
     batch): its normalisers found by tracing one micro-step. Targets the loss cannot take fail here, in one line."""
-    x_spec, y_spec = signature
-    element = (x_spec, *_targets(y_spec))
-    _check_class_targets(network.loss, _targets(y_spec)[0])
+    x_spec, targets, weights = as_data(signature)
+    element = (x_spec, targets, weights)
+    _check_class_targets(network.loss, targets)
     try:
         keras_private.symbolic_build(network, element)  # the compiled loss's entries exist after it
         objective = KerasObjective(network, where=f"the loss of model.path={path}")
@@ -107,7 +107,7 @@ def keras_objective(network, signature, path: str) -> KerasObjective:
     except ConfigError:
         raise
     except Exception as err:  # Keras' own word on targets its loss cannot take
-        targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), _targets(y_spec)[0])
+        targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), targets)
         outputs = [shape_text(tuple(t.shape[1:])) for t in network.outputs]
         raise ConfigError(
             f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
@@ -149,13 +149,6 @@ def _listed(structure) -> str:
     return str(structure)
 
 
-def _targets(y):
-    """(targets, sample weights or None) of a batch's second part."""
-    if isinstance(y, tuple) and len(y) == 2:
-        return y
-    return y, None
-
-
 def _metric_names(network) -> list[str]:
     metrics = keras_private.compile_metrics(network)
     return [] if metrics is None or not metrics.built else list(metrics.result().keys())
@@ -164,8 +157,7 @@ def _metric_names(network) -> list[str]:
 def _check_inputs(model: keras.Model, path: str, data) -> None:
     """The data's inputs are the model's (by name when several) with the model's shapes per example, and its
     targets one per output (by name when several)."""
-    x_spec, y_spec = data.signature()
-    y_spec = _targets(y_spec)[0]
+    x_spec, y_spec, _ = as_data(data.signature())
     inputs = {tensor.name: tensor for tensor in model.inputs}
     _check_names(path, "inputs", "x_train", list(inputs), x_spec)
     _check_names(path, "outputs", "y_train", output_names(model), y_spec)
@@ -251,8 +243,3 @@ def _from_file(spec, get):
     if isinstance(spec, list):
         return [_from_file(item, get) for item in spec]
     return get(spec)
-
-
-def _first_line(err) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -71,11 +71,6 @@ class PerExample:
         return None
 
 
-def per_example(loss_fn: Callable) -> PerExample:
-    """``loss_fn(x, y)``, a micro-batch's per-example losses in training mode, as an objective."""
-    return PerExample(lambda x, y, training: (loss_fn(x, y), None))
-
-
 def classifier(forward: Callable) -> PerExample:
     """The built-in objective: the cross-entropy of ``forward(x, training)``'s logits against integer labels."""
 
@@ -87,14 +82,13 @@ def classifier(forward: Callable) -> PerExample:
 
 
 def sparse_softmax_loss(forward: Callable, training: bool = True) -> Callable:
-    """``loss_fn(x, y)``: the built-in per-example cross-entropy of ``forward``'s logits (training mode by
-    default), what an Accumulator takes as its objective (and a test differentiates as the oracle's loss)."""
+    """``loss_fn(x, y)``: the built-in cross-entropy of ``forward``'s logits per example (the oracle's loss)."""
     return lambda x, y: cross_entropy(y, forward(x, training))
 
 
 def as_objective(objective):
-    """An objective, or a per-example ``loss_fn(x, y)`` made one."""
-    return objective if hasattr(objective, "evaluate") else per_example(objective)
+    """An objective, or a per-example ``loss_fn(x, y)`` (in training mode) made one."""
+    return objective if hasattr(objective, "evaluate") else PerExample(lambda x, y, _: (objective(x, y), None))
 
 
 def as_data(element, n=None):

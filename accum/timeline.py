@@ -36,10 +36,6 @@ class Segment:
     def updates(self) -> int:
         return math.ceil((self.end - self.start) / self.batch_size)
 
-    @property
-    def end_step(self) -> int:
-        return self.first_step + self.updates
-
 
 @dataclass(frozen=True)
 class Phase:

@@ -32,11 +32,6 @@ class Trained:
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
         self.keras_loss = is_keras_loss(objective)
         self.scorer = Scorer(model, objective, data, lambda: eval_batch_size(cfg, subdivisions))
-        self.classes, self.evaluate, self.task_scores = (
-            self.scorer.classes,
-            self.scorer.evaluate,
-            self.scorer.task_scores,
-        )
 
 
 def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Trained:

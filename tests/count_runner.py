@@ -22,8 +22,10 @@ graph, engines = GraphCalls(setattr), []
 
 
 def collectives(function) -> dict:
-    """Collective ops in a tf.function's graph and in every function it calls (loops, conds)."""
-    definition = function.get_concrete_function().graph.as_graph_def()
+    """Collective ops in the graph a tf.function traced (the one trace a run makes) and in every function it
+    calls (loops, conds)."""
+    (traced,) = function._list_all_concrete_functions()
+    definition = traced.graph.as_graph_def()
     nodes = list(definition.node) + [node for f in definition.library.function for node in f.node_def]
     return dict(collections.Counter(node.op for node in nodes if node.op.startswith("Collective")))
 
@@ -40,4 +42,4 @@ Update.__init__ = init
 
 if __name__ == "__main__":
     worker.main(sys.argv[2:]) if sys.argv[1] == "worker" else main(sys.argv[1:], standalone_mode=False)
-    print(json.dumps({"graph_calls": graph.calls, "collectives": collectives(engines[0]._update)}))
+    print(json.dumps({"graph_calls": graph.calls, "collectives": collectives(engines[0]._update_pulled)}))

@@ -211,7 +211,6 @@ class DatasetFeed:
         self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
         self.batch_size = batch_size
         self.structure = None
-        self._stream = None  # with steps_per_epoch, one stream goes on from epoch to epoch (as model.fit)
 
     @property
     def element_spec(self):
