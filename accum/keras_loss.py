@@ -97,8 +97,8 @@ def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
 def keras_objective(network, signature, path: str) -> KerasObjective:
     """The compiled loss of ``network`` taken apart for data of ``signature`` ((x, y) or (x, (y, weights)) of a
     batch): its normalisers found by tracing one micro-step. Targets the loss cannot take fail here, in one line."""
-    x_spec, targets, weights = as_data(signature)
-    element = (x_spec, targets, weights)
+    element = as_data(signature)  # (x, y, sample weights or None)
+    targets = element[1]
     _check_class_targets(network.loss, targets)
     try:
         keras_private.symbolic_build(network, element)  # the compiled loss's entries exist after it

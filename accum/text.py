@@ -22,7 +22,7 @@ def mib_text(n_bytes: int | None, missing: str = "n/a") -> str:
 
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (TensorFlow's run to pages), or its type's name."""
-    text = getattr(err, "message", None) or str(err)
+    text = (getattr(err, "message", None) or str(err)).strip()  # a message may open with a line break
     return (text.splitlines() or [type(err).__name__])[0]
 
 

@@ -39,7 +39,7 @@ def max_difference(a, b):
 def check(result, reference):
     assert result["replicas"] == 2
     assert max_difference(result["weights"], reference["weights"]) < 1e-5
-    # noise_scale is NaN on both until its estimate has enough updates
+    # noise_scale is NaN on both (noise.NoiseScale has no estimate after these updates): NaN must meet NaN
     for name, values in reference["history"].items():
         assert result["history"][name] == pytest.approx(values, rel=1e-5, nan_ok=True), name
     # six updates (two epochs of 40 at batch 16): one graph call each
