@@ -49,3 +49,11 @@ def pieces(n, k: int, replicas: int, local, chunk_first: bool = False) -> list:
                 m0, m1 = micro_bounds(i, s1 - s0, k)
                 out.append((s0 + m0, s0 + m1))
     return out
+
+
+def same_size(n: int, k: int, replicas: int = 1):
+    """The examples of every element of a batch of ``n`` cut into ``k`` micro-batches per replica share, when
+    they all hold the same number (then known while the update is traced); else None."""
+    sizes = {end - start for start, end in pieces(n, k, replicas, range(replicas))}
+    size = sizes.pop() if len(sizes) == 1 else 0
+    return size or None

@@ -41,7 +41,8 @@ import contextlib
 import tensorflow as tf
 
 from . import noise
-from .batching import micro_bounds
+from .batching import micro_bounds, same_size
+from .feed import sized, with_rows
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .objective import Totals, as_data, as_objective, combine, output_values, scale_of, units
 from .update import STOP_REQUESTS, Update, _examples, _first, _rows, _signal, _size
@@ -69,9 +70,9 @@ class Accumulator(Update):
     """The update of ``objective`` over k micro-batches per replica: accumulate, reduce once, apply once.
 
     ``objective``: an objective (objective.py), or a per-example ``loss_fn(x, y)``. ``subdivisions``: k for
-    a held batch (``update``; a variable: changing it never retraces). ``groups``: the normalisers the data
-    gives (the objective's own by default). ``shared`` are Update's keyword arguments (clip_norm, norm_layers,
-    strategy, loss_scale, growth_steps)."""
+    a held batch (``update``; a variable: a new k retraces only for a new micro-batch size). ``groups``: the
+    normalisers the data gives (the objective's own by default). ``shared`` are Update's keyword arguments
+    (clip_norm, norm_layers, strategy, loss_scale, growth_steps)."""
 
     def __init__(
         self,
@@ -99,8 +100,9 @@ class Accumulator(Update):
         self.used = [False] * len(self.variables)  # which variables the loss reaches (found while tracing)
         self._n = None  # the batch of the micro-batches accumulated so far (``finish`` divides by it)
         with self.strategy.scope():
-            # A variable, not a Python int: changing k (subdivisions: auto, a retry after running out of memory)
-            # never retraces the graph.
+            # A variable, not a Python int: a new k (subdivisions: auto, a retry after running out of memory)
+            # retraces the update only where it makes a new micro-batch size (one graph per size, and one for
+            # micro-batches of unknown or unequal sizes).
             self.subdivisions = tf.Variable(int(subdivisions), trainable=False, dtype=tf.int32, name="subdivisions")
             self.totals = Totals(self.groups, len(self.objective.kinds))
             if not self.one_pass:
@@ -121,31 +123,39 @@ class Accumulator(Update):
 
     # -- host side
 
-    def update_from(self, iterator, n: int, pulls: int, stop=0):
+    def update_from(self, iterator, n: int, pulls: int, stop=0, size=None):
         """One update whose micro-batches the graph pulls from ``iterator`` (``pulls`` elements per local replica,
         each ``prepare``d inside its micro-step), ``n`` the global batch (or the nominal one of a stream): one
         graph call; the record {loss, grad_norm, applied, learning_rate, retry, stop, examples, noise, ...},
         with ``logs`` when there are metrics. ``stop``: the signal this process was sent (0: none); ``stop``
-        out: the largest any process was sent."""
+        out: the largest any process was sent. ``size``: the examples of every element of every replica, when
+        all hold the same number (feed.sized; one graph per size, traced once), else None."""
         self._n = None
-        return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop)))
+        return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size))
 
-    def accumulate_from(self, iterator, n: int, pulls: int):
+    def accumulate_from(self, iterator, n: int, pulls: int, size=None):
         """``update_from``'s micro-batches into the caches, nothing applied (``finish`` concludes); the examples
         this process's first replica holds so far."""
         self._n = n
-        return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls)))
+        return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls), size))
 
     def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
         of them except under multi-worker: see ``data.worker_part``): one graph call, as ``update_from``."""
-        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop)))
+        size = self._held_size(y, n)
+        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), size))
 
     def accumulate_batch(self, x, y, n=None, sample_weight=None):
         """All k micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
         self._n = _size(n, y)
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        return _first(self.strategy, self._accumulate_held(data, self._n))
+        return _first(self.strategy, self._accumulate_held(data, self._n, self._held_size(y, n)))
+
+    def _held_size(self, y, n):
+        """The examples of every micro-batch of a held batch when they are all the same (batching.same_size, the
+        cut of the global batch: every worker agrees), else None."""
+        n = len(tf.nest.flatten(y)[0]) if n is None else int(n)
+        return same_size(n, int(self.subdivisions.numpy()), self.replicas)
 
     def accumulate(self, x, y, n):
         """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
@@ -254,22 +264,28 @@ class Accumulator(Update):
 
     # -- pulled from a pipeline
 
-    def _pull(self, iterator, n, pulls):
+    def _prepare_for(self, size):
+        """``prepare``, each element's examples fixed at ``size`` first when that is known (feed.sized)."""
+        return self.prepare if size is None else lambda element, n: self.prepare(sized(element, size), n)
+
+    def _pull(self, iterator, n, pulls, size):
         """``pulls`` micro-steps per local replica from ``iterator``: one element per replica and pull."""
+        prepare = self._prepare_for(size)
         if self.replicas == 1:  # in replica context (a strategy's variables are written there), pulled from it
-            self.strategy.run(lambda: self._steps(lambda i: next(iterator), self.prepare, pulls, n))
+            self.strategy.run(lambda: self._steps(lambda i: next(iterator), prepare, pulls, n))
             return
         # a replica cannot pull from a distributed iterator: one pull per step, each replica's element in turn
-        in_turn(pulls, lambda i: self.strategy.run(lambda e: self._micro(e, n, self.prepare), args=(next(iterator),)))
+        in_turn(pulls, lambda i: self.strategy.run(lambda e: self._micro(e, n, prepare), args=(next(iterator),)))
 
-    def _accumulate_from(self, iterator, n, pulls):
-        self._pull(iterator, n, pulls)
+    def _accumulate_from(self, iterator, n, pulls, size):
+        self._pull(iterator, n, pulls, size)
         return self._held()
 
-    def _update_from(self, iterator, n, pulls, stop):
+    def _update_from(self, iterator, n, pulls, stop, size):
         if self.one_pass:  # the baseline: the one element of each replica's share, straight to the all-reduce
-            return self.strategy.run(lambda e: self._one_pass(self.prepare(e, n), n, stop), args=(next(iterator),))
-        self._pull(iterator, n, pulls)
+            prepare = self._prepare_for(size)
+            return self.strategy.run(lambda e: self._one_pass(prepare(e, n), n, stop), args=(next(iterator),))
+        self._pull(iterator, n, pulls, size)
         return self.strategy.run(self._finish_replica, args=(n, False, stop))
 
     # -- held in memory
@@ -286,20 +302,21 @@ class Accumulator(Update):
 
         return self.strategy.experimental_distribute_values_from_function(share)
 
-    def _held_steps(self, data, n):
+    def _held_steps(self, data, n, size):
         """Replica context: this replica's share of a held batch as k micro-batches (a short share may have
-        fewer examples than k, even none)."""
+        fewer examples than k, even none), each of ``size`` examples when that is known."""
         local_n = _examples(data)
         k = tf.minimum(self.subdivisions, local_n)
 
         def fetch(i):
             start, end = micro_bounds(i, local_n, k)
-            return _rows(data, start, end)
+            rows = _rows(data, start, end)
+            return rows if size is None else with_rows(rows, size)
 
         self._steps(fetch, as_data, k, n)
 
-    def _accumulate_batch(self, data, n):
-        self.strategy.run(self._held_steps, args=(self._shares(data, n), n))
+    def _accumulate_batch(self, data, n, size):
+        self.strategy.run(self._held_steps, args=(self._shares(data, n), n, size))
         return self._held()
 
     def _accumulate_micro(self, data, n):
@@ -310,11 +327,11 @@ class Accumulator(Update):
         """Each replica's examples in the caches so far (in replica context: no collective)."""
         return self.strategy.run(self.totals.examples.read_value)
 
-    def _update_batch(self, data, n, stop):
+    def _update_batch(self, data, n, stop, size):
         def replica(share):
             if self.one_pass:
                 return self._one_pass(as_data(share, n), n, stop)
-            self._held_steps(share, n)
+            self._held_steps(share, n, size)
             return self._finish_replica(n, False, stop)
 
         return self.strategy.run(replica, args=(self._shares(data, n),))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from .batching import largest_share, pieces
+from .batching import largest_share, pieces, same_size
 from .data import epoch_order
 
 
@@ -41,6 +41,21 @@ def empty_like(spec):
     return tf.nest.map_structure(
         lambda s: tf.zeros([0] + [d if d is not None else 0 for d in s.shape[1:]], s.dtype), spec
     )
+
+
+def with_rows(data, size: int):
+    """``data`` (tensors of one batch) known to hold ``size`` examples, with that size in their static shape: a
+    micro-step traced for one micro-batch size runs leaner gradients (no shape arithmetic at every step of an
+    LSTM's loop, for one). The same values up to rounding: TensorFlow may pick other kernels for a known shape
+    (BatchNorm's sums do), so paths compared bit for bit trace alike. A wrong size fails the update
+    (tf.ensure_shape)."""
+    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size, *t.shape[1:]]) if t.shape.rank else t, data)
+
+
+def sized(element, size: int):
+    """An element, (data, where), whose data hold ``size`` examples (``with_rows``)."""
+    data, where = element
+    return with_rows(data, size), where
 
 
 def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
@@ -59,6 +74,7 @@ class Planned:
     n: int
     pulls: int
     k: int  # micro-batches per share the layout was made for (pulls: fewer when the batch is short)
+    size: int | None = None  # the examples of every element, when all hold the same number (batching.same_size)
 
 
 @dataclass
@@ -82,7 +98,8 @@ def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> La
             n = min(segment.batch_size, segment.end - first)
             pulls = min(k, largest_share(n, replicas))
             step = segment.first_step + u
-            updates.append(Planned(step, segment.batch_size, n, pulls, k))
+            size = None if chunk_first else same_size(n, pulls, replicas)  # a stream may end short of n
+            updates.append(Planned(step, segment.batch_size, n, pulls, k, size))
             for start, end in pieces(n, pulls, replicas, local, chunk_first):
                 starts.append(first + start)
                 ends.append(first + end)
@@ -214,7 +231,7 @@ class Reader:
     def update(self, step: int, stop: int = 0) -> dict:
         """Update ``step`` straight from the feed (no memory guard): the engine's record."""
         iterator, planned = self.at(step)
-        out = self.run.engine.update_from(iterator, planned.n, planned.pulls, stop)
+        out = self.run.engine.update_from(iterator, planned.n, planned.pulls, stop, planned.size)
         self.pulled()
         return out
 

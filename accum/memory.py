@@ -181,15 +181,15 @@ class MemoryGuard:
         """One try at the update: (the engine's record, None, '') or (None, what was too much, the error's words)."""
         # Accumulate, look at the peak (or hear from the other workers), only then apply or drop.
         separate = self.accumulating and (self.check_peak or self.agree)
-        n, pulls = planned.n, planned.pulls
+        n, pulls, size = planned.n, planned.pulls, planned.size
         problem = detail = ""
         try:
             if separate:
-                _, peak = peak_during(lambda: self.engine.accumulate_from(iterator, n, pulls))
+                _, peak = peak_during(lambda: self.engine.accumulate_from(iterator, n, pulls, size))
             elif self.check_peak:
-                out, peak = peak_during(lambda: self.engine.update_from(iterator, n, pulls, stop))
+                out, peak = peak_during(lambda: self.engine.update_from(iterator, n, pulls, stop, size))
             else:  # auto on one process: only an error can say
-                return self.engine.update_from(iterator, n, pulls, stop), None, ""
+                return self.engine.update_from(iterator, n, pulls, stop, size), None, ""
             if self.check_peak and peak is not None and peak > self.limit:
                 problem = (
                     f"peaked at {mib_text(peak)} of TensorFlow memory with {self._how(k)}, "

@@ -22,12 +22,14 @@ graph, engines = GraphCalls(setattr), []
 
 
 def collectives(function) -> dict:
-    """Collective ops in the graph a tf.function traced (the one trace a run makes) and in every function it
-    calls (loops, conds)."""
-    (traced,) = function._list_all_concrete_functions()
-    definition = traced.graph.as_graph_def()
-    nodes = list(definition.node) + [node for f in definition.library.function for node in f.node_def]
-    return dict(collections.Counter(node.op for node in nodes if node.op.startswith("Collective")))
+    """Collective ops in the graph a tf.function traced and in every function it calls (loops, conds); the same
+    in every trace the run made (one per micro-batch size it met)."""
+    found = []
+    for traced in function._list_all_concrete_functions():
+        definition = traced.graph.as_graph_def()
+        nodes = list(definition.node) + [node for f in definition.library.function for node in f.node_def]
+        found.append(dict(collections.Counter(node.op for node in nodes if node.op.startswith("Collective"))))
+    return found[0] if found and all(f == found[0] for f in found) else {"traces disagree": found}
 
 
 real_init = Update.__init__

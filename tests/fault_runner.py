@@ -51,12 +51,12 @@ def arm(point, n):
             original(self, *args, **kwargs)
             real = self.update_from
 
-            def update_from(iterator, n, pulls, stop=0):
+            def update_from(iterator, n, pulls, stop=0, size=None):
                 if hit():
                     if point == "oom":
                         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
                     threading.Timer(0.002, die).start()
-                return real(iterator, n, pulls, stop)
+                return real(iterator, n, pulls, stop, size)
 
             self.update_from = update_from
 

@@ -71,13 +71,13 @@ real_update = Accumulator.update_from
 traced = {}
 
 
-def update(self, iterator, n, pulls, stop=0):
+def update(self, iterator, n, pulls, stop=0, size=None):
     before = (calls[0], ops.batch_reduce_calls + ops.reduce_calls)
-    out = real_update(self, iterator, n, pulls, stop)
+    out = real_update(self, iterator, n, pulls, stop, size)
     per_update.append([calls[0] - before[0], ops.batch_reduce_calls + ops.reduce_calls - before[1]])
     if not traced:  # the collective ops in the update's graph (under multi-worker a collective is an op there)
         args = [tf.constant(int(v), tf.int32) for v in (n, pulls, stop)]
-        graph = self._update_pulled.get_concrete_function(iterator, *args).graph.as_graph_def()
+        graph = self._update_pulled.get_concrete_function(iterator, *args, size).graph.as_graph_def()
         nodes = list(graph.node) + [node for f in graph.library.function for node in f.node_def]
         for node in nodes:
             if node.op.startswith("Collective"):

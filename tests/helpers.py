@@ -35,9 +35,9 @@ def poison(monkeypatch, bad_steps, snapshot_after=None):
             nan = lambda: tf.tensor_scatter_nd_update(x, [[rows - 1, 0, 0, 0]], [float("nan")])  # noqa: E731
             return tf.cond(hit, nan, lambda: x), y, weights
 
-        def update_from(iterator, n, pulls, stop=0):
+        def update_from(iterator, n, pulls, stop=0, size=None):
             calls[0] += 1
-            out = real(iterator, n, pulls, stop)
+            out = real(iterator, n, pulls, stop, size)
             if calls[0] == snapshot_after:
                 statistics = [s for layer in self.norm_layers for s in (layer.moving_mean, layer.moving_var)]
                 kept.update({v.name.split(":")[0]: v.numpy() for v in self.variables + statistics})

@@ -28,10 +28,10 @@ def accumulate(self, x, y, batch_examples):
     return real_accumulate(self, x, y, batch_examples)
 
 
-def accumulate_from(self, iterator, n, pulls):
+def accumulate_from(self, iterator, n, pulls, size=None):
     share = math.ceil(int(n) / self.replicas)
     peak[0] = SCALE * 3 * math.ceil(share / int(self.subdivisions.numpy())) * MiB // 2
-    return real_accumulate_from(self, iterator, n, pulls)
+    return real_accumulate_from(self, iterator, n, pulls, size)
 
 
 Accumulator.accumulate, Accumulator.accumulate_from = accumulate, accumulate_from

@@ -138,9 +138,9 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
             peak[0] = int(x.shape[0]) * MiB
             return real_micro(x, y, n)
 
-        def accumulate_from(iterator, n, pulls):
+        def accumulate_from(iterator, n, pulls, size=None):
             peak[0] = 3 * (n // pulls) * MiB // 2
-            return real_batch(iterator, n, pulls)
+            return real_batch(iterator, n, pulls, size)
 
         self.accumulate, self.accumulate_from = accumulate, accumulate_from
 
@@ -175,7 +175,7 @@ def oom_once(monkeypatch):
         original(self, *args, **kwargs)
         real = self.update_from
 
-        def update_from(iterator, n, pulls, stop=0):
+        def update_from(iterator, n, pulls, stop=0, size=None):
             calls[0] += 1
             if calls[0] == 5:
                 # half an update's micro-batches pulled, and their gradient in the cache, when memory runs out
@@ -183,7 +183,7 @@ def oom_once(monkeypatch):
                     next(iterator)
                 self.caches[0].add([tf.ones_like(v) for v in self.variables])
                 raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,8]")
-            return real(iterator, n, pulls, stop)
+            return real(iterator, n, pulls, stop, size)
 
         self.update_from = update_from
 

@@ -21,22 +21,26 @@ from accum_train.training_run import Run
 
 
 @pytest.mark.parametrize(
-    "n, k, replicas, local, chunk_first",
+    "n, k, replicas, local, chunk_first, size",
     [
-        (64, 4, 1, (0,), False),
-        (64, 5, 1, (0,), False),  # ragged: 12-13
-        (3, 5, 1, (0,), False),  # a short batch: 3 micro-batches of 1
-        (10, 4, 2, (0, 1), False),  # mirrored: each share of 5 as 4
-        (3, 4, 2, (0, 1), False),  # shares of 2 and 1: 2 pulls, replica 1's second micro-batch empty
-        (10, 4, 2, (1,), False),  # the second worker's replica only
-        (10, 3, 2, (0, 1), True),  # a stream: each micro-step's chunk shared by the replicas
-        (7, 3, 2, (1,), True),
+        (64, 4, 1, (0,), False, 16),
+        (64, 5, 1, (0,), False, None),  # ragged: 12-13
+        (3, 5, 1, (0,), False, 1),  # a short batch: 3 micro-batches of 1
+        (10, 4, 2, (0, 1), False, None),  # mirrored: each share of 5 as 4
+        (16, 4, 2, (0, 1), False, 2),  # mirrored: each share of 8 as 4 micro-batches of 2
+        (3, 4, 2, (0, 1), False, None),  # shares of 2 and 1: 2 pulls, replica 1's second micro-batch empty
+        (10, 4, 2, (1,), False, None),  # the second worker's replica only (its own elements: sizes 1 and 2)
+        (17, 4, 2, (0,), False, None),  # the first worker's are all 2, the second's 2 and 3: both trace for none
+        (16, 4, 2, (1,), False, 2),
+        (10, 3, 2, (0, 1), True, None),  # a stream: each micro-step's chunk shared by the replicas
+        (8, 2, 2, (1,), True, None),  # a stream may end short of its nominal batch: never a size
     ],
 )
-def test_the_layout_cuts_every_batch_once_in_pull_order(n, k, replicas, local, chunk_first):
+def test_the_layout_cuts_every_batch_once_in_pull_order(n, k, replicas, local, chunk_first, size):
     layout = plan([Segment(0, 0, 0, 2 * n, n)], lambda batch: k, replicas, local, chunk_first)
     pulls = min(k, -(-n // replicas))
     assert [(u.step, u.n, u.pulls, u.k) for u in layout.updates] == [(0, n, pulls, k), (1, n, pulls, k)]
+    assert [u.size for u in layout.updates] == [size, size]  # what the update is traced for (feed.sized)
     assert len(layout.starts) == 2 * pulls * len(local)
     for step in (0, 1):
         mine = layout.where[:, 0] == step
@@ -75,7 +79,7 @@ def _updates_from_feed(cfg, data, steps, start=None):
     for step in range(steps):
         iterator, planned = reader.at(step)
         run.follow_batch(planned.batch_size)
-        run.engine.update_from(iterator, planned.n, planned.pulls)
+        run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
         reader.pulled()
     return _weights(run)
 
@@ -129,8 +133,9 @@ def test_the_update_takes_no_batch_as_input(repo_root):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4", "parallel_micro_steps=1"])
     run = Run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
     iterator, planned = Reader(run).at(0)
-    run.engine.update_from(iterator, planned.n, planned.pulls)
-    traced = run.engine._update_pulled.get_concrete_function(iterator, *(tf.constant(v) for v in (64, 4, 0)))
+    run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
+    scalars = (tf.constant(v) for v in (64, 4, 0))
+    traced = run.engine._update_pulled.get_concrete_function(iterator, *scalars, planned.size)
     inputs = [(t.dtype, t.shape.rank) for t in traced.inputs]
     assert all(dtype == tf.resource or (dtype == tf.int32 and rank == 0) for dtype, rank in inputs), inputs
     assert sum(dtype == tf.int32 for dtype, _ in inputs) == 3  # n, pulls, stop

@@ -104,17 +104,17 @@ def test_auto_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batch
     calls, pulls_seen = [0], []
     real = Accumulator.update_from
 
-    def update_from(self, iterator, n, pulls, stop=0):
+    def update_from(self, iterator, n, pulls, stop=0, size=None):
         calls[0] += 1
-        pulls_seen.append(pulls)
+        pulls_seen.append((pulls, size))
         if calls[0] == 2:
-            self.accumulate_from(iterator, n, pulls)  # the micro-batches pulled and in the caches, metrics moved
+            self.accumulate_from(iterator, n, pulls, size)  # the micro-batches pulled and in the caches, metrics moved
             raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[24,3]")
-        return real(self, iterator, n, pulls, stop)
+        return real(self, iterator, n, pulls, stop, size)
 
     monkeypatch.setattr(Accumulator, "update_from", update_from)
     history = accum_train.fit(ours, x, y, batch_size=BATCH, micro_batch_size="auto", shuffle=False, verbose=1)
-    assert pulls_seen == [1, 1, 2]
+    assert pulls_seen == [(1, 24), (1, 24), (2, 12)]
     assert "update 2 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" in (
         capsys.readouterr().out
     )
@@ -126,7 +126,7 @@ def test_auto_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batch
 def test_out_of_memory_with_a_fixed_micro_batch_is_one_line(monkeypatch):
     x, y = regression(np.random.default_rng(4))
 
-    def update_from(self, iterator, n, pulls, stop=0):
+    def update_from(self, iterator, n, pulls, stop=0, size=None):
         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[12,3]")
 
     monkeypatch.setattr(Accumulator, "update_from", update_from)
@@ -138,19 +138,20 @@ def test_out_of_memory_with_a_fixed_micro_batch_is_one_line(monkeypatch):
     )
 
 
-def test_k_changes_between_updates_without_a_new_graph():
-    """The pulls of an update are a tensor: the accumulator's one update graph serves every k, each update's
-    micro-batches cut for its k by the same input pipeline."""
+def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
+    """The pulls of an update are a tensor: the graph traced for a micro-batch size (feed.sized) serves every update
+    of that size whatever its k, and the graph of an unknown size serves every k."""
     from accum_train.keras_fit.fit import _ENGINES
     from accum_train.keras_fit.inputs import Cut, make_feed
 
     x, y = regression(np.random.default_rng(5))
     model = linear()
-    accum_train.fit(model, x, y, batch_size=BATCH, subdivisions=2, verbose=0)
+    accum_train.fit(model, x, y, batch_size=BATCH, subdivisions=2, verbose=0)  # 4 updates, each 2 x 12 examples
     engine = next(iter(_ENGINES[model].values()))[0]
-    assert engine._update_pulled.experimental_get_tracing_count() == 1
+    traces = engine._update_pulled.experimental_get_tracing_count
+    assert traces() == 1
     feed = make_feed(x, y, None, None, batch_size=BATCH, shuffle=False, seed=0, steps_per_epoch=None)
-    for k in (1, 3, 4):
-        out = engine.update_from(iter(feed.dataset(0, 0, Cut(k, 1, (0,)))), BATCH, k)
+    for k, size, after in [(1, None, 2), (3, None, 2), (4, None, 2), (2, 12, 2), (3, 8, 3), (3, 8, 3)]:
+        out = engine.update_from(iter(feed.dataset(0, 0, Cut(k, 1, (0,)))), BATCH, k, 0, size)
         assert float(out["examples"]) == BATCH and bool(out["applied"])
-    assert engine._update_pulled.experimental_get_tracing_count() == 1
+        assert traces() == after, (k, size)

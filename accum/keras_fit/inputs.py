@@ -127,6 +127,7 @@ class ArrayFeed:
         self.batches_per_pass = math.ceil(self.examples / batch_size)
         self.steps_per_epoch = steps_per_epoch or self.batches_per_pass
         self.continues = False  # each epoch's elements follow from the epoch's index
+        self.sizes = True  # each update's examples are known before it runs (batch_length)
 
     @property
     def element_spec(self):
@@ -150,6 +151,11 @@ class ArrayFeed:
 
     def updates(self, epoch: int) -> int:
         return self.steps_per_epoch
+
+    def batch_length(self, epoch: int, step: int) -> int:
+        """The examples of update ``step`` of ``epoch`` (0-based): the batch size, less at the end of a pass."""
+        b = (epoch * self.steps_per_epoch + step) % self.batches_per_pass
+        return min(self.batch_size, self.examples - b * self.batch_size)
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
@@ -209,6 +215,7 @@ class DatasetFeed:
         self.cardinality = None if cardinality < 0 else cardinality
         self.steps_per_epoch = steps_per_epoch
         self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
+        self.sizes = False  # a batch's examples are known once it is read
         self.batch_size = batch_size
         self.structure = None
 

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ..batching import largest_share
+from ..batching import largest_share, same_size
 from ..errors import Interrupted
 from ..feed import Planned, distribute, empty_like, endless
 from ..memory import MemoryGuard
@@ -146,7 +146,7 @@ class Loop:
             if self.guard.needed:
                 return self.guard.update(pulls, step, stop)
             stream, planned = pulls.at(step)
-            return self.engine.update_from(stream, planned.n, planned.pulls, stop)
+            return self.engine.update_from(stream, planned.n, planned.pulls, stop, planned.size)
         except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit
             raise self.guard.out_of_memory(step, err) from None
 
@@ -186,7 +186,8 @@ class Pulls:
             loop._open(self.epoch, step)
         if loop.auto:
             self.saved = [v.numpy() for v in loop.engine.metrics.variables]
-        return loop.stream, Planned(step, loop.nominal, loop.nominal, k, k)
+        size = same_size(loop.feed.batch_length(self.epoch, step), k, loop.cut.replicas) if loop.feed.sizes else None
+        return loop.stream, Planned(step, loop.nominal, loop.nominal, k, k, size)
 
     def pulled(self) -> None:
         pass
