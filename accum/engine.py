@@ -71,8 +71,11 @@ class Accumulator(Update):
 
     ``objective``: an objective (objective.py), or a per-example ``loss_fn(x, y)``. ``subdivisions``: k for
     a held batch (``update``; a variable: a new k retraces only for a new micro-batch size). ``groups``: the
-    normalisers the data gives (the objective's own by default). ``shared`` are Update's keyword arguments
-    (clip_norm, norm_layers, strategy, loss_scale, growth_steps)."""
+    normalisers the data gives (the objective's own by default). ``sized``: trace an update for its micro-batch
+    size where every micro-batch holds the same number of examples (feed.with_rows): a model that loops over
+    time (a recurrent layer) runs about a fifth faster on a CPU so, while convolutions ran 5 to 15% slower
+    (docs/performance.md). ``shared`` are Update's keyword arguments (clip_norm, norm_layers, strategy,
+    loss_scale, growth_steps)."""
 
     def __init__(
         self,
@@ -86,6 +89,7 @@ class Accumulator(Update):
         groups=None,
         metrics=None,
         prepare=None,
+        sized: bool = False,
         **shared,
     ):
         super().__init__(variables, optimizer, **shared)
@@ -93,6 +97,7 @@ class Accumulator(Update):
         self.groups = tuple(groups if groups is not None else self.objective.groups)
         self.metrics, self.one_pass = metrics, bool(one_pass)
         self.prepare = prepare or as_data
+        self.sized = bool(sized)
         # Micro-steps in flight at once: 1 adds each micro-batch to the caches as it is done (the least memory);
         # more carries the sums as tensors (one more gradient-sized buffer per normaliser, and up to
         # ``parallel`` micro-batches of activations alive) so that micro-steps can overlap.
@@ -129,14 +134,16 @@ class Accumulator(Update):
         graph call; the record {loss, grad_norm, applied, learning_rate, retry, stop, examples, noise, ...},
         with ``logs`` when there are metrics. ``stop``: the signal this process was sent (0: none); ``stop``
         out: the largest any process was sent. ``size``: the examples of every element of every replica, when
-        all hold the same number (feed.sized; one graph per size, traced once), else None."""
+        all hold the same number, else None (used where ``sized``: one graph per size, traced once)."""
         self._n = None
+        size = size if self.sized else None
         return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size))
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None):
         """``update_from``'s micro-batches into the caches, nothing applied (``finish`` concludes); the examples
         this process's first replica holds so far."""
         self._n = n
+        size = size if self.sized else None
         return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls), size))
 
     def update(self, x, y, n=None, stop=0):
@@ -153,7 +160,9 @@ class Accumulator(Update):
 
     def _held_size(self, y, n):
         """The examples of every micro-batch of a held batch when they are all the same (batching.same_size, the
-        cut of the global batch: every worker agrees), else None."""
+        cut of the global batch: every worker agrees), else None (and when not ``sized``)."""
+        if not self.sized:
+            return None
         n = len(tf.nest.flatten(y)[0]) if n is None else int(n)
         return same_size(n, int(self.subdivisions.numpy()), self.replicas)
 

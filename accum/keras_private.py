@@ -89,6 +89,11 @@ def py_dataset_batches(py_dataset, shuffle: bool):
     return adapter.get_tf_dataset(), adapter
 
 
+def loops_over_time(model) -> bool:
+    """Whether a layer of ``model`` (nested ones too: a Bidirectional's) loops over the steps of a sequence."""
+    return any(isinstance(layer, keras.layers.RNN) for layer in model._flatten_layers())
+
+
 def is_loss_scale_optimizer(optimizer) -> bool:
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 

@@ -30,6 +30,8 @@ class Run:
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .keras_loss import build_with_loss, is_keras_loss
+        from .keras_private import loops_over_time
+        from .models.containers import KerasModel
         from .optim import make_optimizer, run_schedule
         from .threads import parallel_micro_steps
 
@@ -66,6 +68,7 @@ class Run:
             parallel=parallel_micro_steps(cfg),
             strategy=strategy,
             prepare=self.prepare,
+            sized=isinstance(self.model, KerasModel) and loops_over_time(self.model.network),
             clip_norm=cfg.optimizer.clip_norm,
             norm_layers=self.model.norm_layers,
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,

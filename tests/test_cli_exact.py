@@ -29,11 +29,12 @@ def token_arrays():
     return x, tags, value
 
 
-def tagger(two_outputs=False):
+def tagger(two_outputs=False, lstm=False):
     keras.utils.set_random_seed(11)
     tokens = keras.Input((T,), dtype="int32", name="tokens")
     embedded = keras.layers.Embedding(VOCAB, 6, mask_zero=True, name="embed")(tokens)
-    hidden = keras.layers.Dense(8, activation="tanh", name="hidden")(embedded)
+    hidden_layer = keras.layers.LSTM(8, return_sequences=True, name="hidden") if lstm else None
+    hidden = (hidden_layer or keras.layers.Dense(8, activation="tanh", name="hidden"))(embedded)
     tags = keras.layers.Dense(4, name="tags")(hidden)
     if not two_outputs:
         return keras.Model(tokens, tags)
@@ -48,10 +49,10 @@ def regression():
     return keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
 
 
-def masked_case():
+def masked_case(lstm=False):
     x, tags, _ = token_arrays()
     arrays = dict(x_train=x, y_train=tags, x_test=x[20:32], y_test=tags[20:32])
-    return tagger(), lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True), None, arrays
+    return tagger(lstm=lstm), lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True), None, arrays
 
 
 def two_outputs_case():
@@ -99,19 +100,22 @@ def tokens(split, epoch, seed, path):
     return tf.data.Dataset.from_tensor_slices((arrays[f"x_{split}"], arrays[f"y_{split}"]))
 """
 
-# (case, what it is: model, loss, loss weights, arrays; data from an .npz or the python factory; the learning rate)
+# (case, what it is: model, loss, loss weights, arrays; data from an .npz or the python factory; the learning rate;
+# subdivisions)
 CASES = [
-    ("masked-npz", masked_case, "npz", RATE),
-    ("masked-python", masked_case, "python", RATE),
-    ("mean-with-sample-weight", weighted_mean_case, "npz", 0.05),
-    ("sum", sum_case, "npz", 0.01),
-    ("two-outputs-own-normalisers", two_outputs_case, "npz", RATE),
+    ("masked-npz", masked_case, "npz", RATE, K),
+    ("masked-python", masked_case, "python", RATE, K),
+    # an LSTM is traced for its micro-batch size (engine ``sized``): 4 micro-batches of 4, the short batch's 2 of 1
+    ("masked-lstm-one-size", lambda: masked_case(lstm=True), "npz", RATE, 4),
+    ("mean-with-sample-weight", weighted_mean_case, "npz", 0.05, K),
+    ("sum", sum_case, "npz", 0.01, K),
+    ("two-outputs-own-normalisers", two_outputs_case, "npz", RATE, K),
 ]
 
 
 def prepared(tmp_path, case):
     """The model file (compiled with the loss), the data, the run's config and the oracle after model.fit."""
-    make, source, rate = next((make, source, rate) for name, make, source, rate in CASES if name == case)
+    make, source, rate, k = next(rest for name, *rest in CASES if name == case)
     model, loss, loss_weights, arrays = make()
     model.compile(loss=loss(), loss_weights=loss_weights)
     model.save(tmp_path / "model.keras")
@@ -125,7 +129,7 @@ def prepared(tmp_path, case):
         "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
         "data": data,
         "batch_size": BATCH,
-        "subdivisions": K,
+        "subdivisions": k,
         "epochs": EPOCHS,
         "optimizer": {"name": "sgd", "learning_rate": rate},
     }
@@ -149,9 +153,10 @@ def _targets(arrays, split):
     return named or arrays[f"y_{split}"]
 
 
-def saved_weights(run_dir):
+def saved_weights(run_dir, model):
+    """weights.npz's arrays of ``model``'s weights, in its order (the file also holds an LSTM's seed state)."""
     saved = np.load(run_dir / "weights.npz")
-    return [saved[name] for name in saved.files]
+    return [saved[v.path] for v in model.weights]
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
@@ -159,7 +164,7 @@ def test_a_run_ends_at_model_fit_s_weights_and_test_loss_for_any_normaliser(tmp_
     config, oracle, arrays = prepared(tmp_path, case)
     start = keras.models.load_model(tmp_path / "model.keras", compile=False).get_weights()
     summary = accum_train.run(config, output_dir=tmp_path / "run")
-    weights = saved_weights(tmp_path / "run")
+    weights = saved_weights(tmp_path / "run", oracle)
     assert max_difference(weights, oracle.get_weights()) < 1e-5
     assert max_difference(weights, start) > 1e-3  # it trained
     # the test loss over the whole test set, as Keras gives it for one batch of all of it

@@ -149,9 +149,33 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     accum_train.fit(model, x, y, batch_size=BATCH, subdivisions=2, verbose=0)  # 4 updates, each 2 x 12 examples
     engine = next(iter(_ENGINES[model].values()))[0]
     traces = engine._update_pulled.experimental_get_tracing_count
-    assert traces() == 1
+    assert traces() == 1 and not engine.sized  # a Dense model: traced for no size
+    engine.sized = True  # as for a model that loops over time
     feed = make_feed(x, y, None, None, batch_size=BATCH, shuffle=False, seed=0, steps_per_epoch=None)
-    for k, size, after in [(1, None, 2), (3, None, 2), (4, None, 2), (2, 12, 2), (3, 8, 3), (3, 8, 3)]:
+    for k, size, after in [(1, None, 1), (3, None, 1), (4, None, 1), (2, 12, 2), (3, 8, 3), (3, 8, 3)]:
         out = engine.update_from(iter(feed.dataset(0, 0, Cut(k, 1, (0,)))), BATCH, k, 0, size)
         assert float(out["examples"]) == BATCH and bool(out["applied"])
         assert traces() == after, (k, size)
+
+
+@pytest.mark.parametrize(
+    "layers, batch_size, expected",
+    [
+        ([keras.layers.LSTM(4)], BATCH, [12]),  # loops over time: traced for its micro-batches of 12
+        ([keras.layers.Bidirectional(keras.layers.GRU(2))], BATCH, [12]),  # the loop inside a wrapper
+        ([keras.layers.LSTM(4)], 20, [4, 10]),  # batches of 20, 20, then 8: micro-batches of 10, then of 4
+        ([keras.layers.LSTM(4)], 21, [3]),  # 21 as 10 and 11 (no one size: not sized), then 6 as 3 and 3
+        ([keras.layers.Flatten()], BATCH, []),  # convolutions and Dense layers ran slower so: never sized
+    ],
+)
+def test_a_model_that_loops_over_time_is_traced_for_its_micro_batch_size(monkeypatch, layers, batch_size, expected):
+    from accum_train import engine as engine_module
+
+    seen, real = [], engine_module.sized
+    monkeypatch.setattr(engine_module, "sized", lambda element, size: seen.append(size) or real(element, size))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5, 3)), *layers, keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.random.default_rng(6).normal(size=(N, 5, 3)).astype(np.float32)
+    accum_train.fit(model, x, x[:, 0, :1], batch_size=batch_size, subdivisions=2, verbose=0)
+    assert sorted(set(seen)) == expected  # the sizes of the traces made

@@ -63,5 +63,5 @@ def test_a_masked_per_token_loss_is_exact_on_two_replicas_and_two_workers(tmp_pa
     done = subprocess.run(private_network(command), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("mirrored", "workers"):
-        assert max_difference(saved_weights(tmp_path / name), oracle.get_weights()) < 1e-5, name
+        assert max_difference(saved_weights(tmp_path / name, oracle), oracle.get_weights()) < 1e-5, name
         assert json.loads((tmp_path / name / "summary.json").read_text())["replicas"] == 2

@@ -432,6 +432,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         groups=groups,
         metrics=metrics,
         prepare=_unpacked,
+        sized=keras_private.loops_over_time(model),
         norm_layers=norm_layers,
         strategy=strategy,
         loss_scale=loss_scale,
