@@ -73,7 +73,7 @@ class Accumulator(Update):
     a held batch (``update``; a variable: a new k retraces only for a new micro-batch size). ``groups``: the
     normalisers the data gives (the objective's own by default). ``sized``: trace an update for its micro-batch
     size where every micro-batch holds the same number of examples (feed.with_rows): a model that loops over
-    time (a recurrent layer) runs about a fifth faster on a CPU so, while convolutions ran 5 to 15% slower
+    time (a recurrent layer) runs about a fifth faster on a CPU so, while convolutions ran 5 to 17% slower
     (docs/performance.md). ``shared`` are Update's keyword arguments (clip_norm, norm_layers, strategy,
     loss_scale, growth_steps)."""
 
