@@ -17,7 +17,9 @@ examples as one .npz, then measures, one run each:
           up), the motivating case: there decoding, not tf.data's per-file
           overhead, is the cost, and the parallel pass uses every core.
   train   examples/s of training, the same model and batch, each in a fresh
-          process: accum-train from the folder, accum-train from the .npz,
+          process: accum-train from the folder (its decoded images kept
+          in memory, as they fit, and again read from disk batch by batch,
+          data.keep_decoded: false), accum-train from the .npz,
           and keras.utils.image_dataset_from_directory feeding model.fit
           (rescaled to [0, 1], .prefetch(AUTOTUNE); also with .cache() before
           it, which holds the decoded images in memory after the first epoch
@@ -235,7 +237,9 @@ def check_table(report: dict) -> str:
 
 # the JSON's training rows (after "MODEL/") -> the page's name for each input
 INPUTS = {
-    "accum-train image folder": "accum-train, image folder",
+    "accum-train image folder": "accum-train, image folder (decoded images kept in memory)",
+    "accum-train image folder, read from disk": "accum-train, image folder read from disk batch by batch "
+    "(`data.keep_decoded: false`)",
     "accum-train .npz": "accum-train, .npz",
     "keras image_dataset_from_directory": "`keras.utils.image_dataset_from_directory` + `model.fit`",
     "keras image_dataset_from_directory + cache": "the same with `.cache()` (decoded images held in memory after "
@@ -299,6 +303,12 @@ def main() -> None:
             folder_sets = ["data.name=image_folder", f"data.path={work / 'images'}", "data.channels=1"]
             limits = [f"batch_size={args.batch}", f"data.test_limit={TEST_FILES // 20}"]
             rows[f"{model}/accum-train image folder"] = ours(model, [*folder_sets, *limits], args.epochs, folder_run)
+            rows[f"{model}/accum-train image folder, read from disk"] = ours(
+                model,
+                [*folder_sets, "data.keep_decoded=false", *limits],
+                args.epochs,
+                work / "runs" / f"{model}-folder-streamed",
+            )
             rows[f"{model}/accum-train .npz"] = ours(
                 model,
                 ["data.name=npz", f"data.path={work / 'data.npz'}", *limits],

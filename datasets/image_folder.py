@@ -9,13 +9,18 @@ interleaved by class (the first file of every class, then the second, ...),
 so data.train_limit keeps the classes balanced; the training order is still
 ``epoch_order(seed, epoch)`` over that list.
 
-A split holds only paths and labels (``FileSplit``): ``batches`` reads,
+When the decoded images fit in memory (``data.keep_decoded``; null: when they
+take at most a quarter of the memory available), every file is decoded once
+as the data loads and the splits are arrays (``ArraySplit``, as an .npz's):
+uint8 when every image of a split is at the size, float32 when it is resized.
+Otherwise a split holds only paths and labels (``FileSplit``): ``batches`` reads,
 decodes and resizes the files CHUNK at a time in a parallel tf.data map, in
 the caller's order, and cuts them into batches, so a set larger than memory
-trains and a resumed run sees the same batches. Decoding is ``decode`` everywhere: TensorFlow's decoder
-(``decode_image``), converted to ``data.channels`` (null: 3, RGB) by the
-decoder, resized bilinearly to ``data.image_size`` (an identity at the same
-size). ``read_image`` decodes one file the same way, for ``predict``.
+trains and a resumed run sees the same batches. Both give the same bits.
+Decoding is ``decode`` everywhere: TensorFlow's decoder (``decode_image``),
+converted to ``data.channels`` (null: 3, RGB) by the decoder; an image at
+``data.image_size`` is scaled as an .npz's uint8 array is, any other resized
+bilinearly to it. ``read_image`` decodes one file the same way, for ``predict``.
 
 Before training, every file is decoded once with that same decoder, in
 parallel, and the outcome remembered (image_check.py: a file unchanged since
@@ -34,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .base import Dataset
+from .base import ArraySplit, Dataset, scaled
 from .image_check import UNDECODABLE, check, decode_uint8, problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -70,6 +75,9 @@ def load(data_config, run_dir=None) -> Dataset:
         height, width = _common_size(scanned, sizes)
     shape = (int(height), int(width), channels)
     train, test = (FileSplit(*scanned[split], shape) for split in ("train", "test"))
+    as_stored = {split: bool((sizes[split] == shape[:2]).all()) for split in sizes}
+    if _keeps(data_config.keep_decoded, shape, {split: (len(sizes[split]), as_stored[split]) for split in sizes}):
+        train, test = train.decoded(as_stored["train"]), test.decoded(as_stored["test"])
     return Dataset(
         train=train,
         test=test,
@@ -90,10 +98,16 @@ def decode(contents, input_shape):
 
     height, width, channels = input_shape
     image = decode_uint8(contents, channels)  # uint8 [h, w, C]
-    # Bilinear, without antialiasing, as image_dataset_from_directory; exact identity at the same size,
-    # so images that need no resizing give the same numbers as the same uint8 array in an .npz.
-    image = tf.image.resize(image, (height, width), method="bilinear")
-    return image / 255.0
+    at_size = tf.reduce_all(tf.equal(tf.shape(image)[:2], [height, width]))
+    # An image at the size is converted as an .npz's uint8 array is (scaled), to the same bits: a kept split
+    # (uint8 in memory) and a streamed one then train alike, and so does the same array in an .npz. Any other
+    # is resized bilinearly, without antialiasing, as image_dataset_from_directory does.
+    image = tf.cond(
+        at_size,
+        lambda: scaled(image),
+        lambda: tf.image.resize(image, (height, width), method="bilinear") / 255.0,
+    )
+    return tf.ensure_shape(image, input_shape)
 
 
 def read_image(path, input_shape) -> np.ndarray:
@@ -128,15 +142,16 @@ def _raise_problems(paths: np.ndarray, problems: dict[int, str]):
     raise DataError(f"{os.fsdecode(paths[first])} {what}: {fix}{more}")
 
 
-def _raise_first_bad(paths: np.ndarray, channels: int, err):
-    """A batch failed during the run: name the file that broke since the check."""
+RESTORE_AND_RESUME = "it was fine when the run started: restore it, then resume the run with --resume"
+RESTORE_AND_RERUN = "it was fine when it was checked a moment before: restore it and run again"
+
+
+def _raise_first_bad(paths: np.ndarray, channels: int, err, fix: str = RESTORE_AND_RESUME):
+    """A batch failed during the run (or the decoding of a kept split): name the file that broke since the check."""
     for path in paths:
         what, _ = problem(path, channels)
         if what is not None:
-            raise DataError(
-                f"{os.fsdecode(path)} {what}; it was fine when the run started: restore it, then resume the run "
-                f"with --resume"
-            )
+            raise DataError(f"{os.fsdecode(path)} {what}; {fix}")
     # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
     message = (getattr(err, "message", "") or str(err)).splitlines()[0]
     raise DataError(
@@ -227,6 +242,41 @@ def _limit(scanned, limit: int | None):
     return (paths[:limit], labels[:limit]) if limit else (paths, labels)
 
 
+# keep_decoded null: the decoded images are kept when they take at most this share of the memory available.
+KEEP_SHARE = 0.25
+
+
+def _keeps(keep: bool | None, shape: tuple[int, int, int], splits: dict[str, tuple[int, bool]]) -> bool:
+    """data.keep_decoded, or for null whether the decoded splits ({split: (files, as stored)}) fit: uint8 for a
+    split whose images are all at the size, float32 for one that is resized."""
+    if keep is not None:
+        return keep
+    pixels = int(np.prod(shape))
+    needed = sum(files * pixels * (1 if as_stored else 4) for files, as_stored in splits.values())
+    return needed <= KEEP_SHARE * available_memory()
+
+
+def available_memory() -> int:
+    """Bytes this process could still allocate: the kernel's MemAvailable, less where a cgroup's limit is lower
+    (a container); 0 when neither can be read."""
+    available = 0
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            available = min(available, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
 def _common_size(scanned, sizes) -> tuple[int, int]:
     """The one size of every image (data.image_size null), or a DataError naming the first odd file."""
     first_path, reference = scanned["train"][0][0], tuple(int(n) for n in sizes["train"][0])
@@ -274,6 +324,42 @@ class FileSplit:
 
     def batches(self, order: np.ndarray, batch_size: int) -> StreamedBatches:
         return StreamedBatches(self, np.asarray(order, np.int64), batch_size)
+
+    def decoded(self, as_stored: bool) -> ArraySplit:
+        """Every file decoded once, in order, into memory (data.keep_decoded): uint8 when every image is at the
+        size (``as_stored``; converted as ``decode`` converts it), else the float32 images ``decode`` gives."""
+        import tensorflow as tf
+
+        shape = self.input_shape
+        if as_stored:
+            spec = tf.TensorSpec(shape, tf.uint8)
+            one = lambda path: tf.ensure_shape(decode_uint8(tf.io.read_file(path), shape[2]), shape)  # noqa: E731
+        else:
+            spec = tf.TensorSpec(shape, tf.float32)
+            one = lambda path: decode(tf.io.read_file(path), shape)  # noqa: E731
+        images = np.empty((len(self), *shape), spec.dtype.as_numpy_dtype)
+        if len(self) == 0:
+            return ArraySplit(images, self.labels)
+        # CHUNK files per map call, chunks in parallel and in order, as the streamed pipeline decodes them
+        chunks = (
+            tf.data.Dataset.from_tensor_slices(self.paths)
+            .batch(CHUNK)
+            .map(
+                lambda paths: tf.map_fn(one, paths, fn_output_signature=spec),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+            .prefetch(1)
+        )
+        iterator, done = iter(chunks), 0
+        while done < len(self):
+            try:
+                chunk = next(iterator).numpy()
+            except tf.errors.OpError as err:
+                _raise_first_bad(self.paths[done : done + CHUNK], shape[2], err, RESTORE_AND_RERUN)
+            images[done : done + len(chunk)] = chunk
+            done += len(chunk)
+        return ArraySplit(images, self.labels)
 
     parallel_gather = -1  # tf.data.AUTOTUNE: decoding is the pipeline's work; micro-batches decode side by side
 

@@ -12,6 +12,8 @@ import importlib.util
 import json
 import os
 import signal
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets import load, npz
+from accum_train.datasets.base import ArraySplit
 from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
 from accum_train.train import train
@@ -88,7 +91,14 @@ def test_script_writes_the_same_examples_twice(own_data, data_dir):
 
 def test_folder_classes_are_sorted_and_interleaved(own_data):
     cfg = load_config(
-        None, ["data.name=image_folder", f"data.path={own_data / 'images'}", "data.train_limit=30", "batch_size=10"]
+        None,
+        [
+            "data.name=image_folder",
+            f"data.path={own_data / 'images'}",
+            "data.train_limit=30",
+            "batch_size=10",
+            "data.keep_decoded=false",  # the paths, in the scan's order
+        ],
     )
     data = load(cfg.data)
     assert data.class_names == (
@@ -127,8 +137,9 @@ def test_image_folder_run_learns(folder_run):
 
 
 def test_npz_uint8_trains_to_the_image_folder_weights(tmp_path, repo_root, own_data, folder_run):
-    """The same images as uint8 [N, 28, 28] in the folder's order: the same run, to 1e-6."""
+    """The same images as uint8 [N, 28, 28] in the folder's order: the same run, bit for bit."""
     folder = load(load_config(None, FOLDER_SETS[:2] + [f"data.path={own_data / 'images'}"]).data)
+    assert isinstance(folder.train, ArraySplit)  # keep_decoded null: 2,500 small images fit in memory
     arrays = {}
     for split, part in (("train", folder.train), ("test", folder.test)):
         x, y = part.take(np.arange(len(part)))
@@ -140,8 +151,9 @@ def test_npz_uint8_trains_to_the_image_folder_weights(tmp_path, repo_root, own_d
     summary = json.loads((tmp_path / "npz" / "summary.json").read_text())
     folder_summary = json.loads((folder_run / "summary.json").read_text())
     assert summary["test_accuracy"] >= 0.55
-    assert summary["test_accuracy"] == pytest.approx(folder_summary["test_accuracy"], abs=1e-6)
-    assert max_difference(weights(tmp_path / "npz"), weights(folder_run)) < 1e-6
+    # the same bits: the folder's images at their size are converted as the .npz's uint8 arrays are
+    assert summary["test_accuracy"] == folder_summary["test_accuracy"]
+    assert max_difference(weights(tmp_path / "npz"), weights(folder_run)) == 0
     assert json.loads((tmp_path / "npz" / "dataset.json").read_text())["class_names"] == list(folder.class_names)
 
 
@@ -166,15 +178,18 @@ def test_npz_float_rgb_32x32_with_the_mlp(tmp_path, repo_root, own_data):
 @pytest.mark.slow  # 2 runs and a resume from disk
 @pytest.mark.parametrize("stop_at", [40])  # mid-way through epoch 2 of 3
 def test_image_folder_resume_equals_the_uninterrupted_run(tmp_path, repo_root, own_data, folder_run, stop_at):
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", [*FOLDER_SETS, f"data.path={own_data / 'images'}"])
+    """Read from disk batch by batch, stopped and resumed: the weights of the uninterrupted run, which kept the
+    decoded images in memory (data.keep_decoded null, as they fit), bit for bit."""
+    sets = [*FOLDER_SETS, f"data.path={own_data / 'images'}", "data.keep_decoded=false"]
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", sets)
     with pytest.raises(Interrupted) as stop:
         train(cfg, tmp_path / "cut", progress=InterruptAt(stop_at))
     assert (stop.value.step, stop.value.signum) == (stop_at, signal.SIGINT)
     resumed = train(cfg, tmp_path / "cut", resume=True)
     assert resumed["steps"] == 96
-    assert max_difference(weights(tmp_path / "cut"), weights(folder_run)) < 1e-6
+    assert max_difference(weights(tmp_path / "cut"), weights(folder_run)) == 0
     full = json.loads((folder_run / "summary.json").read_text())
-    assert resumed["test_accuracy"] == pytest.approx(full["test_accuracy"], abs=1e-6)
+    assert resumed["test_accuracy"] == full["test_accuracy"]
 
 
 # ----------------------------------------------------------------------------
@@ -224,6 +239,75 @@ def test_decode_is_the_same_in_batches_take_and_read_image(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "sizes, image_size, stored",
+    [
+        ([(6, 5), (6, 5)], "null", np.uint8),  # every image at the size: kept as uint8, scaled as an .npz's
+        ([(6, 5), (9, 4)], "[6, 5]", np.float32),  # one resized: the split kept as decode's float32
+        ([(7, 7), (3, 8)], "[6, 5]", np.float32),
+    ],
+)
+def test_a_kept_split_gives_the_bits_of_the_streamed_one(tmp_path, sizes, image_size, stored):
+    rng = np.random.default_rng(1)
+    for split in ("train", "test"):
+        for name, size in zip("ab", sizes):
+            for i in range(3):
+                write_png(tmp_path / "d" / split / name / f"{i}.png", rng.integers(0, 256, size, dtype=np.uint8))
+    sets = ["data.channels=1", f"data.image_size={image_size}"]
+    kept, streamed = (folder_data(tmp_path / "d", *sets, f"data.keep_decoded={keep}") for keep in ("true", "false"))
+    assert isinstance(kept.train, ArraySplit) and isinstance(streamed.train, FileSplit)
+    assert kept.train.images.dtype == stored and kept.train.images.shape == (6, 6, 5, 1)
+    order = np.array([5, 0, 3, 1, 4, 2])
+    for a, b in zip(kept.train.batches(order, 4), streamed.train.batches(order, 4)):
+        np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
+        np.testing.assert_array_equal(a[1].numpy(), b[1].numpy())
+    np.testing.assert_array_equal(kept.test.take(order)[0].numpy(), streamed.test.take(order)[0].numpy())
+    if stored == np.uint8:  # and the bits of the same uint8 array in an .npz
+        arrays = ArraySplit(kept.train.images, kept.train.labels)
+        np.testing.assert_array_equal(arrays.take(order)[0].numpy(), streamed.train.take(order)[0].numpy())
+
+
+@pytest.mark.parametrize(
+    "keep, files, as_stored, available, kept",
+    [
+        ("null", (2, 2), (True, True), 4 * (2 + 2) * 6 * 5, True),  # uint8: 4 images of 30 bytes, a quarter
+        ("null", (2, 2), (True, True), 4 * (2 + 2) * 6 * 5 - 1, False),
+        ("null", (2, 2), (True, False), 4 * (2 + 2 * 4) * 6 * 5, True),  # a resized split takes float32
+        ("null", (2, 2), (True, False), 4 * (2 + 2 * 4) * 6 * 5 - 1, False),
+        ("true", (2, 2), (True, True), 0, True),
+        ("false", (2, 2), (True, True), 10**12, False),
+    ],
+)
+def test_keep_decoded_null_keeps_what_takes_a_quarter_of_the_memory(keep, files, as_stored, available, kept):
+    from accum_train.datasets import image_folder
+
+    data = load_config(None, ["data.name=image_folder", "data.path=d", f"data.keep_decoded={keep}"]).data
+    splits = dict(zip(("train", "test"), zip(files, as_stored)))
+    with mock.patch.object(image_folder, "available_memory", return_value=available):
+        assert image_folder._keeps(data.keep_decoded, (6, 5, 1), splits) is kept
+
+
+def test_available_memory_is_the_kernel_s_figure():
+    from accum_train.datasets.image_folder import available_memory
+
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+    assert 0 < available_memory() <= int(line.split()[1]) * 1024 * 1.1  # the kernel's, or a lower cgroup limit
+
+
+def test_a_file_broken_before_it_is_kept_is_named(tmp_path):
+    root = tiny_folder(tmp_path / "d")
+    split = folder_data(root, "data.channels=1", "data.keep_decoded=false").train
+    removed = os.fsdecode(split.paths[7])
+    os.unlink(removed)
+    with pytest.raises(DataError) as err:
+        split.decoded(as_stored=True)
+    assert str(err.value) == (
+        f"{removed} cannot be read (No such file or directory); it was fine when it was checked a moment before: "
+        f"restore it and run again"
+    )
+
+
+@pytest.mark.parametrize(
     "setup, message",
     [
         ("missing", "cannot read {p}: No such file or directory"),
@@ -252,7 +336,7 @@ def test_image_folder_is_read_from_disk_batch_by_batch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(image_folder, "CHUNK", 4)
     root = tiny_folder(tmp_path / "d")
-    data = folder_data(root, "data.channels=1")
+    data = folder_data(root, "data.channels=1", "data.keep_decoded=false")
     split = data.train
     assert isinstance(split, FileSplit) and set(vars(split)) == {"paths", "labels", "input_shape"}
     assert split.paths.dtype.kind == "S" and len(split) == 18
@@ -282,7 +366,14 @@ def test_a_file_removed_during_training_is_named_by_the_update_that_reads_it(tmp
     """The update pulls its micro-batches, decoded in the pipeline as it goes: a file gone since the check stops
     the run with the DataError that names it, at the update whose micro-batch holds it."""
     root = tiny_folder(tmp_path / "d")
-    sets = ["data.channels=1", "model.name=mlp", "model.hidden=8", "batch_size=6", "subdivisions=2"]
+    sets = [
+        "data.channels=1",
+        "data.keep_decoded=false",
+        "model.name=mlp",
+        "model.hidden=8",
+        "batch_size=6",
+        "subdivisions=2",
+    ]
     cfg = load_config(None, ["data.name=image_folder", f"data.path={root}", *sets, "epochs=1", "data.shuffle=false"])
     data = load(cfg.data)
     removed = os.fsdecode(data.train.paths[file])
@@ -300,7 +391,7 @@ def test_a_file_broken_in_a_chunk_that_spans_two_batches_is_named(tmp_path, monk
     before the file's own is built, and the file is still named."""
     from accum_train.datasets import image_folder
 
-    data = folder_data(tiny_folder(tmp_path / "d"), "data.channels=1")
+    data = folder_data(tiny_folder(tmp_path / "d"), "data.channels=1", "data.keep_decoded=false")
     monkeypatch.setattr(image_folder, "CHUNK", 3)  # chunks 0-2, 3-5, ...; batches 0-3, 4-7, ...
     removed = os.fsdecode(data.train.paths[5])  # batch 1, in chunk 3-5, which batch 0 needs
     os.unlink(removed)
@@ -625,6 +716,15 @@ CONFIG_CASES = [
         ["data.name=npz", "data.path=x.npz", "data.image_size=[28, 28]"],
         "--set: data.image_size is only for data.name=image_folder, not npz: an .npz's images are used at their "
         "own size",
+    ),
+    (
+        ["data.name=npz", "data.path=x.npz", "data.keep_decoded=true"],
+        "--set: data.keep_decoded is only for data.name=image_folder, not npz: an .npz's arrays are held in "
+        "memory already",
+    ),
+    (
+        ["data.name=image_folder", "data.path=d", "data.keep_decoded=maybe"],
+        "--set: data.keep_decoded='maybe' must be true or false",
     ),
     (
         ["data.name=npz", "data.path=x.npz", "data.num_classes=1"],

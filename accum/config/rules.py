@@ -288,6 +288,7 @@ DATA_KEYS_FOR = {
     "path": ("npz", "image_folder"),
     "image_size": ("image_folder",),
     "channels": ("image_folder",),
+    "keep_decoded": ("image_folder",),
     "num_classes": ("npz",),
     "factory": ("python",),
     "shuffle_buffer": ("python",),
@@ -300,6 +301,7 @@ DATA_KEY_HINTS = {
     "or image_folder",
     ("image_size", "npz"): "an .npz's images are used at their own size",
     ("channels", "npz"): "an .npz's channels are its images' last axis",
+    ("keep_decoded", "npz"): "an .npz's arrays are held in memory already",
     ("num_classes", "image_folder"): "the classes are the folder's class folders",
 }
 

@@ -259,6 +259,11 @@ class DataConfig:
         help="image_folder: decode every image to 1 (grayscale) or 3 (RGB) "
         "channels; null: 3, as keras.utils.image_dataset_from_directory",
     )
+    keep_decoded: bool | None = _spec(
+        None,
+        help="image_folder: decode every image once when the data loads and train from memory; false: decode "
+        "each batch's files as it comes; null: keep them when they take at most a quarter of the memory available",
+    )
     num_classes: int | None = _spec(
         None,
         minimum=2,
