@@ -110,6 +110,38 @@ def decode(contents, input_shape):
     return tf.ensure_shape(image, input_shape)
 
 
+def decode_files(paths, input_shape, as_stored: bool = False):
+    """Files ``paths`` (a string tensor [n]) read and decoded in a loop in the graph: float32 [n, H, W, C] as
+    ``decode`` gives them, or with ``as_stored`` the uint8 images themselves (every one must be at the size)."""
+    import tensorflow as tf
+
+    if as_stored:
+        one = lambda path: tf.ensure_shape(decode_uint8(tf.io.read_file(path), input_shape[2]), input_shape)  # noqa: E731
+    else:
+        one = lambda path: decode(tf.io.read_file(path), input_shape)  # noqa: E731
+    spec = tf.TensorSpec(input_shape, tf.uint8 if as_stored else tf.float32)
+    return tf.map_fn(one, paths, fn_output_signature=spec)
+
+
+def in_chunks(paths: np.ndarray, labels: np.ndarray, input_shape, as_stored: bool = False):
+    """A tf.data.Dataset of (images, labels), CHUNK files at a time, ``decode_files``d.
+
+    CHUNK files per map call, decoded in a loop in the graph: per file, tf.data's own cost is larger than a small
+    PNG's decode (measured with the check, image_check.decode_sizes). Chunks are decoded in parallel and in order
+    (deterministic=True)."""
+    import tensorflow as tf
+
+    return (
+        tf.data.Dataset.from_tensor_slices((paths, labels))
+        .batch(CHUNK)
+        .map(
+            lambda chunk, chunk_labels: (decode_files(chunk, input_shape, as_stored), chunk_labels),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    )
+
+
 def read_image(path, input_shape) -> np.ndarray:
     """One image file decoded as training decodes it: float32 [H, W, C] in [0, 1].
 
@@ -331,30 +363,14 @@ class FileSplit:
         import tensorflow as tf
 
         shape = self.input_shape
-        if as_stored:
-            spec = tf.TensorSpec(shape, tf.uint8)
-            one = lambda path: tf.ensure_shape(decode_uint8(tf.io.read_file(path), shape[2]), shape)  # noqa: E731
-        else:
-            spec = tf.TensorSpec(shape, tf.float32)
-            one = lambda path: decode(tf.io.read_file(path), shape)  # noqa: E731
-        images = np.empty((len(self), *shape), spec.dtype.as_numpy_dtype)
+        images = np.empty((len(self), *shape), np.uint8 if as_stored else np.float32)
         if len(self) == 0:
             return ArraySplit(images, self.labels)
-        # CHUNK files per map call, chunks in parallel and in order, as the streamed pipeline decodes them
-        chunks = (
-            tf.data.Dataset.from_tensor_slices(self.paths)
-            .batch(CHUNK)
-            .map(
-                lambda paths: tf.map_fn(one, paths, fn_output_signature=spec),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-            .prefetch(1)
-        )
+        chunks = in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1)
         iterator, done = iter(chunks), 0
         while done < len(self):
             try:
-                chunk = next(iterator).numpy()
+                chunk = next(iterator)[0].numpy()
             except tf.errors.OpError as err:
                 _raise_first_bad(self.paths[done : done + CHUNK], shape[2], err, RESTORE_AND_RERUN)
             images[done : done + len(chunk)] = chunk
@@ -367,10 +383,7 @@ class FileSplit:
         """Examples ``indices`` (a tensor), decoded: (float32 images, int32 labels)."""
         import tensorflow as tf
 
-        shape = self.input_shape
-        paths = tf.gather(tf.constant(self.paths), indices)
-        one = lambda path: decode(tf.io.read_file(path), shape)  # noqa: E731
-        images = tf.map_fn(one, paths, fn_output_signature=tf.TensorSpec(shape, tf.float32))
+        images = decode_files(tf.gather(tf.constant(self.paths), indices), self.input_shape)
         return images, tf.gather(tf.constant(self.labels), indices)
 
     @staticmethod
@@ -391,25 +404,11 @@ class StreamedBatches:
 
     @property
     def dataset(self):
-        import tensorflow as tf
-
-        shape = self.split.input_shape
-        examples = tf.data.Dataset.from_tensor_slices((self.split.paths[self.order], self.split.labels[self.order]))
-
-        def decoded(paths, labels):
-            one = lambda path: decode(tf.io.read_file(path), shape)  # noqa: E731
-            return tf.map_fn(one, paths, fn_output_signature=tf.TensorSpec(shape, tf.float32)), labels
-
-        # CHUNK files per map call, decoded in a loop in the graph: per file, tf.data's own cost is larger
-        # than a small PNG's decode (measured with the check, image_check.decode_sizes). Chunks are decoded
-        # in parallel and in order (deterministic=True), then cut into the caller's batches; one batch
-        # waiting, no more (see ArraySplit.batches).
-        return (
-            examples.batch(CHUNK)
-            .map(decoded, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            .rebatch(self.batch_size)
-            .prefetch(1)
-        )
+        split = self.split
+        # decoded in chunks (in_chunks), then cut into the caller's batches; one batch waiting, no more (see
+        # ArraySplit.batches)
+        chunks = in_chunks(split.paths[self.order], split.labels[self.order], split.input_shape)
+        return chunks.rebatch(self.batch_size).prefetch(1)
 
     def __iter__(self):
         import tensorflow as tf
