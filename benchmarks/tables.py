@@ -323,7 +323,7 @@ def noise_scale(report: dict, group: int = 6) -> str:
 
 def headline(reports: dict) -> str:
     """The README's results table: one figure per claim, each from its benchmark's JSON (``reports``: file name
-    -> JSON), with the command that measured it and the page that holds the whole table."""
+    -> JSON), with the command that measured it and the results page that holds the whole table."""
     masked, peers, memory = reports["peers-masked.json"], reports["peers.json"], reports["memory-batch.json"]
     distance, ratios = masked["distance"], peers["ratios"]
     base, whole = peers["memory"][A1], peers["memory"]["(e) plain, whole batch"]
@@ -341,14 +341,14 @@ def headline(reports: dict) -> str:
             f"{two_figures(distance['keras GA']['max_abs'])} ({two_figures(distance['keras GA']['relative'])} "
             "of the step)",
             f"`python benchmarks/peers_masked.py --rounds {masked['args']['rounds']}`",
-            "[fit](docs/fit.md)",
+            "[fit](docs/results/fit.md)",
         ),
         (
             "examples per CPU-second against Keras' own accumulation (its best variant), seed convnet, "
             f"k={peers['args']['k']}",
             f"{against(ratios['a/b examples per CPU-second'], True)}x",
             "`python benchmarks/peers.py`",
-            "[performance](docs/performance.md)",
+            "[performance](docs/results/performance.md)",
         ),
         (
             f"TF allocator peak, k={base['subdivisions']} one micro-step at a time against one pass, "
@@ -356,7 +356,7 @@ def headline(reports: dict) -> str:
             f"{against(ratios['a1/e TF allocator peak'], False)}x ({mib(base['peak_memory_bytes'])} against "
             f"{mib(whole['peak_memory_bytes'])})",
             "`python benchmarks/peers.py`",
-            "[performance](docs/performance.md)",
+            "[performance](docs/results/performance.md)",
         ),
         (
             f"TF allocator peak from batch {batches[0]} to the whole training set ({batches[-1]}), micro-batch "
@@ -368,7 +368,7 @@ def headline(reports: dict) -> str:
             )
             + f" (the largest {against(max(peaks) / min(peaks), False)}x the smallest)",
             "`python benchmarks/memory_batch.py`",
-            "[memory](docs/memory.md)",
+            "[memory](docs/results/memory.md)",
         ),
     ]
     if "main-job.json" in reports:
@@ -379,7 +379,7 @@ def headline(reports: dict) -> str:
                 f"{job['subdivisions']} micro-batches per update)",
                 f"{job['test_accuracy']:.4f}",
                 "`make main`",
-                "[development](docs/development.md)",
+                "[development](docs/results/development.md)",
             )
         )
     lines = ["| what | measured | command | page |", "|---|---|---|---|"]

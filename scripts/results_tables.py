@@ -1,4 +1,5 @@
-"""Write the docs/ pages' results tables from the JSON their benchmark wrote, or check that they are current.
+"""Write the results tables (docs/results/, the README's headline) from the JSON their benchmark wrote, or check
+that they are current.
 
 A generated table stands between two markers naming its source and kind:
 
@@ -85,7 +86,11 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 where a generated table is not current")
     options = parser.parse_args(argv)
     stale = []
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for page in [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "docs" / "results").glob("*.md")),
+    ]:
         text = page.read_text()
         fresh = BLOCK.sub(lambda m: m["open"] + render(m["source"], m["kind"]) + m["close"], text)
         if fresh != text:

@@ -192,6 +192,19 @@ def test_the_readme_is_short(repo_root):
     assert len((repo_root / "README.md").read_text().splitlines()) <= 300
 
 
+def test_the_guide_pages_name_no_commit(repo_root):
+    """The README and docs/*.md say what holds now: a commit goes with its measured figure under docs/results/,
+    or with its history in CHANGELOG.md. A commit is a word of 7 to 40 hex digits with a letter and a digit."""
+    import re
+
+    named = []
+    for page in [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            words = re.findall(r"\b[0-9a-f]{7,40}\b", line)
+            named += [f"{page.name}:{number}: {w}" for w in words if re.search("[a-f]", w) and re.search("[0-9]", w)]
+    assert named == []
+
+
 def test_every_relative_link_resolves(repo_root):
     """Markdown links to files of the repository (not URLs, not anchors) name files that exist."""
     import re
@@ -235,7 +248,7 @@ def test_the_results_tables_are_their_json_s(repo_root):
     # every benchmark JSON of docs/ is the source of a generated table: none can go back to being typed by hand
     import re
 
-    text = "\n".join(page.read_text() for page in (repo_root / "docs").glob("*.md"))
+    text = "\n".join(page.read_text() for page in (repo_root / "docs").rglob("*.md"))
     sources = set(re.findall(r"<!-- table from docs/(\S+\.json): [\w-]+ -->", text))
     expected = {
         "large-batch.json",
