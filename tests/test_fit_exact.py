@@ -249,3 +249,40 @@ def test_batchnorm_moving_statistics_move_once_per_update_from_the_pooled_batch(
         moved = getattr(norm, name).numpy()
         assert np.max(np.abs(moved - getattr(expected, name).numpy())) < 1e-6, name
         assert np.max(np.abs(moved - (0.0 if name == "moving_mean" else 1.0))) > 1e-3, name
+
+
+def keras_io_convnet():
+    """The shape of keras-io's MNIST convnet, small: Conv2D, MaxPooling2D, Conv2D, Flatten, Dense softmax."""
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(6, 2, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4, activation="softmax"),
+        ]
+    )
+
+
+def test_a_keras_io_convnet_with_validation_split_ends_at_model_fit_s_weights_and_val_logs():
+    """Images, one-hot labels, validation_split: the last 10 of 50 examples held out, evaluated in batches of 4
+    (three of them, the last short) after each epoch; k=2 over batches of 16."""
+    images = RNG.random((N, 8, 8, 1), dtype=np.float32)
+    labels = np.eye(4, dtype=np.float32)[RNG.integers(0, 4, N)]
+    models = []
+    for _ in range(2):
+        keras.utils.set_random_seed(1)
+        model = keras_io_convnet()
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="categorical_crossentropy", metrics=["accuracy"])
+        models.append(model)
+    oracle, ours = models
+    start = [w.copy() for w in ours.get_weights()]
+    same = {"batch_size": BATCH, "epochs": EPOCHS, "validation_split": 0.2, "validation_batch_size": 4}
+    expected = oracle.fit(images, labels, shuffle=False, verbose=0, **same)
+    history = accum_train.fit(ours, images, labels, subdivisions=2, shuffle=False, verbose=0, **same)
+    assert max_relative_difference(ours.get_weights(), expected.model.get_weights()) < 1e-5
+    assert max_difference(ours.get_weights(), start) > 1e-2  # it trained
+    assert list(expected.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    for name, values in expected.history.items():
+        assert history.history[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
