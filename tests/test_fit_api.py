@@ -181,6 +181,15 @@ SOURCES = {
         {},
     ),
     "PyDataset": (Batches(), {"shuffle": False}),
+    # a plain Python generator and iterator: one stream, each epoch reading on (model.fit's way)
+    "Python generator": (
+        ((X[i : i + BATCH], Y[i : i + BATCH]) for _ in range(2) for i in range(0, N, BATCH)),
+        {"steps_per_epoch": 4},
+    ),
+    "iterator": (
+        iter([(X[i : i + BATCH], Y[i : i + BATCH]) for _ in range(2) for i in range(0, N, BATCH)]),
+        {"steps_per_epoch": 4},
+    ),
     "repeat with steps_per_epoch": (PAIRS.batch(BATCH).repeat(), {"steps_per_epoch": 4}),
 }
 
@@ -297,6 +306,103 @@ def test_an_optimizer_object_for_an_uncompiled_model():
     assert int(model.optimizer.iterations.numpy()) == 4
 
 
+def batches(passes=1, start=0):
+    """A Python generator of the arrays' batches, ``passes`` times over (pass p's targets moved by p), from batch
+    ``start`` on."""
+    every = [(X[i : i + BATCH], Y[i : i + BATCH] + p) for p in range(passes) for i in range(0, N, BATCH)]
+    yield from every[start:]
+
+
+def test_a_generator_without_steps_per_epoch_is_read_to_its_end_once_then_training_stops():
+    model = regression()
+    with pytest.warns(UserWarning, match="Your input ran out of data; interrupting training"):
+        history = accum_train.fit(model, batches(), subdivisions=2, epochs=3, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 4
+    assert history.epoch == [0]
+
+
+def test_a_generator_resumed_from_its_run_directory_reads_on_from_the_update_it_stopped_at(tmp_path):
+    whole = regression()
+    accum_train.fit(whole, batches(2), subdivisions=2, steps_per_epoch=4, epochs=2, verbose=0)
+    model = regression()
+    accum_train.fit(model, batches(2), subdivisions=2, steps_per_epoch=4, epochs=1, verbose=0, output_dir=tmp_path)
+    # the next call gets a generator as the first one got it: it passes over the epoch already trained
+    accum_train.fit(model, batches(2), subdivisions=2, steps_per_epoch=4, epochs=2, verbose=0, output_dir=tmp_path)
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert max_difference(model.get_weights(), whole.get_weights()) == 0.0
+
+
+def test_model_fit_s_positional_order(from_arrays):
+    model = regression()
+    accum_train.fit(model, X, Y, BATCH, 2, 0, None, 0.0, None, False, subdivisions=3)  # ... verbose, callbacks, ...
+    assert max_difference(model.get_weights(), from_arrays) == 0.0
+
+
+def test_no_seed_leaves_every_global_random_state_as_it_was_and_a_seed_repeats_the_call():
+    import random
+
+    def draws():
+        return random.random(), float(np.random.random())
+
+    random.seed(5)
+    np.random.seed(5)
+    expected = draws()
+    random.seed(5)
+    np.random.seed(5)
+    orders = []
+    for _ in range(2):
+        model = regression()
+        random.seed(5)
+        np.random.seed(5)
+        accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, verbose=0)
+        assert draws() == expected  # model.fit's way: nothing global reset
+        orders.append(model.get_weights())
+    assert max_difference(*orders) > 0.0  # each call shuffled afresh
+    seeded = []
+    for _ in range(2):
+        model = regression()
+        accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, verbose=0, seed=3)
+        seeded.append(model.get_weights())
+    assert max_difference(*seeded) == 0.0
+
+
+class EagerProbe(keras.layers.Layer):
+    """Records whether each call ran eagerly."""
+
+    def __init__(self):
+        super().__init__()
+        self.eager = []
+
+    def call(self, inputs):
+        self.eager.append(tf.executing_eagerly())
+        return inputs
+
+
+def test_run_eagerly_runs_the_micro_steps_eagerly_to_the_weights_of_the_graph():
+    graphed = regression()
+    accum_train.fit(graphed, X, Y, batch_size=BATCH, subdivisions=3, shuffle=False, verbose=0)
+    keras.utils.set_random_seed(1)
+    probe = EagerProbe()
+    model = keras.Sequential(
+        [keras.Input((6,)), probe, keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)], name="eager"
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"], run_eagerly=True)
+    accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=3, shuffle=False, verbose=0)
+    assert probe.eager.count(True) == 12  # each micro-step of the 4 updates, op by op (the rest: building)
+    assert max_difference(model.get_weights(), graphed.get_weights()) < 1e-6
+    assert not tf.config.functions_run_eagerly()  # as it was before the call
+
+
+def test_jit_compile_is_said_not_applied_in_one_warning():
+    model = compiled_with(jit_compile=True)
+    with pytest.warns(UserWarning) as caught:
+        accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, verbose=0)
+    assert [str(w.message) for w in caught if "jit_compile" in str(w.message)] == [
+        "accum_train.fit: model 'regression' is compiled with jit_compile=True, which accum_train.fit does not "
+        "apply yet: its updates run as TensorFlow graphs without XLA"
+    ]
+
+
 class OwnStep(keras.Model):
     def train_step(self, data):
         return super().train_step(data)
@@ -306,6 +412,12 @@ def own_step_model():
     inputs = keras.Input((6,))
     model = OwnStep(inputs, keras.layers.Dense(1)(inputs))
     model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def compiled_with(**compile_options):
+    model = regression()
+    model.compile(optimizer="sgd", loss="mse", **compile_options)
     return model
 
 
@@ -424,6 +536,45 @@ BAD = [
         regression,
         lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, precision="float16"),
         "accum_train.fit: precision='float16' is not one of float32, mixed_float16, mixed_bfloat16 (None: the model's)",
+    ),
+    (
+        lambda: compiled_with(steps_per_execution=4),
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH),
+        "accum_train.fit: model 'regression' is compiled with steps_per_execution=4: accum_train.fit runs one "
+        "update per graph call (its micro-steps inside it); compile with steps_per_execution=1",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, iter([[X, Y]])),
+        "accum_train.fit: x yielded a list: a generator of batches yields tuples (x,), (x, y) or (x, y, sample_weight)",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, iter([])),
+        "accum_train.fit: x is a generator that yields no batch: it must yield at least one",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, batches(), Y),
+        "accum_train.fit: x is a generator, which gives its own batches: leave y out",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, batches(), micro_batch_size="auto"),
+        "accum_train.fit: micro_batch_size='auto' retries an update that runs out of memory from the same batch, "
+        "which a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, X, Y, batch_size=BATCH, validation_data=batches()),
+        "accum_train.fit: validation_data is a generator, which the validation of every epoch would read again: "
+        "pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, batches(), validation_split=0.2),
+        "accum_train.fit: validation_split=0.2 needs arrays and a fraction in (0, 1): pass validation_data for a "
+        "dataset",
     ),
     (
         lambda: None,

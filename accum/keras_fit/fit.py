@@ -15,7 +15,9 @@ accumulator ``accum-train run`` trains on (engine.py).
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
+import warnings
 import weakref
 from pathlib import Path
 
@@ -47,27 +49,27 @@ def fit(
     model,
     x=None,
     y=None,
-    *,
     batch_size=None,
-    subdivisions=None,
-    micro_batch_size=None,
     epochs=1,
+    verbose="auto",
     callbacks=None,
+    validation_split=0.0,
     validation_data=None,
     shuffle=True,
-    sample_weight=None,
     class_weight=None,
+    sample_weight=None,
     initial_epoch=0,
     steps_per_epoch=None,
-    verbose="auto",
-    seed=0,
-    precision=None,
-    strategy=None,
-    output_dir=None,
-    validation_split=0.0,
     validation_steps=None,
     validation_batch_size=None,
     validation_freq=1,
+    *,
+    subdivisions=None,
+    micro_batch_size=None,
+    seed=None,
+    precision=None,
+    strategy=None,
+    output_dir=None,
     optimizer=None,
     learning_rate=None,
 ):
@@ -77,8 +79,10 @@ def fit(
     replica and update) or ``micro_batch_size`` (the fewest micro-batches that
     keep each within it; "auto": the whole batch at first, and an update that
     runs out of memory retried from the same data at twice the micro-batches);
-    neither: one pass per update. ``seed`` fixes the
-    order arrays are shuffled in (and Keras' random state). ``precision``:
+    neither: one pass per update. ``seed``: None (model.fit's way) draws the
+    order arrays are shuffled in afresh and touches no global random state; an
+    int fixes that order and Keras' random state (``keras.utils.set_random_seed``),
+    so the call repeats exactly. ``precision``:
     "float32", "mixed_float16" or "mixed_bfloat16" for this call (None: the
     model's own policy); float16 gets one dynamic loss scale per update.
     ``strategy``: a tf.distribute strategy the model was created under (None:
@@ -93,7 +97,9 @@ def fit(
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
     if shuffle not in (True, False, "batch"):
         raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
-    keras.utils.set_random_seed(seed)
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    seed = _order_seed(seed, output_dir, strategy)
     _compile_if_needed(model, strategy, optimizer, learning_rate)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise UserError(
@@ -119,6 +125,11 @@ def fit(
             f"(a micro-batch holds at least one example)"
         )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
+    if auto and getattr(feed, "once", False):
+        raise UserError(
+            f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
+            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples"
+        )
     if auto:
         k = 1
     else:
@@ -127,7 +138,15 @@ def fit(
     validation = None
     if validation_data is not None:
         validation = _validation_feed(validation_data, validation_batch_size or feed.batch_size)
+    if getattr(model, "_jit_compile", None):  # set by compile(), the default "auto" too on a GPU
+        warnings.warn(
+            f"{WHERE}: model {model.name!r} is compiled with jit_compile=True, which accum_train.fit does not apply "
+            f"yet: its updates run as TensorFlow graphs without XLA",
+            stacklevel=2,
+        )
     with contextlib.ExitStack() as restore:
+        if getattr(model, "run_eagerly", False):
+            restore.enter_context(_eagerly())
         restore.enter_context(_precision(model, precision))
         _check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
@@ -175,6 +194,38 @@ def fit(
     return history
 
 
+def _order_seed(seed, output_dir, strategy) -> int:
+    """The seed of the data order: ``seed`` if given; else the one a run directory being resumed recorded; else
+    a fresh one from the operating system's entropy (NumPy's global state untouched). Several workers must
+    shuffle alike, so there a seed is needed."""
+    if seed is not None:
+        return seed
+    if output_dir is not None:
+        from .rundir import recorded_seed
+
+        recorded = recorded_seed(Path(output_dir))
+        if recorded is not None:
+            return recorded
+    if len(local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
+        raise UserError(
+            f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
+            f"seed=<int>, the same on every worker"
+        )
+    return int(np.random.SeedSequence().generate_state(1)[0])
+
+
+@contextlib.contextmanager
+def _eagerly():
+    """compile(run_eagerly=True), as model.fit honours it: every micro-step, the finish and the evaluation run
+    op by op in Python (to debug with print and pdb), with the same results; the setting as it was after."""
+    before = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(True)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(before)
+
+
 def _check_model(model) -> None:
     if not isinstance(model, keras.Model):
         raise UserError(f"{WHERE}: model is a {type(model).__name__}, not a keras.Model: pass a Keras 3 model")
@@ -185,6 +236,12 @@ def _check_model(model) -> None:
                 f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
                 f"compile(loss=...) or add it with add_loss, or train with model.fit"
             )
+    steps = getattr(model, "steps_per_execution", 1)
+    if steps != 1:
+        raise UserError(
+            f"{WHERE}: model {model.name!r} is compiled with steps_per_execution={steps}: accum_train.fit runs "
+            f"one update per graph call (its micro-steps inside it); compile with steps_per_execution=1"
+        )
     if getattr(model, "optimizer", None) is not None:
         steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
         if steps:
@@ -290,7 +347,7 @@ def _split_validation(x, y, sample_weight, validation_data, validation_split):
         return (x, y, sample_weight), validation_data
     if validation_data is not None:
         raise UserError(f"{WHERE}: give validation_data or validation_split, not both")
-    if is_dataset(x) or isinstance(x, keras.utils.PyDataset) or not 0 < validation_split < 1:
+    if _streamed(x) or not 0 < validation_split < 1:
         raise UserError(
             f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
             f"pass validation_data for a dataset"
@@ -307,7 +364,17 @@ def _split_validation(x, y, sample_weight, validation_data, validation_split):
     return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))
 
 
+def _streamed(x) -> bool:
+    """A dataset, a PyDataset or a generator: batches read as they come, not arrays held."""
+    return is_dataset(x) or isinstance(x, (keras.utils.PyDataset, collections.abc.Iterator))
+
+
 def _validation_feed(validation_data, batch_size):
+    if isinstance(validation_data, collections.abc.Iterator):
+        raise UserError(
+            f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
+            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset"
+        )
     if is_dataset(validation_data) or isinstance(validation_data, keras.utils.PyDataset):
         return make_feed(
             validation_data,

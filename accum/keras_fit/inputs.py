@@ -2,7 +2,8 @@
 
 Arrays (numpy, or anything numpy reads; dicts and lists of them for several
 inputs or outputs), a ``tf.data.Dataset`` (of batches, or of single examples
-with ``batch_size``), or a ``keras.utils.PyDataset``. Every source becomes a
+with ``batch_size``), a ``keras.utils.PyDataset``, or a Python generator (any
+iterator) of batches. Every source becomes a
 ``tf.data`` pipeline whose elements are the micro-batches of this process's
 replicas, in the order the update pulls them: for each update, for each of its
 ``k`` micro-steps, one element per local replica. Each replica takes a
@@ -26,6 +27,8 @@ then adds no collective to each pull to agree on that.
 
 from __future__ import annotations
 
+import collections.abc
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -244,6 +247,62 @@ class DatasetFeed:
             self.py_adapter.on_epoch_end()
 
 
+class GeneratorFeed(DatasetFeed):
+    """A Python generator or iterator of batches, (x,), (x, y) or (x, y, sample_weight), as model.fit reads
+    one: a single stream, read once, each epoch going on where the last stopped (``steps_per_epoch`` batches,
+    else to its end). Its element types and shapes come from its first two batches (model.fit's rule: an axis
+    they disagree on may vary). A call that resumes a run directory skips the batches the run had read, so a
+    generator that yields the same batches again resumes exactly."""
+
+    once = True  # an epoch after its end has nothing to read
+
+    def __init__(self, iterator, *, class_weight, steps_per_epoch, name):
+        peeked = [_batch_as_arrays(batch, name) for batch in itertools.islice(iterator, 2)]
+        if not peeked:
+            raise UserError(f"{WHERE}: {name} is a generator that yields no batch: it must yield at least one")
+        shape_of = lambda batch: tf.nest.map_structure(lambda a: None, batch)  # noqa: E731
+        if len(peeked) > 1 and shape_of(peeked[0]) != shape_of(peeked[1]):
+            raise UserError(f"{WHERE}: {name}'s first two batches differ in structure: every batch must be alike")
+
+        def spec(*arrays):
+            dims = [d if all(a.shape[1:][i] == d for a in arrays) else None for i, d in enumerate(arrays[0].shape[1:])]
+            return tf.TensorSpec([None, *dims], arrays[0].dtype)
+
+        self.first = peeked[0]
+        # one live stream: every tf.data iterator over it goes on where the last one stopped
+        stream = itertools.chain(peeked, (_batch_as_arrays(batch, name) for batch in iterator))
+        batches = tf.data.Dataset.from_generator(lambda: stream, output_signature=tf.nest.map_structure(spec, *peeked))
+        super().__init__(batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
+        self.continues = False  # each epoch opens the stream again: it goes on by itself
+        self.opened = False
+
+    def first_batch(self):
+        return tf.nest.map_structure(tf.constant, self.first)
+
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """The stream from where it stands: ``steps_per_epoch - first`` batches, or to its end. Opened first at
+        update ``first`` of ``epoch`` (a resume), it passes over the batches before."""
+        batches = self.batches
+        if not self.opened:
+            self.opened = True
+            read = first + (epoch * self.steps_per_epoch if self.steps_per_epoch else 0)
+            batches = batches.skip(read) if read else batches
+        if self.steps_per_epoch is not None:
+            batches = batches.take(self.steps_per_epoch - first)
+        elements = _batched_split(batches, cut)
+        return endless(elements) if pad else elements
+
+
+def _batch_as_arrays(batch, name: str):
+    """One batch a generator yielded, checked, as arrays (floats as float32, as model.fit casts them)."""
+    if not isinstance(batch, tuple) or not 1 <= len(batch) <= 3:
+        raise UserError(
+            f"{WHERE}: {name} yielded a {type(batch).__name__}: a generator of batches yields tuples (x,), "
+            f"(x, y) or (x, y, sample_weight)"
+        )
+    return _leaves_as_arrays(tuple(part for part in batch if part is not None), f"a batch of {name}")
+
+
 def _with_class_weights(element, class_weight):
     if len(element) < 2:
         raise UserError(f"{WHERE}: class_weight needs targets: the dataset's elements are not (x, y) pairs")
@@ -280,6 +339,11 @@ def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, s
                 f"dataset.unbatch()"
             )
         return DatasetFeed(x, batch_size=batch_size, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
+    if isinstance(x, collections.abc.Iterator):  # a generator, or any iterator of batches
+        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
+            if value is not None:
+                raise UserError(f"{WHERE}: {name} is a generator, which gives its own batches: leave {what} out")
+        return GeneratorFeed(x, class_weight=class_weight, steps_per_epoch=steps_per_epoch, name=name)
     if x is None:
         raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")
     if batch_size is None:

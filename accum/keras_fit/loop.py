@@ -87,6 +87,9 @@ class Loop:
         logs, training_logs = {}, None
         first_epoch, first_update = start
         for epoch in range(max(initial_epoch, first_epoch), epochs):
+            if self.ran_out and getattr(self.feed, "once", False):  # a generator: read once, and it has ended
+                _ran_out()
+                break
             resumed_mid_epoch = epoch == first_epoch and first_update > 0
             if not resumed_mid_epoch:
                 model.reset_metrics()  # a resumed epoch keeps the metrics its checkpoint restored
@@ -101,11 +104,7 @@ class Loop:
                 if float(out["examples"]) == 0:  # the data ended
                     self.stream, self.ran_out = None, True
                     if updates is not None:
-                        warnings.warn(
-                            "Your input ran out of data; interrupting training. Make sure that your dataset can "
-                            "generate at least `steps_per_epoch * epochs` batches (ds.repeat()).",
-                            stacklevel=2,
-                        )
+                        _ran_out()
                     break
                 step += 1
                 logs = as_python(out["logs"])
@@ -196,6 +195,14 @@ class Pulls:
         self.loop.stream = None
         for variable, value in zip(self.loop.engine.metrics.variables, self.saved or ()):
             variable.assign(value)
+
+
+def _ran_out() -> None:
+    warnings.warn(  # model.fit's words
+        "Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
+        "generate at least `steps_per_epoch * epochs` batches.",
+        stacklevel=3,
+    )
 
 
 def _due(epoch: int, validation_freq) -> bool:

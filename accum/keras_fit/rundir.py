@@ -46,6 +46,14 @@ def is_fit_run_dir(path: Path) -> bool:
     return (Path(path) / RECORD).is_file()
 
 
+def recorded_seed(run_dir: Path):
+    """The data order's seed a run directory recorded (None: no run there yet)."""
+    try:
+        return json.loads((run_dir / RECORD).read_text()).get("seed")
+    except (OSError, ValueError):
+        return None
+
+
 class FitRunDir:
     """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
 
