@@ -3,6 +3,7 @@ model's keywords, and bad input in one line. (Exactness for every kind of loss: 
 
 import contextlib
 import csv
+import importlib
 import io
 import os
 
@@ -364,6 +365,29 @@ def test_no_seed_leaves_every_global_random_state_as_it_was_and_a_seed_repeats_t
         accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, verbose=0, seed=3)
         seeded.append(model.get_weights())
     assert max_difference(*seeded) == 0.0
+
+
+class TwoWorkers:
+    num_replicas_in_sync = 2  # with one local replica (local_replica_ids patched): another process holds one
+
+
+@pytest.mark.parametrize(
+    "seed, shuffled, drawn",
+    [(7, True, 7), (None, False, 0), (None, True, "refused")],
+    ids=["given", "nothing-to-shuffle", "refused"],
+)
+def test_several_workers_need_a_seed_only_to_shuffle_arrays(seed, shuffled, drawn, monkeypatch):
+    fit_module = importlib.import_module("accum_train.keras_fit.fit")  # the module (the package exports the function)
+    monkeypatch.setattr(fit_module, "local_replica_ids", lambda strategy: [0])
+    if drawn != "refused":
+        assert fit_module._order_seed(seed, None, TwoWorkers(), shuffled) == drawn
+        return
+    with pytest.raises(UserError) as caught:
+        fit_module._order_seed(seed, None, TwoWorkers(), shuffled)
+    assert str(caught.value) == (
+        "accum_train.fit: seed=None on several workers, which would each shuffle the data their own way: pass "
+        "seed=<int>, the same on every worker"
+    )
 
 
 class EagerProbe(keras.layers.Layer):

@@ -99,7 +99,7 @@ def fit(
         raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    seed = _order_seed(seed, output_dir, strategy)
+    seed = _order_seed(seed, output_dir, strategy, bool(shuffle) and not _streamed(x))
     _compile_if_needed(model, strategy, optimizer, learning_rate)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise UserError(
@@ -194,12 +194,14 @@ def fit(
     return history
 
 
-def _order_seed(seed, output_dir, strategy) -> int:
+def _order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
     """The seed of the data order: ``seed`` if given; else the one a run directory being resumed recorded; else
-    a fresh one from the operating system's entropy (NumPy's global state untouched). Several workers must
-    shuffle alike, so there a seed is needed."""
+    a fresh one from the operating system's entropy (NumPy's global state untouched), where arrays are
+    ``shuffled`` (0 where nothing is drawn). Several workers must shuffle alike, so there a seed is needed."""
     if seed is not None:
         return seed
+    if not shuffled:
+        return 0
     if output_dir is not None:
         from .rundir import recorded_seed
 
