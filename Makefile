@@ -41,11 +41,11 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 
 # The slow suites (kill -9 / signals + resume; tf.distribute in fresh processes); .ci/run runs them too.
-# tf.distribute's cases (and every --workers run) run alone: their workers have start-up deadlines that a loaded
-# machine could miss.
+# The cases that start local workers (marker `workers`) run alone, one at a time: their workers have start-up
+# deadlines that a loaded machine could miss. Everything else, mirrored replicas included, runs side by side.
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow -n auto --dist loadfile --ignore tests/test_distribute.py --ignore tests/test_distribute_keras.py --ignore tests/test_fit_distribute.py --ignore tests/test_keras_loss_distribute.py --ignore tests/test_elastic.py --ignore tests/test_restarts.py
-	$(BIN)/python -m pytest -q -m slow tests/test_distribute.py tests/test_distribute_keras.py tests/test_fit_distribute.py tests/test_keras_loss_distribute.py tests/test_elastic.py tests/test_restarts.py
+	$(BIN)/python -m pytest -q -m "slow and not workers" -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -m "slow and workers"
 
 # The figures in the README: bench against k, and the side-by-side with the peers.
 bench: setup

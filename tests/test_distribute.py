@@ -134,6 +134,7 @@ def test_mirrored_on_two_logical_cpus_equals_single_device(tmp_path, repo_root, 
     assert json.loads((d / "summary.json").read_text())["steps"] == 8
 
 
+@pytest.mark.workers
 def test_two_workers_with_sgd_equal_single_device(tmp_path, repo_root, single):
     """SGD is not scale-invariant (Adam nearly is): a MEAN-for-SUM or 1/num_workers error shows here."""
     d = tmp_path / "workers"
@@ -156,6 +157,7 @@ def test_two_workers_with_sgd_equal_single_device(tmp_path, repo_root, single):
     assert max_diff(weights(d), weights(single["sgd"])) < 1e-5
 
 
+@pytest.mark.workers
 def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, repo_root, single):
     d = tmp_path / "workers"
     done = run(
@@ -225,7 +227,7 @@ def single_baseline(tmp_path_factory, repo_root):
     return out
 
 
-@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_baseline_across_replicas_equals_the_baseline_and_the_subdivided_run_on_one_device(
     tmp_path, repo_root, single_baseline, where, optimizer
@@ -368,7 +370,7 @@ def distributed(where, args, output_dir, env=None):
     )
 
 
-@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_micro_batches(
     tmp_path, repo_root, single_bn, where, optimizer
@@ -412,7 +414,7 @@ def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_
             2,
         ),
         # worker 1 needs twice the memory: both take its k=2, and both retry the first update at k=4
-        (
+        pytest.param(
             "workers",
             "sgd",
             [
@@ -422,6 +424,7 @@ def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_
                 "subdivisions=2: retrying the same batch with subdivisions=4",
             ],
             4,
+            marks=pytest.mark.workers,
         ),
     ],
 )
@@ -555,6 +558,7 @@ def test_one_gradient_all_reduce_per_update(k):
         ("die:3", "error: worker 1 was killed by SIGKILL; stopped all 2 workers (the last checkpoint stays readable)"),
     ],
 )
+@pytest.mark.workers
 def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, message):
     d = tmp_path / "run"
     started = time.monotonic()
@@ -588,6 +592,7 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, 
         tf.train.load_checkpoint(latest).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")
 
 
+@pytest.mark.workers
 def test_kill_one_worker_then_resume_reaches_the_uninterrupted_weights(tmp_path, repo_root):
     """kill -9 of worker 1 at its 6th update: the chief stops within worker_timeout_s with one line, and
     `--resume --workers 2` ends where an uninterrupted 2-worker run ends, to 1e-6."""
@@ -633,7 +638,7 @@ def test_kill_one_worker_then_resume_reaches_the_uninterrupted_weights(tmp_path,
 
 
 @pytest.mark.parametrize("baseline", ["false", "true"])
-@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
 def test_one_graph_call_per_update_under_a_strategy(tmp_path, repo_root, where, baseline):
     """As on one device (test_loop): Python enters TensorFlow's graphs once per update, evaluation and
     checkpoints aside; under multi-worker the update's graph holds one collective all-reduce. The same
@@ -656,6 +661,7 @@ def test_one_graph_call_per_update_under_a_strategy(tmp_path, repo_root, where, 
         assert counted["collectives"] == {"CollectiveReduceV2": 1}
 
 
+@pytest.mark.workers
 def test_a_worker_out_of_memory_with_a_fixed_k_ends_the_run_with_exit_3(tmp_path, repo_root):
     d = tmp_path / "run"
     started = time.monotonic()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from test_distribute import CLI, HERE, max_diff, private_network, run, weights
 
-pytestmark = pytest.mark.slow  # fresh processes: `make test-slow`, alone, as test_distribute.py
+pytestmark = pytest.mark.slow  # fresh processes: `make test-slow`; the worker cases one at a time (marker workers)
 
 SHAPE = (28, 28, 1)
 
@@ -155,7 +155,7 @@ def across_replicas(files, repo_root, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
 @pytest.mark.parametrize("model", ["bn_free", "batchnorm"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_keras_file_across_replicas_equals_one_device_with_twice_the_micro_batches(
@@ -184,7 +184,7 @@ def test_keras_file_across_replicas_equals_one_device_with_twice_the_micro_batch
     assert json.loads((Path(d) / "summary.json").read_text())["steps"] == 8
 
 
-@pytest.mark.parametrize("where", ["mirrored", "workers"])
+@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
 def test_export_after_a_distributed_run_is_a_plain_keras_file_that_predicts_as_evaluate(
     across_replicas, where, tmp_path
 ):
@@ -242,6 +242,7 @@ def test_mixed_bfloat16_layer_policies_across_replicas(one_device, across_replic
     assert max_diff(weights(d), weights(float32)) > 1e-3  # it did compute in bfloat16
 
 
+@pytest.mark.workers
 def test_resumed_on_two_workers_every_worker_reads_the_run_directory_s_copy_of_the_file(
     across_replicas, files, repo_root, tmp_path
 ):
@@ -335,6 +336,7 @@ def test_built_in_a_mirrored_scope_a_file_is_mirrored_and_pools_its_statistics_i
     }
 
 
+@pytest.mark.workers
 def test_one_graph_call_and_one_collective_per_update_on_two_workers(files, repo_root, tmp_path):
     """The keras_file update under --workers: one graph call per update (evaluation and checkpoints aside),
     and one collective op in its graph carrying the gradients, the loss, the retry flag and both

@@ -39,6 +39,7 @@ def test_adapted_subdivisions_keep_every_micro_batch_within_the_old_largest(
 
 
 @pytest.mark.slow
+@pytest.mark.workers
 @pytest.mark.parametrize("optimizer", ["adam"])  # its moments must carry over too (SGD's case is a part of it)
 def test_two_workers_then_one_device_then_mirrored_end_at_the_uninterrupted_weights(tmp_path, repo_root, optimizer):
     config = str(repo_root / "configs" / "smoke.yaml")
@@ -95,6 +96,7 @@ def test_two_workers_then_one_device_then_mirrored_end_at_the_uninterrupted_weig
 
 
 @pytest.mark.slow
+@pytest.mark.workers
 def test_one_device_resumed_on_two_workers(tmp_path, repo_root):
     """The other way: --resume --workers 2 takes a one-device run over to workers (its config's
     strategy replaced); k halves with the shares."""

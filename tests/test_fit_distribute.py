@@ -55,6 +55,7 @@ def test_two_mirrored_replicas_end_where_one_device_with_twice_the_micro_batches
 
 
 @pytest.mark.slow  # three fresh processes, two of them workers joined over loopback
+@pytest.mark.workers
 def test_two_workers_end_where_one_device_with_twice_the_micro_batches_ends(one_device, tmp_path):
     run_dir = tmp_path / "run"
     command = [sys.executable, str(HERE / "fit_workers_runner.py"), "2", "2", str(run_dir)]

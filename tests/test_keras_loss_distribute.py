@@ -14,6 +14,7 @@ from test_keras_loss import max_difference, regression_arrays, write
 
 
 @pytest.mark.slow  # three processes, one of them two workers joined over loopback
+@pytest.mark.workers
 def test_every_strategy_and_precision_runs_a_keras_loss(tmp_path):
     """2 mirrored replicas and 2 workers end where one device ends (the same per-example sums, one all-reduce);
     bfloat16 compute trains the same task in float32 weights."""
@@ -48,6 +49,7 @@ def test_every_strategy_and_precision_runs_a_keras_loss(tmp_path):
 
 
 @pytest.mark.slow  # two processes, one of them two workers joined over loopback
+@pytest.mark.workers
 def test_a_masked_per_token_loss_is_exact_on_two_replicas_and_two_workers(tmp_path):
     """The masked tagger of test_cli_exact, its micro-batches' valid tokens summed over replicas and workers in the
     one all-reduce: 2 mirrored replicas and 2 workers end at model.fit's weights on whole batches."""

@@ -28,7 +28,7 @@ import pytest
 from accum_train.checkpoints import checkpoint_numbers
 from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 # 4 updates per epoch (test_distribute's small run, BN-free, SGD): 20 updates, a checkpoint after each
 # second one, so a restart goes back at most one update.
