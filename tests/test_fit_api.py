@@ -301,10 +301,102 @@ def test_an_uncompiled_model_keeps_the_keywords_it_had(softmax):
 
 
 def test_an_optimizer_object_for_an_uncompiled_model():
-    model = classifier(False)
-    accum_train.fit(model, X, LABELS, batch_size=BATCH, optimizer=keras.optimizers.SGD(0.2), verbose=0)
-    assert model.optimizer.learning_rate.numpy() == pytest.approx(0.2)
+    oracle, model = classifier(False), classifier(False)
+    oracle.compile(optimizer=keras.optimizers.SGD(0.2), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    oracle.fit(X, LABELS, batch_size=BATCH, shuffle=False, verbose=0)
+    given = keras.optimizers.SGD(0.2)
+    accum_train.fit(model, X, LABELS, batch_size=BATCH, subdivisions=2, optimizer=given, shuffle=False, verbose=0)
+    assert model.optimizer is given
     assert int(model.optimizer.iterations.numpy()) == 4
+    assert max_difference(model.get_weights(), oracle.get_weights()) < 1e-5
+
+
+class NanAt(keras.callbacks.Callback):
+    """Makes the model's weights NaN after update ``at`` (1-based), so the next update's loss is NaN."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            self.model.layers[-1].kernel.assign(np.full(self.model.layers[-1].kernel.shape, np.nan, np.float32))
+
+
+class Count(keras.callbacks.Callback):
+    """The updates each epoch ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.per_epoch = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.per_epoch.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.per_epoch[-1] += 1
+
+
+# model.fit's keywords, a case each: accum_train.fit at k=2 against model.fit, the same updates, weights and logs.
+# ("oracle": model.fit's x where the same batches come another way; "weights": False where they differ by design.)
+REPEATED = tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH).repeat()
+KEYWORDS = {
+    "validation_freq": {"epochs": 4, "validation_data": (X[:10], Y[:10]), "validation_freq": 2},
+    "validation_freq list": {"epochs": 3, "validation_data": (X[:10], Y[:10]), "validation_freq": [1, 3]},
+    "validation_batch_size": {"epochs": 2, "validation_split": 0.2, "validation_batch_size": 3},
+    "validation_steps": {
+        "epochs": 2,
+        "validation_data": (X[:10], Y[:10]),
+        "validation_batch_size": 3,
+        "validation_steps": 2,
+    },
+    "initial_epoch": {"epochs": 3, "initial_epoch": 1},
+    # 50 examples are 4 batches a pass, the last of 2: 3 updates an epoch read on through the passes, as model.fit
+    # reads one repeated stream
+    "steps_per_epoch pass after pass": {"epochs": 3, "steps_per_epoch": 3, "oracle": REPEATED},
+    # update 4's loss is NaN: both stop after it; model.fit applies it, accum_train.fit skips it
+    "TerminateOnNaN": {
+        "epochs": 2,
+        "callbacks": lambda: [NanAt(3), keras.callbacks.TerminateOnNaN()],
+        "weights": False,
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(KEYWORDS))
+def test_model_fit_s_keywords_give_model_fit_s_weights_and_logs(case):
+    keywords = dict(KEYWORDS[case])
+    make_callbacks, oracle_x = keywords.pop("callbacks", list), keywords.pop("oracle", None)
+    compare_weights = keywords.pop("weights", True)
+    oracle, ours = regression(), regression()
+    counted, oracle_counted = Count(), Count()
+    expected = oracle.fit(
+        *((X, Y) if oracle_x is None else (oracle_x,)),
+        batch_size=None if oracle_x is not None else BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[*make_callbacks(), oracle_counted],
+        **keywords,
+    )
+    history = accum_train.fit(
+        ours,
+        X,
+        Y,
+        batch_size=BATCH,
+        subdivisions=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[*make_callbacks(), counted],
+        **keywords,
+    )
+    assert history.epoch == expected.epoch
+    assert counted.per_epoch == oracle_counted.per_epoch
+    if compare_weights:
+        assert max_difference(ours.get_weights(), oracle.get_weights()) < 1e-5
+    assert [key for key in history.history if key != "noise_scale"] == list(expected.history)
+    for name, values in expected.history.items():
+        assert history.history[name] == pytest.approx(values, rel=1e-5, abs=1e-6, nan_ok=True), name
 
 
 def batches(passes=1, start=0):
@@ -663,6 +755,22 @@ def batch_norm_net():
     )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     return model
+
+
+def test_a_batchnorm_model_saved_during_fit_is_plain_keras_and_predicts_as_the_model(tmp_path):
+    """Its BatchNormalization's ``call`` is replaced on the instance during the call: a file ModelCheckpoint
+    writes meanwhile must hold Keras' own layer, the moving statistics pooled so far included."""
+    model = batch_norm_net()
+    saving = keras.callbacks.ModelCheckpoint(tmp_path / "epoch-{epoch}.keras")
+    accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=3, epochs=2, callbacks=[saving], verbose=0)
+    first, last = (keras.models.load_model(tmp_path / f"epoch-{e}.keras") for e in (1, 2))
+    norm = next(layer for layer in last.layers if isinstance(layer, keras.layers.BatchNormalization))
+    assert type(norm) is keras.layers.BatchNormalization and "call" not in vars(norm)
+    assert max_difference(last.get_weights(), model.get_weights()) == 0.0
+    assert np.array_equal(last.predict(X, verbose=0), model.predict(X, verbose=0))
+    assert max_difference(first.get_weights(), model.get_weights()) > 1e-4  # saved after epoch 1, then trained on
+    moving = norm.moving_mean.numpy()
+    assert np.max(np.abs(moving)) > 1e-3  # the statistics moved and were saved
 
 
 class Raise(keras.callbacks.Callback):
