@@ -5,6 +5,7 @@ import contextlib
 import csv
 import importlib
 import io
+import itertools
 import os
 
 import accum_train
@@ -745,6 +746,32 @@ def test_a_mixed_float16_model_trains_with_one_loss_scale_per_update():
     assert int(ours.optimizer.iterations.numpy()) == 8
     # float16 activations round differently when the batch is cut (5e-5 measured); float32 is exact to 1e-7
     assert max_difference(ours.get_weights(), oracle.get_weights()) < 2e-4
+
+
+def test_a_mixed_float16_update_that_overflows_is_skipped_and_halves_the_scale():
+    """Targets 30 times larger: the float16 gradients of the first updates overflow at the starting scale of 2**15.
+    Each such update is skipped whole (weights unchanged) and halves the one scale; the rest train, finite."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="tanh", dtype="mixed_float16")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(hidden))
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.001)), loss="mse")
+    after = [[w.copy() for w in model.get_weights()]]  # before any update, then after each
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            after.append([w.copy() for w in model.get_weights()])
+
+    accum_train.fit(
+        model, X, Y * 30, batch_size=BATCH, subdivisions=3, epochs=2, shuffle=False, verbose=0, callbacks=[Watch()]
+    )
+    engine = next(iter(importlib.import_module("accum_train.keras_fit.fit")._ENGINES[model].values()))[0]
+    skipped = int(engine.skipped_updates.numpy())
+    assert 1 <= skipped < 8 and int(model.optimizer.iterations.numpy()) == 8 - skipped
+    assert float(engine.loss_scale.numpy()) == 2.0**15 / 2**skipped
+    moved = [max_difference(b, a) > 0 for a, b in itertools.pairwise(after)]
+    assert moved.count(False) == skipped and not moved[0]  # each skipped update left the weights as they were
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())
 
 
 def batch_norm_net():
