@@ -15,7 +15,6 @@ accumulator ``accum-train run`` trains on (engine.py).
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import warnings
 import weakref
@@ -38,7 +37,7 @@ from ..text import traced_error_line
 from ..threads import auto_parallel
 from ..update import LOSS_SCALE, local_replica_ids
 from .history import FitHistory
-from .inputs import Cut, is_dataset, make_feed
+from .inputs import Cut, is_dataset, make_feed, split_validation, streamed_source, validation_feed
 from .loop import Loop
 
 WHERE = "accum_train.fit"
@@ -99,14 +98,14 @@ def fit(
         raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    seed = _order_seed(seed, output_dir, strategy, bool(shuffle) and not _streamed(x))
+    seed = _order_seed(seed, output_dir, strategy, bool(shuffle) and not streamed_source(x))
     _compile_if_needed(model, strategy, optimizer, learning_rate)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise UserError(
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
             f"{len(model.outputs)}): pass sample_weight per output instead"
         )
-    (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, validation_data, validation_split)
+    (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
     feed = make_feed(
         x,
         y,
@@ -137,7 +136,7 @@ def fit(
     cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
-        validation = _validation_feed(validation_data, validation_batch_size or feed.batch_size)
+        validation = validation_feed(validation_data, validation_batch_size or feed.batch_size)
     if getattr(model, "_jit_compile", None):  # set by compile(), the default "auto" too on a GPU
         warnings.warn(
             f"{WHERE}: model {model.name!r} is compiled with jit_compile=True, which accum_train.fit does not apply "
@@ -341,70 +340,6 @@ def _ends_in_softmax(model) -> bool:
         return _is_softmax(_output_layer(model))
     except (ValueError, AttributeError, IndexError):
         return False
-
-
-def _split_validation(x, y, sample_weight, validation_data, validation_split):
-    """model.fit's validation_split: the last fraction of the arrays (before any shuffling)."""
-    if not validation_split:
-        return (x, y, sample_weight), validation_data
-    if validation_data is not None:
-        raise UserError(f"{WHERE}: give validation_data or validation_split, not both")
-    if _streamed(x) or not 0 < validation_split < 1:
-        raise UserError(
-            f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
-            f"pass validation_data for a dataset"
-        )
-    count = len(tf.nest.flatten(x)[0])
-    at = int(count * (1.0 - validation_split))
-
-    def head(s):
-        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[:at], s)
-
-    def tail(s):
-        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[at:], s)
-
-    return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))
-
-
-def _streamed(x) -> bool:
-    """A dataset, a PyDataset or a generator: batches read as they come, not arrays held."""
-    return is_dataset(x) or isinstance(x, (keras.utils.PyDataset, collections.abc.Iterator))
-
-
-def _validation_feed(validation_data, batch_size):
-    if isinstance(validation_data, collections.abc.Iterator):
-        raise UserError(
-            f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
-            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset"
-        )
-    if is_dataset(validation_data) or isinstance(validation_data, keras.utils.PyDataset):
-        return make_feed(
-            validation_data,
-            None,
-            None,
-            None,
-            batch_size=None,
-            shuffle=False,
-            seed=0,
-            steps_per_epoch=None,
-            name="validation_data",
-        )
-    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
-        raise UserError(
-            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
-        )
-    x, y, *weights = validation_data
-    return make_feed(
-        x,
-        y,
-        weights[0] if weights else None,
-        None,
-        batch_size=batch_size or 32,
-        shuffle=False,
-        seed=0,
-        steps_per_epoch=None,
-        name="validation_data",
-    )
 
 
 def _first_batch_size(feed) -> int:

@@ -358,3 +358,67 @@ def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, s
         seed=seed,
         steps_per_epoch=steps_per_epoch,
     )
+
+
+def split_validation(x, y, sample_weight, validation_data, validation_split):
+    """model.fit's validation_split: the last fraction of the arrays (before any shuffling)."""
+    if not validation_split:
+        return (x, y, sample_weight), validation_data
+    if validation_data is not None:
+        raise UserError(f"{WHERE}: give validation_data or validation_split, not both")
+    if streamed_source(x) or not 0 < validation_split < 1:
+        raise UserError(
+            f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
+            f"pass validation_data for a dataset"
+        )
+    count = len(tf.nest.flatten(x)[0])
+    at = int(count * (1.0 - validation_split))
+
+    def head(s):
+        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[:at], s)
+
+    def tail(s):
+        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[at:], s)
+
+    return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))
+
+
+def streamed_source(x) -> bool:
+    """A dataset, a PyDataset or a generator: batches read as they come, not arrays held."""
+    return is_dataset(x) or isinstance(x, (keras.utils.PyDataset, collections.abc.Iterator))
+
+
+def validation_feed(validation_data, batch_size):
+    if isinstance(validation_data, collections.abc.Iterator):
+        raise UserError(
+            f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
+            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset"
+        )
+    if is_dataset(validation_data) or isinstance(validation_data, keras.utils.PyDataset):
+        return make_feed(
+            validation_data,
+            None,
+            None,
+            None,
+            batch_size=None,
+            shuffle=False,
+            seed=0,
+            steps_per_epoch=None,
+            name="validation_data",
+        )
+    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+        raise UserError(
+            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
+        )
+    x, y, *weights = validation_data
+    return make_feed(
+        x,
+        y,
+        weights[0] if weights else None,
+        None,
+        batch_size=batch_size or 32,
+        shuffle=False,
+        seed=0,
+        steps_per_epoch=None,
+        name="validation_data",
+    )
