@@ -441,8 +441,6 @@ def test_no_seed_leaves_every_global_random_state_as_it_was_and_a_seed_repeats_t
     random.seed(5)
     np.random.seed(5)
     expected = draws()
-    random.seed(5)
-    np.random.seed(5)
     orders = []
     for _ in range(2):
         model = regression()

@@ -128,17 +128,29 @@ def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an
     assert [r["step"] for r in records if not r.get("epoch_end")] == list(range(1, 17))  # every update once
 
 
-def test_a_resume_with_other_batches_is_refused_before_anything_changes(tmp_path):
+@pytest.mark.parametrize(
+    "changed, refused",
+    [
+        (
+            {"batch_size": 10, "seed": SEED},
+            "batch_size=16, not 10: a resume continues the same batches; pass batch_size=16",
+        ),
+        # no seed given: the recorded one is taken, so the refusal names what did change
+        (
+            {"batch_size": 16, "shuffle": False},
+            "shuffle=True, not False: a resume continues the same batches; pass shuffle=True",
+        ),
+    ],
+    ids=["batch_size", "shuffle-without-seed"],
+)
+def test_a_resume_with_other_batches_is_refused_before_anything_changes(changed, refused, tmp_path):
     run_dir = tmp_path / "run"
     fit(model(), 1, run_dir)
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     with pytest.raises(UserError) as caught:
-        accum_train.fit(
-            model(), X, Y, batch_size=10, subdivisions=K, epochs=2, seed=SEED, verbose=0, output_dir=run_dir
-        )
+        accum_train.fit(model(), X, Y, subdivisions=K, epochs=2, verbose=0, output_dir=run_dir, **changed)
     assert str(caught.value) == (
-        f"accum_train.fit: output_dir {run_dir} was trained with batch_size=16, not 10: a resume continues the "
-        f"same batches; pass batch_size=16 or choose a new output_dir"
+        f"accum_train.fit: output_dir {run_dir} was trained with {refused} or choose a new output_dir"
     )
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
 

@@ -124,7 +124,7 @@ def fit(
             f"(a micro-batch holds at least one example)"
         )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
-    if auto and getattr(feed, "once", False):
+    if auto and feed.once:
         raise UserError(
             f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
             f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples"
@@ -137,7 +137,7 @@ def fit(
     validation = None
     if validation_data is not None:
         validation = validation_feed(validation_data, validation_batch_size or feed.batch_size)
-    if getattr(model, "_jit_compile", None):  # set by compile(), the default "auto" too on a GPU
+    if model.jit_compile:  # as compile() resolved it: its default "auto" too, on a GPU
         warnings.warn(
             f"{WHERE}: model {model.name!r} is compiled with jit_compile=True, which accum_train.fit does not apply "
             f"yet: its updates run as TensorFlow graphs without XLA",
@@ -199,14 +199,14 @@ def _order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
     ``shuffled`` (0 where nothing is drawn). Several workers must shuffle alike, so there a seed is needed."""
     if seed is not None:
         return seed
-    if not shuffled:
-        return 0
-    if output_dir is not None:
+    if output_dir is not None:  # first: a resume that changed shuffle is then refused for that, not for the seed
         from .rundir import recorded_seed
 
         recorded = recorded_seed(Path(output_dir))
         if recorded is not None:
             return recorded
+    if not shuffled:
+        return 0
     if len(local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
         raise UserError(
             f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "

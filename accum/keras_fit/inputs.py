@@ -130,6 +130,7 @@ class ArrayFeed:
         self.batches_per_pass = math.ceil(self.examples / batch_size)
         self.steps_per_epoch = steps_per_epoch or self.batches_per_pass
         self.continues = False  # each epoch's elements follow from the epoch's index
+        self.once = False  # read again each epoch
         self.sizes = True  # each update's examples are known before it runs (batch_length)
 
     @property
@@ -218,6 +219,7 @@ class DatasetFeed:
         self.cardinality = None if cardinality < 0 else cardinality
         self.steps_per_epoch = steps_per_epoch
         self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
+        self.once = False  # read again each epoch (or, with steps_per_epoch, one stream that can start over)
         self.sizes = False  # a batch's examples are known once it is read
         self.batch_size = batch_size
         self.structure = None
@@ -254,8 +256,6 @@ class GeneratorFeed(DatasetFeed):
     they disagree on may vary). A call that resumes a run directory skips the batches the run had read, so a
     generator that yields the same batches again resumes exactly."""
 
-    once = True  # an epoch after its end has nothing to read
-
     def __init__(self, iterator, *, class_weight, steps_per_epoch, name):
         peeked = [_batch_as_arrays(batch, name) for batch in itertools.islice(iterator, 2)]
         if not peeked:
@@ -274,6 +274,7 @@ class GeneratorFeed(DatasetFeed):
         batches = tf.data.Dataset.from_generator(lambda: stream, output_signature=tf.nest.map_structure(spec, *peeked))
         super().__init__(batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
         self.continues = False  # each epoch opens the stream again: it goes on by itself
+        self.once = True  # an epoch after its end has nothing to read
         self.opened = False
 
     def first_batch(self):

@@ -87,7 +87,7 @@ class Loop:
         logs, training_logs = {}, None
         first_epoch, first_update = start
         for epoch in range(max(initial_epoch, first_epoch), epochs):
-            if self.ran_out and getattr(self.feed, "once", False):  # a generator: read once, and it has ended
+            if self.ran_out and self.feed.once:  # a generator: read once, and it has ended
                 _ran_out()
                 break
             resumed_mid_epoch = epoch == first_epoch and first_update > 0
