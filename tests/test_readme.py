@@ -188,6 +188,43 @@ def pages(repo_root):
     return [repo_root / "README.md", *sorted((repo_root / "docs").rglob("*.md")), repo_root / "CHANGELOG.md"]
 
 
+def install_section(repo_root):
+    """(the pip lines of the README's install block, the text under its heading)."""
+    import re
+
+    section = repo_root.joinpath("README.md").read_text().split("## Install\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [line.split(" #", 1)[0].strip() for line in block.splitlines() if line.strip()], section
+
+
+def test_the_install_section_names_the_extras_and_versions_setup_cfg_declares(repo_root):
+    import configparser
+    import re
+
+    setup = configparser.ConfigParser()
+    setup.read(repo_root / "setup.cfg")
+    extras = dict(setup["options.extras_require"].items())
+    lines, section = install_section(repo_root)
+    assert [re.fullmatch(r'pip install (?:-e )?"\.\[([a-z,]+)\]"', line).group(1) for line in lines] == [
+        "cpu",
+        "gpu",
+        "cpu,test",
+    ]
+    assert {"cpu", "gpu", "test"} <= set(extras)
+    # the develop line is the one make's set-up (and so CI) installs with
+    assert '$(BIN)/pip install -q -e ".[cpu,test]"' in repo_root.joinpath("Makefile").read_text()
+    low, high = re.search(r"TensorFlow (\d+\.\d+) to (\d+\.\d+)", section).groups()
+    major, last = high.split(".")
+    for extra in ("cpu", "gpu"):
+        assert f">={low},<{major}.{int(last) + 1}" in extras[extra]
+    keras = re.search(r"Keras (\d+\.\d+)", section).group(1)
+    assert f"keras>={keras},<3.{int(keras.split('.')[1]) + 1}" in setup["options"]["install_requires"]
+    python = re.search(r"Python (\d+\.\d+) or later", section).group(1)
+    assert setup["options"]["python_requires"] == f">={python}"
+    tensorlayer = re.search(r"TensorLayer (\d+\.\d+\.\d+)", section).group(1)
+    assert f"tensorlayer=={tensorlayer}" in setup["options"]["install_requires"]
+
+
 def test_the_readme_is_short(repo_root):
     assert len((repo_root / "README.md").read_text().splitlines()) <= 300
 
@@ -291,6 +328,11 @@ NOT_RUN = {
     "make main": "the main job itself (CI runs it)",
     "make test": "the suite this test is part of",
     ". .venv/bin/activate": "the environment this test runs in",
+    # installing needs the package index; make's set-up runs the develop line, and the test of the install
+    # section below checks that each line names extras setup.cfg has
+    'pip install ".[cpu]"': "an install from the package index",
+    'pip install ".[gpu]"': "an install from the package index",
+    'pip install -e ".[cpu,test]"': "make's set-up, which the suite runs in",
 }
 FASHION_CONFIGS = ("configs/fmnist.yaml", "configs/smoke.yaml")
 SMOKE_SETS = ["epochs=1"]
