@@ -73,6 +73,31 @@ FIRST = (
 )
 
 
+# The long cases of the default suite's behaviours run only in the slow suite: `make test` stays a few minutes.
+LONG = [
+    line.strip()
+    for line in (Path(__file__).parent / "long_cases.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+
+
+def _mark_long(config, items):
+    files = {Path(str(item.fspath)).name for item in items}
+    matched = set()
+    for item in items:
+        node = item.nodeid.removeprefix("tests/")
+        hits = [prefix for prefix in LONG if node.startswith(prefix)]
+        if hits:
+            item.add_marker(pytest.mark.slow)
+            matched.update(hits)
+    # a renamed test would silently come back to the default suite: when whole files were collected, refuse
+    whole = not any("::" in arg for arg in config.args)
+    stale = [p for p in LONG if whole and p.split("::")[0] in files and p not in matched]
+    if stale:
+        raise pytest.UsageError(f"tests/long_cases.txt names no collected test: {stale[0]} (rename or remove it)")
+
+
 def pytest_collection_modifyitems(config, items):
+    _mark_long(config, items)
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(FIRST)))  # stable: the rest keep order
