@@ -14,7 +14,7 @@ import os
 # mode, read at TensorFlow's import; summary.json's peak_memory_bytes needs it.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .api import run
 from .errors import UserError

@@ -29,16 +29,22 @@ def run(
     workers: int | None = None,
     max_restarts: int | None = None,
 ) -> dict:
-    """Train as ``accum-train run`` does; summary.json's content.
+    """Train as ``accum-train run`` does and return the run's summary (what summary.json holds).
 
-    ``config``: a YAML path or a dict in the YAML's shape. ``overrides``: what
-    ``--set`` takes, a list of "KEY=VALUE" strings or a dict {"optimizer.learning_rate": 0.01}.
-    ``output_dir``: the run directory (default runs/NAME-DATE-TIME). ``progress``:
-    an ``accum_train.Progress`` (callbacks; default silent). ``resume``: a run
-    directory to continue (``config`` and ``overrides`` may then change what a
-    resume may change); ``workers``: N >= 2 local worker processes
-    (MultiWorkerMirroredStrategy on 127.0.0.1), as ``--workers``; ``max_restarts``: how many times
-    the supervisor starts all of them again from the last checkpoint when one fails, as ``--max-restarts``."""
+    - ``config``: a YAML path, or a dict in the YAML's shape.
+    - ``overrides``: what ``--set`` takes: a list of "KEY=VALUE" strings, or a dict such as
+      {"optimizer.learning_rate": 0.01}.
+    - ``output_dir``: the run directory (default runs/NAME-DATE-TIME).
+    - ``progress``: an ``accum_train.Progress`` whose methods the loop calls (default: silent).
+    - ``resume``: a run directory to continue; ``config`` and ``overrides`` may then change what a resume may
+      change.
+    - ``workers``: N >= 2 local worker processes (MultiWorkerMirroredStrategy on 127.0.0.1), as ``--workers``.
+    - ``max_restarts``: how many times the supervisor starts all the workers again from the last checkpoint
+      when one fails, as ``--max-restarts``.
+
+    Bad input raises ``accum_train.UserError`` (one line naming what is wrong and how to fix it; the CLI's
+    exit code 2). A run that cannot finish raises one of the other errors of ``accum_train.errors``
+    (out of memory, stopped, interrupted by a signal), each with its exit code and one line."""
     progress = progress or Progress()
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 2):
         raise UserError(f"workers={workers!r} must be an integer >= 2 (one device: leave it out)")

@@ -1,5 +1,5 @@
 """Write docs/api.md, the Python API reference, from the signatures and docstrings of the public API
-(accum_train.fit, accum_train.run, accum_train.Progress and the UserError family of accum/errors.py): the page
+(accum_train.fit, accum_train.run, accum_train.Progress and the errors of accum/errors.py): the page
 cannot drift from the code.
 
     python scripts/api_reference.py            # rewrite docs/api.md
@@ -125,13 +125,23 @@ def _class_block(cls, name: str) -> str:
 
 
 def public_errors(errors) -> list[type]:
-    """UserError and the subclasses of it that accum/errors.py defines, in the order it defines them."""
-    base = errors.UserError
-    return [
+    """The exceptions accum/errors.py defines (UserError and its subclasses first), in the order it defines
+    them: each is what a run can end with."""
+    found = [
         value
         for value in vars(errors).values()
-        if isinstance(value, type) and issubclass(value, base) and value.__module__ == errors.__name__
+        if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__
     ]
+    return sorted(found, key=lambda cls: not issubclass(cls, errors.UserError))  # stable: source order within
+
+
+def _methods_doc(cls) -> str:
+    """Each public method's docstring, one bullet each (a class's own docstring says what the class is)."""
+    return "\n".join(
+        f"- `{attr}`: " + docstring(value).replace("\n", "\n  ")
+        for attr, value in vars(cls).items()
+        if not attr.startswith("_") and inspect.isfunction(value) and inspect.getdoc(value)
+    )
 
 
 def _section(title: str, block: str, doc: str, level: int = 2) -> list[str]:
@@ -146,11 +156,15 @@ def render() -> str:
     for name in PUBLIC:
         obj = getattr(accum_train, name)
         block = _class_block(obj, name) if inspect.isclass(obj) else f"def {signature(obj)}"
-        lines += _section(f"accum_train.{name}", block, docstring(obj))
+        doc = docstring(obj)
+        if inspect.isclass(obj) and _methods_doc(obj):
+            doc += "\n\n" + _methods_doc(obj)
+        lines += _section(f"accum_train.{name}", block, doc)
     lines.append("## Errors\n")
     lines.append(
-        "Bad input raises `UserError` (or a subclass) with one line that names what is wrong and how to fix\n"
-        "it; the CLI prints that line and exits with code 2.\n"
+        "Each error carries one line and its `exit_code`, the code the CLI exits with after printing that line.\n"
+        "Bad input raises `UserError` (or a subclass): the line names what is wrong and how to fix it (code 2).\n"
+        "The others end a run that cannot finish: out of memory (3), stopped (1), interrupted by a signal.\n"
     )
     for cls in public_errors(errors):
         where = "accum_train" if cls.__name__ in accum_train.__all__ else "accum_train.errors"

@@ -70,8 +70,9 @@ def _new_callback(monkeypatch, api, tmp_path):
 
 
 def _page_edited(monkeypatch, api, tmp_path):
-    copy = tmp_path / "api.md"
-    copy.write_text(api.PAGE.read_text().replace("Callbacks from the loop", "Callbacks of the loop"))
+    copy, page = tmp_path / "api.md", api.PAGE.read_text()
+    copy.write_text(page.replace("## accum_train.run\n", "## accum_train.runs\n"))
+    assert copy.read_text() != page  # the premise: the page was edited
     monkeypatch.setattr(api, "PAGE", copy)
 
 

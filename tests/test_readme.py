@@ -225,6 +225,29 @@ def test_the_install_section_names_the_extras_and_versions_setup_cfg_declares(re
     assert f"tensorlayer=={tensorlayer}" in setup["options"]["install_requires"]
 
 
+def test_the_package_s_version_is_the_newest_release_in_the_changelog(repo_root):
+    import configparser
+    import datetime
+    import re
+
+    import accum_train
+
+    setup = configparser.ConfigParser()
+    setup.read(repo_root / "setup.cfg")
+    releases = re.findall(
+        r"^## \[(\d+)\.(\d+)\.(\d+)\] - (\d{4}-\d{2}-\d{2})$", (repo_root / "CHANGELOG.md").read_text(), re.M
+    )
+    versions = [tuple(int(part) for part in release[:3]) for release in releases]
+    assert len(versions) >= 2 and versions == sorted(versions, reverse=True)  # newest first, each once
+    dates = [datetime.date.fromisoformat(release[3]) for release in releases]
+    assert dates == sorted(dates, reverse=True)
+    newest = ".".join(releases[0][:3])
+    assert accum_train.__version__ == setup["metadata"]["version"] == newest
+    assert (
+        CliRunner().invoke(main, ["--version"], prog_name="accum-train").output == f"accum-train, version {newest}\n"
+    )  # as installed
+
+
 def test_the_readme_is_short(repo_root):
     assert len((repo_root / "README.md").read_text().splitlines()) <= 300
 

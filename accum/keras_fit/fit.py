@@ -74,21 +74,25 @@ def fit(
 ):
     """Train ``model`` as ``model.fit`` would on whole batches of ``batch_size``, a micro-batch at a time.
 
-    The arguments are model.fit's, plus: ``subdivisions`` (micro-batches per
-    replica and update) or ``micro_batch_size`` (the fewest micro-batches that
-    keep each within it; "auto": the whole batch at first, and an update that
-    runs out of memory retried from the same data at twice the micro-batches);
-    neither: one pass per update. ``seed``: None (model.fit's way) draws the
-    order arrays are shuffled in afresh and touches no global random state; an
-    int fixes that order and Keras' random state (``keras.utils.set_random_seed``),
-    so the call repeats exactly. ``precision``:
-    "float32", "mixed_float16" or "mixed_bfloat16" for this call (None: the
-    model's own policy); float16 gets one dynamic loss scale per update.
-    ``strategy``: a tf.distribute strategy the model was created under (None:
-    the model's own). ``output_dir``: a run directory kept as training goes,
-    which a later call with the same ``output_dir`` resumes from.
-    ``optimizer``, ``learning_rate``: for an uncompiled model only.
-    Returns model.fit's History (``history.history``; ``history["loss"]`` works too)."""
+    The arguments up to ``validation_freq`` are model.fit's, in its order and with its meaning; the update is
+    the whole batch's, exactly, however it is split. Added, keyword-only:
+
+    - ``subdivisions``: micro-batches per replica and update.
+    - ``micro_batch_size``: the fewest micro-batches that keep each within it instead; "auto" tries the whole
+      batch first, and an update that runs out of memory is retried from the same data at twice the
+      micro-batches. Neither: one pass per update.
+    - ``seed``: None (model.fit's way) draws the order arrays are shuffled in afresh and touches no global
+      random state; an int fixes that order and Keras' random state (``keras.utils.set_random_seed``), so the
+      call repeats exactly.
+    - ``precision``: "float32", "mixed_float16" or "mixed_bfloat16" for this call (None: the model's own
+      policy); float16 gets one dynamic loss scale per update.
+    - ``strategy``: the tf.distribute strategy the model was created under (None: the model's own).
+    - ``output_dir``: a run directory kept as training goes; a later call with the same ``output_dir``
+      resumes from it.
+    - ``optimizer``, ``learning_rate``: for an uncompiled model only.
+
+    Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
+    ``accum_train.UserError`` with one line naming what is wrong and how to fix it, before anything trains."""
     _check_model(model)
     strategy = _strategy(model, strategy)
     _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch)
