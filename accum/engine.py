@@ -44,7 +44,7 @@ from . import noise
 from .batching import micro_bounds, same_size
 from .feed import sized, with_rows
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
-from .objective import Totals, as_data, as_objective, combine, output_values, scale_of, units
+from .objective import Parts, Totals, as_data, as_objective, combine, output_values, scale_of, units
 from .update import STOP_REQUESTS, Update, _examples, _first, _rows, _signal, _size
 
 
@@ -90,6 +90,7 @@ class Accumulator(Update):
         metrics=None,
         prepare=None,
         sized: bool = False,
+        jit: bool = False,
         **shared,
     ):
         super().__init__(variables, optimizer, **shared)
@@ -103,6 +104,9 @@ class Accumulator(Update):
         # ``parallel`` micro-batches of activations alive) so that micro-steps can overlap.
         self.parallel = 1 if self.one_pass else max(1, int(parallel))
         self.used = [False] * len(self.variables)  # which variables the loss reaches (found while tracing)
+        # XLA (compile's jit_compile): each micro-step's forward and backward pass is one compiled cluster. The
+        # pulls, the loop and the update stay outside it: XLA compiles no iterator and no collective.
+        self._compiled = tf.function(self._collecting, jit_compile=True, autograph=False) if jit else None
         self._n = None  # the batch of the micro-batches accumulated so far (``finish`` divides by it)
         with self.strategy.scope():
             # A variable, not a Python int: a new k (subdivisions: auto, a retry after running out of memory)
@@ -201,6 +205,23 @@ class Accumulator(Update):
     def _gradients(self, x, y, sample_weight, n):
         """One micro-batch: its parts, its sums as divided (``shares``) and per normaliser the gradients of its
         (loss-scaled) share."""
+        if self._compiled is None:
+            parts, shares, gradients, predictions = self._compute(x, y, sample_weight, n)
+        else:
+            # BatchNorm layers collecting their sums (the carried loop) get them as the compiled call's outputs:
+            # a tensor made inside it cannot leave it any other way
+            lists = [p._collected for p in self._pending() if p._collected is not None]
+            (examples, sums, counts, outputs), shares, gradients, predictions, collected = self._compiled(
+                x, y, sample_weight, n, bool(lists)
+            )
+            parts = Parts(examples, sums, counts, outputs)
+            for into, sums_of_calls in zip(lists, collected):
+                into.extend(sums_of_calls)
+        if self.metrics is not None:
+            self.metrics.update(x, y, predictions, sample_weight)
+        return parts, shares, gradients
+
+    def _compute(self, x, y, sample_weight, n):
         with tf.GradientTape(persistent=len(self.groups) > 1) as tape:
             parts, predictions = self.objective.evaluate(x, y, sample_weight, True, self.groups)
             shares = {g: parts.sums[g] / scale_of(g, n) for g in self.groups}
@@ -209,9 +230,24 @@ class Accumulator(Update):
         del tape
         for grads in gradients:
             self.used = [u or g is not None for u, g in zip(self.used, grads)]
-        if self.metrics is not None:
-            self.metrics.update(x, y, predictions, sample_weight)
-        return parts, shares, gradients
+        return parts, shares, gradients, predictions
+
+    def _pending(self) -> list:
+        return [layer.pending for layer in self.norm_layers]
+
+    def _collecting(self, x, y, sample_weight, n, collecting: bool):
+        """``_compute`` as the XLA function runs it: plain structures out, and with ``collecting`` the BatchNorm
+        sums of this micro-batch (a list per collecting layer) instead of into the variables."""
+        lists = [[] for _ in self._pending()] if collecting else []
+        outer = [p._collected for p in self._pending()]
+        try:
+            for p, into in zip(self._pending(), lists):
+                p._collected = into
+            parts, shares, gradients, predictions = self._compute(x, y, sample_weight, n)
+        finally:
+            for p, was in zip(self._pending(), outer):
+                p._collected = was
+        return (parts.examples, parts.sums, parts.counts, parts.outputs), shares, gradients, predictions, lists
 
     def _micro(self, data, n, prepare=as_data):
         """Replica context: one micro-batch into the caches and totals."""

@@ -22,7 +22,7 @@ import tensorflow as tf
 from . import keras_private
 from .engine import graph, in_turn
 from .gradient_cache import REPLICA_LOCAL
-from .objective import Totals, as_data, combine, output_values, scale_of
+from .objective import Parts, Totals, as_data, combine, output_values, scale_of
 from .update import _first
 
 
@@ -98,8 +98,10 @@ class Evaluation:
     ``batch`` (held ones) as often as the data goes, then ``end`` (one all-reduce). ``groups``: the normalisers
     of the data (the objective's by default); ``prepare(element, n)``: a pulled element as (x, y, weights)."""
 
-    def __init__(self, objective, metrics, groups=None, strategy=None, prepare=as_data):
+    def __init__(self, objective, metrics, groups=None, strategy=None, prepare=as_data, jit=False):
         self.objective, self.metrics, self.prepare = objective, metrics, prepare
+        # XLA (compile's jit_compile): each micro-batch's forward pass and loss, as model.fit's test step
+        self._parts = tf.function(self._evaluate, jit_compile=True, autograph=False) if jit else self._evaluate
         self.groups = tuple(groups if groups is not None else objective.groups)
         self.strategy = strategy or tf.distribute.get_strategy()
         with self.strategy.scope():
@@ -124,11 +126,16 @@ class Evaluation:
 
     def _micro(self, element, prepare=as_data):
         x, y, sample_weight = prepare(element, None)
-        parts, predictions = self.objective.evaluate(x, y, sample_weight, False, self.groups)
+        (examples, sums, counts, outputs), predictions = self._parts(x, y, sample_weight)
+        parts = Parts(examples, sums, counts, outputs)
         shares = {g: parts.sums[g] / scale_of(g, 1) for g in self.groups}
         self.totals.add(self.totals.plus(self.totals.zeros(), parts, shares))
         if self.metrics is not None:
             self.metrics.update(x, y, predictions, sample_weight)
+
+    def _evaluate(self, x, y, sample_weight):
+        parts, predictions = self.objective.evaluate(x, y, sample_weight, False, self.groups)
+        return (parts.examples, parts.sums, parts.counts, parts.outputs), predictions
 
     def _pull(self, iterator, pulls):
         element, real = next(iterator)  # a round of the stream's end says so in its flag

@@ -508,14 +508,71 @@ def test_run_eagerly_runs_the_micro_steps_eagerly_to_the_weights_of_the_graph():
     assert not tf.config.functions_run_eagerly()  # as it was before the call
 
 
-def test_jit_compile_is_said_not_applied_in_one_warning():
-    model = compiled_with(jit_compile=True)
-    with pytest.warns(UserWarning) as caught:
-        accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, verbose=0)
-    assert [str(w.message) for w in caught if "jit_compile" in str(w.message)] == [
-        "accum_train.fit: model 'regression' is compiled with jit_compile=True, which accum_train.fit does not "
-        "apply yet: its updates run as TensorFlow graphs without XLA"
-    ]
+def jit_classifier(jit_compile, norm):
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((6,)), keras.layers.Dense(8, activation="relu")]
+    layers += [keras.layers.BatchNormalization()] if norm else []
+    model = keras.Sequential([*layers, keras.layers.Dense(4)])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, metrics=["accuracy"], jit_compile=jit_compile)
+    return model
+
+
+@pytest.mark.parametrize(
+    "norm, k, twin",
+    [
+        (False, 2, "model.fit"),  # a dense net: the whole batch's update at k=2
+        (True, 1, "model.fit"),  # BatchNorm at k=1 is the whole batch
+        (True, 2, "no XLA"),  # BatchNorm at k=2, its pooled sums out of the compiled micro-step (carried loop)
+    ],
+)
+def test_jit_compile_trains_each_micro_step_and_validation_with_xla_to_the_weights_without(norm, k, twin):
+    """Validation too runs under XLA, as model.fit's test step does."""
+    model, other = jit_classifier(True, norm), jit_classifier(twin == "model.fit", norm)
+    common = dict(verbose=0, shuffle=False, validation_data=(X[:20], LABELS[:20]), validation_batch_size=8)
+    history = accum_train.fit(model, X, LABELS, BATCH, 2, subdivisions=k, **common)
+    if twin == "model.fit":
+        expected = other.fit(X, LABELS, BATCH, 2, **common)
+    else:
+        expected = accum_train.fit(other, X, LABELS, BATCH, 2, subdivisions=k, **common)
+    assert max_difference(model.get_weights(), other.get_weights()) < 1e-5
+    for key in ("loss", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(history.history[key], expected.history[key], rtol=1e-5, err_msg=key)
+
+
+class HostOnly(keras.layers.Layer):
+    """An op XLA cannot compile (a Python function), in training or only in inference (``when``): under
+    jit_compile=True, model.fit fails on it in its train step or in its validation."""
+
+    def __init__(self, when):
+        super().__init__()
+        self.when = when
+
+    def call(self, x, training=None):
+        if (self.when == "validation") == bool(training):
+            return x
+        return tf.ensure_shape(tf.numpy_function(lambda v: v, [x], tf.float32), x.shape)
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+@pytest.mark.parametrize("jit_compile, when", [(False, "training"), (True, "training"), (True, "validation")])
+def test_jit_compile_is_applied_as_model_fit_applies_it(jit_compile, when):
+    def model():
+        keras.utils.set_random_seed(1)
+        net = keras.Sequential([keras.Input((6,)), HostOnly(when), keras.layers.Dense(1)])
+        net.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+        return net
+
+    common = dict(verbose=0, validation_data=(X[:8], Y[:8]))
+    fits = (lambda m: m.fit(X, Y, BATCH, **common), lambda m: accum_train.fit(m, X, Y, BATCH, subdivisions=2, **common))
+    for fit in fits:
+        if not jit_compile:
+            fit(model())  # trains and validates: the Python function runs on the host
+            continue
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Detected unsupported operations when trying to "):
+            fit(model())
 
 
 class OwnStep(keras.Model):

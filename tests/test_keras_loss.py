@@ -259,14 +259,14 @@ def test_predict_and_export_give_the_trained_model_s_outputs(tmp_path):
 
 
 def regression_example(repo_root):
-    """The commands of the regression example (docs/data-and-models.md), and the figures docs/keras-loss.md
-    states for its run."""
+    """The commands of the regression example (docs/data-and-models.md), and the figures of its measured run
+    (docs/results/keras-loss.md, which docs/keras-loss.md links)."""
     import re
 
     text = (repo_root / "docs" / "data-and-models.md").read_text()
     body = text.split("<!-- sh example: regression -->\n```sh\n", 1)[1].split("```", 1)[0]
     commands = [line.split("#", 1)[0].strip() for line in body.splitlines() if line.strip()]
-    docs = (repo_root / "docs" / "keras-loss.md").read_text().split("## The regression example", 1)[1]
+    docs = (repo_root / "docs" / "results" / "keras-loss.md").read_text().split("## The regression example", 1)[1]
     loss, mae = (float(v) for v in re.search(r"test loss\s+([0-9.]+).*?test mae\s+([0-9.]+)", docs, re.S).groups())
     return commands, loss, mae
 

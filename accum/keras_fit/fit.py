@@ -16,7 +16,6 @@ accumulator ``accum-train run`` trains on (engine.py).
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from pathlib import Path
 
@@ -141,12 +140,6 @@ def fit(
     validation = None
     if validation_data is not None:
         validation = validation_feed(validation_data, validation_batch_size or feed.batch_size)
-    if model.jit_compile:  # as compile() resolved it: its default "auto" too, on a GPU
-        warnings.warn(
-            f"{WHERE}: model {model.name!r} is compiled with jit_compile=True, which accum_train.fit does not apply "
-            f"yet: its updates run as TensorFlow graphs without XLA",
-            stacklevel=2,
-        )
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):
             restore.enter_context(_eagerly())
@@ -431,6 +424,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in model._flatten_layers()):
         loss_scale = LOSS_SCALE.initial
     metrics = KerasMetrics(model, strategy)
+    jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
     engine = Accumulator(
         objective,
         [storage(v) for v in model.trainable_variables],
@@ -442,11 +436,12 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         prepare=_unpacked,
         sized=keras_private.loops_over_time(model),
         norm_layers=norm_layers,
+        jit=jit,
         strategy=strategy,
         loss_scale=loss_scale,
         growth_steps=growth,
     )
-    evaluation = Evaluation(objective, metrics, eval_groups, strategy, _unpacked) if eval_groups else None
+    evaluation = Evaluation(objective, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
     return engine, evaluation
 
 
