@@ -192,6 +192,11 @@ SOURCES = {
         iter([(X[i : i + BATCH], Y[i : i + BATCH]) for _ in range(2) for i in range(0, N, BATCH)]),
         {"steps_per_epoch": 4},
     ),
+    # a trailing None is no sample weight, as in model.fit (not a weight taken for y)
+    "iterator of (x, y, None)": (
+        iter([(X[i : i + BATCH], Y[i : i + BATCH], None) for _ in range(2) for i in range(0, N, BATCH)]),
+        {"steps_per_epoch": 4},
+    ),
     "repeat with steps_per_epoch": (PAIRS.batch(BATCH).repeat(), {"steps_per_epoch": 4}),
 }
 
@@ -719,6 +724,12 @@ BAD = [
         regression,
         lambda m: accum_train.fit(m, iter([[X, Y]])),
         "accum_train.fit: x yielded a list: a generator of batches yields tuples (x,), (x, y) or (x, y, sample_weight)",
+    ),
+    (
+        regression,
+        lambda m: accum_train.fit(m, iter([(X[:8], None, np.ones(8, np.float32))] * 4)),
+        "accum_train.fit: x yielded (x, None, sample_weight): sample weights without targets are not supported; "
+        "yield (x, y, sample_weight)",
     ),
     (
         regression,

@@ -301,7 +301,15 @@ def _batch_as_arrays(batch, name: str):
             f"{WHERE}: {name} yielded a {type(batch).__name__}: a generator of batches yields tuples (x,), "
             f"(x, y) or (x, y, sample_weight)"
         )
-    return _leaves_as_arrays(tuple(part for part in batch if part is not None), f"a batch of {name}")
+    parts = list(batch)
+    while parts and parts[-1] is None:  # (x, None) and (x, y, None) are (x,) and (x, y), as in model.fit
+        parts.pop()
+    if any(part is None for part in parts):
+        raise UserError(
+            f"{WHERE}: {name} yielded (x, None, sample_weight): sample weights without targets are not "
+            f"supported; yield (x, y, sample_weight)"
+        )
+    return _leaves_as_arrays(tuple(parts), f"a batch of {name}")
 
 
 def _with_class_weights(element, class_weight):
