@@ -203,8 +203,8 @@ FIGURES = [
     quote(
         "large-batch: LAMB and LARS at batch 4000",
         "docs/large-batch.md",
-        "batch 4000 so far ({}, against {} for Adam with the linear rule and a 3-epoch warm-up), and still {} "
-        "short; LARS peaks at 8-16 ({}). Both have {} updates where the reference has {}.",
+        "the best recipe at batch 4000 ({}, against {} for Adam with the linear rule and a 3-epoch warm-up), and "
+        "still {} short; LARS peaks at 8-16 ({}). Both have {} updates where the reference has {}.",
         "large-batch.json",
         lambda r: (
             r["best"]["4000"]["test_accuracy"],
