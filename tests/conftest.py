@@ -49,6 +49,7 @@ def repo_root() -> Path:
 # test_readme.py leads: in the slow suite its documented commands run for about 11 minutes in one process.
 FIRST = (
     "test_readme.py",
+    "test_conformance.py",
     "test_export.py",
     "test_auto_subdivisions.py",
     "test_keras_file.py",
