@@ -192,7 +192,7 @@ def logistic_endpoint():
     targets = keras.Input(shape=(4,), name="targets")
     logits = keras.layers.Dense(4)(inputs)
     predictions = LogisticEndpoint(name="predictions")(targets, logits)
-    model = keras.Model(inputs=[inputs, targets], outputs=predictions)
+    model = keras.Model(inputs=[inputs, targets], outputs=predictions, name="logistic_endpoint")
     model.compile(optimizer=keras.optimizers.Adam(0.01))  # no loss: the layer's is the model's
     return model
 
@@ -564,16 +564,6 @@ CASES = {
     "custom-loss": Case(custom_loss, lambda d: arrays(y=ONE_HOT, validation_data=(X_VAL, ONE_HOT_VAL))),
     "class-weight": Case(functional, lambda d: validated(class_weight={0: 1.0, 1: 0.5, 2: 2.0, 3: 1.0})),
     "sample-weight-custom-metric": Case(custom_metric, lambda d: validated(sample_weight=sample_weights())),
-    "add-loss-without-compiled-loss": Case(
-        logistic_endpoint,
-        lambda d: {"x": {"inputs": X, "targets": ONE_HOT}, "batch_size": BATCH, "epochs": EPOCHS, "shuffle": False},
-        xfail=(
-            AttributeError,
-            "a model compiled without a loss (its layers add it, the training guide's LogisticEndpoint) stops "
-            "accum_train.fit with AttributeError: 'NoneType' object has no attribute '_flat_losses' "
-            "(keras_private.flat_losses reads compile_loss(model), None here); model.fit trains it",
-        ),
-    ),
     # Training & evaluation: data
     "python-generator": Case(
         sequential, lambda d: {"x": batches(), "steps_per_epoch": 3, "epochs": EPOCHS, "shuffle": False}
@@ -607,15 +597,6 @@ CASES = {
     # at k=2 each micro-batch draws its own noise: the History's keys and epochs only
     "subclassed-vae-sampling": Case(vae, lambda d: arrays(y=X), exact_at=(1,)),
     # Customizing what happens in fit()
-    "own-test-step": Case(
-        own_test_step,
-        lambda d: validated(),
-        xfail=(
-            None,
-            "accum_train.fit validates with its own evaluation and ignores an overridden test_step (it refuses "
-            "train_step and compute_loss): model.fit logs val_own_loss, accum_train.fit val_loss",
-        ),
-    ),
     "run-eagerly-validation-data": Case(
         lambda: functional(run_eagerly=True),
         lambda d: validated(),
@@ -856,7 +837,46 @@ def test_a_model_with_its_own_step_is_refused_in_one_line_naming_why(model_class
         accum_train.fit(model, X, LABELS, batch_size=BATCH, subdivisions=2, verbose=0)
     assert str(caught.value) == (
         f"accum_train.fit: model 'custom_model' overrides {method}, which accum_train.fit cannot cut into "
-        f"micro-batches (it differentiates the compiled loss itself): compile the loss with compile(loss=...) or "
-        f"add it with add_loss, or train with model.fit"
+        f"micro-batches (it differentiates the compiled loss itself): compile the loss with compile(loss=...), "
+        f"or train with model.fit"
     )
     assert_same(model.get_weights(), before, "weights")  # refused before anything trained
+
+
+@pytest.mark.parametrize(
+    ("make", "keywords", "message"),
+    [
+        (
+            own_test_step,
+            validated(),
+            "accum_train.fit: model 'own_test_step' overrides test_step, which accum_train.fit's validation does "
+            "not call (it evaluates the compiled loss and metrics itself): leave validation out and call "
+            "model.evaluate, or train with model.fit",
+        ),
+        (
+            logistic_endpoint,
+            {"x": {"inputs": X, "targets": ONE_HOT}, "batch_size": BATCH, "epochs": EPOCHS, "shuffle": False},
+            "accum_train.fit: model 'logistic_endpoint' is compiled without a loss (compile(loss=None); add_loss "
+            "alone): accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
+            "compile(loss=...), or train with model.fit",
+        ),
+    ],
+    ids=["own-test-step-with-validation", "add-loss-without-compiled-loss"],
+)
+def test_a_guide_pattern_fit_cannot_follow_is_refused_in_one_line_before_training(make, keywords, message):
+    model = make()
+    before = model.get_weights()
+    with pytest.raises(UserError) as caught:
+        accum_train.fit(model, **keywords, subdivisions=2, verbose=0)
+    assert str(caught.value) == message
+    assert_same(model.get_weights(), before, "weights")
+
+
+def test_an_own_test_step_is_no_matter_without_validation():
+    """model.fit calls test_step only to validate: without validation the two train alike."""
+    model, oracle = own_test_step(), own_test_step()
+    oracle.set_weights(model.get_weights())
+    history = accum_train.fit(model, **arrays(), subdivisions=2, verbose=0)
+    expected = oracle.fit(**arrays(), verbose=0)
+    assert_same(model.get_weights(), oracle.get_weights(), "weights")
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)

@@ -695,8 +695,8 @@ BAD = [
         own_step_model,
         lambda m: accum_train.fit(m, X, Y, batch_size=BATCH),
         "accum_train.fit: model 'own_step' overrides train_step, which accum_train.fit cannot cut into micro-batches "
-        "(it differentiates the compiled loss itself): compile the loss with compile(loss=...) or add it with "
-        "add_loss, or train with model.fit",
+        "(it differentiates the compiled loss itself): compile the loss with compile(loss=...), or train with "
+        "model.fit",
     ),
     (
         sum_none,

@@ -139,6 +139,12 @@ def fit(
     cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
+        if type(model).test_step is not keras.Model.test_step:
+            raise UserError(
+                f"{WHERE}: model {model.name!r} overrides test_step, which accum_train.fit's validation does not "
+                f"call (it evaluates the compiled loss and metrics itself): leave validation out and call "
+                f"model.evaluate, or train with model.fit"
+            )
         validation = validation_feed(validation_data, validation_batch_size or feed.batch_size)
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):
@@ -151,6 +157,12 @@ def fit(
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
+            if keras_private.compile_loss(model) is None:
+                raise UserError(
+                    f"{WHERE}: model {model.name!r} is compiled without a loss (compile(loss=None); add_loss alone): "
+                    f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
+                    f"compile(loss=...), or train with model.fit"
+                )
             objective = KerasObjective(model)
             groups = _probe(objective, feed.element_spec, strategy)
             eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
@@ -232,7 +244,7 @@ def _check_model(model) -> None:
             raise UserError(
                 f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit cannot cut into "
                 f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
-                f"compile(loss=...) or add it with add_loss, or train with model.fit"
+                f"compile(loss=...), or train with model.fit"
             )
     steps = getattr(model, "steps_per_execution", 1)
     if steps != 1:
