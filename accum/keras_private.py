@@ -110,3 +110,9 @@ def metric_names() -> list[str]:
     from keras.src.metrics import ALL_OBJECTS_DICT
 
     return sorted(ALL_OBJECTS_DICT)
+
+
+def initial_epoch(model, given: int) -> int:
+    """The epoch to start from after the callbacks' on_train_begin: BackupAndRestore sets model._initial_epoch to
+    the epoch it restored, which model.fit then starts from (instead of its initial_epoch)."""
+    return getattr(model, "_initial_epoch", None) or given

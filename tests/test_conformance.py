@@ -787,11 +787,6 @@ class InterruptingCallback(keras.callbacks.Callback):
             raise RuntimeError("Interrupting!")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="accum_train.fit does not read model._initial_epoch, which BackupAndRestore sets in on_train_begin: "
-    "the resumed call restores the backed-up weights but trains epochs 0 to 3 again (model.fit: 2 and 3)",
-)
 def test_backup_and_restore_resumes_at_the_epoch_it_backed_up(tmp_path):
     """Interrupted at epoch 2, then a fresh model (as a new process would build) resumed from the backup."""
 

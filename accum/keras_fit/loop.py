@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import keras_private
 from ..batching import largest_share, same_size
 from ..errors import Interrupted
 from ..feed import Planned, distribute, empty_like, endless
@@ -84,6 +85,7 @@ class Loop:
         )
         model.stop_training = False
         callbacks.on_train_begin()
+        initial_epoch = keras_private.initial_epoch(model, initial_epoch)
         logs, training_logs = {}, None
         first_epoch, first_update = start
         for epoch in range(max(initial_epoch, first_epoch), epochs):
