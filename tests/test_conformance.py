@@ -577,11 +577,6 @@ CASES = {
             "epochs": EPOCHS,
             "shuffle": False,
         },
-        xfail=(
-            None,
-            "History.params['steps'] (the progress bar's total) is None for a PyDataset of known length (3 here, "
-            "model.fit's); its weights and logs are model.fit's",
-        ),
     ),
     "tf-data": Case(
         functional,
@@ -776,7 +771,7 @@ def test_a_keras_guide_pattern_ends_at_model_fit_s_weights_and_logs(name, k, tmp
     for key, value in expected.seen.items():
         assert_same(ours.seen[key], value, key)
     assert set(ours.seen) == set(expected.seen)
-    assert ours.params == expected.params  # last: a PyDataset's (xfail) is the one thing of its case that differs
+    assert ours.params == expected.params
 
 
 class InterruptingCallback(keras.callbacks.Callback):

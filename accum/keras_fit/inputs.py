@@ -217,6 +217,8 @@ class DatasetFeed:
                 f"{WHERE}: x is an infinite dataset (it repeats): pass steps_per_epoch, the updates of one epoch"
             )
         self.cardinality = None if cardinality < 0 else cardinality
+        if self.cardinality is None and py_adapter is not None:
+            self.cardinality = py_adapter.num_batches  # a PyDataset's len(), which its generator's pipeline hides
         self.steps_per_epoch = steps_per_epoch
         self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
         self.once = False  # read again each epoch (or, with steps_per_epoch, one stream that can start over)
