@@ -61,7 +61,7 @@ def in_turn(k, step) -> None:
 
     def body(i):
         step(i)
-        return i + 1
+        return [i + 1]  # the loop variables' structure: run eagerly (run_eagerly=True), a bare tensor is refused
 
     tf.while_loop(lambda i: i < k, body, [tf.constant(0)], parallel_iterations=1)
 

@@ -595,11 +595,6 @@ CASES = {
     "run-eagerly-validation-data": Case(
         lambda: functional(run_eagerly=True),
         lambda d: validated(),
-        xfail=(
-            TypeError,
-            "compile(run_eagerly=True) with validation data stops accum_train.fit at the first validation with "
-            "TypeError: Cannot iterate over a scalar tensor (scoring.py's _pull, run op by op)",
-        ),
     ),
     # Built-in callbacks. Not here: RemoteMonitor (it posts to a server; the tests never touch the network),
     # OrbaxCheckpoint (orbax is not installed), ProgbarLogger (verbose=1; its text holds timings:
