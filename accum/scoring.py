@@ -48,6 +48,9 @@ class KerasMetrics:
     def local(self) -> list:
         return [v.read_value() for v in self.variables] if self.sync else []
 
+    def state(self) -> list:
+        return self.variables
+
     def reset(self) -> None:
         self.model.reset_metrics()
 
@@ -85,6 +88,9 @@ class Correct:
     def local(self) -> list:
         return [self.correct.read_value()]
 
+    def state(self) -> list:
+        return [self.correct]
+
     def reset(self) -> None:
         self.correct.assign(0.0)
 
@@ -110,6 +116,7 @@ class Evaluation:
         self._step = graph(self._pull)
         self._batch = graph(lambda data: run(self._micro, args=(data,)), reduce_retracing=True)
         self._end = graph(lambda: run(self._end_replica))
+        self._so_far = graph(lambda: run(self._end_replica, args=(False,)))
 
     def step(self, iterator, pulls: int) -> bool:
         """One batch's ``pulls`` micro-steps per replica from ``iterator``, whose elements are (element, real);
@@ -123,6 +130,10 @@ class Evaluation:
     def end(self) -> dict:
         """The loss and metrics over everything seen since the last ``end`` (one all-reduce)."""
         return _first(self.strategy, self._end())
+
+    def so_far(self) -> dict:
+        """``end``'s logs as they stand, nothing cleared: what model.fit gives its test batch callbacks."""
+        return _first(self.strategy, self._so_far())
 
     def _micro(self, element, prepare=as_data):
         x, y, sample_weight = prepare(element, None)
@@ -143,7 +154,7 @@ class Evaluation:
         in_turn(pulls - 1, lambda i: self.strategy.run(self._micro, args=(next(iterator)[0], self.prepare)))
         return real
 
-    def _end_replica(self):
+    def _end_replica(self, clear=True):
         metrics = self.metrics.local() if self.metrics is not None else []
         reduced = tf.distribute.get_replica_context().all_reduce(
             tf.distribute.ReduceOp.SUM, {"totals": self.totals.values(), "metrics": metrics}
@@ -153,10 +164,19 @@ class Evaluation:
         penalty = self.objective.regularization()
         if penalty is not None:
             loss = loss + penalty
-        self.totals.clear()
+        if clear:
+            self.totals.clear()
         if self.metrics is None:
             return {"loss": loss, "examples": totals["examples"]}
-        return self.metrics.results(reduced["metrics"], loss, totals, output_values(totals, self.objective.kinds))
+        state = self.metrics.state()
+        kept = [v.read_value() for v in state]  # results() moves the metrics: put back when only reading them
+        logs = self.metrics.results(reduced["metrics"], loss, totals, output_values(totals, self.objective.kinds))
+        if not clear:
+            with tf.control_dependencies(tf.nest.flatten(logs)):
+                logs = {name: tf.identity(value) for name, value in logs.items()}
+                for variable, value in zip(state, kept):
+                    variable.assign(value)
+        return logs
 
 
 class Scorer:

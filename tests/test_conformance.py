@@ -666,11 +666,6 @@ CASES = {
         functional,
         lambda d: validated(callbacks=[CustomCallback()], validation_batch_size=4),
         observe=events,
-        xfail=(
-            None,
-            "accum_train.fit's validation calls on_test_batch_end with empty logs (model.fit: the running loss and "
-            "metrics) and calls on_test_batch_begin once more after the last validation batch, with no end",
-        ),
     ),
 }
 

@@ -158,12 +158,16 @@ class Loop:
         dataset = self.validation.dataset(0, 0, self.cut, pad=False)
         flagged = dataset.map(lambda *element: (element if len(element) > 1 else element[0], True))
         iterator = distribute(self.strategy, endless(flagged, (empty_like(dataset.element_spec), False)))
-        step = 0
-        while validation_steps is None or step < validation_steps:
+        step, count = 0, self.validation.updates(0)  # where known, no batch is begun past the last one
+        if validation_steps is not None:
+            limit = validation_steps if count is None else min(count, validation_steps)
+        else:
+            limit = count
+        while limit is None or step < limit:
             callbacks.on_test_batch_begin(step)
             if not self.evaluation.step(iterator, self.cut.k):
                 break
-            callbacks.on_test_batch_end(step, {})
+            callbacks.on_test_batch_end(step, as_python(self.evaluation.so_far()))  # model.fit's running logs
             step += 1
         logs = as_python(self.evaluation.end())
         callbacks.on_test_end(logs)
