@@ -11,8 +11,9 @@ micro-batches to measure it with (k > 1). model.fit's side of a case is run once
 
 The models are the guides' own, shrunk (Dense 8 units, 6 features, 40 examples in batches of 16, 16 and 8, two
 epochs) so that a side trains in a second or two, most of it tracing; SGD, Adam or RMSprop in float32, and no
-random layer except where both sides draw the same numbers. Where accum_train.fit departs from model.fit the case
-is a strict xfail whose reason says how: once fixed it passes, which fails the suite until the mark goes.
+random layer except where both sides draw the same numbers. Where accum_train.fit departs from model.fit a case
+is marked a strict xfail saying how (``Case.xfail``; none today): once fixed it passes, which fails the suite until
+the mark goes.
 RemoteMonitor is left out: it posts to a server, and the tests never touch the network.
 """
 
