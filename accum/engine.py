@@ -211,10 +211,8 @@ class Accumulator(Update):
             # BatchNorm layers collecting their sums (the carried loop) get them as the compiled call's outputs:
             # a tensor made inside it cannot leave it any other way
             lists = [p._collected for p in self._pending() if p._collected is not None]
-            (examples, sums, counts, outputs), shares, gradients, predictions, collected = self._compiled(
-                x, y, sample_weight, n, bool(lists)
-            )
-            parts = Parts(examples, sums, counts, outputs)
+            flat, shares, gradients, predictions, collected = self._compiled(x, y, sample_weight, n, bool(lists))
+            parts = Parts(*flat)
             for into, sums_of_calls in zip(lists, collected):
                 into.extend(sums_of_calls)
         if self.metrics is not None:
@@ -247,7 +245,7 @@ class Accumulator(Update):
         finally:
             for p, was in zip(self._pending(), outer):
                 p._collected = was
-        return (parts.examples, parts.sums, parts.counts, parts.outputs), shares, gradients, predictions, lists
+        return parts.flat(), shares, gradients, predictions, lists
 
     def _micro(self, data, n, prepare=as_data):
         """Replica context: one micro-batch into the caches and totals."""
@@ -264,7 +262,7 @@ class Accumulator(Update):
         tensors and written to the caches once. No variable is written inside the loop (but the metrics'), so
         up to ``parallel`` micro-steps can run at once; the next micro-batch is fetched by the micro-step before
         it, and each sum still adds in micro-batch order, the order the caches add in."""
-        pending = [layer.pending for layer in self.norm_layers]
+        pending = self._pending()
 
         def body(i, element, grads, totals, stats, terms):
             # first: the next micro-step can start once its micro-batch is here, while this one still runs

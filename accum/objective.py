@@ -37,6 +37,10 @@ class Parts:
     counts: dict = field(default_factory=dict)  # normaliser -> this micro-batch's part of D (none for TOTAL)
     outputs: list = field(default_factory=list)  # per loss: [S, D] unweighted (D 0 for a sum loss)
 
+    def flat(self) -> tuple:
+        """Its fields as a tuple, the structure a tf.function (an XLA one) returns; ``Parts(*flat)`` again."""
+        return (self.examples, self.sums, self.counts, self.outputs)
+
 
 def cross_entropy(labels, logits):
     """Per-example cross-entropy of integer labels against logits: the built-in nets' loss."""

@@ -137,8 +137,8 @@ class Evaluation:
 
     def _micro(self, element, prepare=as_data):
         x, y, sample_weight = prepare(element, None)
-        (examples, sums, counts, outputs), predictions = self._parts(x, y, sample_weight)
-        parts = Parts(examples, sums, counts, outputs)
+        flat, predictions = self._parts(x, y, sample_weight)
+        parts = Parts(*flat)
         shares = {g: parts.sums[g] / scale_of(g, 1) for g in self.groups}
         self.totals.add(self.totals.plus(self.totals.zeros(), parts, shares))
         if self.metrics is not None:
@@ -146,7 +146,7 @@ class Evaluation:
 
     def _evaluate(self, x, y, sample_weight):
         parts, predictions = self.objective.evaluate(x, y, sample_weight, False, self.groups)
-        return (parts.examples, parts.sums, parts.counts, parts.outputs), predictions
+        return parts.flat(), predictions
 
     def _pull(self, iterator, pulls):
         element, real = next(iterator)  # a round of the stream's end says so in its flag
@@ -168,7 +168,7 @@ class Evaluation:
             self.totals.clear()
         if self.metrics is None:
             return {"loss": loss, "examples": totals["examples"]}
-        state = self.metrics.state()
+        state = [] if clear else self.metrics.state()
         kept = [v.read_value() for v in state]  # results() moves the metrics: put back when only reading them
         logs = self.metrics.results(reduced["metrics"], loss, totals, output_values(totals, self.objective.kinds))
         if not clear:

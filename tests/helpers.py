@@ -1,10 +1,12 @@
 """Tools the tests share: NaN poisoning of chosen updates, a progress that
 sends SIGINT at a chosen report, calls into TensorFlow's graphs counted, and
-metrics.jsonl read back."""
+metrics.jsonl read back, a script loaded as a module."""
 
+import importlib.util
 import json
 import os
 import signal
+import sys
 
 import tensorflow as tf
 from accum_train.engine import Accumulator
@@ -98,3 +100,13 @@ class GraphCalls:
                 self._elsewhere -= 1
 
         return wrapped
+
+
+def load_file(path, name: str):
+    """The Python file at ``path`` (a script or benchmark, not a package module) imported as module ``name``,
+    registered in sys.modules as a normal import would be (its dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

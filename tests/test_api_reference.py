@@ -1,22 +1,17 @@
 """docs/api.md is what scripts/api_reference.py makes of the public API's signatures and docstrings now: it names
 every public object, and a changed docstring, default, callback or error leaves it stale."""
 
-import importlib.util
 import re
-import sys
 
 import accum_train
 import pytest
 from accum_train import errors
+from helpers import load_file
 
 
 @pytest.fixture(scope="module")
 def api(repo_root):
-    spec = importlib.util.spec_from_file_location("api_reference", repo_root / "scripts" / "api_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["api_reference"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(repo_root / "scripts" / "api_reference.py", "api_reference")
 
 
 def _user_errors(cls=errors.UserError):

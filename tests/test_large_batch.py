@@ -23,6 +23,7 @@ from accum_train.config import ConfigError, as_config, load_config
 from accum_train.optim import learning_rate_at, run_schedule
 from accum_train.timeline import Timeline
 from click.testing import CliRunner
+from helpers import load_file
 
 SCHEDULE = [{"epoch": 1, "batch_size": 500}, {"epoch": 3, "batch_size": 2000}]
 
@@ -453,11 +454,8 @@ def test_the_large_batch_config_is_the_table_s_best_row_as_measured(repo_root):
     """configs/fmnist-large-batch.yaml is the run of the row docs/large-batch.json chose on validation at batch
     4000 or more (the same config but for log_every), and its comment gives that row's figures."""
     import dataclasses
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("large_batch", repo_root / "benchmarks" / "large_batch.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_file(repo_root / "benchmarks" / "large_batch.py", "large_batch")
     report = json.loads((repo_root / "docs" / "large-batch.json").read_text())
     best = max(
         (report["best"][b] for b in ("4000", "16000") if b in report["best"]),

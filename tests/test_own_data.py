@@ -8,7 +8,6 @@ folder is read batch by batch from disk, never held. Bad data: one exact line,
 exit code 2, nothing written.
 """
 
-import importlib.util
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
 from accum_train.train import train
 from click.testing import CliRunner
-from helpers import InterruptAt
+from helpers import InterruptAt, load_file
 from PIL import Image
 
 # smoke.yaml on the whole slice: 2000 / 64 = 31 full updates and a short one of 16 per epoch; 3 epochs,
@@ -36,10 +35,7 @@ FOLDER_SETS = ["data.name=image_folder", "data.channels=1", *WHOLE_SLICE]
 
 
 def load_script(repo_root):
-    spec = importlib.util.spec_from_file_location("make_own_data", repo_root / "scripts" / "make_own_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(repo_root / "scripts" / "make_own_data.py", "make_own_data")
 
 
 def run(repo_root, out, sets):

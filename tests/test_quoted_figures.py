@@ -12,7 +12,6 @@ docs/results/ page that records it instead.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import re
@@ -22,13 +21,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from helpers import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 
-_spec = importlib.util.spec_from_file_location("quoted_tables", ROOT / "benchmarks" / "tables.py")
-tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tables)  # the generated tables' rounding: imports nothing heavy
+tables = load_file(ROOT / "benchmarks" / "tables.py", "quoted_tables")  # the generated tables' rounding
 
 
 class Figure(NamedTuple):

@@ -6,7 +6,6 @@ The slow suite runs the own-data example at smoke size and exactly as its page g
 predict's output with the page's block.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,16 +15,14 @@ import numpy as np
 import pytest
 from accum_train.cli.main import main
 from click.testing import CliRunner
+from helpers import load_file
 
 DEBIAN = "/usr/share/datasets/fashion-mnist"
 
 
 @pytest.fixture(scope="module")
 def readme(repo_root):
-    spec = importlib.util.spec_from_file_location("readme_outputs", repo_root / "scripts" / "readme_outputs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["readme_outputs"] = module
-    spec.loader.exec_module(module)
+    module = load_file(repo_root / "scripts" / "readme_outputs.py", "readme_outputs")
     return module, module.all_text()
 
 

@@ -158,11 +158,8 @@ class Loop:
         dataset = self.validation.dataset(0, 0, self.cut, pad=False)
         flagged = dataset.map(lambda *element: (element if len(element) > 1 else element[0], True))
         iterator = distribute(self.strategy, endless(flagged, (empty_like(dataset.element_spec), False)))
-        step, count = 0, self.validation.updates(0)  # where known, no batch is begun past the last one
-        if validation_steps is not None:
-            limit = validation_steps if count is None else min(count, validation_steps)
-        else:
-            limit = count
+        step = 0  # where the count is known, no batch is begun past the last one
+        limit = min((n for n in (self.validation.updates(0), validation_steps) if n is not None), default=None)
         while limit is None or step < limit:
             callbacks.on_test_batch_begin(step)
             if not self.evaluation.step(iterator, self.cut.k):
