@@ -53,7 +53,11 @@ def micro_terms(gradients: list, size) -> tf.Tensor:
     dense = [[None if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32) for g in one] for one in gradients]
     products = []
     for a, first in enumerate(dense):
-        for second in dense[a:]:
+        for offset, second in enumerate(dense[a:]):
+            if offset == 0:  # a squared norm: one L2Loss op per variable (half the sum of squares) where u * v is two
+                halves = [tf.nn.l2_loss(u) for u in first if u is not None]
+                products.append(2.0 * tf.add_n(halves) if halves else tf.constant(0.0))
+                continue
             pairs = [tf.reduce_sum(u * v) for u, v in zip(first, second) if u is not None and v is not None]
             products.append(tf.add_n(pairs) if pairs else tf.constant(0.0))
     b = tf.maximum(tf.cast(size, tf.float32), 1.0)
@@ -74,7 +78,7 @@ def update_terms(terms, factors: list, loss_scale, gradient) -> dict:
         for b in range(a, count):
             squares += (1.0 if a == b else 2.0) * weights[a] * weights[b] * terms[index]
             index += 1
-    batch = tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradient])
+    batch = 2.0 * tf.add_n([tf.nn.l2_loss(g) for g in gradient])
     return {"noise": tf.stack([squares, inverses, micro_batches]), "noise_batch": tf.stack([batch, total])}
 
 

@@ -139,3 +139,30 @@ def test_same_seed_same_weights():
     assert list(a) == list(b)
     assert all(np.array_equal(a[n].numpy(), b[n].numpy()) for n in a)
     assert not np.array_equal(a["conv1/filters"].numpy(), c["conv1/filters"].numpy())
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+def test_the_built_in_leaky_relu_has_tensorflow_s_values_and_gradient_bits_from_one_fused_op(dtype):
+    """builtin.leaky_relu's gradient reads its output: the bits of tf.nn.leaky_relu's own gradient (zero and
+    negative inputs included, in every compute precision), and one LeakyReluGrad op, no compare and select."""
+    from accum_train.models.builtin import leaky_relu
+
+    x = tf.constant(np.concatenate([RNG.normal(size=997), [0.0, -0.0, 1e-30, -1e-30, 3.0]]), dtype)
+    upstream = tf.constant(RNG.normal(size=1002), dtype)
+
+    def gradient_of(fn):
+        @tf.function
+        def run(x, upstream):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = fn(x)
+            return y, tape.gradient(y, x, output_gradients=upstream)
+
+        return run
+
+    ours, theirs = gradient_of(leaky_relu), gradient_of(lambda t: tf.nn.leaky_relu(t, 0.2))
+    for got, expected in zip(ours(x, upstream), theirs(x, upstream)):
+        np.testing.assert_array_equal(got.numpy().view(np.uint8), expected.numpy().view(np.uint8))
+    graph = ours.get_concrete_function(x, upstream).graph.as_graph_def()
+    ops = [node.op for f in graph.library.function for node in f.node_def] + [node.op for node in graph.node]
+    assert "LeakyReluGrad" in ops and "Greater" not in ops and "SelectV2" not in ops

@@ -32,7 +32,9 @@ def leaky_relu(features):
     outputs = tf.nn.leaky_relu(features, 0.2)
 
     def grad(upstream):
-        return tf.where(outputs > 0, upstream, upstream * tf.cast(0.2, upstream.dtype))
+        # LeakyReluGrad given the output as its features: one fused op (a compare and a select over the
+        # activation cost about ten times more), the bits of upstream where features > 0, else upstream * 0.2
+        return tf.raw_ops.LeakyReluGrad(gradients=upstream, features=outputs, alpha=0.2)
 
     return outputs, grad
 
