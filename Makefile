@@ -30,7 +30,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/pip install -q --no-compile -e ".[cpu,test]"
 	@# pip's own byte-compiling runs on one core (half of the install); compileall uses them all. As pip does, it
 	@# skips a file that does not compile (templates, Python 2 test data shipped in wheels).
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 
 # One process per core, each test file whole in one of them (its module fixtures are built once).
