@@ -10,10 +10,10 @@ from decimal import Decimal
 
 import pytest
 
-METHODS = ["(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k"]
+METHODS = ["(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"]
 
 
-@pytest.mark.slow  # four processes, each starting TensorFlow and tracing its training
+@pytest.mark.slow  # five processes, each starting TensorFlow and tracing its training
 def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     out = tmp_path / "peers-masked.json"
     rounds, updates = 2, 1
