@@ -13,6 +13,8 @@ needs its own), the same Fashion-MNIST batch and the same micro-batch:
   (b') the same with steps_per_execution=k: one graph call per k micro-steps,
        i.e. per update, like (a)
   (b'') (b') under (a)'s thread pools, in case they suit Keras too
+  (b''') (b') compiled with jit_compile=True: XLA, which compile's default
+       ("auto") leaves off on a CPU and which can make Keras faster there
   (c)  the seed's TF1 pattern: graph + Session, accumulate op run once per
        micro-batch through feed_dict, then the apply op
   (d)  plain training at the micro-batch size (the cost floor)
@@ -34,7 +36,7 @@ over the timed updates.
 Ratios are kept at full precision in the JSON (--output) and printed with 3
 decimals rounded against accum-train (down where higher is better for it, up
 where lower is better), so the display never flatters it. The a/b ratios are
-taken against the fastest of (b), (b') and (b'').
+taken against the fastest of (b), (b'), (b'') and (b''').
 
     python benchmarks/peers.py --output docs/peers.json   # the README's figures
     python benchmarks/peers.py --rounds 3 --updates 5 --mem-batch 1024   # quicker
@@ -122,13 +124,14 @@ class KerasAccumulation:
     """model.fit with Adam(gradient_accumulation_steps=k): one fit call per round. ``network()`` gives the
     uncompiled Keras model (the seed net's twin here, the user's file in peers_keras.py)."""
 
-    def __init__(self, network, k, micro, x, y, updates, steps_per_execution=1):
+    def __init__(self, network, k, micro, x, y, updates, steps_per_execution=1, jit_compile="auto"):
         keras.utils.set_random_seed(0)
         self.model = network()
         self.model.compile(
             optimizer=keras.optimizers.Adam(LR, gradient_accumulation_steps=k),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             steps_per_execution=steps_per_execution,
+            jit_compile=jit_compile,
         )
         # `updates` copies of the batch: updates x k micro-batches, built once
         # (data preparation, not a cost of accumulation).
@@ -190,17 +193,18 @@ def tf1_session(width, k, micro, xs, ys):
 
 # ---------------------------------------------------------------- timing
 
-A, A1, B, B_SPE, B_SPE_T, C, D, E = (
+A, A1, B, B_SPE, B_SPE_T, B_XLA, C, D, E = (
     "(a) accum-train",
     "(a1) accum-train, 1 at a time",
     "(b) keras GA, fit",
     "(b') keras GA, fit, spe=k",
     "(b'') keras GA, spe=k, threads",
+    "(b''') keras GA, spe=k, XLA",
     "(c) tf1 session",
     "(d) plain, micro-batch",
     "(e) plain, whole batch",
 )
-KERAS = (B, B_SPE, B_SPE_T)
+KERAS = (B, B_SPE, B_SPE_T, B_XLA)
 
 
 def ours_parallel(k):
@@ -218,6 +222,7 @@ def method_spec(args):
         B: (None, k * micro),
         B_SPE: (None, k * micro),
         B_SPE_T: (ours_pools, k * micro),
+        B_XLA: (None, k * micro),
         C: (None, k * micro),
         D: (None, micro),
         E: (None, k * micro),
@@ -241,6 +246,7 @@ def build_method(name, args, x, y):
             y[:batch],
             updates,
             steps_per_execution=1 if name == B else k,
+            jit_compile=name == B_XLA or "auto",
         )
     if name == C:
         return tf1_session(args.width, k, micro, x[:batch], y[:batch])
@@ -416,6 +422,8 @@ def against_keras(times):
         "a/b examples per CPU-second, (b'') spe=k, threads": a["examples_per_cpu_s"]
         / times[B_SPE_T]["examples_per_cpu_s"],
         "a/b examples per wall-second, (b'') spe=k, threads": a["examples_per_s"] / times[B_SPE_T]["examples_per_s"],
+        "a/b examples per CPU-second, (b''') spe=k, XLA": a["examples_per_cpu_s"] / times[B_XLA]["examples_per_cpu_s"],
+        "a/b examples per wall-second, (b''') spe=k, XLA": a["examples_per_s"] / times[B_XLA]["examples_per_s"],
         "a1/b examples per wall-second (one micro-step at a time)": times[A1]["examples_per_s"]
         / times[best_wall]["examples_per_s"],
         "a1/b examples per CPU-second (one micro-step at a time)": times[A1]["examples_per_cpu_s"]

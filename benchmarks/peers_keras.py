@@ -17,6 +17,8 @@ batch, micro-batch, k and Adam learning rate for every method:
        defaults (jit_compile="auto", steps_per_execution=1)
   (b') the same with steps_per_execution=k: one graph call per update
   (b'') (b') under (a)'s thread pools, in case they suit Keras too
+  (b''') (b') compiled with jit_compile=True (XLA, which "auto" leaves off
+       on a CPU)
 
 Every method in its own process, warmed up with one untimed round, then
 --rounds interleaved timed rounds; medians of CPU and wall time per example.
@@ -64,6 +66,7 @@ def build_method(name, args, x, y):
         y[:batch],
         args.updates,
         steps_per_execution=1 if name == B else k,
+        jit_compile=name == peers.B_XLA or "auto",
     )
 
 

@@ -19,6 +19,7 @@ METHODS = {
     "(b) keras GA, fit": "(b) Keras 3 `gradient_accumulation_steps`, `fit`, compile defaults",
     "(b') keras GA, fit, spe=k": "(b') the same with `steps_per_execution=k`",
     "(b'') keras GA, spe=k, threads": "(b'') (b') under (a)'s thread pools",
+    "(b''') keras GA, spe=k, XLA": "(b''') (b') with `jit_compile=True` (XLA)",
     "(c) tf1 session": "(c) TF1 Session, feed_dict per micro-batch",
     "(d) plain, micro-batch": "(d) plain, micro-batch {micro}",
     "(e) plain, whole batch": "(e) plain, whole batch {batch}",

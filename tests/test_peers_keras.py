@@ -15,10 +15,11 @@ METHODS = [
     "(b) keras GA, fit",
     "(b') keras GA, fit, spe=k",
     "(b'') keras GA, spe=k, threads",
+    "(b''') keras GA, spe=k, XLA",
 ]
 
 
-@pytest.mark.slow  # five timing processes, each starting TensorFlow and tracing its update
+@pytest.mark.slow  # six timing processes, each starting TensorFlow and tracing its update
 def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     out = tmp_path / "peers-keras.json"
     rounds, updates = 2, 1
