@@ -354,7 +354,7 @@ FIGURES = [
     quote(
         "performance: two micro-steps in flight",
         "docs/performance.md",
-        "take k=8 back to k=1's wall time here ({} against {} ms) at about k=1's CPU ({} against {} ms)",
+        "bring k=8 to k=1's wall time or below here ({} against {} ms), and its CPU ({} against {} ms)",
         "profile.json",
         lambda r: tuple(profiled(r, v)[key] for key in ("wall_ms", "cpu_ms") for v in ("k=8, 2 at once", "k=1")),
         ".1f",
