@@ -296,7 +296,7 @@ FIGURES = [
     quote(
         "performance: subdivided against one pass",
         "docs/performance.md",
-        "alike (single rounds ranged from {}x to {}x), for {}x and {}x of the allocator peak",
+        "two in flight (single rounds ranged from {}x to {}x), for {}x and {}x of the allocator peak",
         "subdivided.json",
         lambda r: (
             min(v["rows"][1]["time_ratio"]["min"] for v in r["variants"].values()),
