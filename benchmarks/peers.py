@@ -246,7 +246,7 @@ def build_method(name, args, x, y):
             y[:batch],
             updates,
             steps_per_execution=1 if name == B else k,
-            jit_compile=name == B_XLA or "auto",
+            jit_compile=True if name == B_XLA else "auto",
         )
     if name == C:
         return tf1_session(args.width, k, micro, x[:batch], y[:batch])

@@ -66,7 +66,7 @@ def build_method(name, args, x, y):
         y[:batch],
         args.updates,
         steps_per_execution=1 if name == B else k,
-        jit_compile=name == peers.B_XLA or "auto",
+        jit_compile=True if name == peers.B_XLA else "auto",
     )
 
 

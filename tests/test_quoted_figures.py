@@ -270,8 +270,7 @@ FIGURES = [
     quote(
         "fit: the tagger against Keras",
         "docs/fit.md",
-        "trains {}x the examples per CPU-second of Keras' own accumulation at its best (with XLA) and {}x per "
-        "wall-second",
+        "trains {}x the examples per CPU-second of Keras' own accumulation at its best and {}x per wall-second",
         "peers-masked.json",
         lambda r: (r["ratios"]["cpu"], r["ratios"]["wall"]),
         for_accum,
