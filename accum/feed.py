@@ -162,9 +162,21 @@ def streamed(split, epoch: int, layout: Layout) -> tf.data.Dataset:
     return tf.data.Dataset.choose_from_datasets([full, empty], choice)
 
 
+def untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with tf.data's autotuning off, as every pipeline here is iterated. Autotuning runs a thread per
+    iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled wake-up,
+    on a schedule that doubles from 10 ms: measured, about 1 s of idle wait at the end of half of the 1.5-s
+    ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. These pipelines set their buffers
+    themselves (``prefetch(1)``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores) untuned."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def distribute(strategy, elements: tf.data.Dataset):
-    """An iterator over this process's ``elements``: each pull gives every local replica its next one, in turn
-    (one device: the next element)."""
+    """An iterator over this process's ``elements`` (``untuned``): each pull gives every local replica its next
+    one, in turn (one device: the next element)."""
+    elements = untuned(elements)
     if strategy.num_replicas_in_sync == 1:
         return iter(elements)
     return iter(strategy.distribute_datasets_from_function(lambda context: elements))

@@ -110,3 +110,17 @@ def load_file(path, name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def iterated_autotuning(monkeypatch) -> list:
+    """The autotune option of every tf.data pipeline iterated from now on (None: TensorFlow's default, on)."""
+    import tensorflow as tf
+
+    seen, plain = [], tf.data.Dataset.__iter__
+
+    def recording(dataset):
+        seen.append(dataset.options().autotune.enabled)
+        return plain(dataset)
+
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", recording)
+    return seen

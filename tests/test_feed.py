@@ -18,6 +18,7 @@ from accum_train.feed import Reader, plan
 from accum_train.keras_loss import load_data
 from accum_train.timeline import Segment
 from accum_train.training_run import Run
+from helpers import iterated_autotuning
 
 
 @pytest.mark.parametrize(
@@ -139,6 +140,18 @@ def test_the_update_takes_no_batch_as_input(repo_root):
     inputs = [(t.dtype, t.shape.rank) for t in traced.inputs]
     assert all(dtype == tf.resource or (dtype == tf.int32 and rank == 0) for dtype, rank in inputs), inputs
     assert sum(dtype == tf.int32 for dtype, _ in inputs) == 3  # n, pulls, stop
+
+
+def test_the_feed_and_the_scores_iterate_their_pipelines_with_autotuning_off(repo_root, monkeypatch):
+    # autotuning's thread can hold an iterator's teardown until its next wake-up (feed.untuned)
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
+    run = Run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
+    seen = iterated_autotuning(monkeypatch)
+    iterator, planned = Reader(run).at(0)
+    run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
+    scores = run.scores()
+    assert 0 <= scores["test_accuracy"] <= 1
+    assert seen == [False, False]  # the epoch's feed, then the test split's batches
 
 
 @pytest.mark.slow

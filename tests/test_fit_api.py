@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
+from helpers import iterated_autotuning
 
 N, BATCH = 50, 16
 RNG = np.random.default_rng(3)
@@ -89,6 +90,17 @@ def test_callbacks_see_one_step_per_update_and_model_fit_logs():
     assert isinstance(history, keras.callbacks.History) and history.epoch == [0, 1]
     assert history.params == {"verbose": 0, "epochs": 2, "steps": 4}
     assert history["loss"] == history.history["loss"]  # also reads as the dict accum_train.fit used to return
+
+
+def test_the_epochs_and_the_validation_are_iterated_with_autotuning_off(monkeypatch):
+    # autotuning's thread can hold an iterator's teardown until its next wake-up (feed.untuned)
+    seen = iterated_autotuning(monkeypatch)
+    model = regression()
+    accum_train.fit(
+        model, X, Y, batch_size=BATCH, subdivisions=3, epochs=2, verbose=0, validation_data=(X[:10], Y[:10])
+    )
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert seen == [False] * 4  # per epoch: its stream, then the validation's
 
 
 def test_stop_training_is_honoured_after_the_update_in_hand():
