@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from .batching import largest_share, pieces, same_size
 from .data import epoch_order
+from .datasets.base import untuned
 
 
 def empty_like(spec):
@@ -160,17 +161,6 @@ def streamed(split, epoch: int, layout: Layout) -> tf.data.Dataset:
     empty = tf.data.Dataset.from_tensor_slices(layout.where[lengths == 0]).map(lambda w: (empty_like(batched), w))
     choice = tf.data.Dataset.from_tensor_slices((lengths == 0).astype(np.int64))
     return tf.data.Dataset.choose_from_datasets([full, empty], choice)
-
-
-def untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """``dataset`` with tf.data's autotuning off, as every pipeline here is iterated. Autotuning runs a thread per
-    iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled wake-up,
-    on a schedule that doubles from 10 ms: measured, about 1 s of idle wait at the end of half of the 1.5-s
-    ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. These pipelines set their buffers
-    themselves (``prefetch(1)``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores) untuned."""
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.with_options(options)
 
 
 def distribute(strategy, elements: tf.data.Dataset):

@@ -21,7 +21,6 @@ import tensorflow as tf
 
 from . import keras_private
 from .engine import graph, in_turn
-from .feed import untuned
 from .gradient_cache import REPLICA_LOCAL
 from .objective import Parts, Totals, as_data, combine, output_values, scale_of
 from .update import _first
@@ -193,7 +192,7 @@ class Scorer:
 
     def _over(self, split) -> dict:
         self.metrics.reset()
-        for batch in untuned(split.batches(np.arange(len(split)), self.batch_size())):
+        for batch in split.batches(np.arange(len(split)), self.batch_size()):
             self.evaluation.batch(batch)
         return {name: np.asarray(value) for name, value in self.evaluation.end().items()}
 
@@ -210,7 +209,7 @@ class Scorer:
     def classes(self, split=None):
         """(labels, predicted classes) of each batch of the test split (or ``split``): a confusion matrix."""
         split = self.data.test if split is None else split
-        for x, y in untuned(split.batches(np.arange(len(split)), self.batch_size())):
+        for x, y in split.batches(np.arange(len(split)), self.batch_size()):
             yield y.numpy(), self._classes(x).numpy()
 
     def scores(self) -> dict:

@@ -36,6 +36,19 @@ def scaled(x):
     return tf.gather(tf.constant(_SCALED), tf.cast(x, tf.int32))
 
 
+def untuned(dataset):
+    """``dataset`` with tf.data's autotuning off, as every pipeline here is iterated. Autotuning runs a thread per
+    iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled wake-up,
+    on a schedule that doubles from 10 ms: measured, about 1 s of idle wait at the end of half of the 1.5-s
+    ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. These pipelines set their buffers
+    themselves (``prefetch(1)``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores) untuned."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def stored(array):
     """An array as tf.data gathers from it: once, in host memory, in a variable. A tf.data function copies a tensor
     it captures each time its pipeline is made (a run makes one per epoch: the training set twice over, measured),
@@ -106,7 +119,8 @@ class ArraySplit:
         # One batch made at a time and one waiting: a whole batch is the one input the update holds that
         # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
         # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
-        return indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx))).prefetch(1)
+        batches = indices.map(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx))).prefetch(1)
+        return untuned(batches)
 
 
 def to_values(x):
@@ -209,7 +223,7 @@ class TaskSplit:
 
         self.tensors()  # made here, eagerly: not inside the map's graph
         indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-        return indices.map(lambda idx: self.convert(self.gather(idx))).prefetch(1)
+        return untuned(indices.map(lambda idx: self.convert(self.gather(idx))).prefetch(1))
 
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (dataset.json keeps them: a run is rebuilt

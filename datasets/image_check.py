@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import user_cache
+from .base import untuned
 
 MANIFEST = "image-checks.npz"  # in a run directory
 CACHE_ENV = "ACCUM_TRAIN_CACHE"
@@ -215,7 +216,7 @@ def _fill(sizes: np.ndarray, indices: np.ndarray, paths: np.ndarray, channels: i
         .ignore_errors()
     )
     steps = (steps if batch > 1 else steps.batch(1024)).prefetch(2)  # to Python in blocks, not file by file
-    for index, size in steps:
+    for index, size in untuned(steps):
         sizes[index.numpy()] = size.numpy()
 
 

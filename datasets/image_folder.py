@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .base import ArraySplit, Dataset, scaled
+from .base import ArraySplit, Dataset, scaled, untuned
 from .image_check import UNDECODABLE, check, decode_uint8, problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -367,7 +367,7 @@ class FileSplit:
         if len(self) == 0:
             return ArraySplit(images, self.labels)
         chunks = in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1)
-        iterator, done = iter(chunks), 0
+        iterator, done = iter(untuned(chunks)), 0
         while done < len(self):
             try:
                 chunk = next(iterator)[0].numpy()
@@ -408,7 +408,7 @@ class StreamedBatches:
         # decoded in chunks (in_chunks), then cut into the caller's batches; one batch waiting, no more (see
         # ArraySplit.batches)
         chunks = in_chunks(split.paths[self.order], split.labels[self.order], split.input_shape)
-        return chunks.rebatch(self.batch_size).prefetch(1)
+        return untuned(chunks.rebatch(self.batch_size).prefetch(1))
 
     def __iter__(self):
         import tensorflow as tf

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DataError
 from ..imports import import_function
 from ..text import first_line
-from .base import Dataset, convert_task
+from .base import Dataset, convert_task, untuned
 
 DEFAULT_SHUFFLE_BUFFER = 10_000
 
@@ -120,7 +120,7 @@ class StreamSplit:
         def convert(*element):
             return convert_task(element[0], element[1], element[2] if len(element) > 2 else None)
 
-        return dataset.batch(batch_size).map(convert, num_parallel_calls=1).prefetch(1)
+        return untuned(dataset.batch(batch_size).map(convert, num_parallel_calls=1).prefetch(1))
 
     def batches(self, order: np.ndarray, batch_size: int):
         """The split in its own order (evaluation reads it front to back; ``order`` must be that order)."""

@@ -143,7 +143,7 @@ def test_the_update_takes_no_batch_as_input(repo_root):
 
 
 def test_the_feed_and_the_scores_iterate_their_pipelines_with_autotuning_off(repo_root, monkeypatch):
-    # autotuning's thread can hold an iterator's teardown until its next wake-up (feed.untuned)
+    # autotuning's thread can hold an iterator's teardown until its next wake-up (datasets.base.untuned)
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
     run = Run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
     seen = iterated_autotuning(monkeypatch)

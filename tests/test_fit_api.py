@@ -93,7 +93,7 @@ def test_callbacks_see_one_step_per_update_and_model_fit_logs():
 
 
 def test_the_epochs_and_the_validation_are_iterated_with_autotuning_off(monkeypatch):
-    # autotuning's thread can hold an iterator's teardown until its next wake-up (feed.untuned)
+    # autotuning's thread can hold an iterator's teardown until its next wake-up (datasets.base.untuned)
     seen = iterated_autotuning(monkeypatch)
     model = regression()
     accum_train.fit(

@@ -25,7 +25,7 @@ from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
 from accum_train.train import train
 from click.testing import CliRunner
-from helpers import InterruptAt, load_file
+from helpers import InterruptAt, iterated_autotuning, load_file
 from PIL import Image
 
 # smoke.yaml on the whole slice: 2000 / 64 = 31 full updates and a short one of 16 per epoch; 3 epochs,
@@ -232,6 +232,16 @@ def test_decode_is_the_same_in_batches_take_and_read_image(tmp_path):
         np.testing.assert_array_equal(read_image(tmp_path / "d" / "train" / name, (8, 10, 3)), x.numpy()[row])
     # predict's images of any size go through the same resize
     assert read_image(tmp_path / "d" / "train" / "a" / "gray.png", (20, 14, 1)).shape == (20, 14, 1)
+
+
+def test_a_folder_is_decoded_and_batched_with_autotuning_off(tmp_path, monkeypatch):
+    # autotuning's thread can hold an iterator's teardown until its next wake-up (datasets.base.untuned)
+    tiny_folder(tmp_path / "d")
+    seen = iterated_autotuning(monkeypatch)
+    kept, streamed = (folder_data(tmp_path / "d", f"data.keep_decoded={keep}") for keep in ("true", "false"))
+    for split in (kept.train, streamed.train):
+        assert sum(len(y) for _, y in split.batches(np.arange(18), 8)) == 18
+    assert seen == [False] * 5  # the check (done once), the kept folder decoded (train, test), each split's batches
 
 
 @pytest.mark.parametrize(

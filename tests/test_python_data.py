@@ -13,7 +13,7 @@ from accum_train import UserError
 from accum_train.config import as_config, load_config
 from accum_train.errors import Interrupted
 from accum_train.train import train
-from helpers import InterruptAt
+from helpers import InterruptAt, iterated_autotuning
 
 N = 50
 
@@ -95,6 +95,14 @@ def test_a_factory_gives_the_weights_of_the_same_arrays_in_an_npz(project, monke
     summary = train(factory, project / "python")
     assert max_difference(weights(project / "python"), weights(project / "npz")) < 1e-6
     assert summary["steps"] == 12 and "test_mae" in summary
+
+
+def test_a_factory_s_pipeline_is_iterated_with_autotuning_off(project, monkeypatch):
+    # autotuning's thread can hold an iterator's teardown until its next wake-up (datasets.base.untuned)
+    factory = config(project, f"{{name: python, factory: 'pipeline:make', path: {project / 'data.npz'}}}", "epochs=2")
+    seen = iterated_autotuning(monkeypatch)
+    assert train(factory, project / "python")["steps"] == 8
+    assert seen == [False] * 5  # per epoch its feed and its scores, then the final scores
 
 
 def test_a_shuffled_stream_resumed_mid_epoch_ends_at_the_uninterrupted_weights(project):
