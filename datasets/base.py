@@ -38,10 +38,10 @@ def scaled(x):
 
 def untuned(dataset):
     """``dataset`` with tf.data's autotuning off, as every pipeline here is iterated. Autotuning runs a thread per
-    iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled wake-up,
-    on a schedule that doubles from 10 ms: measured, about 1 s of idle wait at the end of half of the 1.5-s
-    ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. These pipelines set their buffers
-    themselves (``prefetch(1)``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores) untuned."""
+    iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled wake-up
+    (the waits seen end where a schedule doubling from 10 ms would): measured, about 1 s of idle wait at the end
+    of half of the 1.5-s ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. Buffers stay as
+    each pipeline sets them (``prefetch``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores)."""
     import tensorflow as tf
 
     options = tf.data.Options()
