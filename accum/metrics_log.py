@@ -14,6 +14,12 @@ from .files import atomic_write
 # An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
 # loss's run has its metrics there).
 EPOCH_SCALARS = ("train_loss", "examples_per_s", "noise_scale")
+# An update's record as TensorBoard scalars: (key, tag)
+UPDATE_SCALARS = (
+    ("loss", "train/loss"),
+    ("learning_rate", "train/learning_rate"),
+    ("noise_scale", "train/noise_scale"),
+)
 
 
 def epoch_scalars(record: dict) -> list[str]:
@@ -38,6 +44,7 @@ class MetricsLog:
 
         self.path = Path(run_dir) / "metrics.jsonl"
         self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+        self._writers = {}  # tag: its graph (``_series``)
 
     def truncate_after(self, step: int, epochs_done: int) -> None:
         """Drop records a resumed run will write again (those after its checkpoint)."""
@@ -64,22 +71,40 @@ class MetricsLog:
                 handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())  # before the checkpoint that counts these updates as done
+        updates = [record for record in records if not is_epoch_record(record)]
         with self.writer.as_default():
+            for key, tag in UPDATE_SCALARS:
+                # a skipped update has no loss, and no rate was applied
+                steps = [record["step"] for record in updates if record.get(key) is not None]
+                if steps:
+                    values = [record[key] for record in updates if record.get(key) is not None]
+                    self._series(tag)(tf.constant(steps, tf.int64), tf.constant(values, tf.float64))
             for record in records:
                 if is_epoch_record(record):
                     for key in epoch_scalars(record):
                         if isinstance(record.get(key), (int, float)):
                             tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
-                    continue
-                # a skipped update has no loss, and no rate was applied
-                for key, tag in (
-                    ("loss", "train/loss"),
-                    ("learning_rate", "train/learning_rate"),
-                    ("noise_scale", "train/noise_scale"),
-                ):
-                    if record.get(key) is not None:
-                        tf.summary.scalar(tag, record[key], step=record["step"])
         self.writer.flush()
+
+    def _series(self, tag: str):
+        """A graph that writes ``tag``'s (steps, values) of a whole flush in one call: a flush of the update records
+        costs one call per tag, where one eager tf.summary.scalar per record and tag cost about 0.6 ms an update
+        (profiled on a small model, 2-core CPU)."""
+        import tensorflow as tf
+
+        if tag not in self._writers:
+
+            def write(steps, values):
+                def one(i):
+                    with tf.name_scope("/"):  # the tag as given: the loop's scope would prefix it with "while/"
+                        tf.summary.scalar(tag, values[i], step=steps[i])
+                    return [i + 1]
+
+                tf.while_loop(lambda i: i < tf.size(steps), one, [tf.constant(0)])
+
+            spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float64))
+            self._writers[tag] = tf.function(write, input_signature=spec, autograph=False)
+        return self._writers[tag]
 
     def write_updates(self, pending, timeline) -> tuple:
         """Records of buffered updates, (step, examples, engine output, batch size in force, k) each; (loss sum,

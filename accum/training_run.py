@@ -203,6 +203,7 @@ class Run:
                 self.checkpoint, str(Path(run_dir) / "checkpoints"), max_to_keep=self.cfg.checkpoint.keep
             )
         self.checkpoint.restore(intact).assert_existing_objects_matched()
+        self.noise.forget()
         self.saved_step = int(self.step.numpy())
         self._regrow(self.saved_step)
         return self.saved_step
@@ -211,6 +212,7 @@ class Run:
         """Save the state as of ``step`` updates; TensorFlow writes the files first and the 'checkpoint' pointer last,
         so a failed or killed save leaves the previous checkpoint as the latest."""
         self.step.assign(step)
+        self.noise.store()
         try:
             self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as err:

@@ -1,8 +1,8 @@
 """Runs `accum-train run` counting what each update costs, for test_distribute.py.
 
-Counts the calls from Python into TensorFlow graphs outside evaluation and checkpoints (one per update is
-the claim), and the collective ops in the traced graph of the update (one all-reduce is the claim; under
-MultiWorkerMirroredStrategy a collective is an op in the graph). The last line of stdout is
+Counts the calls from Python into TensorFlow graphs outside evaluation, writing the records and checkpoints
+(one per update is the claim), and the collective ops in the traced graph of the update (one all-reduce is the
+claim; under MultiWorkerMirroredStrategy a collective is an op in the graph). The last line of stdout is
 {"graph_calls": N, "collectives": {op: count}}; under --workers the launcher echoes the chief's.
 
 ``RUNNER worker ARGS`` runs the core's worker entry point (``accum_train.worker``) instead, as the

@@ -10,6 +10,7 @@ import sys
 
 import tensorflow as tf
 from accum_train.engine import Accumulator
+from accum_train.metrics_log import MetricsLog
 from accum_train.train import Progress, Run
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
@@ -76,8 +77,9 @@ def update_records(run_dir):
 
 
 class GraphCalls:
-    """Counts the calls from Python into TensorFlow graphs, leaving out those made while a run evaluates
-    or checkpoints. ``patch(owner, name, value)`` installs the counters: monkeypatch.setattr, or setattr."""
+    """Counts the calls from Python into TensorFlow graphs, leaving out those made while a run evaluates,
+    writes its records or checkpoints. ``patch(owner, name, value)`` installs the counters: monkeypatch.setattr,
+    or setattr."""
 
     def __init__(self, patch):
         self.calls, self._elsewhere = 0, 0
@@ -90,6 +92,8 @@ class GraphCalls:
         patch(atomic_function.AtomicFunction, "call_flat", counted)
         for name in ("scores", "save_checkpoint"):
             patch(Run, name, self._not_counted(getattr(Run, name)))
+        # the records' TensorBoard scalars: one call per tag and flush (every log_every updates), not per update
+        patch(MetricsLog, "write", self._not_counted(MetricsLog.write))
 
     def _not_counted(self, method):
         def wrapped(*args, **kwargs):

@@ -83,12 +83,21 @@ def test_tensorboard_events_hold_the_scalars(smoke_run):
     out, _, _ = smoke_run
     files = list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert len(files) == 1
-    tags = {}
+    tags, values = {}, {}
     for event in tf.compat.v1.train.summary_iterator(str(files[0])):
         for value in event.summary.value:
             tags.setdefault(value.tag, []).append(event.step)
+            values.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
     assert tags["train/loss"] == list(range(1, 95))
     assert tags["epoch/test_accuracy"] == [47, 94]
+    # each update's scalars are its record's, as float32 (written a flush at a time, one graph call per tag)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if "loss" in r]
+    for key in ("loss", "learning_rate", "noise_scale"):
+        expected = [r[key] for r in updates if r[key] is not None]
+        assert values[f"train/{key}"] == np.float32(expected).tolist()
+    accuracies = [r["test_accuracy"] for r in records if "elapsed_s" in r]
+    assert values["epoch/test_accuracy"] == np.float32(accuracies).tolist()
 
 
 def test_the_noise_scale_is_in_every_record_and_in_tensorboard(smoke_run):

@@ -30,8 +30,9 @@ class Said(Progress):
 
 @pytest.mark.parametrize("k", [1, 8])
 def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
-    """Python enters TensorFlow's graphs once per update, whatever k (evaluation and checkpoints aside). And the
-    noise scale's records: k=1 has no estimate (null everywhere, said once), k=8 one from the first update."""
+    """Python enters TensorFlow's graphs once per update, whatever k (evaluation, writing the records and
+    checkpoints aside). And the noise scale's records: k=1 has no estimate (null everywhere, said once), k=8 one
+    from the first update."""
     from accum_train.train import NO_NOISE_SCALE
 
     graph, said = GraphCalls(monkeypatch.setattr), Said()

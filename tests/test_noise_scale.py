@@ -159,6 +159,22 @@ def test_the_average_is_exponential_with_bias_correction():
     assert estimate.averages() == pytest.approx(averages, rel=1e-9)
 
 
+def test_the_averages_reach_a_checkpoint_through_store_and_come_back_through_forget(tmp_path):
+    """The averages live on the host between checkpoints: ``store`` writes them into the variables a checkpoint
+    saves, ``forget`` reads them back after a restore, bit for bit."""
+    estimate = NoiseScale()
+    estimate.add({"noise": [7.0, 2.0, 2.0], "noise_batch": [1.5, 2.0], "applied": True})
+    estimate.add({"noise": [9.0, 2.0, 2.0], "noise_batch": [2.5, 2.0], "applied": True})
+    assert [float(v.numpy()) for v in estimate.variables().values()] == [0.0, 0.0, 0.0]  # not stored yet
+    estimate.store()
+    path = tf.train.Checkpoint(**estimate.variables()).write(str(tmp_path / "ckpt"))
+    restored = NoiseScale()
+    restored.add({"noise": [5.0, 2.0, 2.0], "noise_batch": [1.0, 2.0], "applied": True})  # to be replaced
+    tf.train.Checkpoint(**restored.variables()).read(path).assert_consumed()
+    restored.forget()
+    assert restored.averages() == estimate.averages() and restored.value() == estimate.value()
+
+
 TWO_REPLICAS = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])

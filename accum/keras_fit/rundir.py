@@ -58,7 +58,7 @@ class FitRunDir:
     """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
 
     def __init__(self, run_dir: Path, model, engine, noise, strategy):
-        self.run_dir, self.model, self.engine = Path(run_dir), model, engine
+        self.run_dir, self.model, self.engine, self.noise = Path(run_dir), model, engine, noise
         self.writer = is_chief(strategy)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -144,6 +144,7 @@ class FitRunDir:
         checkpoint = tf.train.Checkpoint(**self.tracked, **held)
         try:
             checkpoint.restore(intact).assert_existing_objects_matched()
+            self.noise.forget()
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "
@@ -176,6 +177,7 @@ class FitRunDir:
     def _save(self, epoch: int, update_in_epoch: int) -> None:
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
+        self.noise.store()
         self.manager.save(checkpoint_number=int(self.step.numpy()))
         self.saved_at = time.time()
 
