@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from .batching import largest_share, pieces, same_size
 from .data import epoch_order
-from .datasets.base import untuned
+from .datasets.base import as_is, untuned
 
 
 def empty_like(spec):
@@ -128,7 +128,7 @@ def gathered(split, order: np.ndarray, layout: Layout) -> tf.data.Dataset:
     bounds = tf.data.Dataset.from_tensor_slices((splits[:-1], splits[1:], layout.where))
     parallel = getattr(split, "parallel_gather", None)
     return bounds.map(
-        lambda a, b, where: (split.gather(indices[a:b]), where),
+        as_is(lambda a, b, where: (split.gather(indices[a:b]), where)),
         **({"num_parallel_calls": parallel, "deterministic": True} if parallel else {}),
     )
 

@@ -189,10 +189,19 @@ class Scorer:
         self.metrics = KerasMetrics(model.network) if self.keras else Correct()
         self.evaluation = Evaluation(objective, self.metrics)
         self._classes = graph(lambda x: tf.argmax(model.forward(x, False), 1, output_type=tf.int32))
+        self._made = {}  # (id of a split, batch size): (the split, its batches)
+
+    def _batches(self, split):
+        """``split``'s batches in order, made once per split and batch size and iterated again at every score:
+        made anew, each epoch traced its pipeline again."""
+        key = (id(split), self.batch_size())
+        if key not in self._made:
+            self._made[key] = (split, split.batches(np.arange(len(split)), key[1]))  # the split held: its id stays
+        return self._made[key][1]
 
     def _over(self, split) -> dict:
         self.metrics.reset()
-        for batch in split.batches(np.arange(len(split)), self.batch_size()):
+        for batch in self._batches(split):
             self.evaluation.batch(batch)
         return {name: np.asarray(value) for name, value in self.evaluation.end().items()}
 
@@ -209,7 +218,7 @@ class Scorer:
     def classes(self, split=None):
         """(labels, predicted classes) of each batch of the test split (or ``split``): a confusion matrix."""
         split = self.data.test if split is None else split
-        for x, y in split.batches(np.arange(len(split)), self.batch_size()):
+        for x, y in self._batches(split):
             yield y.numpy(), self._classes(x).numpy()
 
     def scores(self) -> dict:

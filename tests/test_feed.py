@@ -154,6 +154,20 @@ def test_the_feed_and_the_scores_iterate_their_pipelines_with_autotuning_off(rep
     assert seen == [False, False]  # the epoch's feed, then the test split's batches
 
 
+def test_the_scores_make_the_test_batches_once_and_read_them_again(repo_root, monkeypatch):
+    """A run scores every epoch: the test split's pipeline is made once per batch size (made anew, it was traced
+    again each time), and read again gives the same scores."""
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["batch_size=256", "subdivisions=2"])
+    run = Run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
+    made, real = [], type(run.data.test).batches
+    monkeypatch.setattr(type(run.data.test), "batches", lambda split, *a: made.append(a[1]) or real(split, *a))
+    first = run.scores()
+    assert run.scores() == first and made == [run.eval_batch_size]
+    assert made == [256]  # twice the micro-batch of 128
+    run.engine.set_subdivisions(4)  # a smaller micro-batch: a smaller evaluation batch, a pipeline of its own
+    assert run.scores() == pytest.approx(first, abs=1e-6) and made == [256, 128]
+
+
 @pytest.mark.slow
 def test_the_memory_of_a_run_follows_the_micro_batch_not_the_batch(tmp_path, repo_root):
     """Fresh runs (each its own allocator) at batch 500 and 16000, micro-batches of 500: the same peak. Holding the
