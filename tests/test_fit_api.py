@@ -540,7 +540,7 @@ def jit_classifier(jit_compile, norm):
     [
         (False, 2, "model.fit"),  # a dense net: the whole batch's update at k=2
         (True, 1, "model.fit"),  # BatchNorm at k=1 is the whole batch
-        (True, 2, "no XLA"),  # BatchNorm at k=2, its pooled sums out of the compiled micro-step (carried loop)
+        (True, 2, "no XLA"),  # BatchNorm at k=2 (one micro-step at a time under XLA; two in flight without)
     ],
 )
 def test_jit_compile_trains_each_micro_step_and_validation_with_xla_to_the_weights_without(norm, k, twin):
@@ -555,6 +555,21 @@ def test_jit_compile_trains_each_micro_step_and_validation_with_xla_to_the_weigh
     assert max_difference(model.get_weights(), other.get_weights()) < 1e-5
     for key in ("loss", "val_loss", "val_accuracy"):
         np.testing.assert_allclose(history.history[key], expected.history[key], rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_under_xla_the_micro_steps_run_one_at_a_time(jit_compile, monkeypatch):
+    """XLA's compiled micro-step uses the cores itself: one in flight (two cost more CPU and wall time, measured).
+    Without it, two on a CPU with cores to share out (as auto chooses: threads.auto_parallel)."""
+    from accum_train.engine import Accumulator
+    from accum_train.threads import auto_parallel
+
+    seen, real = [], Accumulator.__init__
+    monkeypatch.setattr(
+        Accumulator, "__init__", lambda self, *a, **kw: seen.append(kw["parallel"]) or real(self, *a, **kw)
+    )
+    accum_train.fit(jit_classifier(jit_compile, False), X, LABELS, BATCH, 1, subdivisions=4, verbose=0)
+    assert seen == [1 if jit_compile else auto_parallel(2)]
 
 
 class HostOnly(keras.layers.Layer):
