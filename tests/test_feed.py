@@ -154,6 +154,25 @@ def test_the_feed_and_the_scores_iterate_their_pipelines_with_autotuning_off(rep
     assert seen == [False, False]  # the epoch's feed, then the test split's batches
 
 
+def _in_a_loop(function):
+    def looped(x):
+        body = lambda i, total: (i + 1, total + function(x))  # noqa: E731
+        return tf.while_loop(lambda i, _: i < 1, body, (0, tf.zeros(x.shape, tf.float32)))[1]
+
+    return tf.function(looped)
+
+
+@pytest.mark.parametrize("where", ["eager", "graph", "loop"])
+def test_uint8_images_scale_to_numpy_s_v_over_255_bit_for_bit(where):
+    """The micro-step converts stored uint8 images: every value exactly as numpy divides it, in a graph too (where
+    grappler would turn a plain division by 255 into a product with its reciprocal, an ulp off)."""
+    from accum_train.datasets.base import scaled
+
+    values = np.tile(np.arange(256, dtype=np.uint8), 8).reshape(8, 256)
+    run = {"eager": scaled, "graph": tf.function(scaled), "loop": _in_a_loop(scaled)}[where]
+    np.testing.assert_array_equal(run(tf.constant(values)).numpy(), values.astype(np.float32) / np.float32(255))
+
+
 def test_the_scores_make_the_test_batches_once_and_read_them_again(repo_root, monkeypatch):
     """A run scores every epoch: the test split's pipeline is made once per batch size (made anew, it was traced
     again each time), and read again gives the same scores."""
