@@ -10,10 +10,12 @@ from decimal import Decimal
 
 import pytest
 
-METHODS = ["(a) accum-train", "(b) keras GA, fit", "(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"]
+OURS = ["(a) accum-train", "(a') accum-train, XLA"]
+KERAS = ["(b) keras GA, fit", "(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"]
+METHODS = OURS + KERAS
 
 
-@pytest.mark.slow  # five processes, each starting TensorFlow and tracing its training
+@pytest.mark.slow  # six processes, each starting TensorFlow and tracing its training
 def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     out = tmp_path / "peers-masked.json"
     rounds, updates = 2, 1
@@ -27,7 +29,7 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert set(data) == {"args", "model", "environment", "time", "ratios", "a_b_against", "distance"}
+    assert set(data) == {"args", "model", "environment", "time", "ratios", "a_b_against", "a_b_ours", "distance"}
     assert data["args"]["arrange"] == "uneven"
     assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
 
@@ -44,14 +46,17 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
         assert r["optimizer_updates"] == (rounds + 1) * updates
         assert r["threads"] == {"intra": 0, "inter": 0}  # TensorFlow's defaults, for every method
 
-    keras = METHODS[1:]
-    best_cpu = min(keras, key=lambda name: times[name]["cpu_s_per_example"])
-    best_wall = min(keras, key=lambda name: times[name]["wall_s_per_example"])
-    assert data["a_b_against"] == {"cpu": best_cpu, "wall": best_wall}
-    a = times[METHODS[0]]
+    # each side's best (ours with or without XLA, Keras' three), by CPU and by wall time separately
+    best = {
+        side: {m: min(methods, key=lambda name: times[name][f"{m}_s_per_example"]) for m in ("cpu", "wall")}
+        for side, methods in (("ours", OURS), ("keras", KERAS))
+    }
+    assert data["a_b_against"] == best["keras"] and data["a_b_ours"] == best["ours"]
+    assert data["environment"]["jit_compile"] == dict(zip(METHODS, [False, True, False, False, True]))
     ratios = data["ratios"]
-    assert ratios["cpu"] == pytest.approx(times[best_cpu]["cpu_s_per_example"] / a["cpu_s_per_example"])
-    assert ratios["wall"] == pytest.approx(times[best_wall]["wall_s_per_example"] / a["wall_s_per_example"])
+    for m in ("cpu", "wall"):
+        ours, keras = times[best["ours"][m]], times[best["keras"][m]]
+        assert ratios[m] == pytest.approx(keras[f"{m}_s_per_example"] / ours[f"{m}_s_per_example"])
     printed = {
         line.strip().rsplit(maxsplit=2)[0]: line.split()[-2:] for line in result.stdout.splitlines() if "  a/b " in line
     }
