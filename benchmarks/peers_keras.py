@@ -11,6 +11,7 @@ batch, micro-batch, k and Adam learning rate for every method:
        Accumulator, one graph call per update, with the micro-steps in
        flight and the thread pools accum-train itself chooses (threads.py)
   (a1) the same, one micro-step at a time, TensorFlow's default threads
+  (a1') (a1) under (a)'s thread pools, the twin of (b'')
   (b)  the same file through keras.models.load_model, compiled with
        Adam(gradient_accumulation_steps=k) and from_logits cross-entropy,
        ONE model.fit per round over --updates x k micro-batches, compile
@@ -45,16 +46,16 @@ import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow lo
 import keras
 import peers  # benchmarks/ is on sys.path: this script runs from there, and so do its timing children
 from accum_train.config import ModelConfig
-from peers import A1, KERAS, A, B
+from peers import KERAS, A, B
 
 MAKE_MODEL = Path(__file__).resolve().parent.parent / "scripts" / "make_keras_model.py"
-METHODS = (A, A1, *KERAS)
+METHODS = (A, *peers.ONE_AT_A_TIME, *KERAS)
 
 
 def build_method(name, args, x, y):
     k, micro = args.k, args.micro
     batch = k * micro
-    if name in (A, A1):
+    if name in (A, *peers.ONE_AT_A_TIME):
         # a keras_file run's model: the file loaded and checked, its BatchNormalization made accumulating
         users_model = ModelConfig(name="keras_file", path=args.model_path)
         return peers.ours(users_model, k, x[:batch], y[:batch], parallel=peers.ours_parallel(k) if name == A else 1)
@@ -110,7 +111,7 @@ def main():
         f"its own process, medians; keras jit_compile resolved to {keras_jit[B]}"
     )
     peers.print_times(times)
-    ratios, details, (best_cpu, best_wall) = peers.against_keras(times)
+    ratios, details, (best_cpu, best_wall), one = peers.against_keras(times)
     print(
         f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
         f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}"
@@ -129,6 +130,7 @@ def main():
                     "ratios": ratios,
                     "ratios_a_b_per_keras_variant": details,
                     "a_b_against": {"cpu": best_cpu, "wall": best_wall},
+                    "a1_best": one,
                 },
                 indent=2,
             )

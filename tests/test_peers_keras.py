@@ -12,6 +12,7 @@ import pytest
 METHODS = [
     "(a) accum-train",
     "(a1) accum-train, 1 at a time",
+    "(a1') accum-train, 1 at a time, threads",
     "(b) keras GA, fit",
     "(b') keras GA, fit, spe=k",
     "(b'') keras GA, spe=k, threads",
@@ -19,7 +20,7 @@ METHODS = [
 ]
 
 
-@pytest.mark.slow  # six timing processes, each starting TensorFlow and tracing its update
+@pytest.mark.slow  # seven timing processes, each starting TensorFlow and tracing its update
 def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     out = tmp_path / "peers-keras.json"
     rounds, updates = 2, 1
@@ -32,7 +33,7 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
-    keys = {"args", "model", "environment", "time", "ratios", "ratios_a_b_per_keras_variant", "a_b_against"}
+    keys = {"args", "model", "environment", "time", "ratios", "ratios_a_b_per_keras_variant", "a_b_against", "a1_best"}
     assert set(data) == keys
     times = data["time"]
     assert list(times) == METHODS
@@ -43,8 +44,9 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
         # one fit per round over every update of the round, plus the warm-up round's
         assert r.get("optimizer_updates") == ((rounds + 1) * updates if "keras" in name else None)
     assert times[METHODS[0]]["threads"] == {"intra": 1, "inter": 2}  # accum-train's own choice on this CPU
+    assert times[METHODS[2]]["threads"] == times[METHODS[0]]["threads"]  # (a1'): one at a time under (a)'s pools
 
-    keras = METHODS[2:]
+    keras = METHODS[3:]
     best_cpu = min(keras, key=lambda name: times[name]["cpu_s_per_example"])
     best_wall = min(keras, key=lambda name: times[name]["wall_s_per_example"])
     assert data["a_b_against"] == {"cpu": best_cpu, "wall": best_wall}
@@ -56,6 +58,14 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     assert ratios["a/b examples per wall-second"] == pytest.approx(
         times[best_wall]["wall_s_per_example"] / a["wall_s_per_example"]
     )
+    # one micro-step at a time: the faster of (a1) and (a1') by each measure, against the same Keras variants
+    one = {m: min(METHODS[1:3], key=lambda name: times[name][f"{m}_s_per_example"]) for m in ("cpu", "wall")}
+    assert data["a1_best"] == one
+    details = data["ratios_a_b_per_keras_variant"]
+    for m, best in (("cpu", best_cpu), ("wall", best_wall)):
+        unit = "CPU" if m == "cpu" else "wall"
+        measured = times[best][f"{m}_s_per_example"] / times[one[m]][f"{m}_s_per_example"]
+        assert details[f"a1/b examples per {unit}-second (one micro-step at a time)"] == pytest.approx(measured)
     printed = {line[:60].strip(): line[60:].split() for line in result.stdout.splitlines() if line.startswith("  a")}
     for name, value in {**ratios, **data["ratios_a_b_per_keras_variant"]}.items():
         shown, full = printed[name]

@@ -331,7 +331,7 @@ FIGURES = [
     quote(
         "performance: one at a time against Keras, seed convnet",
         "docs/performance.md",
-        "One at a time (a1), accum-train runs at {}x Keras' best examples per wall-second and {}x its best per "
+        "One at a time, accum-train runs at {}x Keras' best examples per wall-second and {}x its best per "
         "CPU-second",
         "peers.json",
         lambda r: tuple(
