@@ -331,8 +331,7 @@ FIGURES = [
     quote(
         "performance: one at a time against Keras, seed convnet",
         "docs/performance.md",
-        "One at a time, accum-train runs at {}x Keras' best examples per wall-second and {}x its best per "
-        "CPU-second",
+        "One at a time, accum-train runs at {}x Keras' best examples per wall-second and {}x its best per CPU-second",
         "peers.json",
         lambda r: tuple(
             r["ratios_a_b_per_keras_variant"][A1_KERAS.format(unit)] for unit in ("wall-second", "CPU-second")
