@@ -279,7 +279,7 @@ def train_table(report: dict) -> str:
             "keras image_dataset_from_directory": ("1", ""),
             "keras image_dataset_from_directory + cache": ("", "1"),
         }.get(what, ("", ""))
-        rounds = row.get("rounds_examples_per_s") or [row["examples_per_s"]]
+        rounds = row["rounds_examples_per_s"]
         label = INPUTS.get(what, what) if len(models) == 1 else f"{model}: {INPUTS.get(what, what)}"
         lines.append(
             f"| {label} | {row['examples_per_s']:,.0f} | {min(rounds):,.0f} to {max(rounds):,.0f} "

@@ -72,6 +72,7 @@ from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
 from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
 from accum_train.threads import child_environment, parallel_micro_steps, thread_pools
+from tables import fastest
 
 LR = 0.001
 INPUT_SHAPE, NUM_CLASSES = (28, 28, 1), 10  # Fashion-MNIST; the Keras and TF1 twins hard-code them too
@@ -414,13 +415,8 @@ def against_keras(times):
     taken separately by CPU and by wall time; the ratios against each variant; the fastest variants (cpu, wall);
     the faster of (a1) and (a1') by each measure (one at a time, each side under the pools that suit it best)."""
     a = times[A]
-    mine = [name for name in ONE_AT_A_TIME if name in times]
-    one = {
-        "cpu": min(mine, key=lambda name: times[name]["cpu_s_per_example"]),
-        "wall": min(mine, key=lambda name: times[name]["wall_s_per_example"]),
-    }
-    best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
-    best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
+    one, keras_best = fastest(times, ONE_AT_A_TIME), fastest(times, KERAS)
+    best_cpu, best_wall = keras_best["cpu"], keras_best["wall"]
     headline = {
         "a/b examples per CPU-second": a["examples_per_cpu_s"] / times[best_cpu]["examples_per_cpu_s"],
         "a/b examples per wall-second": a["examples_per_s"] / times[best_wall]["examples_per_s"],
