@@ -193,10 +193,13 @@ def plot(result: dict, path: Path) -> None:
 def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
-    from .keras_loss import load_data
     from .threads import configure
 
-    threads = configure(cfg)  # as a run would, before any op
+    # as a run would, before any op: importing keras_loss imports TensorLayer, whose import makes a Keras variable
+    # and so starts the runtime, after which the pools stay TensorFlow's defaults
+    threads = configure(cfg)
+    from .keras_loss import load_data
+
     print(json.dumps({**measure(cfg, load_data(cfg), steps), **threads}))
 
 

@@ -5,6 +5,7 @@ import json
 
 import matplotlib.image
 import pytest
+from accum_train import threads
 from accum_train.cli.main import main
 from click.testing import CliRunner
 
@@ -43,6 +44,11 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     assert table[-2] == ("(ratios against float32 k=1; 2 updates per measurement, one fresh process each; one round)")
     assert table[-1] == f"written: {out / 'bench.json'}, {out / 'bench.png'}"
     assert not list(out.glob("config-k*.yaml"))  # the workers' configs are cleaned up
+    # each worker ran under the thread pools a run of its k sets (0: TensorFlow's default)
+    assert [r["parallel_micro_steps"] for r in rows] == [1, threads.auto_parallel(4)]
+    for r in rows:
+        pools = threads.thread_pools(r["parallel_micro_steps"]) or {"intra": 0, "inter": 0}
+        assert (r["intra_op_threads"], r["inter_op_threads"]) == (pools["intra"], pools["inter"])
 
 
 @pytest.mark.slow  # 2 rounds x 2 variants, a fresh process each
