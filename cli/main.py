@@ -247,6 +247,16 @@ def _parse_precisions(text: str) -> list:
     return chosen
 
 
+def threads_text(row: dict) -> str:
+    """The micro-steps in flight and the thread pools a bench worker ran under (0: TensorFlow's default)."""
+    pools = (
+        "defaults"
+        if not row["intra_op_threads"] and not row["inter_op_threads"]
+        else (f"intra {row['intra_op_threads']}, inter {row['inter_op_threads']}")
+    )
+    return f"{row['parallel_micro_steps']} in flight, {pools}"
+
+
 def format_bench(result: dict, out_dir: Path) -> str:
     rows = result["rows"]
     first = rows[0]
@@ -257,7 +267,7 @@ def format_bench(result: dict, out_dir: Path) -> str:
 
     lines = [
         f"{'precision':<15} {'k':>4} {'micro':>6} {'s/update':>9} {'examples/s':>11} {'CPU ms/example':>15} "
-        f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'CPU x':>7} {'memory x':>9}"
+        f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'CPU x':>7} {'memory x':>9}  threads"
     ]
     for r in rows:
         mem_ratio = r["memory_ratio"]
@@ -266,7 +276,7 @@ def format_bench(result: dict, out_dir: Path) -> str:
             f"{r['median_s_per_update']:>9.3f} {r['examples_per_s']:>11.0f} "
             f"{1000 * r['cpu_s_per_example']:>15.3f} {mib_text(r['peak_memory_bytes']):>9} "
             f"{mib_text(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
-            f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}"
+            f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}  {threads_text(r)}"
         )
     how = (
         f"medians over {result['rounds']} alternating rounds, [min-max] of the per-round ratios"

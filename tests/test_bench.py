@@ -49,6 +49,12 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     for r in rows:
         pools = threads.thread_pools(r["parallel_micro_steps"]) or {"intra": 0, "inter": 0}
         assert (r["intra_op_threads"], r["inter_op_threads"]) == (pools["intra"], pools["inter"])
+    # the table says so
+    assert table[-4].endswith("  1 in flight, defaults")
+    in_flight = rows[1]["parallel_micro_steps"]
+    pools = threads.thread_pools(in_flight)
+    said = f"intra {pools['intra']}, inter {pools['inter']}" if pools else "defaults"
+    assert table[-3].endswith(f"  {in_flight} in flight, {said}")
 
 
 @pytest.mark.slow  # 2 rounds x 2 variants, a fresh process each
