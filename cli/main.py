@@ -252,7 +252,7 @@ def threads_text(row: dict) -> str:
     pools = (
         "defaults"
         if not row["intra_op_threads"] and not row["inter_op_threads"]
-        else (f"intra {row['intra_op_threads']}, inter {row['inter_op_threads']}")
+        else f"intra {row['intra_op_threads']}, inter {row['inter_op_threads']}"
     )
     return f"{row['parallel_micro_steps']} in flight, {pools}"
 
