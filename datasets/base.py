@@ -46,6 +46,9 @@ def untuned(dataset):
 
     options = tf.data.Options()
     options.autotune.enabled = False
+    # tf.data's static rewrites copy every tensor a pipeline's functions capture, the stored split among them
+    # (``stored``), each time an iterator is made: a second training set at every epoch's start, measured
+    options.experimental_optimization.apply_default_optimizations = False
     return dataset.with_options(options)
 
 
@@ -58,14 +61,42 @@ def as_is(function):
     return tf.autograph.experimental.do_not_convert(function)
 
 
+ALIGNMENT = 64  # bytes: what TensorFlow's kernels take every buffer to be aligned to (a CPU kernel given less aborts)
+NUMBERS = "biufc"  # the numpy kinds DLPack hands over (``stored``); strings are copied
+
+
+def in_place(array) -> np.ndarray:
+    """``array`` as TensorFlow can read it where it lies (``stored``): C-ordered, writable (DLPack exports no
+    read-only array) and aligned to ``ALIGNMENT``. The array itself when it is so already, else one copy that is."""
+    array = np.asarray(array)
+    if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
+        return array
+    copy = aligned_empty(array.shape, array.dtype)
+    copy[...] = array
+    return copy
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """np.empty, in place for TensorFlow (``in_place``) from the start: a loader that fills it holds no second copy."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
 def stored(array):
-    """An array as tf.data gathers from it: once, in host memory, in a variable. A tf.data function copies a tensor
-    it captures each time its pipeline is made (a run makes one per epoch: the training set twice over, measured),
-    and only refers to a variable."""
+    """An array as tf.data gathers from it: once, in host memory. Numbers are read where they lie (DLPack: the
+    tensor is the numpy array's buffer, ``in_place``), so a split's numpy array and what tf.data gathers from are
+    one copy, outside TensorFlow's allocator, as on a GPU; strings are copied once. A pipeline that captures it
+    must be ``untuned``, or its rewrite copies it."""
     import tensorflow as tf
 
-    with tf.device("CPU:0"):
-        return tf.Variable(array, trainable=False)
+    array = np.asarray(array)
+    if array.dtype.kind not in NUMBERS or array.size == 0:
+        with tf.device("CPU:0"):
+            return tf.constant(array)
+    return tf.experimental.dlpack.from_dlpack(in_place(array).__dlpack__())
 
 
 def to_inputs(images, labels):
@@ -85,7 +116,9 @@ class ArraySplit:
     def __init__(self, images: np.ndarray, labels: np.ndarray):
         if len(images) != len(labels):  # loaders check this with a user-facing message first
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images, self.labels = images, labels
+        # in place once here: ``tensors`` then reads these very arrays (a read-only or unaligned array, as a loader's
+        # np.frombuffer gives, would be copied there and held twice)
+        self.images, self.labels = in_place(images), in_place(labels)
         self._tensors = None
 
     def __len__(self) -> int:
@@ -161,6 +194,12 @@ def _rows(structure, pick):
     return structure[pick]
 
 
+def _numbers_in_place(structure):
+    """``in_place`` for each array of numbers of an array or a dict of them (None stays None)."""
+    one = lambda a: in_place(a) if a is not None and np.asarray(a).dtype.kind in NUMBERS else a  # noqa: E731
+    return {name: one(a) for name, a in structure.items()} if isinstance(structure, dict) else one(structure)
+
+
 def first_array(structure) -> np.ndarray:
     """The array, or the first array of a dict of them (a split's example count is its length)."""
     return next(iter(structure.values())) if isinstance(structure, dict) else structure
@@ -187,7 +226,8 @@ class TaskSplit:
     targets_as_given = True  # the loss takes the targets as they come (not class labels)
 
     def __init__(self, x, y, weights: np.ndarray | None = None):
-        self.x, self.y, self.weights = x, y, weights
+        # in place once here, as ArraySplit's: ``tensors`` then reads these very arrays
+        self.x, self.y, self.weights = _numbers_in_place(x), _numbers_in_place(y), _numbers_in_place(weights)
         self._tensors = None
 
     def __len__(self) -> int:

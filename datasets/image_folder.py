@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .base import ArraySplit, Dataset, scaled, untuned
+from .base import ArraySplit, Dataset, aligned_empty, scaled, untuned
 from .image_check import UNDECODABLE, check, decode_uint8, problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -363,7 +363,7 @@ class FileSplit:
         import tensorflow as tf
 
         shape = self.input_shape
-        images = np.empty((len(self), *shape), np.uint8 if as_stored else np.float32)
+        images = aligned_empty((len(self), *shape), np.uint8 if as_stored else np.float32)
         if len(self) == 0:
             return ArraySplit(images, self.labels)
         chunks = in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1)

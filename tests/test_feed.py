@@ -129,6 +129,49 @@ def test_the_feed_holds_stored_micro_batches(repo_root):
     assert list(where.numpy()) == [0, 0]
 
 
+def _allocated(key="current") -> int:
+    return tf.config.experimental.get_memory_info("CPU:0")[key]
+
+
+@pytest.mark.parametrize(
+    "made",
+    [
+        "read-only",  # as a loader's np.frombuffer gives: DLPack exports no read-only array
+        "unaligned",  # a kernel reading a buffer off TensorFlow's 64-byte alignment aborts the process
+        "strided",
+        "in place",  # already as TensorFlow reads it: kept, not copied
+    ],
+)
+def test_a_split_is_stored_once_where_it_lies_outside_the_allocator(made):
+    """The split's numpy array is what tf.data gathers from (one copy, in place, as on a GPU): storing it takes
+    nothing from TensorFlow's allocator, nor does making its pipeline again and reading it (as every epoch does)."""
+    from accum_train.datasets.base import ALIGNMENT, ArraySplit, in_place
+
+    values = np.random.default_rng(0).integers(0, 256, (20000, 28, 28), dtype=np.uint8)
+    given = {
+        "read-only": lambda: np.frombuffer(values.tobytes(), np.uint8).reshape(values.shape),
+        "unaligned": lambda: np.frombuffer(bytearray(b"\0" + values.tobytes()), np.uint8, offset=1).reshape(
+            values.shape
+        ),
+        "strided": lambda: np.repeat(values, 2, axis=2)[:, :, ::2],
+        "in place": lambda: in_place(values.copy()),
+    }[made]()
+    np.testing.assert_array_equal(given, values)
+    before = _allocated()
+    split = ArraySplit(given, np.zeros(len(values), np.int32))
+    assert (split.images.ctypes.data % ALIGNMENT, split.images.flags.writeable) == (0, True)
+    assert (split.images is given) == (made == "in place")
+    images, _ = split.tensors()
+    assert _allocated() - before < values.nbytes / 100  # not in TensorFlow's allocator
+    split.images[7, 3, 5] = 255 - values[7, 3, 5]  # one buffer: the tensor sees the write
+    assert int(tf.gather(images, [7])[0, 3, 5]) == 255 - values[7, 3, 5]
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    for _ in range(2):  # a pipeline made twice and read through, as two epochs' scores
+        for _ in split.batches(np.arange(len(values)), 100):
+            pass
+    assert _allocated("peak") - before < values.nbytes / 2, (_allocated("peak") - before, values.nbytes)
+
+
 def test_the_update_takes_no_batch_as_input(repo_root):
     """The update's graph gets the feed's iterator and three scalars: no batch (nor micro-batch) is an input."""
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4", "parallel_micro_steps=1"])
