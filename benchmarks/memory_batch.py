@@ -5,9 +5,10 @@ micro-batches of at most 500 computed one at a time (micro_batch_size: 500,
 parallel_micro_steps: 1), one epoch of the 60000 training examples at each
 batch size. Each row is a fresh `accum-train run` (its own allocator), and
 the figure is its summary's TensorFlow allocator peak (over the whole run:
-the training set stored as uint8, the model, the optimizer state, the
-gradient cache, the micro-batches in flight, one micro-step's activations,
-and the evaluation's batches) and the process's peak RSS.
+the model, the optimizer state, the gradient cache, the micro-batches in
+flight, one micro-step's activations, and the evaluation's batches) and the
+process's peak RSS, which also counts the data set, stored once as uint8 in
+host memory outside the allocator.
 
     python benchmarks/memory_batch.py --output docs/memory-batch.json
     python benchmarks/memory_batch.py --batches 500,60000   # a quick look

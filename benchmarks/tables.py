@@ -370,7 +370,7 @@ def headline(reports: dict) -> str:
         ),
         (
             f"TF allocator peak, k={base['subdivisions']} one micro-step at a time against one pass, "
-            f"batch {base['batch_size']} (both holding the stored training set)",
+            f"batch {base['batch_size']} (the stored training set is host memory outside it)",
             f"{against(ratios['a1/e TF allocator peak'], False)}x ({mib(base['peak_memory_bytes'])} against "
             f"{mib(whole['peak_memory_bytes'])})",
             "`python benchmarks/peers.py`",
