@@ -65,11 +65,12 @@ ALIGNMENT = 64  # bytes: what TensorFlow's kernels take every buffer to be align
 NUMBERS = "biufc"  # the numpy kinds DLPack hands over (``stored``); strings are copied
 
 
-def in_place(array) -> np.ndarray:
+def in_place(array, copy: bool = False) -> np.ndarray:
     """``array`` as TensorFlow can read it where it lies (``stored``): C-ordered, writable (DLPack exports no
-    read-only array) and aligned to ``ALIGNMENT``. The array itself when it is so already, else one copy that is."""
+    read-only array) and aligned to ``ALIGNMENT``. The array itself when it is so already, else (or with ``copy``:
+    an array the caller does not own) one copy that is."""
     array = np.asarray(array)
-    if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
+    if not copy and array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
         return array
     copy = aligned_empty(array.shape, array.dtype)
     copy[...] = array
@@ -85,18 +86,19 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def stored(array):
+def stored(array, copy: bool = False):
     """An array as tf.data gathers from it: once, in host memory. Numbers are read where they lie (DLPack: the
     tensor is the numpy array's buffer, ``in_place``), so a split's numpy array and what tf.data gathers from are
-    one copy, outside TensorFlow's allocator, as on a GPU; strings are copied once. A pipeline that captures it
-    must be ``untuned``, or its rewrite copies it."""
+    one copy, outside TensorFlow's allocator, as on a GPU; strings are copied once. ``copy``: a copy of numbers
+    too, for an array that is not ours (a user's may change after). A pipeline that captures the tensor must be
+    ``untuned``, or its rewrite copies it."""
     import tensorflow as tf
 
     array = np.asarray(array)
     if array.dtype.kind not in NUMBERS or array.size == 0:
         with tf.device("CPU:0"):
             return tf.constant(array)
-    return tf.experimental.dlpack.from_dlpack(in_place(array).__dlpack__())
+    return tf.experimental.dlpack.from_dlpack(in_place(array, copy).__dlpack__())
 
 
 def to_inputs(images, labels):

@@ -172,6 +172,20 @@ def test_a_split_is_stored_once_where_it_lies_outside_the_allocator(made):
     assert _allocated("peak") - before < values.nbytes / 2, (_allocated("peak") - before, values.nbytes)
 
 
+def test_fit_gathers_from_its_own_copy_of_the_caller_s_arrays():
+    """accum_train.fit's arrays are the caller's: an edit of them after fit has stored them (a callback's) is not
+    what it trains on, even where the caller's array could be read in place."""
+    from accum_train.datasets.base import in_place
+    from accum_train.keras_fit.inputs import ArrayFeed
+
+    x, y = in_place(np.arange(12, dtype=np.float32).reshape(6, 2)), in_place(np.arange(6, dtype=np.int32))
+    feed = ArrayFeed(x, y, None, None, batch_size=2, shuffle=False, seed=0, steps_per_epoch=None)
+    x[:], y[:] = -1, -1
+    gathered_x, gathered_y = feed.gather(tf.constant([0, 5]))
+    np.testing.assert_array_equal(gathered_x.numpy(), [[0, 1], [10, 11]])
+    np.testing.assert_array_equal(gathered_y.numpy(), [0, 5])
+
+
 def test_the_update_takes_no_batch_as_input(repo_root):
     """The update's graph gets the feed's iterator and three scalars: no batch (nor micro-batch) is an input."""
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4", "parallel_micro_steps=1"])

@@ -124,7 +124,9 @@ class ArrayFeed:
                 weights = weights * np.asarray(arrays[2], np.float32).reshape(self.examples, -1)[:, 0]
             arrays = (*arrays[:2], weights)
         self.arrays = arrays
-        self.stored = tf.nest.map_structure(stored, arrays)  # once, in host memory: what every epoch gathers from
+        # once, in host memory: what every epoch gathers from; a copy, as the caller's arrays may change while
+        # fit trains (a callback's in-place edit), and what it trains on must not
+        self.stored = tf.nest.map_structure(lambda a: stored(a, copy=True), arrays)
         self.parallel_gather = tf.data.AUTOTUNE
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.batches_per_pass = math.ceil(self.examples / batch_size)
