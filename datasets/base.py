@@ -37,11 +37,12 @@ def scaled(x):
 
 
 def untuned(dataset):
-    """``dataset`` with tf.data's autotuning off, as every pipeline here is iterated. Autotuning runs a thread per
-    iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled wake-up
-    (the waits seen end where a schedule doubling from 10 ms would): measured, about 1 s of idle wait at the end
-    of half of the 1.5-s ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. Buffers stay as
-    each pipeline sets them (``prefetch``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores)."""
+    """``dataset`` with tf.data's autotuning and static rewrites off, as every pipeline here is iterated (a map
+    without ``num_parallel_calls`` then runs one call at a time: the rewrites parallelised it). Autotuning runs a
+    thread per iterator, and in TensorFlow 2.21 an iterator's teardown often waits for that thread's next scheduled
+    wake-up (the waits seen end where a schedule doubling from 10 ms would): measured, about 1 s of idle wait at
+    the end of half of the 1.5-s ``fit`` calls of benchmarks/peers_masked.py, none with autotuning off. Buffers
+    stay as each pipeline sets them (``prefetch``), and a parallelism left at AUTOTUNE runs at min(16, CPU cores)."""
     import tensorflow as tf
 
     options = tf.data.Options()
@@ -72,9 +73,9 @@ def in_place(array, copy: bool = False) -> np.ndarray:
     array = np.asarray(array)
     if not copy and array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
         return array
-    copy = aligned_empty(array.shape, array.dtype)
-    copy[...] = array
-    return copy
+    placed = aligned_empty(array.shape, array.dtype)
+    placed[...] = array
+    return placed
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:
