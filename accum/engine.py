@@ -27,7 +27,9 @@ through a ``tf.while_loop`` with ``parallel_iterations`` and writes them once, s
 a few CPU cores small micro-batches keep the cores busier that way than with threads inside each op
 (threads.py). Both add in micro-batch order: they give the same bits. A replica cannot pull from a distributed
 iterator, so pulled micro-steps overlap only on one device. ``one_pass`` is the baseline: each replica's share
-in one micro-step, its gradients straight to the all-reduce, no cache.
+in one micro-step, its gradients straight to the all-reduce, no cache. A pulled update of one micro-batch in all
+(k=1 on one replica) takes the baseline's route too: a round trip through the caches would add its gradient to
+zeros, the same bits, and its noise terms would estimate nothing (noise.py needs two micro-batches).
 
 The pieces are separately usable: ``accumulate_from``/``accumulate_batch``/``accumulate`` (into the caches,
 nothing applied), ``finish`` (reduce, apply or skip, clear) and ``reset``; the memory guard uses them to look
@@ -108,6 +110,7 @@ class Accumulator(Update):
         # pulls, the loop and the update stay outside it: XLA compiles no iterator and no collective.
         self._compiled = tf.function(self._collecting, jit_compile=True, autograph=False) if jit else None
         self._n = None  # the batch of the micro-batches accumulated so far (``finish`` divides by it)
+        self._k = None  # ``subdivisions`` as read last (``k``)
         with self.strategy.scope():
             # A variable, not a Python int: a new k (subdivisions: auto, a retry after running out of memory)
             # retraces the update only where it makes a new micro-batch size (one graph per size, and one for
@@ -127,8 +130,21 @@ class Accumulator(Update):
         self._finish = graph(lambda n, retry, stop: run(self._finish_replica, args=(n, retry, stop)))
         self._reset = graph(lambda: run(self._reset_replica))
 
+    @property
+    def k(self) -> int:
+        """``subdivisions`` as a Python int, read from the variable once after each change: a read is an eager op,
+        which the loop would otherwise pay several times an update (about 0.1 ms each on a 2-core CPU)."""
+        if self._k is None:
+            self._k = int(self.subdivisions.numpy())
+        return self._k
+
     def set_subdivisions(self, k: int) -> None:
         self.subdivisions.assign(int(k))
+        self._k = int(k)
+
+    def restored(self) -> None:
+        """The variables were restored from a checkpoint: ``k`` reads ``subdivisions`` again."""
+        self._k = None
 
     # -- host side
 
@@ -141,7 +157,8 @@ class Accumulator(Update):
         all hold the same number, else None (used where ``sized``: one graph per size, traced once)."""
         self._n = None
         size = size if self.sized else None
-        return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size))
+        single = self.replicas == 1 and int(pulls) == 1  # a Python bool: one graph for it, one for the rest
+        return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size, single))
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None):
         """``update_from``'s micro-batches into the caches, nothing applied (``finish`` concludes); the examples
@@ -168,7 +185,7 @@ class Accumulator(Update):
         if not self.sized:
             return None
         n = len(tf.nest.flatten(y)[0]) if n is None else int(n)
-        return same_size(n, int(self.subdivisions.numpy()), self.replicas)
+        return same_size(n, self.k, self.replicas)
 
     def accumulate(self, x, y, n):
         """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
@@ -324,8 +341,8 @@ class Accumulator(Update):
         self._pull(iterator, n, pulls, size)
         return self._held()
 
-    def _update_from(self, iterator, n, pulls, stop, size):
-        if self.one_pass:  # the baseline: the one element of each replica's share, straight to the all-reduce
+    def _update_from(self, iterator, n, pulls, stop, size, single=False):
+        if self.one_pass or single:  # the one element of each replica's share, straight to the all-reduce
             prepare = self._prepare_for(size)
             return self.strategy.run(lambda e: self._one_pass(prepare(e, n), n, stop), args=(next(iterator),))
         self._pull(iterator, n, pulls, size)
@@ -393,7 +410,8 @@ class Accumulator(Update):
         """Replica context: the one all-reduce, each normaliser's cache times n / D, the regularizers once, then
         apply once, skip or drop (update.py); the caches and totals cleared. ``local``: the sums of a one-pass
         update (default: this replica's caches and totals)."""
-        if local is None:
+        cached = local is None  # the sums are in the caches (a one-pass update's never are)
+        if cached:
             local = {"grads": [cache.gradients() for cache in self.caches], "totals": self.totals.values()}
             local["terms"] = self.noise.read_value()
         payload = {
@@ -424,7 +442,7 @@ class Accumulator(Update):
         if self.metrics is not None:
             values = output_values(totals, self.objective.kinds)
             out["logs"] = self.metrics.results(reduced["metrics"], loss + penalty, totals, values)
-        if not self.one_pass:
+        if cached:
             self._clear()
         return out
 

@@ -148,7 +148,7 @@ class MemoryGuard:
 
     @property
     def subdivisions(self) -> int:
-        return int(self.engine.subdivisions.numpy()) if self.accumulating else 1
+        return self.engine.k if self.accumulating else 1
 
     def _how(self, k: int) -> str:
         return f"subdivisions={k}" if self.accumulating else "the whole batch in one pass"

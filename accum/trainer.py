@@ -83,7 +83,7 @@ class Trainer:
         state.micro_done += planned.pulls
         out = {**out, "noise_scale": run.noise.add(out)}
         state.pending.append((step, planned.n, out, planned.batch_size, run.subdivisions))
-        bad = int(run.engine.bad_updates_in_a_row.numpy())  # waits for the update: the stop comes on time
+        bad = int(out["bad_updates_in_a_row"])  # the stop comes at the update that reaches max_bad_steps
         # Any process's stop request, as of this update (every process learns it in the same all-reduce)
         signalled = int(out["stop"])
         end_of_epoch = step == state.end

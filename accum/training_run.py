@@ -165,7 +165,7 @@ class Run:
 
     @property
     def subdivisions(self) -> int:
-        return 1 if self.cfg.baseline else int(self.engine.subdivisions.numpy())
+        return 1 if self.cfg.baseline else self.engine.k
 
     def k_for(self, batch_size: int) -> int:
         """The k a batch of ``batch_size`` runs with: micro_batch_size's for it (a batch_schedule's batch grows,
@@ -203,6 +203,7 @@ class Run:
                 self.checkpoint, str(Path(run_dir) / "checkpoints"), max_to_keep=self.cfg.checkpoint.keep
             )
         self.checkpoint.restore(intact).assert_existing_objects_matched()
+        self.engine.restored()
         self.noise.forget()
         self.saved_step = int(self.step.numpy())
         self._regrow(self.saved_step)

@@ -181,6 +181,9 @@ class Update:
             "learning_rate": tf.where(applied, rate, nan),
             "retry": retry,
             "stop": stop,
+            # as the update left it: returned, the loop learns it with the record instead of by reading the
+            # variable (an eager op) after every update
+            "bad_updates_in_a_row": self.bad_updates_in_a_row.read_value(),
         }
         if self.dynamic:
             out.update(loss_scale=scale, overflow=overflow)

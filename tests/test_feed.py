@@ -104,6 +104,7 @@ def _updates_from_batches(cfg, data, steps):
             ["subdivisions=8", "parallel_micro_steps=2", "model.norm=none", "data.train_limit=3000", "epochs=1"],
             marks=pytest.mark.slow,
         ),
+        ["subdivisions=1"],  # one micro-batch: pulled, it skips the caches (engine.py); held, it goes through them
     ],
 )
 def test_an_update_from_the_feed_gets_the_bits_of_the_batch_held_whole(repo_root, overrides):
@@ -114,6 +115,22 @@ def test_an_update_from_the_feed_gets_the_bits_of_the_batch_held_whole(repo_root
     fed, held = _updates_from_feed(cfg, data, 4, start), _updates_from_batches(cfg, data, 4)
     assert all(np.array_equal(a, b) for a, b in zip(fed, held))
     assert not any(np.array_equal(a, b) for a, b in zip(fed[:1], start[:1]))  # the updates moved the weights
+
+
+def test_k_is_the_subdivisions_a_restored_checkpoint_holds(repo_root, tmp_path):
+    """The engine keeps k on the host (``Accumulator.k``, read once per change): a new k is read at once, and a
+    run that read k before restoring a checkpoint of another k reads the checkpoint's."""
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=2"])
+    data = load_data(cfg)
+    saved = Run(cfg, data, tmp_path)
+    assert saved.subdivisions == 2
+    saved.engine.set_subdivisions(4)  # as subdivisions: auto's probe or a retry after running out of memory
+    assert saved.subdivisions == 4
+    saved.save_checkpoint(1)
+    run = Run(cfg, data, Path(tempfile.mkdtemp()))
+    assert run.subdivisions == 2
+    run.restore_latest(tmp_path, print)
+    assert (run.subdivisions, run.k_for(cfg.batch_size), run.engine.k) == (4, 4, 4)
 
 
 def test_the_feed_holds_stored_micro_batches(repo_root):

@@ -188,7 +188,7 @@ def fit(
             )
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
             if auto:  # a resume goes on at the micro-batches the run had come to
-                loop.cut = Cut(int(engine.subdivisions.numpy()), replicas, cut.local)
+                loop.cut = Cut(engine.k, replicas, cut.local)
         history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
         loop.run(
             epochs=epochs,

@@ -181,7 +181,7 @@ class Pulls:
 
     def at(self, step: int):
         loop = self.loop
-        k = int(loop.engine.subdivisions.numpy()) if loop.auto else loop.cut.k
+        k = loop.engine.k if loop.auto else loop.cut.k
         if k != loop.cut.k:  # the guard doubled it: the elements are cut for the new k from here on
             loop.cut, loop.stream = Cut(k, loop.cut.replicas, loop.cut.local), None
         if loop.stream is None:

@@ -144,6 +144,7 @@ class FitRunDir:
         checkpoint = tf.train.Checkpoint(**self.tracked, **held)
         try:
             checkpoint.restore(intact).assert_existing_objects_matched()
+            self.engine.restored()
             self.noise.forget()
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
