@@ -20,6 +20,9 @@ batch, micro-batch, k and Adam learning rate for every method:
   (b'') (b') under (a)'s thread pools, in case they suit Keras too
   (b''') (b') compiled with jit_compile=True (XLA, which "auto" leaves off
        on a CPU)
+  (e)  one plain pass over the whole batch of k x micro (accum-train's
+       engine, no accumulation), TensorFlow's default threads: what an update
+       costs with no micro-batches at all, the floor of (a)
 
 Every method in its own process, warmed up with one untimed round, then
 --rounds interleaved timed rounds; medians of CPU and wall time per example.
@@ -46,19 +49,21 @@ import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow lo
 import keras
 import peers  # benchmarks/ is on sys.path: this script runs from there, and so do its timing children
 from accum_train.config import ModelConfig
-from peers import KERAS, A, B
+from peers import KERAS, A, B, E
 
 MAKE_MODEL = Path(__file__).resolve().parent.parent / "scripts" / "make_keras_model.py"
-METHODS = (A, *peers.ONE_AT_A_TIME, *KERAS)
+METHODS = (A, *peers.ONE_AT_A_TIME, *KERAS, E)
 
 
 def build_method(name, args, x, y):
     k, micro = args.k, args.micro
     batch = k * micro
+    # a keras_file run's model: the file loaded and checked, its BatchNormalization made accumulating
+    users_model = ModelConfig(name="keras_file", path=args.model_path)
     if name in (A, *peers.ONE_AT_A_TIME):
-        # a keras_file run's model: the file loaded and checked, its BatchNormalization made accumulating
-        users_model = ModelConfig(name="keras_file", path=args.model_path)
         return peers.ours(users_model, k, x[:batch], y[:batch], parallel=peers.ours_parallel(k) if name == A else 1)
+    if name == E:
+        return peers.ours(users_model, 1, x[:batch], y[:batch], plain=True)
     return peers.KerasAccumulation(
         lambda: keras.models.load_model(args.model_path),
         k,

@@ -24,6 +24,12 @@ learning rate (--lr) and number of updates per round (--updates):
   (b'') (b') compiled with jit_compile=True: XLA, which compile's default
        ("auto") leaves off on a CPU and which can run Keras' recurrent loop
        faster there
+  (d)  no accumulation, for reference: compiled with Adam(lr) and
+       jit_compile=True, ONE model.fit(x, y, batch_size=micro,
+       steps_per_execution=k) per round, an optimizer step per micro-batch
+       (k x --updates of them). What a micro-step costs Keras without
+       accumulating: the micro-batch's forward and backward pass, which any
+       accumulation of micro-batches run one after another pays too
 
 Time: every method lives in its own process (started by this script with
 --serve NAME), built and warmed up with one untimed round (tracing); the
@@ -82,7 +88,8 @@ from tables import against, caption, fastest, two_figures
 
 A, A_XLA = "(a) accum-train", "(a') accum-train, XLA"
 B, B_SPE, B_XLA = "(b) keras GA, fit", "(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"
-METHODS = (A, A_XLA, B, B_SPE, B_XLA)
+D = "(d) keras plain, micro-batch, spe=k, XLA"
+METHODS = (A, A_XLA, B, B_SPE, B_XLA, D)
 OURS = (A, A_XLA)
 KERAS = (B, B_SPE, B_XLA)
 DISTANCE = "distance"  # --serve distance: the exactness child
@@ -150,6 +157,12 @@ def serve(name, args):
 
         def run():
             accum_train.fit(model, x, y, batch_size=k * micro, subdivisions=k, epochs=1, shuffle=False, verbose=0)
+
+    elif name == D:
+        model.compile(optimizer=keras.optimizers.Adam(args.lr), loss=loss(), steps_per_execution=k, jit_compile=True)
+
+        def run():
+            model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
 
     else:
         model.compile(
@@ -289,6 +302,7 @@ def run_distance(args):
 
 
 def check_updates(name, reply, expected, k):
+    expected = expected * k if name == D else expected  # (d) steps once per micro-batch
     if reply["optimizer_updates"] != expected:
         raise RuntimeError(f"{name}: optimizer.iterations is {reply['optimizer_updates']}, not {expected}")
     if name in KERAS and reply["micro_steps"] != expected * k:
@@ -378,6 +392,11 @@ def markdown_table(report, stated_commit=None):
         f"load average {env['load_average_before'][0]:.1f} before the run"
     )
     options = "".join(f" --{key} {args[key]}" for key in ("k", "micro", "rounds", "updates", "output"))
+
+    def plain(side, ours):  # rounded against accum-train: its ratio down, Keras' up
+        values = report["against_plain_micro_batch"][side]
+        return f"{against(values['cpu'], ours)} (CPU), {against(values['wall'], ours)} (wall)"
+
     return "\n".join(
         [
             caption(machine, commit, f"python benchmarks/peers_masked.py{options}"),
@@ -390,6 +409,10 @@ def markdown_table(report, stated_commit=None):
             f"{times[best_wall]['examples_per_wall_s']:.0f} ({spe[best_wall]}) |",
             f"| accum-train / Keras | {against(report['ratios']['cpu'], True)} (CPU), "
             f"{against(report['ratios']['wall'], True)} (wall) | |",
+            "| each / plain `model.fit` at the micro-batch, no accumulation (`steps_per_execution=k`, "
+            f"`jit_compile=True`): {times[D]['examples_per_cpu_s']:.0f} examples per CPU-second, "
+            f"{times[D]['examples_per_wall_s']:.0f} per wall-second | {plain('ours', True)} | "
+            f"{plain('keras', False)} |",
             f"| max distance from whole-batch `model.fit` after {args['distance_updates']} updates | "
             f"{two_figures(dist['accum-train']['max_abs'])} | {two_figures(dist['keras GA']['max_abs'])} |",
             f"| the same, relative to how far the weights moved ({two_figures(dist['moved'])}) | "
@@ -463,6 +486,14 @@ def main():
         / times[best["keras"][measure]][f"examples_per_{measure}_s"]
         for measure in ("cpu", "wall")
     }
+    # against no accumulation at all: each side's best over Keras' plain step at the micro-batch, (d)
+    plain = {
+        side: {
+            measure: times[best[side][measure]][f"examples_per_{measure}_s"] / times[D][f"examples_per_{measure}_s"]
+            for measure in ("cpu", "wall")
+        }
+        for side in ("ours", "keras")
+    }
     print(
         f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
         f"a/b: the faster accum-train against the faster Keras: CPU {best['ours']['cpu']} against {best_cpu}, "
@@ -470,6 +501,10 @@ def main():
     )
     print(f"  a/b examples per CPU-second  {against(ratios['cpu'], True)}  {ratios['cpu']!r}")
     print(f"  a/b examples per wall-second  {against(ratios['wall'], True)}  {ratios['wall']!r}")
+    for side in ("ours", "keras"):
+        for measure in ("cpu", "wall"):
+            value = plain[side][measure]
+            print(f"  {side}/d examples per {measure}-second  {value:.3f}  {value!r}")
 
     print(
         f"\ndistance from whole-batch training: SGD lr {args.distance_lr}, {args.distance_updates} updates of "
@@ -512,6 +547,7 @@ def main():
                     "ratios": ratios,
                     "a_b_against": {"cpu": best_cpu, "wall": best_wall},
                     "a_b_ours": best["ours"],
+                    "against_plain_micro_batch": plain,
                     "distance": dist,
                 },
                 indent=2,

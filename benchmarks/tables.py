@@ -25,7 +25,7 @@ METHODS = {
     "(d) plain, micro-batch": "(d) plain, micro-batch {micro}",
     "(e) plain, whole batch": "(e) plain, whole batch {batch}",
 }
-A, A1 = "(a) accum-train", "(a1) accum-train, 1 at a time"
+A, A1, E = "(a) accum-train", "(a1) accum-train, 1 at a time", "(e) plain, whole batch"
 # the per-variant keys of ratios_a_b_per_keras_variant, for the Keras variants under TensorFlow's default threads
 KERAS_DEFAULT_THREADS = {"(b)": "(b) compile defaults", "(b')": "(b') spe=k"}
 RATIO_HEADER = "ratio (3 decimals, rounded against accum-train)"
@@ -127,10 +127,30 @@ def _one_at_a_time(report: dict) -> list[tuple[str, float]]:
     ]
 
 
+def _one_pass_bound(report: dict) -> list[tuple[str, float]]:
+    """One plain pass over the whole batch, (e), against (a) and the same fastest Keras variants: what the update
+    would cost with no accumulation at all, the floor of (a)'s time per example (rounded up, not in (a)'s favour
+    where (e) bounds it)."""
+    times, against_ = report["time"], report["a_b_against"]
+    one_pass = times[E]
+    cpu, wall = _short(against_["cpu"]), _short(against_["wall"])
+    return [
+        ("(a)/(e) CPU time per example", times[A]["cpu_s_per_example"] / one_pass["cpu_s_per_example"]),
+        (
+            f"(e)/{cpu} examples per CPU-second (one pass over the whole batch, no accumulation)",
+            times[against_["cpu"]]["cpu_s_per_example"] / one_pass["cpu_s_per_example"],
+        ),
+        (
+            f"(e)/{wall} examples per wall-second (the same)",
+            times[against_["wall"]]["wall_s_per_example"] / one_pass["wall_s_per_example"],
+        ),
+    ]
+
+
 def peers(report: dict) -> str:
     """benchmarks/peers.py's JSON: the medians per method, then the ratios with their targets."""
     ratios, targets, memory = report["ratios"], report["targets"], report["memory"]
-    one_pass = memory["(e) plain, whole batch"]
+    one_pass = memory[E]
     rows = [(label, key, True) for label, key in _headline(report)]  # bold: the two the targets are about
     rows += [("(a)/(c) examples per second", "a/c examples per second", False)]
     rows += [("(a)/(d) CPU time per example", "a/d CPU time per example", False)]
@@ -144,6 +164,7 @@ def peers(report: dict) -> str:
         mib = f"({ours['peak_memory_bytes'] / MIB:.0f} vs {one_pass['peak_memory_bytes'] / MIB:.0f} MiB)"
         lines.append(f"| {label} | {targets[key]['target'] or '-'} | {against(ratios[key], False)} {mib} |")
     lines += [f"| {label} | - | {against(value, True)} |" for label, value in _one_at_a_time(report)]
+    lines += [f"| {label} | - | {against(value, False)} |" for label, value in _one_pass_bound(report)]
     env, args = report["environment"], report["args"]
     command = _command("peers.py", args, ("width", "k", "micro", "rounds", "updates", "mem_batch", "mem_k"))
     commit = report.get("commit") or env.get("commit")
@@ -163,6 +184,7 @@ def peers_keras(report: dict) -> str:
     shown = ", ".join(against(value, True) for value in defaults)
     rows.append(("(a)/(b) examples per CPU-second, per wall-second (compile defaults)", shown))
     rows += [(label, against(value, True)) for label, value in _one_at_a_time(report)]
+    rows += [(label, against(value, False)) for label, value in _one_pass_bound(report)]
     lines = [f"| {RATIO_HEADER} | measured |", "|---|---:|", *(f"| {label} | {shown} |" for label, shown in rows)]
     command = _command("peers_keras.py", report["args"], ("k", "micro", "rounds", "updates"))
     env = report["environment"]
@@ -344,7 +366,7 @@ def headline(reports: dict) -> str:
     -> JSON), with the command that measured it and the results page that holds the whole table."""
     masked, peers, memory = reports["peers-masked.json"], reports["peers.json"], reports["memory-batch.json"]
     distance, ratios = masked["distance"], peers["ratios"]
-    base, whole = peers["memory"][A1], peers["memory"]["(e) plain, whole batch"]
+    base, whole = peers["memory"][A1], peers["memory"][E]
     peaks = [row["peak_memory_bytes"] for row in memory["rows"]]
     batches = [row["batch_size"] for row in memory["rows"]]
 

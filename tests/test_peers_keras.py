@@ -17,10 +17,12 @@ METHODS = [
     "(b') keras GA, fit, spe=k",
     "(b'') keras GA, spe=k, threads",
     "(b''') keras GA, spe=k, XLA",
+    "(e) plain, whole batch",
 ]
+KERAS = METHODS[3:7]
 
 
-@pytest.mark.slow  # seven timing processes, each starting TensorFlow and tracing its update
+@pytest.mark.slow  # eight timing processes, each starting TensorFlow and tracing its update
 def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     out = tmp_path / "peers-keras.json"
     rounds, updates = 2, 1
@@ -46,7 +48,8 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     assert times[METHODS[0]]["threads"] == {"intra": 1, "inter": 2}  # accum-train's own choice on this CPU
     assert times[METHODS[2]]["threads"] == times[METHODS[0]]["threads"]  # (a1'): one at a time under (a)'s pools
 
-    keras = METHODS[3:]
+    assert times[METHODS[7]]["threads"] == "tensorflow defaults"  # (e): one pass, TensorFlow's own pools
+    keras = KERAS  # (e) is no Keras variant: never the one the a/b ratios are taken against
     best_cpu = min(keras, key=lambda name: times[name]["cpu_s_per_example"])
     best_wall = min(keras, key=lambda name: times[name]["wall_s_per_example"])
     assert data["a_b_against"] == {"cpu": best_cpu, "wall": best_wall}

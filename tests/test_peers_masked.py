@@ -12,14 +12,15 @@ import pytest
 
 OURS = ["(a) accum-train", "(a') accum-train, XLA"]
 KERAS = ["(b) keras GA, fit", "(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"]
-METHODS = OURS + KERAS
+PLAIN = "(d) keras plain, micro-batch, spe=k, XLA"
+METHODS = OURS + KERAS + [PLAIN]
 
 
-@pytest.mark.slow  # six processes, each starting TensorFlow and tracing its training
+@pytest.mark.slow  # seven processes, each starting TensorFlow and tracing its training
 def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     out = tmp_path / "peers-masked.json"
-    rounds, updates = 2, 1
-    tiny = ["--V", "50", "--T", "12", "--E", "8", "--H", "8", "--C", "4", "--k", "2", "--micro", "4"]
+    rounds, updates, k = 2, 1, 2
+    tiny = ["--V", "50", "--T", "12", "--E", "8", "--H", "8", "--C", "4", "--k", str(k), "--micro", "4"]
     argv = [*tiny, "--rounds", str(rounds), "--updates", str(updates), "--output", str(out)]
     result = subprocess.run(
         [sys.executable, str(repo_root / "benchmarks" / "peers_masked.py"), *argv],
@@ -29,21 +30,23 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert set(data) == {"args", "model", "environment", "time", "ratios", "a_b_against", "a_b_ours", "distance"}
+    keys = {"args", "model", "environment", "time", "ratios", "a_b_against", "a_b_ours", "distance"}
+    assert set(data) == keys | {"against_plain_micro_batch"}
     assert data["args"]["arrange"] == "uneven"
     assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
 
     times = data["time"]
     assert list(times) == METHODS
-    for r in times.values():
+    for name, r in times.items():
         assert len(r["rounds_cpu_s_per_example"]) == len(r["rounds_wall_s_per_example"]) == rounds
         assert r["cpu_s_per_example"] == statistics.median(r["rounds_cpu_s_per_example"])
         assert r["wall_s_per_example"] == statistics.median(r["rounds_wall_s_per_example"])
         assert r["examples_per_cpu_s"] == pytest.approx(1 / r["cpu_s_per_example"])
         assert r["examples_per_wall_s"] == pytest.approx(1 / r["wall_s_per_example"])
         # one training call per round over every update of the round, plus the warm-up round's; Keras'
-        # optimizer.iterations counts updates (its micro-steps // k) under gradient_accumulation_steps
-        assert r["optimizer_updates"] == (rounds + 1) * updates
+        # optimizer.iterations counts updates (its micro-steps // k) under gradient_accumulation_steps; (d) steps
+        # once per micro-batch
+        assert r["optimizer_updates"] == (rounds + 1) * updates * (k if name == PLAIN else 1)
         assert r["threads"] == {"intra": 0, "inter": 0}  # TensorFlow's defaults, for every method
 
     # each side's best (ours with or without XLA, Keras' three), by CPU and by wall time separately
@@ -52,11 +55,16 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
         for side, methods in (("ours", OURS), ("keras", KERAS))
     }
     assert data["a_b_against"] == best["keras"] and data["a_b_ours"] == best["ours"]
-    assert data["environment"]["jit_compile"] == dict(zip(METHODS, [False, True, False, False, True]))
+    assert data["environment"]["jit_compile"] == dict(zip(METHODS, [False, True, False, False, True, True]))
     ratios = data["ratios"]
     for m in ("cpu", "wall"):
         ours, keras = times[best["ours"][m]], times[best["keras"][m]]
         assert ratios[m] == pytest.approx(keras[f"{m}_s_per_example"] / ours[f"{m}_s_per_example"])
+    # each side's best against no accumulation at all: Keras' plain step at the micro-batch, (d)
+    for side in ("ours", "keras"):
+        for m in ("cpu", "wall"):
+            measured = times[PLAIN][f"{m}_s_per_example"] / times[best[side][m]][f"{m}_s_per_example"]
+            assert data["against_plain_micro_batch"][side][m] == pytest.approx(measured)
     printed = {
         line.strip().rsplit(maxsplit=2)[0]: line.split()[-2:] for line in result.stdout.splitlines() if "  a/b " in line
     }

@@ -502,3 +502,30 @@ def test_a_json_that_records_its_commit_and_cpu_names_them_in_its_caption(repo_r
     report["environment"].update(commit="abc1234", cpu="Some CPU")
     first = tables.peers(report).splitlines()[0]
     assert first.startswith("Measured on 2 CPUs (Some CPU), TensorFlow ") and ", commit abc1234: `python " in first
+
+
+@pytest.mark.parametrize(
+    "label, cpu, wall, shown",
+    [
+        # (a), (e) and the fastest Keras by each measure, in ms per example; the value shown, rounded up
+        ("(a)/(e) CPU time per example", {"a": 0.3301, "e": 0.3300, "b": 0.5}, None, "1.001"),
+        ("(e)/(b'') examples per CPU-second", {"a": 0.33, "e": 0.3, "b": 0.4499}, None, "1.500"),
+        ("(e)/(b'') examples per CPU-second", {"a": 0.33, "e": 0.3, "b": 0.4501}, None, "1.501"),
+        ("(e)/(b''') examples per wall-second", None, {"a": 0.2, "e": 0.1, "b": 0.20001}, "2.001"),
+    ],
+)
+def test_the_one_pass_rows_are_the_medians_rounded_up(repo_root, monkeypatch, label, cpu, wall, shown):
+    """One plain pass over the whole batch, (e), bounds (a) from below: its rows are rounded up, never in favour
+    of the bound's reading that a target above them is out of reach."""
+    monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
+    import tables
+
+    report = json.loads((repo_root / "docs" / "peers.json").read_text())
+    best = report["a_b_against"]
+    for measure, ms in (("cpu", cpu), ("wall", wall)):
+        for key, name in (("a", tables.A), ("e", tables.E), ("b", best[measure])):
+            if ms is not None:
+                report["time"][name][f"{measure}_s_per_example"] = ms[key] / 1000
+    rows = [line for line in tables.peers(report).splitlines() if line.startswith(f"| {label}")]
+    assert len(rows) == 1
+    assert rows[0].endswith(f"| - | {shown} |")
