@@ -21,8 +21,8 @@ batch, micro-batch, k and Adam learning rate for every method:
   (b''') (b') compiled with jit_compile=True (XLA, which "auto" leaves off
        on a CPU)
   (e)  one plain pass over the whole batch of k x micro (accum-train's
-       engine, no accumulation), TensorFlow's default threads: what an update
-       costs with no micro-batches at all, the floor of (a)
+       engine, no accumulation), TensorFlow's default threads: the update
+       without micro-batches, for reference (not a Keras variant)
 
 Every method in its own process, warmed up with one untimed round, then
 --rounds interleaved timed rounds; medians of CPU and wall time per example.

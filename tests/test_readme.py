@@ -515,8 +515,8 @@ def test_a_json_that_records_its_commit_and_cpu_names_them_in_its_caption(repo_r
     ],
 )
 def test_the_one_pass_rows_are_the_medians_rounded_up(repo_root, monkeypatch, label, cpu, wall, shown):
-    """One plain pass over the whole batch, (e), bounds (a) from below: its rows are rounded up, never in favour
-    of the bound's reading that a target above them is out of reach."""
+    """One plain pass over the whole batch, (e), is shown against (a) and against the fastest Keras variants,
+    rounded up: (a)/(e) against accum-train, (e)/Keras never understating how far a plain pass gets."""
     monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
     import tables
 
