@@ -504,7 +504,7 @@ def main():
     for side in ("ours", "keras"):
         for measure in ("cpu", "wall"):
             value = plain[side][measure]
-            print(f"  {side}/d examples per {measure}-second  {value:.3f}  {value!r}")
+            print(f"  {side}/d examples per {measure}-second  {against(value, side == 'ours')}  {value!r}")
 
     print(
         f"\ndistance from whole-batch training: SGD lr {args.distance_lr}, {args.distance_updates} updates of "
