@@ -19,7 +19,7 @@ METHODS = [
     "(b''') keras GA, spe=k, XLA",
     "(e) plain, whole batch",
 ]
-KERAS = METHODS[3:7]
+KERAS = METHODS[3:7]  # (e) is no Keras variant: never the one the a/b ratios are taken against
 
 
 @pytest.mark.slow  # eight timing processes, each starting TensorFlow and tracing its update
@@ -49,9 +49,8 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     assert times[METHODS[2]]["threads"] == times[METHODS[0]]["threads"]  # (a1'): one at a time under (a)'s pools
 
     assert times[METHODS[7]]["threads"] == "tensorflow defaults"  # (e): one pass, TensorFlow's own pools
-    keras = KERAS  # (e) is no Keras variant: never the one the a/b ratios are taken against
-    best_cpu = min(keras, key=lambda name: times[name]["cpu_s_per_example"])
-    best_wall = min(keras, key=lambda name: times[name]["wall_s_per_example"])
+    best_cpu = min(KERAS, key=lambda name: times[name]["cpu_s_per_example"])
+    best_wall = min(KERAS, key=lambda name: times[name]["wall_s_per_example"])
     assert data["a_b_against"] == {"cpu": best_cpu, "wall": best_wall}
     ratios = data["ratios"]
     a = times[METHODS[0]]
