@@ -386,12 +386,19 @@ def markdown_table(report, stated_commit=None):
         or env.get("commit")
         or (stated_commit and f"{stated_commit} (the page's; the JSON does not record it)")
     )
+    threads = args.get("threads")  # (intra, inter) for every method, or None: TensorFlow's defaults
+    pools = (
+        f"{threads[0]} intra-op and {threads[1]} inter-op threads per process"
+        if threads
+        else "TensorFlow's default thread pools"
+    )
     machine = (
         f"{env['cpus']} CPUs ({env.get('cpu', env['platform'])}), Python {env['python']}, "
-        f"TensorFlow {env['tensorflow']}, Keras {env['keras']}, "
+        f"TensorFlow {env['tensorflow']}, Keras {env['keras']}, {pools}, "
         f"load average {env['load_average_before'][0]:.1f} before the run"
     )
     options = "".join(f" --{key} {args[key]}" for key in ("k", "micro", "rounds", "updates", "output"))
+    options += f" --threads {threads[0]},{threads[1]}" if threads else ""
 
     def plain(side, ours):  # rounded against accum-train: its ratio down, Keras' up
         values = report["against_plain_micro_batch"][side]

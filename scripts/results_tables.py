@@ -48,6 +48,7 @@ MAKERS = {
     "peers.json": ("tables", {"results": "peers"}),
     "peers-keras-file.json": ("tables", {"results": "peers_keras"}),
     "peers-masked.json": ("peers_masked", {"results": "markdown_table"}),
+    "peers-masked-threads.json": ("peers_masked", {"results": "markdown_table"}),
     "memory-batch.json": ("memory_batch", {"rows": "table"}),
     "image-folder.json": ("image_folder", {"check": "check_table", "train": "train_table"}),
     "compare-fmnist.json": ("tables", {"results": "compare"}),

@@ -530,3 +530,23 @@ def test_the_one_pass_rows_are_the_medians_rounded_up(repo_root, monkeypatch, la
     rows = [line for line in tables.peers(report).splitlines() if line.startswith(f"| {label}")]
     assert len(rows) == 1
     assert rows[0].endswith(f"| - | {shown} |")
+
+
+@pytest.mark.parametrize(
+    "threads, command_ends, pools",
+    [
+        (None, "--output docs/peers-masked.json`", "TensorFlow's default thread pools"),
+        ([1, 2], "--output docs/peers-masked.json --threads 1,2`", "1 intra-op and 2 inter-op threads per process"),
+    ],
+)
+def test_the_tagger_s_caption_names_the_thread_pools_its_run_set(repo_root, monkeypatch, threads, command_ends, pools):
+    """A run of benchmarks/peers_masked.py under --threads is captioned with the option and the pools, so that its
+    table cannot pass for one under TensorFlow's defaults."""
+    monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
+    import peers_masked
+
+    report = json.loads((repo_root / "docs" / "peers-masked.json").read_text())
+    report["args"]["threads"] = threads
+    first = peers_masked.markdown_table(report).splitlines()[0]
+    assert first.endswith(command_ends)
+    assert f", {pools}, " in first
