@@ -289,6 +289,23 @@ FIGURES = [
         for_accum,
     ),
     quote(
+        "fit: the tagger against Keras, one thread per op",
+        "docs/fit.md",
+        "With one thread per op for every method (`--threads 1,2`) it trains {}x the examples per CPU-second of "
+        "Keras' accumulation at its best and {}x per wall-second",
+        "peers-masked-threads.json",
+        lambda r: (r["ratios"]["cpu"], r["ratios"]["wall"]),
+        for_accum,
+    ),
+    quote(
+        "python: the tagger against Keras, one thread per op",
+        "docs/python.md",
+        "`python benchmarks/peers_masked.py --rounds {}`); with one thread per op for every method, {}x and {}x.",
+        "peers-masked-threads.json",
+        lambda r: (r["args"]["rounds"], r["ratios"]["cpu"], r["ratios"]["wall"]),
+        ("d", for_accum, for_accum),
+    ),
+    quote(
         "python: the tagger against Keras",
         "docs/python.md",
         "on the benchmark's tagger, after {} updates, its weights are off whole-batch training by {} of how far "
