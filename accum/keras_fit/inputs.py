@@ -99,10 +99,38 @@ def class_weights_tensor(y, class_weight: dict):
     return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)
 
 
+def _sequence_lengths(arrays):
+    """(each example's length, which arrays are cut on axis 1, its size) for trim_padding: the length is one past
+    the example's last step where any input is nonzero (padding is zeros after the sequence, what
+    Embedding(mask_zero=True) and Masking() take as such); every x, y or sample weight array whose axis 1 has
+    that size is cut."""
+    inputs = [a for a in tf.nest.flatten(arrays[0]) if a.ndim >= 2]
+    if not inputs:
+        raise UserError(
+            f"{WHERE}: trim_padding cuts sequences along axis 1, and x has no array with one (shapes "
+            f"{[a.shape for a in tf.nest.flatten(arrays[0])]}): leave trim_padding out"
+        )
+    steps = {a.shape[1] for a in inputs}
+    if len(steps) > 1:
+        raise UserError(
+            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
+            f"{sorted(steps)}: pad them to one length, or leave trim_padding out"
+        )
+    if any(a.dtype.kind in "SU" for a in inputs):
+        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
+    steps = steps.pop()
+    lengths = np.zeros(len(inputs[0]), np.int64)
+    for a in inputs:
+        used = (a != 0).reshape(len(a), steps, -1).any(axis=2)
+        lengths = np.maximum(lengths, np.where(used.any(axis=1), steps - np.argmax(used[:, ::-1], axis=1), 0))
+    timed = tf.nest.map_structure(lambda a: a.ndim >= 2 and a.shape[1] == steps, arrays)
+    return lengths, timed, steps
+
+
 class ArrayFeed:
     """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
 
-    def __init__(self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch):
+    def __init__(self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, trim=0):
         data = tuple(part for part in (x, y, sample_weight) if part is not None)
         self.structure = (x is not None, y is not None, sample_weight is not None or class_weight is not None)
         arrays = _leaves_as_arrays(data, "x")
@@ -134,18 +162,49 @@ class ArrayFeed:
         self.continues = False  # each epoch's elements follow from the epoch's index
         self.once = False  # read again each epoch
         self.sizes = True  # each update's examples are known before it runs (batch_length)
+        self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
+        if self.trim:
+            # each example's length (after its last nonzero step), which arrays have the time axis, and its size
+            self.lengths, self.timed, self.time_steps = _sequence_lengths(arrays)
+            self._lengths = tf.constant(self.lengths)
 
     @property
     def element_spec(self):
-        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.stored)
+        def spec(t, timed=False):
+            shape = [None, None if timed else t.shape[1], *t.shape[2:]] if t.shape.rank >= 2 else [None]
+            return tf.TensorSpec(shape, t.dtype)
+
+        if not self.trim:
+            return tf.nest.map_structure(spec, self.stored)
+        return tf.nest.map_structure(spec, self.stored, self.timed)
 
     def first_batch(self):
         """The first batch's arrays (what the model, its loss and its metrics are built from)."""
         return tf.nest.map_structure(lambda t: t[: min(self.batch_size, self.examples)], self.arrays)
 
-    def gather(self, indices):
-        """Examples ``indices`` (a tensor) of every array (feed.gathered's reader)."""
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+    def gather(self, indices, multiple=None):
+        """Examples ``indices`` (a tensor) of every array (feed.gathered's reader); with ``trim``, the time axis
+        cut after the longest of them, rounded up to a multiple of ``trim`` (or of ``multiple``)."""
+        if not self.trim:
+            return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+        multiple = multiple or self.trim
+        # at least one multiple: an empty micro-batch, or one of empty sequences, keeps a time axis a model can run
+        longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.gather(self._lengths, indices)], 0))
+        end = tf.minimum((longest + multiple - 1) // multiple * multiple, self.time_steps)
+        return tf.nest.map_structure(
+            lambda t, timed: tf.gather(t[:, :end] if timed else t, indices), self.stored, self.timed
+        )
+
+    def trimmed(self, indices):
+        """Examples ``indices`` (numpy) as (the stored arrays' rows, the same cut right after the longest of them:
+        the most a micro-batch can lose, which fit's check compares)."""
+        whole = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+        return whole, self.gather(tf.constant(indices, tf.int64), multiple=1)
+
+    def by_length(self, batch: np.ndarray) -> np.ndarray:
+        """A batch's examples, longest first (ties in their order): with ``trim``, each micro-batch then holds
+        sequences of like length, and the update is the same, as it sums over the whole batch."""
+        return batch[np.argsort(-self.lengths[batch], kind="stable")] if self.trim else batch
 
     def _pass_order(self, p: int) -> np.ndarray:
         if self.shuffle == "batch":  # whole batches in a new order, each batch's examples as stored
@@ -171,7 +230,7 @@ class ArrayFeed:
             p, b = divmod(u, self.batches_per_pass)
             if p not in orders:
                 orders[p] = self._pass_order(p)
-            batches.append(orders[p][b * self.batch_size : (b + 1) * self.batch_size])
+            batches.append(self.by_length(orders[p][b * self.batch_size : (b + 1) * self.batch_size]))
         starts, ends, where, offset = [], [], [], 0
         for u, batch in enumerate(batches):  # each batch's elements, at its place in the epoch's order
             for start, end in cut.bounds(len(batch)):
@@ -330,8 +389,14 @@ def is_dataset(x) -> bool:
     return isinstance(x, tf.data.Dataset)
 
 
-def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x"):
-    """The feed for ``x`` (and ``y``, ``sample_weight``) as model.fit takes them; bad input in one line."""
+def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0):
+    """The feed for ``x`` (and ``y``, ``sample_weight``) as model.fit takes them; bad input in one line.
+    ``trim``: cut each micro-batch's padding (trim_padding), arrays only."""
+    if trim and streamed_source(x):
+        raise UserError(
+            f"{WHERE}: trim_padding orders each batch's sequences by length, which it reads from arrays held in "
+            f"memory, and x is a {type(x).__name__}: pass arrays, or leave trim_padding out"
+        )
     if isinstance(x, keras.utils.PyDataset):
         for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
             if value is not None:
@@ -370,6 +435,7 @@ def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, s
         shuffle=shuffle,
         seed=seed,
         steps_per_epoch=steps_per_epoch,
+        trim=trim,
     )
 
 

@@ -64,7 +64,10 @@ class Loop:
 
     @property
     def measures_noise(self) -> bool:
-        """Whether the updates can measure the noise scale (two micro-batches or more in all), or may come to."""
+        """Whether the updates can measure the noise scale (two micro-batches or more in all), or may come to; not
+        with trim_padding, whose micro-batches are sequences of like length, not the random draws it assumes."""
+        if getattr(self.feed, "trim", 0):
+            return False
         return self.auto or self.cut.k * self.cut.replicas >= 2
 
     def _open(self, epoch: int, first: int) -> None:

@@ -1,0 +1,250 @@
+"""accum_train.fit(trim_padding=...): each batch's sequences ordered by length, each micro-batch cut after its
+longest, and still the whole batch's update: model.fit on whole uncut batches is the oracle (1e-5), for masked
+recurrent taggers and classifiers, per-token sample weights, several multiples and XLA. The feed's micro-batches
+are checked as cut, and what cannot be cut exactly is refused in one line. Both sides run in this process, under
+its pinned thread pools (conftest)."""
+
+import accum_train
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from accum_train.keras_fit.fit import _trim_multiple
+from accum_train.keras_fit.inputs import ArrayFeed, Cut
+
+N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
+RNG = np.random.default_rng(11)
+LENGTHS = RNG.integers(1, STEPS + 1, N)
+LENGTHS[:4] = [24, 3, 9, 17]
+TOKENS = RNG.integers(1, VOCABULARY, (N, STEPS)).astype(np.int32)
+TOKENS[np.arange(STEPS)[None, :] >= LENGTHS[:, None]] = 0
+FEATURES = RNG.random((N, STEPS, 3), dtype=np.float32) * (TOKENS[..., None] > 0)
+TAGS = RNG.integers(0, 4, (N, STEPS)).astype(np.int32)
+LABELS = RNG.integers(0, 3, N)
+TOKEN_WEIGHTS = (RNG.random((N, STEPS), dtype=np.float32) + 0.5) * (TOKENS > 0)
+
+
+def tagger(features=False):
+    """Per-token tags over padded sequences of any length: Embedding(mask_zero) or Masking, then an LSTM."""
+    if features:
+        inputs = keras.Input((None, 3))
+        hidden = keras.layers.Masking()(inputs)
+    else:
+        inputs = keras.Input((None,), dtype="int32")
+        hidden = keras.layers.Embedding(VOCABULARY, 6, mask_zero=True)(inputs)
+    hidden = keras.layers.LSTM(8, return_sequences=True)(hidden)
+    return keras.Model(inputs, keras.layers.Dense(4)(hidden))
+
+
+def classifier():
+    """One label per sequence, from a masked GRU's last valid step."""
+    inputs = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.GRU(8)(keras.layers.Embedding(VOCABULARY, 6, mask_zero=True)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+# name: (model, x, y, sample_weight, trim_padding, k, jit_compile)
+CASES = {
+    "embedding tagger": (tagger, TOKENS, TAGS, None, True, K, False),
+    "masking tagger, features": (lambda: tagger(True), FEATURES, TAGS, None, True, K, False),
+    "per-token sample weights": (tagger, TOKENS, TAGS, TOKEN_WEIGHTS, True, K, False),
+    "multiple of 4, k=5": (tagger, TOKENS, TAGS, None, 4, 5, False),
+    "sequence classifier": (classifier, TOKENS, LABELS, None, 8, K, False),
+    "xla": (tagger, TOKENS, TAGS, None, 8, K, True),
+}
+
+
+def trained(case, fit):
+    build, x, y, weights, _, _, jit = CASES[case]
+    keras.utils.set_random_seed(3)
+    model = build()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, jit_compile=jit)
+    history = fit(model, x, y, weights)
+    return model.get_weights(), history.history["loss"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trimmed_micro_batches_end_at_model_fit_s_weights_on_whole_batches(case):
+    _, _, _, _, trim, k, _ = CASES[case]
+    expected, expected_loss = trained(
+        case, lambda m, x, y, w: m.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    )
+    weights, loss = trained(
+        case,
+        lambda m, x, y, w: accum_train.fit(
+            m, x, y, sample_weight=w, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, subdivisions=k,
+            trim_padding=trim,
+        ),
+    )  # fmt: skip
+    keras.utils.set_random_seed(3)
+    start = CASES[case][0]().get_weights()  # the initial weights: the updates must have moved them
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(expected, start)) > 1e-2
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+
+
+def elements(feed, k):
+    """Every element of the feed's first epoch as numpy (x, y), with the update it belongs to."""
+    dataset = feed.dataset(0, 0, Cut(k, 1, (0,)), pad=False)
+    return [(tuple(part.numpy() for part in data), int(where[0])) for data, where in dataset]
+
+
+@pytest.mark.parametrize("multiple", [1, 8, 16])
+def test_the_feed_orders_each_batch_by_length_and_cuts_each_micro_batch_after_its_longest(multiple):
+    feed = ArrayFeed(
+        TOKENS, TAGS, None, None, batch_size=BATCH, shuffle=True, seed=5, steps_per_epoch=None, trim=multiple
+    )
+    plain = ArrayFeed(TOKENS, TAGS, None, None, batch_size=BATCH, shuffle=True, seed=5, steps_per_epoch=None)
+    cut, whole = elements(feed, K), elements(plain, K)
+    assert [len(x) for (x, _), _ in cut] == [len(x) for (x, _), _ in whole]  # the same micro-batch sizes
+    for update in range(3):
+        mine = [data for data, u in cut if u == update]
+        theirs = np.concatenate([x for (x, _), u in whole if u == update])
+        # the same examples in the update, longest first
+        rows = np.concatenate([np.pad(x, ((0, 0), (0, STEPS - x.shape[1]))) for x, _ in mine])
+        assert sorted(map(bytes, rows)) == sorted(map(bytes, theirs))
+        lengths = np.count_nonzero(rows, axis=1)
+        assert list(lengths) == sorted(lengths, reverse=True)
+        for x, y in mine:  # cut after the longest, rounded up to the multiple; y cut alike
+            longest = np.count_nonzero(x, axis=1).max()
+            assert x.shape[1] == min(-(-longest // multiple) * multiple, STEPS) == y.shape[1]
+    assert feed.element_spec[0].shape.as_list() == [None, None]
+    assert plain.element_spec[0].shape.as_list() == [None, STEPS]
+
+
+def test_noise_scale_is_left_out_of_the_logs_of_trimmed_micro_batches():
+    def logged(trim):
+        keras.utils.set_random_seed(3)
+        model = tagger()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        seen = []
+        callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(set(logs)))
+        accum_train.fit(model, TOKENS, TAGS, batch_size=BATCH, subdivisions=K, verbose=0, callbacks=[callback],
+                        trim_padding=trim)  # fmt: skip
+        return seen
+
+    assert all("noise_scale" in logs for logs in logged(False))
+    assert all("noise_scale" not in logs and "loss" in logs for logs in logged(True))
+
+
+def static_tagger():
+    inputs = keras.Input((STEPS,), dtype="int32")
+    return keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Embedding(VOCABULARY, 6, mask_zero=True)(inputs)))
+
+
+def unmasked_conv():
+    inputs = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Conv1D(6, 3, padding="same")(keras.layers.Embedding(VOCABULARY, 6, name="tokens")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.GlobalMaxPooling1D()(hidden)))
+
+
+def unmasked_tagger():
+    inputs = keras.Input((None,), dtype="int32")
+    return keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Embedding(VOCABULARY, 6)(inputs)))
+
+
+def pooled_classifier():
+    inputs = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCABULARY, 6)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
+
+
+def _two_inputs():
+    a, b = keras.Input((None,), dtype="int32"), keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Embedding(VOCABULARY, 6, mask_zero=True)(a)
+    return keras.Model([a, b], keras.layers.Dense(4)(hidden))
+
+
+WHERE = "accum_train.fit: "
+MULTIPLE = "must be True, False or a positive int (the multiple each micro-batch's length is rounded up to)"
+REFUSED = {
+    "half": (tagger, TOKENS, TAGS, 0.5, f"{WHERE}trim_padding=0.5 {MULTIPLE}"),
+    "zero": (tagger, TOKENS, TAGS, 0, f"{WHERE}trim_padding=0 {MULTIPLE}"),
+    "text": (tagger, TOKENS, TAGS, "yes", f"{WHERE}trim_padding='yes' {MULTIPLE}"),
+    "fixed length": (
+        static_tagger,
+        TOKENS,
+        TAGS,
+        True,
+        f"{WHERE}trim_padding gives micro-batches of several lengths, and model 'static' takes inputs of shape "
+        f"(None, {STEPS}): build it on keras.Input(shape=(None, ...)), or leave trim_padding out",
+    ),
+    "dataset": (
+        tagger,
+        tf.data.Dataset.from_tensor_slices((TOKENS, TAGS)).batch(BATCH),
+        None,
+        True,
+        f"{WHERE}trim_padding orders each batch's sequences by length, which it reads from arrays held in memory, "
+        f"and x is a _BatchDataset: pass arrays, or leave trim_padding out",
+    ),
+    "no time axis": (
+        classifier,
+        {"a": LENGTHS},
+        LABELS,
+        True,
+        f"{WHERE}trim_padding cuts sequences along axis 1, and x has no array with one (shapes [(40,)]): leave "
+        f"trim_padding out",
+    ),
+    "inputs of two lengths": (
+        _two_inputs,
+        [TOKENS, TOKENS[:, :10]],
+        TAGS,
+        True,
+        f"{WHERE}trim_padding needs every input of x to have the same length on axis 1, and they have [10, 24]: "
+        f"pad them to one length, or leave trim_padding out",
+    ),
+    "unmasked convolution": (
+        unmasked_conv,
+        TOKENS,
+        LABELS,
+        True,
+        f"{WHERE}trim_padding changes the gradient of tokens/embeddings of model 'static' (a micro-batch cut from 24 "
+        f"to 9 steps): padding must change nothing, so mask it (Embedding(mask_zero=True), Masking) and keep layers "
+        f"that mix time steps masked, or leave trim_padding out",
+    ),
+    "unmasked mean over time": (
+        pooled_classifier,
+        TOKENS,
+        LABELS,
+        True,
+        f"{WHERE}trim_padding changes the loss summed of model 'static' (a micro-batch cut from 24 to 9 steps): "
+        f"padding must change nothing, so mask it (Embedding(mask_zero=True), Masking) and keep layers that mix "
+        f"time steps masked, or leave trim_padding out",
+    ),
+    "unmasked loss": (
+        unmasked_tagger,
+        TOKENS,
+        TAGS,
+        True,
+        f"{WHERE}trim_padding changes the number of values the loss averages of model 'static' (a micro-batch cut "
+        f"from 24 to 9 steps): padding must change nothing, so mask it (Embedding(mask_zero=True), Masking) and "
+        f"keep layers that mix time steps masked, or leave trim_padding out",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_cannot_be_cut_exactly_is_refused_in_one_line_before_anything_trains(case):
+    build, x, y, trim, message = REFUSED[case]
+    keras.utils.set_random_seed(3)
+    model = build()
+    model.name = "static"
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(accum_train.UserError) as refused:
+        accum_train.fit(model, x, y, batch_size=BATCH, subdivisions=K, verbose=0, trim_padding=trim)
+    assert str(refused.value) == message
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_more_than_one_replica_is_refused():
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    with pytest.raises(accum_train.UserError) as refused:
+        _trim_multiple(True, tagger(), TwoReplicas())
+    assert str(refused.value) == (
+        "accum_train.fit: trim_padding runs on one replica, and the strategy has 2: leave trim_padding out"
+    )
