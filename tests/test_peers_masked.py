@@ -10,10 +10,12 @@ from decimal import Decimal
 
 import pytest
 
-OURS = ["(a) accum-train", "(a') accum-train, XLA"]
+UNTRIMMED = ["(a) accum-train", "(a') accum-train, XLA"]
+OURS = [*UNTRIMMED, "(c) accum-train, trim_padding", "(c') accum-train, trim_padding, XLA"]
 KERAS = ["(b) keras GA, fit", "(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"]
+BUCKETED = "(g) keras GA, bucketed by length, spe=k, XLA"
 PLAIN = "(d) keras plain, micro-batch, spe=k, XLA"
-METHODS = OURS + KERAS + [PLAIN]
+METHODS = OURS + KERAS + [BUCKETED, PLAIN]
 
 
 @pytest.mark.slow  # seven processes, each starting TensorFlow and tracing its training
@@ -31,7 +33,7 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     keys = {"args", "model", "environment", "time", "ratios", "a_b_against", "a_b_ours", "distance"}
-    assert set(data) == keys | {"against_plain_micro_batch"}
+    assert set(data) == keys | {"against_plain_micro_batch", "untrimmed", "against_bucketed"}
     assert data["args"]["arrange"] == "uneven"
     assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
 
@@ -46,20 +48,33 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
         # one training call per round over every update of the round, plus the warm-up round's; Keras'
         # optimizer.iterations counts updates (its micro-steps // k) under gradient_accumulation_steps; (d) steps
         # once per micro-batch
-        assert r["optimizer_updates"] == (rounds + 1) * updates * (k if name == PLAIN else 1)
+        if name == BUCKETED:  # buckets may end in short micro-batches: a few more micro-steps, k per update
+            assert r["micro_batches_per_round"] >= updates * k
+            assert r["optimizer_updates"] == (rounds + 1) * r["micro_batches_per_round"] // k
+        else:
+            assert r["micro_batches_per_round"] == updates * k
+            assert r["optimizer_updates"] == (rounds + 1) * updates * (k if name == PLAIN else 1)
         assert r["threads"] == {"intra": 0, "inter": 0}  # TensorFlow's defaults, for every method
 
     # each side's best (ours with or without XLA, Keras' three), by CPU and by wall time separately
     best = {
         side: {m: min(methods, key=lambda name: times[name][f"{m}_s_per_example"]) for m in ("cpu", "wall")}
-        for side, methods in (("ours", OURS), ("keras", KERAS))
+        for side, methods in (("ours", OURS), ("keras", KERAS), ("untrimmed", UNTRIMMED))
     }
     assert data["a_b_against"] == best["keras"] and data["a_b_ours"] == best["ours"]
-    assert data["environment"]["jit_compile"] == dict(zip(METHODS, [False, True, False, False, True, True]))
+    assert data["untrimmed"]["a_b_ours"] == best["untrimmed"]
+    jit = [False, True, False, True, False, False, True, True, True]
+    assert data["environment"]["jit_compile"] == dict(zip(METHODS, jit))
     ratios = data["ratios"]
     for m in ("cpu", "wall"):
         ours, keras = times[best["ours"][m]], times[best["keras"][m]]
         assert ratios[m] == pytest.approx(keras[f"{m}_s_per_example"] / ours[f"{m}_s_per_example"])
+        untrimmed = times[best["untrimmed"][m]]
+        assert data["untrimmed"]["ratios"][m] == pytest.approx(
+            keras[f"{m}_s_per_example"] / untrimmed[f"{m}_s_per_example"]
+        )
+        bucketed = times[BUCKETED][f"{m}_s_per_example"]
+        assert data["against_bucketed"][m] == pytest.approx(bucketed / ours[f"{m}_s_per_example"])
     # each side's best against no accumulation at all: Keras' plain step at the micro-batch, (d)
     for side in ("ours", "keras"):
         for m in ("cpu", "wall"):
@@ -79,7 +94,8 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     assert distance["moved"] > 0
     tokens = distance["tokens_per_micro_batch"]
     assert tokens == sorted(tokens, reverse=True) and tokens[0] > tokens[-1]  # uneven: longest first
-    for name in ("accum-train", "keras GA"):
+    for name in ("accum-train", "accum-train, trim_padding", "keras GA"):
         assert distance[name]["relative"] == pytest.approx(distance[name]["max_abs"] / distance["moved"])
     assert distance["accum-train"]["max_abs"] < 1e-5  # the whole-batch update, to float32 rounding
+    assert distance["accum-train, trim_padding"]["max_abs"] < 1e-5
     assert distance["keras GA"]["max_abs"] > 1e-4  # the mean of the micro-batch means: another update
