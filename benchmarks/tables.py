@@ -384,6 +384,15 @@ def headline(reports: dict) -> str:
             "[fit](docs/results/fit.md)",
         ),
         (
+            "examples per CPU-second against Keras' own accumulation (its best variant), the masked tagger with "
+            f"`trim_padding=True`, k={masked['args']['k']}",
+            f"{against(masked['ratios']['cpu'], True)}x; without `trim_padding` "
+            f"{against(masked['untrimmed']['ratios']['cpu'], True)}x; against Keras over micro-batches bucketed by "
+            f"length (other updates) {against(masked['against_bucketed']['cpu'], True)}x",
+            f"`python benchmarks/peers_masked.py --rounds {masked['args']['rounds']}`",
+            "[fit](docs/results/fit.md)",
+        ),
+        (
             "examples per CPU-second against Keras' own accumulation (its best variant), seed convnet, "
             f"k={peers['args']['k']}",
             f"{against(ratios['a/b examples per CPU-second'], True)}x",
