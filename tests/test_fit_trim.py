@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.keras_fit.fit import _trim_multiple
 from accum_train.keras_fit.inputs import ArrayFeed, Cut
+from accum_train.keras_fit.padding import trim_multiple
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
 RNG = np.random.default_rng(11)
@@ -65,7 +65,10 @@ def trained(case, fit):
     return model.get_weights(), history.history["loss"]
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.slow) if c == "xla" else c for c in CASES],  # XLA: a compile per length
+)
 def test_trimmed_micro_batches_end_at_model_fit_s_weights_on_whole_batches(case):
     _, _, _, _, trim, k, _ = CASES[case]
     expected, expected_loss = trained(
@@ -244,7 +247,7 @@ def test_more_than_one_replica_is_refused():
         num_replicas_in_sync = 2
 
     with pytest.raises(accum_train.UserError) as refused:
-        _trim_multiple(True, tagger(), TwoReplicas())
+        trim_multiple(True, tagger(), TwoReplicas())
     assert str(refused.value) == (
         "accum_train.fit: trim_padding runs on one replica, and the strategy has 2: leave trim_padding out"
     )

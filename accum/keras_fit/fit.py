@@ -38,6 +38,7 @@ from ..update import LOSS_SCALE, local_replica_ids
 from .history import FitHistory
 from .inputs import Cut, is_dataset, make_feed, split_validation, streamed_source, validation_feed
 from .loop import Loop
+from .padding import check_trim, trim_multiple
 
 WHERE = "accum_train.fit"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -101,7 +102,7 @@ def fit(
     _check_model(model)
     strategy = _strategy(model, strategy)
     _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch)
-    trim = _trim_multiple(trim_padding, model, strategy)
+    trim = trim_multiple(trim_padding, model, strategy)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
     if shuffle not in (True, False, "batch"):
@@ -174,7 +175,7 @@ def fit(
             objective = KerasObjective(model)
             groups = _probe(objective, feed.element_spec, strategy)
             if trim:
-                _check_trim(objective, groups, feed, cut, strategy)
+                check_trim(objective, groups, feed, cut, strategy)
             eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
             built = _engine(model, objective, adapters, k, strategy, groups, eval_groups, auto)
             _ENGINES[model] = {key: built}
@@ -210,75 +211,6 @@ def fit(
             start=checkpoints.start if checkpoints is not None else (0, 0),
         )
     return history
-
-
-def _trim_multiple(trim_padding, model, strategy) -> int:
-    """trim_padding as the multiple each micro-batch's length is rounded up to (0: off), checked."""
-    if trim_padding is None or trim_padding is False:
-        return 0
-    multiple = 16 if trim_padding is True else trim_padding
-    if isinstance(multiple, bool) or not isinstance(multiple, (int, np.integer)) or multiple < 1:
-        raise UserError(
-            f"{WHERE}: trim_padding={trim_padding!r} must be True, False or a positive int (the multiple each "
-            f"micro-batch's length is rounded up to)"
-        )
-    if strategy.num_replicas_in_sync > 1:
-        raise UserError(
-            f"{WHERE}: trim_padding runs on one replica, and the strategy has {strategy.num_replicas_in_sync}: "
-            f"leave trim_padding out"
-        )
-    for tensor in model.inputs or []:
-        if len(tensor.shape) >= 2 and tensor.shape[1] is not None:
-            raise UserError(
-                f"{WHERE}: trim_padding gives micro-batches of several lengths, and model {model.name!r} takes "
-                f"inputs of shape {tuple(tensor.shape)}: build it on keras.Input(shape=(None, ...)), or leave "
-                f"trim_padding out"
-            )
-    return int(multiple)
-
-
-def _check_trim(objective, groups, feed, cut, strategy) -> None:
-    """Refuse trim_padding where cutting the padding changes the update: compare the normalisers, loss sums and
-    gradients of the first batch's shortest micro-batch, whole and cut right after its longest sequence (no
-    padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes)."""
-    model = objective.model
-    variables = model.trainable_variables
-    batch = feed.by_length(np.arange(min(feed.batch_size, feed.examples)))
-    start, end = [b for b in cut.bounds(len(batch)) if b[1] > b[0]][-1]
-    whole, trimmed = feed.trimmed(batch[start:end])
-    length = next(t.shape[1] for t, timed in zip(tf.nest.flatten(trimmed), tf.nest.flatten(feed.timed)) if timed)
-    if length == feed.time_steps:
-        return  # nothing cut here: nothing to compare
-
-    def measure(data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            parts, _ = objective.evaluate(x, y, sample_weight, training=False, groups=groups)
-            total = tf.add_n([parts.sums[g] for g in groups])
-        grads = tape.gradient(total, model.trainable_variables)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-        return parts.sums, parts.counts, grads
-
-    with strategy.scope():  # traced for the feed's elements, as the probe that found ``groups`` was
-        measured = tf.function(measure).get_concrete_function(feed.element_spec)
-        (sums, counts, grads), (cut_sums, cut_counts, cut_grads) = measured(whole), measured(trimmed)
-    named = [("the number of values the loss averages", counts[g], cut_counts[g]) for g in counts]
-    named += [("the loss summed", sums[g], cut_sums[g]) for g in groups]
-    named += [(f"the gradient of {v.path}", g, c) for v, g, c in zip(variables, grads, cut_grads)]
-    for what, whole_value, cut_value in named:
-        if _differ(whole_value, cut_value):
-            raise UserError(
-                f"{WHERE}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
-                f"{feed.time_steps} to {length} steps): padding must change nothing, so mask it "
-                f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
-                f"trim_padding out"
-            )
-
-
-def _differ(whole, cut) -> bool:
-    """Whether two values of one micro-batch differ by more than the rounding of a sum taken over other lengths."""
-    whole, cut = np.asarray(whole, np.float64), np.asarray(cut, np.float64)
-    return bool(np.max(np.abs(whole - cut), initial=0.0) > 1e-4 * max(np.max(np.abs(whole), initial=0.0), 1e-6))
 
 
 def _order_seed(seed, output_dir, strategy, shuffled: bool) -> int:

@@ -42,6 +42,7 @@ from ..data import epoch_order
 from ..datasets.base import stored
 from ..errors import UserError
 from ..feed import Layout, endless, gathered
+from .padding import sequence_lengths
 
 WHERE = "accum_train.fit"
 
@@ -99,34 +100,6 @@ def class_weights_tensor(y, class_weight: dict):
     return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)
 
 
-def _sequence_lengths(arrays):
-    """(each example's length, which arrays are cut on axis 1, its size) for trim_padding: the length is one past
-    the example's last step where any input is nonzero (padding is zeros after the sequence, what
-    Embedding(mask_zero=True) and Masking() take as such); every x, y or sample weight array whose axis 1 has
-    that size is cut."""
-    inputs = [a for a in tf.nest.flatten(arrays[0]) if a.ndim >= 2]
-    if not inputs:
-        raise UserError(
-            f"{WHERE}: trim_padding cuts sequences along axis 1, and x has no array with one (shapes "
-            f"{[a.shape for a in tf.nest.flatten(arrays[0])]}): leave trim_padding out"
-        )
-    steps = {a.shape[1] for a in inputs}
-    if len(steps) > 1:
-        raise UserError(
-            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
-            f"{sorted(steps)}: pad them to one length, or leave trim_padding out"
-        )
-    if any(a.dtype.kind in "SU" for a in inputs):
-        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
-    steps = steps.pop()
-    lengths = np.zeros(len(inputs[0]), np.int64)
-    for a in inputs:
-        used = (a != 0).reshape(len(a), steps, -1).any(axis=2)
-        lengths = np.maximum(lengths, np.where(used.any(axis=1), steps - np.argmax(used[:, ::-1], axis=1), 0))
-    timed = tf.nest.map_structure(lambda a: a.ndim >= 2 and a.shape[1] == steps, arrays)
-    return lengths, timed, steps
-
-
 class ArrayFeed:
     """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
 
@@ -165,7 +138,7 @@ class ArrayFeed:
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
         if self.trim:
             # each example's length (after its last nonzero step), which arrays have the time axis, and its size
-            self.lengths, self.timed, self.time_steps = _sequence_lengths(arrays)
+            self.lengths, self.timed, self.time_steps = sequence_lengths(arrays)
             self._lengths = tf.constant(self.lengths)
 
     @property

@@ -1,0 +1,115 @@
+"""accum_train.fit's ``trim_padding``: which steps of each example are padding, what the option asks of the model,
+and the check that cutting the padding changes nothing the update computes.
+
+A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (inputs.py,
+``ArrayFeed``): the update is still the whole batch's, as it sums over the batch whatever the grouping, provided
+that the padding cut away changes neither the loss nor its gradient, which masked recurrent layers and a masked
+loss guarantee and an unmasked convolution or mean over time do not.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..errors import UserError
+
+WHERE = "accum_train.fit"
+
+
+def sequence_lengths(arrays):
+    """(each example's length, which arrays are cut on axis 1, its size) for trim_padding: the length is one past
+    the example's last step where any input is nonzero (padding is zeros after the sequence, what
+    Embedding(mask_zero=True) and Masking() take as such); every x, y or sample weight array whose axis 1 has
+    that size is cut."""
+    inputs = [a for a in tf.nest.flatten(arrays[0]) if a.ndim >= 2]
+    if not inputs:
+        raise UserError(
+            f"{WHERE}: trim_padding cuts sequences along axis 1, and x has no array with one (shapes "
+            f"{[a.shape for a in tf.nest.flatten(arrays[0])]}): leave trim_padding out"
+        )
+    steps = {a.shape[1] for a in inputs}
+    if len(steps) > 1:
+        raise UserError(
+            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
+            f"{sorted(steps)}: pad them to one length, or leave trim_padding out"
+        )
+    if any(a.dtype.kind in "SU" for a in inputs):
+        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
+    steps = steps.pop()
+    lengths = np.zeros(len(inputs[0]), np.int64)
+    for a in inputs:
+        used = (a != 0).reshape(len(a), steps, -1).any(axis=2)
+        lengths = np.maximum(lengths, np.where(used.any(axis=1), steps - np.argmax(used[:, ::-1], axis=1), 0))
+    timed = tf.nest.map_structure(lambda a: a.ndim >= 2 and a.shape[1] == steps, arrays)
+    return lengths, timed, steps
+
+
+def trim_multiple(trim_padding, model, strategy) -> int:
+    """trim_padding as the multiple each micro-batch's length is rounded up to (0: off), checked."""
+    if trim_padding is None or trim_padding is False:
+        return 0
+    multiple = 16 if trim_padding is True else trim_padding
+    if isinstance(multiple, bool) or not isinstance(multiple, (int, np.integer)) or multiple < 1:
+        raise UserError(
+            f"{WHERE}: trim_padding={trim_padding!r} must be True, False or a positive int (the multiple each "
+            f"micro-batch's length is rounded up to)"
+        )
+    if strategy.num_replicas_in_sync > 1:
+        raise UserError(
+            f"{WHERE}: trim_padding runs on one replica, and the strategy has {strategy.num_replicas_in_sync}: "
+            f"leave trim_padding out"
+        )
+    for tensor in model.inputs or []:
+        if len(tensor.shape) >= 2 and tensor.shape[1] is not None:
+            raise UserError(
+                f"{WHERE}: trim_padding gives micro-batches of several lengths, and model {model.name!r} takes "
+                f"inputs of shape {tuple(tensor.shape)}: build it on keras.Input(shape=(None, ...)), or leave "
+                f"trim_padding out"
+            )
+    return int(multiple)
+
+
+def check_trim(objective, groups, feed, cut, strategy) -> None:
+    """Refuse trim_padding where cutting the padding changes the update: compare the normalisers, loss sums and
+    gradients of the first batch's shortest micro-batch, whole and cut right after its longest sequence (no
+    padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes)."""
+    model = objective.model
+    variables = model.trainable_variables
+    batch = feed.by_length(np.arange(min(feed.batch_size, feed.examples)))
+    start, end = [b for b in cut.bounds(len(batch)) if b[1] > b[0]][-1]
+    whole, trimmed = feed.trimmed(batch[start:end])
+    length = next(t.shape[1] for t, timed in zip(tf.nest.flatten(trimmed), tf.nest.flatten(feed.timed)) if timed)
+    if length == feed.time_steps:
+        return  # nothing cut here: nothing to compare
+
+    def measure(data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            parts, _ = objective.evaluate(x, y, sample_weight, training=False, groups=groups)
+            total = tf.add_n([parts.sums[g] for g in groups])
+        grads = tape.gradient(total, model.trainable_variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+        return parts.sums, parts.counts, grads
+
+    with strategy.scope():  # traced for the feed's elements, as the probe that found ``groups`` was
+        measured = tf.function(measure).get_concrete_function(feed.element_spec)
+        (sums, counts, grads), (cut_sums, cut_counts, cut_grads) = measured(whole), measured(trimmed)
+    named = [("the number of values the loss averages", counts[g], cut_counts[g]) for g in counts]
+    named += [("the loss summed", sums[g], cut_sums[g]) for g in groups]
+    named += [(f"the gradient of {v.path}", g, c) for v, g, c in zip(variables, grads, cut_grads)]
+    for what, whole_value, cut_value in named:
+        if _differ(whole_value, cut_value):
+            raise UserError(
+                f"{WHERE}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
+                f"{feed.time_steps} to {length} steps): padding must change nothing, so mask it "
+                f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
+                f"trim_padding out"
+            )
+
+
+def _differ(whole, cut) -> bool:
+    """Whether two values of one micro-batch differ by more than the rounding of a sum taken over other lengths."""
+    whole, cut = np.asarray(whole, np.float64), np.asarray(cut, np.float64)
+    return bool(np.max(np.abs(whole - cut), initial=0.0) > 1e-4 * max(np.max(np.abs(whole), initial=0.0), 1e-6))
