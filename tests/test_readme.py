@@ -179,6 +179,21 @@ def test_the_token_example_runs_as_written_and_a_second_run_resumes(repo_root, t
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 8
 
 
+@pytest.mark.slow  # an LSTM over 512 sequences, twice
+def test_the_trim_padding_example_runs_as_written_to_the_losses_of_the_same_call_without_it(repo_root, tmp_path):
+    block = python_block(repo_root, "trim")
+    uncut = block.replace(", trim_padding=True", "")
+    assert uncut != block
+
+    def losses(script):
+        (printed,) = [line for line in run_python(script, tmp_path) if line.startswith("loss: ")]
+        return json.loads(printed.removeprefix("loss: "))
+
+    trimmed = losses(block)
+    assert len(trimmed) == 2 and trimmed[1] < trimmed[0]
+    np.testing.assert_allclose(trimmed, losses(uncut), rtol=1e-5)  # the same updates, without most padding
+
+
 @pytest.mark.slow
 def test_the_run_example_runs_as_written(repo_root, data_dir, tmp_path):
     """accum_train.run from an empty folder (its config path made absolute): run's directory is where the
