@@ -4,6 +4,8 @@ recurrent taggers and classifiers, per-token sample weights, several multiples a
 are checked as cut, and what cannot be cut exactly is refused in one line. Both sides run in this process, under
 its pinned thread pools (conftest)."""
 
+import importlib
+
 import accum_train
 import keras
 import numpy as np
@@ -13,6 +15,7 @@ from accum_train.keras_fit.inputs import ArrayFeed, Cut
 from accum_train.keras_fit.padding import trim_multiple
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
+VALIDATION = 24  # the last examples, validated on after each epoch
 RNG = np.random.default_rng(11)
 LENGTHS = RNG.integers(1, STEPS + 1, N)
 LENGTHS[:4] = [24, 3, 9, 17]
@@ -61,8 +64,8 @@ def trained(case, fit):
     keras.utils.set_random_seed(3)
     model = build()
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, jit_compile=jit)
-    history = fit(model, x, y, weights)
-    return model.get_weights(), history.history["loss"]
+    history = fit(model, x, y, weights, (x[-VALIDATION:], y[-VALIDATION:]))
+    return model, history.history
 
 
 @pytest.mark.parametrize(
@@ -71,21 +74,30 @@ def trained(case, fit):
 )
 def test_trimmed_micro_batches_end_at_model_fit_s_weights_on_whole_batches(case):
     _, _, _, _, trim, k, _ = CASES[case]
-    expected, expected_loss = trained(
-        case, lambda m, x, y, w: m.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    )
-    weights, loss = trained(
+    oracle, expected_logs = trained(
         case,
-        lambda m, x, y, w: accum_train.fit(
+        lambda m, x, y, w, v: m.fit(
+            x, y, sample_weight=w, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=v
+        ),
+    )
+    model, logs = trained(
+        case,
+        lambda m, x, y, w, v: accum_train.fit(
             m, x, y, sample_weight=w, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, subdivisions=k,
-            trim_padding=trim,
+            trim_padding=trim, validation_data=v,
         ),
     )  # fmt: skip
+    expected, weights = oracle.get_weights(), model.get_weights()
     keras.utils.set_random_seed(3)
     start = CASES[case][0]().get_weights()  # the initial weights: the updates must have moved them
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(expected, start)) > 1e-2
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
-    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(logs["loss"], expected_logs["loss"], rtol=1e-5)
+    # the validation's micro-batches are cut too, and its loss is the whole set's (docs/fit.md: model.fit's own
+    # weighs batch means by their examples), which Keras gives for the set in one batch
+    _, x, y, _, _, _, _ = CASES[case]
+    whole_set = model.evaluate(x[-VALIDATION:], y[-VALIDATION:], batch_size=VALIDATION, verbose=0)
+    np.testing.assert_allclose(logs["val_loss"][-1], whole_set, rtol=1e-5)
 
 
 def elements(feed, k):
@@ -251,3 +263,24 @@ def test_more_than_one_replica_is_refused():
     assert str(refused.value) == (
         "accum_train.fit: trim_padding runs on one replica, and the strategy has 2: leave trim_padding out"
     )
+
+
+def test_the_validation_arrays_are_cut_as_the_training_ones(monkeypatch):
+    fit_module = importlib.import_module("accum_train.keras_fit.fit")  # the package's ``fit`` is the function
+    made = []
+
+    def recorded(*args, **kwargs):
+        made.append(fit_module.validation_feed.__wrapped__(*args, **kwargs))
+        return made[-1]
+
+    recorded.__wrapped__ = fit_module.validation_feed
+    monkeypatch.setattr(fit_module, "validation_feed", recorded)
+    keras.utils.set_random_seed(3)
+    model = tagger()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    validation = (TOKENS[-VALIDATION:], TAGS[-VALIDATION:])
+    accum_train.fit(model, TOKENS, TAGS, batch_size=BATCH, subdivisions=K, verbose=0, trim_padding=8,
+                    validation_data=validation)  # fmt: skip
+    (feed,) = made
+    steps = [x.shape[1] for (x, _), _ in elements(feed, K)]
+    assert feed.trim == 8 and min(steps) < STEPS and all(s % 8 == 0 for s in steps)

@@ -154,7 +154,7 @@ def fit(
                 f"call (it evaluates the compiled loss and metrics itself): leave validation out and call "
                 f"model.evaluate, or train with model.fit"
             )
-        validation = validation_feed(validation_data, validation_batch_size or feed.batch_size)
+        validation = validation_feed(validation_data, validation_batch_size or feed.batch_size, trim)
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):
             restore.enter_context(_eagerly())

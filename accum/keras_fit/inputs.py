@@ -440,7 +440,8 @@ def streamed_source(x) -> bool:
     return is_dataset(x) or isinstance(x, (keras.utils.PyDataset, collections.abc.Iterator))
 
 
-def validation_feed(validation_data, batch_size):
+def validation_feed(validation_data, batch_size, trim=0):
+    """model.fit's validation data as a feed; arrays cut as ``trim`` says (trim_padding), a stream as it comes."""
     if isinstance(validation_data, collections.abc.Iterator):
         raise UserError(
             f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
@@ -473,4 +474,5 @@ def validation_feed(validation_data, batch_size):
         seed=0,
         steps_per_epoch=None,
         name="validation_data",
+        trim=trim,
     )
