@@ -38,9 +38,10 @@ from .datasets.base import as_is, untuned
 
 
 def empty_like(spec):
-    """An element with no examples for ``spec`` (unknown axes as 0)."""
+    """An element with no examples for ``spec``, its unknown axes of size 1: a model runs on it (an LSTM cannot
+    step through a time axis of 0, which a padded_batch's unknown length would otherwise get)."""
     return tf.nest.map_structure(
-        lambda s: tf.zeros([0] + [d if d is not None else 0 for d in s.shape[1:]], s.dtype), spec
+        lambda s: tf.zeros([0] + [d if d is not None else 1 for d in s.shape[1:]], s.dtype), spec
     )
 
 

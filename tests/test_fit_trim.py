@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.keras_fit.inputs import ArrayFeed, Cut
+from accum_train.keras_fit.inputs import ArrayFeed, Cut, DatasetFeed
 from accum_train.keras_fit.padding import trim_multiple
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
@@ -100,23 +100,75 @@ def test_trimmed_micro_batches_end_at_model_fit_s_weights_on_whole_batches(case)
     np.testing.assert_allclose(logs["val_loss"][-1], whole_set, rtol=1e-5)
 
 
+def unpadded():
+    """The token sequences and their tags without their padding, one example at a time."""
+    for tokens, tags, length in zip(TOKENS, TAGS, LENGTHS):
+        yield tokens[:length], tags[:length]
+
+
+SEQUENCE = tf.TensorSpec([None], tf.int32)
+STREAMS = {  # each gives the batches of BATCH that model.fit(TOKENS, TAGS, batch_size=BATCH, shuffle=False) reads
+    "dataset of batches": lambda: tf.data.Dataset.from_tensor_slices((TOKENS, TAGS)).batch(BATCH),
+    "padded_batch": lambda: tf.data.Dataset.from_generator(
+        unpadded, output_signature=(SEQUENCE, SEQUENCE)
+    ).padded_batch(BATCH),
+    "generator": lambda: ((TOKENS[i : i + BATCH], TAGS[i : i + BATCH]) for i in range(0, N, BATCH)),
+}
+
+
+@pytest.mark.parametrize("trim", [8, False])  # uncut too: a padded_batch's unknown length once failed the LSTM
+@pytest.mark.parametrize("stream", list(STREAMS))
+def test_a_stream_s_batches_are_cut_to_the_weights_of_model_fit_on_whole_batches(stream, trim):
+    def trained_on(fit):
+        keras.utils.set_random_seed(3)
+        model = tagger()
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+        start = model.get_weights()
+        loss = fit(model).history["loss"]
+        return start, model.get_weights(), loss
+
+    start, expected, expected_loss = trained_on(
+        lambda model: model.fit(TOKENS, TAGS, batch_size=BATCH, shuffle=False, verbose=0)
+    )
+    _, weights, loss = trained_on(
+        lambda model: accum_train.fit(model, STREAMS[stream](), subdivisions=K, verbose=0, trim_padding=trim)
+    )
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(expected, start)) > 1e-2
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+
+
 def elements(feed, k):
     """Every element of the feed's first epoch as numpy (x, y), with the update it belongs to."""
     dataset = feed.dataset(0, 0, Cut(k, 1, (0,)), pad=False)
     return [(tuple(part.numpy() for part in data), int(where[0])) for data, where in dataset]
 
 
+def feeds(source, multiple):
+    """(a feed that trims, the same without): arrays shuffled with a seed, or a tf.data dataset of batches."""
+    if source == "arrays":
+        made = [
+            ArrayFeed(TOKENS, TAGS, None, None, batch_size=BATCH, shuffle=True, seed=5, steps_per_epoch=None, trim=trim)
+            for trim in (multiple, 0)
+        ]
+    else:
+        batches = tf.data.Dataset.from_tensor_slices((TOKENS, TAGS)).batch(BATCH)
+        made = [
+            DatasetFeed(batches, batch_size=None, class_weight=None, steps_per_epoch=None, trim=t)
+            for t in (multiple, 0)
+        ]
+    return made
+
+
+@pytest.mark.parametrize("source", ["arrays", "dataset"])
 @pytest.mark.parametrize("multiple", [1, 8, 16])
-def test_the_feed_orders_each_batch_by_length_and_cuts_each_micro_batch_after_its_longest(multiple):
-    feed = ArrayFeed(
-        TOKENS, TAGS, None, None, batch_size=BATCH, shuffle=True, seed=5, steps_per_epoch=None, trim=multiple
-    )
-    plain = ArrayFeed(TOKENS, TAGS, None, None, batch_size=BATCH, shuffle=True, seed=5, steps_per_epoch=None)
+def test_the_feed_orders_each_batch_by_length_and_cuts_each_micro_batch_after_its_longest(source, multiple):
+    feed, plain = feeds(source, multiple)
     cut, whole = elements(feed, K), elements(plain, K)
     assert [len(x) for (x, _), _ in cut] == [len(x) for (x, _), _ in whole]  # the same micro-batch sizes
-    for update in range(3):
-        mine = [data for data, u in cut if u == update]
-        theirs = np.concatenate([x for (x, _), u in whole if u == update])
+    for update in range(3):  # every batch cut into K micro-batches, in pull order
+        mine = [data for data, _ in cut[update * K : (update + 1) * K]]
+        theirs = np.concatenate([x for (x, _), _ in whole[update * K : (update + 1) * K]])
         # the same examples in the update, longest first
         rows = np.concatenate([np.pad(x, ((0, 0), (0, STEPS - x.shape[1]))) for x, _ in mine])
         assert sorted(map(bytes, rows)) == sorted(map(bytes, theirs))
@@ -186,13 +238,13 @@ REFUSED = {
         f"{WHERE}trim_padding gives micro-batches of several lengths, and model 'static' takes inputs of shape "
         f"(None, {STEPS}): build it on keras.Input(shape=(None, ...)), or leave trim_padding out",
     ),
-    "dataset": (
-        tagger,
-        tf.data.Dataset.from_tensor_slices((TOKENS, TAGS)).batch(BATCH),
+    "a stream without a time axis": (
+        classifier,
+        tf.data.Dataset.from_tensor_slices((LENGTHS, LABELS)),  # single examples: batch_size batches them
         None,
         True,
-        f"{WHERE}trim_padding orders each batch's sequences by length, which it reads from arrays held in memory, "
-        f"and x is a _BatchDataset: pass arrays, or leave trim_padding out",
+        f"{WHERE}trim_padding cuts sequences along axis 1, and x's batches have no input with one (shapes "
+        f"[(None,)]): leave trim_padding out",
     ),
     "no time axis": (
         classifier,

@@ -84,9 +84,9 @@ def fit(
       micro-batches. Neither: one pass per update.
     - ``trim_padding``: True orders each batch's sequences by length and cuts each micro-batch's time axis
       (axis 1 of x, and of y and sample weights that have it) after its longest sequence, rounded up to a
-      multiple of 16 (an int: of that), so that micro-batches skip most of their padding. Arrays only, one
-      replica; the model must take any length on axis 1, and padding (zeros after each sequence) must change
-      neither its loss nor its gradients: checked on one micro-batch when the engine is built.
+      multiple of 16 (an int: of that), so that micro-batches skip most of their padding. One replica; the
+      model must take any length on axis 1, and padding (zeros after each sequence) must change neither its
+      loss nor its gradients: checked on one micro-batch when the engine is built.
     - ``seed``: None (model.fit's way) draws the order arrays are shuffled in afresh and touches no global
       random state; an int fixes that order and Keras' random state (``keras.utils.set_random_seed``), so the
       call repeats exactly.

@@ -42,7 +42,7 @@ from ..data import epoch_order
 from ..datasets.base import stored
 from ..errors import UserError
 from ..feed import Layout, endless, gathered
-from .padding import sequence_lengths
+from .padding import by_length, cut_after, sequence_lengths, stream_timed
 
 WHERE = "accum_train.fit"
 
@@ -137,8 +137,8 @@ class ArrayFeed:
         self.sizes = True  # each update's examples are known before it runs (batch_length)
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
         if self.trim:
-            # each example's length (after its last nonzero step), which arrays have the time axis, and its size
-            self.lengths, self.timed, self.time_steps = sequence_lengths(arrays)
+            # each example's length (after its last nonzero step), and which arrays have the time axis
+            self.lengths, self.timed = sequence_lengths(arrays)
             self._lengths = tf.constant(self.lengths)
 
     @property
@@ -155,24 +155,14 @@ class ArrayFeed:
         """The first batch's arrays (what the model, its loss and its metrics are built from)."""
         return tf.nest.map_structure(lambda t: t[: min(self.batch_size, self.examples)], self.arrays)
 
-    def gather(self, indices, multiple=None):
+    def gather(self, indices):
         """Examples ``indices`` (a tensor) of every array (feed.gathered's reader); with ``trim``, the time axis
-        cut after the longest of them, rounded up to a multiple of ``trim`` (or of ``multiple``)."""
+        cut after the longest of them, rounded up to a multiple of ``trim``."""
         if not self.trim:
             return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
-        multiple = multiple or self.trim
-        # at least one multiple: an empty micro-batch, or one of empty sequences, keeps a time axis a model can run
-        longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.gather(self._lengths, indices)], 0))
-        end = tf.minimum((longest + multiple - 1) // multiple * multiple, self.time_steps)
-        return tf.nest.map_structure(
-            lambda t, timed: tf.gather(t[:, :end] if timed else t, indices), self.stored, self.timed
-        )
-
-    def trimmed(self, indices):
-        """Examples ``indices`` (numpy) as (the stored arrays' rows, the same cut right after the longest of them:
-        the most a micro-batch can lose, which fit's check compares)."""
-        whole = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
-        return whole, self.gather(tf.constant(indices, tf.int64), multiple=1)
+        # gathered, then cut: a cut of the stored arrays would copy every example's kept steps
+        rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+        return cut_after(rows, self.timed, tf.gather(self._lengths, indices), self.trim)
 
     def by_length(self, batch: np.ndarray) -> np.ndarray:
         """A batch's examples, longest first (ties in their order): with ``trim``, each micro-batch then holds
@@ -218,18 +208,24 @@ class ArrayFeed:
         return endless(elements) if pad else elements
 
 
-def _batched_split(dataset: tf.data.Dataset, cut: Cut) -> tf.data.Dataset:
+def _batched_split(dataset: tf.data.Dataset, cut: Cut, trim: int = 0, timed=None) -> tf.data.Dataset:
     """Each element a batch: cut into this process's elements, in pull order, each (data, where) as the run's
-    feed gives them (where: unused here)."""
+    feed gives them (where: unused here). ``trim``: each batch's rows ordered by length first, and each
+    element's ``timed`` leaves cut after its longest sequence (trim_padding)."""
     nowhere = tf.zeros([2], tf.int64)
 
     def split(*batch):
         element = batch if len(batch) > 1 else batch[0]
         n = tf.shape(tf.nest.flatten(element)[0])[0]
+        if trim:
+            element, lengths = by_length(element)
         bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n)])
-        return tf.data.Dataset.from_tensor_slices(bounds).map(
-            lambda b: (tf.nest.map_structure(lambda t: t[b[0] : b[1]], element), nowhere)
-        )
+
+        def piece(b):
+            data = tf.nest.map_structure(lambda t: t[b[0] : b[1]], element)
+            return (cut_after(data, timed, lengths[b[0] : b[1]], trim) if trim else data), nowhere
+
+        return tf.data.Dataset.from_tensor_slices(bounds).map(piece)
 
     return dataset.flat_map(split)
 
@@ -238,7 +234,7 @@ class DatasetFeed:
     """A tf.data.Dataset (its elements batches, or single examples cut into batches of ``batch_size``), or a
     PyDataset (through Keras' own adapter). Streamed: read as the updates pull it."""
 
-    def __init__(self, dataset, *, batch_size, class_weight, steps_per_epoch, py_adapter=None):
+    def __init__(self, dataset, *, batch_size, class_weight, steps_per_epoch, py_adapter=None, trim=0):
         if batch_size is not None:
             dataset = dataset.batch(batch_size)
         if class_weight is not None:
@@ -259,10 +255,18 @@ class DatasetFeed:
         self.sizes = False  # a batch's examples are known once it is read
         self.batch_size = batch_size
         self.structure = None
+        self.class_weight = class_weight
+        self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
+        self.timed = stream_timed(self.batches.element_spec) if self.trim else None
 
     @property
     def element_spec(self):
-        return self.batches.element_spec
+        spec = self.batches.element_spec
+        if not self.trim:
+            return spec
+        return tf.nest.map_structure(
+            lambda s, timed: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if timed else s, spec, self.timed
+        )
 
     def first_batch(self):
         return next(iter(self.batches.take(1)))
@@ -277,7 +281,7 @@ class DatasetFeed:
         ``again``: the stream ran out before this epoch and starts over, as model.fit's does)."""
         if self.continues and not again:  # one stream from epoch to epoch: the epochs before read from it too
             first += epoch * self.steps_per_epoch
-        elements = _batched_split(self.batches.skip(first) if first else self.batches, cut)
+        elements = _batched_split(self.batches.skip(first) if first else self.batches, cut, self.trim, self.timed)
         return endless(elements) if pad else elements
 
     def end_of_epoch(self) -> None:
@@ -292,7 +296,7 @@ class GeneratorFeed(DatasetFeed):
     they disagree on may vary). A call that resumes a run directory skips the batches the run had read, so a
     generator that yields the same batches again resumes exactly."""
 
-    def __init__(self, iterator, *, class_weight, steps_per_epoch, name):
+    def __init__(self, iterator, *, class_weight, steps_per_epoch, name, trim=0):
         peeked = [_batch_as_arrays(batch, name) for batch in itertools.islice(iterator, 2)]
         if not peeked:
             raise UserError(f"{WHERE}: {name} is a generator that yields no batch: it must yield at least one")
@@ -308,13 +312,16 @@ class GeneratorFeed(DatasetFeed):
         # one live stream: every tf.data iterator over it goes on where the last one stopped
         stream = itertools.chain(peeked, (_batch_as_arrays(batch, name) for batch in iterator))
         batches = tf.data.Dataset.from_generator(lambda: stream, output_signature=tf.nest.map_structure(spec, *peeked))
-        super().__init__(batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
+        super().__init__(
+            batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch, trim=trim
+        )
         self.continues = False  # each epoch opens the stream again: it goes on by itself
         self.once = True  # an epoch after its end has nothing to read
         self.opened = False
 
     def first_batch(self):
-        return tf.nest.map_structure(tf.constant, self.first)
+        first = tf.nest.map_structure(tf.constant, self.first)
+        return first if self.class_weight is None else _with_class_weights(first, self.class_weight)
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """The stream from where it stands: ``steps_per_epoch - first`` batches, or to its end. Opened first at
@@ -326,7 +333,7 @@ class GeneratorFeed(DatasetFeed):
             batches = batches.skip(read) if read else batches
         if self.steps_per_epoch is not None:
             batches = batches.take(self.steps_per_epoch - first)
-        elements = _batched_split(batches, cut)
+        elements = _batched_split(batches, cut, self.trim, self.timed)
         return endless(elements) if pad else elements
 
 
@@ -364,19 +371,19 @@ def is_dataset(x) -> bool:
 
 def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0):
     """The feed for ``x`` (and ``y``, ``sample_weight``) as model.fit takes them; bad input in one line.
-    ``trim``: cut each micro-batch's padding (trim_padding), arrays only."""
-    if trim and streamed_source(x):
-        raise UserError(
-            f"{WHERE}: trim_padding orders each batch's sequences by length, which it reads from arrays held in "
-            f"memory, and x is a {type(x).__name__}: pass arrays, or leave trim_padding out"
-        )
+    ``trim``: cut each micro-batch's padding (trim_padding)."""
     if isinstance(x, keras.utils.PyDataset):
         for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
             if value is not None:
                 raise UserError(f"{WHERE}: {name} is a PyDataset, which gives its own batches: leave {what} out")
         batches, adapter = keras_private.py_dataset_batches(x, shuffle=bool(shuffle))
         return DatasetFeed(
-            batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch, py_adapter=adapter
+            batches,
+            batch_size=None,
+            class_weight=class_weight,
+            steps_per_epoch=steps_per_epoch,
+            py_adapter=adapter,
+            trim=trim,
         )
     if is_dataset(x):
         for what, value in (("y", y), ("sample_weight", sample_weight)):
@@ -389,12 +396,14 @@ def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, s
                 f"batch_size={batch_size} is given: leave batch_size out to train on its batches, or pass "
                 f"dataset.unbatch()"
             )
-        return DatasetFeed(x, batch_size=batch_size, class_weight=class_weight, steps_per_epoch=steps_per_epoch)
+        return DatasetFeed(
+            x, batch_size=batch_size, class_weight=class_weight, steps_per_epoch=steps_per_epoch, trim=trim
+        )
     if isinstance(x, collections.abc.Iterator):  # a generator, or any iterator of batches
         for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
             if value is not None:
                 raise UserError(f"{WHERE}: {name} is a generator, which gives its own batches: leave {what} out")
-        return GeneratorFeed(x, class_weight=class_weight, steps_per_epoch=steps_per_epoch, name=name)
+        return GeneratorFeed(x, class_weight=class_weight, steps_per_epoch=steps_per_epoch, name=name, trim=trim)
     if x is None:
         raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")
     if batch_size is None:
@@ -441,7 +450,7 @@ def streamed_source(x) -> bool:
 
 
 def validation_feed(validation_data, batch_size, trim=0):
-    """model.fit's validation data as a feed; arrays cut as ``trim`` says (trim_padding), a stream as it comes."""
+    """model.fit's validation data as a feed, cut as ``trim`` says (trim_padding)."""
     if isinstance(validation_data, collections.abc.Iterator):
         raise UserError(
             f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
@@ -458,6 +467,7 @@ def validation_feed(validation_data, batch_size, trim=0):
             seed=0,
             steps_per_epoch=None,
             name="validation_data",
+            trim=trim,
         )
     if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
         raise UserError(

@@ -19,7 +19,7 @@ WHERE = "accum_train.fit"
 
 
 def sequence_lengths(arrays):
-    """(each example's length, which arrays are cut on axis 1, its size) for trim_padding: the length is one past
+    """(each example's length, which arrays are cut on axis 1) for trim_padding: the length is one past
     the example's last step where any input is nonzero (padding is zeros after the sequence, what
     Embedding(mask_zero=True) and Masking() take as such); every x, y or sample weight array whose axis 1 has
     that size is cut."""
@@ -43,7 +43,7 @@ def sequence_lengths(arrays):
         used = (a != 0).reshape(len(a), steps, -1).any(axis=2)
         lengths = np.maximum(lengths, np.where(used.any(axis=1), steps - np.argmax(used[:, ::-1], axis=1), 0))
     timed = tf.nest.map_structure(lambda a: a.ndim >= 2 and a.shape[1] == steps, arrays)
-    return lengths, timed, steps
+    return lengths, timed
 
 
 def trim_multiple(trim_padding, model, strategy) -> int:
@@ -77,11 +77,16 @@ def check_trim(objective, groups, feed, cut, strategy) -> None:
     padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes)."""
     model = objective.model
     variables = model.trainable_variables
-    batch = feed.by_length(np.arange(min(feed.batch_size, feed.examples)))
-    start, end = [b for b in cut.bounds(len(batch)) if b[1] > b[0]][-1]
-    whole, trimmed = feed.trimmed(batch[start:end])
-    length = next(t.shape[1] for t, timed in zip(tf.nest.flatten(trimmed), tf.nest.flatten(feed.timed)) if timed)
-    if length == feed.time_steps:
+    rows, lengths = by_length(tf.nest.map_structure(tf.convert_to_tensor, feed.first_batch()))
+    start, end = [b for b in cut.bounds(int(tf.shape(tf.nest.flatten(rows)[0])[0])) if b[1] > b[0]][-1]
+    whole = tf.nest.map_structure(lambda t: t[start:end], rows)  # the shortest micro-batch of the first batch
+    trimmed = cut_after(whole, feed.timed, lengths[start:end], 1)  # right after its longest: the most it can lose
+
+    def steps(data):
+        return next(t.shape[1] for t, timed in zip(tf.nest.flatten(data), tf.nest.flatten(feed.timed)) if timed)
+
+    length, time_steps = steps(trimmed), steps(whole)
+    if length == time_steps:
         return  # nothing cut here: nothing to compare
 
     def measure(data):
@@ -103,7 +108,7 @@ def check_trim(objective, groups, feed, cut, strategy) -> None:
         if _differ(whole_value, cut_value):
             raise UserError(
                 f"{WHERE}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
-                f"{feed.time_steps} to {length} steps): padding must change nothing, so mask it "
+                f"{time_steps} to {length} steps): padding must change nothing, so mask it "
                 f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
                 f"trim_padding out"
             )
@@ -113,3 +118,59 @@ def _differ(whole, cut) -> bool:
     """Whether two values of one micro-batch differ by more than the rounding of a sum taken over other lengths."""
     whole, cut = np.asarray(whole, np.float64), np.asarray(cut, np.float64)
     return bool(np.max(np.abs(whole - cut), initial=0.0) > 1e-4 * max(np.max(np.abs(whole), initial=0.0), 1e-6))
+
+
+def stream_timed(spec):
+    """For batches read from a stream (their ``spec``): which leaves are cut on axis 1, the inputs of x with two
+    axes or more and every leaf whose axis 1 is theirs (of unknown size where theirs is: padded_batch)."""
+    parts = spec if isinstance(spec, tuple) else (spec,)
+    inputs = [s for s in tf.nest.flatten(parts[0]) if (s.shape.rank or 0) >= 2]
+    if not inputs:
+        raise UserError(
+            f"{WHERE}: trim_padding cuts sequences along axis 1, and x's batches have no input with one (shapes "
+            f"{[tuple(s.shape) for s in tf.nest.flatten(parts[0])]}): leave trim_padding out"
+        )
+    steps = {s.shape[1] for s in inputs}
+    if len(steps) > 1:
+        raise UserError(
+            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
+            f"{sorted(steps, key=str)}: pad them to one length, or leave trim_padding out"
+        )
+    if any(s.dtype == tf.string for s in inputs):
+        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
+    steps = steps.pop()
+    return tf.nest.map_structure(lambda s: (s.shape.rank or 0) >= 2 and s.shape[1] == steps, spec)
+
+
+def lengths_of(element):
+    """Each example's length in a batch (tensors), as ``sequence_lengths`` reads arrays: one past its last step
+    where any input of x is nonzero."""
+    parts = element if isinstance(element, tuple) else (element,)
+    lengths = None
+    for t in tf.nest.flatten(parts[0]):
+        if t.shape.rank < 2:
+            continue
+        used = tf.not_equal(t, tf.zeros([], t.dtype))
+        if t.shape.rank > 2:
+            used = tf.reduce_any(used, axis=list(range(2, t.shape.rank)))
+        steps = tf.shape(used, out_type=tf.int64)[1]
+        last = steps - tf.argmax(tf.cast(tf.reverse(used, [1]), tf.int32), axis=1, output_type=tf.int64)
+        found = tf.where(tf.reduce_any(used, axis=1), last, tf.zeros_like(last))
+        lengths = found if lengths is None else tf.maximum(lengths, found)
+    return lengths
+
+
+def by_length(element):
+    """A batch's rows longest first (ties in their order), and their lengths."""
+    lengths = lengths_of(element)
+    order = tf.argsort(-lengths, stable=True)
+    return tf.nest.map_structure(lambda t: tf.gather(t, order), element), tf.gather(lengths, order)
+
+
+def cut_after(data, timed, lengths, multiple):
+    """``data`` with its ``timed`` leaves cut after the longest of ``lengths``, rounded up to ``multiple`` (at least
+    one multiple: an empty micro-batch, or one of empty sequences, keeps a time axis a model can run)."""
+    steps = tf.shape(next(t for t, cut in zip(tf.nest.flatten(data), tf.nest.flatten(timed)) if cut), tf.int64)[1]
+    longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.cast(lengths, tf.int64)], 0))
+    end = tf.minimum((longest + multiple - 1) // multiple * multiple, steps)
+    return tf.nest.map_structure(lambda t, cut: t[:, :end] if cut else t, data, timed)
