@@ -1,10 +1,10 @@
 """accum_train.fit's ``trim_padding``: which steps of each example are padding, what the option asks of the model,
 and the check that cutting the padding changes nothing the update computes.
 
-A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (inputs.py,
-``ArrayFeed``): the update is still the whole batch's, as it sums over the batch whatever the grouping, provided
-that the padding cut away changes neither the loss nor its gradient, which masked recurrent layers and a masked
-loss guarantee and an unmasked convolution or mean over time do not.
+A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (inputs.py:
+arrays by index, streams in their pipeline): the update is still the whole batch's, as it sums over the batch
+whatever the grouping, provided that the padding cut away changes neither the loss nor its gradient, which masked
+recurrent layers and a masked loss guarantee and an unmasked convolution or mean over time do not.
 """
 
 from __future__ import annotations
