@@ -23,27 +23,35 @@ def sequence_lengths(arrays):
     the example's last step where any input is nonzero (padding is zeros after the sequence, what
     Embedding(mask_zero=True) and Masking() take as such); every x, y or sample weight array whose axis 1 has
     that size is cut."""
-    inputs = [a for a in tf.nest.flatten(arrays[0]) if a.ndim >= 2]
-    if not inputs:
-        raise UserError(
-            f"{WHERE}: trim_padding cuts sequences along axis 1, and x has no array with one (shapes "
-            f"{[a.shape for a in tf.nest.flatten(arrays[0])]}): leave trim_padding out"
-        )
-    steps = {a.shape[1] for a in inputs}
-    if len(steps) > 1:
-        raise UserError(
-            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
-            f"{sorted(steps)}: pad them to one length, or leave trim_padding out"
-        )
-    if any(a.dtype.kind in "SU" for a in inputs):
-        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
-    steps = steps.pop()
+    leaves = tf.nest.flatten(arrays[0])
+    steps = _time_steps([a.shape for a in leaves], [a.dtype.kind in "SU" for a in leaves], "x has no array")
+    inputs = [a for a in leaves if a.ndim >= 2]
     lengths = np.zeros(len(inputs[0]), np.int64)
     for a in inputs:
         used = (a != 0).reshape(len(a), steps, -1).any(axis=2)
         lengths = np.maximum(lengths, np.where(used.any(axis=1), steps - np.argmax(used[:, ::-1], axis=1), 0))
     timed = tf.nest.map_structure(lambda a: a.ndim >= 2 and a.shape[1] == steps, arrays)
     return lengths, timed
+
+
+def _time_steps(shapes, strings, missing: str):
+    """The one length of axis 1 of x's inputs with two axes or more (``shapes``: every input's; ``strings``: which
+    hold text), arrays' and streams' alike; refused in one line where there is none, several, or text."""
+    inputs = [i for i, shape in enumerate(shapes) if len(shape) >= 2]
+    if not inputs:
+        raise UserError(
+            f"{WHERE}: trim_padding cuts sequences along axis 1, and {missing} with one (shapes {shapes}): leave "
+            f"trim_padding out"
+        )
+    steps = {shapes[i][1] for i in inputs}
+    if len(steps) > 1:  # a stream's unknown length (None) last
+        raise UserError(
+            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
+            f"{sorted(steps, key=lambda d: (d is None, d or 0))}: pad them to one length, or leave trim_padding out"
+        )
+    if any(strings[i] for i in inputs):
+        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
+    return steps.pop()
 
 
 def trim_multiple(trim_padding, model, strategy) -> int:
@@ -123,22 +131,9 @@ def _differ(whole, cut) -> bool:
 def stream_timed(spec):
     """For batches read from a stream (their ``spec``): which leaves are cut on axis 1, the inputs of x with two
     axes or more and every leaf whose axis 1 is theirs (of unknown size where theirs is: padded_batch)."""
-    parts = spec if isinstance(spec, tuple) else (spec,)
-    inputs = [s for s in tf.nest.flatten(parts[0]) if (s.shape.rank or 0) >= 2]
-    if not inputs:
-        raise UserError(
-            f"{WHERE}: trim_padding cuts sequences along axis 1, and x's batches have no input with one (shapes "
-            f"{[tuple(s.shape) for s in tf.nest.flatten(parts[0])]}): leave trim_padding out"
-        )
-    steps = {s.shape[1] for s in inputs}
-    if len(steps) > 1:
-        raise UserError(
-            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
-            f"{sorted(steps, key=str)}: pad them to one length, or leave trim_padding out"
-        )
-    if any(s.dtype == tf.string for s in inputs):
-        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
-    steps = steps.pop()
+    leaves = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)
+    shapes = [tuple(s.shape) if s.shape.rank is not None else () for s in leaves]
+    steps = _time_steps(shapes, [s.dtype == tf.string for s in leaves], "x's batches have no input")
     return tf.nest.map_structure(lambda s: (s.shape.rank or 0) >= 2 and s.shape[1] == steps, spec)
 
 
