@@ -2,10 +2,10 @@
 
 The core package. ``config`` turns YAML into typed, validated objects;
 ``engine`` holds the gradient cache and the one-graph-call update; ``models``
-and ``optim`` are the registries; ``train`` is the training loop that writes a
-run directory; ``keras_fit`` is ``accum_train.fit``, model.fit with exact
-accumulation for any compiled Keras model. The CLI (``accum_train.cli``) sits on top and is never imported
-from here.
+and ``optim`` are the registries; ``config_run`` runs a config into a
+run directory (``run_parts`` builds it, ``trainer`` is its loop); ``keras_fit`` is
+``accum_train.fit``, model.fit with exact accumulation for any compiled Keras model. The
+CLI (``accum_train.cli``) sits on top and is never imported from here.
 """
 
 import os

@@ -80,7 +80,7 @@ def run(
         from .launcher import launch_workers
 
         return launch_workers(cfg, run_dir, resume is not None, workers, progress.message, max_restarts or 0)
-    from .train import train
+    from .config_run import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)
 

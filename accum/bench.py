@@ -37,9 +37,9 @@ from .rundir import check_output_dir, pyplot, save_figure, write_result
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
+    from .config_run import Run
     from .feed import Reader
     from .memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
-    from .train import Run
 
     # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
@@ -85,7 +85,7 @@ def bench(
     """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
-    from .keras_loss import load_data
+    from .from_config import load_data
 
     progress = progress or Progress()
     out_dir = Path(out_dir)
@@ -198,7 +198,7 @@ def _worker(argv) -> None:
     # as a run would, before any op: importing keras_loss imports TensorLayer, whose import makes a Keras variable
     # and so starts the runtime, after which the pools stay TensorFlow's defaults
     threads = configure(cfg)
-    from .keras_loss import load_data
+    from .from_config import load_data
 
     print(json.dumps({**measure(cfg, load_data(cfg), steps), **threads}))
 

@@ -105,3 +105,53 @@ def _rewrite_checkpoint_list(directory: Path, latest: int) -> None:
     kept = sorted(n for n in checkpoint_numbers(directory) if n <= latest)
     lines = [f'model_checkpoint_path: "ckpt-{latest}"', *(f'all_model_checkpoint_paths: "ckpt-{n}"' for n in kept)]
     atomic_write(Path(directory) / "checkpoint", ("\n".join(lines) + "\n").encode())
+
+
+class Checkpoints:
+    """A run directory's checkpoints/ for both doors: the one tf.train.CheckpointManager over ``tracked`` (the
+    run's variables and optimizer) and ``optional`` (what an older release's checkpoints lack: restored where
+    present, else left as it starts), keeping the newest ``keep``. ``resume_hint`` ends the line a failed save
+    raises: how to continue the run."""
+
+    def __init__(self, tracked: dict, directory: Path, keep: int, resume_hint: str, optional: dict | None = None):
+        import tensorflow as tf
+
+        self.tracked, self.optional = tracked, optional or {}
+        self.directory, self.keep, self.resume_hint = Path(directory), keep, resume_hint
+        self.checkpoint = tf.train.Checkpoint(**tracked, **self.optional)
+        self.manager = self._manager()
+
+    def _manager(self):
+        import tensorflow as tf
+
+        return tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=self.keep)
+
+    def restore(self, prefix: str) -> None:
+        """Restore every tracked object from the checkpoint at ``prefix``, and the optional ones it holds."""
+        import tensorflow as tf
+
+        checkpoint = self.checkpoint
+        if self.optional:
+            saved = {name for name, _ in tf.train.list_variables(prefix)}
+            held = {key: v for key, v in self.optional.items() if f"{key}/.ATTRIBUTES/VARIABLE_VALUE" in saved}
+            checkpoint = tf.train.Checkpoint(**self.tracked, **held)
+        checkpoint.restore(prefix).assert_existing_objects_matched()
+
+    def reread(self) -> None:
+        """After damaged checkpoints were moved aside: TensorFlow's manager reads the checkpoint list only once."""
+        self.manager = self._manager()
+
+    def save(self, step: int) -> None:
+        """Save the state as of ``step`` updates. TensorFlow writes the files first and the 'checkpoint' list last,
+        so a failed or killed save leaves the previous checkpoint as the latest; a failure is one line."""
+        import tensorflow as tf
+
+        try:
+            self.manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as err:
+            message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
+            raise RunDirError(
+                f"cannot write checkpoint {step} in {self.manager.directory} "
+                f"({message.splitlines()[0]}): free space or fix permissions, then {self.resume_hint} (the last "
+                f"complete checkpoint, {Path(self.manager.latest_checkpoint or 'none').name}, is intact)"
+            ) from None

@@ -39,7 +39,7 @@ def gradient_check(cfg: Config, data) -> dict:
 
     from .data import first_batch
     from .engine import Accumulator
-    from .keras_loss import build_with_loss
+    from .from_config import build_with_loss
     from .objective import TOTAL, combine
     from .scoring import as_data
 
@@ -151,7 +151,7 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=N
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
-        from .keras_loss import load_data
+        from .from_config import load_data
 
         data = load_data(cfg)
     cfg = cfg.for_data(len(data.train))

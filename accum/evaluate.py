@@ -74,7 +74,7 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     """Evaluate ``run_dir`` on its (possibly changed) test data; write evaluate.json and .png into ``out_dir``
     (default RUN_DIR/evaluate). Like every output directory of the tool, it must be new or empty: an
     earlier evaluation is never overwritten."""
-    from .trained import describe_run, load_run
+    from .reload import describe_run, load_run
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)  # refuses a directory that is not a run
@@ -88,7 +88,7 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
-        from .keras_loss import load_data
+        from .from_config import load_data
 
         data = load_data(cfg, run_dir)  # the run's manifest of checked image files spares their decoding
     check_compatible(data, info, run_dir)

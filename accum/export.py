@@ -1,6 +1,6 @@
 """A trained run as a standard Keras 3 model file.
 
-``export_run(run_dir)`` loads the run's latest checkpoint (accum/trained.py)
+``export_run(run_dir)`` loads the run's latest checkpoint (accum/reload.py)
 and writes RUN_DIR/model.keras, which ``keras.models.load_model`` opens with
 nothing of accum-train installed: only built-in Keras layers and plain
 weights. The TensorLayer built-ins are rebuilt layer by layer as the
@@ -27,7 +27,7 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
 
     An existing file is replaced only with ``overwrite`` (atomically: a reader
     sees the old file or the new one)."""
-    from .trained import describe_run, load_run
+    from .reload import describe_run, load_run
 
     run_dir = Path(run_dir)
     describe_run(run_dir)  # a directory that is not a run fails here, before anything is built

@@ -1,7 +1,7 @@
 """What a .keras file says of itself, read without Keras or TensorFlow: its config.json.
 
 The ``--workers`` supervisor, which never loads TensorFlow, decides from it whether a run's .npz holds
-class labels or targets for the model's own loss (keras_loss.py)."""
+class labels or targets for the model's own loss (from_config.py)."""
 
 from __future__ import annotations
 

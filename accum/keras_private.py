@@ -1,4 +1,5 @@
-"""Every use of Keras' private modules and attributes by accum_train.fit, in one place.
+"""Every use of Keras' private modules and attributes, in one place (the engine's, the norm layers' and
+accum_train.fit's).
 
 ``model.fit`` keeps its conventions in Keras' trainer internals: how a compiled
 loss maps its losses onto the model's outputs (``CompileLoss``), how a loss
@@ -89,9 +90,36 @@ def py_dataset_batches(py_dataset, shuffle: bool):
     return adapter.get_tf_dataset(), adapter
 
 
+def all_layers(model) -> list:
+    """Every layer of ``model``, nested ones too (a Bidirectional's, a sub-model's)."""
+    return list(model._flatten_layers())
+
+
 def loops_over_time(model) -> bool:
     """Whether a layer of ``model`` (nested ones too: a Bidirectional's) loops over the steps of a sequence."""
-    return any(isinstance(layer, keras.layers.RNN) for layer in model._flatten_layers())
+    return any(isinstance(layer, keras.layers.RNN) for layer in all_layers(model))
+
+
+def reduction_axes(layer) -> list:
+    """The axes a keras BatchNormalization layer takes its moments over (all but its feature axes)."""
+    return layer._reduction_axes
+
+
+def has_gradient_all_reduce(optimizer) -> bool:
+    """Whether ``optimizer`` all-reduces the gradients apply_gradients gets through the hook ``hold_all_reduce``
+    replaces."""
+    return hasattr(optimizer, "_all_reduce_sum_gradients")
+
+
+def hold_all_reduce(optimizer) -> None:
+    """Make ``optimizer``'s apply_gradients take the gradients as given, in replica context, without its own
+    all-reduce (they are the global sum already); ``release_all_reduce`` gives it back."""
+    optimizer._all_reduce_sum_gradients = list
+
+
+def release_all_reduce(optimizer) -> None:
+    if "_all_reduce_sum_gradients" in vars(optimizer):
+        del optimizer._all_reduce_sum_gradients
 
 
 def is_loss_scale_optimizer(optimizer) -> bool:

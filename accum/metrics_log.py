@@ -1,5 +1,5 @@
 """metrics.jsonl, a run's record of every update and every epoch (one JSON object per line), and the same
-scalars for TensorBoard. The one file appended to: a resumed run drops what follows its checkpoint
+scalars for TensorBoard: the one writer of both doors (the CLI's trainer.py, accum_train.fit's output_dir). The one file appended to: a resumed run drops what follows its checkpoint
 (``MetricsLog.truncate_after``), and every write is flushed to disk before the checkpoint that counts it."""
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ UPDATE_SCALARS = (
 
 
 def epoch_scalars(record: dict) -> list[str]:
+    if record.get("epoch_end"):  # accum_train.fit's: the logs its callbacks got at the epoch's end
+        return [key for key in record if key not in ("step", "epoch", "epoch_end")]
     return [*EPOCH_SCALARS, *(key for key in record if key.startswith(("test_", "validation_")))]
 
 
 def is_epoch_record(record: dict) -> bool:
-    """An epoch's line of metrics.jsonl (an update's has a "loss")."""
-    return "elapsed_s" in record
+    """An epoch's line of metrics.jsonl: the CLI's has its time, accum_train.fit's says ``"epoch_end": true``."""
+    return "elapsed_s" in record or bool(record.get("epoch_end"))
 
 
 def read_metrics(path: Path) -> list:

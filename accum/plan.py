@@ -49,7 +49,7 @@ BUILT_IN_OBJECTIVE = {
 def plan(cfg: Config, data=None, model=None) -> dict:
     """The plan of a run of ``cfg``; ``data`` and ``model`` are loaded/built unless given."""
     if data is None:
-        from .keras_loss import load_data
+        from .from_config import load_data
 
         data = load_data(cfg)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
@@ -61,7 +61,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
     objective = BUILT_IN_OBJECTIVE
     if model is None:
-        from .keras_loss import build_with_loss, describe_loss, is_keras_loss
+        from .from_config import build_with_loss, describe_loss, is_keras_loss
 
         model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
         if is_keras_loss(loss):

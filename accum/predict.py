@@ -148,8 +148,8 @@ def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a run trained
     with a Keras loss, one {input, outputs: [...]} (the model's output values)."""
-    from .keras_loss import output_names
-    from .trained import describe_run, load_run
+    from .from_config import output_names
+    from .reload import describe_run, load_run
 
     info = describe_run(run_dir)  # refuses a directory that is not a run
     if info.get("task") == "keras_loss":

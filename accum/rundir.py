@@ -140,7 +140,7 @@ def kept_model(run_dir: Path, model_cfg):
 # Resuming
 
 # Keys a resumed run may change: they do not alter what was computed so far. A change of strategy
-# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (train.py).
+# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (config_run.py).
 RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir", "strategy")
 
 

@@ -1,4 +1,4 @@
-"""The training loop: one plain loop over a built run (training_run.Run), one graph call per update.
+"""The training loop: one plain loop over a built run (run_parts.Run), one graph call per update.
 
 ``Trainer.train(step)`` runs the epochs from ``step`` (updates done) to the run's
 end. Each update's result is read back at once, so a stop for non-finite

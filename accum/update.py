@@ -6,7 +6,7 @@ Norm, clipping and the finite check act on the reduced (global) values, the same
 apply-or-skip decision is a ``tf.cond`` in cross-replica context (``merge_call``), whose apply branch goes back
 to the replicas for ``apply_gradients`` (``call_for_each_replica``). Neither branch holds a collective, so the
 replicas cannot disagree inside one. Keras' optimizer would all-reduce the gradients a second time inside
-``apply_gradients``; ``hold`` turns that off (``_all_reduce_sum_gradients``, the one private Keras hook here,
+``apply_gradients``; ``hold`` turns that off (keras_private.hold_all_reduce, the one private Keras hook here,
 guarded by a test that a double reduction fails).
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from . import keras_private
 from .config import LossScaleConfig
 from .gradient_cache import all_finite
 
@@ -100,12 +101,12 @@ class Update:
         """Keep the optimizer from all-reducing what apply_gradients gets: the gradients reaching it are already
         the global sum (the one all-reduce). ``release`` gives it back its own."""
         if self.optimizer is not None:
-            if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):
+            if not keras_private.has_gradient_all_reduce(self.optimizer):
                 raise RuntimeError(
                     "this Keras optimizer has no _all_reduce_sum_gradients: the engine cannot stop "
                     "it from reducing the gradients a second time; use Keras 3.x with TensorFlow"
                 )
-            self.optimizer._all_reduce_sum_gradients = list
+            keras_private.hold_all_reduce(self.optimizer)
 
     @property
     def replicas(self) -> int:
@@ -113,8 +114,8 @@ class Update:
 
     def release(self) -> None:
         """Give the optimizer back its own all-reduce (a caller's optimizer may train elsewhere after this)."""
-        if self.optimizer is not None and "_all_reduce_sum_gradients" in vars(self.optimizer):
-            del self.optimizer._all_reduce_sum_gradients
+        if self.optimizer is not None:
+            keras_private.release_all_reduce(self.optimizer)
 
     @property
     def one_process(self) -> bool:

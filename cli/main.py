@@ -213,7 +213,7 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
     with ending():
         cfg = load_config(config, overrides)
         if cfg.whole_set:  # batch_size: all is the training set's size
-            from ..keras_loss import load_data
+            from ..from_config import load_data
 
             cfg = cfg.for_data(len(load_data(cfg).train))
         if ks is not None and micro_sizes is not None:

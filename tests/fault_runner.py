@@ -62,7 +62,7 @@ def arm(point, n):
 
         Accumulator.__init__ = init
     elif point == "pause_checkpoint":
-        from accum_train.train import Run
+        from accum_train.config_run import Run
 
         real_save = Run.save_checkpoint
 
@@ -76,7 +76,7 @@ def arm(point, n):
 
         Run.save_checkpoint = save
     elif point in ("checkpoint", "partial", "after_checkpoint"):
-        from accum_train.train import Run  # late: a multi-worker strategy must come before TensorLayer's import
+        from accum_train.config_run import Run  # late: a multi-worker strategy must come before TensorLayer's import
 
         real_save = Run.save_checkpoint
 

@@ -9,9 +9,9 @@ import signal
 import sys
 
 import tensorflow as tf
+from accum_train.config_run import Progress, Run
 from accum_train.engine import Accumulator
 from accum_train.metrics_log import MetricsLog
-from accum_train.train import Progress, Run
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
 

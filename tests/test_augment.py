@@ -13,11 +13,11 @@ import pytest
 import tensorflow as tf
 from accum_train.augment import Augment
 from accum_train.config import AugmentConfig, load_config
+from accum_train.config_run import Run, train
 from accum_train.data import epoch_order
 from accum_train.datasets import load
 from accum_train.engine import Accumulator
 from accum_train.metrics_log import read_metrics
-from accum_train.train import Run, train
 
 N, SIZE = 64, 12
 ROW, COL = 5, 3  # one bright pixel per image, away from the border by more than the crop
@@ -187,7 +187,7 @@ def test_the_engine_trains_on_the_batch_cropped_and_flipped_as_drawn(tmp_path, r
 
 
 def test_validation_figures_are_an_evaluation_of_the_held_out_examples(tmp_path, repo_root):
-    from accum_train.trained import load_run
+    from accum_train.reload import load_run
 
     # 600 examples, 300 held out: 5 updates of a small MLP give a model whose figures can be checked
     sets = ["model.name=mlp", "model.hidden=32", "data.train_limit=600", "data.test_limit=100"]

@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
+from accum_train.config_run import Progress, train
 from accum_train.engine import Accumulator
 from accum_train.errors import OutOfMemory
-from accum_train.train import Progress, train
 from click.testing import CliRunner
 
 MiB = 2**20

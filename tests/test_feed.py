@@ -15,9 +15,9 @@ from accum_train.batching import micro_bounds
 from accum_train.config import load_config
 from accum_train.data import epoch_order
 from accum_train.feed import Reader, plan
-from accum_train.keras_loss import load_data
+from accum_train.from_config import load_data
+from accum_train.run_parts import Run
 from accum_train.timeline import Segment
-from accum_train.training_run import Run
 from helpers import iterated_autotuning
 
 

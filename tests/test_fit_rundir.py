@@ -8,6 +8,7 @@ import accum_train
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from accum_train import UserError
 from accum_train.checkpoints import checkpoint_numbers
 from accum_train.errors import Interrupted
@@ -74,6 +75,7 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
         "metrics.jsonl",
         "model.keras",
         "summary.json",
+        "tensorboard",
         "writer.lock",
     ]
     resumed = model()  # a fresh process would build it again from its code: the checkpoint restores it
@@ -88,6 +90,15 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     saved = keras.models.load_model(run_dir / "model.keras")
     assert max_difference(saved.get_weights(), weights) == 0.0
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 16
+    # TensorBoard has what metrics.jsonl has (the CLI's writer): each update's loss, each epoch's logs
+    scalars = {}
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):  # one file per call
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+    updates = [r for r in records if not r.get("epoch_end")]
+    assert scalars["train/loss"] == [(r["step"], float(np.float32(r["loss"]))) for r in updates]
+    assert scalars["epoch/mae"] == list(zip([4, 8, 12, 16], np.float32(expected["mae"]).tolist()))
 
 
 def test_a_run_directory_of_the_previous_release_resumes(tmp_path, monkeypatch, uninterrupted):

@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
+from accum_train.config_run import train
 from accum_train.data import epoch_order
 from accum_train.datasets import load
 from accum_train.engine import Accumulator
@@ -30,7 +31,6 @@ from accum_train.errors import ConfigError, Interrupted
 from accum_train.models import KerasModel, PooledBatchNorm, build_model
 from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
-from accum_train.train import train
 from click.testing import CliRunner
 from helpers import InterruptAt
 
@@ -577,7 +577,7 @@ def test_the_readme_example_model(tmp_path, repo_root, monkeypatch):
 
 def test_mixed_bfloat16_trains_a_file_in_16_bits_and_exports_it_in_float32(files, tmp_path, data_dir):
     from accum_train.export import export_run
-    from accum_train.trained import load_run
+    from accum_train.reload import load_run
 
     cfg = load_config(None, overrides(files["functional"], data_dir, "subdivisions=4", "precision=mixed_bfloat16"))
     summary = train(cfg, tmp_path / "run")

@@ -28,7 +28,7 @@ from ..batching import k_for_micro_batch
 from ..engine import Accumulator
 from ..errors import UserError
 from ..keras_objective import KerasObjective
-from ..keras_private import storage
+from ..keras_private import all_layers, storage
 from ..models.containers import leaves
 from ..models.norm import pooled
 from ..scoring import Evaluation, KerasMetrics
@@ -444,7 +444,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
     if keras_private.is_loss_scale_optimizer(optimizer):
         loss_scale, growth = float(optimizer.initial_scale), int(optimizer.dynamic_growth_steps)
         optimizer = optimizer.inner_optimizer
-    elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in model._flatten_layers()):
+    elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in all_layers(model)):
         loss_scale = LOSS_SCALE.initial
     metrics = KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)

@@ -7,7 +7,8 @@ What it holds:
   counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
 - ``metrics.jsonl``: one record per update (``step``, ``epoch`` and the logs the callbacks got) and one per
-  epoch (``"epoch_end": true``, with the ``val_`` logs);
+  epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's writer (metrics_log.MetricsLog),
+  with the same scalars for TensorBoard under ``tensorboard/``;
 - ``model.keras`` and ``summary.json`` when the call returns.
 
 A later call with the same ``output_dir`` restores the newest checkpoint that
@@ -29,17 +30,20 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from ..checkpoints import checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
+from ..checkpoints import Checkpoints, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from ..distribute import is_chief
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
 from ..keras_private import storage
 from ..lock import LOCK, writing
+from ..metrics_log import MetricsLog, read_metrics
 from ..rundir import write_json
 from ..stopping import StopFlag
 
 RECORD = "fit.json"
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
+FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
+KEEP = 3  # checkpoints kept
 
 
 def is_fit_run_dir(path: Path) -> bool:
@@ -75,9 +79,9 @@ class FitRunDir:
         }
         if engine.dynamic:
             tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
-        self.later = self._later(noise, engine)
-        self.tracked = tracked
-        self.checkpoint = tf.train.Checkpoint(**tracked, **self.later)
+        self.tracked, self.later = tracked, self._later(noise, engine)
+        self.checkpoints = self.log = None  # once the directory is known (``open``)
+        self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start = (0, 0)
         self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, int(self.step.numpy()), forced=True))
         self.started, self.saved_at = time.time(), time.time()
@@ -103,13 +107,23 @@ class FitRunDir:
             else:
                 run._check(described)
                 held.enter_context(writing(run.run_dir, "output_dir "))
-            run.manager = tf.train.CheckpointManager(run.checkpoint, str(run.directory), max_to_keep=3)
+            run.checkpoints = Checkpoints(
+                run.tracked,
+                run.directory,
+                KEEP,
+                f"call accum_train.fit again with output_dir={str(run.run_dir)!r}",
+                optional=run.later,
+            )
+            if run.writer:
+                run.log = MetricsLog(run.run_dir)
             if (run.run_dir / "checkpoints").is_dir() and checkpoint_numbers(run.run_dir / "checkpoints"):
                 run._restore(say)
             elif run.writer:
                 write_json(run.run_dir / RECORD, described)
             held.enter_context(run.stop)
+            held.callback(run._flush)  # what the call logged, also when it ends in an exception
             yield run
+            run._flush()
             run._finish()
 
     def _check(self, described: dict) -> None:
@@ -137,13 +151,10 @@ class FitRunDir:
         source = self.run_dir / "checkpoints"
         intact, damaged = newest_intact_checkpoint(source, "output_dir ")
         pass_over_damaged(intact, damaged, say, repair=self.writer)
-        if damaged and self.writer:  # the manager read the list before the repair
-            self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=3)
-        saved = {name for name, _ in tf.train.list_variables(intact)}
-        held = {key: v for key, v in self.later.items() if f"{key}/.ATTRIBUTES/VARIABLE_VALUE" in saved}
-        checkpoint = tf.train.Checkpoint(**self.tracked, **held)
+        if damaged and self.writer:
+            self.checkpoints.reread()
         try:
-            checkpoint.restore(intact).assert_existing_objects_matched()
+            self.checkpoints.restore(intact)
             self.engine.restored()
             self.noise.forget()
         except (AssertionError, ValueError, tf.errors.OpError) as err:
@@ -153,7 +164,7 @@ class FitRunDir:
             ) from None
         self.start = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy()))
         if self.writer:
-            self._truncate_metrics(int(self.step.numpy()))
+            self.log.truncate_after(int(self.step.numpy()), int(self.epoch.numpy()))
             say(f"accum_train.fit: resuming {self.run_dir} at update {int(self.step.numpy())}")
 
     def earlier_epochs(self) -> list:
@@ -162,31 +173,31 @@ class FitRunDir:
         path = self.run_dir / "metrics.jsonl"
         if not self.writer or not path.is_file():
             return []
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = read_metrics(path)
         skip = ("step", "epoch", "epoch_end")
         return [(r["epoch"] - 1, {k: v for k, v in r.items() if k not in skip}) for r in records if r.get("epoch_end")]
 
-    def _truncate_metrics(self, step: int) -> None:
-        """metrics.jsonl as of ``step`` updates: records of later updates (lost with the process) dropped."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line)["step"] <= step]
-        atomic_write(path, "".join(f"{line}\n" for line in kept).encode())
-
     def _save(self, epoch: int, update_in_epoch: int) -> None:
+        self._flush()  # a checkpoint never counts an update that metrics.jsonl lacks
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
         self.noise.store()
-        self.manager.save(checkpoint_number=int(self.step.numpy()))
+        self.checkpoints.save(int(self.step.numpy()))
         self.saved_at = time.time()
 
     def _write(self, record: dict) -> None:
-        """One record appended to metrics.jsonl (a resume drops those after its checkpoint)."""
+        """One record for metrics.jsonl, written with those before it every ``FLUSH_SECONDS`` and before every
+        checkpoint (a resume drops those after its checkpoint)."""
         if self.writer:
-            with open(self.run_dir / "metrics.jsonl", "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+            self.pending.append(record)
+            if time.time() - self.flushed_at >= FLUSH_SECONDS:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.pending and self.log is not None:
+            self.log.write(self.pending)
+            self.pending = []
+        self.flushed_at = time.time()
 
     def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
         self.step.assign_add(1)

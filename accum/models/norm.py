@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import BatchNorm
 
+from .. import keras_private
 from ..errors import UserError
 from .containers import leaves
 
@@ -306,8 +307,9 @@ def pooled_call(layer, keras_call, inputs, training=None, mask=None):
     if mask is not None:
         raise NotImplementedError(f"{layer.name}: masked inputs to BatchNormalization are not supported")
     x = keras.ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
-    mean, var = keras.ops.moments(x, axes=layer._reduction_axes)
-    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), layer._reduction_axes)), tf.float32)
+    axes = keras_private.reduction_axes(layer)
+    mean, var = keras.ops.moments(x, axes=axes)
+    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
     # An empty micro-batch (a short batch cut into more micro-batches than it has examples) has NaN moments;
     # it normalises nothing, but NaN * 0 would reach the gradients. Elsewhere where() changes no bit.
     mean, var = tf.where(count > 0, mean, 0.0), tf.where(count > 0, var, 1.0)

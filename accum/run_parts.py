@@ -1,6 +1,6 @@
 """A run set up for training: its model (built-in, a keras_file on class labels, or a keras_file with a Keras
 loss) and objective, optimizer, accumulator, evaluation and checkpoint, built once before the first update and
-then driven by ``train``'s loop (train.py) or read back by ``trained.load_run``.
+then driven by ``train``'s loop (config_run.py, trainer.py) or read back by ``reload.load_run``.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from .checkpoints import latest_intact
+from .checkpoints import Checkpoints, latest_intact
 from .config import Config
 from .engine import Accumulator
-from .errors import RunDirError
 from .noise import NoiseScale, grown_batch
 from .objective import as_data
 from .rundir import kept_model
@@ -29,7 +28,7 @@ class Run:
         own ``run_dir`` is a scratch folder)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        from .keras_loss import build_with_loss, is_keras_loss
+        from .from_config import build_with_loss, is_keras_loss
         from .keras_private import loops_over_time
         from .models.containers import KerasModel
         from .optim import make_optimizer, run_schedule
@@ -54,7 +53,7 @@ class Run:
         self.replicas = in_scope.num_replicas_in_sync
         model_cfg = kept_model(shared_dir or run_dir, cfg.model)
         with in_scope.scope():
-            # a keras_file with the YAML's loss or its file's compile() trains on that loss (keras_loss.py)
+            # a keras_file with the YAML's loss or its file's compile() trains on that loss (from_config.py)
             self.model, self.objective = build_with_loss(cfg, data, cfg.precision, model_cfg)
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         self.keras_loss = is_keras_loss(self.objective)
@@ -101,9 +100,8 @@ class Run:
             tracked.update(self.noise.variables())
         if self.rule_changes is not None:
             tracked["rule_changes"] = self.rule_changes
-        self.checkpoint = tf.train.Checkpoint(**tracked)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(self.run_dir / "checkpoints"), max_to_keep=cfg.checkpoint.keep
+        self.checkpoints = Checkpoints(
+            tracked, self.run_dir / "checkpoints", cfg.checkpoint.keep, f"resume with --resume {self.run_dir}"
         )
 
     def _lay_out(self, grown: tuple) -> None:
@@ -198,11 +196,9 @@ class Run:
         newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
         what ``newest_intact_checkpoint`` gave, if the caller looked already."""
         intact, damaged = latest_intact(run_dir, say, repair, flag, found)
-        if repair and damaged and self.manager is not None:  # a manager reads the checkpoint list once
-            self.manager = tf.train.CheckpointManager(
-                self.checkpoint, str(Path(run_dir) / "checkpoints"), max_to_keep=self.cfg.checkpoint.keep
-            )
-        self.checkpoint.restore(intact).assert_existing_objects_matched()
+        if repair and damaged:
+            self.checkpoints.reread()
+        self.checkpoints.restore(intact)
         self.engine.restored()
         self.noise.forget()
         self.saved_step = int(self.step.numpy())
@@ -210,18 +206,8 @@ class Run:
         return self.saved_step
 
     def save_checkpoint(self, step: int) -> None:
-        """Save the state as of ``step`` updates; TensorFlow writes the files first and the 'checkpoint' pointer last,
-        so a failed or killed save leaves the previous checkpoint as the latest."""
+        """Save the state as of ``step`` updates (checkpoints.Checkpoints.save: a failed save keeps the last one)."""
         self.step.assign(step)
         self.noise.store()
-        try:
-            self.manager.save(checkpoint_number=step)
-        except (tf.errors.OpError, OSError) as err:
-            message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
-            raise RunDirError(
-                f"cannot write checkpoint {step} in {self.manager.directory} "
-                f"({message.splitlines()[0]}): free space or fix permissions, then resume with "
-                f"--resume {self.run_dir} (the last complete checkpoint, "
-                f"{Path(self.manager.latest_checkpoint or 'none').name}, is intact)"
-            ) from None
+        self.checkpoints.save(step)
         self.saved_step = step

@@ -26,7 +26,7 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .keras_loss import is_keras_loss
+        from .from_config import is_keras_loss
         from .scoring import Scorer, eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
@@ -48,7 +48,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
 
     from .checkpoints import latest_intact
     from .datasets.base import ArraySplit, Dataset
-    from .keras_loss import build_with_loss
+    from .from_config import build_with_loss
     from .rundir import kept_model
 
     run_dir = Path(run_dir)
@@ -71,7 +71,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
         )
     intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
     model, objective = build_with_loss(cfg, data, cfg.precision, kept_model(run_dir, cfg.model))
-    # the run's checkpoint holds the weights under "weights" (training_run.Run): read those, nothing else
+    # the run's checkpoint holds the weights under "weights" (run_parts.Run): read those, nothing else
     tf.train.Checkpoint(weights=model.variables).restore(intact).expect_partial().assert_existing_objects_matched()
     reader = tf.train.load_checkpoint(intact)
     key = "subdivisions/.ATTRIBUTES/VARIABLE_VALUE"

@@ -1,4 +1,6 @@
-"""Training from the CLI with a Keras loss: the YAML's ``loss`` and ``metrics``, or a keras_file's compile().
+"""What a config trains on, built from it: the data (``load_data``) and the model with its objective
+(``build_with_loss``): a built-in net with the built-in cross-entropy, or a keras_file with a Keras loss, the
+YAML's ``loss`` and ``metrics`` or its file's compile().
 
 A keras_file model trains with the built-in loss (sparse cross-entropy on class
 labels) unless the YAML names a ``loss`` or the file was saved compiled with

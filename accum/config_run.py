@@ -34,10 +34,10 @@ from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak
 from .metrics_log import MetricsLog
 from .processes import announce_started, restarts
 from .progress import Progress
+from .run_parts import Run
 from .rundir import check_output_dir, keep_model_file, kept_model, save_weights, write_json
 from .stopping import StopFlag
 from .trainer import Trainer
-from .training_run import Run
 
 
 def train(
@@ -67,7 +67,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         strategy = make_strategy(cfg.strategy)  # before any other op: see distribute.py
     progress = progress or Progress()
     if data is None:
-        from .keras_loss import load_data
+        from .from_config import load_data
 
         data = load_data(cfg, run_dir if resume else None)  # before anything is written: bad data leaves no trace
     shared_dir = run_dir = Path(run_dir)
