@@ -9,6 +9,7 @@ batches, the run's feed, accum_train.fit's input pipeline): each of
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def micro_bounds(i, n, k):
@@ -57,3 +58,16 @@ def same_size(n: int, k: int, replicas: int = 1):
     sizes = {end - start for start, end in pieces(n, k, replicas, range(replicas))}
     size = sizes.pop() if len(sizes) == 1 else 0
     return size or None
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How a batch becomes this process's elements: ``k`` micro-steps, ``replicas`` in all, these local ones."""
+
+    k: int
+    replicas: int
+    local: tuple[int, ...]
+
+    def bounds(self, n):
+        """[start, end) of each element of a batch of ``n`` examples, in pull order (ints or tensors)."""
+        return pieces(n, self.k, self.replicas, self.local)

@@ -13,7 +13,7 @@ A batch of ``n`` examples is cut into contiguous micro-batches whose sizes diffe
 under a strategy each replica takes its contiguous share and cuts that. Each micro-step differentiates its
 part of each normaliser's sum, divided by ``n`` (the magnitude of a batch mean, what a 16-bit loss scale
 expects), into that normaliser's cache and adds its part of the normaliser to the totals. The update then makes
-ONE collective, an all-reduce of the caches, the totals, the BatchNorm sums, the noise terms, the metrics, a
+ONE collective (finish.py), an all-reduce of the caches, the totals, the BatchNorm sums, the noise terms, the metrics, a
 retry flag and the stop request; each cache is multiplied by ``n / D`` once (exactly 1 for a per-example loss
 of a whole batch: the bits of dividing by ``n`` in the micro-step), the weight regularizers' gradient is added
 once, and update.py's ``Update`` applies the result once or skips it. Averaging micro-batch means, or dividing
@@ -45,30 +45,14 @@ import tensorflow as tf
 from . import noise
 from .batching import micro_bounds, same_size
 from .feed import sized, with_rows
+from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
-from .objective import Parts, Totals, as_data, as_objective, combine, output_values, scale_of, units
-from .update import STOP_REQUESTS, Update, _examples, _first, _rows, _signal, _size
+from .graphs import graph, in_turn
+from .objective import Parts, Totals, as_data, as_objective, combine, scale_of, units
+from .update import _examples, _first, _rows, _signal, _size
 
 
-def graph(function, **options):
-    """``function`` as one TensorFlow graph, traced as written: its Python control flow runs once, while tracing
-    (autograph would convert every function the micro-step calls, the model's layers included, at a cost of
-    seconds per trace), and its loops over tensors are ``in_turn``'s or the carried ``tf.while_loop``."""
-    return tf.function(function, autograph=False, **options)
-
-
-def in_turn(k, step) -> None:
-    """``step(i)`` for i = 0 .. k-1 (``k`` a tensor), one after another, inside the graph; what ``step`` does
-    to variables is all it leaves."""
-
-    def body(i):
-        step(i)
-        return [i + 1]  # the loop variables' structure: run eagerly (run_eagerly=True), a bare tensor is refused
-
-    tf.while_loop(lambda i: i < k, body, [tf.constant(0)], parallel_iterations=1)
-
-
-class Accumulator(Update):
+class Accumulator(Finish):
     """The update of ``objective`` over k micro-batches per replica: accumulate, reduce once, apply once.
 
     ``objective``: an objective (objective.py), or a per-example ``loss_fn(x, y)``. ``subdivisions``: k for
@@ -395,72 +379,3 @@ class Accumulator(Update):
             return self._finish_replica(n, False, stop)
 
         return self.strategy.run(replica, args=(self._shares(data, n),))
-
-    # -- the finish and its one all-reduce
-
-    def _one_pass(self, inputs, n, stop):
-        parts, shares, gradients = self._gradients(*inputs, n)
-        grads = [
-            [tf.zeros(v.shape) if g is None else dense(g) for g, v in zip(one, self.variables)] for one in gradients
-        ]
-        local = {"grads": grads, "totals": self.totals.plus(self.totals.zeros(), parts, shares)}
-        return self._finish_replica(n, False, stop, local)
-
-    def _finish_replica(self, n, retry, stop, local=None):
-        """Replica context: the one all-reduce, each normaliser's cache times n / D, the regularizers once, then
-        apply once, skip or drop (update.py); the caches and totals cleared. ``local``: the sums of a one-pass
-        update (default: this replica's caches and totals)."""
-        cached = local is None  # the sums are in the caches (a one-pass update's never are)
-        if cached:
-            local = {"grads": [cache.gradients() for cache in self.caches], "totals": self.totals.values()}
-            local["terms"] = self.noise.read_value()
-        payload = {
-            **local,
-            "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
-            "retry": tf.cast(retry, tf.float32),
-            "stop": tf.one_hot(tf.convert_to_tensor(stop, tf.int32), STOP_REQUESTS),  # which requests were made
-            "metrics": self.metrics.local() if self.metrics is not None else [],
-        }
-        reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, payload)
-        totals = reduced["totals"]
-        factors, loss = combine(totals, self.groups, n)
-        grads = [
-            tf.add_n([f * cache[i] for f, cache in zip(factors, reduced["grads"])]) for i in range(len(self.variables))
-        ]
-        grads = self._unscaled(grads)
-        data_grads = grads
-        penalty, penalty_grads = self._regularization()
-        grads = [g if p is None else g + dense(p) for g, p in zip(grads, penalty_grads)]
-        used = [u or p is not None for u, p in zip(self.used, penalty_grads)]
-        # an update that holds no example (a stream's end) changes nothing: dropped as a retry is
-        reduced["retry"] = tf.where(totals["examples"] > 0, reduced["retry"], 1.0)
-        out = self._settle(loss + penalty, grads, reduced, used)
-        out["examples"] = totals["examples"]
-        if "terms" in reduced:
-            scale = self.loss_scale.read_value() if self.dynamic else tf.constant(1.0)
-            out.update(noise.update_terms(reduced["terms"], factors, scale, data_grads))
-        if self.metrics is not None:
-            values = output_values(totals, self.objective.kinds)
-            out["logs"] = self.metrics.results(reduced["metrics"], loss + penalty, totals, values)
-        if cached:
-            self._clear()
-        return out
-
-    def _regularization(self):
-        """The weight regularizers' value and gradients (once per update, the same on every replica)."""
-        with tf.GradientTape() as tape:
-            value = self.objective.regularization()
-        if value is None:
-            return tf.constant(0.0), [None] * len(self.variables)
-        return value, tape.gradient(value, self.variables)
-
-    def _clear(self):
-        for cache in self.caches:
-            cache.clear()
-        self.totals.clear()
-        self.noise.assign(tf.zeros(self.noise.shape))
-
-    def _reset_replica(self):
-        if not self.one_pass:
-            self._clear()
-        super().reset()

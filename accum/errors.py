@@ -52,6 +52,20 @@ class TrainingStopped(Exception):
     exit_code = 1
 
 
+def too_many_bad_updates(bad: int, max_bad_steps: int, step: int, fix: str, resume: str) -> TrainingStopped:
+    """The stop at the update that makes ``max_bad_steps`` non-finite updates in a row, for both doors: ``fix``
+    names their knobs of the learning rate and clipping, ``resume`` how to go on (empty: nothing was kept)."""
+    kept = (
+        f"weights are checkpointed as of the last good update: {fix}, then {resume}"
+        if resume
+        else (f"the weights are those of the last good update: {fix}")
+    )
+    return TrainingStopped(
+        f"{bad} updates in a row had a non-finite loss or gradient (max_bad_steps={max_bad_steps}), the last at "
+        f"update {step}; {kept}"
+    )
+
+
 class WorkerFailed(TrainingStopped):
     """A process the run depends on (a worker, a compare side, a bench worker) failed; exit 1, or the code of a
     worker that a signal stopped (130, 143)."""

@@ -9,6 +9,12 @@ confusion matrix: rows are the true class, columns the predicted one.
 It writes evaluate.json (the numbers, per-class precision and recall) and
 evaluate.png (the matrix, counts in the cells) into ``out_dir``; bad input is
 refused before anything is written.
+
+A run directory of accum_train.fit keeps neither a config nor data: it is
+evaluated on the arrays of an .npz given with ``--data`` (``data_file``), by
+``model.evaluate`` of its model at the latest checkpoint, compiled as fit
+trained it, so the numbers are Keras' own for those arrays: evaluate.json
+holds the loss and the compiled metrics.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ import numpy as np
 
 from .config import load_run_config, override_key
 from .errors import ConfigError, DataError, RunDirError
-from .rundir import check_output_dir, pyplot, save_figure, write_json, write_result
-from .text import shape_text
+from .rundir import FIT_RECORD, check_output_dir, is_fit_run_dir, pyplot, save_figure, write_json, write_result
+from .text import shape_text, traced_error_line
 
 # Keys `evaluate --set` may change: which test data is read. The rest (model,
 # optimizer, batch, ...) describes the trained run and is not the caller's to change.
@@ -70,23 +76,26 @@ def evaluation_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "evaluate"
 
 
-def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str] = (), data=None) -> dict:
+def evaluate(
+    run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str] = (), data=None, data_file: Path | None = None
+) -> dict:
     """Evaluate ``run_dir`` on its (possibly changed) test data; write evaluate.json and .png into ``out_dir``
     (default RUN_DIR/evaluate). Like every output directory of the tool, it must be new or empty: an
-    earlier evaluation is never overwritten."""
+    earlier evaluation is never overwritten. A run directory of accum_train.fit is evaluated on the .npz
+    ``data_file`` (``evaluate_fit``), which no other run takes."""
     from .reload import describe_run, load_run
 
     run_dir = Path(run_dir)
+    if is_fit_run_dir(run_dir):
+        return evaluate_fit(run_dir, out_dir, overrides, data_file)
     info = describe_run(run_dir)  # refuses a directory that is not a run
+    if data_file is not None:
+        raise DataError(
+            f"--data {data_file}: {run_dir} was written by 'accum-train run' and is evaluated on its config's test "
+            f"data (change it with --set data.KEY=VALUE); --data is for a run directory of accum_train.fit"
+        )
     cfg = evaluation_config(run_dir, overrides)
-    if out_dir is None:
-        out_dir = evaluation_dir(run_dir)
-        if out_dir.is_dir() and any(out_dir.iterdir()):
-            raise RunDirError(
-                f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, or remove it"
-            )
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir)
+    out_dir = _output_dir(run_dir, out_dir)
     if data is None:
         from .from_config import load_data
 
@@ -107,6 +116,94 @@ def evaluate(run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str
     out_dir.mkdir(parents=True, exist_ok=True)
     write_result(out_dir, "evaluate", result, plot_confusion)
     return result
+
+
+def _output_dir(run_dir: Path, out_dir: Path | None) -> Path:
+    """``out_dir`` (default RUN_DIR/evaluate), checked to be new or empty."""
+    if out_dir is None:
+        out_dir = evaluation_dir(run_dir)
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            raise RunDirError(
+                f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, or remove it"
+            )
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    return out_dir
+
+
+# The arrays --data reads, by model.evaluate's names (x_<input name> and y_<output name> for several).
+FIT_DATA_HOW = "numpy.savez(FILE, x=inputs, y=targets[, sample_weight=weights])"
+
+
+def evaluate_fit(run_dir: Path, out_dir: Path | None, overrides: Sequence[str], data_file: Path | None) -> dict:
+    """Loss and compiled metrics of a run directory of accum_train.fit on the .npz ``data_file`` (arrays ``x``,
+    ``y``, optionally ``sample_weight``): ``model.evaluate`` of its model at the latest checkpoint, at the batch
+    size the run trained with (Keras' default where it had none); written to OUT_DIR/evaluate.json."""
+    import json
+
+    import tensorflow as tf
+
+    from .predict import model_inputs, read_values
+    from .reload import load_fit_run
+
+    if overrides:
+        raise ConfigError(
+            f"--set {overrides[0]}: {run_dir} was written by accum_train.fit and keeps no config to change: pass the "
+            f"data to evaluate on with --data FILE.npz"
+        )
+    if data_file is None:
+        raise DataError(
+            f"{run_dir} was written by accum_train.fit, which keeps no data: pass the data to evaluate on with "
+            f"--data FILE.npz, saved by {FIT_DATA_HOW}"
+        )
+    data_file = Path(data_file)
+    if data_file.suffix.lower() != ".npz" or not data_file.is_file():
+        raise DataError(f"--data {data_file} is not an .npz file: save the data with {FIT_DATA_HOW}")
+    out_dir = _output_dir(run_dir, out_dir)
+    model = load_fit_run(run_dir, compile=True)  # the compiled loss and metrics are what is measured
+    rows, x = read_values([data_file], model_inputs(model, run_dir), convert=np.asarray)
+    y, weights = _targets(data_file, len(rows))
+    batch_size = json.loads((run_dir / FIT_RECORD).read_text()).get("batch_size")
+    try:
+        scores = model.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0, return_dict=True)
+    except (ValueError, tf.errors.InvalidArgumentError) as err:  # targets that do not fit the outputs or the loss
+        raise DataError(
+            f"--data {data_file}: the model of {run_dir} cannot evaluate it ({traced_error_line(err)}): save y as "
+            f"the model's loss takes it"
+        ) from None
+    result = {f"test_{name}": float(value) for name, value in scores.items()}
+    result.update(test_examples=len(rows), run_dir=str(run_dir), batch_size=batch_size)
+    result["data"] = {"source": str(data_file.resolve())}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "evaluate.json", result)
+    return result
+
+
+def _targets(path: Path, n: int) -> tuple:
+    """(y, or {output name: y} from y_<name>; sample_weight or None) of the .npz ``path``, ``n`` rows each."""
+    from .datasets.npz import open_npz, read_array
+
+    with open_npz(path, FIT_DATA_HOW) as archive:
+        keys = [key for key in archive.files if key == "y" or key.startswith("y_")]
+        if not keys:
+            found = ", ".join(archive.files) or "none"
+            raise DataError(f"{path} has no array 'y' (its arrays: {found}): save the data with {FIT_DATA_HOW}")
+        if "y" in keys and len(keys) > 1:
+            raise DataError(
+                f"{path} has {', '.join(keys)}: give one array y, or one per output name (y_<name>), not both"
+            )
+        arrays = {key: read_array(archive, path, key, FIT_DATA_HOW) for key in keys}
+        if "sample_weight" in archive.files:
+            arrays["sample_weight"] = read_array(archive, path, "sample_weight", FIT_DATA_HOW)
+    for key, array in arrays.items():
+        if array.ndim == 0 or len(array) != n:
+            raise DataError(
+                f"{path}: the inputs hold {n} examples but {key} {len(array) if array.ndim else 0}: every array "
+                f"needs one row per example"
+            )
+    weights = arrays.pop("sample_weight", None)
+    y = arrays.pop("y", None)
+    return (y if y is not None else {key[len("y_") :]: a for key, a in arrays.items()}), weights
 
 
 def measure(run, class_names: Sequence[str]) -> dict:

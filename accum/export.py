@@ -10,6 +10,11 @@ LeakyReLU(0.2)); a keras_file model gets fresh BatchNormalization layers
 (the trained ones pool their statistics over micro-batches) and, with
 model.from_logits=false, its softmax back. The model outputs what the run's
 model outputs: logits, or the file's softmax probabilities.
+
+A run directory of accum_train.fit holds a Keras model already (the file fit
+saved as the run began): it is written as it is, with the checkpoint's
+weights, uncompiled as every export is (the optimizer's state stays in the
+checkpoint).
 """
 
 from __future__ import annotations
@@ -27,14 +32,21 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
 
     An existing file is replaced only with ``overwrite`` (atomically: a reader
     sees the old file or the new one)."""
-    from .reload import describe_run, load_run
+    from .reload import describe_run, load_fit_run, load_run
+    from .rundir import is_fit_run_dir
 
     run_dir = Path(run_dir)
-    describe_run(run_dir)  # a directory that is not a run fails here, before anything is built
+    fit = is_fit_run_dir(run_dir)
+    if not fit:
+        describe_run(run_dir)  # a directory that is not a run fails here, before anything is built
     output = Path(output) if output is not None else run_dir / "model.keras"
     _check_output(output, overwrite)
-    run = load_run(run_dir, float32=True)  # a plain Keras file, float32 as the weights are
-    atomic_write(output, _keras_bytes(to_keras(run.model, run.data.input_shape)))
+    if fit:
+        model = load_fit_run(run_dir, compile=False)
+    else:
+        run = load_run(run_dir, float32=True)  # a plain Keras file, float32 as the weights are
+        model = to_keras(run.model, run.data.input_shape)
+    atomic_write(output, _keras_bytes(model))
     return output
 
 

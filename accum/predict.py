@@ -7,6 +7,13 @@ image_folder data pipeline uses, or .npz files whose array ``x`` holds images
 model's input shape (from the run's dataset.json) before the model is
 loaded, so a bad file is reported at once, in one line naming it.
 Probabilities are the softmax of the run's logits at its latest checkpoint.
+
+A run trained with a Keras loss, and a run directory of accum_train.fit, give
+the model's outputs instead, for .npz files whose ``x`` (or ``x_<input
+name>`` per input) holds examples of the shapes the model takes. A fit run
+keeps no dataset.json: the shapes and dtypes are its model's inputs (read
+from its Keras file first), and the arrays go to ``model.predict`` as they
+are, as they went to fit.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, RunDirError
 from .text import shape_text
 
 NPZ_KEY = "x"
@@ -89,13 +96,14 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
     )
 
 
-def read_values(paths: Sequence[Path], stored: dict) -> tuple[list[str], object]:
+def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list[str], object]:
     """(one name per row, the inputs) of .npz files whose ``x`` (or ``x_<input name>`` for a model with several
-    inputs) holds examples of the stored shapes, converted as training converts them (a run trained with a
-    Keras loss)."""
+    inputs) holds examples of the stored shapes (a dimension None: any size), of the stored dtypes, then
+    ``convert``ed (default: as training converts them, a run trained with a Keras loss)."""
     from .datasets.base import to_values
     from .datasets.npz import open_npz, read_array
 
+    convert = convert or (lambda x: to_values(x).numpy())
     wanted = stored["x"].get("arrays") or {None: stored["x"]}
     keys = {name: NPZ_KEY if name is None else f"{NPZ_KEY}_{name}" for name in wanted}
     names, parts = [], []
@@ -112,7 +120,7 @@ def read_values(paths: Sequence[Path], stored: dict) -> tuple[list[str], object]
         rows = {len(a) for a in arrays.values()}
         for name, x in arrays.items():
             spec = wanted[name]
-            if x.ndim == 0 or tuple(x.shape[1:]) != tuple(spec["shape"]) or x.dtype.kind not in "biuf":
+            if not _fits(x.shape, spec["shape"]) or x.dtype.kind not in "biuf":
                 raise DataError(
                     f"{path}: '{keys[name]}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the "
                     f"model takes {spec['dtype']} examples of shape {shape_text(spec['shape'])}"
@@ -120,11 +128,27 @@ def read_values(paths: Sequence[Path], stored: dict) -> tuple[list[str], object]
         if len(rows) != 1:
             raise DataError(f"{path}: its arrays {', '.join(keys.values())} hold different numbers of examples")
         names += [f"{path}[{i}]" for i in range(rows.pop())]
-        parts.append(
-            {name: to_values(x.astype(wanted[name]["dtype"], copy=False)).numpy() for name, x in arrays.items()}
-        )
+        parts.append({name: convert(x.astype(wanted[name]["dtype"], copy=False)) for name, x in arrays.items()})
     joined = {name: np.concatenate([part[name] for part in parts]) for name in wanted}
     return names, joined.get(None, joined)
+
+
+def _fits(shape, wanted) -> bool:
+    """Whether examples of ``shape`` (the batch axis first) are of shape ``wanted`` (None: any size)."""
+    return len(shape) == len(wanted) + 1 and all(w is None or n == w for n, w in zip(shape[1:], wanted))
+
+
+def model_inputs(model, run_dir: Path) -> dict:
+    """What ``read_values`` checks inputs against (dataset.json's "stored" for a run of 'accum-train run'), from
+    the inputs of a Keras model: their shapes and dtypes, by name where there are several."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        raise RunDirError(
+            f"the model of {run_dir} ({type(model).__name__}) declares no inputs to read .npz files for: call "
+            f"model.predict on accum_train.reload.load_fit_run({str(run_dir)!r}) in Python"
+        )
+    specs = {t.name: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for t in inputs}
+    return {"x": next(iter(specs.values())) if len(specs) == 1 else {"arrays": specs}}
 
 
 def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
@@ -147,23 +171,18 @@ def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
 
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a run trained
-    with a Keras loss, one {input, outputs: [...]} (the model's output values)."""
+    with a Keras loss or by accum_train.fit, one {input, outputs: [...]} (the model's output values)."""
     from .from_config import output_names
     from .reload import describe_run, load_run
+    from .rundir import is_fit_run_dir
 
+    if is_fit_run_dir(run_dir):
+        return predict_fit(run_dir, paths)
     info = describe_run(run_dir)  # refuses a directory that is not a run
     if info.get("task") == "keras_loss":
         names, x = read_values(paths, info["stored"])
         run = load_run(run_dir)
-        values = outputs(run, x)
-        if isinstance(values, (list, tuple)):  # several outputs: by the model's output names
-            values = dict(zip(output_names(run.model.network), values))
-        if isinstance(values, dict):
-            return [
-                {"input": name, "outputs": {k: v[i].tolist() for k, v in values.items()}}
-                for i, name in enumerate(names)
-            ]
-        return [{"input": name, "outputs": row.tolist()} for name, row in zip(names, values)]
+        return value_rows(names, outputs(run, x), output_names(run.model.network))
     names, x = read_inputs(paths, info["input_shape"])
     classes = info["class_names"]
     probs = probabilities(load_run(run_dir), x)
@@ -175,6 +194,28 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
         }
         for name, p in zip(names, probs)
     ]
+
+
+def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
+    """One {input, outputs} per input row of a run directory of accum_train.fit: what ``model.predict`` gives for
+    the arrays as they are (fit took them as they are)."""
+    from .from_config import output_names
+    from .reload import load_fit_run
+
+    model = load_fit_run(run_dir, compile=False)  # before the inputs: their shapes are the model's
+    names, x = read_values(paths, model_inputs(model, run_dir), convert=np.asarray)
+    return value_rows(names, model.predict(x, batch_size=BATCH_SIZE, verbose=0), output_names(model))
+
+
+def value_rows(names: list, values, outputs: list) -> list[dict]:
+    """One {input, outputs: [...]} per row; a model with several outputs gives {output name: [...]}."""
+    if isinstance(values, (list, tuple)):  # several outputs: by the model's output names
+        values = dict(zip(outputs, values))
+    if isinstance(values, dict):
+        return [
+            {"input": name, "outputs": {k: v[i].tolist() for k, v in values.items()}} for i, name in enumerate(names)
+        ]
+    return [{"input": name, "outputs": row.tolist()} for name, row in zip(names, values)]
 
 
 def top_k(probabilities: dict, k: int) -> list[tuple[str, float]]:

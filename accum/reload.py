@@ -1,8 +1,11 @@
 """A run directory loaded back: its config, what it was trained on, and its
 model with the latest checkpoint's weights (for export, evaluate, predict).
 
-The model is rebuilt from config.yaml for the input shape and classes in
-dataset.json, so a trained run can be used without its training data.
+The model of a run of 'accum-train run' is rebuilt from config.yaml for the
+input shape and classes in dataset.json, so a trained run can be used without
+its training data. One of accum_train.fit(output_dir=...) has neither file:
+its model is the Keras file that fit saved as the run began
+(initial_model.keras), given the checkpoint's weights (``load_fit_run``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 
 from .config import LossScaleConfig, load_run_config
 from .errors import RunDirError
-from .rundir import require_run_dir
+from .rundir import MODEL_COPY, require_run_dir
+from .text import first_line
 
 
 class Trained:
@@ -77,6 +81,48 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     key = "subdivisions/.ATTRIBUTES/VARIABLE_VALUE"
     subdivisions = int(reader.get_tensor(key)) if reader.has_tensor(key) else 1  # the baseline keeps none
     return Trained(cfg, data, model, objective, subdivisions)
+
+
+def load_fit_run(run_dir: Path, compile: bool = True, say=None):
+    """The Keras model accum_train.fit trained in ``run_dir`` (also a call that never returned), with its newest
+    intact checkpoint's weights: compiled as it was with ``compile`` (its loss and metrics: evaluate), else its
+    layers only (export, predict). A damaged newest checkpoint is passed over as ``load_run`` does. Only the
+    weights are read: the optimizer's state, the metrics' and the update count stay in the checkpoint."""
+    import keras
+    import tensorflow as tf
+
+    from .checkpoints import latest_intact
+    from .keras_private import storage
+
+    run_dir = Path(run_dir)
+    path = fit_model_file(run_dir)
+    intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
+    try:
+        model = keras.models.load_model(path, compile=compile)
+    except (TypeError, ValueError) as err:  # what Keras raises for a class or function it cannot rebuild
+        raise RunDirError(
+            f"cannot rebuild the model of {run_dir} from {path.name} ({first_line(err)}): the command line knows "
+            f"Keras' own layers, losses and metrics; for your own, call accum_train.reload.load_fit_run"
+            f"({str(run_dir)!r}) in Python where Keras finds them (keras.saving.register_keras_serializable; a "
+            f"Lambda layer's code after keras.config.enable_unsafe_deserialization())"
+        ) from None
+    # fit's checkpoint holds the model's variables under "weights" (keras_fit/rundir.py): read those, nothing else
+    weights = tf.train.Checkpoint(weights=[storage(v) for v in model.variables])
+    weights.restore(intact).expect_partial().assert_existing_objects_matched()
+    return model
+
+
+def fit_model_file(run_dir: Path) -> Path:
+    """The Keras file of a fit run directory: initial_model.keras, which fit saves before its first update; in a
+    directory of an earlier release, the model.keras a call that returned saved (the layers are the same)."""
+    for name in (MODEL_COPY, "model.keras"):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    raise RunDirError(
+        f"{run_dir} has neither {MODEL_COPY} (saved as a fit run begins; earlier releases did not) nor model.keras "
+        f"(saved when the call returns): call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again, which "
+        f"saves it and goes on from the checkpoint"
+    )
 
 
 def _to_stderr(line: str) -> None:

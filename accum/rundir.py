@@ -22,18 +22,29 @@ from .errors import RunDirError
 from .files import atomic_write
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
 
+# What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
+# directories apart.
+FIT_RECORD = "fit.json"
+
 
 def is_run_dir(path: Path) -> bool:
     return (Path(path) / "config.yaml").is_file() and (Path(path) / "checkpoints").is_dir()
 
 
+def is_fit_run_dir(path: Path) -> bool:
+    return (Path(path) / FIT_RECORD).is_file()
+
+
 def require_run_dir(path: Path, flag: str = "") -> Path:
-    """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it)."""
+    """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it). One
+    written by accum_train.fit is refused: only that call has the model's code and data to go on with it (the
+    readers, export, evaluate and predict, tell it apart first: ``is_fit_run_dir``)."""
     path = Path(path)
-    if (path / "fit.json").is_file():
+    if is_fit_run_dir(path):
         raise RunDirError(
             f"{flag + ' ' if flag else ''}{path} was written by accum_train.fit: continue it by calling "
-            f"accum_train.fit(model, ..., output_dir={str(path)!r}) again; its trained model is {path / 'model.keras'}"
+            f"accum_train.fit(model, ..., output_dir={str(path)!r}) again (the command line has neither the model's "
+            f"code nor the data); accum-train export, predict and evaluate --data read it as it is"
         )
     if not path.is_dir() or not is_run_dir(path):
         raise RunDirError(
@@ -115,9 +126,10 @@ def save_weights(named_weights: dict, path: Path) -> None:
     atomic_write(path, buffer.getvalue())
 
 
-# A keras_file run keeps a copy of the file it started from: resume, export,
-# evaluate and predict rebuild the model from it (the checkpoint holds the
-# weights), so the run does not depend on model.path staying where it was.
+# A keras_file run keeps a copy of the file it started from, and accum_train.fit
+# saves its model there as a run starts: resume, export, evaluate and predict
+# rebuild the model from it (the checkpoint holds the weights), so the run does
+# not depend on model.path staying where it was, or on the call returning.
 MODEL_COPY = "initial_model.keras"
 
 

@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from . import keras_private
-from .engine import graph, in_turn
 from .gradient_cache import REPLICA_LOCAL
+from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_data, combine, output_values, scale_of
 from .update import _first
 

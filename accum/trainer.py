@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from .errors import Interrupted, TrainingStopped
+from .errors import Interrupted, too_many_bad_updates
 from .feed import Reader
 
 
@@ -101,11 +101,12 @@ class Trainer:
             self._flush(state)
         if bad >= cfg.max_bad_steps:
             run.save_checkpoint(step)  # skipped updates changed nothing: this is the last good state
-            raise TrainingStopped(
-                f"{bad} updates in a row had a non-finite loss or gradient (max_bad_steps="
-                f"{cfg.max_bad_steps}), the last at update {step}; weights are checkpointed as of the last "
-                f"good update: lower optimizer.learning_rate or set optimizer.clip_norm, then resume with "
-                f"--resume {run.run_dir}"
+            raise too_many_bad_updates(
+                bad,
+                cfg.max_bad_steps,
+                step,
+                "lower optimizer.learning_rate or set optimizer.clip_norm",
+                f"resume with --resume {run.run_dir}",
             )
         if signalled:
             run.save_checkpoint(step)

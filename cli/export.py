@@ -1,4 +1,5 @@
-"""``accum-train export``: a run's trained model as a standard Keras file."""
+"""``accum-train export``: a run's trained model as a standard Keras file (a run of 'accum-train run', or a run
+directory of accum_train.fit(output_dir=...), finished or not)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from .common import verbose_option
 @verbose_option
 def export(run_dir, output, overwrite, verbose):
     """Write a run's trained model as a Keras file that keras.models.load_model
-    opens without accum-train (BatchNorm with its trained moving statistics).
+    opens without accum-train (BatchNorm with its trained moving statistics);
+    also the model of a run directory of accum_train.fit at its latest checkpoint.
 
     \b
     accum-train export runs/smoke
     accum-train export runs/smoke --output smoke.keras --overwrite
+    accum-train export runs/tagger --output tagger.keras
     """
     quiet_tensorflow(verbose)
     with ending():

@@ -3,8 +3,11 @@
 Subcommands: ``run`` trains one config, ``compare`` trains the baseline and the
 subdivided run side by side, ``bench`` measures time and memory against k;
 ``plan``, ``evaluate`` and ``predict`` (use.py) and ``export`` (export.py) work
-before and after training. The commands parse flags and print; the core does
-the work, and ``outcome.ending`` turns how it ended into an exit code.
+before and after training; the last three also read a run directory of
+accum_train.fit(output_dir=...), which ``run --resume`` refuses (only that
+call has the model's code and the data to go on with). The commands parse
+flags and print; the core does the work, and ``outcome.ending`` turns how it
+ended into an exit code.
 Bad input of any kind (config, data, paths) ends as one line on stderr,
 ``error: ...``, with exit code 2 and nothing written; TensorFlow is imported
 only after the config has been checked, so those errors come back at once.

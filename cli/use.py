@@ -3,7 +3,9 @@
 ``plan`` shows what a config will do without training (the split of each
 batch, the updates, the learning rate, warnings); ``evaluate`` measures a
 trained run on its test data and draws its confusion matrix; ``predict``
-gives class probabilities for image or .npz files. The work is in the core
+gives class probabilities for image or .npz files. Both read a run directory
+of accum_train.fit(output_dir=...) too: evaluate on the arrays of ``--data``,
+predict the model's outputs. The work is in the core
 (accum_train.plan, .evaluate, .predict); this module parses flags and
 formats the results. Errors follow the rest of the tool: one line, exit 2.
 """
@@ -238,14 +240,23 @@ def _noise_lines(result: dict) -> list[str]:
 @click.command(short_help="Test loss, accuracy and confusion matrix of a trained run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @set_option("Change the test data (data.* keys only), e.g. --set data.test_limit=1000")
+@click.option(
+    "--data",
+    "data_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A run directory of accum_train.fit: the .npz to evaluate on (arrays x and y, optionally sample_weight).",
+)
 @output_dir_option("Directory for evaluate.json and evaluate.png (default: RUN_DIR/evaluate).")
 @verbose_option
-def evaluate(run_dir, overrides, output_dir, verbose):
-    """Test loss, accuracy and confusion matrix of a trained run (latest checkpoint).
+def evaluate(run_dir, overrides, data_file, output_dir, verbose):
+    """Test loss, accuracy and confusion matrix of a trained run (latest checkpoint); for a run directory of
+    accum_train.fit, model.evaluate's loss and metrics on the arrays of --data.
 
     \b
     accum-train evaluate runs/smoke
     accum-train evaluate runs/smoke --set data.test_limit=100 --output-dir runs/smoke/eval-100
+    accum-train evaluate runs/tagger --data held_out.npz
     """
     quiet_tensorflow(verbose)
     with ending():
@@ -253,8 +264,8 @@ def evaluate(run_dir, overrides, output_dir, verbose):
         from ..evaluate import evaluation_dir
 
         out_dir = Path(output_dir) if output_dir else evaluation_dir(run_dir)
-        result = run_evaluate(run_dir, output_dir, overrides)
-    if "correct" not in result:  # a Keras loss's run: its loss and metrics
+        result = run_evaluate(run_dir, output_dir, overrides, data_file=data_file)
+    if "correct" not in result:  # a Keras loss's run, or fit's: its loss and metrics
         click.echo(f"{scores_text(result, 'test')} on {result['test_examples']} examples")
         click.echo(f"written: {out_dir / 'evaluate.json'}")
         return
@@ -283,17 +294,20 @@ def evaluate(run_dir, overrides, output_dir, verbose):
     "--output",
     "output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write FILE.npz: 'outputs' (the class probabilities, or a Keras loss's run's output values; "
-    "'outputs_<name>' per output of a model with several) and 'inputs' (the row names).",
+    help="Also write FILE.npz: 'outputs' (the class probabilities, or the output values of a run trained with a "
+    "Keras loss or by accum_train.fit; 'outputs_<name>' per output of a model with several) and 'inputs' (the row "
+    "names).",
 )
 @verbose_option
 def predict(run_dir, files, as_json, top, output, verbose):
-    """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x).
+    """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x); the model's
+    outputs, for .npz files, from a run trained with a Keras loss or a run directory of accum_train.fit.
 
     \b
     accum-train predict runs/smoke shoe.png shirt.jpg
     accum-train predict runs/smoke images.npz --top 5
     accum-train predict runs/smoke images.npz --json
+    accum-train predict runs/tagger sentences.npz --output outputs.npz
     """
     quiet_tensorflow(verbose)
     with ending():
@@ -304,7 +318,7 @@ def predict(run_dir, files, as_json, top, output, verbose):
         rows = run_predict(run_dir, files)
         if output is not None:
             _write_outputs(output, rows)
-    if "outputs" in rows[0]:  # a Keras loss's run: the values
+    if "outputs" in rows[0]:  # a Keras loss's run, or fit's: the values
         click.echo(json.dumps(rows, indent=2) if as_json else format_values(rows))
     else:
         click.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, top))

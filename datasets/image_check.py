@@ -40,6 +40,7 @@ import numpy as np
 
 from ..files import user_cache
 from .base import untuned
+from .image_decode import decode_uint8
 
 MANIFEST = "image-checks.npz"  # in a run directory
 CACHE_ENV = "ACCUM_TRAIN_CACHE"
@@ -163,13 +164,6 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
 
 
 UNDECODABLE = "is not a readable PNG or JPEG image (truncated or corrupt)"
-
-
-def decode_uint8(contents, channels: int):
-    """Encoded PNG/JPEG bytes -> uint8 [h, w, channels]: the one decoder of training, the check and predict."""
-    import tensorflow as tf
-
-    return tf.io.decode_image(contents, channels=channels, expand_animations=False)
 
 
 def decoded_size(path, channels: int):

@@ -17,7 +17,7 @@ Otherwise a split holds only paths and labels (``FileSplit``): ``batches`` reads
 decodes and resizes the files CHUNK at a time in a parallel tf.data map, in
 the caller's order, and cuts them into batches, so a set larger than memory
 trains and a resumed run sees the same batches. Both give the same bits.
-Decoding is ``decode`` everywhere: TensorFlow's decoder (``decode_image``),
+Decoding is image_decode.py's ``decode`` everywhere: TensorFlow's decoder,
 converted to ``data.channels`` (null: 3, RGB) by the decoder; an image at
 ``data.image_size`` is scaled as an .npz's uint8 array is, any other resized
 bilinearly to it. ``read_image`` decodes one file the same way, for ``predict``.
@@ -39,8 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .base import ArraySplit, Dataset, aligned_empty, scaled, untuned
-from .image_check import UNDECODABLE, check, decode_uint8, problem
+from .base import ArraySplit, Dataset, aligned_empty, untuned
+from .image_check import UNDECODABLE, check, problem
+from .image_decode import decode, decode_files
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 DEFAULT_CHANNELS = 3  # RGB, the default of keras.utils.image_dataset_from_directory
@@ -89,38 +90,7 @@ def load(data_config, run_dir=None) -> Dataset:
 
 
 # ----------------------------------------------------------------------------
-# Decoding: one function for training, the check and predict
-
-
-def decode(contents, input_shape):
-    """Encoded PNG/JPEG bytes (a string tensor) -> float32 [H, W, C] in [0, 1]; graph-safe."""
-    import tensorflow as tf
-
-    height, width, channels = input_shape
-    image = decode_uint8(contents, channels)  # uint8 [h, w, C]
-    at_size = tf.reduce_all(tf.equal(tf.shape(image)[:2], [height, width]))
-    # An image at the size is converted as an .npz's uint8 array is (scaled), to the same bits: a kept split
-    # (uint8 in memory) and a streamed one then train alike, and so does the same array in an .npz. Any other
-    # is resized bilinearly, without antialiasing, as image_dataset_from_directory does.
-    image = tf.cond(
-        at_size,
-        lambda: scaled(image),
-        lambda: tf.image.resize(image, (height, width), method="bilinear") / 255.0,
-    )
-    return tf.ensure_shape(image, input_shape)
-
-
-def decode_files(paths, input_shape, as_stored: bool = False):
-    """Files ``paths`` (a string tensor [n]) read and decoded in a loop in the graph: float32 [n, H, W, C] as
-    ``decode`` gives them, or with ``as_stored`` the uint8 images themselves (every one must be at the size)."""
-    import tensorflow as tf
-
-    if as_stored:
-        one = lambda path: tf.ensure_shape(decode_uint8(tf.io.read_file(path), input_shape[2]), input_shape)  # noqa: E731
-    else:
-        one = lambda path: decode(tf.io.read_file(path), input_shape)  # noqa: E731
-    spec = tf.TensorSpec(input_shape, tf.uint8 if as_stored else tf.float32)
-    return tf.map_fn(one, paths, fn_output_signature=spec)
+# Decoding in chunks (image_decode.py decodes each file), one file for predict, and the files that fail
 
 
 def in_chunks(paths: np.ndarray, labels: np.ndarray, input_shape, as_stored: bool = False):
@@ -184,11 +154,6 @@ def _raise_first_bad(paths: np.ndarray, channels: int, err, fix: str = RESTORE_A
         what, _ = problem(path, channels)
         if what is not None:
             raise DataError(f"{os.fsdecode(path)} {what}; {fix}")
-    # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
-    message = (getattr(err, "message", "") or str(err)).splitlines()[0]
-    raise DataError(
-        f"reading the images failed ({message}), although each of the files involved decodes on its own: run again"
-    )
     # Every file decodes on its own: the failure was not a file's (e.g. out of memory); TF's words, one line.
     message = (getattr(err, "message", "") or str(err)).splitlines()[0]
     raise DataError(

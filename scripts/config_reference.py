@@ -1,5 +1,5 @@
 """Write docs/configuration.md, the config key reference, from the schema's own defaults, ranges, choices and
-help texts (accum/config/schema.py): the page cannot drift from what the parser accepts.
+help texts (accum/config/schema.py and sections.py): the page cannot drift from what the parser accepts.
 
     python scripts/config_reference.py            # rewrite docs/configuration.md
     python scripts/config_reference.py --check    # exit 1 if it is not current (tests/test_readme.py runs this)
@@ -37,9 +37,9 @@ checked against the SHA-256 of its decompressed content before training starts.
 
 
 def _load_schema():
-    from accum_train.config import schema  # the installed package (make setup)
+    from accum_train import config  # the installed package (make setup): schema.py's Config, sections.py's sections
 
-    return schema
+    return config
 
 
 def _default(field) -> object:

@@ -318,6 +318,22 @@ def test_an_uncompiled_model_keeps_the_keywords_it_had(softmax):
     assert history["val_accuracy"][-1] == pytest.approx(np.mean(predicted == LABELS[:10]))
 
 
+@pytest.mark.parametrize(
+    ("keywords", "name", "rate"),
+    [({}, "adam", 0.001), ({"optimizer": "sgd"}, "sgd", 0.001), ({"learning_rate": 0.05}, "adam", 0.05)],
+    ids=["neither", "optimizer", "learning_rate"],
+)
+def test_an_uncompiled_model_s_left_out_keywords_are_the_config_s_defaults(keywords, name, rate):
+    """One place for the defaults: what the CLI's optimizer section defaults to (config/sections.py)."""
+    from accum_train.config import OptimizerConfig
+
+    model = classifier(False)
+    accum_train.fit(model, X[:8], LABELS[:8], batch_size=8, epochs=0, verbose=0, **keywords)
+    assert type(model.optimizer).__name__.lower() == name
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(rate)
+    assert (OptimizerConfig().name, OptimizerConfig().learning_rate) == ("adam", 0.001)
+
+
 def test_an_optimizer_object_for_an_uncompiled_model():
     oracle, model = classifier(False), classifier(False)
     oracle.compile(optimizer=keras.optimizers.SGD(0.2), loss=keras.losses.SparseCategoricalCrossentropy(True))
@@ -485,13 +501,13 @@ class TwoWorkers:
     ids=["given", "nothing-to-shuffle", "refused"],
 )
 def test_several_workers_need_a_seed_only_to_shuffle_arrays(seed, shuffled, drawn, monkeypatch):
-    fit_module = importlib.import_module("accum_train.keras_fit.fit")  # the module (the package exports the function)
-    monkeypatch.setattr(fit_module, "local_replica_ids", lambda strategy: [0])
+    arguments = importlib.import_module("accum_train.keras_fit.arguments")
+    monkeypatch.setattr(arguments, "local_replica_ids", lambda strategy: [0])
     if drawn != "refused":
-        assert fit_module._order_seed(seed, None, TwoWorkers(), shuffled) == drawn
+        assert arguments.order_seed(seed, None, TwoWorkers(), shuffled) == drawn
         return
     with pytest.raises(UserError) as caught:
-        fit_module._order_seed(seed, None, TwoWorkers(), shuffled)
+        arguments.order_seed(seed, None, TwoWorkers(), shuffled)
     assert str(caught.value) == (
         "accum_train.fit: seed=None on several workers, which would each shuffle the data their own way: pass "
         "seed=<int>, the same on every worker"

@@ -72,6 +72,7 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "checkpoints",
         "fit.json",
+        "initial_model.keras",
         "metrics.jsonl",
         "model.keras",
         "summary.json",
@@ -190,11 +191,25 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
 
 
 def test_the_cli_tells_a_fit_run_directory_apart(tmp_path):
+    """--resume refuses it (the command line has neither the model's code nor the data); the readers take it
+    (tests/test_fit_rundir_cli.py: their numbers)."""
+    from accum_train.cli.main import main
+    from click.testing import CliRunner
+
     run_dir = tmp_path / "run"
-    fit(model(), 1, run_dir)
+    trained = model()
+    fit(trained, 1, run_dir)
+    refused = (
+        f"--resume {run_dir} was written by accum_train.fit: continue it by calling accum_train.fit(model, ..., "
+        f"output_dir={str(run_dir)!r}) again (the command line has neither the model's code nor the data); "
+        f"accum-train export, predict and evaluate --data read it as it is"
+    )
     with pytest.raises(UserError) as caught:
         accum_train.run(resume=run_dir)
-    assert str(caught.value) == (
-        f"--resume {run_dir} was written by accum_train.fit: continue it by calling accum_train.fit(model, ..., "
-        f"output_dir={str(run_dir)!r}) again; its trained model is {run_dir / 'model.keras'}"
-    )
+    assert str(caught.value) == refused
+    result = CliRunner().invoke(main, ["run", "--resume", str(run_dir), "--quiet"])
+    assert (result.exit_code, result.stderr) == (2, f"error: {refused}\n")
+    exported = tmp_path / "exported.keras"
+    result = CliRunner().invoke(main, ["export", str(run_dir), "--output", str(exported)])
+    assert (result.exit_code, result.stdout) == (0, f"written: {exported}\n"), result.stderr
+    assert max_difference(keras.models.load_model(exported).get_weights(), trained.get_weights()) == 0.0

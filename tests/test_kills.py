@@ -1,5 +1,6 @@
 """Kill -9 at many points, SIGTERM, then --resume: the final weights equal an
-uninterrupted run's and the latest checkpoint is always readable.
+uninterrupted run's and the latest checkpoint is always readable. The same for
+accum_train.fit's output_dir: killed, then called again.
 
 Slow (a fresh process per run): `pytest -m slow`, run by .ci/run."""
 
@@ -182,3 +183,118 @@ def test_signal_finishes_the_update_checkpoints_and_says_how_to_resume(tmp_path,
     resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
     assert resumed.returncode == 0, resumed.stderr
     assert_same_as_reference(out, reference)
+
+
+# accum_train.fit(..., output_dir=...) killed with SIGKILL, then called again as it was: tests/fit_kill_runner.py,
+# 3 epochs of 4 updates, a checkpoint after each epoch (none during one: CHECKPOINT_SECONDS is far off).
+FIT_RUNNER = Path(__file__).with_name("fit_kill_runner.py")
+FIT_UPDATES, FIT_EPOCHS = 12, 3
+
+
+def call_fit(run_dir, result):
+    return run([sys.executable, str(FIT_RUNNER), str(run_dir), str(result)])
+
+
+def fit_records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def saved_checkpoints(run_dir):
+    return sorted(int(p.name[len("ckpt-") : -len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+
+
+@pytest.fixture(scope="module")
+def fit_reference(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fit-ref")
+    done = call_fit(base / "run", base / "result")
+    assert done.returncode == 0, done.stderr
+    return base
+
+
+def kill_fit_when_held(hold, base):
+    """Start the call, wait until it holds at ``hold`` (fit_kill_runner's ACCUM_FIT_HOLD), kill -9 it there."""
+    mark = base / "held"
+    child = subprocess.Popen(
+        [sys.executable, str(FIT_RUNNER), str(base / "run"), str(base / "killed")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ACCUM_FIT_HOLD": hold, "ACCUM_FIT_MARK": str(mark)},
+    )
+    try:
+        deadline = time.time() + 180
+        while not mark.exists() and child.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert mark.exists(), f"the call never reached {hold}: {child.poll()=}"
+        child.send_signal(signal.SIGKILL)
+        _, stderr = child.communicate(timeout=60)
+        assert child.returncode == -signal.SIGKILL, stderr  # died of the kill, not of anything before it
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def fit_killed_then_called_again(tmp_path_factory):
+    """hold -> (run directory as the kill left it: last step logged, checkpoints; the base folder after the
+    second call). Each case runs once for the tests that read it."""
+    done = {}
+
+    def case(hold):
+        if hold not in done:
+            base = tmp_path_factory.mktemp("fit-" + hold.replace(":", "-"))
+            kill_fit_when_held(hold, base)
+            records = fit_records(base / "run") if (base / "run" / "metrics.jsonl").exists() else []
+            left = (records[-1]["step"] if records else 0, saved_checkpoints(base / "run"))
+            again = call_fit(base / "run", base / "result")
+            assert again.returncode == 0, again.stderr
+            done[hold] = left, base
+        return done[hold]
+
+    return case
+
+
+# (where the kill lands, the last update metrics.jsonl holds then, the checkpoints there are then)
+FIT_KILLS = [
+    ("update:6", 5, [4]),  # mid-epoch 2: update 5 logged after the epoch-1 checkpoint, lost with the process
+    ("save:2", 8, [4]),  # epoch 2's records all written, its end included; its checkpoint not
+    ("update:3", 2, []),  # mid-epoch 1, before the first checkpoint: the call starts again from nothing
+    ("save:1", 4, []),  # epoch 1's records all written, the first checkpoint not
+]
+
+
+@pytest.mark.parametrize("hold, logged, checkpoints", FIT_KILLS, ids=[h for h, _, _ in FIT_KILLS])
+def test_fit_killed_then_called_again_ends_at_the_uninterrupted_weights(
+    fit_reference, fit_killed_then_called_again, hold, logged, checkpoints
+):
+    left, base = fit_killed_then_called_again(hold)
+    assert left == (logged, checkpoints)  # the kill fell where the case says
+    expected, got = np.load(fit_reference / "result.npz"), np.load(base / "result.npz")
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    assert json.loads((base / "run" / "summary.json").read_text())["steps"] == FIT_UPDATES
+
+
+@pytest.mark.parametrize("hold", [h for h, _, _ in FIT_KILLS])
+def test_fit_killed_then_called_again_logs_each_update_and_epoch_once_with_its_figures(
+    fit_reference, fit_killed_then_called_again, hold
+):
+    _, base = fit_killed_then_called_again(hold)
+    expected, got = fit_records(fit_reference / "run"), fit_records(base / "run")
+    updates = [r for r in got if not r.get("epoch_end")]
+    assert [r["step"] for r in updates] == list(range(1, FIT_UPDATES + 1))  # nothing lost, nothing twice
+    ends = [(r["epoch"], r["step"]) for r in got if r.get("epoch_end")]
+    assert ends == [(e + 1, (e + 1) * FIT_UPDATES // FIT_EPOCHS) for e in range(FIT_EPOCHS)]
+    assert [sorted(r) for r in got] == [sorted(r) for r in expected]
+    for name in ("loss", "mae"):  # each update's and epoch's logs are the uninterrupted call's
+        np.testing.assert_allclose([r[name] for r in got], [r[name] for r in expected], rtol=0, atol=1e-6)
+    history, reference = (
+        json.loads((base / "result.json").read_text()),
+        json.loads((fit_reference / "result.json").read_text()),
+    )
+    assert history["epoch"] == reference["epoch"] == list(range(FIT_EPOCHS))
+    assert sorted(history["history"]) == sorted(reference["history"])
+    for name, values in reference["history"].items():
+        np.testing.assert_allclose(history["history"][name], values, rtol=0, atol=1e-6, err_msg=name)

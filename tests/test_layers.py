@@ -3,7 +3,7 @@
 - the CLI (cli/) sits on top: nothing under accum/ or datasets/ imports it;
 - the dataset loaders (datasets/) import only the leaves of the core: config, errors, text, imports, files;
 - no two modules import each other, directly or around a circle, even through imports inside functions;
-- no module of accum/, cli/ or datasets/ is over 500 lines.
+- no module of accum/, cli/ or datasets/ is over 400 lines.
 """
 
 import ast
@@ -16,7 +16,7 @@ PACKAGE = "accum_train"
 FOLDERS = {"accum": PACKAGE, "cli": f"{PACKAGE}.cli", "datasets": f"{PACKAGE}.datasets"}  # setup.cfg's package_dir
 LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "errors", "text", "imports", "files")}
 CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
-MAX_LINES = 500
+MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
@@ -129,7 +129,7 @@ def test_no_import_circle():
 
 
 @pytest.mark.parametrize("folder", sorted(FOLDERS))
-def test_no_room_is_over_500_lines(folder):
+def test_no_room_is_over_400_lines(folder):
     long = {
         str(path.relative_to(ROOT)): lines
         for path in sorted((ROOT / folder).rglob("*.py"))
@@ -148,8 +148,8 @@ def test_the_checks_see_what_they_check():
 
     assert f"{PACKAGE}.files" in of(f"{DATASETS}.fashion_mnist")
     assert {f"{PACKAGE}.config", f"{PACKAGE}.errors"} <= of(f"{PACKAGE}.rundir", True)
-    assert f"{PACKAGE}.train" in of(f"{PACKAGE}.api")  # inside run()
-    assert f"{PACKAGE}.train" not in of(f"{PACKAGE}.api", True)
+    assert f"{PACKAGE}.config_run" in of(f"{PACKAGE}.api")  # inside run()
+    assert f"{PACKAGE}.config_run" not in of(f"{PACKAGE}.api", True)
     assert f"{PACKAGE}.api" in of(PACKAGE)  # the root's own imports are read
     assert f"{PACKAGE}.cli.main" in imports(ROOT / "tests" / "test_worker.py", "tests.test_worker", modules)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]

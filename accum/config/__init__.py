@@ -7,13 +7,16 @@ dataclasses here, and returns a frozen ``Config``. Nothing else in the project
 reads raw dicts. Each error names the key, the value and what is allowed, in
 one line, and says where the value came from (the file or ``--set``).
 
-One module per job: ``schema`` (the keys, their defaults and help), ``parse`` (YAML, overrides, types and
-ranges), ``rules`` (what ties keys together), ``wording`` (how errors name values and where they came from).
+One module per job: ``schema`` (the ``Config`` and its top-level keys), ``sections`` (the registries of names
+and the nested sections' keys, their defaults and help), ``parse`` (YAML and overrides), ``values`` (each key and
+value against its type, range and choices), ``rules`` (what ties keys together), ``wording`` (how errors name
+values and where they came from).
 """
 
 from ..errors import ConfigError
 from .parse import as_config, config_from_dict, load_config, load_run_config, override_key, with_overrides
-from .schema import (
+from .schema import Config
+from .sections import (
     ADAPTIVE_KEYS,
     BATCH_RULES,
     DATASET_NAMES,
@@ -32,7 +35,6 @@ from .schema import (
     BatchChange,
     BatchRule,
     CheckpointConfig,
-    Config,
     DataConfig,
     LossScaleConfig,
     ModelConfig,

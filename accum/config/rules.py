@@ -7,11 +7,11 @@ import dataclasses
 import re
 
 from ..errors import ConfigError
-from .schema import (
+from .schema import Config
+from .sections import (
     ADAPTIVE_KEYS,
     DEFAULT_SUBDIVISIONS,
     AugmentConfig,
-    Config,
     DataConfig,
     LossScaleConfig,
     ModelConfig,

@@ -20,11 +20,10 @@ import weakref
 from pathlib import Path
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..batching import k_for_micro_batch
+from ..batching import Cut, k_for_micro_batch
 from ..engine import Accumulator
 from ..errors import UserError
 from ..keras_objective import KerasObjective
@@ -35,12 +34,12 @@ from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
 from ..threads import auto_parallel
 from ..update import LOSS_SCALE, local_replica_ids
+from .arguments import WHERE, check_model, check_numbers, compile_if_needed, memory_limit_of, order_seed, strategy_of
 from .history import FitHistory
-from .inputs import Cut, is_dataset, make_feed, split_validation, streamed_source, validation_feed
+from .inputs import is_dataset, make_feed, split_validation, streamed_source, validation_feed
 from .loop import Loop
 from .padding import check_trim, trim_multiple
 
-WHERE = "accum_train.fit"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
@@ -70,6 +69,8 @@ def fit(
     precision=None,
     strategy=None,
     output_dir=None,
+    max_bad_steps=None,
+    memory_limit=None,
     optimizer=None,
     learning_rate=None,
 ):
@@ -95,13 +96,19 @@ def fit(
     - ``strategy``: the tf.distribute strategy the model was created under (None: the model's own).
     - ``output_dir``: a run directory kept as training goes; a later call with the same ``output_dir``
       resumes from it.
+    - ``max_bad_steps``: stop (``accum_train.errors.TrainingStopped``) at the update that makes this many in a row
+      skipped for a non-finite loss or gradient; None (model.fit's way): never, each such update skipped.
+    - ``memory_limit``: a size such as "2GiB": the first update is measured before it is applied, and one whose
+      TensorFlow allocator peak is over it ends the call (``accum_train.errors.OutOfMemory``), or, with
+      ``micro_batch_size="auto"``, is retried at twice the micro-batches. None: no limit.
     - ``optimizer``, ``learning_rate``: for an uncompiled model only.
 
     Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
     ``accum_train.UserError`` with one line naming what is wrong and how to fix it, before anything trains."""
-    _check_model(model)
-    strategy = _strategy(model, strategy)
-    _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch)
+    check_model(model)
+    strategy = strategy_of(model, strategy)
+    check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
+    limit = memory_limit_of(memory_limit)
     trim = trim_multiple(trim_padding, model, strategy)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
@@ -109,8 +116,8 @@ def fit(
         raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    seed = _order_seed(seed, output_dir, strategy, bool(shuffle) and not streamed_source(x))
-    _compile_if_needed(model, strategy, optimizer, learning_rate)
+    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and not streamed_source(x))
+    compile_if_needed(model, strategy, optimizer, learning_rate)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise UserError(
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
@@ -162,7 +169,7 @@ def fit(
         _check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
             _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
-        key = _engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation)
+        key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
@@ -177,7 +184,7 @@ def fit(
             if trim:
                 check_trim(objective, groups, feed, cut, strategy)
             eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
-            built = _engine(model, objective, adapters, k, strategy, groups, eval_groups, auto)
+            built = _engine(model, objective, adapters, k, strategy, groups, eval_groups, auto, limit is not None)
             _ENGINES[model] = {key: built}
         else:
             restore.enter_context(pooled(model, strategy, built[0].norm_layers))
@@ -186,7 +193,19 @@ def fit(
         engine.set_subdivisions(k)
         restore.callback(engine.release)
         say = print if verbose else (lambda line: None)
-        loop = Loop(model, engine, evaluation, feed, cut, validation, nominal=nominal, auto=auto, say=say)
+        loop = Loop(
+            model,
+            engine,
+            evaluation,
+            feed,
+            cut,
+            validation,
+            nominal=nominal,
+            auto=auto,
+            say=say,
+            memory_limit=limit,
+            max_bad_steps=max_bad_steps,
+        )
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir
@@ -213,28 +232,6 @@ def fit(
     return history
 
 
-def _order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
-    """The seed of the data order: ``seed`` if given; else the one a run directory being resumed recorded; else
-    a fresh one from the operating system's entropy (NumPy's global state untouched), where arrays are
-    ``shuffled`` (0 where nothing is drawn). Several workers must shuffle alike, so there a seed is needed."""
-    if seed is not None:
-        return seed
-    if output_dir is not None:  # first: a resume that changed shuffle is then refused for that, not for the seed
-        from .rundir import recorded_seed
-
-        recorded = recorded_seed(Path(output_dir))
-        if recorded is not None:
-            return recorded
-    if not shuffled:
-        return 0
-    if len(local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
-        raise UserError(
-            f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
-            f"seed=<int>, the same on every worker"
-        )
-    return int(np.random.SeedSequence().generate_state(1)[0])
-
-
 @contextlib.contextmanager
 def _eagerly():
     """compile(run_eagerly=True), as model.fit honours it: every micro-step, the finish and the evaluation run
@@ -245,121 +242,6 @@ def _eagerly():
         yield
     finally:
         tf.config.run_functions_eagerly(before)
-
-
-def _check_model(model) -> None:
-    if not isinstance(model, keras.Model):
-        raise UserError(f"{WHERE}: model is a {type(model).__name__}, not a keras.Model: pass a Keras 3 model")
-    for method in ("train_step", "compute_loss"):
-        if getattr(type(model), method) is not getattr(keras.Model, method):
-            raise UserError(
-                f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit cannot cut into "
-                f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
-                f"compile(loss=...), or train with model.fit"
-            )
-    steps = getattr(model, "steps_per_execution", 1)
-    if steps != 1:
-        raise UserError(
-            f"{WHERE}: model {model.name!r} is compiled with steps_per_execution={steps}: accum_train.fit runs "
-            f"one update per graph call (its micro-steps inside it); compile with steps_per_execution=1"
-        )
-    if getattr(model, "optimizer", None) is not None:
-        steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
-        if steps:
-            raise UserError(
-                f"{WHERE}: the model's optimizer has gradient_accumulation_steps={steps}: accum_train.fit "
-                f"accumulates exactly itself; compile without it"
-            )
-
-
-def _strategy(model, strategy):
-    """The strategy to train under: the one given (the model must have been created in its scope), else the
-    model's own (model.fit's rule)."""
-    if strategy is None:
-        return model.distribute_strategy
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise UserError(f"{WHERE}: strategy is a {type(strategy).__name__}, not a tf.distribute.Strategy")
-    inside = [strategy.extended.variable_created_in_scope(storage(v)) for v in model.variables]
-    if model.variables and not all(inside):
-        raise UserError(
-            f"{WHERE}: model {model.name!r} was not created under strategy.scope(): create (and compile) it "
-            f"inside `with strategy.scope():`, as model.fit needs"
-        )
-    return strategy
-
-
-def _check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch) -> None:
-    def positive(name, value):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
-            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")
-
-    for name, value in (
-        ("batch_size", batch_size),
-        ("subdivisions", subdivisions),
-        ("steps_per_epoch", steps_per_epoch),
-    ):
-        positive(name, value)
-    if micro_batch_size != "auto":
-        try:
-            positive("micro_batch_size", micro_batch_size)
-        except UserError:
-            raise UserError(
-                f"{WHERE}: micro_batch_size={micro_batch_size!r} must be an integer >= 1 or 'auto' (the largest "
-                f"that fits)"
-            ) from None
-    if subdivisions is not None and micro_batch_size is not None:
-        raise UserError(
-            f"{WHERE}: give subdivisions or micro_batch_size, not both "
-            f"(subdivisions={subdivisions}, micro_batch_size={micro_batch_size})"
-        )
-    for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
-
-
-def _compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
-    """An uncompiled model gets the keywords of earlier releases: sparse categorical cross-entropy (on logits,
-    or on the probabilities of a softmax output layer), accuracy, and the optimizer named as a config's
-    optimizer.name (adam, sgd, momentum, rmsprop, lars, lamb) at ``learning_rate``, or an optimizer object."""
-    if model.compiled:
-        if optimizer is not None or learning_rate is not None:
-            raise UserError(
-                f"{WHERE}: model {model.name!r} is compiled: it trains with its own optimizer; leave optimizer "
-                f"and learning_rate out (or compile it with the optimizer you want)"
-            )
-        return
-    optimizer = "adam" if optimizer is None else optimizer
-    if isinstance(optimizer, str):
-        from ..config import config_from_dict
-        from ..optim import new_optimizer
-
-        rate = 0.001 if learning_rate is None else learning_rate
-        cfg = config_from_dict({"optimizer": {"name": optimizer, "learning_rate": rate}}, WHERE).optimizer
-        with strategy.scope():
-            optimizer = new_optimizer(cfg, cfg.learning_rate)
-    elif not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise UserError(
-            f"{WHERE}: optimizer is a {type(optimizer).__name__}: pass a name or a keras.optimizers.Optimizer"
-        )
-    elif learning_rate is not None:
-        raise UserError(f"{WHERE}: optimizer is an object with its own learning rate: leave learning_rate out")
-    outputs = model.outputs or []
-    softmax = len(outputs) == 1 and _ends_in_softmax(model)
-    with strategy.scope():
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax),
-            metrics=["accuracy"],
-        )
-
-
-def _ends_in_softmax(model) -> bool:
-    from ..models.keras_file import _is_softmax, _output_layer
-
-    try:
-        return _is_softmax(_output_layer(model))
-    except (ValueError, AttributeError, IndexError):
-        return False
 
 
 def _first_batch_size(feed) -> int:
@@ -437,7 +319,7 @@ def _probe(objective, element_spec, strategy) -> tuple:
     return groups
 
 
-def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, auto):
+def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, auto, memory_limited):
     """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart as ``objective``."""
     optimizer = model.optimizer
     loss_scale, growth = None, LOSS_SCALE.growth_steps
@@ -455,7 +337,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         subdivisions=k,
         # XLA: one micro-step at a time. Its compiled micro-step spreads over the cores on its own; two in flight
         # cost about 4% more CPU and wall time on a 2-core CPU (the masked tagger of peers_masked.py, two runs)
-        parallel=1 if jit else auto_parallel(2 if auto else k, replicas=strategy.num_replicas_in_sync),
+        parallel=1 if jit else auto_parallel(2 if auto else k, memory_limited, strategy.num_replicas_in_sync),
         groups=groups,
         metrics=metrics,
         prepare=_unpacked,

@@ -26,12 +26,11 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..batching import largest_share, same_size
-from ..errors import Interrupted
+from ..batching import Cut, largest_share, same_size
+from ..errors import Interrupted, too_many_bad_updates
 from ..feed import Planned, distribute, empty_like, endless
 from ..memory import MemoryGuard
 from ..noise import NoiseScale
-from .inputs import Cut
 
 
 def as_python(logs: dict) -> dict:
@@ -46,7 +45,21 @@ class Loop:
     becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
     ``checkpoints`` (or None) keeps a run directory's state (rundir.py)."""
 
-    def __init__(self, model, engine, evaluation, feed, cut, validation, *, nominal, auto=False, say=print):
+    def __init__(
+        self,
+        model,
+        engine,
+        evaluation,
+        feed,
+        cut,
+        validation,
+        *,
+        nominal,
+        auto=False,
+        say=print,
+        memory_limit=None,
+        max_bad_steps=None,
+    ):
         self.model, self.engine, self.evaluation = model, engine, evaluation
         self.feed, self.cut, self.validation = feed, cut, validation
         self.nominal, self.auto = int(nominal), auto
@@ -57,7 +70,10 @@ class Loop:
             largest=largest_share(self.nominal, cut.replicas),
             adapts=auto,
             more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
+            limit=memory_limit,
         )
+        self.max_bad_steps = max_bad_steps
+        self.updates_done = 0  # by this call (a run directory counts the run's)
         self.noise = NoiseScale()
         self.checkpoints = self.stop = None
         self.stream, self.ran_out = None, False
@@ -112,6 +128,7 @@ class Loop:
                         _ran_out()
                     break
                 step += 1
+                self.updates_done += 1
                 logs = as_python(out["logs"])
                 noise = self.noise.add(out)
                 if self.measures_noise:
@@ -120,8 +137,12 @@ class Loop:
                 signalled = int(out["stop"])
                 if not signalled and self.stop is not None and self.engine.one_process:
                     signalled = self.stop.signum  # no one to agree with: stop after the update in hand
-                if self.checkpoints is not None:
-                    self.checkpoints.after_update(epoch, step, out, logs, signalled)
+                bad = int(out["bad_updates_in_a_row"])
+                stopped = self.max_bad_steps is not None and bad >= self.max_bad_steps
+                if self.checkpoints is not None:  # skipped updates changed nothing: this is the last good state
+                    self.checkpoints.after_update(epoch, step, out, logs, signalled or stopped)
+                if stopped:
+                    raise self._stop_for_bad_updates(bad)
                 if signalled:  # only with a run directory: it has just checkpointed this update
                     raise Interrupted(signalled, self.checkpoints.run_dir, int(self.checkpoints.step.numpy()))
                 if model.stop_training:
@@ -141,6 +162,16 @@ class Loop:
         if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
             model.optimizer.finalize_variable_values(model.trainable_weights)
         callbacks.on_train_end(logs=training_logs)
+
+    def _stop_for_bad_updates(self, bad: int):
+        """max_bad_steps reached: with a run directory, its checkpoint (just saved) is the last good state."""
+        done = self.updates_done
+        resume = ""
+        if self.checkpoints is not None:
+            done = int(self.checkpoints.step.numpy())
+            resume = f"call accum_train.fit again with output_dir={str(self.checkpoints.run_dir)!r}"
+        fix = "lower the optimizer's learning rate or compile it with an optimizer that clips (clipnorm)"
+        return too_many_bad_updates(bad, self.max_bad_steps, done, fix, resume)
 
     def _update(self, epoch: int, step: int) -> dict:
         """Update ``step`` of ``epoch``: the accumulator's record, through the memory guard."""

@@ -1,10 +1,11 @@
 """accum_train.fit's ``trim_padding``: which steps of each example are padding, what the option asks of the model,
 and the check that cutting the padding changes nothing the update computes.
 
-A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (inputs.py:
-arrays by index, streams in their pipeline): the update is still the whole batch's, as it sums over the batch
-whatever the grouping, provided that the padding cut away changes neither the loss nor its gradient, which masked
-recurrent layers and a masked loss guarantee and an unmasked convolution or mean over time do not.
+A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (arrays by
+index, array_feed.py; streams in their pipeline, stream_feed.py): the update is still the whole batch's, as it
+sums over the batch whatever the grouping, provided that the padding cut away changes neither the loss nor its
+gradient, which masked recurrent layers and a masked loss guarantee and an unmasked convolution or mean over
+time do not.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import UserError
-
-WHERE = "accum_train.fit"
+from .arguments import WHERE
 
 
 def sequence_lengths(arrays):

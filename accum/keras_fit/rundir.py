@@ -3,6 +3,9 @@
 What it holds:
 - ``fit.json``: what the training's data order depends on (batch size, k, seed, shuffle, steps per epoch),
   checked by a resume;
+- ``initial_model.keras``: the model as the first call began it, saved before its first update (a resume keeps
+  it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
+  of a call that never returned (accum/reload.py);
 - ``checkpoints/``: the model's variables, the optimizer, the metrics' running state, the update and epoch
   counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
@@ -37,17 +40,13 @@ from ..files import atomic_write
 from ..keras_private import storage
 from ..lock import LOCK, writing
 from ..metrics_log import MetricsLog, read_metrics
-from ..rundir import write_json
+from ..rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, write_json
 from ..stopping import StopFlag
 
-RECORD = "fit.json"
+RECORD = FIT_RECORD
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
 KEEP = 3  # checkpoints kept
-
-
-def is_fit_run_dir(path: Path) -> bool:
-    return (Path(path) / RECORD).is_file()
 
 
 def recorded_seed(run_dir: Path):
@@ -118,8 +117,13 @@ class FitRunDir:
                 run.log = MetricsLog(run.run_dir)
             if (run.run_dir / "checkpoints").is_dir() and checkpoint_numbers(run.run_dir / "checkpoints"):
                 run._restore(say)
-            elif run.writer:
+            elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
+                run.log.truncate_after(0, 0)
                 write_json(run.run_dir / RECORD, described)
+            # the model before its first update, for the readers: a resume keeps the first (an older directory
+            # gains one)
+            if run.writer and not (run.run_dir / MODEL_COPY).is_file():
+                run._save_model(MODEL_COPY)
             held.enter_context(run.stop)
             held.callback(run._flush)  # what the call logged, also when it ends in an exception
             yield run
@@ -210,12 +214,17 @@ class FitRunDir:
         self._write({"step": int(self.step.numpy()), "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
         self._save(epoch + 1, 0)
 
+    def _save_model(self, name: str) -> None:
+        # Keras writes a .keras file only to a path: to a private folder in the run directory first, then its
+        # bytes through atomic_write, so that a reader or a resume never finds half a file
+        with tempfile.TemporaryDirectory(dir=self.run_dir, prefix=".model-") as scratch:
+            self.model.save(Path(scratch) / name)
+            atomic_write(self.run_dir / name, (Path(scratch) / name).read_bytes())
+
     def _finish(self) -> None:
         if not self.writer:
             return
-        with tempfile.TemporaryDirectory(dir=self.run_dir, prefix=".model-") as scratch:
-            self.model.save(Path(scratch) / "model.keras")
-            atomic_write(self.run_dir / "model.keras", (Path(scratch) / "model.keras").read_bytes())
+        self._save_model("model.keras")
         write_json(
             self.run_dir / "summary.json",
             {

@@ -1,0 +1,167 @@
+"""accum_train.fit's arguments, checked before anything trains, each refusal one line naming the argument and
+what is allowed; and what they resolve to: the strategy, the data order's seed, the memory limit, an uncompiled
+model's loss and optimizer (the config's defaults, config/sections.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..config.wording import parse_size
+from ..errors import UserError
+from ..keras_private import storage
+from ..update import local_replica_ids
+
+WHERE = "accum_train.fit"
+
+
+def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
+    """The seed of the data order: ``seed`` if given; else the one a run directory being resumed recorded; else
+    a fresh one from the operating system's entropy (NumPy's global state untouched), where arrays are
+    ``shuffled`` (0 where nothing is drawn). Several workers must shuffle alike, so there a seed is needed."""
+    if seed is not None:
+        return seed
+    if output_dir is not None:  # first: a resume that changed shuffle is then refused for that, not for the seed
+        from .rundir import recorded_seed
+
+        recorded = recorded_seed(Path(output_dir))
+        if recorded is not None:
+            return recorded
+    if not shuffled:
+        return 0
+    if len(local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
+        raise UserError(
+            f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
+            f"seed=<int>, the same on every worker"
+        )
+    return int(np.random.SeedSequence().generate_state(1)[0])
+
+
+def check_model(model) -> None:
+    if not isinstance(model, keras.Model):
+        raise UserError(f"{WHERE}: model is a {type(model).__name__}, not a keras.Model: pass a Keras 3 model")
+    for method in ("train_step", "compute_loss"):
+        if getattr(type(model), method) is not getattr(keras.Model, method):
+            raise UserError(
+                f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit cannot cut into "
+                f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
+                f"compile(loss=...), or train with model.fit"
+            )
+    steps = getattr(model, "steps_per_execution", 1)
+    if steps != 1:
+        raise UserError(
+            f"{WHERE}: model {model.name!r} is compiled with steps_per_execution={steps}: accum_train.fit runs "
+            f"one update per graph call (its micro-steps inside it); compile with steps_per_execution=1"
+        )
+    if getattr(model, "optimizer", None) is not None:
+        steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
+        if steps:
+            raise UserError(
+                f"{WHERE}: the model's optimizer has gradient_accumulation_steps={steps}: accum_train.fit "
+                f"accumulates exactly itself; compile without it"
+            )
+
+
+def strategy_of(model, strategy):
+    """The strategy to train under: the one given (the model must have been created in its scope), else the
+    model's own (model.fit's rule)."""
+    if strategy is None:
+        return model.distribute_strategy
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise UserError(f"{WHERE}: strategy is a {type(strategy).__name__}, not a tf.distribute.Strategy")
+    inside = [strategy.extended.variable_created_in_scope(storage(v)) for v in model.variables]
+    if model.variables and not all(inside):
+        raise UserError(
+            f"{WHERE}: model {model.name!r} was not created under strategy.scope(): create (and compile) it "
+            f"inside `with strategy.scope():`, as model.fit needs"
+        )
+    return strategy
+
+
+def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, bad) -> None:
+    def positive(name, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")
+
+    for name, value in (
+        ("batch_size", batch_size),
+        ("subdivisions", subdivisions),
+        ("steps_per_epoch", steps_per_epoch),
+        ("max_bad_steps", bad),
+    ):
+        positive(name, value)
+    if micro_batch_size != "auto":
+        try:
+            positive("micro_batch_size", micro_batch_size)
+        except UserError:
+            raise UserError(
+                f"{WHERE}: micro_batch_size={micro_batch_size!r} must be an integer >= 1 or 'auto' (the largest "
+                f"that fits)"
+            ) from None
+    if subdivisions is not None and micro_batch_size is not None:
+        raise UserError(
+            f"{WHERE}: give subdivisions or micro_batch_size, not both "
+            f"(subdivisions={subdivisions}, micro_batch_size={micro_batch_size})"
+        )
+    for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
+
+
+def memory_limit_of(memory_limit):
+    """(bytes, as given) of ``memory_limit``, or None; what the CLI's memory_limit key takes."""
+    if memory_limit is None:
+        return None
+    try:
+        return parse_size(memory_limit, "memory_limit"), str(memory_limit)
+    except UserError as err:
+        raise UserError(f"{WHERE}: {err}") from None
+
+
+def compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
+    """An uncompiled model gets the keywords of earlier releases: sparse categorical cross-entropy (on logits,
+    or on the probabilities of a softmax output layer), accuracy, and the optimizer named as a config's
+    optimizer.name (adam, sgd, momentum, rmsprop, lars, lamb) at ``learning_rate``, or an optimizer object."""
+    if model.compiled:
+        if optimizer is not None or learning_rate is not None:
+            raise UserError(
+                f"{WHERE}: model {model.name!r} is compiled: it trains with its own optimizer; leave optimizer "
+                f"and learning_rate out (or compile it with the optimizer you want)"
+            )
+        return
+    if optimizer is None or isinstance(optimizer, str):
+        from ..config import config_from_dict
+        from ..optim import new_optimizer
+
+        # the config's optimizer section, its defaults (the name, the rate) where a keyword is left out
+        given = {"name": optimizer, "learning_rate": learning_rate}
+        section = {key: value for key, value in given.items() if value is not None}
+        cfg = config_from_dict({"optimizer": section}, WHERE).optimizer
+        with strategy.scope():
+            optimizer = new_optimizer(cfg, cfg.learning_rate)
+    elif not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise UserError(
+            f"{WHERE}: optimizer is a {type(optimizer).__name__}: pass a name or a keras.optimizers.Optimizer"
+        )
+    elif learning_rate is not None:
+        raise UserError(f"{WHERE}: optimizer is an object with its own learning rate: leave learning_rate out")
+    outputs = model.outputs or []
+    softmax = len(outputs) == 1 and ends_in_softmax(model)
+    with strategy.scope():
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax),
+            metrics=["accuracy"],
+        )
+
+
+def ends_in_softmax(model) -> bool:
+    from ..models.keras_file import _is_softmax, _output_layer
+
+    try:
+        return _is_softmax(_output_layer(model))
+    except (ValueError, AttributeError, IndexError):
+        return False

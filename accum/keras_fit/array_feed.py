@@ -1,0 +1,128 @@
+"""Arrays in memory as accum_train.fit's feed: stored once and never copied per epoch, each element gathering its
+own examples from them (the run's ``feed.gathered``) in an order that is a pure function of the seed and the pass,
+so a resumed fit sees the same batches; cut into this process's micro-batches as batching.Cut says, and with
+``trim_padding`` each micro-batch's time axis cut after its longest sequence (padding.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from ..batching import Cut
+from ..data import epoch_order
+from ..datasets.base import stored
+from ..errors import UserError
+from ..feed import Layout, endless, gathered
+from .arguments import WHERE
+from .conversion import _leaves_as_arrays, class_weights_tensor
+from .padding import cut_after, sequence_lengths
+
+
+class ArrayFeed:
+    """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
+
+    def __init__(self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, trim=0):
+        data = tuple(part for part in (x, y, sample_weight) if part is not None)
+        self.structure = (x is not None, y is not None, sample_weight is not None or class_weight is not None)
+        arrays = _leaves_as_arrays(data, "x")
+        counts = {len(leaf) for leaf in tf.nest.flatten(arrays)}
+        if len(counts) > 1:
+            sizes = [len(leaf) for leaf in tf.nest.flatten(arrays[0])]
+            others = [len(leaf) for part in arrays[1:] for leaf in tf.nest.flatten(part)]
+            raise UserError(
+                f"{WHERE}: x holds {sizes[0] if len(set(sizes)) == 1 else sizes} examples but "
+                f"{'y' if y is not None else 'sample_weight'} {others[0] if len(set(others)) == 1 else others}: "
+                f"every array needs one row per example"
+            )
+        self.examples = counts.pop()
+        if self.examples == 0:
+            raise UserError(f"{WHERE}: x holds no example")
+        if class_weight is not None:
+            weights = class_weights_tensor(tf.nest.flatten(arrays[1])[0], class_weight).numpy()
+            if sample_weight is not None:
+                weights = weights * np.asarray(arrays[2], np.float32).reshape(self.examples, -1)[:, 0]
+            arrays = (*arrays[:2], weights)
+        self.arrays = arrays
+        # once, in host memory: what every epoch gathers from; a copy, as the caller's arrays may change while
+        # fit trains (a callback's in-place edit), and what it trains on must not
+        self.stored = tf.nest.map_structure(lambda a: stored(a, copy=True), arrays)
+        self.parallel_gather = tf.data.AUTOTUNE
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.batches_per_pass = math.ceil(self.examples / batch_size)
+        self.steps_per_epoch = steps_per_epoch or self.batches_per_pass
+        self.continues = False  # each epoch's elements follow from the epoch's index
+        self.once = False  # read again each epoch
+        self.sizes = True  # each update's examples are known before it runs (batch_length)
+        self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
+        if self.trim:
+            # each example's length (after its last nonzero step), and which arrays have the time axis
+            self.lengths, self.timed = sequence_lengths(arrays)
+            self._lengths = tf.constant(self.lengths)
+
+    @property
+    def element_spec(self):
+        def spec(t, timed=False):
+            shape = [None, None if timed else t.shape[1], *t.shape[2:]] if t.shape.rank >= 2 else [None]
+            return tf.TensorSpec(shape, t.dtype)
+
+        if not self.trim:
+            return tf.nest.map_structure(spec, self.stored)
+        return tf.nest.map_structure(spec, self.stored, self.timed)
+
+    def first_batch(self):
+        """The first batch's arrays (what the model, its loss and its metrics are built from)."""
+        return tf.nest.map_structure(lambda t: t[: min(self.batch_size, self.examples)], self.arrays)
+
+    def gather(self, indices):
+        """Examples ``indices`` (a tensor) of every array (feed.gathered's reader); with ``trim``, the time axis
+        cut after the longest of them, rounded up to a multiple of ``trim``."""
+        if not self.trim:
+            return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+        # gathered, then cut: a cut of the stored arrays would copy every example's kept steps
+        rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+        return cut_after(rows, self.timed, tf.gather(self._lengths, indices), self.trim)
+
+    def by_length(self, batch: np.ndarray) -> np.ndarray:
+        """A batch's examples, longest first (ties in their order): with ``trim``, each micro-batch then holds
+        sequences of like length, and the update is the same, as it sums over the whole batch."""
+        return batch[np.argsort(-self.lengths[batch], kind="stable")] if self.trim else batch
+
+    def _pass_order(self, p: int) -> np.ndarray:
+        if self.shuffle == "batch":  # whole batches in a new order, each batch's examples as stored
+            blocks = epoch_order(self.seed, p, self.batches_per_pass, True)
+            return np.concatenate(
+                [np.arange(b * self.batch_size, min((b + 1) * self.batch_size, self.examples)) for b in blocks]
+            )
+        return epoch_order(self.seed, p, self.examples, bool(self.shuffle))
+
+    def updates(self, epoch: int) -> int:
+        return self.steps_per_epoch
+
+    def batch_length(self, epoch: int, step: int) -> int:
+        """The examples of update ``step`` of ``epoch`` (0-based): the batch size, less at the end of a pass."""
+        b = (epoch * self.steps_per_epoch + step) % self.batches_per_pass
+        return min(self.batch_size, self.examples - b * self.batch_size)
+
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
+        empty ones)."""
+        batches, orders = [], {}
+        for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
+            p, b = divmod(u, self.batches_per_pass)
+            if p not in orders:
+                orders[p] = self._pass_order(p)
+            batches.append(self.by_length(orders[p][b * self.batch_size : (b + 1) * self.batch_size]))
+        starts, ends, where, offset = [], [], [], 0
+        for u, batch in enumerate(batches):  # each batch's elements, at its place in the epoch's order
+            for start, end in cut.bounds(len(batch)):
+                starts.append(offset + start)
+                ends.append(offset + end)
+                where.append((first + u, start))
+            offset += len(batch)
+        order = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        as_array = lambda values: np.asarray(values, np.int64).reshape(-1)  # noqa: E731
+        layout = Layout([], as_array(starts), as_array(ends), np.asarray(where, np.int64).reshape(-1, 2))
+        elements = gathered(self, order, layout)
+        return endless(elements) if pad else elements

@@ -1,0 +1,174 @@
+"""Streamed sources as accum_train.fit's feed: a tf.data.Dataset, a keras.utils.PyDataset or a Python generator,
+read batch by batch as the updates pull them, never into memory; each batch cut into this process's elements in
+pull order (batching.Cut), class weights made sample weights on the way, and with ``trim_padding`` each element's
+time axis cut after its longest sequence (padding.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+from ..batching import Cut
+from ..errors import UserError
+from ..feed import endless
+from .arguments import WHERE
+from .conversion import _leaves_as_arrays, class_weights_tensor
+from .padding import by_length, cut_after, stream_timed
+
+
+def _batched_split(dataset: tf.data.Dataset, cut: Cut, trim: int = 0, timed=None) -> tf.data.Dataset:
+    """Each element a batch: cut into this process's elements, in pull order, each (data, where) as the run's
+    feed gives them (where: unused here). ``trim``: each batch's rows ordered by length first, and each
+    element's ``timed`` leaves cut after its longest sequence (trim_padding)."""
+    nowhere = tf.zeros([2], tf.int64)
+
+    def split(*batch):
+        element = batch if len(batch) > 1 else batch[0]
+        n = tf.shape(tf.nest.flatten(element)[0])[0]
+        if trim:
+            element, lengths = by_length(element)
+        bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n)])
+
+        def piece(b):
+            data = tf.nest.map_structure(lambda t: t[b[0] : b[1]], element)
+            return (cut_after(data, timed, lengths[b[0] : b[1]], trim) if trim else data), nowhere
+
+        return tf.data.Dataset.from_tensor_slices(bounds).map(piece)
+
+    return dataset.flat_map(split)
+
+
+class DatasetFeed:
+    """A tf.data.Dataset (its elements batches, or single examples cut into batches of ``batch_size``), or a
+    PyDataset (through Keras' own adapter). Streamed: read as the updates pull it."""
+
+    def __init__(self, dataset, *, batch_size, class_weight, steps_per_epoch, py_adapter=None, trim=0):
+        if batch_size is not None:
+            dataset = dataset.batch(batch_size)
+        if class_weight is not None:
+            dataset = dataset.map(lambda *e: _with_class_weights(e, class_weight))
+        self.batches = dataset
+        self.py_adapter = py_adapter
+        cardinality = int(dataset.cardinality())
+        if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+            raise UserError(
+                f"{WHERE}: x is an infinite dataset (it repeats): pass steps_per_epoch, the updates of one epoch"
+            )
+        self.cardinality = None if cardinality < 0 else cardinality
+        if self.cardinality is None and py_adapter is not None:
+            self.cardinality = py_adapter.num_batches  # a PyDataset's len(), which its generator's pipeline hides
+        self.steps_per_epoch = steps_per_epoch
+        self.continues = steps_per_epoch is not None  # one stream from epoch to epoch, as model.fit reads it
+        self.once = False  # read again each epoch (or, with steps_per_epoch, one stream that can start over)
+        self.sizes = False  # a batch's examples are known once it is read
+        self.batch_size = batch_size
+        self.structure = None
+        self.class_weight = class_weight
+        self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
+        self.timed = stream_timed(self.batches.element_spec) if self.trim else None
+
+    @property
+    def element_spec(self):
+        spec = self.batches.element_spec
+        if not self.trim:
+            return spec
+        return tf.nest.map_structure(
+            lambda s, timed: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if timed else s, spec, self.timed
+        )
+
+    def first_batch(self):
+        return next(iter(self.batches.take(1)))
+
+    def updates(self, epoch: int) -> int | None:
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch
+        return self.cardinality
+
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
+        ``again``: the stream ran out before this epoch and starts over, as model.fit's does)."""
+        if self.continues and not again:  # one stream from epoch to epoch: the epochs before read from it too
+            first += epoch * self.steps_per_epoch
+        elements = _batched_split(self.batches.skip(first) if first else self.batches, cut, self.trim, self.timed)
+        return endless(elements) if pad else elements
+
+    def end_of_epoch(self) -> None:
+        if self.py_adapter is not None:
+            self.py_adapter.on_epoch_end()
+
+
+class GeneratorFeed(DatasetFeed):
+    """A Python generator or iterator of batches, (x,), (x, y) or (x, y, sample_weight), as model.fit reads
+    one: a single stream, read once, each epoch going on where the last stopped (``steps_per_epoch`` batches,
+    else to its end). Its element types and shapes come from its first two batches (model.fit's rule: an axis
+    they disagree on may vary). A call that resumes a run directory skips the batches the run had read, so a
+    generator that yields the same batches again resumes exactly."""
+
+    def __init__(self, iterator, *, class_weight, steps_per_epoch, name, trim=0):
+        peeked = [_batch_as_arrays(batch, name) for batch in itertools.islice(iterator, 2)]
+        if not peeked:
+            raise UserError(f"{WHERE}: {name} is a generator that yields no batch: it must yield at least one")
+        shape_of = lambda batch: tf.nest.map_structure(lambda a: None, batch)  # noqa: E731
+        if len(peeked) > 1 and shape_of(peeked[0]) != shape_of(peeked[1]):
+            raise UserError(f"{WHERE}: {name}'s first two batches differ in structure: every batch must be alike")
+
+        def spec(*arrays):
+            dims = [d if all(a.shape[1:][i] == d for a in arrays) else None for i, d in enumerate(arrays[0].shape[1:])]
+            return tf.TensorSpec([None, *dims], arrays[0].dtype)
+
+        self.first = peeked[0]
+        # one live stream: every tf.data iterator over it goes on where the last one stopped
+        stream = itertools.chain(peeked, (_batch_as_arrays(batch, name) for batch in iterator))
+        batches = tf.data.Dataset.from_generator(lambda: stream, output_signature=tf.nest.map_structure(spec, *peeked))
+        super().__init__(
+            batches, batch_size=None, class_weight=class_weight, steps_per_epoch=steps_per_epoch, trim=trim
+        )
+        self.continues = False  # each epoch opens the stream again: it goes on by itself
+        self.once = True  # an epoch after its end has nothing to read
+        self.opened = False
+
+    def first_batch(self):
+        first = tf.nest.map_structure(tf.constant, self.first)
+        return first if self.class_weight is None else _with_class_weights(first, self.class_weight)
+
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """The stream from where it stands: ``steps_per_epoch - first`` batches, or to its end. Opened first at
+        update ``first`` of ``epoch`` (a resume), it passes over the batches before."""
+        batches = self.batches
+        if not self.opened:
+            self.opened = True
+            read = first + (epoch * self.steps_per_epoch if self.steps_per_epoch else 0)
+            batches = batches.skip(read) if read else batches
+        if self.steps_per_epoch is not None:
+            batches = batches.take(self.steps_per_epoch - first)
+        elements = _batched_split(batches, cut, self.trim, self.timed)
+        return endless(elements) if pad else elements
+
+
+def _batch_as_arrays(batch, name: str):
+    """One batch a generator yielded, checked, as arrays (floats as float32, as model.fit casts them)."""
+    if not isinstance(batch, tuple) or not 1 <= len(batch) <= 3:
+        raise UserError(
+            f"{WHERE}: {name} yielded a {type(batch).__name__}: a generator of batches yields tuples (x,), "
+            f"(x, y) or (x, y, sample_weight)"
+        )
+    parts = list(batch)
+    while parts and parts[-1] is None:  # (x, None) and (x, y, None) are (x,) and (x, y), as in model.fit
+        parts.pop()
+    if any(part is None for part in parts):
+        raise UserError(
+            f"{WHERE}: {name} yielded (x, None, sample_weight): sample weights without targets are not "
+            f"supported; yield (x, y, sample_weight)"
+        )
+    return _leaves_as_arrays(tuple(parts), f"a batch of {name}")
+
+
+def _with_class_weights(element, class_weight):
+    if len(element) < 2:
+        raise UserError(f"{WHERE}: class_weight needs targets: the dataset's elements are not (x, y) pairs")
+    x, y = element[0], element[1]
+    weights = class_weights_tensor(y, class_weight)
+    if len(element) > 2:
+        weights = weights * tf.cast(tf.reshape(element[2], [tf.shape(weights)[0], -1])[:, 0], tf.float32)
+    return x, y, weights

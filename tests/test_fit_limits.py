@@ -1,0 +1,137 @@
+"""accum_train.fit's max_bad_steps and memory_limit: the CLI's keys of the same names, through fit's door.
+
+A run of non-finite updates stops at the one that reaches max_bad_steps, with the weights of the last good update
+(checkpointed with an output_dir); a memory_limit measures the first update before applying it, ends a fixed k's
+call over it and makes micro_batch_size="auto" retry at twice the micro-batches."""
+
+import re
+
+import accum_train
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from accum_train import UserError
+from accum_train.errors import OutOfMemory, TrainingStopped
+from accum_train.metrics_log import read_metrics
+
+N, BATCH, K = 48, 8, 3  # six updates an epoch, each of micro-batches of 3, 3 and 2
+RNG = np.random.default_rng(3)
+X = RNG.random((N, 5), dtype=np.float32)
+Y = RNG.random((N, 1), dtype=np.float32)
+POISONED = X.copy()
+POISONED[[9, 20, 31], 2] = np.nan  # one row in each of updates 2, 3 and 4 (unshuffled): three bad in a row
+
+
+def model():
+    keras.utils.set_random_seed(4)
+    built = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(1)])
+    built.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return built
+
+
+def fit(built, x=POISONED, y=Y, **keywords):
+    keywords = {"batch_size": BATCH, "subdivisions": K, "epochs": 1, "shuffle": False, "verbose": 0, **keywords}
+    return accum_train.fit(built, x, y, **keywords)
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def after_first_update():
+    """The weights after update 1 alone: what the stop must leave."""
+    built = model()
+    fit(built, X[:BATCH], Y[:BATCH])
+    return built.get_weights()
+
+
+def test_the_update_that_reaches_max_bad_steps_stops_the_call_at_the_last_good_weights(after_first_update):
+    built = model()
+    with pytest.raises(TrainingStopped) as err:
+        fit(built, max_bad_steps=3)
+    assert str(err.value) == (
+        "3 updates in a row had a non-finite loss or gradient (max_bad_steps=3), the last at update 4; the weights "
+        "are those of the last good update: lower the optimizer's learning rate or compile it with an optimizer "
+        "that clips (clipnorm)"
+    )
+    assert max_difference(built.get_weights(), after_first_update) == 0.0
+
+
+def test_with_an_output_dir_the_stop_is_checkpointed_and_logged(tmp_path, after_first_update):
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingStopped) as err:
+        fit(model(), max_bad_steps=3, output_dir=run_dir)
+    assert str(err.value).endswith(
+        "the last at update 4; weights are checkpointed as of the last good update: lower the optimizer's learning "
+        "rate or compile it with an optimizer that clips (clipnorm), then call accum_train.fit again with "
+        f"output_dir={str(run_dir)!r}"
+    )
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 4
+    assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1  # one applied update
+    saved = [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(4)]
+    assert max_difference(saved, after_first_update) == 0.0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["applied"]) for r in records] == [(1, True), (2, False), (3, False), (4, False)]
+
+
+def test_without_max_bad_steps_each_bad_update_is_skipped_and_training_goes_on():
+    built, good_batches_only = model(), model()
+    fit(built, epochs=2)
+    kept = np.r_[0:8, 32:48]  # updates 1, 5 and 6: plain SGD over them alone is the skipping run's
+    fit(good_batches_only, X[kept], Y[kept], epochs=2)
+    assert max_difference(built.get_weights(), good_batches_only.get_weights()) <= 1e-7
+
+
+def test_a_fixed_k_over_memory_limit_ends_the_call_before_anything_is_applied():
+    built = model()
+    before = built.get_weights()
+    with pytest.raises(OutOfMemory) as err:
+        fit(built, X, memory_limit="1KiB")
+    assert re.fullmatch(
+        r"update 1 peaked at [0-9.]+ (KiB|MiB) of TensorFlow memory with subdivisions=3, over "
+        r"memory_limit=1KiB: raise memory_limit or use more subdivisions",
+        str(err.value),
+    ), str(err.value)
+    assert max_difference(built.get_weights(), before) == 0.0
+
+
+def test_auto_retries_at_twice_the_micro_batches_until_one_example_each(capsys):
+    built = model()
+    before = built.get_weights()
+    with pytest.raises(OutOfMemory) as err:
+        fit(built, X, subdivisions=None, micro_batch_size="auto", memory_limit=1, verbose=1)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("update 1")]
+    assert [line.split(": ")[-1] for line in said] == [
+        f"retrying the same batch with subdivisions={k}" for k in (2, 4, 8)
+    ]
+    assert str(err.value).endswith("even one example per micro-batch does not fit: use a smaller model")
+    assert max_difference(built.get_weights(), before) == 0.0
+
+
+def test_a_limit_that_holds_changes_nothing():
+    limited, free = model(), model()
+    fit(limited, X, memory_limit="4GiB")
+    fit(free, X)
+    assert max_difference(limited.get_weights(), free.get_weights()) <= 1e-7
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"max_bad_steps": 0}, "accum_train.fit: max_bad_steps=0 must be an integer >= 1"),
+        ({"max_bad_steps": 2.5}, "accum_train.fit: max_bad_steps=2.5 must be an integer >= 1"),
+        (
+            {"memory_limit": "lots"},
+            "accum_train.fit: memory_limit='lots' must be a size such as 2GiB, 512MB or 1073741824",
+        ),
+        ({"memory_limit": 0}, "accum_train.fit: memory_limit=0 must be > 0 bytes"),
+    ],
+    ids=["max_bad_steps-0", "max_bad_steps-float", "memory_limit-text", "memory_limit-0"],
+)
+def test_bad_values_are_one_line(keywords, message):
+    with pytest.raises(UserError) as err:
+        fit(model(), X, **keywords)
+    assert str(err.value) == message
