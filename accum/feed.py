@@ -90,9 +90,24 @@ class Layout:
     where: np.ndarray
 
 
+def lay_out(batches, updates=()) -> Layout:
+    """The one layout builder, for the run's feed and accum_train.fit's arrays: ``batches`` holds, per update in
+    order, (step, the batch's first position in the epoch's order, its elements' [start, end) in the batch in
+    pull order: batching.pieces)."""
+    starts, ends, where = [], [], []
+    for step, first, bounds in batches:
+        for start, end in bounds:
+            starts.append(first + start)
+            ends.append(first + end)
+            where.append((step, start))
+    as_array = lambda values: np.asarray(values, np.int64).reshape(-1)  # noqa: E731
+    return Layout(list(updates), as_array(starts), as_array(ends), np.asarray(where, np.int64).reshape(-1, 2))
+
+
 def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> Layout:
-    """The layout of ``segments`` (timeline.Segment), ``k_for(batch_size)`` micro-batches per share."""
-    updates, starts, ends, where = [], [], [], []
+    """The layout of ``segments`` (timeline.Segment), ``k_for(batch_size)`` micro-batches per share: a short batch
+    pulls ``min(k, largest share)``."""
+    updates, batches = [], []
     for segment in segments:
         k = k_for(segment.batch_size)
         for u in range(segment.updates):
@@ -102,12 +117,8 @@ def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> La
             step = segment.first_step + u
             size = None if chunk_first else same_size(n, pulls, replicas)  # a stream may end short of n
             updates.append(Planned(step, segment.batch_size, n, pulls, k, size))
-            for start, end in pieces(n, pulls, replicas, local, chunk_first):
-                starts.append(first + start)
-                ends.append(first + end)
-                where.append((step, start))
-    as_array = lambda values: np.asarray(values, np.int64).reshape(-1)  # noqa: E731
-    return Layout(updates, as_array(starts), as_array(ends), np.asarray(where, np.int64).reshape(-1, 2))
+            batches.append((step, first, pieces(n, pulls, replicas, local, chunk_first)))
+    return lay_out(batches, updates)
 
 
 def positions(layout: Layout) -> np.ndarray:

@@ -14,7 +14,7 @@ from ..batching import Cut
 from ..data import epoch_order
 from ..datasets.base import stored
 from ..errors import UserError
-from ..feed import Layout, endless, gathered
+from ..feed import endless, gathered, lay_out
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
 from .padding import cut_after, sequence_lengths
@@ -114,15 +114,9 @@ class ArrayFeed:
             if p not in orders:
                 orders[p] = self._pass_order(p)
             batches.append(self.by_length(orders[p][b * self.batch_size : (b + 1) * self.batch_size]))
-        starts, ends, where, offset = [], [], [], 0
-        for u, batch in enumerate(batches):  # each batch's elements, at its place in the epoch's order
-            for start, end in cut.bounds(len(batch)):
-                starts.append(offset + start)
-                ends.append(offset + end)
-                where.append((first + u, start))
-            offset += len(batch)
+        offsets = np.concatenate([[0], np.cumsum([len(batch) for batch in batches], dtype=np.int64)])
+        # each batch's elements, at its place in the epoch's order
+        layout = lay_out((first + u, int(offsets[u]), cut.bounds(len(b))) for u, b in enumerate(batches))
         order = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-        as_array = lambda values: np.asarray(values, np.int64).reshape(-1)  # noqa: E731
-        layout = Layout([], as_array(starts), as_array(ends), np.asarray(where, np.int64).reshape(-1, 2))
         elements = gathered(self, order, layout)
         return endless(elements) if pad else elements
