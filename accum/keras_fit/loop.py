@@ -137,7 +137,8 @@ class Loop:
                 signalled = int(out["stop"])
                 if not signalled and self.stop is not None and self.engine.one_process:
                     signalled = self.stop.signum  # no one to agree with: stop after the update in hand
-                bad = int(out["bad_updates_in_a_row"])
+                # read only when asked for: one more value fetched from the device per update otherwise
+                bad = int(out["bad_updates_in_a_row"]) if self.max_bad_steps is not None else 0
                 stopped = self.max_bad_steps is not None and bad >= self.max_bad_steps
                 if self.checkpoints is not None:  # skipped updates changed nothing: this is the last good state
                     self.checkpoints.after_update(epoch, step, out, logs, signalled or stopped)
