@@ -86,18 +86,8 @@ def main(output_dir, result):
             hold_before_save(int(n), os.environ["ACCUM_FIT_MARK"])
         else:
             raise SystemExit(f"fit_kill_runner: unknown hold point {where!r}")
-    history = accum_train.fit(
-        model,
-        x,
-        y,
-        batch_size=BATCH,
-        subdivisions=K,
-        epochs=EPOCHS,
-        seed=SEED,
-        verbose=0,
-        callbacks=callbacks,
-        output_dir=output_dir,
-    )
+    order = {"batch_size": BATCH, "subdivisions": K, "epochs": EPOCHS, "seed": SEED, "verbose": 0}
+    history = accum_train.fit(model, x, y, callbacks=callbacks, output_dir=output_dir, **order)
     np.savez(f"{result}.npz", *model.get_weights())
     Path(f"{result}.json").write_text(json.dumps({"epoch": history.epoch, "history": history.history}))
 

@@ -1,6 +1,7 @@
 """Tools the tests share: NaN poisoning of chosen updates, a progress that
 sends SIGINT at a chosen report, calls into TensorFlow's graphs counted, and
-metrics.jsonl read back, a script loaded as a module."""
+metrics.jsonl read back, a script loaded as a module; for accum_train.fit's run
+directories, a small compiled regressor and a callback that signals after an update."""
 
 import importlib.util
 import json
@@ -128,3 +129,31 @@ def iterated_autotuning(monkeypatch) -> list:
 
     monkeypatch.setattr(tf.data.Dataset, "__iter__", recording)
     return seen
+
+
+def small_regressor():
+    """6 inputs -> Dense(8, tanh) -> Dense(1), compiled with Adam(0.01), mse and mae; the same initial weights on
+    every call (what a process resuming a run directory builds again)."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    built.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return built
+
+
+def signal_after(update, signum=signal.SIGINT):
+    """A Keras callback that sends this process ``signum`` after the ``update``-th update (counting across calls)."""
+    import keras
+
+    class SignalAt(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == update:
+                os.kill(os.getpid(), signum)
+
+    return SignalAt()

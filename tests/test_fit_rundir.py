@@ -1,7 +1,6 @@
 """accum_train.fit's output_dir: kept as training goes, resumed by the next call at the uninterrupted weights."""
 
 import json
-import os
 import signal
 
 import accum_train
@@ -13,6 +12,7 @@ from accum_train import UserError
 from accum_train.checkpoints import checkpoint_numbers
 from accum_train.errors import Interrupted
 from accum_train.metrics_log import read_metrics
+from helpers import signal_after, small_regressor
 
 N, BATCH, K, SEED = 50, 16, 3, 5
 RNG = np.random.default_rng(11)
@@ -20,31 +20,14 @@ X = RNG.random((N, 6), dtype=np.float32)
 Y = RNG.random((N, 1), dtype=np.float32)
 
 
-def model():
-    keras.utils.set_random_seed(1)
-    built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-    built.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
-    return built
-
-
 def fit(built, epochs, output_dir=None, **keywords):
-    return accum_train.fit(
-        built,
-        X,
-        Y,
-        batch_size=BATCH,
-        subdivisions=K,
-        epochs=epochs,
-        seed=SEED,
-        verbose=0,
-        output_dir=output_dir,
-        **keywords,
-    )
+    order = {"batch_size": BATCH, "subdivisions": K, "seed": SEED, "verbose": 0}
+    return accum_train.fit(built, X, Y, epochs=epochs, output_dir=output_dir, **order, **keywords)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted():
-    built = model()
+    built = small_regressor()
     history = fit(built, 4)
     return built.get_weights(), history.history
 
@@ -53,22 +36,9 @@ def max_difference(a, b):
     return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 
 
-class SignalAt(keras.callbacks.Callback):
-    """Sends this process ``signum`` after the ``update``-th update (counting across calls)."""
-
-    def __init__(self, update, signum=signal.SIGINT):
-        super().__init__()
-        self.update, self.signum, self.seen = update, signum, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen == self.update:
-            os.kill(os.getpid(), self.signum)
-
-
 def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
-    fit(model(), 2, run_dir)
+    fit(small_regressor(), 2, run_dir)
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "checkpoints",
         "fit.json",
@@ -79,7 +49,7 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
         "tensorboard",
         "writer.lock",
     ]
-    resumed = model()  # a fresh process would build it again from its code: the checkpoint restores it
+    resumed = small_regressor()  # a fresh process would build it again from its code: the checkpoint restores it
     history = fit(resumed, 4, run_dir)
     weights, expected = uninterrupted
     assert max_difference(resumed.get_weights(), weights) == 0.0
@@ -110,8 +80,8 @@ def test_a_run_directory_of_the_previous_release_resumes(tmp_path, monkeypatch, 
     run_dir = tmp_path / "run"
     with monkeypatch.context() as earlier:
         earlier.setattr(FitRunDir, "_later", staticmethod(lambda noise, engine: {}))
-        fit(model(), 2, run_dir)
-    resumed = model()
+        fit(small_regressor(), 2, run_dir)
+    resumed = small_regressor()
     history = fit(resumed, 4, run_dir)
     assert max_difference(resumed.get_weights(), uninterrupted[0]) == 0.0
     assert history.epoch == [0, 1, 2, 3]
@@ -122,13 +92,13 @@ def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an
     tmp_path, uninterrupted, signum, update
 ):
     run_dir = tmp_path / "run"
-    stopped = model()
+    stopped = small_regressor()
     with pytest.raises(Interrupted) as caught:
-        fit(stopped, 4, run_dir, callbacks=[SignalAt(update, signum)])
+        fit(stopped, 4, run_dir, callbacks=[signal_after(update, signum)])
     assert (caught.value.step, caught.value.exit_code) == (update, 128 + signum)
     assert checkpoint_numbers(run_dir / "checkpoints")[0] == update
     assert int(stopped.optimizer.iterations.numpy()) == update  # the object holds the last update's weights
-    resumed = model()
+    resumed = small_regressor()
     history = fit(resumed, 4, run_dir)
     weights, expected = uninterrupted
     assert max_difference(resumed.get_weights(), weights) == 0.0
@@ -157,10 +127,10 @@ def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an
 )
 def test_a_resume_with_other_batches_is_refused_before_anything_changes(changed, refused, tmp_path):
     run_dir = tmp_path / "run"
-    fit(model(), 1, run_dir)
+    fit(small_regressor(), 1, run_dir)
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     with pytest.raises(UserError) as caught:
-        accum_train.fit(model(), X, Y, subdivisions=K, epochs=2, verbose=0, output_dir=run_dir, **changed)
+        accum_train.fit(small_regressor(), X, Y, subdivisions=K, epochs=2, verbose=0, output_dir=run_dir, **changed)
     assert str(caught.value) == (
         f"accum_train.fit: output_dir {run_dir} was trained with {refused} or choose a new output_dir"
     )
@@ -170,7 +140,7 @@ def test_a_resume_with_other_batches_is_refused_before_anything_changes(changed,
 def test_a_directory_of_something_else_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UserError) as caught:
-        fit(model(), 1, tmp_path)
+        fit(small_regressor(), 1, tmp_path)
     assert str(caught.value) == (
         f"accum_train.fit: output_dir {tmp_path} is not empty and was not written by accum_train.fit: choose an "
         f"empty or new directory"
@@ -180,7 +150,7 @@ def test_a_directory_of_something_else_is_refused(tmp_path):
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     run_dir = tmp_path / "run"
-    fit(model(), 1, run_dir)
+    fit(small_regressor(), 1, run_dir)
     keras.utils.set_random_seed(1)
     other = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), keras.layers.Dense(1)])
     other.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
@@ -197,7 +167,7 @@ def test_the_cli_tells_a_fit_run_directory_apart(tmp_path):
     from click.testing import CliRunner
 
     run_dir = tmp_path / "run"
-    trained = model()
+    trained = small_regressor()
     fit(trained, 1, run_dir)
     refused = (
         f"--resume {run_dir} was written by accum_train.fit: continue it by calling accum_train.fit(model, ..., "

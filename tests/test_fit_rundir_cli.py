@@ -9,9 +9,7 @@ predict writes model.predict's outputs, evaluate gives model.evaluate's loss and
 """
 
 import json
-import os
 import shutil
-import signal
 
 import accum_train
 import keras
@@ -21,6 +19,7 @@ from accum_train.cli.main import main
 from accum_train.errors import Interrupted
 from accum_train.reload import load_fit_run
 from click.testing import CliRunner
+from helpers import signal_after, small_regressor
 
 N, BATCH, K, SEED, STOP_AT = 50, 16, 3, 5, 5
 RNG = np.random.default_rng(7)
@@ -29,39 +28,9 @@ Y = RNG.random((N, 1), dtype=np.float32)
 W = RNG.random(N).astype(np.float32) + 0.5
 
 
-def model():
-    keras.utils.set_random_seed(1)
-    built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-    built.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
-    return built
-
-
 def fit(built, run_dir, epochs=2, callbacks=None):
-    return accum_train.fit(
-        built,
-        X,
-        Y,
-        batch_size=BATCH,
-        subdivisions=K,
-        epochs=epochs,
-        seed=SEED,
-        verbose=0,
-        output_dir=run_dir,
-        callbacks=callbacks,
-    )
-
-
-class SignalAt(keras.callbacks.Callback):
-    """Sends this process SIGINT after the ``update``-th update."""
-
-    def __init__(self, update):
-        super().__init__()
-        self.update, self.seen = update, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen == self.update:
-            os.kill(os.getpid(), signal.SIGINT)
+    order = {"batch_size": BATCH, "subdivisions": K, "seed": SEED, "verbose": 0}
+    return accum_train.fit(built, X, Y, epochs=epochs, output_dir=run_dir, callbacks=callbacks, **order)
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +38,11 @@ def runs(tmp_path_factory):
     """name -> (run directory, the model object fit trained in it): a call that returned after 2 epochs (8
     updates), and one a SIGINT stopped after update 5, mid-epoch 2."""
     root = tmp_path_factory.mktemp("fit-runs")
-    finished = model()
+    finished = small_regressor()
     fit(finished, root / "finished")
-    stopped = model()
+    stopped = small_regressor()
     with pytest.raises(Interrupted) as caught:
-        fit(stopped, root / "interrupted", callbacks=[SignalAt(STOP_AT)])
+        fit(stopped, root / "interrupted", callbacks=[signal_after(STOP_AT)])
     assert caught.value.step == STOP_AT
     return {"finished": (root / "finished", finished), "interrupted": (root / "interrupted", stopped)}
 
@@ -92,7 +61,7 @@ def test_fit_saves_its_model_as_the_run_begins_and_a_resume_keeps_it(runs, tmp_p
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     first = (copy / "initial_model.keras").read_bytes()
-    fit(model(), copy, epochs=3)  # resumes at update 5 and returns
+    fit(small_regressor(), copy, epochs=3)  # resumes at update 5 and returns
     assert (copy / "initial_model.keras").read_bytes() == first
     assert json.loads((copy / "summary.json").read_text())["steps"] == 12
 

@@ -37,7 +37,7 @@ from ..update import LOSS_SCALE, local_replica_ids
 from .arguments import WHERE, check_model, check_numbers, compile_if_needed, memory_limit_of, order_seed, strategy_of
 from .history import FitHistory
 from .inputs import is_dataset, make_feed, split_validation, streamed_source, validation_feed
-from .loop import Loop
+from .loop import Limits, Loop
 from .padding import check_trim, trim_multiple
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -193,19 +193,8 @@ def fit(
         engine.set_subdivisions(k)
         restore.callback(engine.release)
         say = print if verbose else (lambda line: None)
-        loop = Loop(
-            model,
-            engine,
-            evaluation,
-            feed,
-            cut,
-            validation,
-            nominal=nominal,
-            auto=auto,
-            say=say,
-            memory_limit=limit,
-            max_bad_steps=max_bad_steps,
-        )
+        limits = Limits(memory_limit=limit, max_bad_steps=max_bad_steps)
+        loop = Loop(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say, limits=limits)
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -39,26 +40,22 @@ def as_python(logs: dict) -> dict:
     return {name: float(a) if a.size == 1 else a for name, a in arrays.items()}
 
 
+class Limits(NamedTuple):
+    """What ends an update or the call, the CLI's keys of those names: ``memory_limit`` as (bytes, as given)."""
+
+    memory_limit: tuple | None = None
+    max_bad_steps: int | None = None
+
+
 class Loop:
     """The epochs of one accum_train.fit call. ``engine`` (engine.Accumulator) trains, ``evaluation``
     (scoring.Evaluation) validates; ``feed``/``validation`` are inputs.Feed objects; ``cut`` how a batch
     becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
-    ``checkpoints`` (or None) keeps a run directory's state (rundir.py)."""
+    ``limits`` (``Limits``) the memory limit and max_bad_steps; ``checkpoints`` (or None) keeps a run
+    directory's state (rundir.py)."""
 
     def __init__(
-        self,
-        model,
-        engine,
-        evaluation,
-        feed,
-        cut,
-        validation,
-        *,
-        nominal,
-        auto=False,
-        say=print,
-        memory_limit=None,
-        max_bad_steps=None,
+        self, model, engine, evaluation, feed, cut, validation, nominal, *, auto=False, say=print, limits=None
     ):
         self.model, self.engine, self.evaluation = model, engine, evaluation
         self.feed, self.cut, self.validation = feed, cut, validation
@@ -70,9 +67,9 @@ class Loop:
             largest=largest_share(self.nominal, cut.replicas),
             adapts=auto,
             more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
-            limit=memory_limit,
+            limit=limits and limits.memory_limit,
         )
-        self.max_bad_steps = max_bad_steps
+        self.max_bad_steps = limits and limits.max_bad_steps
         self.updates_done = 0  # by this call (a run directory counts the run's)
         self.noise = NoiseScale()
         self.checkpoints = self.stop = None
