@@ -55,11 +55,10 @@ class TrainingStopped(Exception):
 def too_many_bad_updates(bad: int, max_bad_steps: int, step: int, fix: str, resume: str) -> TrainingStopped:
     """The stop at the update that makes ``max_bad_steps`` non-finite updates in a row, for both doors: ``fix``
     names their knobs of the learning rate and clipping, ``resume`` how to go on (empty: nothing was kept)."""
-    kept = (
-        f"weights are checkpointed as of the last good update: {fix}, then {resume}"
-        if resume
-        else (f"the weights are those of the last good update: {fix}")
-    )
+    if resume:
+        kept = f"weights are checkpointed as of the last good update: {fix}, then {resume}"
+    else:
+        kept = f"the weights are those of the last good update: {fix}"
     return TrainingStopped(
         f"{bad} updates in a row had a non-finite loss or gradient (max_bad_steps={max_bad_steps}), the last at "
         f"update {step}; {kept}"

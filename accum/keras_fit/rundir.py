@@ -39,11 +39,10 @@ from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
 from ..keras_private import storage
 from ..lock import LOCK, writing
-from ..metrics_log import MetricsLog, read_metrics
+from ..metrics_log import MetricsLog
 from ..rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, write_json
 from ..stopping import StopFlag
 
-RECORD = FIT_RECORD
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
 KEEP = 3  # checkpoints kept
@@ -52,7 +51,7 @@ KEEP = 3  # checkpoints kept
 def recorded_seed(run_dir: Path):
     """The data order's seed a run directory recorded (None: no run there yet)."""
     try:
-        return json.loads((run_dir / RECORD).read_text()).get("seed")
+        return json.loads((run_dir / FIT_RECORD).read_text()).get("seed")
     except (OSError, ValueError):
         return None
 
@@ -119,7 +118,7 @@ class FitRunDir:
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
                 run.log.truncate_after(0, 0)
-                write_json(run.run_dir / RECORD, described)
+                write_json(run.run_dir / FIT_RECORD, described)
             # the model before its first update, for the readers: a resume keeps the first (an older directory
             # gains one)
             if run.writer and not (run.run_dir / MODEL_COPY).is_file():
@@ -141,7 +140,7 @@ class FitRunDir:
                 f"accum_train.fit: output_dir {path} is not empty and was not written by accum_train.fit: "
                 f"choose an empty or new directory"
             )
-        before = json.loads((path / RECORD).read_text())
+        before = json.loads((path / FIT_RECORD).read_text())
         changed = [key for key in described if before.get(key) != described[key]]
         if changed:
             key = changed[0]
@@ -174,10 +173,9 @@ class FitRunDir:
     def earlier_epochs(self) -> list:
         """(epoch, logs) of each epoch metrics.jsonl records as ended (what a resumed call's History starts
         with)."""
-        path = self.run_dir / "metrics.jsonl"
-        if not self.writer or not path.is_file():
+        if not self.writer:
             return []
-        records = read_metrics(path)
+        records = self.log.read()
         skip = ("step", "epoch", "epoch_end")
         return [(r["epoch"] - 1, {k: v for k, v in r.items() if k not in skip}) for r in records if r.get("epoch_end")]
 
