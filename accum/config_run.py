@@ -4,7 +4,7 @@ It loads and checks the data, checks the output directory, fixes what is
 computed from the run's length (``Config.resolved``) and writes config.yaml,
 all before the first update, so bad input leaves nothing behind; starts or
 resumes (``_start``: k for subdivisions=auto, a resume on other replicas);
-hands the loop to trainer.Trainer; writes summary.json and weights.npz.
+hands the loop to run_hooks.RunHooks; writes summary.json and weights.npz.
 ``resume=True`` continues from the latest checkpoint with the same data
 order, reaching the weights an uninterrupted run would.
 """
@@ -34,10 +34,10 @@ from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak
 from .metrics_log import MetricsLog
 from .processes import announce_started, restarts
 from .progress import Progress
+from .run_hooks import RunHooks
 from .run_parts import Run
 from .rundir import check_output_dir, keep_model_file, kept_model, save_weights, write_json
 from .stopping import StopFlag
-from .trainer import Trainer
 
 
 def train(
@@ -104,7 +104,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
     announce_started()  # to a --workers supervisor: every worker has joined
 
     with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
-        step = Trainer(run, log, progress, guard, stop).train(step)
+        step = RunHooks(run, log, progress).train(step, guard, stop)
 
     summary = {
         **run.scores(),

@@ -1,5 +1,5 @@
 """metrics.jsonl, a run's record of every update and every epoch (one JSON object per line), and the same
-scalars for TensorBoard: the one writer of both doors (the CLI's trainer.py, accum_train.fit's output_dir).
+scalars for TensorBoard: the one writer of both doors (the CLI's run_hooks.py, accum_train.fit's output_dir).
 The one file appended to: a resumed run drops what follows its checkpoint
 (``MetricsLog.truncate_after``), and every write is flushed to disk before the checkpoint that counts it."""
 

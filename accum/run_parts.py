@@ -1,6 +1,6 @@
 """A run set up for training: its model (built-in, a keras_file on class labels, or a keras_file with a Keras
 loss) and objective, optimizer, accumulator, evaluation and checkpoint, built once before the first update and
-then driven by ``train``'s loop (config_run.py, trainer.py) or read back by ``reload.load_run``.
+then driven by the loop (loop.py, run_hooks.py) or read back by ``reload.load_run``.
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ from ..text import traced_error_line
 from ..threads import auto_parallel
 from ..update import LOSS_SCALE, local_replica_ids
 from .arguments import WHERE, check_model, check_numbers, compile_if_needed, memory_limit_of, order_seed, strategy_of
+from .fit_hooks import FitHooks, Limits
 from .history import FitHistory
 from .inputs import is_dataset, make_feed, split_validation, streamed_source, validation_feed
-from .loop import Limits, Loop
 from .padding import check_trim, trim_multiple
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -194,7 +194,7 @@ def fit(
         restore.callback(engine.release)
         say = print if verbose else (lambda line: None)
         limits = Limits(memory_limit=limit, max_bad_steps=max_bad_steps)
-        loop = Loop(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say, limits=limits)
+        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say, limits=limits)
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir

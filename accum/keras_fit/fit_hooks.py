@@ -24,12 +24,12 @@ from typing import NamedTuple
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from .. import keras_private
 from ..batching import Cut, largest_share, same_size
 from ..errors import Interrupted, too_many_bad_updates
 from ..feed import Planned, distribute, empty_like, endless
+from ..loop import Loop
 from ..memory import MemoryGuard
 from ..noise import NoiseScale
 
@@ -47,8 +47,8 @@ class Limits(NamedTuple):
     max_bad_steps: int | None = None
 
 
-class Loop:
-    """The epochs of one accum_train.fit call. ``engine`` (engine.Accumulator) trains, ``evaluation``
+class FitHooks:
+    """accum_train.fit's side of the loop (loop.Loop). ``engine`` (engine.Accumulator) trains, ``evaluation``
     (scoring.Evaluation) validates; ``feed``/``validation`` are inputs.Feed objects; ``cut`` how a batch
     becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
     ``limits`` (``Limits``) the memory limit and max_bad_steps; ``checkpoints`` (or None) keeps a run
@@ -70,10 +70,9 @@ class Loop:
             limit=limits and limits.memory_limit,
         )
         self.max_bad_steps = limits and limits.max_bad_steps
-        self.updates_done = 0  # by this call (a run directory counts the run's)
         self.noise = NoiseScale()
         self.checkpoints = self.stop = None
-        self.stream, self.ran_out = None, False
+        self.stream, self.ran_out_before = None, False
 
     @property
     def measures_noise(self) -> bool:
@@ -85,12 +84,12 @@ class Loop:
 
     def _open(self, epoch: int, first: int) -> None:
         """The stream of ``epoch``'s elements from its update ``first`` (``self.stream``)."""
-        self.stream = distribute(self.strategy, self.feed.dataset(epoch, first, self.cut, again=self.ran_out))
+        self.stream = distribute(self.strategy, self.feed.dataset(epoch, first, self.cut, again=self.ran_out_before))
 
     def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
         """Train from epoch ``start[0]``, update ``start[1]`` of it (a History among ``callbacks`` records it)."""
         model = self.model
-        callbacks = keras.callbacks.CallbackList(
+        self.callbacks = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
             add_progbar=verbose != 0,
@@ -99,89 +98,79 @@ class Loop:
             steps=self.feed.updates(initial_epoch),
             model=model,
         )
+        self.validation_freq, self.validation_steps = validation_freq, validation_steps
         model.stop_training = False
-        callbacks.on_train_begin()
+        self.callbacks.on_train_begin()
         initial_epoch = keras_private.initial_epoch(model, initial_epoch)
-        logs, training_logs = {}, None
+        self.logs, self.training_logs = {}, None
         first_epoch, first_update = start
-        for epoch in range(max(initial_epoch, first_epoch), epochs):
-            if self.ran_out and self.feed.once:  # a generator: read once, and it has ended
-                _ran_out()
-                break
-            resumed_mid_epoch = epoch == first_epoch and first_update > 0
-            if not resumed_mid_epoch:
-                model.reset_metrics()  # a resumed epoch keeps the metrics its checkpoint restored
-            callbacks.on_epoch_begin(epoch)
-            step = first_update if resumed_mid_epoch else 0
-            if not (self.feed.continues and self.stream is not None):
-                self._open(epoch, step)  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
-            updates = self.feed.updates(epoch)
-            while updates is None or step < updates:
-                callbacks.on_train_batch_begin(step)
-                out = self._update(epoch, step)
-                if float(out["examples"]) == 0:  # the data ended
-                    self.stream, self.ran_out = None, True
-                    if updates is not None:
-                        _ran_out()
-                    break
-                step += 1
-                self.updates_done += 1
-                logs = as_python(out["logs"])
-                noise = self.noise.add(out)
-                if self.measures_noise:
-                    logs["noise_scale"] = math.nan if noise is None else noise
-                callbacks.on_train_batch_end(step - 1, logs)
-                signalled = int(out["stop"])
-                if not signalled and self.stop is not None and self.engine.one_process:
-                    signalled = self.stop.signum  # no one to agree with: stop after the update in hand
-                # read only when asked for: one more value fetched from the device per update otherwise
-                bad = int(out["bad_updates_in_a_row"]) if self.max_bad_steps is not None else 0
-                stopped = self.max_bad_steps is not None and bad >= self.max_bad_steps
-                if self.checkpoints is not None:  # skipped updates changed nothing: this is the last good state
-                    self.checkpoints.after_update(epoch, step, out, logs, signalled or stopped)
-                if stopped:
-                    raise self._stop_for_bad_updates(bad)
-                if signalled:  # only with a run directory: it has just checkpointed this update
-                    raise Interrupted(signalled, self.checkpoints.run_dir, int(self.checkpoints.step.numpy()))
-                if model.stop_training:
-                    break
-            epoch_logs = dict(logs)
-            if self.validation is not None and _due(epoch, validation_freq):
-                val_logs = self.evaluate(callbacks, validation_steps)
-                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-            callbacks.on_epoch_end(epoch, epoch_logs)
-            training_logs = epoch_logs
-            if hasattr(self.feed, "end_of_epoch"):
-                self.feed.end_of_epoch()
-            if self.checkpoints is not None:
-                self.checkpoints.after_epoch(epoch, epoch_logs)
-            if model.stop_training:
-                break
+        begin = max(initial_epoch, first_epoch)
+        self.loop = Loop(self.engine, self.guard, self.noise, self.stop, self.max_bad_steps)
+        self.loop.run(self, begin, first_update if begin == first_epoch else 0, epochs)
         if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
             model.optimizer.finalize_variable_values(model.trainable_weights)
-        callbacks.on_train_end(logs=training_logs)
+        self.callbacks.on_train_end(logs=self.training_logs)
 
-    def _stop_for_bad_updates(self, bad: int):
+    @property
+    def stopping(self) -> bool:
+        return bool(self.model.stop_training)
+
+    def epoch_begin(self, epoch: int, resumed_at: int | None):
+        if self.ran_out_before and self.feed.once:  # a generator: read once, and it has ended
+            _ran_out()
+            return None
+        step = resumed_at or 0
+        if not step:
+            self.model.reset_metrics()  # a resumed epoch keeps the metrics its checkpoint restored
+        self.callbacks.on_epoch_begin(epoch)
+        if not (self.feed.continues and self.stream is not None):
+            self._open(epoch, step)  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
+        return Pulls(self, epoch), step, self.feed.updates(epoch)
+
+    def update_begin(self, pulls, step: int) -> None:
+        self.callbacks.on_train_batch_begin(step)
+
+    def update_end(self, epoch: int, step: int, out: dict, noise) -> None:
+        self.logs = logs = as_python(out["logs"])
+        if self.measures_noise:
+            logs["noise_scale"] = math.nan if noise is None else noise
+        self.callbacks.on_train_batch_end(step - 1, logs)
+
+    def after_update(self, epoch: int, step: int, out: dict, final: bool) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.after_update(epoch, step, out, self.logs, final)
+
+    def ran_out(self, end) -> None:
+        self.stream, self.ran_out_before = None, True
+        if end is not None:
+            _ran_out()
+
+    def failed(self, pulls, step: int, err) -> None:
+        pass  # model.fit's own error: the user's data or model
+
+    def epoch_end(self, epoch: int, step: int) -> None:
+        epoch_logs = dict(self.logs)
+        if self.validation is not None and _due(epoch, self.validation_freq):
+            val_logs = self.evaluate(self.callbacks, self.validation_steps)
+            epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
+        self.callbacks.on_epoch_end(epoch, epoch_logs)
+        self.training_logs = epoch_logs
+        if hasattr(self.feed, "end_of_epoch"):
+            self.feed.end_of_epoch()
+        if self.checkpoints is not None:
+            self.checkpoints.after_epoch(epoch, epoch_logs)
+
+    def too_many_bad(self, bad: int, updates_done: int):
         """max_bad_steps reached: with a run directory, its checkpoint (just saved) is the last good state."""
-        done = self.updates_done
-        resume = ""
+        done, resume = updates_done, ""
         if self.checkpoints is not None:
             done = int(self.checkpoints.step.numpy())
             resume = f"call accum_train.fit again with output_dir={str(self.checkpoints.run_dir)!r}"
         fix = "lower the optimizer's learning rate or compile it with an optimizer that clips (clipnorm)"
         return too_many_bad_updates(bad, self.max_bad_steps, done, fix, resume)
 
-    def _update(self, epoch: int, step: int) -> dict:
-        """Update ``step`` of ``epoch``: the accumulator's record, through the memory guard."""
-        stop = self.stop.signum if self.stop else 0
-        pulls = Pulls(self, epoch)
-        try:
-            if self.guard.needed:
-                return self.guard.update(pulls, step, stop)
-            stream, planned = pulls.at(step)
-            return self.engine.update_from(stream, planned.n, planned.pulls, stop, planned.size)
-        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit
-            raise self.guard.out_of_memory(step, err) from None
+    def interrupted(self, signum: int):  # only with a run directory: it has just checkpointed this update
+        return Interrupted(signum, self.checkpoints.run_dir, int(self.checkpoints.step.numpy()))
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""
@@ -208,7 +197,7 @@ class Pulls:
     epoch's stream, cut for the accumulator's k; a retry (``forget``) opens it again from the update and puts
     the metrics back as they were before it."""
 
-    def __init__(self, loop: Loop, epoch: int):
+    def __init__(self, loop: FitHooks, epoch: int):
         self.loop, self.epoch, self.saved = loop, epoch, None
 
     def at(self, step: int):
@@ -223,6 +212,11 @@ class Pulls:
         size = same_size(loop.feed.batch_length(self.epoch, step), k, loop.cut.replicas) if loop.feed.sizes else None
         return loop.stream, Planned(step, loop.nominal, loop.nominal, k, k, size)
 
+    def update(self, step: int, stop: int = 0) -> dict:
+        """Update ``step`` straight from the stream (no memory guard): the engine's record."""
+        stream, planned = self.at(step)
+        return self.loop.engine.update_from(stream, planned.n, planned.pulls, stop, planned.size)
+
     def pulled(self) -> None:
         pass
 
@@ -236,7 +230,7 @@ def _ran_out() -> None:
     warnings.warn(  # model.fit's words
         "Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
         "generate at least `steps_per_epoch * epochs` batches.",
-        stacklevel=3,
+        stacklevel=5,  # the line of keras_fit/fit.py that runs the loop, as before the loop was shared
     )
 
 
