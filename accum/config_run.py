@@ -30,7 +30,7 @@ from .data import (
 from .errors import Interrupted
 from .files import atomic_write
 from .lock import writing
-from .memory import MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
+from .memory import UNMEASURED, MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
 from .metrics_log import MetricsLog
 from .processes import announce_started, restarts
 from .progress import Progress
@@ -169,7 +169,9 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
         if not cfg.baseline:
             _adapt_to_replicas(run, progress, run.timeline.batch_size(step))
     else:
-        if cfg.auto_subdivisions and not cfg.baseline:
+        if cfg.auto_subdivisions and not cfg.baseline and cfg.memory_limit is None:
+            progress.message(UNMEASURED.format(name="subdivisions=auto", first="one micro-batch per replica"))
+        elif cfg.auto_subdivisions and not cfg.baseline:
             choose_subdivisions(
                 run.engine,
                 _first_examples(run),
@@ -260,7 +262,7 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
         return
     if cfg.micro_batch_size is not None:
         run.follow_batch(batch)
-    elif cfg.auto_subdivisions:
+    elif cfg.auto_subdivisions and cfg.memory_limit is not None:
         run.engine.set_subdivisions(1)
         choose_subdivisions(
             run.engine, _first_examples(run), batch, cfg.memory_limit, cfg.memory_limit_bytes, progress.message

@@ -2,11 +2,16 @@
 a run within memory.
 
 ``peak_during`` is the one probe: it runs a piece of work on the first batch
-(``data.first_batch``) and reads the allocator peak over it. ``subdivisions:
-auto`` probes one micro-step per candidate k before training
-(``choose_subdivisions``), and ``MemoryGuard`` probes the first update of a
-process before applying it, and adapts k during an auto run; bench reads the
-same peak over its timed updates.
+and reads the allocator peak over it. Automatic micro-batches (the CLI's
+``subdivisions: auto``, fit's ``micro_batch_size="auto"``) mean one thing in
+both doors: the fewest micro-batches per replica share, 1, 2, 4, ..., that
+fit. Under a memory limit one micro-step per candidate is measured before
+training (``choose_subdivisions``); during training, an update that runs out
+of memory, or whose first one peaks over the limit, is retried from the same
+data at twice the micro-batches (``MemoryGuard``). Without a limit only the
+device's running out of memory says what does not fit (``UNMEASURED``).
+``MemoryGuard`` also probes the first update of a process under a limit
+before applying it; bench reads the same peak over its timed updates.
 """
 
 from __future__ import annotations
@@ -61,10 +66,25 @@ def peak_during(work: Callable[[], tf.Tensor]):
     return result, allocator_peak_bytes()
 
 
+# Automatic micro-batches without a memory limit: said at the start, in both doors' words.
+UNMEASURED = (
+    "{name}: no memory_limit, so nothing is measured before training: the first update runs as {first}, and an "
+    "update that runs out of memory is retried at twice the micro-batches (a GPU reports running out; a CPU's memory "
+    "is the machine's: set memory_limit there)"
+)
+
+
 def choose_subdivisions(
-    engine, take: Callable, batch: int, memory_limit: str, limit_bytes: int, say: Callable[[str], None]
+    engine,
+    take: Callable,
+    batch: int,
+    memory_limit: str,
+    limit_bytes: int,
+    say: Callable[[str], None],
+    name: str = "subdivisions=auto",
 ) -> int:
-    """subdivisions=auto: the smallest k (1, 2, 4, ...) whose micro-step fits the limit.
+    """Automatic micro-batches (``name``: as the door calls them) under a memory limit: the smallest k (1, 2, 4,
+    ...) whose micro-step fits it.
 
     One micro-step (forward, backward, add to the cache) runs at each candidate
     micro-batch size of a replica's share of the batch; the cache and
@@ -85,7 +105,7 @@ def choose_subdivisions(
         x = y = None  # the probe's micro-batch goes before the next is made
         engine.reset()
         say(
-            f"subdivisions=auto: micro-batch of {micro} -> {mib_text(peak, 'out of memory')} "
+            f"{name}: micro-batch of {micro} -> {mib_text(peak, 'out of memory')} "
             f"(memory_limit={memory_limit}){'' if fits else ', too much'}"
         )
         if fits:
@@ -98,7 +118,7 @@ def choose_subdivisions(
         k = min(2 * k, share)
     agreed = engine.largest_over_workers(k)
     engine.set_subdivisions(agreed)
-    say(f"subdivisions=auto chose {agreed}" + ("" if agreed == k else f" (another worker needs it; {k} fits here)"))
+    say(f"{name} chose {agreed}" + ("" if agreed == k else f" (another worker needs it; {k} fits here)"))
     return agreed
 
 

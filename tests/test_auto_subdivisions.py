@@ -190,7 +190,17 @@ def oom_once(monkeypatch):
     return arm
 
 
-def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, oom_once):
+@pytest.mark.parametrize(
+    "limit, update",
+    [
+        # under memory_limit the first update is accumulated and measured before it is applied, without calling
+        # update_from(): the 5th update_from() call is update 6
+        (["memory_limit=4GiB"], 6),
+        ([], 5),  # nothing measured: k starts at 1 and only running out of memory doubles it (fit's policy too)
+    ],
+    ids=["memory_limit", "no-limit"],
+)
+def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, oom_once, limit, update):
     # SGD, 10 updates: the rounding of k=1 against k=2 stays far below what a batch lost or applied twice
     # moves (1e-2); Adam, or 47 updates, would amplify it past a fixed bound
     overrides = [
@@ -205,14 +215,19 @@ def test_out_of_memory_doubles_k_and_retries_the_same_batch(tmp_path, repo_root,
         load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=1"]), tmp_path / "ref"
     )
     oom_once()
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", "memory_limit=4GiB"])
+    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", *limit])
     messages = Messages()
     summary = train(cfg, tmp_path / "auto", progress=messages)
-    # under memory_limit the first update is accumulated and measured before it is applied, without
-    # calling update_from(): the 5th update_from() call is update 6
     assert (
-        "update 6 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2" in messages.lines
+        f"update {update} ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2"
+        in messages.lines
     )
+    unmeasured = (
+        "subdivisions=auto: no memory_limit, so nothing is measured before training: the first update runs as one "
+        "micro-batch per replica, and an update that runs out of memory is retried at twice the micro-batches (a "
+        "GPU reports running out; a CPU's memory is the machine's: set memory_limit there)"
+    )
+    assert (unmeasured in messages.lines) == (not limit)
     assert summary["subdivisions"] == 2 and summary["steps"] == reference["steps"] == 10
     a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-5  # nothing lost, nothing twice

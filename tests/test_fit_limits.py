@@ -2,16 +2,19 @@
 
 A run of non-finite updates stops at the one that reaches max_bad_steps, with the weights of the last good update
 (checkpointed with an output_dir); a memory_limit measures the first update before applying it, ends a fixed k's
-call over it and makes micro_batch_size="auto" retry at twice the micro-batches."""
+call over it, and micro_batch_size="auto" measures one micro-step per candidate before training, as the CLI's
+subdivisions: auto does."""
 
 import re
 
 import accum_train
+import accum_train.memory as memory_module
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
+from accum_train.engine import Accumulator
 from accum_train.errors import OutOfMemory, TrainingStopped
 from accum_train.metrics_log import read_metrics
 
@@ -98,17 +101,62 @@ def test_a_fixed_k_over_memory_limit_ends_the_call_before_anything_is_applied():
     assert max_difference(built.get_weights(), before) == 0.0
 
 
-def test_auto_retries_at_twice_the_micro_batches_until_one_example_each(capsys):
+MiB = 2**20
+
+
+@pytest.fixture()
+def fake_peak(monkeypatch):
+    """Allocator peak = 1 MiB per example of the last micro-step probed (as the CLI's tests force it)."""
+    peak = [0]
+    original = Accumulator.accumulate
+
+    def accumulate(self, x, y, n):
+        peak[0] = int(tf.nest.flatten(x)[0].shape[0]) * MiB
+        return original(self, x, y, n)
+
+    monkeypatch.setattr(Accumulator, "accumulate", accumulate)
+    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    return peak
+
+
+def test_auto_under_a_limit_measures_before_training_as_the_cli_does(capsys, fake_peak):
+    """One policy in both doors: one micro-step per candidate k (1, 2, 4, ...) is measured before the first
+    update, and training runs at the fewest micro-batches that fit; here micro-batches of 8 do not fit 5 MiB and
+    of 4 do, so k=2: the weights of subdivisions=2, exactly."""
+    probed, fixed = model(), model()
+    fit(probed, X, subdivisions=None, micro_batch_size="auto", memory_limit="5MiB", verbose=1)
+    fit(fixed, X, subdivisions=2)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith('micro_batch_size="auto"')]
+    assert said == [
+        'micro_batch_size="auto": micro-batch of 8 -> 8 MiB (memory_limit=5MiB), too much',
+        'micro_batch_size="auto": micro-batch of 4 -> 4 MiB (memory_limit=5MiB)',
+        'micro_batch_size="auto" chose 2',
+    ]
+    assert max_difference(probed.get_weights(), fixed.get_weights()) == 0.0
+
+
+def test_auto_under_a_limit_that_nothing_fits_ends_before_anything_is_applied(fake_peak):
     built = model()
     before = built.get_weights()
     with pytest.raises(OutOfMemory) as err:
-        fit(built, X, subdivisions=None, micro_batch_size="auto", memory_limit=1, verbose=1)
-    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("update 1")]
-    assert [line.split(": ")[-1] for line in said] == [
-        f"retrying the same batch with subdivisions={k}" for k in (2, 4, 8)
-    ]
-    assert str(err.value).endswith("even one example per micro-batch does not fit: use a smaller model")
+        fit(built, X, subdivisions=None, micro_batch_size="auto", memory_limit="512KiB")
+    assert str(err.value) == (
+        "even one example per micro-batch needs 1 MiB of TensorFlow memory, over memory_limit=512KiB: raise "
+        "memory_limit or use a smaller model"
+    )
     assert max_difference(built.get_weights(), before) == 0.0
+
+
+def test_auto_without_a_limit_says_it_measures_nothing_and_starts_at_one_micro_batch(capsys):
+    built, whole = model(), model()
+    fit(built, X, subdivisions=None, micro_batch_size="auto", verbose=1)
+    fit(whole, X, subdivisions=1)
+    assert (
+        'micro_batch_size="auto": no memory_limit, so nothing is measured before training: the first update runs as '
+        "one micro-batch per replica, and an update that runs out of memory is retried at twice the micro-batches "
+        "(a GPU reports running out; a CPU's memory is the machine's: set memory_limit there)"
+    ) in capsys.readouterr().out.splitlines()
+    assert max_difference(built.get_weights(), whole.get_weights()) == 0.0
 
 
 def test_a_limit_that_holds_changes_nothing():

@@ -131,15 +131,10 @@ def _check_rule_relations(cfg: Config, where) -> None:
 def check_relations(cfg: Config, source: str, overridden: set) -> None:
     where = _blamer(source, overridden)
 
-    if cfg.auto_subdivisions:
-        if cfg.memory_limit is None:
-            raise ConfigError(
-                f"{where('subdivisions', 'memory_limit')}: subdivisions=auto needs memory_limit "
-                f"(e.g. memory_limit: 2GiB) to know what fits"
-            )
-    elif cfg.whole_set:
-        pass  # the training set's size is known when the data are: Timeline checks k against it
-    elif cfg.subdivisions is not None and cfg.subdivisions > min(cfg.batch_sizes):
+    # auto is chosen as the run goes (memory.py); with batch_size: all, the training set's size is known when the
+    # data are, and Timeline checks k against it
+    fixed_k = not cfg.auto_subdivisions and not cfg.whole_set
+    if fixed_k and cfg.subdivisions is not None and cfg.subdivisions > min(cfg.batch_sizes):
         if cfg.batch_schedule and cfg.subdivisions <= cfg.batch_size:
             raise ConfigError(
                 f"{where('subdivisions', 'batch_schedule')}: subdivisions={cfg.subdivisions} cannot cut "

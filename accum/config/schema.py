@@ -47,8 +47,9 @@ class Config:
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         choices="auto",
-        help=f"micro-batches per update; sizes differ by at most one; auto: the fewest that fit in memory_limit; "
-        f"null: from micro_batch_size ({DEFAULT_SUBDIVISIONS} when neither is given)",
+        help=f"micro-batches per update; sizes differ by at most one; auto: the fewest that fit (measured under "
+        f"memory_limit; doubled when an update runs out of memory); null: from micro_batch_size "
+        f"({DEFAULT_SUBDIVISIONS} when neither is given)",
     )
     micro_batch_size: int | None = _spec(
         None,

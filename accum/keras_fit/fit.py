@@ -28,6 +28,7 @@ from ..engine import Accumulator
 from ..errors import UserError
 from ..keras_objective import KerasObjective
 from ..keras_private import all_layers, storage
+from ..memory import UNMEASURED, choose_subdivisions
 from ..models.containers import leaves
 from ..models.norm import pooled
 from ..scoring import Evaluation, KerasMetrics
@@ -80,9 +81,10 @@ def fit(
     the whole batch's, exactly, however it is split. Added, keyword-only:
 
     - ``subdivisions``: micro-batches per replica and update.
-    - ``micro_batch_size``: the fewest micro-batches that keep each within it instead; "auto" tries the whole
-      batch first, and an update that runs out of memory is retried from the same data at twice the
-      micro-batches. Neither: one pass per update.
+    - ``micro_batch_size``: the fewest micro-batches that keep each within it instead. "auto", as the CLI's
+      ``subdivisions: auto``: the fewest that fit, measured before training by one micro-step per candidate
+      (1, 2, 4, ...) under ``memory_limit``, else starting at one; an update that runs out of memory is retried
+      from the same data at twice the micro-batches. Neither: one pass per update.
     - ``trim_padding``: True orders each batch's sequences by length and cuts each micro-batch's time axis
       (axis 1 of x, and of y and sample weights that have it) after its longest sequence, rounded up to a
       multiple of 16 (an int: of that), so that micro-batches skip most of their padding. One replica; the
@@ -100,7 +102,8 @@ def fit(
       skipped for a non-finite loss or gradient; None (model.fit's way): never, each such update skipped.
     - ``memory_limit``: a size such as "2GiB": the first update is measured before it is applied, and one whose
       TensorFlow allocator peak is over it ends the call (``accum_train.errors.OutOfMemory``), or, with
-      ``micro_batch_size="auto"``, is retried at twice the micro-batches. None: no limit.
+      ``micro_batch_size="auto"`` (which measures under it first), is retried at twice the micro-batches. None: no
+      limit.
     - ``optimizer``, ``learning_rate``: for an uncompiled model only.
 
     Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
@@ -206,8 +209,13 @@ def fit(
                 FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say)
             )
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
-            if auto:  # a resume goes on at the micro-batches the run had come to
-                loop.cut = Cut(engine.k, replicas, cut.local)
+        fresh = checkpoints is None or checkpoints.start == (0, 0)  # a resume goes on at the k it had come to
+        if auto and fresh and limit is not None:
+            choose_subdivisions(engine, _first_examples(feed), nominal, limit[1], limit[0], say, AUTO)
+        elif auto and fresh:
+            say(UNMEASURED.format(name=AUTO, first="one micro-batch per replica"))
+        if auto:
+            loop.cut = Cut(engine.k, replicas, cut.local)
         history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
         loop.run(
             epochs=epochs,
@@ -231,6 +239,16 @@ def _eagerly():
         yield
     finally:
         tf.config.run_functions_eagerly(before)
+
+
+AUTO = 'micro_batch_size="auto"'  # what the lines of automatic micro-batches call them in fit
+
+
+def _first_examples(feed):
+    """``take(m)`` for memory.choose_subdivisions: the first batch's first m examples, as (x, y) (sample weights
+    are left out: the probe measures a micro-step's memory, not its loss)."""
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(feed.first_batch())
+    return lambda m: tf.nest.map_structure(lambda t: t[:m], (x, y))
 
 
 def _first_batch_size(feed) -> int:
