@@ -87,21 +87,26 @@ class Run:
             "bad_updates_in_a_row": self.engine.bad_updates_in_a_row,
             "skipped_updates": self.engine.skipped_updates,
         }
+        # What 0.1.0's checkpoints lack, saved always and restored where a checkpoint holds it: such a run resumes
+        # with the replica count it has now (0.1.0 resumed on the same replicas) and the noise scale afresh.
+        later = {}
         if not cfg.baseline:
             tracked["subdivisions"] = self.engine.subdivisions
             # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
             # (``adapt_subdivisions``).
             with in_scope.scope():
                 self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
-            tracked["replicas"] = self.saved_replicas
+            later = {"replicas": self.saved_replicas, **self.noise.variables()}
         if self.engine.dynamic:
             tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
-        if not cfg.baseline:
-            tracked.update(self.noise.variables())
         if self.rule_changes is not None:
             tracked["rule_changes"] = self.rule_changes
         self.checkpoints = Checkpoints(
-            tracked, self.run_dir / "checkpoints", cfg.checkpoint.keep, f"resume with --resume {self.run_dir}"
+            tracked,
+            self.run_dir / "checkpoints",
+            cfg.checkpoint.keep,
+            f"resume with --resume {self.run_dir}",
+            optional=later,
         )
 
     def _lay_out(self, grown: tuple) -> None:
