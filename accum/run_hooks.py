@@ -157,6 +157,6 @@ def broken_file(split, indices, err) -> None:
     """Raise the DataError that names the image file of ``indices`` behind ``err``, if it was one (an image folder
     whose file changed after the run's check); nothing otherwise."""
     if hasattr(split, "paths") and len(indices):
-        from .datasets.image_folder import _raise_first_bad
+        from .datasets.image_folder import raise_first_bad
 
-        _raise_first_bad(split.paths[indices], split.input_shape[2], err)
+        raise_first_bad(split.paths[indices], split.input_shape[2], err)

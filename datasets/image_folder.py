@@ -148,7 +148,7 @@ RESTORE_AND_RESUME = "it was fine when the run started: restore it, then resume 
 RESTORE_AND_RERUN = "it was fine when it was checked a moment before: restore it and run again"
 
 
-def _raise_first_bad(paths: np.ndarray, channels: int, err, fix: str = RESTORE_AND_RESUME):
+def raise_first_bad(paths: np.ndarray, channels: int, err, fix: str = RESTORE_AND_RESUME):
     """A batch failed during the run (or the decoding of a kept split): name the file that broke since the check."""
     for path in paths:
         what, _ = problem(path, channels)
@@ -337,7 +337,7 @@ class FileSplit:
             try:
                 chunk = next(iterator)[0].numpy()
             except tf.errors.OpError as err:
-                _raise_first_bad(self.paths[done : done + CHUNK], shape[2], err, RESTORE_AND_RERUN)
+                raise_first_bad(self.paths[done : done + CHUNK], shape[2], err, RESTORE_AND_RERUN)
             images[done : done + len(chunk)] = chunk
             done += len(chunk)
         return ArraySplit(images, self.labels)
@@ -387,6 +387,6 @@ class StreamedBatches:
             except tf.errors.OpError as err:
                 # the failed chunk may reach into the next batch
                 upcoming = self.split.paths[self.order[done : done + self.batch_size + CHUNK]]
-                _raise_first_bad(upcoming, self.split.input_shape[2], err)
+                raise_first_bad(upcoming, self.split.input_shape[2], err)
             done += int(y.shape[0])
             yield x, y
