@@ -165,3 +165,36 @@ def ends_in_softmax(model) -> bool:
         return _is_softmax(_output_layer(model))
     except (ValueError, AttributeError, IndexError):
         return False
+
+
+def schedule_of(batch_schedule, batch_size, epochs) -> tuple:
+    """``batch_schedule`` as ((0-based epoch, batch size), ...) from epoch 0, checked, the CLI key's form: a list of
+    {"epoch": E, "batch_size": B}, E 1-based and rising, the first at epoch 1 (it is ``batch_size``, which may be
+    left out; given, it must agree). () for None."""
+    if batch_schedule is None:
+        return ()
+    form = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
+    entries = list(batch_schedule) if isinstance(batch_schedule, (list, tuple)) else None
+    if not entries or any(not isinstance(e, dict) or set(e) != {"epoch", "batch_size"} for e in entries):
+        raise UserError(f"{WHERE}: batch_schedule={batch_schedule!r} must be a list such as {form}")
+    for entry in entries:
+        for key, value in entry.items():
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise UserError(f"{WHERE}: batch_schedule's {key}={value!r} must be an integer >= 1")
+    starts = [int(e["epoch"]) for e in entries]
+    if starts[0] != 1 or starts != sorted(set(starts)):
+        raise UserError(
+            f"{WHERE}: batch_schedule's epochs {starts} must start at 1 and rise (each entry's batch_size holds from "
+            f"its epoch on), such as {form}"
+        )
+    if starts[-1] > epochs:
+        raise UserError(
+            f"{WHERE}: batch_schedule starts batch_size={entries[-1]['batch_size']} at epoch {starts[-1]}, after the "
+            f"last epoch (epochs={epochs}): raise epochs or remove the entry"
+        )
+    if batch_size is not None and batch_size != entries[0]["batch_size"]:
+        raise UserError(
+            f"{WHERE}: batch_size={batch_size} and batch_schedule's first batch_size={entries[0]['batch_size']} "
+            f"disagree: leave batch_size out, or make them one"
+        )
+    return tuple((int(e["epoch"]) - 1, int(e["batch_size"])) for e in entries)

@@ -23,7 +23,9 @@ from .padding import cut_after, sequence_lengths
 class ArrayFeed:
     """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
 
-    def __init__(self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, trim=0):
+    def __init__(
+        self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, trim=0, schedule=()
+    ):
         data = tuple(part for part in (x, y, sample_weight) if part is not None)
         self.structure = (x is not None, y is not None, sample_weight is not None or class_weight is not None)
         arrays = _leaves_as_arrays(data, "x")
@@ -50,6 +52,8 @@ class ArrayFeed:
         self.stored = tf.nest.map_structure(lambda a: stored(a, copy=True), arrays)
         self.parallel_gather = tf.data.AUTOTUNE
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        # batch_schedule: ((0-based epoch, batch size), ...); each epoch is then one pass at the batch in force
+        self.schedule = tuple(schedule)
         self.batches_per_pass = math.ceil(self.examples / batch_size)
         self.steps_per_epoch = steps_per_epoch or self.batches_per_pass
         self.continues = False  # each epoch's elements follow from the epoch's index
@@ -97,23 +101,36 @@ class ArrayFeed:
             )
         return epoch_order(self.seed, p, self.examples, bool(self.shuffle))
 
+    def batch_size_of(self, epoch: int) -> int:
+        """The batch size in force in ``epoch`` (0-based): batch_schedule's, else ``batch_size``."""
+        return next((size for start, size in reversed(self.schedule) if start <= epoch), self.batch_size)
+
     def updates(self, epoch: int) -> int:
+        if self.schedule:
+            return math.ceil(self.examples / self.batch_size_of(epoch))
         return self.steps_per_epoch
 
     def batch_length(self, epoch: int, step: int) -> int:
         """The examples of update ``step`` of ``epoch`` (0-based): the batch size, less at the end of a pass."""
+        if self.schedule:
+            size = self.batch_size_of(epoch)
+            return min(size, self.examples - step * size)
         b = (epoch * self.steps_per_epoch + step) % self.batches_per_pass
         return min(self.batch_size, self.examples - b * self.batch_size)
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
         empty ones)."""
-        batches, orders = [], {}
-        for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
-            p, b = divmod(u, self.batches_per_pass)
-            if p not in orders:
-                orders[p] = self._pass_order(p)
-            batches.append(self.by_length(orders[p][b * self.batch_size : (b + 1) * self.batch_size]))
+        if self.schedule:  # the epoch is one pass, cut at the batch in force
+            size, order = self.batch_size_of(epoch), self._pass_order(epoch)
+            batches = [self.by_length(order[u * size : (u + 1) * size]) for u in range(first, self.updates(epoch))]
+        else:  # steps_per_epoch may end an epoch inside a pass, or run over into the next
+            batches, orders = [], {}
+            for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
+                p, b = divmod(u, self.batches_per_pass)
+                if p not in orders:
+                    orders[p] = self._pass_order(p)
+                batches.append(self.by_length(orders[p][b * self.batch_size : (b + 1) * self.batch_size]))
         offsets = np.concatenate([[0], np.cumsum([len(batch) for batch in batches], dtype=np.int64)])
         # each batch's elements, at its place in the epoch's order
         layout = lay_out((first + u, int(offsets[u]), cut.bounds(len(b))) for u, b in enumerate(batches))

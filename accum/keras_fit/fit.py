@@ -35,7 +35,16 @@ from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
 from ..threads import auto_parallel
 from ..update import LOSS_SCALE, local_replica_ids
-from .arguments import WHERE, check_model, check_numbers, compile_if_needed, memory_limit_of, order_seed, strategy_of
+from .arguments import (
+    WHERE,
+    check_model,
+    check_numbers,
+    compile_if_needed,
+    memory_limit_of,
+    order_seed,
+    schedule_of,
+    strategy_of,
+)
 from .fit_hooks import FitHooks, Limits
 from .history import FitHistory
 from .inputs import is_dataset, make_feed, split_validation, streamed_source, validation_feed
@@ -72,6 +81,7 @@ def fit(
     output_dir=None,
     max_bad_steps=None,
     memory_limit=None,
+    batch_schedule=None,
     optimizer=None,
     learning_rate=None,
 ):
@@ -104,6 +114,10 @@ def fit(
       TensorFlow allocator peak is over it ends the call (``accum_train.errors.OutOfMemory``), or, with
       ``micro_batch_size="auto"`` (which measures under it first), is retried at twice the micro-batches. None: no
       limit.
+    - ``batch_schedule``: batch sizes that change from epoch to epoch, as the CLI's key of that name: a list
+      such as ``[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]`` (1-based epochs, the first
+      ``batch_size``'s). Arrays only; each epoch is one pass at the batch in force, and ``micro_batch_size``
+      keeps the micro-batch (and the memory) as the batch grows. The optimizer's learning rate is as compiled.
     - ``optimizer``, ``learning_rate``: for an uncompiled model only.
 
     Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
@@ -112,6 +126,9 @@ def fit(
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     limit = memory_limit_of(memory_limit)
+    schedule = schedule_of(batch_schedule, batch_size, epochs)
+    if schedule:
+        batch_size = schedule[0][1]
     trim = trim_multiple(trim_padding, model, strategy)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
@@ -137,15 +154,22 @@ def fit(
         seed=seed,
         steps_per_epoch=steps_per_epoch,
         trim=trim,
+        schedule=schedule,
     )
     replicas = strategy.num_replicas_in_sync
     nominal = feed.batch_size if feed.batch_size is not None else _first_batch_size(feed)
-    if subdivisions is not None and feed.batch_size is not None and subdivisions > feed.batch_size:
+    smallest = min([size for _, size in schedule] or [feed.batch_size or 0])
+    if subdivisions is not None and feed.batch_size is not None and subdivisions > smallest:
         raise UserError(
-            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={feed.batch_size} "
+            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={smallest} "
             f"(a micro-batch holds at least one example)"
         )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
+    if auto and schedule:  # the CLI's refusal
+        raise UserError(
+            f"{WHERE}: batch_schedule needs micro_batch_size or a fixed subdivisions (auto measures one batch size): "
+            f"set micro_batch_size to what fits"
+        )
     if auto and feed.once:
         raise UserError(
             f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
@@ -198,6 +222,10 @@ def fit(
         say = print if verbose else (lambda line: None)
         limits = Limits(memory_limit=limit, max_bad_steps=max_bad_steps)
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say, limits=limits)
+        if schedule:  # k for each batch in force: subdivisions as given, or what keeps micro_batch_size
+            loop.k_for = lambda size: (
+                subdivisions or (k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else 1)
+            )
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir
@@ -205,6 +233,8 @@ def fit(
             described = dict(
                 batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
             )
+            if schedule:  # a directory of a call without one records no such key
+                described["batch_schedule"] = [[start + 1, size] for start, size in schedule]
             checkpoints = restore.enter_context(
                 FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say)
             )

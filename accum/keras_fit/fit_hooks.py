@@ -70,6 +70,7 @@ class FitHooks:
             limit=limits and limits.memory_limit,
         )
         self.max_bad_steps = limits and limits.max_bad_steps
+        self.k_for = None  # with batch_schedule: the micro-batches per share of each batch size in force
         self.noise = NoiseScale()
         self.checkpoints = self.stop = None
         self.stream, self.ran_out_before = None, False
@@ -122,10 +123,22 @@ class FitHooks:
         step = resumed_at or 0
         if not step:
             self.model.reset_metrics()  # a resumed epoch keeps the metrics its checkpoint restored
+        if self.k_for is not None:
+            self._follow_batch(self.feed.batch_size_of(epoch), self.feed.updates(epoch))
         self.callbacks.on_epoch_begin(epoch)
         if not (self.feed.continues and self.stream is not None):
             self._open(epoch, step)  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
         return Pulls(self, epoch), step, self.feed.updates(epoch)
+
+    def _follow_batch(self, size: int, updates: int) -> None:
+        """batch_schedule's batch ``size`` in force from this epoch (of ``updates`` updates): its k, its cut, the
+        most micro-batches the guard may reach, and the progress bar's count."""
+        k = self.k_for(size)
+        if k != self.engine.k:
+            self.engine.set_subdivisions(k)  # an input of the update's graph: no new trace
+        self.nominal, self.cut = size, Cut(k, self.cut.replicas, self.cut.local)
+        self.guard.largest = largest_share(size, self.cut.replicas)
+        self.callbacks.set_params({**self.callbacks.params, "steps": updates})
 
     def update_begin(self, pulls, step: int) -> None:
         self.callbacks.on_train_batch_begin(step)

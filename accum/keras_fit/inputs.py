@@ -46,9 +46,22 @@ def is_dataset(x) -> bool:
     return isinstance(x, tf.data.Dataset)
 
 
-def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0):
+def make_feed(
+    x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0, schedule=()
+):
     """The feed for ``x`` (and ``y``, ``sample_weight``) as model.fit takes them; bad input in one line.
-    ``trim``: cut each micro-batch's padding (trim_padding)."""
+    ``trim``: cut each micro-batch's padding (trim_padding); ``schedule``: batch_schedule's (arrays only)."""
+    if schedule and streamed_source(x):
+        raise UserError(
+            f"{WHERE}: batch_schedule cuts arrays into batches, and {name} is a {type(x).__name__} that gives its "
+            f"own: pass arrays, or call accum_train.fit once per batch size with initial_epoch"
+        )
+    if schedule and (steps_per_epoch is not None or shuffle == "batch"):
+        what = f"steps_per_epoch={steps_per_epoch}" if steps_per_epoch is not None else "shuffle='batch'"
+        raise UserError(
+            f"{WHERE}: batch_schedule makes each epoch one pass over the arrays at the batch in force, which "
+            f"{what} would change: leave {what.split('=')[0]} out"
+        )
     if isinstance(x, keras.utils.PyDataset):
         for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
             if value is not None:
@@ -95,6 +108,7 @@ def make_feed(x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, s
         seed=seed,
         steps_per_epoch=steps_per_epoch,
         trim=trim,
+        schedule=schedule,
     )
 
 

@@ -1,0 +1,156 @@
+"""accum_train.fit(batch_schedule=...): the CLI's key through fit's door. Each epoch is one pass over the arrays at the
+batch in force; the update is still the whole batch's, so the call ends where model.fit ends when it is called once per
+batch size with initial_epoch, and micro_batch_size keeps the micro-batch as the batch grows."""
+
+import accum_train
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from accum_train import UserError
+from accum_train.errors import Interrupted
+from accum_train.metrics_log import is_epoch_record, read_metrics
+from helpers import signal_after
+
+N = 48  # batches of 8: 6 updates an epoch; of 16: 3; of 20: 2 full and a short one of 8
+RNG = np.random.default_rng(11)
+X = RNG.random((N, 5), dtype=np.float32)
+Y = RNG.random((N, 1), dtype=np.float32)
+SCHEDULE = [{"epoch": 1, "batch_size": 8}, {"epoch": 3, "batch_size": 20}]
+EPOCHS = 4
+
+
+def model():
+    keras.utils.set_random_seed(5)
+    built = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(1)])
+    built.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return built
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b, strict=True))
+
+
+class UpdatesPerEpoch(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.counts, self.steps = [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.counts.append(0)
+        self.steps.append(self.params["steps"])  # what a progress bar counts to
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.counts[-1] += 1
+
+
+def scheduled(built, **keywords):
+    keywords = {"shuffle": False, "verbose": 0, "micro_batch_size": 4, "batch_schedule": SCHEDULE, **keywords}
+    return accum_train.fit(built, X, Y, epochs=EPOCHS, **keywords)
+
+
+@pytest.fixture(scope="module")
+def model_fit_per_batch_size():
+    """model.fit called once per batch size: epochs 1-2 at 8, then 3-4 at 20 (with initial_epoch)."""
+    built = model()
+    built.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    built.fit(X, Y, batch_size=20, epochs=EPOCHS, initial_epoch=2, shuffle=False, verbose=0)
+    return built.get_weights()
+
+
+def test_a_scheduled_batch_ends_where_model_fit_ends_at_each_batch_size(model_fit_per_batch_size):
+    built, counted = model(), UpdatesPerEpoch()
+    history = scheduled(built, callbacks=[counted])
+    assert max_difference(built.get_weights(), model_fit_per_batch_size) <= 1e-6
+    assert counted.counts == counted.steps == [6, 6, 3, 3]
+    assert len(history.history["loss"]) == EPOCHS
+
+
+def test_micro_batch_size_keeps_the_micro_batch_as_the_batch_grows(tmp_path):
+    """k follows the batch in force: 2 micro-batches of 4 at batch 8, then 5 at batch 20 (the engine's k, kept
+    in the checkpoint); the noise scale, which needs two micro-batches or more, is measured throughout."""
+    run_dir = tmp_path / "run"
+    history = scheduled(model(), output_dir=run_dir)
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    assert reader.get_tensor("subdivisions/.ATTRIBUTES/VARIABLE_VALUE") == 5
+    assert all(np.isfinite(history.history["noise_scale"][1:]))
+
+
+def test_a_run_stopped_after_the_batch_grew_resumes_to_the_uninterrupted_weights(tmp_path, model_fit_per_batch_size):
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        scheduled(model(), output_dir=run_dir, callbacks=[signal_after(14)])  # epoch 3's second update
+    resumed = model()
+    scheduled(resumed, output_dir=run_dir)
+    assert max_difference(resumed.get_weights(), model_fit_per_batch_size) <= 1e-6
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if not is_epoch_record(r)] == list(range(1, 19))
+    with pytest.raises(UserError) as err:
+        scheduled(model(), output_dir=run_dir, batch_schedule=[{"epoch": 1, "batch_size": 8}])
+    assert str(err.value) == (
+        f"accum_train.fit: output_dir {run_dir} was trained with batch_schedule=[[1, 8], [3, 20]], not [[1, 8]]: a "
+        f"resume continues the same batches; pass batch_schedule=[[1, 8], [3, 20]] or choose a new output_dir"
+    )
+
+
+FORM = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"batch_schedule": {1: 8}}, f"batch_schedule={{1: 8}} must be a list such as {FORM}"),
+        (
+            {"batch_schedule": [{"epoch": 1, "batch": 8}]},
+            f"batch_schedule=[{{'epoch': 1, 'batch': 8}}] must be a list such as {FORM}",
+        ),
+        ({"batch_schedule": [{"epoch": 1, "batch_size": 0}]}, "batch_schedule's batch_size=0 must be an integer >= 1"),
+        (
+            {"batch_schedule": [{"epoch": 2, "batch_size": 8}]},
+            "batch_schedule's epochs [2] must start at 1 and rise (each entry's batch_size holds from its epoch on), "
+            f"such as {FORM}",
+        ),
+        (
+            {"batch_schedule": [{"epoch": 1, "batch_size": 8}, {"epoch": 9, "batch_size": 16}]},
+            "batch_schedule starts batch_size=16 at epoch 9, after the last epoch (epochs=4): raise epochs or remove "
+            "the entry",
+        ),
+        (
+            {"batch_size": 16},
+            "batch_size=16 and batch_schedule's first batch_size=8 disagree: leave batch_size out, or make them one",
+        ),
+        (
+            {"steps_per_epoch": 3},
+            "batch_schedule makes each epoch one pass over the arrays at the batch in force, which steps_per_epoch=3 "
+            "would change: leave steps_per_epoch out",
+        ),
+        (
+            {"shuffle": "batch"},
+            "batch_schedule makes each epoch one pass over the arrays at the batch in force, which shuffle='batch' "
+            "would change: leave shuffle out",
+        ),
+        (
+            {"micro_batch_size": "auto"},
+            "batch_schedule needs micro_batch_size or a fixed subdivisions (auto measures one batch size): set "
+            "micro_batch_size to what fits",
+        ),
+        (
+            {"micro_batch_size": None, "subdivisions": 10},
+            "subdivisions=10 must be <= batch_size=8 (a micro-batch holds at least one example)",
+        ),
+    ],
+    ids=["dict", "key", "zero", "first-epoch", "after-last", "disagree", "steps", "shuffle-batch", "auto", "k"],
+)
+def test_bad_schedules_are_one_line(keywords, message):
+    with pytest.raises(UserError) as err:
+        scheduled(model(), **keywords)
+    assert str(err.value) == f"accum_train.fit: {message}"
+
+
+def test_a_dataset_gives_its_own_batches():
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y))
+    with pytest.raises(UserError) as err:
+        accum_train.fit(model(), dataset, batch_schedule=SCHEDULE, epochs=EPOCHS, verbose=0)
+    assert str(err.value) == (
+        "accum_train.fit: batch_schedule cuts arrays into batches, and x is a _TensorSliceDataset that gives its own: "
+        "pass arrays, or call accum_train.fit once per batch size with initial_epoch"
+    )
