@@ -171,3 +171,12 @@ def grown_batch(noise_scale: float | None, batch_size: int, micro_batch_size: in
         return batch_size
     rounded = max(1, round(noise_scale / micro_batch_size)) * micro_batch_size
     return max(batch_size, min(rounded, max_batch_size))
+
+
+def rule_said(noise_scale: float | None, before: int, after: int, next_epoch: int) -> str:
+    """What the rule's change at an epoch's end says, in both doors: the estimate, and the batch from ``next_epoch``
+    (1-based) on."""
+    shown = "none yet" if noise_scale is None else f"{noise_scale:.0f} examples"
+    if after == before:
+        return f"noise scale {shown}: batch_size stays {before}"
+    return f"noise scale {shown}: batch_size {before} -> {after} from epoch {next_epoch}"

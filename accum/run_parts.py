@@ -13,7 +13,7 @@ import tensorflow as tf
 from .checkpoints import Checkpoints, latest_intact
 from .config import Config
 from .engine import Accumulator
-from .noise import NoiseScale, grown_batch
+from .noise import NoiseScale, grown_batch, rule_said
 from .objective import as_data
 from .rundir import kept_model
 from .scoring import Scorer, eval_batch_size
@@ -132,17 +132,14 @@ class Run:
         before = self.timeline.phases[-1].batch_size
         noise = self.noise.value()
         after = grown_batch(noise, before, cfg.micro_batch_size, rule.max_batch_size)
-        shown = "none yet" if noise is None else f"{noise:.0f} examples"
+        said = rule_said(noise, before, after, epochs_done + 1)
         if after == before:
-            say(f"noise scale {shown}: batch_size stays {before}")
+            say(said)
             return
         self.rule_changes.assign(json.dumps([*map(list, self.grown), [epochs_done + 1, after]]))
         self._lay_out(self.grown)
         self._rate_for(after)
-        say(
-            f"noise scale {shown}: batch_size {before} -> {after} from epoch {epochs_done + 1} "
-            f"(k={self.k_for(after)}, learning rate x{self.rate_factor.numpy():.4g} of the configured one)"
-        )
+        say(f"{said} (k={self.k_for(after)}, learning rate x{self.rate_factor.numpy():.4g} of the configured one)")
 
     def _regrow(self, step: int) -> None:
         """After a restore: the timeline with the rule's restored changes, and the rate of the batch at ``step``."""

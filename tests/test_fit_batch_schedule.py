@@ -92,16 +92,83 @@ def test_a_run_stopped_after_the_batch_grew_resumes_to_the_uninterrupted_weights
     )
 
 
+RULE_SCHEDULE = {"rule": "noise_scale", "max_batch_size": 24}
+# what the rule decides on this data (micro-batches of 4): the estimate rounded to whole micro-batches, never smaller
+RULE_LINES = [
+    "noise scale 8 examples: batch_size stays 8",
+    "noise scale 11 examples: batch_size 8 -> 12 from epoch 3",
+    "noise scale 18 examples: batch_size 12 -> 16 from epoch 4",
+]
+
+
+def said_by_the_rule(capsys) -> list:
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("noise scale")]
+
+
+@pytest.fixture(scope="module")
+def model_fit_at_the_rule_s_sizes():
+    built = model()
+    for first, end, size in ((0, 2, 8), (2, 3, 12), (3, 4, 16)):
+        built.fit(X, Y, batch_size=size, epochs=end, initial_epoch=first, shuffle=False, verbose=0)
+    return built.get_weights()
+
+
+def test_the_noise_rule_grows_the_batch_and_each_epoch_is_model_fit_s_at_its_size(
+    capsys, model_fit_at_the_rule_s_sizes
+):
+    built = model()
+    scheduled(built, batch_size=8, batch_schedule=RULE_SCHEDULE, verbose=2)
+    assert said_by_the_rule(capsys) == RULE_LINES
+    assert max_difference(built.get_weights(), model_fit_at_the_rule_s_sizes) <= 1e-6
+
+
+def test_a_rule_run_stopped_after_a_change_resumes_with_it(tmp_path, capsys, model_fit_at_the_rule_s_sizes):
+    """The change at epoch 2's end is checkpointed: the call again goes on at 12 and decides only epoch 3's."""
+    run_dir = tmp_path / "run"
+    keywords = {"batch_size": 8, "batch_schedule": RULE_SCHEDULE, "verbose": 2, "output_dir": run_dir}
+    with pytest.raises(Interrupted):
+        scheduled(model(), callbacks=[signal_after(14)], **keywords)  # epoch 3's second update
+    assert said_by_the_rule(capsys) == RULE_LINES[:2]
+    resumed = model()
+    scheduled(resumed, **keywords)
+    assert said_by_the_rule(capsys) == RULE_LINES[2:]
+    assert max_difference(resumed.get_weights(), model_fit_at_the_rule_s_sizes) <= 1e-6
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    assert reader.get_tensor("rule_changes/.ATTRIBUTES/VARIABLE_VALUE") == b"[[3, 12], [4, 16]]"
+
+
 FORM = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
+RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
 
 
 @pytest.mark.parametrize(
     ("keywords", "message"),
     [
-        ({"batch_schedule": {1: 8}}, f"batch_schedule={{1: 8}} must be a list such as {FORM}"),
+        (
+            {"batch_schedule": {1: 8}},
+            f"batch_schedule={{1: 8}} must be a list such as {FORM}, or a rule such as {RULE}",
+        ),
         (
             {"batch_schedule": [{"epoch": 1, "batch": 8}]},
-            f"batch_schedule=[{{'epoch': 1, 'batch': 8}}] must be a list such as {FORM}",
+            f"batch_schedule=[{{'epoch': 1, 'batch': 8}}] must be a list such as {FORM}, or a rule such as {RULE}",
+        ),
+        (
+            {"batch_schedule": {"rule": "noise", "max_batch_size": 24}},
+            f"batch_schedule={{'rule': 'noise', 'max_batch_size': 24}} must be a rule such as {RULE} (every_epochs: 1)",
+        ),
+        (
+            {"batch_schedule": {"rule": "noise_scale", "max_batch_size": 24, "every_epochs": 4}, "batch_size": 8},
+            "batch_schedule every_epochs=4 leaves no epoch for the batch to change at (epochs=4): lower every_epochs "
+            "or raise epochs",
+        ),
+        (
+            {"batch_schedule": {"rule": "noise_scale", "max_batch_size": 24}, "micro_batch_size": None},
+            "batch_schedule's rule grows the batch in whole micro-batches: give micro_batch_size (what fits), not "
+            "subdivisions",
+        ),
+        (
+            {"batch_schedule": {"rule": "noise_scale", "max_batch_size": 6}},
+            "batch_schedule's max_batch_size=6 is below batch_size=32, where the rule starts: raise max_batch_size",
         ),
         ({"batch_schedule": [{"epoch": 1, "batch_size": 0}]}, "batch_schedule's batch_size=0 must be an integer >= 1"),
         (
@@ -138,7 +205,22 @@ FORM = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
             "subdivisions=10 must be <= batch_size=8 (a micro-batch holds at least one example)",
         ),
     ],
-    ids=["dict", "key", "zero", "first-epoch", "after-last", "disagree", "steps", "shuffle-batch", "auto", "k"],
+    ids=[
+        "dict",
+        "key",
+        "rule",
+        "every",
+        "rule-k",
+        "rule-max",
+        "zero",
+        "first-epoch",
+        "after-last",
+        "disagree",
+        "steps",
+        "shuffle-batch",
+        "auto",
+        "k",
+    ],
 )
 def test_bad_schedules_are_one_line(keywords, message):
     with pytest.raises(UserError) as err:

@@ -5,6 +5,7 @@ model's loss and optimizer (the config's defaults, config/sections.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -167,20 +168,32 @@ def ends_in_softmax(model) -> bool:
         return False
 
 
-def schedule_of(batch_schedule, batch_size, epochs) -> tuple:
-    """``batch_schedule`` as ((0-based epoch, batch size), ...) from epoch 0, checked, the CLI key's form: a list of
-    {"epoch": E, "batch_size": B}, E 1-based and rising, the first at epoch 1 (it is ``batch_size``, which may be
-    left out; given, it must agree). () for None."""
+class Rule(NamedTuple):
+    """batch_schedule's rule noise_scale: the batch grows to the measured noise scale at every ``every_epochs``-th
+    epoch's end, in whole micro-batches, up to ``max_batch_size`` (noise.grown_batch)."""
+
+    max_batch_size: int
+    every_epochs: int = 1
+
+
+def schedule_of(batch_schedule, batch_size, epochs, micro_batch_size) -> tuple:
+    """(schedule, rule): ``batch_schedule`` as ((0-based epoch, batch size), ...) from epoch 0, checked, and its
+    ``Rule`` or None. The CLI key's forms: a list of {"epoch": E, "batch_size": B}, E 1-based and rising, the first
+    at epoch 1 (it is ``batch_size``, which may be left out; given, it must agree); or {"rule": "noise_scale",
+    "max_batch_size": M, "every_epochs": 1} from ``batch_size`` on. ((), None) for None."""
     if batch_schedule is None:
-        return ()
+        return (), None
+    if isinstance(batch_schedule, dict) and "rule" in batch_schedule:
+        return _rule_of(batch_schedule, batch_size, epochs, micro_batch_size)
     form = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
     entries = list(batch_schedule) if isinstance(batch_schedule, (list, tuple)) else None
     if not entries or any(not isinstance(e, dict) or set(e) != {"epoch", "batch_size"} for e in entries):
-        raise UserError(f"{WHERE}: batch_schedule={batch_schedule!r} must be a list such as {form}")
+        raise UserError(
+            f"{WHERE}: batch_schedule={batch_schedule!r} must be a list such as {form}, or a rule such as {RULE_FORM}"
+        )
     for entry in entries:
         for key, value in entry.items():
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise UserError(f"{WHERE}: batch_schedule's {key}={value!r} must be an integer >= 1")
+            _positive(f"batch_schedule's {key}", value)
     starts = [int(e["epoch"]) for e in entries]
     if starts[0] != 1 or starts != sorted(set(starts)):
         raise UserError(
@@ -197,4 +210,39 @@ def schedule_of(batch_schedule, batch_size, epochs) -> tuple:
             f"{WHERE}: batch_size={batch_size} and batch_schedule's first batch_size={entries[0]['batch_size']} "
             f"disagree: leave batch_size out, or make them one"
         )
-    return tuple((int(e["epoch"]) - 1, int(e["batch_size"])) for e in entries)
+    return tuple((int(e["epoch"]) - 1, int(e["batch_size"])) for e in entries), None
+
+
+RULE_FORM = '{"rule": "noise_scale", "max_batch_size": 4096}'
+
+
+def _rule_of(given: dict, batch_size, epochs, micro_batch_size) -> tuple:
+    """The noise-scale rule's (schedule from ``batch_size``, Rule), checked as the CLI checks its key."""
+    unknown = set(given) - {"rule", "max_batch_size", "every_epochs"}
+    if given["rule"] != "noise_scale" or unknown or "max_batch_size" not in given:
+        raise UserError(f"{WHERE}: batch_schedule={given!r} must be a rule such as {RULE_FORM} (every_epochs: 1)")
+    rule = Rule(given["max_batch_size"], given.get("every_epochs", 1))
+    for name, value in rule._asdict().items():
+        _positive(f"batch_schedule's {name}", value)
+    if not isinstance(micro_batch_size, (int, np.integer)) or isinstance(micro_batch_size, bool):
+        raise UserError(
+            f"{WHERE}: batch_schedule's rule grows the batch in whole micro-batches: give micro_batch_size "
+            f"(what fits), not {'subdivisions' if micro_batch_size is None else repr(micro_batch_size)}"
+        )
+    first = 32 if batch_size is None else batch_size  # model.fit's default for arrays
+    if rule.max_batch_size < first:
+        raise UserError(
+            f"{WHERE}: batch_schedule's max_batch_size={rule.max_batch_size} is below batch_size={first}, where the "
+            f"rule starts: raise max_batch_size"
+        )
+    if rule.every_epochs >= epochs:
+        raise UserError(
+            f"{WHERE}: batch_schedule every_epochs={rule.every_epochs} leaves no epoch for the batch to change at "
+            f"(epochs={epochs}): lower every_epochs or raise epochs"
+        )
+    return ((0, first),), rule
+
+
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")

@@ -117,7 +117,9 @@ def fit(
     - ``batch_schedule``: batch sizes that change from epoch to epoch, as the CLI's key of that name: a list
       such as ``[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]`` (1-based epochs, the first
       ``batch_size``'s). Arrays only; each epoch is one pass at the batch in force, and ``micro_batch_size``
-      keeps the micro-batch (and the memory) as the batch grows. The optimizer's learning rate is as compiled.
+      keeps the micro-batch (and the memory) as the batch grows; or the rule ``{"rule": "noise_scale",
+      "max_batch_size": 4096}``, which grows the batch at epoch ends to the measured noise scale in whole
+      micro-batches (``micro_batch_size`` needed). The optimizer's learning rate is as compiled.
     - ``optimizer``, ``learning_rate``: for an uncompiled model only.
 
     Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
@@ -126,7 +128,7 @@ def fit(
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     limit = memory_limit_of(memory_limit)
-    schedule = schedule_of(batch_schedule, batch_size, epochs)
+    schedule, rule = schedule_of(batch_schedule, batch_size, epochs, micro_batch_size)
     if schedule:
         batch_size = schedule[0][1]
     trim = trim_multiple(trim_padding, model, strategy)
@@ -226,6 +228,7 @@ def fit(
             loop.k_for = lambda size: (
                 subdivisions or (k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else 1)
             )
+            loop.rule, loop.micro_batch_size = rule, micro_batch_size
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir
@@ -234,10 +237,11 @@ def fit(
                 batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
             )
             if schedule:  # a directory of a call without one records no such key
-                described["batch_schedule"] = [[start + 1, size] for start, size in schedule]
+                described["batch_schedule"] = rule._asdict() if rule else [[e + 1, size] for e, size in schedule]
             checkpoints = restore.enter_context(
-                FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say)
+                FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
             )
+            loop.follow_restored_rule()
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
         fresh = checkpoints is None or checkpoints.start == (0, 0)  # a resume goes on at the k it had come to
         if auto and fresh and limit is not None:

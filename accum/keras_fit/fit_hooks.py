@@ -18,12 +18,14 @@ micro-batches, nothing of it applied and the metrics put back as they were.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from typing import NamedTuple
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from .. import keras_private
 from ..batching import Cut, largest_share, same_size
@@ -31,7 +33,7 @@ from ..errors import Interrupted, too_many_bad_updates
 from ..feed import Planned, distribute, empty_like, endless
 from ..loop import Loop
 from ..memory import MemoryGuard
-from ..noise import NoiseScale
+from ..noise import NoiseScale, grown_batch, rule_said
 
 
 def as_python(logs: dict) -> dict:
@@ -71,6 +73,10 @@ class FitHooks:
         )
         self.max_bad_steps = limits and limits.max_bad_steps
         self.k_for = None  # with batch_schedule: the micro-batches per share of each batch size in force
+        # batch_schedule's noise-scale rule (arguments.Rule) and its changes so far, checkpointed as JSON
+        # [[1-based epoch, batch size], ...] (the CLI's form)
+        self.rule, self.micro_batch_size, self.say = None, None, say
+        self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
         self.noise = NoiseScale()
         self.checkpoints = self.stop = None
         self.stream, self.ran_out_before = None, False
@@ -99,7 +105,7 @@ class FitHooks:
             steps=self.feed.updates(initial_epoch),
             model=model,
         )
-        self.validation_freq, self.validation_steps = validation_freq, validation_steps
+        self.validation_freq, self.validation_steps, self.epochs = validation_freq, validation_steps, epochs
         model.stop_training = False
         self.callbacks.on_train_begin()
         initial_epoch = keras_private.initial_epoch(model, initial_epoch)
@@ -140,6 +146,31 @@ class FitHooks:
         self.guard.largest = largest_share(size, self.cut.replicas)
         self.callbacks.set_params({**self.callbacks.params, "steps": updates})
 
+    @property
+    def rule_tracked(self) -> dict:
+        """What a run directory checkpoints for the rule (nothing without one)."""
+        return {"rule_changes": self.rule_changes} if self.rule else {}
+
+    def follow_restored_rule(self) -> None:
+        """After a restore: the batches the rule had grown to, from its checkpointed changes."""
+        if self.rule:
+            changes = json.loads(self.rule_changes.numpy().decode())
+            self.feed.schedule = self.feed.schedule[:1] + tuple((epoch - 1, size) for epoch, size in changes)
+
+    def _follow_noise(self, epoch: int) -> None:
+        """The rule at the end of ``epoch`` (0-based): the batch of the epochs after it, from the noise scale
+        measured so far, before the epoch's checkpoint keeps the change (the CLI's run_parts.Run.follow_noise)."""
+        done = epoch + 1
+        if not self.rule or done % self.rule.every_epochs or done >= self.epochs:
+            return
+        before = self.feed.batch_size_of(done)
+        noise = self.noise.value()
+        after = grown_batch(noise, before, self.micro_batch_size, self.rule.max_batch_size)
+        if after != before:
+            self.feed.schedule += ((done, after),)
+            self.rule_changes.assign(json.dumps([[e + 1, size] for e, size in self.feed.schedule[1:]]))
+        self.say(rule_said(noise, before, after, done + 1))
+
     def update_begin(self, pulls, step: int) -> None:
         self.callbacks.on_train_batch_begin(step)
 
@@ -170,6 +201,7 @@ class FitHooks:
         self.training_logs = epoch_logs
         if hasattr(self.feed, "end_of_epoch"):
             self.feed.end_of_epoch()
+        self._follow_noise(epoch)
         if self.checkpoints is not None:
             self.checkpoints.after_epoch(epoch, epoch_logs)
 

@@ -93,11 +93,12 @@ class FitRunDir:
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, run_dir: Path, model, engine, noise, described: dict, say=print):
+    def open(cls, run_dir: Path, model, engine, noise, described: dict, say=print, extra=None):
         """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
         out save the model and summary.json (or, on an exception, leave the last checkpoint as it is).
-        ``noise``: the run's noise.NoiseScale, checkpointed with it."""
+        ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by name)."""
         run = cls(run_dir, model, engine, noise, engine.strategy)
+        run.tracked.update(extra or {})
         with contextlib.ExitStack() as held:
             if not run.writer:  # another worker: its checkpoints go to a scratch folder, removed at the end
                 scratch = held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-"))
