@@ -32,6 +32,7 @@ CLI = [sys.executable, "-m", "accum_train.cli.main", "run"]
 # worker_timeout_s for the fault cases: it covers TensorFlow's import, the data, the join and the first
 # checkpoint of every worker, on a shared 2-core machine (15 s left a healthy start little margin there)
 WORKER_TIMEOUT_S = 45
+HANG_TIMEOUT_S = 15
 HERE = Path(__file__).parent
 # 200 examples / batch 64: three updates and a short one of 8; 3 micro-batches per replica are ragged.
 SMALL = [
@@ -227,8 +228,16 @@ def single_baseline(tmp_path_factory, repo_root):
     return out
 
 
-@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+# Both optimizers on mirrored replicas, SGD on local workers: the cluster's path is the optimizer's whatever it is
+# (each worker test runs alone in the slow suite)
+BOTH_THEN_SGD_ON_WORKERS = [
+    ("mirrored", "sgd"),
+    ("mirrored", "adam"),
+    pytest.param("workers", "sgd", marks=pytest.mark.workers),
+]
+
+
+@pytest.mark.parametrize(("where", "optimizer"), BOTH_THEN_SGD_ON_WORKERS)
 def test_baseline_across_replicas_equals_the_baseline_and_the_subdivided_run_on_one_device(
     tmp_path, repo_root, single_baseline, where, optimizer
 ):
@@ -370,8 +379,7 @@ def distributed(where, args, output_dir, env=None):
     )
 
 
-@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize(("where", "optimizer"), BOTH_THEN_SGD_ON_WORKERS)
 def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_micro_batches(
     tmp_path, repo_root, single_bn, where, optimizer
 ):
@@ -547,19 +555,25 @@ def test_one_gradient_all_reduce_per_update(k):
 
 
 @pytest.mark.parametrize(
-    "fault, message",
+    "fault, timeout_s, message",
     [
+        # a peer that never joins: what is waited for is the deadline itself, so a short one
         (
             "hang",
-            f"error: training did not start within {WORKER_TIMEOUT_S} s: worker 0 was still waiting for its peers; "
+            HANG_TIMEOUT_S,
+            f"error: training did not start within {HANG_TIMEOUT_S} s: worker 0 was still waiting for its peers; "
             "stopped all 2 workers "
             "(the last checkpoint stays readable)",
         ),
-        ("die:3", "error: worker 1 was killed by SIGKILL; stopped all 2 workers (the last checkpoint stays readable)"),
+        (
+            "die:3",
+            WORKER_TIMEOUT_S,
+            "error: worker 1 was killed by SIGKILL; stopped all 2 workers (the last checkpoint stays readable)",
+        ),
     ],
 )
 @pytest.mark.workers
-def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, message):
+def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, timeout_s, message):
     d = tmp_path / "run"
     started = time.monotonic()
     done = subprocess.run(
@@ -573,7 +587,7 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, 
                 str(d),
                 *SMALL,
                 "--set",
-                f"strategy.worker_timeout_s={WORKER_TIMEOUT_S}",
+                f"strategy.worker_timeout_s={timeout_s}",
                 "--workers",
                 "2",
             ]
@@ -585,7 +599,7 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path, repo_root, fault, 
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == message
-    assert time.monotonic() - started < WORKER_TIMEOUT_S + 120  # bounded: nothing hangs
+    assert time.monotonic() - started < timeout_s + 120  # bounded: nothing hangs
     if fault.startswith("die"):
         latest = tf.train.latest_checkpoint(str(d / "checkpoints"))
         assert latest is not None
@@ -637,8 +651,11 @@ def test_kill_one_worker_then_resume_reaches_the_uninterrupted_weights(tmp_path,
     assert steps == list(range(1, 9))  # every update once, written by the chief
 
 
-@pytest.mark.parametrize("baseline", ["false", "true"])
-@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
+# the baseline on workers is test_baseline_across_replicas'
+@pytest.mark.parametrize(
+    ("where", "baseline"),
+    [("mirrored", "false"), ("mirrored", "true"), pytest.param("workers", "false", marks=pytest.mark.workers)],
+)
 def test_one_graph_call_per_update_under_a_strategy(tmp_path, repo_root, where, baseline):
     """As on one device (test_loop): Python enters TensorFlow's graphs once per update, evaluation and
     checkpoints aside; under multi-worker the update's graph holds one collective all-reduce. The same

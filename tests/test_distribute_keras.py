@@ -155,9 +155,15 @@ def across_replicas(files, repo_root, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("where", ["mirrored", pytest.param("workers", marks=pytest.mark.workers)])
-@pytest.mark.parametrize("model", ["bn_free", "batchnorm"])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+# Every model and optimizer on mirrored replicas; two of the four on local workers, which take the same path through
+# a cluster (each worker test runs alone in the slow suite: a few combinations cover it)
+ACROSS = [("mirrored", m, o) for o in ("sgd", "adam") for m in ("bn_free", "batchnorm")] + [
+    pytest.param("workers", "batchnorm", "sgd", marks=pytest.mark.workers),
+    pytest.param("workers", "bn_free", "adam", marks=pytest.mark.workers),
+]
+
+
+@pytest.mark.parametrize(("where", "model", "optimizer"), ACROSS)
 def test_keras_file_across_replicas_equals_one_device_with_twice_the_micro_batches(
     one_device, across_replicas, files, where, model, optimizer
 ):

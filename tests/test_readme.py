@@ -392,6 +392,7 @@ SMOKE_WORDS = {  # option: the value it is run with
     "--mem-k": "2",
     "--updates": "2",
 }
+SMOKE_LISTS = {"--subdivisions": 2}  # option: how many of its comma-separated values are run (bench's, one per k)
 SMOKE_ADDED = {  # a script's smoke options that the page leaves at their defaults
     "scripts/make_own_data.py": ["--train", "640", "--test", "200"],
     "benchmarks/peers.py": ["--rounds", "1", "--mem-batch", "256", "--mem-k", "2", "--k", "2", "--updates", "2"],
@@ -417,6 +418,7 @@ def documented_commands(repo_root):
 def smoke_size(words: list) -> list:
     """The command's words with its size cut down (SMOKE_*), nothing else changed."""
     out = [SMOKE_WORDS.get(before, word) if i else word for i, (before, word) in enumerate(zip(["", *words], words))]
+    out = [",".join(w.split(",")[: SMOKE_LISTS[b]]) if b in SMOKE_LISTS else w for b, w in zip(["", *out], out)]
     if words[0] == "accum-train" and words[1] in ("run", "compare", "plan", "bench") and "--resume" not in words:
         sets = SMOKE_SETS + (SMOKE_FASHION if words[2] in FASHION_CONFIGS else [])
         out += [part for value in sets for part in ("--set", value)]
@@ -483,6 +485,12 @@ def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_pa
             "accum-train bench configs/fmnist.yaml --subdivisions 1,8 --rounds 1 --set epochs=1 --set "
             "data.train_limit=1000 --set data.test_limit=200 --set model.width=0.0625 --set data.validation=0 "
             "--steps 2",
+        ),
+        (
+            "accum-train bench configs/fmnist.yaml --subdivisions 1,2,4,8,16 --steps 10",
+            "accum-train bench configs/fmnist.yaml --subdivisions 1,2 --steps 2 --set epochs=1 --set "
+            "data.train_limit=1000 --set data.test_limit=200 --set model.width=0.0625 --set data.validation=0 "
+            "--rounds 1",
         ),
         ("accum-train run --resume runs/x", "accum-train run --resume runs/x"),
         (
