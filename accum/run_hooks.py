@@ -70,22 +70,29 @@ class RunHooks:
         self.planned = reader.at(step)[1]
 
     def update_end(self, epoch: int, step: int, out: dict, noise) -> None:
-        """The update's record, buffered."""
-        run, state, planned = self.run, self.state, self.planned
+        """The update's record, buffered, and written with those before it where due: every ``log_every`` updates,
+        at the epoch's end and before a checkpoint (the progress report comes with each write)."""
+        run, cfg, state, planned = self.run, self.run.cfg, self.state, self.planned
         state.step = self.step = step
         state.examples += planned.n
         state.micro_done += planned.pulls
         state.pending.append((step, planned.n, {**out, "noise_scale": noise}, planned.batch_size, run.subdivisions))
+        # a stop every process agreed on (a signal, max_bad_steps) is checkpointed after this update
+        stopping = int(out["stop"]) or int(out["bad_updates_in_a_row"]) >= cfg.max_bad_steps
+        if len(state.pending) >= cfg.log_every or step == state.end or self._checkpoint_due(step) or stopping:
+            self._flush(state)
 
     def after_update(self, epoch: int, step: int, out: dict, final: bool) -> None:
-        """The records flushed, and the checkpoint, where due (``final``: the run stops after this update)."""
-        run, cfg, state = self.run, self.run.cfg, self.state
-        end_of_epoch = step == state.end
-        checkpoint_due = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
-        if len(state.pending) >= cfg.log_every or end_of_epoch or checkpoint_due or final:
-            self._flush(state)
-        if final or (checkpoint_due and not end_of_epoch):
-            run.save_checkpoint(step)
+        """The checkpoint, where due (``final``: the run stops after this update), after the records it counts."""
+        due = self._checkpoint_due(step)
+        if final:
+            self._flush(self.state)  # a signal to this process alone, heard after the write above
+        if final or (due and step != self.state.end):  # the epoch's end checkpoints in epoch_end
+            self.run.save_checkpoint(step)
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.run.cfg.checkpoint.every_steps
+        return bool(every) and step % every == 0
 
     def ran_out(self, end) -> None:  # the run's feed lays out every update: only a bug gets here
         raise AssertionError(f"the run's feed ended before update {end}")
