@@ -191,6 +191,8 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
         progress.message("batch_schedule: " + describe_phases(run))
     if cfg.baseline or k * run.replicas < 2:
         progress.message(NO_NOISE_SCALE)
+    elif cfg.data.trim_padding is not None:
+        progress.message(TRIMMED_NOISE_SCALE)
     if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         progress.message(
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
@@ -212,6 +214,10 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
 
 # Said once when no update can measure the gradient noise scale (noise.py); metrics.jsonl then holds null.
 NO_NOISE_SCALE = "noise_scale: none (each update is one micro-batch; the estimate needs two or more: subdivisions >= 2)"
+TRIMMED_NOISE_SCALE = (
+    "noise_scale: none (data.trim_padding orders each batch by length; the estimate needs micro-batches drawn at "
+    "random)"
+)
 
 # A run directory's record of its starts and resumes, one JSON line each (appended; informational).
 HISTORY = "history.jsonl"

@@ -191,20 +191,27 @@ class Feed:
 
     def __init__(self, split, order, epoch: int, segments, k_for, strategy, replica_ids):
         replicas = strategy.num_replicas_in_sync
+        if hasattr(split, "by_length"):  # trim_padding: each batch's examples longest first (trim.Held)
+            order = np.array(order, copy=True)
+            for segment in segments:
+                for first in range(segment.start, segment.end, segment.batch_size):
+                    end = min(first + segment.batch_size, segment.end)
+                    order[first:end] = split.by_length(order[first:end])
+        self.order = order
         self.stream = getattr(split, "streamed", False)
         self.layout = plan(segments, k_for, replicas, replica_ids, chunk_first=self.stream)
         self.updates = self.layout.updates
         elements = streamed(split, epoch, self.layout) if self.stream else gathered(split, order, self.layout)
         self.iterator = distribute(strategy, endless(elements.prefetch(1)))
 
-    def indices(self, order, update: int) -> np.ndarray:
+    def indices(self, update: int) -> np.ndarray:
         """The split's indices of this process's examples of ``updates[update]`` (what a file error is
         looked for in)."""
         step = self.updates[update].step
         mine = self.layout.where[:, 0] == step
         parts = [np.arange(a, b) for a, b in zip(self.layout.starts[mine], self.layout.ends[mine])]
         picked = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        return np.asarray(order)[picked] if order is not None else picked
+        return np.asarray(self.order)[picked] if self.order is not None else picked
 
 
 class Reader:
@@ -225,10 +232,9 @@ class Reader:
         if planned is None or planned.step != step or planned.k != run.k_for(planned.batch_size):
             cfg, engine = run.cfg, run.engine
             epoch = run.timeline.epoch_of(step)
-            self.order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
             self.feed = Feed(
                 run.data.train,
-                self.order,
+                epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle),
                 epoch,
                 run.timeline.rest_of_epoch(step),
                 run.k_for,
@@ -263,4 +269,4 @@ class Reader:
         if self.feed is None or self.feed.stream:
             return np.zeros(0, np.int64)
         mine = [u for u, planned in enumerate(self.feed.updates) if planned.step in (step, step + 1)]
-        return np.concatenate([self.feed.indices(self.order, u) for u in mine]) if mine else np.zeros(0, np.int64)
+        return np.concatenate([self.feed.indices(u) for u in mine]) if mine else np.zeros(0, np.int64)

@@ -98,7 +98,8 @@ def one_update(squares: float, inverses: float, count: float, batch_squared: flo
 class NoiseScale:
     """The running estimate: exponential averages of S_hat and G2_hat (tf.Variables, checkpointed)."""
 
-    def __init__(self):
+    def __init__(self, measured: bool = True):
+        self.measured = measured  # False: every update's estimate is left out (None)
         # float64: thousands of updates add into them; outside any strategy's scope, as the run's step is (every
         # worker computes the same values from the same all-reduced sums)
         self.trace = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="noise_trace")
@@ -129,7 +130,7 @@ class NoiseScale:
     def add(self, out: dict) -> float | None:
         """Fold in one update's record (the accumulator's: ``noise``, ``noise_batch``, ``applied``); the noise
         scale after it."""
-        if "noise" in out and bool(out["applied"]):
+        if self.measured and "noise" in out and bool(out["applied"]):
             # one copy to the host per vector: iterating a tensor slices it op by op (3 ms an update, profiled)
             squares, inverses, count = np.asarray(out["noise"], np.float64).tolist()
             batch_squared, size = np.asarray(out["noise_batch"], np.float64).tolist()

@@ -5,6 +5,7 @@ then driven by the loop (loop.py, run_hooks.py) or read back by ``reload.load_ru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,11 +14,13 @@ import tensorflow as tf
 from .checkpoints import Checkpoints, latest_intact
 from .config import Config
 from .engine import Accumulator
+from .errors import ConfigError
 from .noise import NoiseScale, grown_batch, rule_said
 from .objective import as_data
 from .rundir import kept_model
 from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
+from .trim import TrimmedSplit, check_trim, check_trimmable
 
 
 class Run:
@@ -47,7 +50,8 @@ class Run:
             self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
             factor = cfg.optimizer.scale_learning_rate.factor(cfg.batch_size)
             self.rate_factor = tf.Variable(factor, dtype=tf.float32, trainable=False, name="rate_factor")
-        self.noise = NoiseScale()
+        # trim_padding's micro-batches are sequences of like length, not the random draws the noise scale assumes
+        self.noise = NoiseScale(measured=cfg.data.trim_padding is None)
         self.schedule = schedule = run_schedule(cfg, self.timeline, self.rate_factor)
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
@@ -55,6 +59,8 @@ class Run:
         with in_scope.scope():
             # a keras_file with the YAML's loss or its file's compile() trains on that loss (from_config.py)
             self.model, self.objective = build_with_loss(cfg, data, cfg.precision, model_cfg)
+            if cfg.data.trim_padding is not None and self.n_train:  # none to cut in a run rebuilt without them
+                self.data = data = dataclasses.replace(data, train=self._trimmed(data, in_scope))
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         self.keras_loss = is_keras_loss(self.objective)
         self.engine = Accumulator(
@@ -73,6 +79,8 @@ class Run:
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
             growth_steps=cfg.loss_scale.growth_steps,
         )
+        if isinstance(data.train, TrimmedSplit):
+            self._check_trim(data.train)
         self.scorer = Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
         from .augment import Augment
 
@@ -107,6 +115,41 @@ class Run:
             cfg.checkpoint.keep,
             f"resume with --resume {self.run_dir}",
             optional=later,
+        )
+
+    def _trimmed(self, data, strategy) -> TrimmedSplit:
+        """The training split read with data.trim_padding (trim.TrimmedSplit), the loss probed again for sequences
+        of any length; refused in one line for a model it cannot cut."""
+        multiple = self.cfg.data.trim_padding
+        where = f"data.trim_padding={multiple}"
+        if data.classification:
+            raise ConfigError(
+                f"{where}: it cuts the sequences a Keras loss trains on, and model.path={self.cfg.model.path} trains "
+                f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
+            )
+        check_trimmable(self.model.network, self.replicas, where)
+        split = TrimmedSplit(data.train, multiple, where)
+        self.objective.probe(as_data(split.signature()), strategy)
+        return split
+
+    def _check_trim(self, split) -> None:
+        """data.trim_padding refused in one line where the cut would change the update: the first batch's shortest
+        micro-batch is measured whole and cut (trim.check_trim)."""
+        from .batching import Cut
+
+        first = split.split.gather(tf.range(min(self.cfg.batch_size, len(split)), dtype=tf.int64))
+        cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
+        unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731
+        check_trim(
+            self.objective,
+            self.objective.groups,
+            first,
+            split.timed,
+            split.spec,
+            cut,
+            self.engine.strategy,
+            split.where,
+            unpack,
         )
 
     def _lay_out(self, grown: tuple) -> None:

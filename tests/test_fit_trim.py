@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 from accum_train.batching import Cut
 from accum_train.keras_fit.array_feed import ArrayFeed
-from accum_train.keras_fit.padding import trim_multiple
 from accum_train.keras_fit.stream_feed import DatasetFeed
+from accum_train.trim import check_trimmable
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
 VALIDATION = 24  # the last examples, validated on after each epoch
@@ -313,7 +313,7 @@ def test_more_than_one_replica_is_refused():
         num_replicas_in_sync = 2
 
     with pytest.raises(accum_train.UserError) as refused:
-        trim_multiple(True, tagger(), TwoReplicas())
+        check_trimmable(tagger(), TwoReplicas().num_replicas_in_sync, "accum_train.fit")
     assert str(refused.value) == (
         "accum_train.fit: trim_padding runs on one replica, and the strategy has 2: leave trim_padding out"
     )

@@ -181,6 +181,7 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
     if cfg.strategy.cpu_devices is not None and cfg.strategy.name != "mirrored":
         raise ConfigError(f"{where('strategy.cpu_devices')}: strategy.cpu_devices is only for strategy.name=mirrored")
     _check_data_keys(cfg.data, where)
+    _check_trim(cfg, where)
     limit = cfg.data.train_limit
     if limit is not None and cfg.data.validation >= limit:
         raise ConfigError(
@@ -277,6 +278,29 @@ def _check_model_keys(model: ModelConfig, where) -> None:
         )
 
 
+def _check_trim(cfg: Config, where) -> None:
+    """data.trim_padding cuts sequences of a keras_file model, on one replica, and the batch rule's noise scale
+    needs micro-batches drawn at random, not ordered by length."""
+    trim = cfg.data.trim_padding
+    if trim is None:
+        return
+    if cfg.model.name != "keras_file":
+        raise ConfigError(
+            f"{where('data.trim_padding', 'model.name')}: data.trim_padding={trim} cuts the padding of sequences "
+            f"a keras_file model takes, not {cfg.model.name}'s images: remove it"
+        )
+    if cfg.strategy.name != "default":
+        raise ConfigError(
+            f"{where('data.trim_padding', 'strategy.name')}: data.trim_padding={trim} runs on one replica, and "
+            f"strategy.name={cfg.strategy.name} trains on several: remove one of them"
+        )
+    if cfg.batch_rule is not None:
+        raise ConfigError(
+            f"{where('data.trim_padding', 'batch_schedule')}: data.trim_padding={trim} orders each batch by length, "
+            f"and batch_schedule's noise_scale rule measures micro-batches drawn at random: remove one of them"
+        )
+
+
 # Which data.name each dataset key is for (name, dir, train_limit, test_limit are for all).
 DATA_KEYS_FOR = {
     "dir": ("fashion_mnist",),
@@ -288,6 +312,7 @@ DATA_KEYS_FOR = {
     "factory": ("python",),
     "shuffle_buffer": ("python",),
     "options": ("python",),
+    "trim_padding": ("npz",),
 }
 DATA_KEY_HINTS = {
     ("dir", "npz"): "give the .npz file as data.path",
@@ -298,6 +323,7 @@ DATA_KEY_HINTS = {
     ("channels", "npz"): "an .npz's channels are its images' last axis",
     ("keep_decoded", "npz"): "an .npz's arrays are held in memory already",
     ("num_classes", "image_folder"): "the classes are the folder's class folders",
+    ("trim_padding", "python"): "a stream is not read by index: cut the padding in the factory's pipeline",
 }
 
 

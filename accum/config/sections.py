@@ -284,6 +284,13 @@ class DataConfig:
     augment: AugmentConfig = _spec(
         default_factory=AugmentConfig, help="random changes to each training image, drawn from (seed, update)"
     )
+    trim_padding: int | None = _spec(
+        None,
+        minimum=1,
+        help="npz, for a keras_file model of sequences padded with zeros: each batch's examples ordered by length "
+        "and each micro-batch's time axis cut after its longest sequence, rounded up to a multiple of this; the "
+        "update stays the whole batch's (checked on the first batch, refused where the padding counts)",
+    )
     factory: str | None = _spec(
         None,
         help="python: module:function (a module in the working directory or the config file's folder, or "

@@ -58,6 +58,7 @@ PYTHON_DATA_KEYS = (
     "test_limit",
     "validation",
     "augment",
+    "trim_padding",
 )
 
 

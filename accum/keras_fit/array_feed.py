@@ -1,7 +1,7 @@
 """Arrays in memory as accum_train.fit's feed: stored once and never copied per epoch, each element gathering its
 own examples from them (the run's ``feed.gathered``) in an order that is a pure function of the seed and the pass,
 so a resumed fit sees the same batches; cut into this process's micro-batches as batching.Cut says, and with
-``trim_padding`` each micro-batch's time axis cut after its longest sequence (padding.py)."""
+``trim_padding`` each micro-batch's time axis cut after its longest sequence (accum/trim.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from ..data import epoch_order
 from ..datasets.base import stored
 from ..errors import UserError
 from ..feed import endless, gathered, lay_out
+from ..trim import Held
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
-from .padding import cut_after, sequence_lengths
 
 
 class ArrayFeed:
@@ -60,20 +60,13 @@ class ArrayFeed:
         self.once = False  # read again each epoch
         self.sizes = True  # each update's examples are known before it runs (batch_length)
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
-        if self.trim:
-            # each example's length (after its last nonzero step), and which arrays have the time axis
-            self.lengths, self.timed = sequence_lengths(arrays)
-            self._lengths = tf.constant(self.lengths)
+        self.held = Held(arrays, self.trim, WHERE) if self.trim else None
+        self.timed = self.held.timed if self.trim else None
 
     @property
     def element_spec(self):
-        def spec(t, timed=False):
-            shape = [None, None if timed else t.shape[1], *t.shape[2:]] if t.shape.rank >= 2 else [None]
-            return tf.TensorSpec(shape, t.dtype)
-
-        if not self.trim:
-            return tf.nest.map_structure(spec, self.stored)
-        return tf.nest.map_structure(spec, self.stored, self.timed)
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.stored)
+        return self.held.spec(spec) if self.trim else spec
 
     def first_batch(self):
         """The first batch's arrays (what the model, its loss and its metrics are built from)."""
@@ -82,16 +75,12 @@ class ArrayFeed:
     def gather(self, indices):
         """Examples ``indices`` (a tensor) of every array (feed.gathered's reader); with ``trim``, the time axis
         cut after the longest of them, rounded up to a multiple of ``trim``."""
-        if not self.trim:
-            return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
-        # gathered, then cut: a cut of the stored arrays would copy every example's kept steps
         rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
-        return cut_after(rows, self.timed, tf.gather(self._lengths, indices), self.trim)
+        return self.held.cut(rows, indices) if self.trim else rows
 
     def by_length(self, batch: np.ndarray) -> np.ndarray:
-        """A batch's examples, longest first (ties in their order): with ``trim``, each micro-batch then holds
-        sequences of like length, and the update is the same, as it sums over the whole batch."""
-        return batch[np.argsort(-self.lengths[batch], kind="stable")] if self.trim else batch
+        """A batch's examples, longest first with ``trim`` (trim.Held), else as they are."""
+        return self.held.by_length(batch) if self.trim else batch
 
     def _pass_order(self, p: int) -> np.ndarray:
         if self.shuffle == "batch":  # whole batches in a new order, each batch's examples as stored

@@ -34,6 +34,7 @@ from ..models.norm import pooled
 from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
 from ..threads import auto_parallel
+from ..trim import check_trim, check_trimmable, trim_multiple
 from ..update import LOSS_SCALE, local_replica_ids
 from .arguments import (
     WHERE,
@@ -48,7 +49,6 @@ from .arguments import (
 from .fit_hooks import FitHooks, Limits
 from .history import FitHistory
 from .inputs import is_dataset, make_feed, split_validation, streamed_source, validation_feed
-from .padding import check_trim, trim_multiple
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -131,7 +131,9 @@ def fit(
     schedule, rule = schedule_of(batch_schedule, batch_size, epochs, micro_batch_size)
     if schedule:
         batch_size = schedule[0][1]
-    trim = trim_multiple(trim_padding, model, strategy)
+    trim = trim_multiple(trim_padding, WHERE)
+    if trim:
+        check_trimmable(model, strategy.num_replicas_in_sync, WHERE)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
     if shuffle not in (True, False, "batch"):
@@ -211,7 +213,7 @@ def fit(
             objective = KerasObjective(model)
             groups = _probe(objective, feed.element_spec, strategy)
             if trim:
-                check_trim(objective, groups, feed, cut, strategy)
+                check_trim(objective, groups, feed.first_batch(), feed.timed, feed.element_spec, cut, strategy, WHERE)
             eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
             built = _engine(model, objective, adapters, k, strategy, groups, eval_groups, auto, limit is not None)
             _ENGINES[model] = {key: built}

@@ -1,7 +1,7 @@
 """Streamed sources as accum_train.fit's feed: a tf.data.Dataset, a keras.utils.PyDataset or a Python generator,
 read batch by batch as the updates pull them, never into memory; each batch cut into this process's elements in
 pull order (batching.Cut), class weights made sample weights on the way, and with ``trim_padding`` each element's
-time axis cut after its longest sequence (padding.py)."""
+time axis cut after its longest sequence (accum/trim.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import tensorflow as tf
 from ..batching import Cut
 from ..errors import UserError
 from ..feed import endless
+from ..trim import by_length, cut_after, stream_timed
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
-from .padding import by_length, cut_after, stream_timed
 
 
 def _batched_split(dataset: tf.data.Dataset, cut: Cut, trim: int = 0, timed=None) -> tf.data.Dataset:
@@ -66,7 +66,7 @@ class DatasetFeed:
         self.structure = None
         self.class_weight = class_weight
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
-        self.timed = stream_timed(self.batches.element_spec) if self.trim else None
+        self.timed = stream_timed(self.batches.element_spec, WHERE) if self.trim else None
 
     @property
     def element_spec(self):

@@ -1,11 +1,12 @@
-"""accum_train.fit's ``trim_padding``: which steps of each example are padding, what the option asks of the model,
-and the check that cutting the padding changes nothing the update computes.
+"""``trim_padding``, through either door (accum_train.fit's argument, the CLI's ``data.trim_padding``): which steps
+of each example are padding, what the option asks of the model, the check that cutting the padding changes nothing
+the update computes, and the cut itself.
 
-A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (arrays by
-index, array_feed.py; streams in their pipeline, stream_feed.py): the update is still the whole batch's, as it
-sums over the batch whatever the grouping, provided that the padding cut away changes neither the loss nor its
-gradient, which masked recurrent layers and a masked loss guarantee and an unmasked convolution or mean over
-time do not.
+A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (arrays held
+in memory by index, ``Held``: fit's arrays and the CLI's npz; fit's streams in their pipeline, stream_feed.py): the
+update is still the whole batch's, as it sums over the batch whatever the grouping, provided that the padding cut
+away changes neither the loss nor its gradient, which masked recurrent layers and a masked loss guarantee and an
+unmasked convolution or mean over time do not. ``where`` begins every refusal: the door's name for the option.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ..errors import UserError
-from .arguments import WHERE
+from .errors import UserError
+
+DEFAULT_MULTIPLE = 16  # trim_padding=True: lengths rounded up to a multiple of 16
 
 
-def sequence_lengths(arrays):
+def sequence_lengths(arrays, where: str):
     """(each example's length, which arrays are cut on axis 1) for trim_padding: the length is one past
     the example's last step where any input is nonzero (padding is zeros after the sequence, what
     Embedding(mask_zero=True) and Masking() take as such); every x, y or sample weight array whose axis 1 has
     that size is cut."""
     leaves = tf.nest.flatten(arrays[0])
-    steps = _time_steps([a.shape for a in leaves], [a.dtype.kind in "SU" for a in leaves], "x has no array")
+    steps = _time_steps([a.shape for a in leaves], [a.dtype.kind in "SU" for a in leaves], "x has no array", where)
     inputs = [a for a in leaves if a.ndim >= 2]
     lengths = np.zeros(len(inputs[0]), np.int64)
     for a in inputs:
@@ -34,71 +36,78 @@ def sequence_lengths(arrays):
     return lengths, timed
 
 
-def _time_steps(shapes, strings, missing: str):
+def _time_steps(shapes, strings, missing: str, where: str):
     """The one length of axis 1 of x's inputs with two axes or more (``shapes``: every input's; ``strings``: which
     hold text), arrays' and streams' alike; refused in one line where there is none, several, or text."""
     inputs = [i for i, shape in enumerate(shapes) if len(shape) >= 2]
     if not inputs:
         raise UserError(
-            f"{WHERE}: trim_padding cuts sequences along axis 1, and {missing} with one (shapes {shapes}): leave "
+            f"{where}: trim_padding cuts sequences along axis 1, and {missing} with one (shapes {shapes}): leave "
             f"trim_padding out"
         )
     steps = {shapes[i][1] for i in inputs}
     if len(steps) > 1:  # a stream's unknown length (None) last
         raise UserError(
-            f"{WHERE}: trim_padding needs every input of x to have the same length on axis 1, and they have "
+            f"{where}: trim_padding needs every input of x to have the same length on axis 1, and they have "
             f"{sorted(steps, key=lambda d: (d is None, d or 0))}: pad them to one length, or leave trim_padding out"
         )
     if any(strings[i] for i in inputs):
-        raise UserError(f"{WHERE}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
+        raise UserError(f"{where}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
     return steps.pop()
 
 
-def trim_multiple(trim_padding, model, strategy) -> int:
+def trim_multiple(trim_padding, where: str) -> int:
     """trim_padding as the multiple each micro-batch's length is rounded up to (0: off), checked."""
     if trim_padding is None or trim_padding is False:
         return 0
-    multiple = 16 if trim_padding is True else trim_padding
+    multiple = DEFAULT_MULTIPLE if trim_padding is True else trim_padding
     if isinstance(multiple, bool) or not isinstance(multiple, (int, np.integer)) or multiple < 1:
         raise UserError(
-            f"{WHERE}: trim_padding={trim_padding!r} must be True, False or a positive int (the multiple each "
+            f"{where}: trim_padding={trim_padding!r} must be True, False or a positive int (the multiple each "
             f"micro-batch's length is rounded up to)"
         )
-    if strategy.num_replicas_in_sync > 1:
+    return int(multiple)
+
+
+def check_trimmable(model, replicas: int, where: str) -> None:
+    """Refuse trim_padding for what it cannot cut: several replicas, a model of fixed sequence length."""
+    if replicas > 1:
         raise UserError(
-            f"{WHERE}: trim_padding runs on one replica, and the strategy has {strategy.num_replicas_in_sync}: "
-            f"leave trim_padding out"
+            f"{where}: trim_padding runs on one replica, and the strategy has {replicas}: leave trim_padding out"
         )
     for tensor in model.inputs or []:
         if len(tensor.shape) >= 2 and tensor.shape[1] is not None:
             raise UserError(
-                f"{WHERE}: trim_padding gives micro-batches of several lengths, and model {model.name!r} takes "
+                f"{where}: trim_padding gives micro-batches of several lengths, and model {model.name!r} takes "
                 f"inputs of shape {tuple(tensor.shape)}: build it on keras.Input(shape=(None, ...)), or leave "
                 f"trim_padding out"
             )
-    return int(multiple)
 
 
-def check_trim(objective, groups, feed, cut, strategy) -> None:
+def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None) -> None:
     """Refuse trim_padding where cutting the padding changes the update: compare the normalisers, loss sums and
     gradients of the first batch's shortest micro-batch, whole and cut right after its longest sequence (no
-    padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes)."""
+    padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes).
+    ``first_batch`` is as the feed stores it, ``timed`` its leaves with the time axis, ``spec`` the feed's elements',
+    ``cut`` (batching.Cut) how a batch becomes micro-batches; ``unpack`` makes (x, y, sample_weight) of it (Keras'
+    own by default)."""
     model = objective.model
     variables = model.trainable_variables
-    rows, lengths = by_length(tf.nest.map_structure(tf.convert_to_tensor, feed.first_batch()))
+    unpack = unpack or keras.utils.unpack_x_y_sample_weight
+    rows, lengths = by_length(tf.nest.map_structure(tf.convert_to_tensor, first_batch))
     start, end = [b for b in cut.bounds(int(tf.shape(tf.nest.flatten(rows)[0])[0])) if b[1] > b[0]][-1]
     whole = tf.nest.map_structure(lambda t: t[start:end], rows)  # the shortest micro-batch of the first batch
-    trimmed = cut_after(whole, feed.timed, lengths[start:end], 1)  # right after its longest: the most it can lose
+    trimmed = cut_after(whole, timed, lengths[start:end], 1)  # right after its longest: the most it can lose
 
     def steps(data):
-        return next(t.shape[1] for t, timed in zip(tf.nest.flatten(data), tf.nest.flatten(feed.timed)) if timed)
+        return next(t.shape[1] for t, cut in zip(tf.nest.flatten(data), tf.nest.flatten(timed)) if cut)
 
     length, time_steps = steps(trimmed), steps(whole)
     if length == time_steps:
         return  # nothing cut here: nothing to compare
 
     def measure(data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = unpack(data)
         with tf.GradientTape() as tape:
             parts, _ = objective.evaluate(x, y, sample_weight, training=False, groups=groups)
             total = tf.add_n([parts.sums[g] for g in groups])
@@ -107,7 +116,7 @@ def check_trim(objective, groups, feed, cut, strategy) -> None:
         return parts.sums, parts.counts, grads
 
     with strategy.scope():  # traced for the feed's elements, as the probe that found ``groups`` was
-        measured = tf.function(measure).get_concrete_function(feed.element_spec)
+        measured = tf.function(measure).get_concrete_function(spec)
         (sums, counts, grads), (cut_sums, cut_counts, cut_grads) = measured(whole), measured(trimmed)
     named = [("the number of values the loss averages", counts[g], cut_counts[g]) for g in counts]
     named += [("the loss summed", sums[g], cut_sums[g]) for g in groups]
@@ -115,7 +124,7 @@ def check_trim(objective, groups, feed, cut, strategy) -> None:
     for what, whole_value, cut_value in named:
         if _differ(whole_value, cut_value):
             raise UserError(
-                f"{WHERE}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
+                f"{where}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
                 f"{time_steps} to {length} steps): padding must change nothing, so mask it "
                 f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
                 f"trim_padding out"
@@ -128,12 +137,12 @@ def _differ(whole, cut) -> bool:
     return bool(np.max(np.abs(whole - cut), initial=0.0) > 1e-4 * max(np.max(np.abs(whole), initial=0.0), 1e-6))
 
 
-def stream_timed(spec):
+def stream_timed(spec, where: str):
     """For batches read from a stream (their ``spec``): which leaves are cut on axis 1, the inputs of x with two
     axes or more and every leaf whose axis 1 is theirs (of unknown size where theirs is: padded_batch)."""
     leaves = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)
     shapes = [tuple(s.shape) if s.shape.rank is not None else () for s in leaves]
-    steps = _time_steps(shapes, [s.dtype == tf.string for s in leaves], "x's batches have no input")
+    steps = _time_steps(shapes, [s.dtype == tf.string for s in leaves], "x's batches have no input", where)
     return tf.nest.map_structure(lambda s: (s.shape.rank or 0) >= 2 and s.shape[1] == steps, spec)
 
 
@@ -169,3 +178,64 @@ def cut_after(data, timed, lengths, multiple):
     longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.cast(lengths, tf.int64)], 0))
     end = tf.minimum((longest + multiple - 1) // multiple * multiple, steps)
     return tf.nest.map_structure(lambda t, cut: t[:, :end] if cut else t, data, timed)
+
+
+class Held:
+    """trim_padding for examples held in memory and read by index (fit's arrays, the CLI's npz): each example's
+    length found once, a batch's examples ordered longest first (``by_length``) and each gathered micro-batch
+    cut after its longest (``cut``)."""
+
+    def __init__(self, arrays, multiple: int, where: str):
+        self.multiple = multiple
+        self.lengths, self.timed = sequence_lengths(arrays, where)
+        self._lengths = tf.constant(self.lengths)
+
+    def by_length(self, batch: np.ndarray) -> np.ndarray:
+        """A batch's indices, longest first (ties in their order): each micro-batch then holds sequences of like
+        length, and the update is the same, as it sums over the whole batch."""
+        return batch[np.argsort(-self.lengths[batch], kind="stable")]
+
+    def cut(self, rows, indices):
+        """``rows`` gathered at ``indices`` (a tensor), cut after their longest sequence, rounded up to the
+        multiple (gathered, then cut: a cut of the stored arrays would copy every example's kept steps)."""
+        return cut_after(rows, self.timed, tf.gather(self._lengths, indices), self.multiple)
+
+    def spec(self, spec):
+        """``spec`` of the uncut elements with the time axis of every cut leaf of unknown length."""
+        return tf.nest.map_structure(
+            lambda s, cut: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if cut else s, spec, self.timed
+        )
+
+
+class TrimmedSplit:
+    """A split held in memory (datasets/base.py's TaskSplit: the CLI's npz) read with ``data.trim_padding``: what
+    ``gather`` gives cut after each micro-batch's longest sequence, and ``by_length`` for each batch's order; the
+    rest is the split's."""
+
+    def __init__(self, split, multiple: int, where: str):
+        self.split, self.where = split, where
+        self.trim = Held(tuple(p for p in (split.x, split.y, split.weights) if p is not None), multiple, where)
+        self.timed, self.by_length = self.trim.timed, self.trim.by_length
+        stored = tuple(part for part in split.tensors() if part is not None)
+        self.spec = self.trim.spec(  # of what ``gather`` gives
+            tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), stored)
+        )
+
+    def signature(self):
+        """(x spec, y spec) of a batch as the update takes it: the split's, of any length where it is cut."""
+        signature = self.split.signature()
+        # (x, y) or (x, (y, weights)): leaves in the order of the stored (x, y[, weights]) that ``timed`` is of
+        specs = [
+            tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if cut else s
+            for s, cut in zip(tf.nest.flatten(signature), tf.nest.flatten(self.timed))
+        ]
+        return tf.nest.pack_sequence_as(signature, specs)
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getattr__(self, name):
+        return getattr(self.split, name)
+
+    def gather(self, indices):
+        return self.trim.cut(self.split.gather(indices), indices)
