@@ -62,12 +62,23 @@ def same_size(n: int, k: int, replicas: int = 1):
 
 @dataclass(frozen=True)
 class Cut:
-    """How a batch becomes this process's elements: ``k`` micro-steps, ``replicas`` in all, these local ones."""
+    """How a batch becomes this process's elements: ``k`` micro-steps, ``replicas`` in all, these local ones.
+
+    The one rule of both doors: a batch whose size is known (arrays, the CLI's splits, the nominal batch of a
+    stream) is pulled in ``pulls(n)`` micro-steps, k or fewer when a share holds fewer examples; a batch whose size
+    is known only once read (accum_train.fit's streams: ``n`` a tensor) in k, some of them maybe empty. A stream
+    read front to back is cut chunk first (``pieces``), in both doors."""
 
     k: int
     replicas: int
     local: tuple[int, ...]
 
-    def bounds(self, n):
-        """[start, end) of each element of a batch of ``n`` examples, in pull order (ints or tensors)."""
-        return pieces(n, self.k, self.replicas, self.local)
+    def pulls(self, n: int) -> int:
+        """The micro-steps of a batch of ``n`` examples: k, or the largest share's examples if fewer."""
+        return min(self.k, largest_share(n, self.replicas))
+
+    def bounds(self, n, stream: bool = False):
+        """[start, end) of each element of a batch of ``n`` examples (an int, or a tensor: k micro-steps), in pull
+        order; ``stream``: chunk first."""
+        pulls = self.pulls(n) if isinstance(n, int) else self.k
+        return pieces(n, pulls, self.replicas, self.local, chunk_first=stream)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from .batching import largest_share, pieces, same_size
+from .batching import Cut, same_size
 from .data import epoch_order
 from .datasets.base import as_is, untuned
 
@@ -109,15 +109,15 @@ def plan(segments, k_for, replicas: int, local, chunk_first: bool = False) -> La
     pulls ``min(k, largest share)``."""
     updates, batches = [], []
     for segment in segments:
-        k = k_for(segment.batch_size)
+        cut = Cut(k_for(segment.batch_size), replicas, tuple(local))
         for u in range(segment.updates):
             first = segment.start + u * segment.batch_size
             n = min(segment.batch_size, segment.end - first)
-            pulls = min(k, largest_share(n, replicas))
+            pulls = cut.pulls(n)
             step = segment.first_step + u
             size = None if chunk_first else same_size(n, pulls, replicas)  # a stream may end short of n
-            updates.append(Planned(step, segment.batch_size, n, pulls, k, size))
-            batches.append((step, first, pieces(n, pulls, replicas, local, chunk_first)))
+            updates.append(Planned(step, segment.batch_size, n, pulls, cut.k, size))
+            batches.append((step, first, cut.bounds(n, chunk_first)))
     return lay_out(batches, updates)
 
 

@@ -254,8 +254,12 @@ class Pulls:
             loop._open(self.epoch, step)
         if loop.auto:
             self.saved = [v.numpy() for v in loop.engine.metrics.variables]
-        size = same_size(loop.feed.batch_length(self.epoch, step), k, loop.cut.replicas) if loop.feed.sizes else None
-        return loop.stream, Planned(step, loop.nominal, loop.nominal, k, k, size)
+        pulls, size = k, None  # a stream's batch: k micro-steps, its size known once read
+        if loop.feed.sizes:  # arrays: as the CLI's splits (batching.Cut.pulls)
+            n = loop.feed.batch_length(self.epoch, step)
+            pulls = loop.cut.pulls(n)
+            size = same_size(n, pulls, loop.cut.replicas)
+        return loop.stream, Planned(step, loop.nominal, loop.nominal, pulls, k, size)
 
     def update(self, step: int, stop: int = 0) -> dict:
         """Update ``step`` straight from the stream (no memory guard): the engine's record."""

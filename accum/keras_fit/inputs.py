@@ -10,8 +10,10 @@ iterator) of batches. Every source becomes a
 replicas, in the order the update pulls them: for each update, for each of its
 ``k`` micro-steps, one element per local replica. Each replica takes a
 contiguous share of the batch and cuts it into ``k`` contiguous micro-batches
-(accum.batching), the cut the run's feed makes; a short batch gives short or
-even empty micro-batches, never fewer of them, so updates stay aligned. An
+(accum.batching.Cut), the cut the run's feed makes: a short batch of arrays
+is pulled in fewer micro-steps where a share holds fewer examples than k, and
+a stream's batch, whose size is known only once read, in k, some maybe empty;
+a stream is cut chunk first, as the CLI's. An
 element is (data, where), as the run's feed gives them (``prepare`` unpacks
 the data inside the micro-step).
 

@@ -28,7 +28,7 @@ def _batched_split(dataset: tf.data.Dataset, cut: Cut, trim: int = 0, timed=None
         n = tf.shape(tf.nest.flatten(element)[0])[0]
         if trim:
             element, lengths = by_length(element)
-        bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n)])
+        bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n, stream=True)])
 
         def piece(b):
             data = tf.nest.map_structure(lambda t: t[b[0] : b[1]], element)
