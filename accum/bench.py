@@ -45,7 +45,7 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
     with tempfile.TemporaryDirectory() as scratch:
         run = Run(cfg, data, Path(scratch))
-        reader = Reader(run)
+        reader = Reader.of_run(run)
 
         def update(i):
             return float(reader.update(i % run.total_steps)["loss"])  # waits for the update

@@ -204,6 +204,11 @@ class Feed:
         elements = streamed(split, epoch, self.layout) if self.stream else gathered(split, order, self.layout)
         self.iterator = distribute(strategy, endless(elements.prefetch(1)))
 
+    def planned(self, step: int) -> Planned | None:
+        """The Planned update ``step``, if this feed holds it."""
+        first = self.updates[0].step if self.updates else 0
+        return self.updates[step - first] if first <= step < first + len(self.updates) else None
+
     def indices(self, update: int) -> np.ndarray:
         """The split's indices of this process's examples of ``updates[update]`` (what a file error is
         looked for in)."""
@@ -215,43 +220,59 @@ class Feed:
 
 
 class Reader:
-    """A run's updates from any step on and the feed that serves them, made again when it cannot: at the start of
-    each epoch, after an update that did not finish (its elements were pulled: a retry pulls them again), and
-    when k changes (subdivisions: auto after running out of memory)."""
+    """The updates of a run or a fit call as the loop and the memory guard read them, one door's pipeline behind them
+    (both doors: ``of_run`` for the CLI's, fit_hooks.FitHooks' for accum_train.fit's). ``at(step)`` gives the
+    iterator and the Planned update; the pipeline is opened again (``open(step, k)``, the door's: an object with
+    ``iterator`` and ``planned(step)``, None past what it holds) when it cannot serve: at the start, for an update that
+    is not the next one it holds, after an update that did not finish (``forget``: its elements were pulled, a retry
+    pulls them again), and when the engine's k is not the one it was cut for (auto doubled it).
 
-    def __init__(self, run):
-        self.run = run
-        self.feed, self.next = None, 0
-        self.in_force = None  # the batch size whose k the engine was set for
+    ``follow(batch_size)``: called before the first update at each batch size (the CLI sets k for it); ``k()``: the
+    micro-batches per share in force (the engine's by default); ``keep``: variables a retry puts back as they were
+    before it (fit's metrics)."""
+
+    def __init__(self, engine, open, follow=None, k=None, keep=()):
+        self.engine, self.open, self.follow, self.keep = engine, open, follow, list(keep)
+        self.k = k or (lambda: engine.k)
+        self.opened, self.next = None, None  # the pipeline, and the update whose elements it gives next
+        self.in_force = None  # the batch size ``follow`` was called for last
+        self.saved = None
+
+    @classmethod
+    def of_run(cls, run) -> Reader:
+        """The reader of a CLI run (run_parts.Run): its feed of the rest of an epoch, k set for each batch size."""
+
+        def open(step: int, k: int) -> Feed:
+            cfg = run.cfg
+            epoch = run.timeline.epoch_of(step)
+            order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
+            segments = run.timeline.rest_of_epoch(step)
+            return Feed(run.data.train, order, epoch, segments, run.k_for, run.engine.strategy, run.engine.replica_ids)
+
+        return cls(run.engine, open, follow=run.follow_batch, k=lambda: run.subdivisions)
 
     def at(self, step: int):
-        """(iterator, Planned) of update ``step`` (0-based): pull ``pulls`` elements per local replica. The engine's
-        k is set for the update's batch size (``Run.follow_batch``) before its first update at that size."""
-        run = self.run
-        planned = self.feed.updates[self.next] if self.feed and self.next < len(self.feed.updates) else None
-        if planned is None or planned.step != step or planned.k != run.k_for(planned.batch_size):
-            cfg, engine = run.cfg, run.engine
-            epoch = run.timeline.epoch_of(step)
-            self.feed = Feed(
-                run.data.train,
-                epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle),
-                epoch,
-                run.timeline.rest_of_epoch(step),
-                run.k_for,
-                engine.strategy,
-                engine.replica_ids,
-            )
-            self.next = 0
-            planned = self.feed.updates[0]
-        if planned.batch_size != self.in_force:
-            run.follow_batch(planned.batch_size)
+        """(iterator, Planned) of update ``step`` (0-based): pull ``pulls`` elements per local replica."""
+        planned = self.opened.planned(step) if self.opened is not None and step == self.next else None
+        if planned is None:
+            planned = self._open(step)
+        if self.follow is not None and planned.batch_size != self.in_force:
+            self.follow(planned.batch_size)
             self.in_force = planned.batch_size
-        return self.feed.iterator, planned
+        if planned.k != self.k():  # cut for another k: cut again from here
+            planned = self._open(step)
+        if self.keep:
+            self.saved = [v.numpy() for v in self.keep]
+        return self.opened.iterator, planned
+
+    def _open(self, step: int):
+        self.opened, self.next = self.open(step, self.k()), step
+        return self.opened.planned(step)
 
     def update(self, step: int, stop: int = 0) -> dict:
-        """Update ``step`` straight from the feed (no memory guard): the engine's record."""
+        """Update ``step`` straight from the pipeline (no memory guard): the engine's record."""
         iterator, planned = self.at(step)
-        out = self.run.engine.update_from(iterator, planned.n, planned.pulls, stop, planned.size)
+        out = self.engine.update_from(iterator, planned.n, planned.pulls, stop, planned.size)
         self.pulled()
         return out
 
@@ -259,14 +280,25 @@ class Reader:
         """The update ``at`` gave has pulled its elements and finished."""
         self.next += 1
 
+    def go_on(self, step: int) -> None:
+        """The open pipeline goes on at update ``step`` (a stream read on from epoch to epoch)."""
+        self.next = step
+
+    def close(self) -> None:
+        """The next ``at`` opens the pipeline again."""
+        self.opened = None
+
     def forget(self) -> None:
-        """The update did not finish: the next ``at`` makes the feed again."""
-        self.feed = None
+        """The update did not finish: the next ``at`` opens the pipeline again, ``keep`` put back as it was."""
+        self.close()
+        for variable, value in zip(self.keep, self.saved or ()):
+            variable.assign(value)
 
     def indices(self, step: int) -> np.ndarray:
         """The split's indices this process reads for update ``step`` and the one after (a broken file is
-        looked for among them: the pipeline reads ahead)."""
-        if self.feed is None or self.feed.stream:
+        looked for among them: the pipeline reads ahead); none from a stream."""
+        feed = self.opened
+        if feed is None or feed.stream:
             return np.zeros(0, np.int64)
-        mine = [u for u, planned in enumerate(self.feed.updates) if planned.step in (step, step + 1)]
-        return np.concatenate([self.feed.indices(u) for u in mine]) if mine else np.zeros(0, np.int64)
+        mine = [u for u, planned in enumerate(feed.updates) if planned.step in (step, step + 1)]
+        return np.concatenate([feed.indices(u) for u in mine]) if mine else np.zeros(0, np.int64)

@@ -395,7 +395,20 @@ SMOKE_WORDS = {  # option: the value it is run with
 SMOKE_LISTS = {"--subdivisions": 2}  # option: how many of its comma-separated values are run (bench's, one per k)
 SMOKE_ADDED = {  # a script's smoke options that the page leaves at their defaults
     "scripts/make_own_data.py": ["--train", "640", "--test", "200"],
-    "benchmarks/peers.py": ["--rounds", "1", "--mem-batch", "256", "--mem-k", "2", "--k", "2", "--updates", "2"],
+    "benchmarks/peers.py": [
+        "--rounds",
+        "1",
+        "--mem-batch",
+        "256",
+        "--mem-k",
+        "2",
+        "--k",
+        "2",
+        "--updates",
+        "2",
+        "--width",
+        "0.0625",
+    ],
     "benchmarks/profile.py": ["--updates", "2"],
     "benchmarks/subdivided.py": ["--rounds", "1", "--steps", "2"],
 }

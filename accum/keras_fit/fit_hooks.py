@@ -30,7 +30,7 @@ import tensorflow as tf
 from .. import keras_private
 from ..batching import Cut, largest_share, same_size
 from ..errors import Interrupted, too_many_bad_updates
-from ..feed import Planned, distribute, empty_like, endless
+from ..feed import Planned, Reader, distribute, empty_like, endless
 from ..loop import Loop
 from ..memory import MemoryGuard
 from ..noise import NoiseScale, grown_batch, rule_said
@@ -79,7 +79,16 @@ class FitHooks:
         self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
         self.noise = NoiseScale()
         self.checkpoints = self.stop = None
-        self.stream, self.ran_out_before = None, False
+        self.ran_out_before = False
+        # the updates as the loop and the guard read them (feed.Reader, the CLI's too): the epoch's stream, cut for
+        # the accumulator's k; a retry (auto) opens it again from the update, the metrics put back as they were
+        self.reader = Reader(
+            engine,
+            self._open,
+            k=lambda: engine.k if self.auto else self.cut.k,
+            keep=engine.metrics.variables if auto else (),
+        )
+        self.epoch = 0
 
     @property
     def measures_noise(self) -> bool:
@@ -89,9 +98,21 @@ class FitHooks:
             return False
         return self.auto or self.cut.k * self.cut.replicas >= 2
 
-    def _open(self, epoch: int, first: int) -> None:
-        """The stream of ``epoch``'s elements from its update ``first`` (``self.stream``)."""
-        self.stream = distribute(self.strategy, self.feed.dataset(epoch, first, self.cut, again=self.ran_out_before))
+    def _open(self, first: int, k: int):
+        """The current epoch's elements from its update ``first`` on, cut for ``k`` (feed.Reader's ``open``)."""
+        if k != self.cut.k:  # the guard doubled it: the elements are cut for the new k from here on
+            self.cut = Cut(k, self.cut.replicas, self.cut.local)
+        dataset = self.feed.dataset(self.epoch, first, self.cut, again=self.ran_out_before)
+        return Opened(distribute(self.strategy, dataset), self._planned)
+
+    def _planned(self, step: int) -> Planned:
+        """Update ``step`` of the epoch: a batch of arrays in ``Cut.pulls`` micro-steps, a stream's in k."""
+        pulls, size = self.cut.k, None
+        if self.feed.sizes:
+            n = self.feed.batch_length(self.epoch, step)
+            pulls = self.cut.pulls(n)
+            size = same_size(n, pulls, self.cut.replicas)
+        return Planned(step, self.nominal, self.nominal, pulls, self.cut.k, size)
 
     def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
         """Train from epoch ``start[0]``, update ``start[1]`` of it (a History among ``callbacks`` records it)."""
@@ -132,9 +153,12 @@ class FitHooks:
         if self.k_for is not None:
             self._follow_batch(self.feed.batch_size_of(epoch), self.feed.updates(epoch))
         self.callbacks.on_epoch_begin(epoch)
-        if not (self.feed.continues and self.stream is not None):
-            self._open(epoch, step)  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
-        return Pulls(self, epoch), step, self.feed.updates(epoch)
+        self.epoch = epoch
+        if self.feed.continues and self.reader.opened is not None:
+            self.reader.go_on(step)  # with steps_per_epoch, a dataset's stream goes on from epoch to epoch
+        else:
+            self.reader.close()
+        return self.reader, step, self.feed.updates(epoch)
 
     def _follow_batch(self, size: int, updates: int) -> None:
         """batch_schedule's batch ``size`` in force from this epoch (of ``updates`` updates): its k, its cut, the
@@ -171,7 +195,7 @@ class FitHooks:
             self.rule_changes.assign(json.dumps([[e + 1, size] for e, size in self.feed.schedule[1:]]))
         self.say(rule_said(noise, before, after, done + 1))
 
-    def update_begin(self, pulls, step: int) -> None:
+    def update_begin(self, reader, step: int) -> None:
         self.callbacks.on_train_batch_begin(step)
 
     def update_end(self, epoch: int, step: int, out: dict, noise) -> None:
@@ -185,11 +209,12 @@ class FitHooks:
             self.checkpoints.after_update(epoch, step, out, self.logs, final)
 
     def ran_out(self, end) -> None:
-        self.stream, self.ran_out_before = None, True
+        self.ran_out_before = True
+        self.reader.close()
         if end is not None:
             _ran_out()
 
-    def failed(self, pulls, step: int, err) -> None:
+    def failed(self, reader, step: int, err) -> None:
         pass  # model.fit's own error: the user's data or model
 
     def epoch_end(self, epoch: int, step: int) -> None:
@@ -237,42 +262,11 @@ class FitHooks:
         return logs
 
 
-class Pulls:
-    """An update's elements as the memory guard reads them (feed.Reader's ``at``, ``pulled``, ``forget``): the
-    epoch's stream, cut for the accumulator's k; a retry (``forget``) opens it again from the update and puts
-    the metrics back as they were before it."""
+class Opened(NamedTuple):
+    """A stream opened for feed.Reader: its iterator, and each update's Planned."""
 
-    def __init__(self, loop: FitHooks, epoch: int):
-        self.loop, self.epoch, self.saved = loop, epoch, None
-
-    def at(self, step: int):
-        loop = self.loop
-        k = loop.engine.k if loop.auto else loop.cut.k
-        if k != loop.cut.k:  # the guard doubled it: the elements are cut for the new k from here on
-            loop.cut, loop.stream = Cut(k, loop.cut.replicas, loop.cut.local), None
-        if loop.stream is None:
-            loop._open(self.epoch, step)
-        if loop.auto:
-            self.saved = [v.numpy() for v in loop.engine.metrics.variables]
-        pulls, size = k, None  # a stream's batch: k micro-steps, its size known once read
-        if loop.feed.sizes:  # arrays: as the CLI's splits (batching.Cut.pulls)
-            n = loop.feed.batch_length(self.epoch, step)
-            pulls = loop.cut.pulls(n)
-            size = same_size(n, pulls, loop.cut.replicas)
-        return loop.stream, Planned(step, loop.nominal, loop.nominal, pulls, k, size)
-
-    def update(self, step: int, stop: int = 0) -> dict:
-        """Update ``step`` straight from the stream (no memory guard): the engine's record."""
-        stream, planned = self.at(step)
-        return self.loop.engine.update_from(stream, planned.n, planned.pulls, stop, planned.size)
-
-    def pulled(self) -> None:
-        pass
-
-    def forget(self) -> None:
-        self.loop.stream = None
-        for variable, value in zip(self.loop.engine.metrics.variables, self.saved or ()):
-            variable.assign(value)
+    iterator: object
+    planned: object
 
 
 def _ran_out() -> None:
