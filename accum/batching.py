@@ -17,6 +17,11 @@ def micro_bounds(i, n, k):
     return (i * n) // k, ((i + 1) * n) // k
 
 
+def share(n, r, replicas: int):
+    """[start, end) of replica ``r``'s contiguous share of a batch of ``n`` (shares differ by at most one)."""
+    return micro_bounds(r, n, replicas)
+
+
 def largest_share(batch_size: int, replicas: int = 1) -> int:
     """The largest replica share of a batch of ``batch_size`` (shares differ by at most one)."""
     return math.ceil(batch_size / replicas)
@@ -46,7 +51,7 @@ def pieces(n, k: int, replicas: int, local, chunk_first: bool = False) -> list:
                 s0, s1 = micro_bounds(r, c1 - c0, replicas)
                 out.append((c0 + s0, c0 + s1))
             else:
-                s0, s1 = micro_bounds(r, n, replicas)
+                s0, s1 = share(n, r, replicas)
                 m0, m1 = micro_bounds(i, s1 - s0, k)
                 out.append((s0 + m0, s0 + m1))
     return out

@@ -40,16 +40,17 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from . import noise
-from .batching import micro_bounds, same_size
+from .batching import Cut, same_size, share
 from .feed import sized, with_rows
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_data, as_objective, combine, scale_of, units
-from .update import _examples, _first, _rows, _signal, _size
+from .update import _first, _rows, _signal, _size
 
 
 class Accumulator(Finish):
@@ -154,22 +155,33 @@ class Accumulator(Finish):
     def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
         of them except under multi-worker: see ``data.worker_part``): one graph call, as ``update_from``."""
-        size = self._held_size(y, n)
-        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), size))
+        bounds, size = self._held_cut(y, n)
+        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), bounds, size))
 
     def accumulate_batch(self, x, y, n=None, sample_weight=None):
         """All k micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
         self._n = _size(n, y)
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        return _first(self.strategy, self._accumulate_held(data, self._n, self._held_size(y, n)))
+        bounds, size = self._held_cut(y, n)
+        return _first(self.strategy, self._accumulate_held(data, self._n, bounds, size))
 
-    def _held_size(self, y, n):
-        """The examples of every micro-batch of a held batch when they are all the same (batching.same_size, the
-        cut of the global batch: every worker agrees), else None (and when not ``sized``)."""
-        if not self.sized:
-            return None
+    def _held_cut(self, y, n):
+        """How a held batch is cut (batching.Cut, the feeds' cut): each local replica's [start, end) of its
+        micro-batches within its share, [pulls, 2]; and the examples of every micro-batch when they are all the
+        same and the update is ``sized`` (else None)."""
         n = len(tf.nest.flatten(y)[0]) if n is None else int(n)
-        return same_size(n, self.k, self.replicas)
+        cut = Cut(self.k, self.replicas, tuple(self.replica_ids))
+        pulls = cut.pulls(n)
+        bounds = np.asarray(cut.bounds(n), np.int64).reshape(pulls, len(self.replica_ids), 2)
+        within = bounds - np.asarray([share(n, r, self.replicas)[0] for r in self.replica_ids])[None, :, None]
+        size = same_size(n, pulls, self.replicas) if self.sized else None
+        if self.replicas == 1:
+            return tf.constant(within[:, 0], tf.int32), size
+        first = self.replica_ids[0]
+        per_replica = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(within[:, ctx.replica_id_in_sync_group - first], tf.int32)
+        )
+        return per_replica, size
 
     def accumulate(self, x, y, n):
         """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
@@ -335,32 +347,30 @@ class Accumulator(Finish):
     # -- held in memory
 
     def _shares(self, data, n):
-        """Each local replica's contiguous share of the global batch, from this process's examples."""
+        """Each local replica's contiguous share of the global batch (batching.share), from this process's
+        examples."""
         if len(self.replica_ids) == 1 and self.replicas == 1:
             return data  # one device: the batch itself
-        offset = micro_bounds(self.replica_ids[0], n, self.replicas)[0]
+        offset = share(n, self.replica_ids[0], self.replicas)[0]
 
-        def share(ctx):
-            start, end = micro_bounds(ctx.replica_id_in_sync_group, n, self.replicas)
+        def rows(ctx):
+            start, end = share(n, ctx.replica_id_in_sync_group, self.replicas)
             return _rows(data, start - offset, end - offset)
 
-        return self.strategy.experimental_distribute_values_from_function(share)
+        return self.strategy.experimental_distribute_values_from_function(rows)
 
-    def _held_steps(self, data, n, size):
-        """Replica context: this replica's share of a held batch as k micro-batches (a short share may have
-        fewer examples than k, even none), each of ``size`` examples when that is known."""
-        local_n = _examples(data)
-        k = tf.minimum(self.subdivisions, local_n)
+    def _held_steps(self, data, n, bounds, size):
+        """Replica context: this replica's share of a held batch as the micro-batches ``bounds`` says (``_held_cut``),
+        each of ``size`` examples when that is known."""
 
         def fetch(i):
-            start, end = micro_bounds(i, local_n, k)
-            rows = _rows(data, start, end)
+            rows = _rows(data, bounds[i, 0], bounds[i, 1])
             return rows if size is None else with_rows(rows, size)
 
-        self._steps(fetch, as_data, k, n)
+        self._steps(fetch, as_data, tf.shape(bounds)[0], n)
 
-    def _accumulate_batch(self, data, n, size):
-        self.strategy.run(self._held_steps, args=(self._shares(data, n), n, size))
+    def _accumulate_batch(self, data, n, bounds, size):
+        self.strategy.run(self._held_steps, args=(self._shares(data, n), n, bounds, size))
         return self._held()
 
     def _accumulate_micro(self, data, n):
@@ -371,11 +381,11 @@ class Accumulator(Finish):
         """Each replica's examples in the caches so far (in replica context: no collective)."""
         return self.strategy.run(self.totals.examples.read_value)
 
-    def _update_batch(self, data, n, stop, size):
-        def replica(share):
+    def _update_batch(self, data, n, stop, bounds, size):
+        def replica(rows, bounds):
             if self.one_pass:
-                return self._one_pass(as_data(share, n), n, stop)
-            self._held_steps(share, n, size)
+                return self._one_pass(as_data(rows, n), n, stop)
+            self._held_steps(rows, n, bounds, size)
             return self._finish_replica(n, False, stop)
 
-        return self.strategy.run(replica, args=(self._shares(data, n),))
+        return self.strategy.run(replica, args=(self._shares(data, n), bounds))

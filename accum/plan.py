@@ -32,7 +32,7 @@ def micro_split(n: int, subdivisions: int) -> list[list[int]]:
 
     The engine cuts a batch into ``min(subdivisions, n)`` pieces with
     ``micro_bounds`` (sizes differ by at most one); this counts them."""
-    from .engine import micro_bounds
+    from .batching import micro_bounds
 
     k = min(subdivisions, n)
     sizes = Counter(end - start for start, end in (micro_bounds(i, n, k) for i in range(k)))

@@ -2,8 +2,8 @@
 global batch (accum/data.py; the feed's layout of those shares is tested in test_feed.py)."""
 
 import pytest
+from accum_train.batching import micro_bounds
 from accum_train.data import worker_part
-from accum_train.engine import micro_bounds
 
 
 @pytest.mark.parametrize(
