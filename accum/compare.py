@@ -38,7 +38,7 @@ def gradient_check(cfg: Config, data) -> dict:
     import tensorflow as tf
 
     from .data import first_batch
-    from .engine import Accumulator
+    from .engine_for import accumulator_for
     from .from_config import build_with_loss
     from .objective import TOTAL, combine
     from .scoring import as_data
@@ -58,7 +58,7 @@ def gradient_check(cfg: Config, data) -> dict:
             counts = [parts.counts[g] for g in groups if g != TOTAL]
             full_loss = combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
         full = tape.gradient(full_loss, variables)
-        engine = Accumulator(inference, variables, None, subdivisions=k, norm_layers=model.norm_layers)
+        engine = accumulator_for(model, inference, None, subdivisions=k, norm_layers=model.norm_layers)
         engine.accumulate_batch(x, y, sample_weight=weights)
         accumulated = engine.accumulated()
         engine.reset()  # nothing is applied, no statistic moves

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from .checkpoints import Checkpoints, latest_intact
 from .config import Config
-from .engine import Accumulator
+from .engine_for import accumulator_for
 from .errors import ConfigError
 from .noise import NoiseScale, grown_batch, rule_said
 from .objective import as_data
@@ -32,8 +32,6 @@ class Run:
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .from_config import build_with_loss, is_keras_loss
-        from .keras_private import loops_over_time
-        from .models.containers import KerasModel
         from .optim import make_optimizer, run_schedule
         from .threads import parallel_micro_steps
 
@@ -63,9 +61,9 @@ class Run:
                 self.data = data = dataclasses.replace(data, train=self._trimmed(data, in_scope))
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         self.keras_loss = is_keras_loss(self.objective)
-        self.engine = Accumulator(
+        self.engine = accumulator_for(
+            self.model,
             self.objective,
-            self.model.trainable_variables,
             self.optimizer,
             # subdivisions=auto starts at 1; choose_subdivisions measures before training.
             subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
@@ -73,7 +71,6 @@ class Run:
             parallel=parallel_micro_steps(cfg),
             strategy=strategy,
             prepare=self.prepare,
-            sized=isinstance(self.model, KerasModel) and loops_over_time(self.model.network),
             clip_norm=cfg.optimizer.clip_norm,
             norm_layers=self.model.norm_layers,
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,

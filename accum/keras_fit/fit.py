@@ -24,10 +24,10 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..batching import Cut, k_for_micro_batch
-from ..engine import Accumulator
+from ..engine_for import accumulator_for
 from ..errors import UserError
 from ..keras_objective import KerasObjective
-from ..keras_private import all_layers, storage
+from ..keras_private import all_layers
 from ..memory import UNMEASURED, choose_subdivisions
 from ..models.containers import leaves
 from ..models.norm import pooled
@@ -373,9 +373,9 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         loss_scale = LOSS_SCALE.initial
     metrics = KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
-    engine = Accumulator(
+    engine = accumulator_for(
+        model,
         objective,
-        [storage(v) for v in model.trainable_variables],
         optimizer,
         subdivisions=k,
         # XLA: one micro-step at a time. Its compiled micro-step spreads over the cores on its own; two in flight
@@ -384,7 +384,6 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         groups=groups,
         metrics=metrics,
         prepare=_unpacked,
-        sized=keras_private.loops_over_time(model),
         norm_layers=norm_layers,
         jit=jit,
         strategy=strategy,
