@@ -40,17 +40,16 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import tensorflow as tf
 
 from . import noise
-from .batching import Cut, same_size, share
+from .batching import Cut, micro_bounds, same_size, share
 from .feed import sized, with_rows
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_data, as_objective, combine, scale_of, units
-from .update import _first, _rows, _signal, _size
+from .update import _examples, _first, _rows, _signal, _size
 
 
 class Accumulator(Finish):
@@ -155,33 +154,22 @@ class Accumulator(Finish):
     def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
         of them except under multi-worker: see ``data.worker_part``): one graph call, as ``update_from``."""
-        bounds, size = self._held_cut(y, n)
-        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), bounds, size))
+        pulls, size = self._held_cut(y, n)
+        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), pulls, size))
 
     def accumulate_batch(self, x, y, n=None, sample_weight=None):
         """All k micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
         self._n = _size(n, y)
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        bounds, size = self._held_cut(y, n)
-        return _first(self.strategy, self._accumulate_held(data, self._n, bounds, size))
+        pulls, size = self._held_cut(y, n)
+        return _first(self.strategy, self._accumulate_held(data, self._n, pulls, size))
 
     def _held_cut(self, y, n):
-        """How a held batch is cut (batching.Cut, the feeds' cut): each local replica's [start, end) of its
-        micro-batches within its share, [pulls, 2]; and the examples of every micro-batch when they are all the
-        same and the update is ``sized`` (else None)."""
+        """How a held batch is cut (batching.Cut, the feeds' cut): the micro-steps of each replica's share, and
+        the examples of every micro-batch when they are all the same and the update is ``sized`` (else None)."""
         n = len(tf.nest.flatten(y)[0]) if n is None else int(n)
-        cut = Cut(self.k, self.replicas, tuple(self.replica_ids))
-        pulls = cut.pulls(n)
-        bounds = np.asarray(cut.bounds(n), np.int64).reshape(pulls, len(self.replica_ids), 2)
-        within = bounds - np.asarray([share(n, r, self.replicas)[0] for r in self.replica_ids])[None, :, None]
-        size = same_size(n, pulls, self.replicas) if self.sized else None
-        if self.replicas == 1:
-            return tf.constant(within[:, 0], tf.int32), size
-        first = self.replica_ids[0]
-        per_replica = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(within[:, ctx.replica_id_in_sync_group - first], tf.int32)
-        )
-        return per_replica, size
+        pulls = Cut(self.k, self.replicas, tuple(self.replica_ids)).pulls(n)
+        return _size(pulls), same_size(n, pulls, self.replicas) if self.sized else None
 
     def accumulate(self, x, y, n):
         """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
@@ -359,18 +347,21 @@ class Accumulator(Finish):
 
         return self.strategy.experimental_distribute_values_from_function(rows)
 
-    def _held_steps(self, data, n, bounds, size):
-        """Replica context: this replica's share of a held batch as the micro-batches ``bounds`` says (``_held_cut``),
-        each of ``size`` examples when that is known."""
+    def _held_steps(self, data, n, pulls, size):
+        """Replica context: this replica's share of a held batch in ``pulls`` micro-batches, cut as
+        batching.pieces cuts a share (computed here: a few ops, where slicing a table of bounds cost about 6% of
+        a small model's update), each of ``size`` examples when that is known."""
+        examples = _examples(data)
 
         def fetch(i):
-            rows = _rows(data, bounds[i, 0], bounds[i, 1])
+            start, end = micro_bounds(i, examples, pulls)
+            rows = _rows(data, start, end)
             return rows if size is None else with_rows(rows, size)
 
-        self._steps(fetch, as_data, tf.shape(bounds)[0], n)
+        self._steps(fetch, as_data, pulls, n)
 
-    def _accumulate_batch(self, data, n, bounds, size):
-        self.strategy.run(self._held_steps, args=(self._shares(data, n), n, bounds, size))
+    def _accumulate_batch(self, data, n, pulls, size):
+        self.strategy.run(self._held_steps, args=(self._shares(data, n), n, pulls, size))
         return self._held()
 
     def _accumulate_micro(self, data, n):
@@ -381,11 +372,11 @@ class Accumulator(Finish):
         """Each replica's examples in the caches so far (in replica context: no collective)."""
         return self.strategy.run(self.totals.examples.read_value)
 
-    def _update_batch(self, data, n, stop, bounds, size):
-        def replica(rows, bounds):
+    def _update_batch(self, data, n, stop, pulls, size):
+        def replica(rows):
             if self.one_pass:
                 return self._one_pass(as_data(rows, n), n, stop)
-            self._held_steps(rows, n, bounds, size)
+            self._held_steps(rows, n, pulls, size)
             return self._finish_replica(n, False, stop)
 
-        return self.strategy.run(replica, args=(self._shares(data, n), bounds))
+        return self.strategy.run(replica, args=(self._shares(data, n),))
