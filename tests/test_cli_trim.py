@@ -155,3 +155,26 @@ def test_a_cut_that_cannot_be_exact_is_refused_in_one_line_before_anything_train
     else:
         assert text.split(": ", 1)[-1] == message or text == message, text
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_keras_file_on_class_labels_is_refused(tmp_path):
+    """A keras_file without a loss trains with the built-in cross-entropy on images: nothing to cut."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.save(tmp_path / "model.keras")  # not compiled: the built-in loss
+    images = RNG.integers(0, 256, (N, 4, 4), dtype=np.uint8)
+    labels = RNG.integers(0, 3, N)
+    np.savez(tmp_path / "data.npz", x_train=images, y_train=labels, x_test=images[:10], y_test=labels[:10])
+    config = {
+        "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
+        "data": {"name": "npz", "path": str(tmp_path / "data.npz"), "trim_padding": 8},
+        "batch_size": BATCH,
+        "subdivisions": K,
+    }
+    with pytest.raises(accum_train.UserError) as refused:
+        accum_train.run(config, output_dir=tmp_path / "run")
+    assert str(refused.value) == (
+        f"data.trim_padding=8: it cuts the sequences a Keras loss trains on, and model.path={tmp_path / 'model.keras'} "
+        f"trains with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -280,3 +280,17 @@ def test_the_memory_of_a_run_follows_the_micro_batch_not_the_batch(tmp_path, rep
         peaks[batch] = json.loads((out / "summary.json").read_text())["peak_memory_bytes"]
     assert peaks[16000] <= 1.15 * peaks[500], peaks
     assert peaks[500] < 50e6, peaks  # the premise: a batch of 16000 held as float32 would more than double it
+
+
+def test_fit_cuts_a_stream_s_batch_chunk_first_as_the_cli_does():
+    """A batch read from accum_train.fit's stream: micro-step i takes the i-th chunk of the batch, shared by the
+    replicas (the CLI's stream cut, ``plan(chunk_first=True)``), not each replica's share cut in k."""
+    from accum_train.batching import Cut
+    from accum_train.keras_fit.stream_feed import DatasetFeed
+
+    rows = tf.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.float32)[:, None]).batch(8)
+    feed = DatasetFeed(rows, batch_size=None, class_weight=None, steps_per_epoch=None)
+    elements = [data.numpy()[:, 0].tolist() for data, _ in feed.dataset(0, 0, Cut(2, 2, (0, 1)), pad=False)]
+    layout = plan([Segment(0, 0, 0, 8, 8)], lambda batch: 2, 2, [0, 1], chunk_first=True)
+    assert elements == [list(range(a, b)) for a, b in zip(layout.starts, layout.ends)]
+    assert elements == [[0, 1], [2, 3], [4, 5], [6, 7]]  # share first would be [0, 1], [4, 5], [2, 3], [6, 7]
