@@ -9,6 +9,9 @@ import sys
 
 import keras
 
+# The same model every time, so the README's example gives the same figures on every machine (an unseeded
+# start made its three-update smoke run land anywhere from 0.29 to 0.68 test accuracy).
+keras.utils.set_random_seed(0)
 inputs = keras.Input(shape=(28, 28, 1))
 x = keras.layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False)(inputs)
 # accum-train pools its statistics over the micro-batches. momentum 0.9 (Keras' default is 0.99): the
