@@ -12,6 +12,7 @@ order, reaching the weights an uninterrupted run would.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 import time
@@ -36,7 +37,7 @@ from .processes import announce_started, restarts
 from .progress import Progress
 from .run_hooks import RunHooks
 from .run_parts import Run
-from .rundir import check_output_dir, keep_model_file, kept_model, save_weights, write_json
+from .rundir import check_output_dir, keep_model_file, model_source, save_weights, write_json
 from .stopping import StopFlag
 
 
@@ -66,10 +67,16 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
     if strategy is None and cfg.strategy.name != "default":
         strategy = make_strategy(cfg.strategy)  # before any other op: see distribute.py
     progress = progress or Progress()
+    # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
+    source = model_source(cfg, run_dir if resume or not is_chief(strategy) else None)
     if data is None:
         from .from_config import load_data
 
-        data = load_data(cfg, run_dir if resume else None)  # before anything is written: bad data leaves no trace
+        data = load_data(
+            cfg, run_dir if resume else None, source
+        )  # before anything is written: bad data leaves no trace
+    elif data.for_model is None:
+        data = dataclasses.replace(data, for_model=source)
     shared_dir = run_dir = Path(run_dir)
     if not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
@@ -78,7 +85,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         check_output_dir(run_dir)
     started, cpu_started = time.time(), time.process_time()
     # before any write: a model file that does not fit leaves no trace
-    run = Run(cfg, data, run_dir, strategy, shared_dir=shared_dir)
+    run = Run(cfg, data, run_dir, strategy)
     cfg = run.cfg
     writer = run_dir == shared_dir  # the process that writes the run directory
     flag = "--resume " if resume else "--output-dir "
@@ -88,7 +95,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         held.enter_context(writing(run_dir, flag))
     restored = run.restore_latest(shared_dir, progress.message, repair=writer, found=found) if resume else 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    keep_model_file(run_dir, kept_model(shared_dir, cfg.model))  # a worker copies the run directory's copy
+    keep_model_file(run_dir, data.for_model.config)  # a worker copies the run directory's copy
     for name, text in (
         ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
         ("dataset.json", json.dumps(data.describe(), indent=2)),

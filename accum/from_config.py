@@ -25,40 +25,42 @@ import tensorflow as tf
 from . import keras_private
 from .errors import ConfigError
 from .imports import import_function
-from .keras_archive import compile_config, uses_keras_loss
+from .keras_archive import compile_config
 from .keras_objective import KerasObjective
 from .models.containers import KerasModel
 from .models.keras_file import accumulating_clone, load_keras_file
 from .models.precision import set_precision
 from .objective import as_data, classifier
+from .rundir import model_source
 from .text import first_line, shape_text, traced_error_line
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
 
 
-def load_data(cfg, run_dir=None):
-    """The data of a run of ``cfg``: an .npz's targets taken as the loss takes them when the run has a Keras
-    loss, else as class labels. ``run_dir``: a run directory whose copy of the model file decides (and whose
-    image checks an image folder reads)."""
+def load_data(cfg, run_dir=None, source=None):
+    """The data of a run of ``cfg`` for the model it builds (``source``, a rundir.ModelSource, default
+    ``run_dir``'s, kept as the data's ``for_model``): an .npz's targets taken as the loss takes them when the model
+    has a Keras loss, else as class labels. ``run_dir``: a run directory whose image checks an image folder
+    reads."""
     from .datasets import load
-    from .rundir import kept_model
 
-    model = cfg.model if run_dir is None else kept_model(run_dir, cfg.model)
-    task = uses_keras_loss(dataclasses.replace(cfg, model=model))
+    source = source or model_source(cfg, run_dir)
+    task = source.keras_loss
     if cfg.data.name == "python" and not task:
         raise ConfigError(
             "data.name=python feeds a model that brings its own loss: model.name=keras_file with loss: in the "
             "YAML or a file saved after compile(loss=...) (the built-in nets need images with class labels)"
         )
-    return load(cfg.data, run_dir, task=task, seed=cfg.seed)
+    return dataclasses.replace(load(cfg.data, run_dir, task=task, seed=cfg.seed), for_model=source)
 
 
-def build_with_loss(cfg, data, precision: str = "float32", model_cfg=None):
+def build_with_loss(cfg, data, precision: str = "float32"):
     """(model, objective): the model a run of ``cfg`` trains and what it trains on (objective.py), the built-in
     cross-entropy (``objective.classifier``) or its Keras loss, taken apart for the data (a KerasObjective).
-    ``model_cfg``: the model config to build from (a run directory's copy of the file)."""
-    cfg = cfg if model_cfg is None else dataclasses.replace(cfg, model=model_cfg)
-    if uses_keras_loss(cfg):
+    The model is the one the data was loaded for (``data.for_model``; data made without one: ``cfg``'s)."""
+    source = data.for_model or model_source(cfg)
+    cfg = dataclasses.replace(cfg, model=source.config)
+    if source.keras_loss:
         keras.utils.set_random_seed(cfg.seed)
         model = build_keras_loss_model(cfg, data, precision)
         return model, keras_objective(model.network, data.signature(), cfg.model.path)

@@ -19,9 +19,9 @@ def compile_config(path: str) -> dict:
         return {}
 
 
-def uses_keras_loss(cfg) -> bool:
-    """Whether a run trains with a Keras loss (the YAML's, or its keras_file's compile()) rather than the
-    built-in classification loss."""
-    if cfg.model.name != "keras_file":
+def uses_keras_loss(model_cfg, loss) -> bool:
+    """Whether a model config trains with a Keras loss (``loss``, the YAML's, or its keras_file's compile())
+    rather than the built-in classification loss."""
+    if model_cfg.name != "keras_file":
         return False
-    return cfg.loss is not None or bool(compile_config(cfg.model.path).get("loss"))
+    return loss is not None or bool(compile_config(model_cfg.path).get("loss"))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -38,10 +37,9 @@ from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
 from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
-from .keras_archive import uses_keras_loss
 from .lock import writing
 from .processes import INTERRUPTED_CODES, RESTARTS, STARTED_FILE, STOP_SIGNALS, training_process
-from .rundir import check_output_dir, kept_model
+from .rundir import check_output_dir, model_source
 
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
 KEPT_ERROR_LINES = 200
@@ -236,8 +234,7 @@ def launch_workers(
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
         config_path = Path(scratch) / "config.yaml"
         atomic_write(config_path, resolved.to_yaml().encode())
-        model = kept_model(run_dir, cfg.model) if resume else cfg.model  # a resume reads its copy of the file
-        task = uses_keras_loss(dataclasses.replace(cfg, model=model))
+        task = model_source(cfg, run_dir if resume else None).keras_loss  # a resume reads its copy of the file
         _check_data(config_path, task)  # bad data is reported here, once, not by every worker
         # The supervisor is the run directory's one writer, its chief writing under its lock.
         with writing(run_dir, "--resume " if resume else "--output-dir ", for_children=True):

@@ -53,7 +53,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     from .checkpoints import latest_intact
     from .datasets.base import ArraySplit, Dataset
     from .from_config import build_with_loss
-    from .rundir import kept_model
+    from .rundir import model_source
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
@@ -74,7 +74,9 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
             train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
         )
     intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
-    model, objective = build_with_loss(cfg, data, cfg.precision, kept_model(run_dir, cfg.model))
+    if data.for_model is None:  # made here, or loaded without the run directory: its copy of the model file
+        data = dataclasses.replace(data, for_model=model_source(cfg, run_dir))
+    model, objective = build_with_loss(cfg, data, cfg.precision)
     # the run's checkpoint holds the weights under "weights" (run_parts.Run): read those, nothing else
     tf.train.Checkpoint(weights=model.variables).restore(intact).expect_partial().assert_existing_objects_matched()
     reader = tf.train.load_checkpoint(intact)

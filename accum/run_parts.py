@@ -17,7 +17,6 @@ from .engine_for import accumulator_for
 from .errors import ConfigError
 from .noise import NoiseScale, grown_batch, rule_said
 from .objective import as_data
-from .rundir import kept_model
 from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
 from .trim import TrimmedSplit, check_trim, check_trimmable
@@ -26,9 +25,7 @@ from .trim import TrimmedSplit, check_trim, check_trimmable
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None, shared_dir=None):
-        """``shared_dir``: the run directory a worker other than the chief reads the kept model file from (its
-        own ``run_dir`` is a scratch folder)."""
+    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None):
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .from_config import build_with_loss, is_keras_loss
@@ -53,10 +50,10 @@ class Run:
         self.schedule = schedule = run_schedule(cfg, self.timeline, self.rate_factor)
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
-        model_cfg = kept_model(shared_dir or run_dir, cfg.model)
         with in_scope.scope():
-            # a keras_file with the YAML's loss or its file's compile() trains on that loss (from_config.py)
-            self.model, self.objective = build_with_loss(cfg, data, cfg.precision, model_cfg)
+            # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains
+            # on that loss (from_config.py)
+            self.model, self.objective = build_with_loss(cfg, data, cfg.precision)
             if cfg.data.trim_padding is not None and self.n_train:  # none to cut in a run rebuilt without them
                 self.data = data = dataclasses.replace(data, train=self._trimmed(data, in_scope))
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import io
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, as_config, load_run_config
 from .errors import RunDirError
 from .files import atomic_write
+from .keras_archive import uses_keras_loss
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
 
 # What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
@@ -138,14 +140,25 @@ def keep_model_file(run_dir: Path, model_cfg) -> None:
         atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
 
 
-def kept_model(run_dir: Path, model_cfg):
-    """``model_cfg``, reading a keras_file run's model from its copy in ``run_dir`` when there is one."""
+@dataclass(frozen=True)
+class ModelSource:
+    """What a run builds its model from, decided once (``model_source``)."""
+
+    config: object  # the config's ModelConfig; a keras_file's path the run directory's copy where it has one
+    keras_loss: bool  # trains with a Keras loss (the YAML's loss or the file's compile()), not the built-in one
+
+
+def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
+    """The model a run of ``cfg`` builds, read from ``run_dir``'s copy of a keras_file when there is one (a
+    resume, evaluate, a worker beside the chief), and whether it trains with a Keras loss: the file is opened
+    here, once, and every stage after takes this."""
     import dataclasses
 
-    copy = Path(run_dir) / MODEL_COPY
-    if model_cfg.name == "keras_file" and copy.is_file():
-        return dataclasses.replace(model_cfg, path=str(copy))
-    return model_cfg
+    model = cfg.model
+    copy = None if run_dir is None else Path(run_dir) / MODEL_COPY
+    if model.name == "keras_file" and copy is not None and copy.is_file():
+        model = dataclasses.replace(model, path=str(copy))
+    return ModelSource(model, uses_keras_loss(model, cfg.loss))
 
 
 # ----------------------------------------------------------------------------

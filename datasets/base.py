@@ -308,6 +308,8 @@ class Dataset:
     source: str
     validation: ArraySplit | None = None  # data.validation: held out of the training split
     file_checks: object = None  # image_folder: the check of its files (image_check.Checked), for the run directory
+    # the model it was loaded for (rundir.ModelSource): an .npz's targets are read as that model's loss takes them
+    for_model: object = None
 
     # The validation choice is fixed (not drawn from the run's seed): runs that differ in their seed
     # are compared on the same examples.
