@@ -137,9 +137,13 @@ class Checkpoints:
             checkpoint = tf.train.Checkpoint(**self.tracked, **held)
         checkpoint.restore(prefix).assert_existing_objects_matched()
 
-    def reread(self) -> None:
-        """After damaged checkpoints were moved aside: TensorFlow's manager reads the checkpoint list only once."""
-        self.manager = self._manager()
+    def restore_newest(self, run_dir: Path, say, repair: bool, flag: str, found=None) -> None:
+        """Restore the newest intact checkpoint of ``run_dir`` (``latest_intact``: the damaged ones newer than it
+        named, and with ``repair`` moved aside, after which TensorFlow's manager reads the list again)."""
+        intact, damaged = latest_intact(run_dir, say, repair, flag, found)
+        if repair and damaged:
+            self.manager = self._manager()  # TensorFlow's manager reads the checkpoint list only once
+        self.restore(intact)
 
     def save(self, step: int) -> None:
         """Save the state as of ``step`` updates. TensorFlow writes the files first and the 'checkpoint' list last,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from .checkpoints import Checkpoints, latest_intact
+from .checkpoints import Checkpoints
 from .config import Config
 from .engine_for import accumulator_for
 from .errors import ConfigError
@@ -234,10 +234,7 @@ class Run:
         """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
         newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
         what ``newest_intact_checkpoint`` gave, if the caller looked already."""
-        intact, damaged = latest_intact(run_dir, say, repair, flag, found)
-        if repair and damaged:
-            self.checkpoints.reread()
-        self.checkpoints.restore(intact)
+        self.checkpoints.restore_newest(run_dir, say, repair, flag, found)
         self.engine.restored()
         self.noise.forget()
         self.saved_step = int(self.step.numpy())

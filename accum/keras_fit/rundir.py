@@ -33,7 +33,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from ..checkpoints import Checkpoints, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
+from ..checkpoints import Checkpoints, checkpoint_numbers
 from ..distribute import is_chief
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
@@ -152,13 +152,8 @@ class FitRunDir:
             )
 
     def _restore(self, say) -> None:
-        source = self.run_dir / "checkpoints"
-        intact, damaged = newest_intact_checkpoint(source, "output_dir ")
-        pass_over_damaged(intact, damaged, say, repair=self.writer)
-        if damaged and self.writer:
-            self.checkpoints.reread()
         try:
-            self.checkpoints.restore(intact)
+            self.checkpoints.restore_newest(self.run_dir, say, self.writer, "output_dir ")
             self.engine.restored()
             self.noise.forget()
         except (AssertionError, ValueError, tf.errors.OpError) as err:
