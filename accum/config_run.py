@@ -67,16 +67,16 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
     if strategy is None and cfg.strategy.name != "default":
         strategy = make_strategy(cfg.strategy)  # before any other op: see distribute.py
     progress = progress or Progress()
-    # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
-    source = model_source(cfg, run_dir if resume or not is_chief(strategy) else None)
-    if data is None:
-        from .from_config import load_data
+    if data is None or data.for_model is None:
+        # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
+        source = model_source(cfg, run_dir if resume or not is_chief(strategy) else None)
+        if data is None:
+            from .from_config import load_data
 
-        data = load_data(
-            cfg, run_dir if resume else None, source
-        )  # before anything is written: bad data leaves no trace
-    elif data.for_model is None:
-        data = dataclasses.replace(data, for_model=source)
+            # before anything is written: bad data leaves no trace
+            data = load_data(cfg, run_dir if resume else None, source)
+        else:
+            data = dataclasses.replace(data, for_model=source)
     shared_dir = run_dir = Path(run_dir)
     if not is_chief(strategy):
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .config import Config, as_config, load_run_config
@@ -152,12 +152,9 @@ def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
     """The model a run of ``cfg`` builds, read from ``run_dir``'s copy of a keras_file when there is one (a
     resume, evaluate, a worker beside the chief), and whether it trains with a Keras loss: the file is opened
     here, once, and every stage after takes this."""
-    import dataclasses
-
     model = cfg.model
-    copy = None if run_dir is None else Path(run_dir) / MODEL_COPY
-    if model.name == "keras_file" and copy is not None and copy.is_file():
-        model = dataclasses.replace(model, path=str(copy))
+    if model.name == "keras_file" and run_dir is not None and (Path(run_dir) / MODEL_COPY).is_file():
+        model = replace(model, path=str(Path(run_dir) / MODEL_COPY))
     return ModelSource(model, uses_keras_loss(model, cfg.loss))
 
 
