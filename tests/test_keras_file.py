@@ -567,12 +567,17 @@ def test_config_keys_of_the_other_kind_are_refused():
 
 
 def test_the_readme_example_model(tmp_path, repo_root, monkeypatch):
-    path = tmp_path / "my_model.keras"
-    monkeypatch.setattr("sys.argv", ["make_keras_model.py", str(path)])
-    runpy.run_path(str(repo_root / "scripts" / "make_keras_model.py"), run_name="__main__")
-    model = build_model(ModelConfig(name="keras_file", path=str(path)), 0, SHAPE, 10)
+    paths = [tmp_path / "my_model.keras", tmp_path / "again.keras"]
+    for path in paths:
+        keras.utils.set_random_seed(len(str(path)))  # whatever the process drew before, the script seeds itself
+        monkeypatch.setattr("sys.argv", ["make_keras_model.py", str(path)])
+        runpy.run_path(str(repo_root / "scripts" / "make_keras_model.py"), run_name="__main__")
+    model = build_model(ModelConfig(name="keras_file", path=str(paths[0])), 0, SHAPE, 10)
     assert len(model.norm_layers) == 1
     assert model.forward(tf.zeros((2, *SHAPE)), False).shape == (2, 10)
+    # the same initial weights every time: the README's example gives the same figures on every machine
+    first, again = (keras.models.load_model(path).get_weights() for path in paths)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def test_mixed_bfloat16_trains_a_file_in_16_bits_and_exports_it_in_float32(files, tmp_path, data_dir):
