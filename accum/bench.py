@@ -28,10 +28,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .child import run_child
 from .config import Config, load_config
 from .errors import WorkerFailed
 from .files import atomic_write
+from .processes import run_child
 from .progress import Progress
 from .rundir import check_output_dir, pyplot, save_figure, write_result
 
@@ -193,7 +193,7 @@ def plot(result: dict, path: Path) -> None:
 def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
-    from .threads import configure
+    from .runtime import configure
 
     # as a run would, before any op: importing keras_loss imports TensorLayer, whose import makes a Keras variable
     # and so starts the runtime, after which the pools stay TensorFlow's defaults

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .child import error_message, run_child
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
 from .metrics_log import is_epoch_record, read_metrics
-from .processes import training_process
+from .processes import error_message, run_child, training_process
 from .progress import Progress
 from .rundir import check_output_dir, pyplot, save_figure, write_result
 

@@ -60,12 +60,11 @@ def train(
 
 
 def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.ExitStack) -> dict:
-    from .distribute import is_chief, make_strategy
-    from .threads import configure
+    from .runtime import configure, is_chief, make_strategy
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
-        strategy = make_strategy(cfg.strategy)  # before any other op: see distribute.py
+        strategy = make_strategy(cfg.strategy)  # before any other op: see runtime.py
     progress = progress or Progress()
     if data is None or data.for_model is None:
         # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
@@ -158,7 +157,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
     replica cuts its share: k is adapted so that no micro-batch is larger than
     before (re-probed with subdivisions=auto). history.jsonl records each
     start: update, strategy, workers, replicas, k."""
-    from .distribute import cluster_workers
+    from .runtime import cluster_workers
 
     cfg = run.cfg
     step = 0

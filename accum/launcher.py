@@ -33,12 +33,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .checkpoints import checkpoint_numbers
-from .child import error_message, last_error, run_child
 from .config import Config, config_from_dict
 from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
 from .lock import writing
-from .processes import INTERRUPTED_CODES, RESTARTS, STARTED_FILE, STOP_SIGNALS, training_process
+from .processes import (
+    INTERRUPTED_CODES,
+    RESTARTS,
+    STARTED_FILE,
+    STOP_SIGNALS,
+    error_message,
+    last_error,
+    run_child,
+    training_process,
+)
 from .rundir import check_output_dir, model_source
 
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)

@@ -18,7 +18,7 @@ from collections import Counter
 from .batching import largest_micro_batch
 from .config import Config
 from .data import updates_per_epoch
-from .threads import parallel_micro_steps
+from .runtime import parallel_micro_steps
 from .timeline import Timeline
 
 # BatchNorm's statistics over fewer examples than this

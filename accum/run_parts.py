@@ -30,7 +30,7 @@ class Run:
         # multi-worker strategy must exist before any op does.
         from .from_config import build_with_loss, is_keras_loss
         from .optim import make_optimizer, run_schedule
-        from .threads import parallel_micro_steps
+        from .runtime import parallel_micro_steps
 
         self.run_dir, self.data = Path(run_dir), data
         self.n_train = len(data.train)

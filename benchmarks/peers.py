@@ -6,7 +6,7 @@ needs its own), the same Fashion-MNIST batch and the same micro-batch:
 
   (a)  accum-train: Accumulator, one graph call per update, with the
        micro-steps in flight and the thread pools accum-train itself chooses
-       (threads.py: on this CPU two micro-steps at once, one thread per op)
+       (runtime.py: on this CPU two micro-steps at once, one thread per op)
   (a1) the same, one micro-step at a time, TensorFlow's default threads
   (a1') (a1) under (a)'s thread pools (TF_NUM_INTRAOP_THREADS and
        TF_NUM_INTEROP_THREADS, which a run leaves to rule), the twin of (b'')
@@ -71,7 +71,7 @@ from accum_train.engine import Accumulator
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
 from accum_train.objective import sparse_softmax_loss
 from accum_train.optim import make_optimizer
-from accum_train.threads import child_environment, parallel_micro_steps, thread_pools
+from accum_train.runtime import child_environment, parallel_micro_steps, thread_pools
 from tables import fastest
 
 LR = 0.001

@@ -9,7 +9,7 @@ batch, micro-batch, k and Adam learning rate for every method:
        model.name keras_file (its BatchNormalization layers pooling their
        statistics, moving statistics deferred to once per update),
        Accumulator, one graph call per update, with the micro-steps in
-       flight and the thread pools accum-train itself chooses (threads.py)
+       flight and the thread pools accum-train itself chooses (runtime.py)
   (a1) the same, one micro-step at a time, TensorFlow's default threads
   (a1') (a1) under (a)'s thread pools, the twin of (b'')
   (b)  the same file through keras.models.load_model, compiled with

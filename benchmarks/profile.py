@@ -6,7 +6,7 @@ after a warm-up:
 
   k=1            one pass over the batch, TensorFlow's default threads
   k=8, 1 at once the micro-steps one after another, default threads
-  k=8, 2 at once what accum-train chooses on a CPU (threads.py): two micro-steps
+  k=8, 2 at once what accum-train chooses on a CPU (runtime.py): two micro-steps
                  in flight, each op on half the cores (one thread on 2 cores),
                  two ops side by side
 
@@ -155,7 +155,7 @@ def main():
         print(json.dumps(measure(*args.child, args.updates)))
         return
     rows = {}
-    from accum_train.threads import child_environment, thread_pools
+    from accum_train.runtime import child_environment, thread_pools
 
     for label, (k, parallel) in VARIANTS.items():
         # the pools threads.configure sets for that many micro-steps in flight (none: TensorFlow's defaults)

@@ -5,7 +5,7 @@ import json
 
 import matplotlib.image
 import pytest
-from accum_train import threads
+from accum_train import runtime
 from accum_train.cli.main import main
 from click.testing import CliRunner
 
@@ -45,14 +45,14 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
     assert table[-1] == f"written: {out / 'bench.json'}, {out / 'bench.png'}"
     assert not list(out.glob("config-k*.yaml"))  # the workers' configs are cleaned up
     # each worker ran under the thread pools a run of its k sets (0: TensorFlow's default)
-    assert [r["parallel_micro_steps"] for r in rows] == [1, threads.auto_parallel(4)]
+    assert [r["parallel_micro_steps"] for r in rows] == [1, runtime.auto_parallel(4)]
     for r in rows:
-        pools = threads.thread_pools(r["parallel_micro_steps"]) or {"intra": 0, "inter": 0}
+        pools = runtime.thread_pools(r["parallel_micro_steps"]) or {"intra": 0, "inter": 0}
         assert (r["intra_op_threads"], r["inter_op_threads"]) == (pools["intra"], pools["inter"])
     # the table says so
     assert table[-4].endswith("  1 in flight, defaults")
     in_flight = rows[1]["parallel_micro_steps"]
-    pools = threads.thread_pools(in_flight)
+    pools = runtime.thread_pools(in_flight)
     said = f"intra {pools['intra']}, inter {pools['inter']}" if pools else "defaults"
     assert table[-3].endswith(f"  {in_flight} in flight, {said}")
 

@@ -466,7 +466,7 @@ COUNT_SCRIPT = """
 import json, sys
 import tensorflow as tf
 from accum_train.config import StrategyConfig
-from accum_train.distribute import CountingCrossDeviceOps, make_strategy
+from accum_train.runtime import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
@@ -498,7 +498,7 @@ import json
 import numpy as np
 import tensorflow as tf
 from accum_train.config import StrategyConfig
-from accum_train.distribute import make_strategy
+from accum_train.runtime import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.engine import Accumulator
@@ -705,7 +705,7 @@ import json
 import numpy as np
 import tensorflow as tf
 from accum_train.config import ModelConfig, StrategyConfig
-from accum_train.distribute import make_strategy
+from accum_train.runtime import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
 from accum_train.engine import Accumulator

@@ -277,7 +277,7 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 from accum_train.config import ModelConfig, OptimizerConfig, StrategyConfig
-from accum_train.distribute import CountingCrossDeviceOps, make_strategy
+from accum_train.runtime import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 import keras

@@ -9,7 +9,7 @@ ragged micro-batches and a short last batch.
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train import threads
+from accum_train import runtime
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.engine import Accumulator
 from accum_train.models import build_model
@@ -107,9 +107,9 @@ BASE = {"batch_size": 256, "subdivisions": 8}
     ],
 )
 def test_parallel_micro_steps_auto_and_configured(monkeypatch, changes, gpu, cores, expected):
-    monkeypatch.setattr(threads, "cpu_cores", lambda: cores)
+    monkeypatch.setattr(runtime, "cpu_cores", lambda: cores)
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["gpu:0"] if gpu else [])
-    assert threads.parallel_micro_steps(config_from_dict({**BASE, **changes})) == expected
+    assert runtime.parallel_micro_steps(config_from_dict({**BASE, **changes})) == expected
 
 
 def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
@@ -118,9 +118,9 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
         tf.config.threading.get_intra_op_parallelism_threads(),
         tf.config.threading.get_inter_op_parallelism_threads(),
     )
-    got = threads.configure(config_from_dict(BASE))
+    got = runtime.configure(config_from_dict(BASE))
     assert (got["intra_op_threads"], got["inter_op_threads"]) == before
-    assert got["parallel_micro_steps"] == threads.parallel_micro_steps(config_from_dict(BASE))
+    assert got["parallel_micro_steps"] == runtime.parallel_micro_steps(config_from_dict(BASE))
 
 
 NOT_STARTED = """
@@ -174,7 +174,7 @@ def test_a_run_sets_its_thread_pools_before_the_runtime_starts(tmp_path, data_di
     )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    cores = threads.cpu_cores()
+    cores = runtime.cpu_cores()
     expected = (2, max(1, cores // 2), 2) if cores >= 2 else (1, 0, 0)
     assert (summary["parallel_micro_steps"], summary["intra_op_threads"], summary["inter_op_threads"]) == expected
 
@@ -183,7 +183,7 @@ CONFIGURE = """
 import json
 import tensorflow as tf
 from accum_train.config import config_from_dict
-from accum_train.threads import configure
+from accum_train.runtime import configure
 reported = configure(config_from_dict({"batch_size": 256, "subdivisions": 8}))
 tf.constant(1.0)  # the runtime starts with what configure left for it
 print(json.dumps({**reported, "set_in_process": [tf.config.threading.get_intra_op_parallelism_threads(),
@@ -197,13 +197,13 @@ def test_tf_num_variables_rule_over_the_pools_and_the_summary_says_so(variables)
     import subprocess
     import sys
 
-    env = {**threads.child_environment(None), **variables}
+    env = {**runtime.child_environment(None), **variables}
     done = subprocess.run([sys.executable, "-c", CONFIGURE], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     if variables:  # left to the runtime, which reads them; the summary reports them
         assert (got["intra_op_threads"], got["inter_op_threads"], got["set_in_process"]) == (2, 3, [0, 0])
     else:
-        pools = threads.thread_pools(2)
-        expected = [pools["intra"], pools["inter"]] if threads.cpu_cores() >= 2 else [0, 0]
+        pools = runtime.thread_pools(2)
+        expected = [pools["intra"], pools["inter"]] if runtime.cpu_cores() >= 2 else [0, 0]
         assert [got["intra_op_threads"], got["inter_op_threads"]] == got["set_in_process"] == expected

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from accum_train import threads
+from accum_train import runtime
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets.base import ArraySplit, Dataset
@@ -75,7 +75,7 @@ def in_empty_dir(tmp_path, monkeypatch):
 def test_plan_prints_the_plan_and_writes_nothing(
     repo_root, data_dir, in_empty_dir, config, extra, expected, monkeypatch
 ):
-    monkeypatch.setattr(threads, "cpu_cores", lambda: 2)  # "in flight" as on the 2-core CI machine (no GPU)
+    monkeypatch.setattr(runtime, "cpu_cores", lambda: 2)  # "in flight" as on the 2-core CI machine (no GPU)
     result = CliRunner().invoke(main, ["plan", str(repo_root / "configs" / config), *extra])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     assert result.stdout == expected.format(source=data_dir)

@@ -31,9 +31,9 @@ from ..keras_private import all_layers
 from ..memory import UNMEASURED, choose_subdivisions
 from ..models.containers import leaves
 from ..models.norm import pooled
+from ..runtime import auto_parallel
 from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
-from ..threads import auto_parallel
 from ..trim import check_trim, check_trimmable, trim_multiple
 from ..update import LOSS_SCALE, local_replica_ids
 from .arguments import (

@@ -1,27 +1,32 @@
-"""How many micro-steps run at once, and the CPU thread pools that go with it.
+"""How this process's TensorFlow runtime is set up before its first op: the thread pools that go with the
+micro-steps in flight, and the tf.distribute strategy a config names (with who writes the run).
 
-Measured on the 2-core development machine (README, "Where the time goes"):
-a micro-batch of 32 is too small for TensorFlow's intra-op threads to pay
-for themselves, so k=8 with two threads per op costs ~1.4x the CPU time of
+Both are fixed once the runtime starts: ``configure`` and ``make_strategy``
+run before any other op (thread pools, MultiWorkerMirroredStrategy and
+logical devices all require it). A process that has already started it (a
+test, a notebook) keeps its threads; the run still works, only slower.
+TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
+
+Threads, measured on the 2-core development machine (README, "Where the time
+goes"): a micro-batch of 32 is too small for TensorFlow's intra-op threads to
+pay for themselves, so k=8 with two threads per op costs ~1.4x the CPU time of
 one pass. One thread per op, with two micro-steps in flight at once (the
 engine's loop-carried accumulation, ``parallel_iterations``), keeps both cores
 busy on useful work instead. With a GPU the device is the bottleneck and
 memory is what accumulation is for, so micro-steps stay one at a time there.
 
-Thread pools are per process and fixed once TensorFlow's runtime starts:
-``configure`` must run before the first op. A process that has already started
-it (a test, a notebook) keeps its threads; the run still works, only slower.
-TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
+The engine itself (accum/engine.py) is the same on every strategy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 import tensorflow as tf
 
-from .config import Config
+from .config import Config, StrategyConfig
 
 AUTO_PARALLEL = 2  # micro-steps in flight under auto on a CPU: the most measured to help (2 cores)
 
@@ -102,3 +107,57 @@ def _in_effect(pool: str) -> int:
         return configured
     value = os.environ.get(ENV[pool], "")
     return int(value) if value.isdigit() else 0
+
+
+def make_strategy(cfg: StrategyConfig, cross_device_ops=None) -> tf.distribute.Strategy | None:
+    if cfg.name == "default":
+        return None
+    if cfg.name == "mirrored":
+        if cfg.cpu_devices:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cfg.cpu_devices)]
+            )
+            devices = [f"/cpu:{i}" for i in range(cfg.cpu_devices)]
+            return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+        return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
+    if cfg.name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise ValueError(f"unknown strategy {cfg.name!r}")  # the config module lets only known names through
+
+
+def cluster_workers() -> int:
+    """The workers of the cluster this process is in (TF_CONFIG), 1 without one."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
+
+
+def is_chief(strategy: tf.distribute.Strategy | None) -> bool:
+    """The chief (task 'chief', or worker 0 when there is none) writes the run directory."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = config.get("task", {})
+    if "chief" in config.get("cluster", {}):
+        return task.get("type") == "chief"
+    return int(task.get("index", 0)) == 0
+
+
+class CountingCrossDeviceOps(tf.distribute.ReductionToOneDevice):
+    """Counts the collective reductions traced into graphs (tests and benchmarks).
+
+    The public ``reduce``/``batch_reduce`` are counted: one call is one
+    collective, however many tensors it carries."""
+
+    def __init__(self):
+        super().__init__()
+        self.reduce_calls = 0
+        self.batch_reduce_calls = 0
+
+    def reduce(self, reduce_op, per_replica_value, destinations, options=None):
+        self.reduce_calls += 1
+        return super().reduce(reduce_op, per_replica_value, destinations, options)
+
+    def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
+        self.batch_reduce_calls += 1
+        return super().batch_reduce(reduce_op, value_destination_pairs, options)
