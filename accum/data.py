@@ -19,11 +19,6 @@ def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarr
     return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
 
 
-def worker_part(n: int, replicas: int, replica_ids) -> tuple:
-    """[start, end) of a global batch of n that a process's replicas take (consecutive ids, contiguous shares)."""
-    return (replica_ids[0] * n) // replicas, ((replica_ids[-1] + 1) * n) // replicas
-
-
 def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
     """The first update's batch (epoch 0): what memory probes and the gradient check look at."""
     if hasattr(data.train, "first"):  # a stream: its epoch 0 front to back

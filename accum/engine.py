@@ -153,7 +153,7 @@ class Accumulator(Finish):
 
     def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
-        of them except under multi-worker: see ``data.worker_part``): one graph call, as ``update_from``."""
+        of them except under multi-worker, where each process holds its replicas' contiguous shares): one graph call, as ``update_from``."""
         pulls, size = self._held_cut(y, n)
         return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), pulls, size))
 

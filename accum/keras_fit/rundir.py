@@ -34,6 +34,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from ..checkpoints import Checkpoints, checkpoint_numbers
+from ..config import CheckpointConfig
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
 from ..keras_private import storage
@@ -45,7 +46,7 @@ from ..stopping import StopFlag
 
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
-KEEP = 3  # checkpoints kept
+KEEP = CheckpointConfig().keep  # checkpoints kept: the config's default, as a run of the CLI keeps
 
 
 def recorded_seed(run_dir: Path):
