@@ -152,8 +152,9 @@ class Accumulator(Finish):
         return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls), size))
 
     def update(self, x, y, n=None, stop=0):
-        """One update from a batch held in memory (this process's examples of the global batch of ``n``, all
-        of them except under multi-worker, where each process holds its replicas' contiguous shares): one graph call, as ``update_from``."""
+        """One update from a batch held in memory (this process's examples of the global batch of ``n``: all of
+        them, except under multi-worker, where a process holds its replicas' contiguous shares): one graph call,
+        as ``update_from``."""
         pulls, size = self._held_cut(y, n)
         return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), pulls, size))
 
