@@ -57,9 +57,14 @@ def model_fit_per_batch_size():
     return built.get_weights()
 
 
-def test_a_scheduled_batch_ends_where_model_fit_ends_at_each_batch_size(model_fit_per_batch_size):
+@pytest.mark.parametrize(
+    "keywords",
+    [{}, {"batch_size": 8, "batch_schedule": [{"epoch": 3, "batch_size": 20}]}],
+    ids=["from-epoch-1", "batch_size-then-a-later-entry"],  # the CLI's rule: before a later first entry, batch_size
+)
+def test_a_scheduled_batch_ends_where_model_fit_ends_at_each_batch_size(model_fit_per_batch_size, keywords):
     built, counted = model(), UpdatesPerEpoch()
-    history = scheduled(built, callbacks=[counted])
+    history = scheduled(built, callbacks=[counted], **keywords)
     assert max_difference(built.get_weights(), model_fit_per_batch_size) <= 1e-6
     assert counted.counts == counted.steps == [6, 6, 3, 3]
     assert len(history.history["loss"]) == EPOCHS
@@ -138,7 +143,6 @@ def test_a_rule_run_stopped_after_a_change_resumes_with_it(tmp_path, capsys, mod
 
 
 FORM = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
-RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
 
 
 @pytest.mark.parametrize(
@@ -146,15 +150,15 @@ RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
     [
         (
             {"batch_schedule": {1: 8}},
-            f"batch_schedule={{1: 8}} must be a list such as {FORM}, or a rule such as {RULE}",
+            "unknown key 'batch_schedule.1' (valid keys: rule, max_batch_size, every_epochs)",
         ),
         (
             {"batch_schedule": [{"epoch": 1, "batch": 8}]},
-            f"batch_schedule=[{{'epoch': 1, 'batch': 8}}] must be a list such as {FORM}, or a rule such as {RULE}",
+            "unknown key 'batch_schedule[0].batch' (did you mean 'batch_schedule[0].batch_size'?)",
         ),
         (
             {"batch_schedule": {"rule": "noise", "max_batch_size": 24}},
-            f"batch_schedule={{'rule': 'noise', 'max_batch_size': 24}} must be a rule such as {RULE} (every_epochs: 1)",
+            "batch_schedule.rule='noise' is not one of noise_scale; did you mean 'noise_scale'?",
         ),
         (
             {"batch_schedule": {"rule": "noise_scale", "max_batch_size": 24, "every_epochs": 4}, "batch_size": 8},
@@ -163,18 +167,26 @@ RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
         ),
         (
             {"batch_schedule": {"rule": "noise_scale", "max_batch_size": 24}, "micro_batch_size": None},
-            "batch_schedule's rule grows the batch in whole micro-batches: give micro_batch_size (what fits), not "
-            "subdivisions",
+            "batch_schedule rule noise_scale grows the batch in whole micro-batches: give micro_batch_size (what fits "
+            "in memory) instead of subdivisions",
         ),
         (
             {"batch_schedule": {"rule": "noise_scale", "max_batch_size": 6}},
-            "batch_schedule's max_batch_size=6 is below batch_size=32, where the rule starts: raise max_batch_size",
+            "batch_schedule max_batch_size=6 is smaller than batch_size=32 (the rule never shrinks the batch): raise "
+            "max_batch_size",
         ),
-        ({"batch_schedule": [{"epoch": 1, "batch_size": 0}]}, "batch_schedule's batch_size=0 must be an integer >= 1"),
         (
-            {"batch_schedule": [{"epoch": 2, "batch_size": 8}]},
-            "batch_schedule's epochs [2] must start at 1 and rise (each entry's batch_size holds from its epoch on), "
-            f"such as {FORM}",
+            {"batch_schedule": [{"epoch": 1, "batch_size": 0}]},
+            "batch_schedule[0].batch_size=0 must be >= 1 and <= 1000000",
+        ),
+        (
+            {"batch_schedule": [{"epoch": 3, "batch_size": 8}, {"epoch": 2, "batch_size": 16}]},
+            "batch_schedule[1] (epoch 2) must come after batch_schedule[0] (epoch 3): list the changes in increasing "
+            "epochs",
+        ),
+        (
+            {"batch_schedule": [{"step": 0, "batch_size": 8}]},
+            f"batch_schedule keyed by step is the CLI's: key fit's entries by epoch, such as {FORM}",
         ),
         (
             {"batch_schedule": [{"epoch": 1, "batch_size": 8}, {"epoch": 9, "batch_size": 16}]},
@@ -183,7 +195,7 @@ RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
         ),
         (
             {"batch_size": 16},
-            "batch_size=16 and batch_schedule's first batch_size=8 disagree: leave batch_size out, or make them one",
+            "batch_size=16 and batch_schedule[0] (epoch 1, batch_size=8) both set the first batch size: remove one",
         ),
         (
             {"steps_per_epoch": 3},
@@ -197,7 +209,7 @@ RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
         ),
         (
             {"micro_batch_size": "auto"},
-            "batch_schedule needs micro_batch_size or a fixed subdivisions (auto measures one batch size): set "
+            "batch_schedule needs micro_batch_size or a fixed subdivisions (auto probes one batch size): set "
             "micro_batch_size to what fits",
         ),
         (
@@ -213,7 +225,8 @@ RULE = '{"rule": "noise_scale", "max_batch_size": 4096}'
         "rule-k",
         "rule-max",
         "zero",
-        "first-epoch",
+        "order",
+        "by-step",
         "after-last",
         "disagree",
         "steps",

@@ -5,7 +5,6 @@ model's loss and optimizer (the config's defaults, config/sections.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -168,81 +167,31 @@ def ends_in_softmax(model) -> bool:
         return False
 
 
-class Rule(NamedTuple):
-    """batch_schedule's rule noise_scale: the batch grows to the measured noise scale at every ``every_epochs``-th
-    epoch's end, in whole micro-batches, up to ``max_batch_size`` (noise.grown_batch)."""
-
-    max_batch_size: int
-    every_epochs: int = 1
-
-
-def schedule_of(batch_schedule, batch_size, epochs, micro_batch_size) -> tuple:
-    """(schedule, rule): ``batch_schedule`` as ((0-based epoch, batch size), ...) from epoch 0, checked, and its
-    ``Rule`` or None. The CLI key's forms: a list of {"epoch": E, "batch_size": B}, E 1-based and rising, the first
-    at epoch 1 (it is ``batch_size``, which may be left out; given, it must agree); or {"rule": "noise_scale",
-    "max_batch_size": M, "every_epochs": 1} from ``batch_size`` on. ((), None) for None."""
+def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size) -> tuple:
+    """(schedule, rule): ``batch_schedule`` checked by the rules of the CLI's key of that name (config/rules.py:
+    one policy, in its words), as ((0-based epoch, batch size), ...) from epoch 0, and its rule (config.BatchRule)
+    or None. fit's entries are keyed by epoch (each epoch one pass over the arrays); before a first entry after
+    epoch 1 the batch is ``batch_size`` (model.fit's 32 for arrays when None). ((), None) for None."""
     if batch_schedule is None:
         return (), None
-    if isinstance(batch_schedule, dict) and "rule" in batch_schedule:
-        return _rule_of(batch_schedule, batch_size, epochs, micro_batch_size)
-    form = '[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]'
-    entries = list(batch_schedule) if isinstance(batch_schedule, (list, tuple)) else None
-    if not entries or any(not isinstance(e, dict) or set(e) != {"epoch", "batch_size"} for e in entries):
-        raise UserError(
-            f"{WHERE}: batch_schedule={batch_schedule!r} must be a list such as {form}, or a rule such as {RULE_FORM}"
-        )
-    for entry in entries:
-        for key, value in entry.items():
-            _positive(f"batch_schedule's {key}", value)
-    starts = [int(e["epoch"]) for e in entries]
-    if starts[0] != 1 or starts != sorted(set(starts)):
-        raise UserError(
-            f"{WHERE}: batch_schedule's epochs {starts} must start at 1 and rise (each entry's batch_size holds from "
-            f"its epoch on), such as {form}"
-        )
-    if starts[-1] > epochs:
-        raise UserError(
-            f"{WHERE}: batch_schedule starts batch_size={entries[-1]['batch_size']} at epoch {starts[-1]}, after the "
-            f"last epoch (epochs={epochs}): raise epochs or remove the entry"
-        )
-    if batch_size is not None and batch_size != entries[0]["batch_size"]:
-        raise UserError(
-            f"{WHERE}: batch_size={batch_size} and batch_schedule's first batch_size={entries[0]['batch_size']} "
-            f"disagree: leave batch_size out, or make them one"
-        )
-    return tuple((int(e["epoch"]) - 1, int(e["batch_size"])) for e in entries), None
+    from ..config import config_from_dict
 
-
-RULE_FORM = '{"rule": "noise_scale", "max_batch_size": 4096}'
-
-
-def _rule_of(given: dict, batch_size, epochs, micro_batch_size) -> tuple:
-    """The noise-scale rule's (schedule from ``batch_size``, Rule), checked as the CLI checks its key."""
-    unknown = set(given) - {"rule", "max_batch_size", "every_epochs"}
-    if given["rule"] != "noise_scale" or unknown or "max_batch_size" not in given:
-        raise UserError(f"{WHERE}: batch_schedule={given!r} must be a rule such as {RULE_FORM} (every_epochs: 1)")
-    rule = Rule(given["max_batch_size"], given.get("every_epochs", 1))
-    for name, value in rule._asdict().items():
-        _positive(f"batch_schedule's {name}", value)
-    if not isinstance(micro_batch_size, (int, np.integer)) or isinstance(micro_batch_size, bool):
+    raw = {"epochs": epochs, "batch_schedule": batch_schedule}
+    entries = batch_schedule if isinstance(batch_schedule, (list, tuple)) else ()
+    if any(isinstance(entry, dict) and "step" in entry for entry in entries):
         raise UserError(
-            f"{WHERE}: batch_schedule's rule grows the batch in whole micro-batches: give micro_batch_size "
-            f"(what fits), not {'subdivisions' if micro_batch_size is None else repr(micro_batch_size)}"
+            f"{WHERE}: batch_schedule keyed by step is the CLI's: key fit's entries by epoch, such as "
+            f'[{{"epoch": 1, "batch_size": 32}}, {{"epoch": 4, "batch_size": 128}}]'
         )
-    first = 32 if batch_size is None else batch_size  # model.fit's default for arrays
-    if rule.max_batch_size < first:
-        raise UserError(
-            f"{WHERE}: batch_schedule's max_batch_size={rule.max_batch_size} is below batch_size={first}, where the "
-            f"rule starts: raise max_batch_size"
-        )
-    if rule.every_epochs >= epochs:
-        raise UserError(
-            f"{WHERE}: batch_schedule every_epochs={rule.every_epochs} leaves no epoch for the batch to change at "
-            f"(epochs={epochs}): lower every_epochs or raise epochs"
-        )
-    return ((0, first),), rule
-
-
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")
+    starts_at_one = bool(entries) and isinstance(entries[0], dict) and entries[0].get("epoch") == 1
+    if batch_size is not None or not starts_at_one:  # else the first entry's: model.fit's 32 for arrays before one
+        raw["batch_size"] = 32 if batch_size is None else batch_size
+    if micro_batch_size == "auto":
+        raw["subdivisions"] = "auto"
+    elif micro_batch_size is not None:
+        raw["micro_batch_size"] = micro_batch_size
+    else:
+        raw["subdivisions"] = 1 if subdivisions is None else subdivisions
+    cfg = config_from_dict(raw, WHERE)
+    changes = tuple((change.epoch - 1, change.batch_size) for change in cfg.batch_changes)
+    return ((0, cfg.batch_size), *changes), cfg.batch_rule

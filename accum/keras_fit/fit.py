@@ -115,8 +115,9 @@ def fit(
       ``micro_batch_size="auto"`` (which measures under it first), is retried at twice the micro-batches. None: no
       limit.
     - ``batch_schedule``: batch sizes that change from epoch to epoch, as the CLI's key of that name: a list
-      such as ``[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]`` (1-based epochs, the first
-      ``batch_size``'s). Arrays only; each epoch is one pass at the batch in force, and ``micro_batch_size``
+      such as ``[{"epoch": 1, "batch_size": 32}, {"epoch": 4, "batch_size": 128}]`` (1-based epochs; before the
+      first entry, ``batch_size``), checked by the CLI's rules for it. Arrays only; each epoch is one pass at the
+      batch in force, and ``micro_batch_size``
       keeps the micro-batch (and the memory) as the batch grows; or the rule ``{"rule": "noise_scale",
       "max_batch_size": 4096}``, which grows the batch at epoch ends to the measured noise scale in whole
       micro-batches (``micro_batch_size`` needed). The optimizer's learning rate is as compiled.
@@ -128,7 +129,7 @@ def fit(
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     limit = memory_limit_of(memory_limit)
-    schedule, rule = schedule_of(batch_schedule, batch_size, epochs, micro_batch_size)
+    schedule, rule = schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
     if schedule:
         batch_size = schedule[0][1]
     trim = trim_multiple(trim_padding, WHERE)
@@ -169,11 +170,6 @@ def fit(
             f"(a micro-batch holds at least one example)"
         )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
-    if auto and schedule:  # the CLI's refusal
-        raise UserError(
-            f"{WHERE}: batch_schedule needs micro_batch_size or a fixed subdivisions (auto measures one batch size): "
-            f"set micro_batch_size to what fits"
-        )
     if auto and feed.once:
         raise UserError(
             f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
@@ -239,7 +235,11 @@ def fit(
                 batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
             )
             if schedule:  # a directory of a call without one records no such key
-                described["batch_schedule"] = rule._asdict() if rule else [[e + 1, size] for e, size in schedule]
+                described["batch_schedule"] = (
+                    {"max_batch_size": rule.max_batch_size, "every_epochs": rule.every_epochs}
+                    if rule
+                    else [[e + 1, size] for e, size in schedule]
+                )
             checkpoints = restore.enter_context(
                 FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
             )

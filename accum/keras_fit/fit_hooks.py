@@ -73,7 +73,7 @@ class FitHooks:
         )
         self.max_bad_steps = limits and limits.max_bad_steps
         self.k_for = None  # with batch_schedule: the micro-batches per share of each batch size in force
-        # batch_schedule's noise-scale rule (arguments.Rule) and its changes so far, checkpointed as JSON
+        # batch_schedule's noise-scale rule (config.BatchRule) and its changes so far, checkpointed as JSON
         # [[1-based epoch, batch size], ...] (the CLI's form)
         self.rule, self.micro_batch_size, self.say = None, None, say
         self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
