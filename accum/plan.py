@@ -54,7 +54,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         data = load_data(cfg)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
     whole_set, cfg = cfg.whole_set, cfg.for_data(n_train)
-    timeline = Timeline(cfg, n_train)
+    timeline = Timeline(n_train, cfg.epochs, cfg.batch_size, cfg.batch_changes)
     first, end = timeline.epoch_range(0)
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
     total_updates = timeline.total_steps

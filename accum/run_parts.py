@@ -12,7 +12,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from .checkpoints import Checkpoints
-from .config import Config
+from .config import BatchChange, Config
 from .engine_for import accumulator_for
 from .errors import ConfigError
 from .noise import NoiseScale, grown_batch, rule_said
@@ -148,7 +148,9 @@ class Run:
 
     def _lay_out(self, grown: tuple) -> None:
         """The timeline of the run's updates, with batch_schedule rule's changes ``grown`` so far."""
-        self.timeline = Timeline(self.cfg, self.n_train, grown)
+        cfg = self.cfg
+        changes = cfg.batch_changes or tuple(BatchChange(epoch=e, batch_size=b) for e, b in grown)
+        self.timeline = Timeline(self.n_train, cfg.epochs, cfg.batch_size, changes)
         self.total_steps = self.timeline.total_steps
 
     @property

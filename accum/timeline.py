@@ -17,9 +17,6 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from .config import BatchChange, Config
-from .errors import ConfigError
-
 
 @dataclass(frozen=True)
 class Segment:
@@ -49,37 +46,21 @@ class Phase:
 class Timeline:
     """The run's updates, epoch by epoch, as segments of one batch size."""
 
-    def __init__(self, cfg: Config, n_train: int, grown: tuple = ()):
-        """``grown``: under batch_schedule's rule, the changes it has made so far, ((1-based epoch, batch size),
-        ...); the epochs after the last one are laid out at the batch in force (what ``total_steps`` counts, the
-        most updates the run can still take)."""
-        self.n_train, self.epochs = n_train, cfg.epochs
-        if cfg.batch_size > n_train > 0:
-            raise ConfigError(
-                f"batch_size={cfg.batch_size} is more than the {n_train} training examples: lower it, or set "
-                f"batch_size: all to train on the whole training set as one batch"
-            )
-        rule = cfg.batch_rule
-        if rule is not None and rule.max_batch_size > n_train > 0:
-            raise ConfigError(
-                f"batch_schedule: max_batch_size={rule.max_batch_size} is more than the {n_train} training "
-                f"examples: lower it"
-            )
-        schedule = cfg.batch_changes or tuple(BatchChange(epoch=e, batch_size=b) for e, b in grown)
-        for change in schedule:
-            if change.batch_size > n_train > 0:  # 0: rebuilt without its training set, nothing to lay out
-                start = f"epoch {change.epoch}" if change.epoch is not None else f"step {change.step}"
-                raise ConfigError(
-                    f"batch_schedule: batch_size={change.batch_size} (from {start}) is more than the "
-                    f"{n_train} training examples: lower it"
-                )
+    def __init__(self, n_train: int, epochs: int, batch_size: int, changes=()):
+        """``n_train`` examples per epoch, ``epochs`` of them, ``batch_size`` until the first of ``changes``:
+        batch_schedule's entries (config.BatchChange, keyed by 1-based epoch or by updates done, in order, checked
+        against the training set by ``Config.for_data``); under the schedule's rule, the changes it has made so far,
+        by epoch (the epochs after the last one are laid out at the batch in force: what ``total_steps`` counts,
+        the most updates the run can still take)."""
+        self.n_train, self.epochs = n_train, epochs
+        schedule = tuple(changes)
         by_step = bool(schedule) and schedule[0].step is not None
         # (where, batch): epoch-keyed changes as 0-based epochs, step-keyed ones as updates done
         changes = [(c.step if by_step else c.epoch - 1, c.batch_size) for c in schedule]
         self.segments: list[Segment] = []
-        step, batch = 0, cfg.batch_size
+        step, batch = 0, batch_size
         pending = list(changes)
-        for epoch in range(cfg.epochs):
+        for epoch in range(epochs):
             while pending and not by_step and pending[0][0] <= epoch:
                 batch = pending.pop(0)[1]
             start = 0
@@ -95,9 +76,7 @@ class Timeline:
         self.total_steps = step
         self._firsts = [s.first_step for s in self.segments]
         # an empty training set (a run rebuilt to evaluate or export) has no updates: every epoch starts at 0
-        self._epoch_first = [
-            next((s.first_step for s in self.segments if s.epoch == e), step) for e in range(cfg.epochs)
-        ]
+        self._epoch_first = [next((s.first_step for s in self.segments if s.epoch == e), step) for e in range(epochs)]
         self.phases = [Phase(s.first_step, s.epoch, s.batch_size) for s in self._changes()]
 
     def _changes(self) -> list[Segment]:

@@ -28,6 +28,12 @@ from helpers import load_file
 SCHEDULE = [{"epoch": 1, "batch_size": 500}, {"epoch": 3, "batch_size": 2000}]
 
 
+def timeline_of(cfg, n):
+    """The timeline of a run of ``cfg`` on ``n`` training examples, as a run lays it out."""
+    cfg = cfg.for_data(n)
+    return Timeline(n, cfg.epochs, cfg.batch_size, cfg.batch_changes)
+
+
 @pytest.mark.parametrize(
     "config, n, total, segments",
     [
@@ -62,7 +68,7 @@ SCHEDULE = [{"epoch": 1, "batch_size": 500}, {"epoch": 3, "batch_size": 2000}]
     ],
 )
 def test_timeline_lays_the_updates_out(config, n, total, segments):
-    timeline = Timeline(as_config(config), n)
+    timeline = timeline_of(as_config(config), n)
     assert timeline.total_steps == total
     assert [(s.epoch, s.first_step, s.start, s.end, s.batch_size) for s in timeline.segments] == segments
     # every update is counted once, in order: examples_seen grows by each update's batch
@@ -73,7 +79,7 @@ def test_timeline_lays_the_updates_out(config, n, total, segments):
 
 
 def test_timeline_resumes_in_the_middle_of_a_segment():
-    timeline = Timeline(
+    timeline = timeline_of(
         as_config({"batch_size": 500, "epochs": 3, "batch_schedule": [{"step": 13, "batch_size": 2000}]}), 5200
     )
     assert [(s.first_step, s.start, s.end, s.batch_size) for s in timeline.rest_of_epoch(12)] == [
@@ -119,7 +125,7 @@ def test_scale_learning_rate(scale, steps, rates):
     cfg = as_config(
         {"batch_size": 1024, "epochs": 1, "optimizer": {"learning_rate": 0.001, "scale_learning_rate": scale}}
     )
-    schedule = run_schedule(cfg, Timeline(cfg, 10240))
+    schedule = run_schedule(cfg, timeline_of(cfg, 10240))
     assert [learning_rate_at(schedule, s) for s in steps] == pytest.approx(rates, rel=1e-6)
 
 
@@ -137,7 +143,7 @@ def test_scaled_rates_follow_the_batch_in_force_and_the_warm_up():
             },
         }
     )
-    schedule = run_schedule(cfg, Timeline(cfg, 2048))
+    schedule = run_schedule(cfg, timeline_of(cfg, 2048))
     rates = [learning_rate_at(schedule, step) for step in range(8)]
     assert rates == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01, 0.04, 0.04, 0.04], rel=1e-6)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import yaml
 
 from ..batching import k_for_micro_batch, largest_micro_batch
+from ..errors import ConfigError
 from .sections import (
     ALL,
     DEFAULT_SUBDIVISIONS,
@@ -141,8 +142,29 @@ class Config:
         return self.batch_size == ALL
 
     def for_data(self, train_examples: int) -> Config:
-        """batch_size: all made the training set's size (everything else as it is)."""
-        return dataclasses.replace(self, batch_size=train_examples) if self.whole_set else self
+        """batch_size: all made the training set's size (everything else as it is); every batch size checked
+        against it (0: a run rebuilt without its training set, nothing to check)."""
+        if self.whole_set:
+            return dataclasses.replace(self, batch_size=train_examples)
+        n = train_examples
+        if self.batch_size > n > 0:
+            raise ConfigError(
+                f"batch_size={self.batch_size} is more than the {n} training examples: lower it, or set "
+                f"batch_size: all to train on the whole training set as one batch"
+            )
+        rule = self.batch_rule
+        if rule is not None and rule.max_batch_size > n > 0:
+            raise ConfigError(
+                f"batch_schedule: max_batch_size={rule.max_batch_size} is more than the {n} training examples: lower it"
+            )
+        for change in self.batch_changes:
+            if change.batch_size > n > 0:
+                start = f"epoch {change.epoch}" if change.epoch is not None else f"step {change.step}"
+                raise ConfigError(
+                    f"batch_schedule: batch_size={change.batch_size} (from {start}) is more than the {n} training "
+                    f"examples: lower it"
+                )
+        return self
 
     @property
     def batch_rule(self) -> BatchRule | None:
