@@ -106,7 +106,14 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         progress.message(data.file_checks.line())
     log = MetricsLog(run_dir)
     step = _start(run, log, resume, restored, progress)
-    guard = MemoryGuard.of_run(run.engine, cfg, progress.message)
+    guard = MemoryGuard(
+        run.engine,
+        progress.message,
+        largest=cfg.batch_size,
+        adapts=cfg.auto_subdivisions,
+        more="use more subdivisions or subdivisions: auto",
+        limit=None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit),
+    )
     announce_started()  # to a --workers supervisor: every worker has joined
 
     with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:

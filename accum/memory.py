@@ -142,7 +142,7 @@ class MemoryGuard:
     a fixed k a worker's out-of-memory ends the run (the launcher stops the
     others), as its peers wait in the update's all-reduce.
 
-    A run's (``of_run``) and accum_train.fit's (``micro_batch_size="auto"``)
+    A run's and accum_train.fit's (``micro_batch_size="auto"``)
     updates go through the same guard: ``largest`` is the most micro-batches k
     may grow to, ``more`` what the end of a fixed k's run tells the user to do.
     """
@@ -154,12 +154,6 @@ class MemoryGuard:
         self.adapts = adapts and self.accumulating
         self.agree = self.adapts and engine.replicas > len(engine.replica_ids)
         self.check_peak = self.limit is not None  # until the first update of this process is done
-
-    @classmethod
-    def of_run(cls, engine, cfg, say: Callable[[str], None]) -> MemoryGuard:
-        """The guard of a run of ``cfg`` (its memory_limit, subdivisions: auto)."""
-        limit = None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit)
-        return cls(engine, say, largest=cfg.batch_size, adapts=cfg.auto_subdivisions, more=_MORE, limit=limit)
 
     @property
     def needed(self) -> bool:
@@ -228,6 +222,3 @@ class MemoryGuard:
         return OutOfMemory(
             f"update {step + 1} ran out of memory with {self._how(self.subdivisions)} ({first_line(err)}): {self.more}"
         )
-
-
-_MORE = "use more subdivisions or subdivisions: auto"
