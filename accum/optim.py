@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from .config import OPTIMIZER_NAMES, SCHEDULE_NAMES, Config, OptimizerConfig, ScheduleConfig
+from .config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
 from .timeline import Phase
 
 
@@ -213,21 +213,23 @@ class Followed(keras.optimizers.schedules.LearningRateSchedule):
         return {"factor": float(self.factor.numpy())}
 
 
-def run_schedule(cfg: Config, timeline, factor: tf.Variable | None = None):
+def run_schedule(
+    optimizer: OptimizerConfig, batch_size: int, scheduled: bool, timeline, factor: tf.Variable | None = None
+):
     """The learning rate a run applies at each update: the schedule of optimizer.schedule, times
     scale_learning_rate's factor for the batch in force (``timeline``: accum.timeline.Timeline).
-    One batch size folds the factor into the rate; a batch_schedule multiplies phase by phase; a
-    batch_schedule rule multiplies by ``factor``, the variable the run keeps at the batch in force. Which
-    depends on the config alone: a constant rate is an optimizer variable and a schedule is not, so a run
-    rebuilt without its training set (evaluate, export) must choose as training did."""
-    scale, optimizer = cfg.optimizer.scale_learning_rate, cfg.optimizer
+    One batch size folds the factor into the rate; a batch_schedule's changes (``scheduled``) multiply phase by
+    phase; a batch_schedule rule multiplies by ``factor``, the variable the run keeps at the batch in force. Which
+    depends on the config alone, not on the timeline: a constant rate is an optimizer variable and a schedule is
+    not, so a run rebuilt without its training set (evaluate, export) must choose as training did."""
+    scale = optimizer.scale_learning_rate
     if factor is not None:
         return Followed(make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps), factor)
-    if scale.rule == "none" or not cfg.batch_changes:
-        rate = optimizer.learning_rate * scale.factor(cfg.batch_size)
+    if scale.rule == "none" or not scheduled:
+        rate = optimizer.learning_rate * scale.factor(batch_size)
         return make_schedule(rate, optimizer.schedule, timeline.total_steps)
     base = make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps)
-    phases = timeline.phases or [Phase(0, 0, cfg.batch_size)]
+    phases = timeline.phases or [Phase(0, 0, batch_size)]
     return BatchScaled(base, [p.step for p in phases], [scale.factor(p.batch_size) for p in phases])
 
 

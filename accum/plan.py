@@ -145,7 +145,7 @@ def _phases(cfg: Config, timeline: Timeline) -> list[dict]:
     """Each batch size of a batch_schedule: where it starts, its k, updates per epoch and learning rate there."""
     from .optim import learning_rate_at, run_schedule
 
-    schedule = run_schedule(cfg, timeline)
+    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)
     phases = []
     for phase in timeline.phases:
         k = 1 if cfg.baseline else cfg.subdivisions_for(phase.batch_size)
@@ -169,7 +169,7 @@ def _learning_rates(cfg: Config, timeline: Timeline) -> dict:
     from .optim import learning_rate_at, run_schedule
 
     schedule_cfg, total_updates = cfg.optimizer.schedule, timeline.total_steps
-    schedule = run_schedule(cfg, timeline)
+    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)
     warmup = schedule_cfg.warmup_steps
     scale = cfg.optimizer.scale_learning_rate
 

@@ -47,7 +47,9 @@ class Run:
             self.rate_factor = tf.Variable(factor, dtype=tf.float32, trainable=False, name="rate_factor")
         # trim_padding's micro-batches are sequences of like length, not the random draws the noise scale assumes
         self.noise = NoiseScale(measured=cfg.data.trim_padding is None)
-        self.schedule = schedule = run_schedule(cfg, self.timeline, self.rate_factor)
+        self.schedule = schedule = run_schedule(
+            cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), self.timeline, self.rate_factor
+        )
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():

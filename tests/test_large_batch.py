@@ -125,7 +125,7 @@ def test_scale_learning_rate(scale, steps, rates):
     cfg = as_config(
         {"batch_size": 1024, "epochs": 1, "optimizer": {"learning_rate": 0.001, "scale_learning_rate": scale}}
     )
-    schedule = run_schedule(cfg, timeline_of(cfg, 10240))
+    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline_of(cfg, 10240))
     assert [learning_rate_at(schedule, s) for s in steps] == pytest.approx(rates, rel=1e-6)
 
 
@@ -143,7 +143,7 @@ def test_scaled_rates_follow_the_batch_in_force_and_the_warm_up():
             },
         }
     )
-    schedule = run_schedule(cfg, timeline_of(cfg, 2048))
+    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline_of(cfg, 2048))
     rates = [learning_rate_at(schedule, step) for step in range(8)]
     assert rates == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01, 0.04, 0.04, 0.04], rel=1e-6)
 
