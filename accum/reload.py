@@ -35,7 +35,8 @@ class Trained:
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
         self.keras_loss = is_keras_loss(objective)
-        self.scorer = Scorer(model, objective, data, lambda: eval_batch_size(cfg, subdivisions))
+        size = eval_batch_size(cfg.batch_size, subdivisions, cfg.micro_batch_size)
+        self.scorer = Scorer(model, objective, data, lambda: size)
 
 
 def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Trained:

@@ -224,7 +224,7 @@ class Run:
 
     @property
     def eval_batch_size(self) -> int:
-        return eval_batch_size(self.cfg, self.subdivisions)
+        return eval_batch_size(self.cfg.batch_size, self.subdivisions, self.cfg.micro_batch_size)
 
     def examples_seen(self, step: int) -> int:
         """Training examples consumed by the first ``step`` updates."""

@@ -236,9 +236,9 @@ class Scorer:
         return scores
 
 
-def eval_batch_size(cfg, subdivisions: int) -> int:
+def eval_batch_size(batch_size: int, subdivisions: int, micro_batch_size: int | None = None) -> int:
     """Evaluation holds no gradients: twice a training micro-batch fits where one did (at least 100)."""
     from .batching import largest_micro_batch
 
-    micro = cfg.micro_batch_size or largest_micro_batch(cfg.batch_size, 1, subdivisions)
+    micro = micro_batch_size or largest_micro_batch(batch_size, 1, subdivisions)
     return max(2 * micro, 100)
