@@ -15,6 +15,7 @@ among TensorFlow's own log lines, for every caller alike.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +56,9 @@ def training_process(*args: str) -> list[str]:
 # What a child's stderr holds besides its own last words: TensorFlow's and absl's start-up and log
 # lines, and the indented lines of a traceback.
 _NOISE = (" ", "I0000", "W0000", "WARNING", "To enable")
+# A warning Python prints while it imports a module it has to compile first (a site-packages without its .pyc
+# files: TensorLayer's "is" with a literal), "path:line: SomeWarning: text": noise too, not why the child failed.
+_PYTHON_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
 
 def last_error(lines: Iterable[str], default: str = "no message") -> str:
@@ -64,7 +68,7 @@ def last_error(lines: Iterable[str], default: str = "no message") -> str:
     for line in lines:
         if line.startswith(("error: ", "stopped by ")):
             ours = line.strip()
-        elif line.strip() and not line.startswith(_NOISE):
+        elif line.strip() and not line.startswith(_NOISE) and not _PYTHON_WARNING.match(line):
             other = line.strip()
     return ours or other or default
 

@@ -176,3 +176,34 @@ def test_bad_max_restarts_is_one_line_and_exit_2(tmp_path, repo_root, args, mess
     seen, stderr, _ = supervise(str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out), *args)
     assert (seen["code"], stderr) == (2, message + "\n")
     assert seen["launches"] == [] and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "stderr, said",
+    [
+        (
+            ["error: batch_size=0 must be >= 1", "I0000 00:00:1.0 port.cc:153] oneDNN"],
+            "error: batch_size=0 must be >= 1",
+        ),
+        (["Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: bad"], "ValueError: bad"),
+        # Python compiling a module without its .pyc warns on stderr: not why the child failed
+        (
+            [
+                '/venv/site-packages/tensorlayer/models/seq2seq.py:93: SyntaxWarning: "is" with a literal. Did you '
+                'mean "=="?',
+                "  if x is 0:",
+            ],
+            "no message",
+        ),
+        (
+            ["ValueError: bad", "/venv/lib/keras/src/utils.py:12: UserWarning: a deprecation"],
+            "ValueError: bad",
+        ),
+        (["stopped by SIGTERM after update 3", "WARNING: All log messages"], "stopped by SIGTERM after update 3"),
+    ],
+    ids=["ours", "traceback", "compile-warning", "warning-after-the-exception", "stopped"],
+)
+def test_the_line_that_says_why_a_child_failed(stderr, said):
+    from accum_train.processes import last_error
+
+    assert last_error(line + "\n" for line in stderr) == said
