@@ -59,8 +59,13 @@ def model_fit_per_batch_size():
 
 @pytest.mark.parametrize(
     "keywords",
-    [{}, {"batch_size": 8, "batch_schedule": [{"epoch": 3, "batch_size": 20}]}],
-    ids=["from-epoch-1", "batch_size-then-a-later-entry"],  # the CLI's rule: before a later first entry, batch_size
+    [
+        {},
+        {"batch_size": 8, "batch_schedule": [{"epoch": 3, "batch_size": 20}]},
+        {"batch_size": np.int64(8), "batch_schedule": [{"epoch": np.int64(3), "batch_size": np.int64(20)}]},
+    ],
+    # the CLI's rule: before a later first entry, batch_size; numpy's integers as model.fit takes them
+    ids=["from-epoch-1", "batch_size-then-a-later-entry", "numpy-integers"],
 )
 def test_a_scheduled_batch_ends_where_model_fit_ends_at_each_batch_size(model_fit_per_batch_size, keywords):
     built, counted = model(), UpdatesPerEpoch()

@@ -176,6 +176,10 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
         return (), None
     from ..config import config_from_dict
 
+    # numpy's integers as Python's (model.fit takes both; the config's checks know YAML's types)
+    batch_schedule, batch_size, epochs, subdivisions, micro_batch_size = _plain_ints(
+        (batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
+    )
     raw = {"epochs": epochs, "batch_schedule": batch_schedule}
     entries = batch_schedule if isinstance(batch_schedule, (list, tuple)) else ()
     if any(isinstance(entry, dict) and "step" in entry for entry in entries):
@@ -195,3 +199,14 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
     cfg = config_from_dict(raw, WHERE)
     changes = tuple((change.epoch - 1, change.batch_size) for change in cfg.batch_changes)
     return ((0, cfg.batch_size), *changes), cfg.batch_rule
+
+
+def _plain_ints(value):
+    """``value`` with numpy integers made Python ints, through lists, tuples and dicts."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain_ints(v) for v in value)
+    if isinstance(value, dict):
+        return {key: _plain_ints(v) for key, v in value.items()}
+    return value
