@@ -59,6 +59,9 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
     total_updates = timeline.total_steps
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
+    from .optim import run_schedule
+
+    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
     objective = BUILT_IN_OBJECTIVE
     if model is None:
         from .from_config import build_with_loss, describe_loss, is_keras_loss
@@ -112,8 +115,8 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         "updates_per_epoch": per_epoch,
         "epochs": cfg.epochs,
         "total_updates": total_updates,
-        "learning_rate": _learning_rates(cfg, timeline),
-        "phases": _phases(cfg, timeline) if len(timeline.phases) > 1 else None,
+        "learning_rate": _learning_rates(cfg, timeline, schedule),
+        "phases": _phases(cfg, timeline, schedule) if len(timeline.phases) > 1 else None,
         "noise_scale": _noise_scale(cfg, subdivisions),
     }
     result["warnings"] = _warnings(result, cfg)
@@ -141,11 +144,11 @@ def _noise_scale(cfg: Config, subdivisions) -> dict:
     }
 
 
-def _phases(cfg: Config, timeline: Timeline) -> list[dict]:
-    """Each batch size of a batch_schedule: where it starts, its k, updates per epoch and learning rate there."""
-    from .optim import learning_rate_at, run_schedule
+def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
+    """Each batch size of a batch_schedule: where it starts, its k, updates per epoch and learning rate there
+    (``schedule``: the run's, optim.run_schedule)."""
+    from .optim import learning_rate_at
 
-    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)
     phases = []
     for phase in timeline.phases:
         k = 1 if cfg.baseline else cfg.subdivisions_for(phase.batch_size)
@@ -163,13 +166,12 @@ def _phases(cfg: Config, timeline: Timeline) -> list[dict]:
     return phases
 
 
-def _learning_rates(cfg: Config, timeline: Timeline) -> dict:
-    """The rate the optimizer applies at the first update, at the end of warm-up and at the last update,
-    and how scale_learning_rate scales it."""
-    from .optim import learning_rate_at, run_schedule
+def _learning_rates(cfg: Config, timeline: Timeline, schedule) -> dict:
+    """The rate the optimizer applies (``schedule``) at the first update, at the end of warm-up and at the last
+    update, and how scale_learning_rate scales it."""
+    from .optim import learning_rate_at
 
     schedule_cfg, total_updates = cfg.optimizer.schedule, timeline.total_steps
-    schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)
     warmup = schedule_cfg.warmup_steps
     scale = cfg.optimizer.scale_learning_rate
 
