@@ -16,6 +16,7 @@ from ..keras_private import storage
 from ..update import local_replica_ids
 
 WHERE = "accum_train.fit"
+ARRAY_BATCH_SIZE = 32  # model.fit's batch_size for arrays when none is given
 
 
 def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
@@ -188,8 +189,8 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
             f'[{{"epoch": 1, "batch_size": 32}}, {{"epoch": 4, "batch_size": 128}}]'
         )
     starts_at_one = bool(entries) and isinstance(entries[0], dict) and entries[0].get("epoch") == 1
-    if batch_size is not None or not starts_at_one:  # else the first entry's: model.fit's 32 for arrays before one
-        raw["batch_size"] = 32 if batch_size is None else batch_size
+    if batch_size is not None or not starts_at_one:  # else the first entry's
+        raw["batch_size"] = ARRAY_BATCH_SIZE if batch_size is None else batch_size
     if micro_batch_size == "auto":
         raw["subdivisions"] = "auto"
     elif micro_batch_size is not None:

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..errors import UserError
-from .arguments import WHERE
+from .arguments import ARRAY_BATCH_SIZE, WHERE
 from .array_feed import ArrayFeed
 from .stream_feed import DatasetFeed, GeneratorFeed
 
@@ -99,7 +99,7 @@ def make_feed(
     if x is None:
         raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")
     if batch_size is None:
-        batch_size = 32  # model.fit's default for arrays
+        batch_size = ARRAY_BATCH_SIZE
     return ArrayFeed(
         x,
         y,
@@ -172,7 +172,7 @@ def validation_feed(validation_data, batch_size, trim=0):
         y,
         weights[0] if weights else None,
         None,
-        batch_size=batch_size or 32,
+        batch_size=batch_size or ARRAY_BATCH_SIZE,
         shuffle=False,
         seed=0,
         steps_per_epoch=None,
