@@ -37,14 +37,14 @@ from .rundir import check_output_dir, pyplot, save_figure, write_result
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
-    from .config_run import Run
     from .feed import Reader
+    from .from_config import build_run
     from .memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
 
     # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
     with tempfile.TemporaryDirectory() as scratch:
-        run = Run(cfg, data, Path(scratch))
+        run = build_run(cfg, data, Path(scratch))
         reader = Reader.of_run(run)
 
         def update(i):

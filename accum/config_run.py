@@ -84,7 +84,9 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         check_output_dir(run_dir)
     started, cpu_started = time.time(), time.process_time()
     # before any write: a model file that does not fit leaves no trace
-    run = Run(cfg, data, run_dir, strategy)
+    from .from_config import build_run
+
+    run = build_run(cfg, data, run_dir, strategy)
     cfg = run.cfg
     writer = run_dir == shared_dir  # the process that writes the run directory
     flag = "--resume " if resume else "--output-dir "

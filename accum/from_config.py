@@ -33,6 +33,7 @@ from .models.precision import set_precision
 from .objective import as_data, classifier
 from .rundir import model_source
 from .text import first_line, shape_text, traced_error_line
+from .trim import TrimmedSplit, check_trimmable
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
 
@@ -68,6 +69,39 @@ def build_with_loss(cfg, data, precision: str = "float32"):
 
     model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes, precision)
     return model, classifier(model.forward)
+
+
+def build_run(cfg, data, run_dir, strategy=None):
+    """The trainer of a run of ``cfg`` on ``data`` (run_parts.Run), set up from what the config resolves to: the
+    config checked against the training set, the model and its objective built under ``strategy`` (``None``: the
+    one in scope), and the training split cut by data.trim_padding."""
+    from .run_parts import Run
+
+    cfg = cfg.for_data(len(data.train))
+    in_scope = strategy or tf.distribute.get_strategy()
+    with in_scope.scope():
+        # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains on
+        # that loss
+        model, objective = build_with_loss(cfg, data, cfg.precision)
+        if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
+            data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
+    return Run(cfg, data, model, objective, run_dir, strategy)
+
+
+def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:
+    """The training split read with data.trim_padding (trim.TrimmedSplit), the loss probed again for sequences of
+    any length; refused in one line for a model it cannot cut."""
+    multiple = cfg.data.trim_padding
+    where = f"data.trim_padding={multiple}"
+    if data.classification:
+        raise ConfigError(
+            f"{where}: it cuts the sequences a Keras loss trains on, and model.path={cfg.model.path} trains "
+            f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
+        )
+    check_trimmable(model.network, strategy.num_replicas_in_sync, where)
+    split = TrimmedSplit(data.train, multiple, where)
+    objective.probe(as_data(split.signature()), strategy)
+    return split
 
 
 def is_keras_loss(objective) -> bool:

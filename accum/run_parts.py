@@ -5,7 +5,6 @@ then driven by the loop (loop.py, run_hooks.py) or read back by ``reload.load_ru
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -14,27 +13,29 @@ import tensorflow as tf
 from .checkpoints import Checkpoints
 from .config import BatchChange, Config
 from .engine_for import accumulator_for
-from .errors import ConfigError
+from .keras_objective import KerasObjective
 from .noise import NoiseScale, grown_batch, rule_said
 from .objective import as_data
 from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
-from .trim import TrimmedSplit, check_trim, check_trimmable
+from .trim import TrimmedSplit, check_trim
 
 
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, run_dir: Path, strategy=None):
+    def __init__(self, cfg: Config, data, model, objective, run_dir: Path, strategy=None):
+        """``cfg`` checked against ``data`` (``Config.for_data``); ``model`` and its ``objective`` built under
+        ``strategy`` for that data, as the front end builds them (from_config.build_run)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        from .from_config import build_with_loss, is_keras_loss
         from .optim import make_optimizer, run_schedule
         from .runtime import parallel_micro_steps
 
         self.run_dir, self.data = Path(run_dir), data
         self.n_train = len(data.train)
-        self.cfg = cfg = cfg.for_data(self.n_train)
+        self.cfg = cfg
+        self.model, self.objective = model, objective
         self._lay_out(())
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
@@ -53,13 +54,8 @@ class Run:
         in_scope = strategy or tf.distribute.get_strategy()
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
-            # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains
-            # on that loss (from_config.py)
-            self.model, self.objective = build_with_loss(cfg, data, cfg.precision)
-            if cfg.data.trim_padding is not None and self.n_train:  # none to cut in a run rebuilt without them
-                self.data = data = dataclasses.replace(data, train=self._trimmed(data, in_scope))
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        self.keras_loss = is_keras_loss(self.objective)
+        self.keras_loss = isinstance(objective, KerasObjective)
         self.engine = accumulator_for(
             self.model,
             self.objective,
@@ -112,21 +108,6 @@ class Run:
             f"resume with --resume {self.run_dir}",
             optional=later,
         )
-
-    def _trimmed(self, data, strategy) -> TrimmedSplit:
-        """The training split read with data.trim_padding (trim.TrimmedSplit), the loss probed again for sequences
-        of any length; refused in one line for a model it cannot cut."""
-        multiple = self.cfg.data.trim_padding
-        where = f"data.trim_padding={multiple}"
-        if data.classification:
-            raise ConfigError(
-                f"{where}: it cuts the sequences a Keras loss trains on, and model.path={self.cfg.model.path} trains "
-                f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
-            )
-        check_trimmable(self.model.network, self.replicas, where)
-        split = TrimmedSplit(data.train, multiple, where)
-        self.objective.probe(as_data(split.signature()), strategy)
-        return split
 
     def _check_trim(self, split) -> None:
         """data.trim_padding refused in one line where the cut would change the update: the first batch's shortest
