@@ -37,9 +37,9 @@ from .rundir import check_output_dir, pyplot, save_figure, write_result
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
-    from .feed import Reader
-    from .from_config import build_run
-    from .memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
+    from .from_config.build import build_run
+    from .trainer.feed import Reader
+    from .trainer.memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
 
     # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
@@ -85,7 +85,7 @@ def bench(
     """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
-    from .from_config import load_data
+    from .from_config.build import load_data
 
     progress = progress or Progress()
     out_dir = Path(out_dir)
@@ -193,12 +193,12 @@ def plot(result: dict, path: Path) -> None:
 def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
-    from .runtime import configure
+    from .trainer.runtime import configure
 
     # as a run would, before any op: importing keras_loss imports TensorLayer, whose import makes a Keras variable
     # and so starts the runtime, after which the pools stay TensorFlow's defaults
     threads = configure(cfg)
-    from .from_config import load_data
+    from .from_config.build import load_data
 
     print(json.dumps({**measure(cfg, load_data(cfg), steps), **threads}))
 

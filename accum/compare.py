@@ -20,10 +20,10 @@ import numpy as np
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
-from .metrics_log import is_epoch_record, read_metrics
 from .processes import error_message, run_child, training_process
 from .progress import Progress
 from .rundir import check_output_dir, pyplot, save_figure, write_result
+from .trainer.metrics_log import is_epoch_record, read_metrics
 
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 
@@ -36,11 +36,11 @@ def gradient_check(cfg: Config, data) -> dict:
     applied."""
     import tensorflow as tf
 
-    from .data import first_batch
-    from .engine_for import accumulator_for
-    from .from_config import build_with_loss
-    from .objective import TOTAL, combine
-    from .scoring import as_data
+    from .from_config.build import build_with_loss
+    from .trainer.data import first_batch
+    from .trainer.engine_for import accumulator_for
+    from .trainer.objective import TOTAL, combine
+    from .trainer.scoring import as_data
 
     model, objective = build_with_loss(cfg, data)
     x, y, weights = as_data(first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle))
@@ -150,7 +150,7 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=N
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     if data is None:
-        from .from_config import load_data
+        from .from_config.build import load_data
 
         data = load_data(cfg)
     cfg = cfg.for_data(len(data.train))

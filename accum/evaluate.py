@@ -97,7 +97,7 @@ def evaluate(
     cfg = evaluation_config(run_dir, overrides)
     out_dir = _output_dir(run_dir, out_dir)
     if data is None:
-        from .from_config import load_data
+        from .from_config.build import load_data
 
         data = load_data(cfg, run_dir)  # the run's manifest of checked image files spares their decoding
     check_compatible(data, info, run_dir)

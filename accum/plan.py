@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .batching import largest_micro_batch
 from .config import Config
-from .data import updates_per_epoch
-from .runtime import parallel_micro_steps
-from .timeline import Timeline
+from .trainer.batching import largest_micro_batch
+from .trainer.data import updates_per_epoch
+from .trainer.runtime import parallel_micro_steps
+from .trainer.timeline import Timeline
 
 # BatchNorm's statistics over fewer examples than this
 # are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
@@ -32,7 +32,7 @@ def micro_split(n: int, subdivisions: int) -> list[list[int]]:
 
     The engine cuts a batch into ``min(subdivisions, n)`` pieces with
     ``micro_bounds`` (sizes differ by at most one); this counts them."""
-    from .batching import micro_bounds
+    from .trainer.batching import micro_bounds
 
     k = min(subdivisions, n)
     sizes = Counter(end - start for start, end in (micro_bounds(i, n, k) for i in range(k)))
@@ -49,7 +49,7 @@ BUILT_IN_OBJECTIVE = {
 def plan(cfg: Config, data=None, model=None) -> dict:
     """The plan of a run of ``cfg``; ``data`` and ``model`` are loaded/built unless given."""
     if data is None:
-        from .from_config import load_data
+        from .from_config.build import load_data
 
         data = load_data(cfg)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
@@ -59,12 +59,12 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
     total_updates = timeline.total_steps
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
-    from .optim import run_schedule
+    from .trainer.optim import run_schedule
 
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
     objective = BUILT_IN_OBJECTIVE
     if model is None:
-        from .from_config import build_with_loss, describe_loss, is_keras_loss
+        from .from_config.build import build_with_loss, describe_loss, is_keras_loss
 
         model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
         if is_keras_loss(loss):
@@ -126,7 +126,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
 def _noise_scale(cfg: Config, subdivisions) -> dict:
     """Whether each update measures the gradient noise scale (noise.py: it needs two micro-batches or more), how
     it is averaged, and batch_schedule's rule that follows it."""
-    from .noise import DECAY
+    from .trainer.noise import DECAY
 
     measured = not cfg.baseline and (subdivisions == "auto" or subdivisions >= 2)
     rule = cfg.batch_rule
@@ -147,7 +147,7 @@ def _noise_scale(cfg: Config, subdivisions) -> dict:
 def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
     """Each batch size of a batch_schedule: where it starts, its k, updates per epoch and learning rate there
     (``schedule``: the run's, optim.run_schedule)."""
-    from .optim import learning_rate_at
+    from .trainer.optim import learning_rate_at
 
     phases = []
     for phase in timeline.phases:
@@ -169,7 +169,7 @@ def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
 def _learning_rates(cfg: Config, timeline: Timeline, schedule) -> dict:
     """The rate the optimizer applies (``schedule``) at the first update, at the end of warm-up and at the last
     update, and how scale_learning_rate scales it."""
-    from .optim import learning_rate_at
+    from .trainer.optim import learning_rate_at
 
     schedule_cfg, total_updates = cfg.optimizer.schedule, timeline.total_steps
     warmup = schedule_cfg.warmup_steps

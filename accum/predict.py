@@ -172,7 +172,7 @@ def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a run trained
     with a Keras loss or by accum_train.fit, one {input, outputs: [...]} (the model's output values)."""
-    from .from_config import output_names
+    from .from_config.build import output_names
     from .reload import describe_run, load_run
     from .rundir import is_fit_run_dir
 
@@ -199,7 +199,7 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
 def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, outputs} per input row of a run directory of accum_train.fit: what ``model.predict`` gives for
     the arrays as they are (fit took them as they are)."""
-    from .from_config import output_names
+    from .from_config.build import output_names
     from .reload import load_fit_run
 
     model = load_fit_run(run_dir, compile=False)  # before the inputs: their shapes are the model's

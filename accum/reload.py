@@ -30,8 +30,8 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .from_config import is_keras_loss
-        from .scoring import Scorer, eval_batch_size
+        from .from_config.build import is_keras_loss
+        from .trainer.scoring import Scorer, eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
         self.keras_loss = is_keras_loss(objective)
@@ -51,10 +51,10 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     changes nothing in the run directory. Only the weights are read."""
     import tensorflow as tf
 
-    from .checkpoints import latest_intact
     from .datasets.base import ArraySplit, Dataset
-    from .from_config import build_with_loss
-    from .rundir import model_source
+    from .from_config.build import build_with_loss
+    from .from_config.source import model_source
+    from .trainer.checkpoints import latest_intact
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
@@ -94,8 +94,8 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None):
     import keras
     import tensorflow as tf
 
-    from .checkpoints import latest_intact
-    from .keras_private import storage
+    from .trainer.checkpoints import latest_intact
+    from .trainer.keras_private import storage
 
     run_dir = Path(run_dir)
     path = fit_model_file(run_dir)

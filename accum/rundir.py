@@ -15,14 +15,11 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .config import Config, as_config, load_run_config
 from .errors import RunDirError
 from .files import atomic_write
-from .keras_archive import uses_keras_loss
-from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
+from .trainer.lock import LOCK, LOCK_HELD, in_use_error, lock_holder
 
 # What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
 # directories apart.
@@ -133,67 +130,3 @@ def save_weights(named_weights: dict, path: Path) -> None:
 # rebuild the model from it (the checkpoint holds the weights), so the run does
 # not depend on model.path staying where it was, or on the call returning.
 MODEL_COPY = "initial_model.keras"
-
-
-def keep_model_file(run_dir: Path, model_cfg) -> None:
-    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
-        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What a run builds its model from, decided once (``model_source``)."""
-
-    config: object  # the config's ModelConfig; a keras_file's path the run directory's copy where it has one
-    keras_loss: bool  # trains with a Keras loss (the YAML's loss or the file's compile()), not the built-in one
-
-
-def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
-    """The model a run of ``cfg`` builds, read from ``run_dir``'s copy of a keras_file when there is one (a
-    resume, evaluate, a worker beside the chief), and whether it trains with a Keras loss: the file is opened
-    here, once, and every stage after takes this."""
-    model = cfg.model
-    if model.name == "keras_file" and run_dir is not None and (Path(run_dir) / MODEL_COPY).is_file():
-        model = replace(model, path=str(Path(run_dir) / MODEL_COPY))
-    return ModelSource(model, uses_keras_loss(model, cfg.loss))
-
-
-# ----------------------------------------------------------------------------
-# Resuming
-
-# Keys a resumed run may change: they do not alter what was computed so far. A change of strategy
-# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (config_run.py).
-RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir", "strategy")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
-    """The config to continue ``run_dir`` with: its own, changed only in keys that allow it.
-
-    Values resolved when the run started (a schedule's decay_steps) stay as
-    resolved, even where the given config leaves them to be computed."""
-    run_dir = require_run_dir(run_dir, "--resume")
-    saved = load_run_config(run_dir)
-    if config_path is None and not overrides:
-        return saved
-    wanted = as_config(config_path, overrides) if config_path is not None else load_run_config(run_dir, overrides)
-    wanted = wanted.with_decay_steps(wanted.optimizer.schedule.decay_steps or saved.optimizer.schedule.decay_steps)
-    old, new = _flatten(saved.to_dict()), _flatten(wanted.to_dict())
-    changed = [k for k in new if old.get(k) != new[k]]
-    bad = [k for k in changed if not any(k == a or k.startswith(a + ".") for a in RESUMABLE_CHANGES)]
-    if bad:
-        key = bad[0]
-        raise RunDirError(
-            f"--resume {run_dir}: the config changes {key} ({old.get(key)!r} -> {new[key]!r}), "
-            f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change"
-        )
-    return wanted

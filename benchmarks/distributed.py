@@ -43,7 +43,7 @@ from pathlib import Path
 import accum_train  # noqa: F401
 import provenance  # benchmarks/ is on sys.path: this script runs from there
 from accum_train.config import StrategyConfig
-from accum_train.runtime import CountingCrossDeviceOps, make_strategy
+from accum_train.trainer.runtime import CountingCrossDeviceOps, make_strategy
 
 
 class LoggingCrossDeviceOps(CountingCrossDeviceOps):
@@ -148,12 +148,12 @@ def main():
     ops.watch(strategy)
     import numpy as np
     import tensorflow as tf
-    from accum_train.batching import micro_bounds
     from accum_train.config import ModelConfig, OptimizerConfig
-    from accum_train.engine import Accumulator
     from accum_train.models import build_model
-    from accum_train.objective import sparse_softmax_loss
-    from accum_train.optim import make_optimizer
+    from accum_train.trainer.batching import micro_bounds
+    from accum_train.trainer.engine import Accumulator
+    from accum_train.trainer.objective import sparse_softmax_loss
+    from accum_train.trainer.optim import make_optimizer
 
     def setup():
         with strategy.scope():

@@ -101,10 +101,10 @@ def measure(k: int, parallel: int, updates: int) -> dict:
     import tensorflow as tf
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.datasets import fashion_mnist
-    from accum_train.engine import Accumulator
     from accum_train.models import build_model
-    from accum_train.objective import sparse_softmax_loss
-    from accum_train.optim import make_optimizer
+    from accum_train.trainer.engine import Accumulator
+    from accum_train.trainer.objective import sparse_softmax_loss
+    from accum_train.trainer.optim import make_optimizer
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     data = fashion_mnist.load(train_limit=256)
@@ -155,7 +155,7 @@ def main():
         print(json.dumps(measure(*args.child, args.updates)))
         return
     rows = {}
-    from accum_train.runtime import child_environment, thread_pools
+    from accum_train.trainer.runtime import child_environment, thread_pools
 
     for label, (k, parallel) in VARIANTS.items():
         # the pools threads.configure sets for that many micro-steps in flight (none: TensorFlow's defaults)

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import click
 
-from ..batching import k_for_micro_batch
 from ..config import load_config
 from ..errors import UserError
 from ..outcome import ending, epoch_line, last_line
 from ..quiet import quiet_tensorflow
 from ..rundir import default_output_dir
 from ..text import mib_text
+from ..trainer.batching import k_for_micro_batch
 from .common import count_option, output_dir_option, set_option, verbose_option
 from .export import export
 from .use import evaluate, plan, predict
@@ -216,7 +216,7 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
     with ending():
         cfg = load_config(config, overrides)
         if cfg.whole_set:  # batch_size: all is the training set's size
-            from ..from_config import load_data
+            from ..from_config.build import load_data
 
             cfg = cfg.for_data(len(load_data(cfg).train))
         if ks is not None and micro_sizes is not None:

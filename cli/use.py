@@ -43,7 +43,7 @@ def plan(config, overrides, as_json, verbose):
     with ending():
         cfg = load_config(config, overrides)  # before TensorFlow loads: a bad config answers at once
         quiet_tensorflow(verbose)  # image_folder decodes with TensorFlow while it checks the files
-        from ..from_config import load_data
+        from ..from_config.build import load_data
 
         data = load_data(cfg)
         from ..plan import plan as make_plan

@@ -15,7 +15,7 @@ import sys
 
 from accum_train import worker
 from accum_train.cli.main import main
-from accum_train.update import Update
+from accum_train.trainer.update import Update
 from helpers import GraphCalls
 
 graph, engines = GraphCalls(setattr), []

@@ -25,7 +25,7 @@ from pathlib import Path
 import tensorflow as tf
 from accum_train import worker
 from accum_train.cli.main import main
-from accum_train.engine import Accumulator
+from accum_train.trainer.engine import Accumulator
 
 
 def die():
@@ -62,7 +62,7 @@ def arm(point, n):
 
         Accumulator.__init__ = init
     elif point == "pause_checkpoint":
-        from accum_train.config_run import Run
+        from accum_train.from_config.run import Run
 
         real_save = Run.save_checkpoint
 
@@ -76,7 +76,9 @@ def arm(point, n):
 
         Run.save_checkpoint = save
     elif point in ("checkpoint", "partial", "after_checkpoint"):
-        from accum_train.config_run import Run  # late: a multi-worker strategy must come before TensorLayer's import
+        from accum_train.from_config.run import (
+            Run,  # late: a multi-worker strategy must come before TensorLayer's import
+        )
 
         real_save = Run.save_checkpoint
 
@@ -96,7 +98,7 @@ def arm(point, n):
 
         Run.save_checkpoint = save
     elif point == "metrics":
-        from accum_train.metrics_log import MetricsLog
+        from accum_train.trainer.metrics_log import MetricsLog
 
         real_write = MetricsLog.write
 

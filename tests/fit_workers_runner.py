@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from accum_train.launcher import free_ports
+from accum_train.from_config.launcher import free_ports
 
 workers, k, rest = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 ports = free_ports(workers)

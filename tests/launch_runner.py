@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-import accum_train.launcher as launcher
+import accum_train.from_config.launcher as launcher
 from accum_train.cli.main import main
 
 real_command = launcher.worker_command

@@ -7,15 +7,15 @@ exactly which k must be chosen and that no batch is lost or applied twice.
 
 import json
 
-import accum_train.memory as memory_module
+import accum_train.trainer.memory as memory_module
 import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.config_run import Progress, train
-from accum_train.engine import Accumulator
 from accum_train.errors import OutOfMemory
+from accum_train.from_config.run import Progress, train
+from accum_train.trainer.engine import Accumulator
 from click.testing import CliRunner
 
 MiB = 2**20

@@ -5,8 +5,8 @@ import json
 
 import matplotlib.image
 import pytest
-from accum_train import runtime
 from accum_train.cli.main import main
+from accum_train.trainer import runtime
 from click.testing import CliRunner
 
 

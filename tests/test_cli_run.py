@@ -12,8 +12,8 @@ import tensorflow as tf
 import yaml
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.config_run import train
 from accum_train.errors import Interrupted
+from accum_train.from_config.run import train
 from click.testing import CliRunner
 from helpers import InterruptAt
 

@@ -1,5 +1,5 @@
 """data.trim_padding: the CLI's run of a keras_file sequence model from an .npz, each batch's examples ordered by
-length and each micro-batch cut after its longest sequence (accum/trim.py, the cut accum_train.fit makes). The
+length and each micro-batch cut after its longest sequence (accum/trainer/trim.py, the cut accum_train.fit makes). The
 oracle is model.fit on whole, uncut batches: 50 examples in batches of 16 (a short one of 2), k=3, two epochs, SGD;
 sequences of 1 to 24 tokens of which the shortest are cut to a multiple of 8. Every refusal is one line."""
 
@@ -8,11 +8,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train import trim
 from accum_train.datasets.base import TaskSplit
-from accum_train.feed import Feed
-from accum_train.timeline import Segment
-from accum_train.trim import TrimmedSplit
+from accum_train.trainer import trim
+from accum_train.trainer.feed import Feed
+from accum_train.trainer.timeline import Segment
+from accum_train.trainer.trim import TrimmedSplit
 
 N, STEPS, VOCABULARY, BATCH, K, EPOCHS, RATE, MULTIPLE = 50, 24, 30, 16, 3, 2, 0.5, 8
 RNG = np.random.default_rng(7)

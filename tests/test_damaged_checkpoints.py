@@ -14,8 +14,8 @@ import shutil
 
 import numpy as np
 import pytest
-from accum_train.checkpoints import DAMAGED, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from accum_train.cli.main import main
+from accum_train.trainer.checkpoints import DAMAGED, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from click.testing import CliRunner
 from helpers import update_records
 

@@ -466,14 +466,14 @@ COUNT_SCRIPT = """
 import json, sys
 import tensorflow as tf
 from accum_train.config import StrategyConfig
-from accum_train.runtime import CountingCrossDeviceOps, make_strategy
+from accum_train.trainer.runtime import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.engine import Accumulator
-from accum_train.objective import sparse_softmax_loss
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.optim import make_optimizer
+from accum_train.trainer.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
@@ -498,13 +498,13 @@ import json
 import numpy as np
 import tensorflow as tf
 from accum_train.config import StrategyConfig
-from accum_train.runtime import make_strategy
+from accum_train.trainer.runtime import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.engine import Accumulator
-from accum_train.objective import sparse_softmax_loss
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.optim import make_optimizer
+from accum_train.trainer.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="adam", learning_rate=0.01), 0.01, model.trainable_variables)
@@ -705,11 +705,11 @@ import json
 import numpy as np
 import tensorflow as tf
 from accum_train.config import ModelConfig, StrategyConfig
-from accum_train.runtime import make_strategy
+from accum_train.trainer.runtime import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
-from accum_train.engine import Accumulator
-from accum_train.objective import sparse_softmax_loss
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
 SCALE = 3.0  # not a power of two: multiplying by it, and by 1/3, rounds
 with strategy.scope():

@@ -20,10 +20,10 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.config_run import train
 from accum_train.datasets import load
 from accum_train.datasets.base import to_inputs
 from accum_train.datasets.fashion_mnist import CLASS_NAMES
+from accum_train.from_config.run import train
 from accum_train.reload import load_run
 from click.testing import CliRunner
 from PIL import Image
@@ -77,7 +77,7 @@ def test_evaluate_reproduces_the_summary(smoke, tmp_path, monkeypatch):
     def no_trainer(*args, **kwargs):
         raise AssertionError("evaluate built a training Run")
 
-    monkeypatch.setattr("accum_train.run_parts.Run.__init__", no_trainer)
+    monkeypatch.setattr("accum_train.trainer.run_parts.Run.__init__", no_trainer)
     result = CliRunner().invoke(main, ["evaluate", str(copy)])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     written = json.loads((copy / "evaluate" / "evaluate.json").read_text())

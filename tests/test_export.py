@@ -20,9 +20,9 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.config_run import train
 from accum_train.datasets import load
 from accum_train.export import export_run
+from accum_train.from_config.run import train
 from accum_train.reload import load_run
 from click.testing import CliRunner
 

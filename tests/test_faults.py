@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.config_run import train
 from accum_train.errors import TrainingStopped
+from accum_train.from_config.run import train
 from accum_train.reload import load_run
 from click.testing import CliRunner
 from helpers import poison, records
@@ -141,7 +141,7 @@ def test_a_run_opens_no_listening_socket(tmp_path, repo_root):
 def test_the_checkpoint_list_after_a_damaged_latest_is_what_tensorflow_reads(tmp_path, monkeypatch):
     """A resume past a damaged checkpoint rewrites the 'checkpoint' file (the intact ones, the chosen one last)
     itself: TensorFlow's deprecated writer for it printed a warning into the run's output."""
-    from accum_train import checkpoints
+    from accum_train.trainer import checkpoints
 
     def deprecated(*args, **kwargs):
         raise AssertionError("tf.compat.v1.train.update_checkpoint_state is deprecated: not to be called")

@@ -8,15 +8,15 @@ subdivisions: auto does."""
 import re
 
 import accum_train
-import accum_train.memory as memory_module
+import accum_train.trainer.memory as memory_module
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
-from accum_train.engine import Accumulator
 from accum_train.errors import OutOfMemory, TrainingStopped
-from accum_train.metrics_log import read_metrics
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.metrics_log import read_metrics
 
 N, BATCH, K = 48, 8, 3  # six updates an epoch, each of micro-batches of 3, 3 and 2
 RNG = np.random.default_rng(3)

@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.engine import Accumulator
-from accum_train.noise import one_update
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.noise import one_update
 
 N, BATCH = 48, 24
 
@@ -164,9 +164,9 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     """The pulls of an update are a tensor: the graph traced for a micro-batch size (feed.sized) serves every update
     of that size whatever its k, and the graph of an unknown size serves every k but 1: one micro-batch in all
     skips the caches, in a graph of its own."""
-    from accum_train.batching import Cut
     from accum_train.keras_fit.fit import _ENGINES
     from accum_train.keras_fit.inputs import make_feed
+    from accum_train.trainer.batching import Cut
 
     x, y = regression(np.random.default_rng(5))
     model = linear()
@@ -193,7 +193,7 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     ],
 )
 def test_a_model_that_loops_over_time_is_traced_for_its_micro_batch_size(monkeypatch, layers, batch_size, expected):
-    from accum_train import engine as engine_module
+    from accum_train.trainer import engine as engine_module
 
     seen, real = [], engine_module.sized
     monkeypatch.setattr(engine_module, "sized", lambda element, size: seen.append(size) or real(element, size))

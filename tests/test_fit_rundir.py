@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
-from accum_train.checkpoints import checkpoint_numbers
 from accum_train.errors import Interrupted
-from accum_train.metrics_log import read_metrics
+from accum_train.trainer.checkpoints import checkpoint_numbers
+from accum_train.trainer.metrics_log import read_metrics
 from helpers import signal_after, small_regressor
 
 N, BATCH, K, SEED = 50, 16, 3, 5

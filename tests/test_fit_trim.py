@@ -11,10 +11,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.batching import Cut
 from accum_train.keras_fit.array_feed import ArrayFeed
 from accum_train.keras_fit.stream_feed import DatasetFeed
-from accum_train.trim import check_trimmable
+from accum_train.trainer.batching import Cut
+from accum_train.trainer.trim import check_trimmable
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
 VALIDATION = 24  # the last examples, validated on after each epoch

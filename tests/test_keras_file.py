@@ -23,14 +23,14 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
-from accum_train.config_run import train
-from accum_train.data import epoch_order
 from accum_train.datasets import load
-from accum_train.engine import Accumulator
 from accum_train.errors import ConfigError, Interrupted
+from accum_train.from_config.run import train
 from accum_train.models import KerasModel, PooledBatchNorm, build_model
-from accum_train.objective import sparse_softmax_loss
-from accum_train.optim import make_optimizer
+from accum_train.trainer.data import epoch_order
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.objective import sparse_softmax_loss
+from accum_train.trainer.optim import make_optimizer
 from click.testing import CliRunner
 from helpers import InterruptAt
 

@@ -222,7 +222,7 @@ def test_the_cli_says_it_in_one_line_with_exit_code_2(tmp_path):
 
 def test_plan_shows_the_loss_and_metrics_in_force(tmp_path):
     from accum_train.config import as_config
-    from accum_train.from_config import load_data
+    from accum_train.from_config.build import load_data
     from accum_train.plan import plan
 
     # an array the loss does not read (class_names, as a classifier's .npz may hold) is left alone
@@ -442,7 +442,7 @@ def test_a_compiled_classifier_on_an_image_folder_trains_with_its_loss_and_predi
 
 def test_a_loss_given_as_a_function_is_imported_from_the_working_directory(tmp_path, monkeypatch):
     from accum_train.config import as_config
-    from accum_train.from_config import load_data
+    from accum_train.from_config.build import load_data
     from accum_train.plan import plan
 
     (tmp_path / "my_losses.py").write_text(

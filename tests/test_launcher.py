@@ -15,7 +15,7 @@ from accum_train.config import load_config
 SUPERVISOR = """
 import json, os, sys
 from pathlib import Path
-import accum_train.launcher as launcher
+import accum_train.from_config.launcher as launcher
 from accum_train.cli.main import main
 seen = {"launches": []}
 # ACCUM_TEST_CODES: the exit code of each launch in turn (default: one failure); a launch writes the first

@@ -20,8 +20,8 @@ MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
-    """The import name of a source file: accum/engine.py is accum_train.engine, accum/__init__.py the package
-    root accum_train itself."""
+    """The import name of a source file: accum/trainer/engine.py is accum_train.trainer.engine, accum/__init__.py
+    the package root accum_train itself."""
     relative = path.relative_to(ROOT)
     parts = [*FOLDERS[relative.parts[0]].split("."), *relative.with_suffix("").parts[1:]]
     if parts[-1] == "__init__":
@@ -147,9 +147,9 @@ def test_the_checks_see_what_they_check():
         return imports(modules[name], name, modules, top_level_only)
 
     assert f"{PACKAGE}.files" in of(f"{DATASETS}.fashion_mnist")
-    assert {f"{PACKAGE}.config", f"{PACKAGE}.errors"} <= of(f"{PACKAGE}.rundir", True)
-    assert f"{PACKAGE}.config_run" in of(f"{PACKAGE}.api")  # inside run()
-    assert f"{PACKAGE}.config_run" not in of(f"{PACKAGE}.api", True)
+    assert {f"{PACKAGE}.config", f"{PACKAGE}.errors"} <= of(f"{PACKAGE}.from_config.source", True)
+    assert f"{PACKAGE}.from_config.run" in of(f"{PACKAGE}.api")  # inside run()
+    assert f"{PACKAGE}.from_config.run" not in of(f"{PACKAGE}.api", True)
     assert f"{PACKAGE}.api" in of(PACKAGE)  # the root's own imports are read
     assert f"{PACKAGE}.cli.main" in imports(ROOT / "tests" / "test_worker.py", "tests.test_worker", modules)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]

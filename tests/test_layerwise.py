@@ -1,4 +1,4 @@
-"""LARS and LAMB (accum_train.optim) against the papers' update rules, written again here in numpy (float64);
+"""LARS and LAMB (accum_train.trainer.optim) against the papers' update rules, written again here in numpy (float64);
 LAMB against keras.optimizers.Lamb where the two coincide; the config keys through make_optimizer; and (slow)
 a CLI run resumed after its first epoch against one that ran both epochs.
 
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.config import as_config
-from accum_train.optim import LAMB, LARS, make_optimizer
+from accum_train.trainer.optim import LAMB, LARS, make_optimizer
 
 STEPS = 5
 TOLERANCE = 1e-6

@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 import tensorlayer as tl
 from accum_train.config import MODEL_NAMES, ModelConfig, OptimizerConfig
-from accum_train.engine import Accumulator
 from accum_train.models import BUILDERS, AccumBatchNorm, build_model
-from accum_train.objective import sparse_softmax_loss
-from accum_train.optim import make_optimizer
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.objective import sparse_softmax_loss
+from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(5)
 

@@ -1,4 +1,4 @@
-"""The gradient noise scale (accum/noise.py): the engine's sums against numpy, the estimate against a problem
+"""The gradient noise scale (accum/trainer/noise.py): the engine's sums against numpy, the estimate against a problem
 whose gradient covariance is known, one device against two replicas, and a run's records of it."""
 
 import json
@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.batching import micro_bounds
-from accum_train.engine import Accumulator
-from accum_train.noise import DECAY, NoiseScale, grown_batch, one_update
+from accum_train.trainer.batching import micro_bounds
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.noise import DECAY, NoiseScale, grown_batch, one_update
 
 IN, OUT = 5, 3
 
@@ -350,7 +350,7 @@ def test_killed_after_the_batch_grew_resumes_to_the_uninterrupted_weights(data_d
     from pathlib import Path
 
     import yaml
-    from accum_train.checkpoints import checkpoint_numbers
+    from accum_train.trainer.checkpoints import checkpoint_numbers
 
     path = tmp_path / "c.yaml"
     rule = {"rule": "noise_scale", "max_batch_size": 192}

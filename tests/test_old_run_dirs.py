@@ -10,9 +10,9 @@ import accum_train
 import keras
 import numpy as np
 import pytest
-from accum_train.checkpoints import checkpoint_numbers
 from accum_train.cli.main import main
-from accum_train.metrics_log import is_epoch_record, read_metrics
+from accum_train.trainer.checkpoints import checkpoint_numbers
+from accum_train.trainer.metrics_log import is_epoch_record, read_metrics
 from click.testing import CliRunner
 from helpers import load_file
 

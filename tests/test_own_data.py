@@ -19,11 +19,11 @@ import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
-from accum_train.config_run import train
 from accum_train.datasets import load, npz
 from accum_train.datasets.base import ArraySplit
 from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
+from accum_train.from_config.run import train
 from click.testing import CliRunner
 from helpers import InterruptAt, iterated_autotuning, load_file
 from PIL import Image

@@ -9,12 +9,12 @@ ragged micro-batches and a short last batch.
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train import runtime
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
-from accum_train.engine import Accumulator
 from accum_train.models import build_model
-from accum_train.objective import sparse_softmax_loss
-from accum_train.optim import make_optimizer
+from accum_train.trainer import runtime
+from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.objective import sparse_softmax_loss
+from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(99)
 X = RNG.random((70, 28, 28, 1), dtype=np.float32)
@@ -124,7 +124,7 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
 
 
 NOT_STARTED = """
-import accum_train.cli.main, accum_train.config_run, accum_train.worker, accum_train.bench, accum_train.api
+import accum_train.cli.main, accum_train.from_config.run, accum_train.worker, accum_train.bench, accum_train.api
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)  # RuntimeError once TensorFlow's runtime has started
 """
@@ -183,7 +183,7 @@ CONFIGURE = """
 import json
 import tensorflow as tf
 from accum_train.config import config_from_dict
-from accum_train.runtime import configure
+from accum_train.trainer.runtime import configure
 reported = configure(config_from_dict({"batch_size": 256, "subdivisions": 8}))
 tf.constant(1.0)  # the runtime starts with what configure left for it
 print(json.dumps({**reported, "set_in_process": [tf.config.threading.get_intra_op_parallelism_threads(),

@@ -13,11 +13,11 @@ import os
 
 import numpy as np
 import pytest
-from accum_train import runtime
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets.base import ArraySplit, Dataset
 from accum_train.plan import micro_split, plan
+from accum_train.trainer import runtime
 from click.testing import CliRunner
 
 FMNIST_PLAN = """\

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from accum_train import UserError
 from accum_train.config import as_config, load_config
-from accum_train.config_run import train
 from accum_train.errors import Interrupted
+from accum_train.from_config.run import train
 from helpers import InterruptAt, iterated_autotuning
 
 N = 50

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from accum_train.checkpoints import checkpoint_numbers
+from accum_train.trainer.checkpoints import checkpoint_numbers
 from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.workers]

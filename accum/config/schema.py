@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..batching import k_for_micro_batch, largest_micro_batch
 from ..errors import ConfigError
+from ..trainer.batching import k_for_micro_batch, largest_micro_batch
 from .sections import (
     ALL,
     DEFAULT_SUBDIVISIONS,

@@ -203,8 +203,8 @@ class BatchRule:
     rule: str | None = _spec(
         None,
         choices=BATCH_RULES,
-        help="noise_scale: at each change the batch becomes the measured gradient noise scale (accum/noise.py), "
-        "rounded to whole micro-batches, never smaller than the batch in force",
+        help="noise_scale: at each change the batch becomes the measured gradient noise scale "
+        "(accum/trainer/noise.py), rounded to whole micro-batches, never smaller than the batch in force",
     )
     max_batch_size: int | None = _spec(
         None, minimum=1, maximum=MAX_BATCH_SIZE, help="the largest batch the rule may grow to"

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from ..config.wording import parse_size
 from ..errors import UserError
-from ..keras_private import storage
-from ..update import local_replica_ids
+from ..trainer.keras_private import storage
+from ..trainer.update import local_replica_ids
 
 WHERE = "accum_train.fit"
 ARRAY_BATCH_SIZE = 32  # model.fit's batch_size for arrays when none is given
@@ -135,7 +135,7 @@ def compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
         return
     if optimizer is None or isinstance(optimizer, str):
         from ..config import config_from_dict
-        from ..optim import new_optimizer
+        from ..trainer.optim import new_optimizer
 
         # the config's optimizer section, its defaults (the name, the rate) where a keyword is left out
         given = {"name": optimizer, "learning_rate": learning_rate}

@@ -22,20 +22,20 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from .. import keras_private
-from ..batching import Cut, k_for_micro_batch
-from ..engine_for import accumulator_for
 from ..errors import UserError
-from ..keras_objective import KerasObjective
-from ..keras_private import all_layers
-from ..memory import UNMEASURED, choose_subdivisions
 from ..models.containers import leaves
 from ..models.norm import pooled
-from ..runtime import auto_parallel
-from ..scoring import Evaluation, KerasMetrics
 from ..text import traced_error_line
-from ..trim import check_trim, check_trimmable, trim_multiple
-from ..update import LOSS_SCALE, local_replica_ids
+from ..trainer import keras_private
+from ..trainer.batching import Cut, k_for_micro_batch
+from ..trainer.engine_for import accumulator_for
+from ..trainer.keras_objective import KerasObjective
+from ..trainer.keras_private import all_layers
+from ..trainer.memory import UNMEASURED, choose_subdivisions
+from ..trainer.runtime import auto_parallel
+from ..trainer.scoring import Evaluation, KerasMetrics
+from ..trainer.trim import check_trim, check_trimmable, trim_multiple
+from ..trainer.update import LOSS_SCALE, local_replica_ids
 from .arguments import (
     WHERE,
     check_model,

@@ -9,9 +9,9 @@ the running logs, the validation (``on_test_*``) and ``on_epoch_end`` with the
 progress bar and every callback count updates, never micro-batches.
 
 Besides model.fit's logs, each update's carries ``noise_scale``, the gradient
-noise scale's running estimate (accum/noise.py), when the updates can measure
+noise scale's running estimate (accum/trainer/noise.py), when the updates can measure
 it (two or more micro-batches in all). Updates go through the run's memory
-guard (accum/memory.py): with ``micro_batch_size="auto"`` an update that runs
+guard (accum/trainer/memory.py): with ``micro_batch_size="auto"`` an update that runs
 out of memory (on any worker) is retried from the same data at twice the
 micro-batches, nothing of it applied and the metrics put back as they were.
 """
@@ -27,13 +27,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import keras_private
-from ..batching import Cut, largest_share, same_size
 from ..errors import Interrupted, too_many_bad_updates
-from ..feed import Planned, Reader, distribute, empty_like, endless
-from ..loop import Loop
-from ..memory import MemoryGuard
-from ..noise import NoiseScale, grown_batch, rule_said
+from ..trainer import keras_private
+from ..trainer.batching import Cut, largest_share, same_size
+from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
+from ..trainer.loop import Loop
+from ..trainer.memory import MemoryGuard
+from ..trainer.noise import NoiseScale, grown_batch, rule_said
 
 
 def as_python(logs: dict) -> dict:

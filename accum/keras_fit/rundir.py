@@ -33,16 +33,16 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from ..checkpoints import Checkpoints, checkpoint_numbers
 from ..config import CheckpointConfig
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
-from ..keras_private import storage
-from ..lock import LOCK, writing
-from ..metrics_log import MetricsLog
 from ..rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, write_json
-from ..runtime import is_chief
-from ..stopping import StopFlag
+from ..trainer.checkpoints import Checkpoints, checkpoint_numbers
+from ..trainer.keras_private import storage
+from ..trainer.lock import LOCK, writing
+from ..trainer.metrics_log import MetricsLog
+from ..trainer.runtime import is_chief
+from ..trainer.stopping import StopFlag
 
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)

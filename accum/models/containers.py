@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from ..keras_private import storage
+from ..trainer.keras_private import storage
 
 
 @dataclass

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import RunDirError
-from .files import atomic_write
-from .text import first_line
+from ..errors import RunDirError
+from ..files import atomic_write
+from ..text import first_line
 
 # Where a resume moves a damaged checkpoint's files (kept, never deleted), inside checkpoints/.
 DAMAGED = "damaged"

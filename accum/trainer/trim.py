@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .errors import UserError
+from ..errors import UserError
 
 DEFAULT_MULTIPLE = 16  # trim_padding=True: lengths rounded up to a multiple of 16
 

@@ -22,18 +22,17 @@ import difflib
 import keras
 import tensorflow as tf
 
-from . import keras_private
-from .errors import ConfigError
-from .imports import import_function
-from .keras_archive import compile_config
-from .keras_objective import KerasObjective
-from .models.containers import KerasModel
-from .models.keras_file import accumulating_clone, load_keras_file
-from .models.precision import set_precision
-from .objective import as_data, classifier
-from .rundir import model_source
-from .text import first_line, shape_text, traced_error_line
-from .trim import TrimmedSplit, check_trimmable
+from ..errors import ConfigError
+from ..imports import import_function
+from ..models.containers import KerasModel
+from ..models.keras_file import accumulating_clone, load_keras_file
+from ..models.precision import set_precision
+from ..text import first_line, shape_text, traced_error_line
+from ..trainer import keras_private
+from ..trainer.keras_objective import KerasObjective
+from ..trainer.objective import as_data, classifier
+from ..trainer.trim import TrimmedSplit, check_trimmable
+from .source import compile_config, model_source
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
 
@@ -43,7 +42,7 @@ def load_data(cfg, run_dir=None, source=None):
     ``run_dir``'s, kept as the data's ``for_model``): an .npz's targets taken as the loss takes them when the model
     has a Keras loss, else as class labels. ``run_dir``: a run directory whose image checks an image folder
     reads."""
-    from .datasets import load
+    from ..datasets import load
 
     source = source or model_source(cfg, run_dir)
     task = source.keras_loss
@@ -65,7 +64,7 @@ def build_with_loss(cfg, data, precision: str = "float32"):
         keras.utils.set_random_seed(cfg.seed)
         model = build_keras_loss_model(cfg, data, precision)
         return model, keras_objective(model.network, data.signature(), cfg.model.path)
-    from .models import build_model
+    from ..models import build_model
 
     model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes, precision)
     return model, classifier(model.forward)
@@ -75,7 +74,7 @@ def build_run(cfg, data, run_dir, strategy=None):
     """The trainer of a run of ``cfg`` on ``data`` (run_parts.Run), set up from what the config resolves to: the
     config checked against the training set, the model and its objective built under ``strategy`` (``None``: the
     one in scope), and the training split cut by data.trim_padding."""
-    from .run_parts import Run
+    from ..trainer.run_parts import Run
 
     cfg = cfg.for_data(len(data.train))
     in_scope = strategy or tf.distribute.get_strategy()

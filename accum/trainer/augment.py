@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from .config import AugmentConfig
+from ..config import AugmentConfig
 
 
 class Augment:

@@ -4,14 +4,14 @@ The CLI (run_hooks.RunHooks) and accum_train.fit (keras_fit/fit_hooks.FitHooks)
 plug into it as ``hooks``; what they share is here, so that it is written and
 tested once:
 
-- every update goes through the memory guard (accum/memory.py) when the run
+- every update goes through the memory guard (accum/trainer/memory.py) when the run
   needs it (``memory_limit``, automatic micro-batches), straight to the engine
   otherwise; a fixed number of micro-batches that runs out of memory ends the
   call in one line;
 - its result is read back at once, so the stop for non-finite updates comes at
   the update that reaches ``max_bad_steps``, and a signal (stopping.StopFlag)
   stops after the update in hand, every process after the same one;
-- the gradient noise scale's running estimate (accum/noise.py) takes in each
+- the gradient noise scale's running estimate (accum/trainer/noise.py) takes in each
   update.
 
 What an update, an epoch and a stop mean to a door is the door's: its records,

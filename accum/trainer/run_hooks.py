@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .errors import Interrupted, too_many_bad_updates
+from ..errors import Interrupted, too_many_bad_updates
 from .feed import Reader
 from .loop import Loop
 
@@ -164,6 +164,6 @@ def broken_file(split, indices, err) -> None:
     """Raise the DataError that names the image file of ``indices`` behind ``err``, if it was one (an image folder
     whose file changed after the run's check); nothing otherwise."""
     if hasattr(split, "paths") and len(indices):
-        from .datasets.image_folder import raise_first_bad
+        from ..datasets.image_folder import raise_first_bad
 
         raise_first_bad(split.paths[indices], split.input_shape[2], err)

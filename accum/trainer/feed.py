@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from ..datasets.base import as_is, untuned
 from .batching import Cut, same_size
 from .data import epoch_order
-from .datasets.base import as_is, untuned
 
 
 def empty_like(spec):

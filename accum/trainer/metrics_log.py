@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from .files import atomic_write
+from ..files import atomic_write
 
 # An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
 # loss's run has its metrics there).

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from ..config import BatchChange, Config
 from .checkpoints import Checkpoints
-from .config import BatchChange, Config
 from .engine_for import accumulator_for
 from .keras_objective import KerasObjective
 from .noise import NoiseScale, grown_batch, rule_said
@@ -145,7 +145,7 @@ class Run:
 
     def follow_noise(self, epochs_done: int, say) -> None:
         """batch_schedule's rule at the end of epoch ``epochs_done`` (1-based): the batch of the epochs from the
-        next on, from the noise scale measured so far (accum/noise.py ``grown_batch``), and its learning rate.
+        next on, from the noise scale measured so far (accum/trainer/noise.py ``grown_batch``), and its learning rate.
         Before the epoch's checkpoint, which keeps the change; the same estimate gives the same change on a
         resume that makes it again."""
         rule, cfg = self.cfg.batch_rule, self.cfg
@@ -176,7 +176,7 @@ class Run:
         self.rate_factor.assign(self.cfg.optimizer.scale_learning_rate.factor(batch_size))
 
     def prepare(self, element, n):
-        """Inside a micro-step: a feed's element (accum/feed.py: stored values and where they sit) as the loss
+        """Inside a micro-step: a feed's element (accum/trainer/feed.py: stored values and where they sit) as the loss
         takes it, (x, y, sample weights or None), converted (uint8 to float) and augmented there, so the
         pipeline holds no float batch."""
         stored, where = element

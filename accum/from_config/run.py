@@ -20,25 +20,26 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from .batching import k_for_micro_batch
-from .checkpoints import newest_intact_checkpoint
-from .config import Config
-from .data import (
+from ..config import Config
+from ..errors import Interrupted
+from ..files import atomic_write
+from ..processes import announce_started, restarts
+from ..progress import Progress
+from ..rundir import check_output_dir, save_weights, write_json
+from ..trainer.batching import k_for_micro_batch
+from ..trainer.checkpoints import newest_intact_checkpoint
+from ..trainer.data import (
     describe_split,
     first_batch,
     largest_micro_batch,
 )
-from .errors import Interrupted
-from .files import atomic_write
-from .lock import writing
-from .memory import UNMEASURED, MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
-from .metrics_log import MetricsLog
-from .processes import announce_started, restarts
-from .progress import Progress
-from .run_hooks import RunHooks
-from .run_parts import Run
-from .rundir import check_output_dir, keep_model_file, model_source, save_weights, write_json
-from .stopping import StopFlag
+from ..trainer.lock import writing
+from ..trainer.memory import UNMEASURED, MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
+from ..trainer.metrics_log import MetricsLog
+from ..trainer.run_hooks import RunHooks
+from ..trainer.run_parts import Run
+from ..trainer.stopping import StopFlag
+from .source import keep_model_file, model_source
 
 
 def train(
@@ -60,7 +61,7 @@ def train(
 
 
 def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.ExitStack) -> dict:
-    from .runtime import configure, is_chief, make_strategy
+    from ..trainer.runtime import configure, is_chief, make_strategy
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
@@ -70,7 +71,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
         source = model_source(cfg, run_dir if resume or not is_chief(strategy) else None)
         if data is None:
-            from .from_config import load_data
+            from .build import load_data
 
             # before anything is written: bad data leaves no trace
             data = load_data(cfg, run_dir if resume else None, source)
@@ -84,7 +85,7 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         check_output_dir(run_dir)
     started, cpu_started = time.time(), time.process_time()
     # before any write: a model file that does not fit leaves no trace
-    from .from_config import build_run
+    from .build import build_run
 
     run = build_run(cfg, data, run_dir, strategy)
     cfg = run.cfg
@@ -166,7 +167,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
     replica cuts its share: k is adapted so that no micro-batch is larger than
     before (re-probed with subdivisions=auto). history.jsonl records each
     start: update, strategy, workers, replicas, k."""
-    from .runtime import cluster_workers
+    from ..trainer.runtime import cluster_workers
 
     cfg = run.cfg
     step = 0
@@ -255,7 +256,7 @@ def scaled_rate_note(run: Run) -> str:
 
 def describe_phases(run: Run) -> str:
     """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
-    from .optim import learning_rate_at
+    from ..trainer.optim import learning_rate_at
 
     parts = []
     for phase in run.timeline.phases:

@@ -15,7 +15,7 @@ engine's loop-carried accumulation, ``parallel_iterations``), keeps both cores
 busy on useful work instead. With a GPU the device is the bottleneck and
 memory is what accumulation is for, so micro-steps stay one at a time there.
 
-The engine itself (accum/engine.py) is the same on every strategy.
+The engine itself (accum/trainer/engine.py) is the same on every strategy.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 
 import tensorflow as tf
 
-from .config import Config, StrategyConfig
+from ..config import Config, StrategyConfig
 
 AUTO_PARALLEL = 2  # micro-steps in flight under auto on a CPU: the most measured to help (2 cores)
 

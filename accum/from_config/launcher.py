@@ -32,12 +32,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .checkpoints import checkpoint_numbers
-from .config import Config, config_from_dict
-from .errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
-from .files import atomic_write
-from .lock import writing
-from .processes import (
+from ..config import Config, config_from_dict
+from ..errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
+from ..files import atomic_write
+from ..processes import (
     INTERRUPTED_CODES,
     RESTARTS,
     STARTED_FILE,
@@ -47,7 +45,10 @@ from .processes import (
     run_child,
     training_process,
 )
-from .rundir import check_output_dir, model_source
+from ..rundir import check_output_dir
+from ..trainer.checkpoints import checkpoint_numbers
+from ..trainer.lock import writing
+from .source import model_source
 
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
 KEPT_ERROR_LINES = 200

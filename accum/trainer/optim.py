@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from .config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
+from ..config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
 from .timeline import Phase
 
 

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from ..errors import OutOfMemory
+from ..text import first_line, mib_text
 from .batching import largest_micro_batch, largest_share
-from .errors import OutOfMemory
-from .text import first_line, mib_text
 
 
 def peak_rss_bytes() -> int:
