@@ -1,11 +1,10 @@
 """accum-train: exact gradient accumulation ("subdivisions") for TensorFlow.
 
-The core package. ``config`` turns YAML into typed, validated objects;
-``engine`` holds the gradient cache and the one-graph-call update; ``models``
-and ``optim`` are the registries; ``config_run`` runs a config into a
-run directory (``run_parts`` builds it, ``trainer`` is its loop); ``keras_fit`` is
-``accum_train.fit``, model.fit with exact accumulation for any compiled Keras model. The
-CLI (``accum_train.cli``) sits on top and is never imported from here.
+The core package. ``config`` turns YAML into typed, validated objects; ``trainer`` is what both doors train
+with (the accumulator in ``trainer.engine``, the loop, the feed, the run directory); ``from_config`` is the
+CLI's front end, which resolves a config into data, a model with its objective and settings for the trainer
+(``run`` is its Python entry); ``keras_fit`` is ``accum_train.fit``, model.fit with exact accumulation for any
+compiled Keras model. The CLI (``accum_train.cli``) sits on top and is never imported from here.
 """
 
 import os
@@ -16,8 +15,8 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 __version__ = "0.2.0"
 
-from .api import run
 from .errors import UserError
+from .from_config.api import run
 from .progress import Progress
 
 __all__ = ["Progress", "UserError", "__version__", "fit", "run"]

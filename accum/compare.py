@@ -22,8 +22,8 @@ from .errors import OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
 from .processes import error_message, run_child, training_process
 from .progress import Progress
-from .rundir import check_output_dir, pyplot, save_figure, write_result
 from .trainer.metrics_log import is_epoch_record, read_metrics
+from .trainer.rundir import check_output_dir, pyplot, save_figure, write_result
 
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from .config import load_run_config, override_key
 from .errors import ConfigError, DataError, RunDirError
-from .rundir import FIT_RECORD, check_output_dir, is_fit_run_dir, pyplot, save_figure, write_json, write_result
 from .text import shape_text, traced_error_line
+from .trainer.rundir import FIT_RECORD, check_output_dir, is_fit_run_dir, pyplot, save_figure, write_json, write_result
 
 # Keys `evaluate --set` may change: which test data is read. The rest (model,
 # optimizer, batch, ...) describes the trained run and is not the caller's to change.

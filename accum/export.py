@@ -33,7 +33,7 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
     An existing file is replaced only with ``overwrite`` (atomically: a reader
     sees the old file or the new one)."""
     from .reload import describe_run, load_fit_run, load_run
-    from .rundir import is_fit_run_dir
+    from .trainer.rundir import is_fit_run_dir
 
     run_dir = Path(run_dir)
     fit = is_fit_run_dir(run_dir)

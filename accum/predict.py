@@ -174,7 +174,7 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     with a Keras loss or by accum_train.fit, one {input, outputs: [...]} (the model's output values)."""
     from .from_config.build import output_names
     from .reload import describe_run, load_run
-    from .rundir import is_fit_run_dir
+    from .trainer.rundir import is_fit_run_dir
 
     if is_fit_run_dir(run_dir):
         return predict_fit(run_dir, paths)

@@ -19,8 +19,8 @@ import numpy as np
 
 from .config import LossScaleConfig, load_run_config
 from .errors import RunDirError
-from .rundir import MODEL_COPY, require_run_dir
 from .text import first_line
+from .trainer.rundir import MODEL_COPY, require_run_dir
 
 
 class Trained:
@@ -94,8 +94,8 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None):
     import keras
     import tensorflow as tf
 
+    from .keras_private import storage
     from .trainer.checkpoints import latest_intact
-    from .trainer.keras_private import storage
 
     run_dir = Path(run_dir)
     path = fit_model_file(run_dir)

@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .quiet import quiet_tensorflow
 
     quiet_tensorflow(verbose=False)
-    from .api import run
+    from .from_config.api import run
 
     with ending():
         summary = run(

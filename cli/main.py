@@ -22,9 +22,9 @@ import click
 
 from ..config import load_config
 from ..errors import UserError
+from ..from_config.source import default_output_dir
 from ..outcome import ending, epoch_line, last_line
 from ..quiet import quiet_tensorflow
-from ..rundir import default_output_dir
 from ..text import mib_text
 from ..trainer.batching import k_for_micro_batch
 from .common import count_option, output_dir_option, set_option, verbose_option
@@ -130,7 +130,7 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts,
     accum-train run configs/smoke.yaml --workers 2 --max-restarts 3
     """
     quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
-    from ..api import run as run_api
+    from ..from_config.api import run as run_api
 
     if output_dir is None and resume_dir is None and config is not None:
         output_dir = default_output_dir(config)

@@ -62,7 +62,7 @@ def arm(point, n):
 
         Accumulator.__init__ = init
     elif point == "pause_checkpoint":
-        from accum_train.from_config.run import Run
+        from accum_train.trainer.run_parts import Run
 
         real_save = Run.save_checkpoint
 
@@ -76,7 +76,7 @@ def arm(point, n):
 
         Run.save_checkpoint = save
     elif point in ("checkpoint", "partial", "after_checkpoint"):
-        from accum_train.from_config.run import (
+        from accum_train.trainer.run_parts import (
             Run,  # late: a multi-worker strategy must come before TensorLayer's import
         )
 
@@ -111,7 +111,7 @@ def arm(point, n):
 
         MetricsLog.write = write
     elif point == "weights":
-        import accum_train.rundir as rundir
+        import accum_train.trainer.rundir as rundir
 
         real_atomic_write = rundir.atomic_write
 

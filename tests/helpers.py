@@ -10,9 +10,10 @@ import signal
 import sys
 
 import tensorflow as tf
-from accum_train.from_config.run import Progress, Run
+from accum_train.progress import Progress
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import MetricsLog
+from accum_train.trainer.run_parts import Run
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
 

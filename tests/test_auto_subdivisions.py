@@ -14,7 +14,8 @@ import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import OutOfMemory
-from accum_train.from_config.run import Progress, train
+from accum_train.from_config.run import train
+from accum_train.progress import Progress
 from accum_train.trainer.engine import Accumulator
 from click.testing import CliRunner
 

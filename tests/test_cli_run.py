@@ -277,7 +277,7 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
 
 def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):
     # Tests run as root, for whom chmod changes nothing: the permission check is what is exercised.
-    import accum_train.rundir as rundir_module
+    import accum_train.trainer.rundir as rundir_module
 
     real_access = rundir_module.os.access
     monkeypatch.setattr(

@@ -10,7 +10,7 @@ import math
 import sys
 
 import pytest
-from accum_train.from_config.run import adapt_subdivisions
+from accum_train.trainer.lifecycle import adapt_subdivisions
 from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
 
 # test_distribute's small run (200 examples / batch 64: 4 updates per epoch, the last one short; BN-free,

@@ -2,6 +2,8 @@
 
 - the CLI (cli/) sits on top: nothing under accum/ or datasets/ imports it;
 - the dataset loaders (datasets/) import only the leaves of the core: config, errors, text, imports, files;
+- the wings import downwards: the trainer never imports a front end (from_config/, keras_fit/) or a command, the
+  models never import the trainer or a front end, and the two front ends never import each other;
 - no two modules import each other, directly or around a circle, even through imports inside functions;
 - no module of accum/, cli/ or datasets/ is over 400 lines.
 """
@@ -120,6 +122,30 @@ def test_the_dataset_loaders_import_only_the_core_s_leaves():
     assert {name: found for name, found in wrong.items() if found} == {}
 
 
+COMMANDS = ("bench", "compare", "evaluate", "export", "plan", "predict", "reload", "worker", "outcome")
+FRONT_ENDS = (f"{PACKAGE}.from_config", f"{PACKAGE}.keras_fit")
+
+
+@pytest.mark.parametrize(
+    "wing, forbidden",
+    [
+        (f"{PACKAGE}.trainer", (*FRONT_ENDS, *(f"{PACKAGE}.{name}" for name in COMMANDS))),
+        (f"{PACKAGE}.models", (f"{PACKAGE}.trainer", *FRONT_ENDS)),
+        (f"{PACKAGE}.from_config", (f"{PACKAGE}.keras_fit",)),
+        (f"{PACKAGE}.keras_fit", (f"{PACKAGE}.from_config",)),
+    ],
+)
+def test_the_wings_import_downwards(wing, forbidden):
+    modules = sources()
+    assert any(name.startswith(f"{wing}.") for name in modules)  # the wing is there to be checked
+    wrong = {
+        name: sorted(t for t in imports(path, name, modules) if any(t == f or t.startswith(f"{f}.") for f in forbidden))
+        for name, path in modules.items()
+        if name == wing or name.startswith(f"{wing}.")
+    }
+    assert {name: found for name, found in wrong.items() if found} == {}
+
+
 def test_no_import_circle():
     """Not at module level, and not through the imports inside functions either: a function-level import that
     closes a circle still drags one layer's modules into the other's processes (the training process into the
@@ -148,8 +174,8 @@ def test_the_checks_see_what_they_check():
 
     assert f"{PACKAGE}.files" in of(f"{DATASETS}.fashion_mnist")
     assert {f"{PACKAGE}.config", f"{PACKAGE}.errors"} <= of(f"{PACKAGE}.from_config.source", True)
-    assert f"{PACKAGE}.from_config.run" in of(f"{PACKAGE}.api")  # inside run()
-    assert f"{PACKAGE}.from_config.run" not in of(f"{PACKAGE}.api", True)
-    assert f"{PACKAGE}.api" in of(PACKAGE)  # the root's own imports are read
+    assert f"{PACKAGE}.from_config.run" in of(f"{PACKAGE}.from_config.api")  # inside run()
+    assert f"{PACKAGE}.from_config.run" not in of(f"{PACKAGE}.from_config.api", True)
+    assert f"{PACKAGE}.from_config.api" in of(PACKAGE)  # the root's own imports are read
     assert f"{PACKAGE}.cli.main" in imports(ROOT / "tests" / "test_worker.py", "tests.test_worker", modules)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]

@@ -10,8 +10,10 @@ import tensorflow as tf
 import yaml
 from accum_train.config import load_config
 from accum_train.errors import Interrupted, TrainingStopped
-from accum_train.from_config.run import Progress, Run, train
+from accum_train.from_config.run import train
 from accum_train.from_config.source import resume_config
+from accum_train.progress import Progress
+from accum_train.trainer.run_parts import Run
 from helpers import GraphCalls, InterruptAt, poison, update_records
 
 # What these tests assert is the loop's bookkeeping, the same for any model and any length of run: smoke.yaml
@@ -33,7 +35,7 @@ def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
     """Python enters TensorFlow's graphs once per update, whatever k (evaluation, writing the records and
     checkpoints aside). And the noise scale's records: k=1 has no estimate (null everywhere, said once), k=8 one
     from the first update."""
-    from accum_train.from_config.run import NO_NOISE_SCALE
+    from accum_train.trainer.lifecycle import NO_NOISE_SCALE
 
     graph, said = GraphCalls(monkeypatch.setattr), Said()
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, f"subdivisions={k}", "epochs=1", "log_every=3"])

@@ -124,7 +124,8 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
 
 
 NOT_STARTED = """
-import accum_train.cli.main, accum_train.from_config.run, accum_train.worker, accum_train.bench, accum_train.api
+import accum_train.cli.main, accum_train.worker, accum_train.bench
+import accum_train.from_config.api, accum_train.from_config.run
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)  # RuntimeError once TensorFlow's runtime has started
 """

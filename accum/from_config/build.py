@@ -22,13 +22,13 @@ import difflib
 import keras
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import ConfigError
 from ..imports import import_function
 from ..models.containers import KerasModel
 from ..models.keras_file import accumulating_clone, load_keras_file
 from ..models.precision import set_precision
 from ..text import first_line, shape_text, traced_error_line
-from ..trainer import keras_private
 from ..trainer.keras_objective import KerasObjective
 from ..trainer.objective import as_data, classifier
 from ..trainer.trim import TrimmedSplit, check_trimmable

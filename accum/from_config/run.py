@@ -1,45 +1,24 @@
-"""A run from its start to its summary: ``train(cfg, run_dir)``.
+"""The CLI's run of a config: ``train(cfg, run_dir)`` resolves the config into what the trainer takes and hands
+it over (trainer/lifecycle.py trains it to its summary).
 
-It loads and checks the data, checks the output directory, fixes what is
-computed from the run's length (``Config.resolved``) and writes config.yaml,
-all before the first update, so bad input leaves nothing behind; starts or
-resumes (``_start``: k for subdivisions=auto, a resume on other replicas);
-hands the loop to run_hooks.RunHooks; writes summary.json and weights.npz.
-``resume=True`` continues from the latest checkpoint with the same data
-order, reaching the weights an uninterrupted run would.
+Before anything is written, it sets up the runtime (thread pools, the tf.distribute strategy), loads and
+checks the data for the model the run builds (a resume's, and a worker's, from the run directory's copy),
+checks the output directory and builds the run (build.build_run: the model and its objective, the
+optimizer and the accumulator): bad input leaves nothing behind. ``resume=True`` continues the run directory.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import tempfile
 import time
 from pathlib import Path
 
-import tensorflow as tf
-
 from ..config import Config
-from ..errors import Interrupted
-from ..files import atomic_write
-from ..processes import announce_started, restarts
 from ..progress import Progress
-from ..rundir import check_output_dir, save_weights, write_json
-from ..trainer.batching import k_for_micro_batch
-from ..trainer.checkpoints import newest_intact_checkpoint
-from ..trainer.data import (
-    describe_split,
-    first_batch,
-    largest_micro_batch,
-)
-from ..trainer.lock import writing
-from ..trainer.memory import UNMEASURED, MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
-from ..trainer.metrics_log import MetricsLog
-from ..trainer.run_hooks import RunHooks
-from ..trainer.run_parts import Run
-from ..trainer.stopping import StopFlag
-from .source import keep_model_file, model_source
+from ..trainer import lifecycle
+from ..trainer.rundir import check_output_dir
+from .source import model_source
 
 
 def train(
@@ -56,20 +35,16 @@ def train(
     ``run_dir``, the others write their (required) checkpoints to a scratch folder.
     The chief holds the run directory's writer lock (``lock.writing``) from
     before its first write to its return."""
-    with contextlib.ExitStack() as held:
-        return _train(cfg, run_dir, progress, resume, data, strategy, held)
-
-
-def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.ExitStack) -> dict:
     from ..trainer.runtime import configure, is_chief, make_strategy
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
         strategy = make_strategy(cfg.strategy)  # before any other op: see runtime.py
+    chief = is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
     progress = progress or Progress()
     if data is None or data.for_model is None:
         # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
-        source = model_source(cfg, run_dir if resume or not is_chief(strategy) else None)
+        source = model_source(cfg, run_dir if resume or not chief else None)
         if data is None:
             from .build import load_data
 
@@ -78,223 +53,14 @@ def _train(cfg, run_dir, progress, resume, data, strategy, held: contextlib.Exit
         else:
             data = dataclasses.replace(data, for_model=source)
     shared_dir = run_dir = Path(run_dir)
-    if not is_chief(strategy):
+    if not chief:
         scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
         run_dir, progress = Path(scratch.name) / "run", Progress()
     elif not resume:
         check_output_dir(run_dir)
-    started, cpu_started = time.time(), time.process_time()
-    # before any write: a model file that does not fit leaves no trace
     from .build import build_run
 
-    run = build_run(cfg, data, run_dir, strategy)
-    cfg = run.cfg
-    writer = run_dir == shared_dir  # the process that writes the run directory
-    flag = "--resume " if resume else "--output-dir "
-    # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
-    found = newest_intact_checkpoint(shared_dir / "checkpoints", flag) if resume and writer else None
-    if writer:
-        held.enter_context(writing(run_dir, flag))
-    restored = run.restore_latest(shared_dir, progress.message, repair=writer, found=found) if resume else 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    keep_model_file(run_dir, data.for_model.config)  # a worker copies the run directory's copy
-    for name, text in (
-        ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
-        ("dataset.json", json.dumps(data.describe(), indent=2)),
-    ):
-        if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
-            atomic_write(run_dir / name, text.encode())
-    if writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
-        data.file_checks.save(run_dir)
-        progress.message(data.file_checks.line())
-    log = MetricsLog(run_dir)
-    step = _start(run, log, resume, restored, progress)
-    guard = MemoryGuard(
-        run.engine,
-        progress.message,
-        largest=cfg.batch_size,
-        adapts=cfg.auto_subdivisions,
-        more="use more subdivisions or subdivisions: auto",
-        limit=None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit),
-    )
-    announce_started()  # to a --workers supervisor: every worker has joined
-
-    with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
-        step = RunHooks(run, log, progress).train(step, guard, stop)
-
-    summary = {
-        **run.scores(),
-        "steps": step,
-        "examples_seen": run.examples_seen(step),
-        "wall_time_s": time.time() - started,
-        "cpu_time_s": time.process_time() - cpu_started,
-        "peak_memory_bytes": allocator_peak_bytes(),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "skipped_updates": int(run.engine.skipped_updates.numpy()),
-        "subdivisions": run.subdivisions,
-        "replicas": run.replicas,
-        # how many times a --workers supervisor started this run's workers again after a failure
-        "restarts": restarts(),
-        "batch_size": cfg.batch_size,
-        "batch_schedule": [
-            {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size} for p in run.timeline.phases
-        ]
-        if len(run.timeline.phases) > 1
-        else None,
-        "baseline": cfg.baseline,
-        "precision": cfg.precision,
-        "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
-        "noise_scale": run.noise.value(),
-        **threads,
-    }
-    save_weights(run.model.named_weights(), run_dir / "weights.npz")
-    write_json(run_dir / "summary.json", summary)
-    return summary
-
-
-def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, replicas: int) -> int:
-    """The fewest micro-batches per replica share that keep every micro-batch within the largest one
-    ``k_before`` cut on ``replicas_before`` replicas: what a resume on other replicas runs."""
-    return k_for_micro_batch(batch_size, largest_micro_batch(batch_size, replicas_before, k_before), replicas)
-
-
-def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Progress) -> int:
-    """Go on from the ``restored`` step or begin (choosing k for subdivisions=auto), say how the batch is split;
-    the first step.
-
-    A resume on another number of replicas keeps the global batch, the data
-    order and the schedule (all counted in updates) and changes only how a
-    replica cuts its share: k is adapted so that no micro-batch is larger than
-    before (re-probed with subdivisions=auto). history.jsonl records each
-    start: update, strategy, workers, replicas, k."""
-    from ..trainer.runtime import cluster_workers
-
-    cfg = run.cfg
-    step = 0
-    if resume:
-        step = restored
-        log.truncate_after(step, run.timeline.epoch_of(step))
-        progress.message(f"resuming {run.run_dir} at update {step} of {run.total_steps}")
-        schedule = cfg.optimizer.schedule
-        end = schedule.warmup_steps + (schedule.decay_steps or 0)
-        if schedule.name == "cosine" and end < run.total_steps:
-            progress.message(
-                f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
-                f"fixed when the run started); later updates use its final learning rate"
-            )
-        if not cfg.baseline:
-            _adapt_to_replicas(run, progress, run.timeline.batch_size(step))
-    else:
-        if cfg.auto_subdivisions and not cfg.baseline and cfg.memory_limit is None:
-            progress.message(UNMEASURED.format(name="subdivisions=auto", first="one micro-batch per replica"))
-        elif cfg.auto_subdivisions and not cfg.baseline:
-            choose_subdivisions(
-                run.engine,
-                _first_examples(run),
-                cfg.batch_size,
-                cfg.memory_limit,
-                cfg.memory_limit_bytes,
-                progress.message,
-            )
-        run.save_checkpoint(0)  # a run is resumable from its first moment
-    batch = run.timeline.batch_size(min(step, run.total_steps - 1))
-    k = run.follow_batch(batch)
-    if cfg.strategy.name != "default":
-        progress.message(describe_split(batch, None if cfg.baseline else k, run.replicas))
-    elif not cfg.baseline:
-        progress.message(describe_split(batch, k))
-    if len(run.timeline.phases) > 1 and cfg.batch_rule is None:
-        progress.message("batch_schedule: " + describe_phases(run))
-    if cfg.baseline or k * run.replicas < 2:
-        progress.message(NO_NOISE_SCALE)
-    elif cfg.data.trim_padding is not None:
-        progress.message(TRIMMED_NOISE_SCALE)
-    if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
-        progress.message(
-            "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
-            "measured); mixed_bfloat16 is a CPU's 16-bit precision"
-        )
-    entry = {
-        "step": step,
-        "event": "resume" if resume else "start",
-        "strategy": cfg.strategy.name,
-        "workers": cluster_workers(),
-        "replicas": run.replicas,
-        "subdivisions": run.subdivisions,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    with open(run.run_dir / HISTORY, "a") as handle:
-        handle.write(json.dumps(entry) + "\n")
-    return step
-
-
-# Said once when no update can measure the gradient noise scale (noise.py); metrics.jsonl then holds null.
-NO_NOISE_SCALE = "noise_scale: none (each update is one micro-batch; the estimate needs two or more: subdivisions >= 2)"
-TRIMMED_NOISE_SCALE = (
-    "noise_scale: none (data.trim_padding orders each batch by length; the estimate needs micro-batches drawn at "
-    "random)"
-)
-
-# A run directory's record of its starts and resumes, one JSON line each (appended; informational).
-HISTORY = "history.jsonl"
-
-
-def scaled_rate_note(run: Run) -> str:
-    """config.yaml's closing comment under scale_learning_rate: the peak rate each batch size runs at (YAML
-    readers skip it; the run recomputes it from the keys above)."""
-    scale, rate = run.cfg.optimizer.scale_learning_rate, run.cfg.optimizer.learning_rate
-    if scale.rule == "none":
-        return ""
-    lines = [f"# learning rate in force ({scale.rule} rule from {rate:g} at base_batch_size {scale.base_batch_size}):"]
-    for phase in run.timeline.phases:
-        lines.append(
-            f"#   {rate * scale.factor(phase.batch_size):.6g} at batch_size {phase.batch_size} "
-            f"from update {phase.step + 1}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def describe_phases(run: Run) -> str:
-    """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
-    from ..trainer.optim import learning_rate_at
-
-    parts = []
-    for phase in run.timeline.phases:
-        k = run.k_for(phase.batch_size)
-        rate = learning_rate_at(run.schedule, phase.step)
-        parts.append(
-            f"batch_size={phase.batch_size} (k={k}, learning rate {rate:.4g}) from update {phase.step + 1} "
-            f"(epoch {phase.epoch + 1})"
-        )
-    return "; ".join(parts)
-
-
-def _first_examples(run: Run):
-    """take(m): the first m examples of the first update's batch (what subdivisions=auto probes with)."""
-    cfg = run.cfg
-    return lambda m: first_batch(run.data, cfg.seed, m, cfg.data.shuffle)
-
-
-def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
-    """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
-    ``batch``: the batch size in force."""
-    cfg = run.cfg
-    before, k_before = int(run.saved_replicas.numpy()), run.subdivisions
-    if before == run.replicas:
-        return
-    if cfg.micro_batch_size is not None:
-        run.follow_batch(batch)
-    elif cfg.auto_subdivisions and cfg.memory_limit is not None:
-        run.engine.set_subdivisions(1)
-        choose_subdivisions(
-            run.engine, _first_examples(run), batch, cfg.memory_limit, cfg.memory_limit_bytes, progress.message
-        )
-    else:
-        run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
-    run.saved_replicas.assign(run.replicas)
-    micro = largest_micro_batch(batch, run.replicas, run.subdivisions)
-    progress.message(
-        f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
-        f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
-        f"learning-rate schedule and update count unchanged"
-    )
+    # (wall, CPU) time from here: the summary's times include building the model
+    started = time.time(), time.process_time()
+    run = build_run(cfg, data, run_dir, strategy)  # before any write: a model that does not fit leaves no trace
+    return lifecycle.train(run, shared_dir, progress, resume, threads, started)

@@ -14,8 +14,15 @@ from pathlib import Path
 
 from ..config import Config, as_config, load_run_config
 from ..errors import RunDirError
-from ..files import atomic_write
-from ..rundir import MODEL_COPY, require_run_dir
+from ..trainer.rundir import MODEL_COPY, require_run_dir
+
+
+def default_output_dir(config_path, prefix: str = "") -> Path:
+    """runs/[PREFIX]NAME-DATE-TIME, NAME the config file's stem (``run`` for a config that is no file)."""
+    import datetime
+
+    stem = Path(config_path).stem if config_path else "run"
+    return Path("runs") / f"{prefix}{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def compile_config(path: str) -> dict:
@@ -34,11 +41,6 @@ def uses_keras_loss(model_cfg, loss) -> bool:
     if model_cfg.name != "keras_file":
         return False
     return loss is not None or bool(compile_config(model_cfg.path).get("loss"))
-
-
-def keep_model_file(run_dir: Path, model_cfg) -> None:
-    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
-        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
 # Resuming
 
 # Keys a resumed run may change: they do not alter what was computed so far. A change of strategy
-# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (config_run.py).
+# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (trainer/lifecycle.py).
 RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir", "strategy")
 
 

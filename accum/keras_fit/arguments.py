@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from ..config.wording import parse_size
 from ..errors import UserError
-from ..trainer.keras_private import storage
+from ..keras_private import storage
 from ..trainer.update import local_replica_ids
 
 WHERE = "accum_train.fit"

@@ -22,15 +22,15 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import UserError
+from ..keras_private import all_layers
 from ..models.containers import leaves
 from ..models.norm import pooled
 from ..text import traced_error_line
-from ..trainer import keras_private
 from ..trainer.batching import Cut, k_for_micro_batch
 from ..trainer.engine_for import accumulator_for
 from ..trainer.keras_objective import KerasObjective
-from ..trainer.keras_private import all_layers
 from ..trainer.memory import UNMEASURED, choose_subdivisions
 from ..trainer.runtime import auto_parallel
 from ..trainer.scoring import Evaluation, KerasMetrics

@@ -27,8 +27,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import Interrupted, too_many_bad_updates
-from ..trainer import keras_private
 from ..trainer.batching import Cut, largest_share, same_size
 from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
 from ..trainer.loop import Loop

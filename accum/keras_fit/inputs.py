@@ -37,8 +37,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import UserError
-from ..trainer import keras_private
 from .arguments import ARRAY_BATCH_SIZE, WHERE
 from .array_feed import ArrayFeed
 from .stream_feed import DatasetFeed, GeneratorFeed

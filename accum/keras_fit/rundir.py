@@ -36,11 +36,11 @@ import tensorflow as tf
 from ..config import CheckpointConfig
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write
-from ..rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, write_json
+from ..keras_private import storage
 from ..trainer.checkpoints import Checkpoints, checkpoint_numbers
-from ..trainer.keras_private import storage
 from ..trainer.lock import LOCK, writing
 from ..trainer.metrics_log import MetricsLog
+from ..trainer.rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, write_json
 from ..trainer.runtime import is_chief
 from ..trainer.stopping import StopFlag
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from ..trainer.keras_private import storage
+from ..keras_private import storage
 
 
 @dataclass

@@ -24,8 +24,8 @@ import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import BatchNorm
 
+from .. import keras_private
 from ..errors import UserError
-from ..trainer import keras_private
 from .containers import leaves
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import keras
 
+from ..keras_private import loops_over_time, storage
 from .engine import Accumulator
-from .keras_private import loops_over_time, storage
 
 
 def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options) -> Accumulator:

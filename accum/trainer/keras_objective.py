@@ -28,8 +28,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import UserError
-from . import keras_private
 from .objective import EXAMPLES, TOTAL, Parts
 
 

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import keras_private
+from .. import keras_private
 from .gradient_cache import REPLICA_LOCAL
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_data, combine, output_values, scale_of

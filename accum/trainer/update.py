@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from .. import keras_private
 from ..config import LossScaleConfig
-from . import keras_private
 from .gradient_cache import all_finite
 
 NAN = float("nan")

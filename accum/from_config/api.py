@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import as_config, override_key, with_overrides
-from .errors import UserError
-from .from_config.source import resume_config
-from .progress import Progress
-from .rundir import default_output_dir
+from ..config import as_config, override_key, with_overrides
+from ..errors import UserError
+from ..progress import Progress
+from .source import default_output_dir, resume_config
 
 
 def run(
@@ -75,10 +74,10 @@ def run(
             Path(output_dir) if output_dir else default_output_dir(config if not isinstance(config, dict) else None)
         )
     if workers:
-        from .from_config.launcher import launch_workers
+        from .launcher import launch_workers
 
         return launch_workers(cfg, run_dir, resume is not None, workers, progress.message, max_restarts or 0)
-    from .from_config.run import train
+    from .run import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)
 

@@ -17,9 +17,9 @@ import json
 import os
 from pathlib import Path
 
-from .errors import RunDirError
-from .files import atomic_write
-from .trainer.lock import LOCK, LOCK_HELD, in_use_error, lock_holder
+from ..errors import RunDirError
+from ..files import atomic_write
+from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
 
 # What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
 # directories apart.
@@ -79,14 +79,6 @@ def _existing_parent(path: Path) -> Path:
     return Path("/")
 
 
-def default_output_dir(config_path, prefix: str = "") -> Path:
-    """runs/[PREFIX]NAME-DATE-TIME, NAME the config file's stem (``run`` for a config that is no file)."""
-    import datetime
-
-    stem = Path(config_path).stem if config_path else "run"
-    return Path("runs") / f"{prefix}{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
 def write_json(path: Path, data) -> None:
     """An indented JSON file, written atomically (summary.json, compare.json, bench.json)."""
     atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
@@ -130,3 +122,8 @@ def save_weights(named_weights: dict, path: Path) -> None:
 # rebuild the model from it (the checkpoint holds the weights), so the run does
 # not depend on model.path staying where it was, or on the call returning.
 MODEL_COPY = "initial_model.keras"
+
+
+def keep_model_file(run_dir: Path, model_cfg) -> None:
+    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
+        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
