@@ -72,11 +72,18 @@ def repo_root() -> Path:
 
 
 # The files that take longest (measured with --durations), first: pytest-xdist deals files out in collection order
-# (--dist loadfile), and a long file dealt last keeps one process busy while the other has finished.
-# test_readme.py leads: in the slow suite its documented commands run for about 11 minutes in one process.
+# (--dist loadfile; pytest_configure turns its reordering off), and a long file dealt last keeps one process busy
+# while the other has finished.
+# test_readme.py leads: in the slow suite its documented commands run for about 11 minutes in one process. The slow
+# suite's other long files (each several minutes of fresh processes) follow, before the default suite's.
 FIRST = (
     "test_readme.py",
+    "test_kills.py",
+    "test_distribute.py",
+    "test_distribute_keras.py",
+    "test_peers_masked.py",
     "test_conformance.py",
+    "test_fit_trim.py",  # the default suite's longest file (105 s of 566 in one measured run)
     "test_export.py",
     "test_auto_subdivisions.py",
     "test_keras_file.py",
@@ -123,6 +130,13 @@ def _mark_long(config, items):
     stale = [p for p in LONG if whole and p.split("::")[0] in files and p not in matched]
     if stale:
         raise pytest.UsageError(f"tests/long_cases.txt names no collected test: {stale[0]} (rename or remove it)")
+
+
+def pytest_configure(config):
+    # pytest-xdist 3.6 and later deal the files out by their number of tests, most first, unless told not to: that put
+    # test_readme.py (6 slow tests, the longest file) last in the slow suite, one process on it while the other idled
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.cli.main import main
 from accum_train.config import load_config
+from click.testing import CliRunner
 
 pytestmark = pytest.mark.slow  # fresh processes, about 5 minutes: `make test-slow`, run by CI
 
@@ -77,6 +79,15 @@ def run(command, timeout=300):
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
+def here(words):
+    """`accum-train WORDS` in this process, which must end with exit 0: a one-device run (a reference) or an
+    export needs no fresh process, nor a TensorFlow start of its own. Its thread pools are the ones
+    same_thread_pools gives the fresh processes (tests/conftest.py set them in this one)."""
+    result = CliRunner().invoke(main, words)
+    assert result.exit_code == 0, f"{result.output}{result.exception!r}"
+    return result
+
+
 def weights(run_dir):
     return np.load(Path(run_dir) / "weights.npz")
 
@@ -92,18 +103,8 @@ def single(tmp_path_factory, repo_root):
     out = {}
     for optimizer in ("sgd", "adam"):
         d = tmp_path_factory.mktemp("single") / optimizer
-        done = run(
-            CLI
-            + [
-                str(repo_root / "configs" / "smoke.yaml"),
-                "--output-dir",
-                str(d),
-                *SMALL,
-                "--set",
-                f"optimizer.name={optimizer}",
-            ]
-        )
-        assert done.returncode == 0, done.stderr
+        smoke = str(repo_root / "configs" / "smoke.yaml")
+        here(["run", smoke, "--output-dir", str(d), *SMALL, "--set", f"optimizer.name={optimizer}"])
         out[optimizer] = d
     return out
 
@@ -222,8 +223,7 @@ def single_baseline(tmp_path_factory, repo_root):
         for baseline in ("true", "false"):
             d = tmp_path_factory.mktemp("single_baseline") / f"{optimizer}-{baseline}"
             command = [*baseline_args(repo_root, optimizer), "--set", f"baseline={baseline}"]
-            done = run(CLI + [*command, "--output-dir", str(d)])
-            assert done.returncode == 0, done.stderr
+            here(["run", *command, "--output-dir", str(d)])
             out[optimizer, baseline == "true"] = d
     return out
 
@@ -317,18 +317,8 @@ def single_bn(tmp_path_factory, repo_root):
     out = {}
     for optimizer, k, examples in REFERENCES:
         d = tmp_path_factory.mktemp("single_bn") / f"{optimizer}-{k}"
-        done = run(
-            CLI
-            + [
-                str(repo_root / "configs" / "smoke.yaml"),
-                "--output-dir",
-                str(d),
-                *bn_args(optimizer, examples),
-                "--set",
-                f"subdivisions={k}",
-            ]
-        )
-        assert done.returncode == 0, done.stderr
+        smoke = str(repo_root / "configs" / "smoke.yaml")
+        here(["run", smoke, "--output-dir", str(d), *bn_args(optimizer, examples), "--set", f"subdivisions={k}"])
         out[optimizer, k] = d
     return out
 
@@ -769,19 +759,26 @@ def test_batchnorm_at_a_high_rate_is_chaotic_but_repeatable(tmp_path, repo_root,
     move the weights after 16 updates (with AVX-512: 1.1e-2 and 2.2e-2, of weights up to 0.06; with AVX2: 1.3e-2
     and 9.2e-3)."""
 
-    def train(name, *extra, env=None):
+    def train(name, *extra, env=None, fresh=True):
+        """A run in a fresh process (under ``env``), or in this one (``fresh=False``: the same pools)."""
         d = tmp_path / name
-        command = CLI + [str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(d), *CHAOS, *extra]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+        words = [str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(d), *CHAOS, *extra]
+        if not fresh:
+            here(["run", *words])
+            return weights(d)
+        env = {**os.environ, **(env or {})}
+        done = subprocess.run(CLI + words, capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr
         return weights(d)
 
     rate = ["--set", "optimizer.learning_rate=0.05"]
-    reference = train("reference", *rate, "--set", "parallel_micro_steps=1")
-    # another run, two micro-steps in flight this time: the same bits
+    reference = train("reference", *rate, "--set", "parallel_micro_steps=1", fresh=False)
+    # another run, in a fresh process with two micro-steps in flight this time: the same bits
     assert max_diff(train("two-in-flight", *rate, "--set", "parallel_micro_steps=2"), reference) == 0.0
     measured = {
-        "rate_x_1.000002": max_diff(train("rate", "--set", "optimizer.learning_rate=0.0500001"), reference),
+        "rate_x_1.000002": max_diff(
+            train("rate", "--set", "optimizer.learning_rate=0.0500001", fresh=False), reference
+        ),
         "intra_op_2": max_diff(train("pools", *rate, env={"TF_NUM_INTRAOP_THREADS": "2"}), reference),
     }
     for key, value in measured.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from test_distribute import CLI, HERE, max_diff, private_network, run, weights
+from test_distribute import CLI, HERE, here, max_diff, private_network, run, weights
 
 pytestmark = pytest.mark.slow  # fresh processes: `make test-slow`; the worker cases one at a time (marker workers)
 
@@ -128,8 +128,7 @@ def one_device(files, repo_root, tmp_path_factory):
             d = tmp_path_factory.mktemp("one_device") / f"{model}-{optimizer}"
             rate = LEARNING_RATE[model, optimizer]
             command = args(repo_root, files[model], optimizer, rate, "--set", f"subdivisions={2 * K}")
-            finished = run(CLI + [*command, "--output-dir", str(d)])
-            assert finished.returncode == 0, finished.stderr
+            here(["run", *command, "--output-dir", str(d)])
             done[model, optimizer] = d
         return done[model, optimizer]
 
@@ -201,10 +200,8 @@ def test_export_after_a_distributed_run_is_a_plain_keras_file_that_predicts_as_e
     from accum_train.datasets import load
 
     d, _ = across_replicas(where, "batchnorm", "adam")
-    exported = run(CLI[:-1] + ["export", str(d)])
-    assert exported.returncode == 0, exported.stderr
-    evaluated = run(CLI[:-1] + ["evaluate", str(d), "--output-dir", str(tmp_path / "evaluate")])
-    assert evaluated.returncode == 0, evaluated.stderr
+    here(["export", str(d)])
+    here(["evaluate", str(d), "--output-dir", str(tmp_path / "evaluate")])
     with zipfile.ZipFile(d / "model.keras") as archive:
         text = archive.read("config.json").decode()
     assert "accum" not in text.lower()  # nothing of accum-train: keras.layers only
@@ -234,8 +231,7 @@ def test_mixed_bfloat16_layer_policies_across_replicas(one_device, across_replic
     rate, bf16 = LEARNING_RATE["batchnorm", "sgd"], ["--set", "precision=mixed_bfloat16"]
     single, d = tmp_path / "one_device", tmp_path / "mirrored"
     command = args(repo_root, files["batchnorm"], "sgd", rate, *bf16, "--set", f"subdivisions={2 * K}")
-    done = run(CLI + [*command, "--output-dir", str(single)])
-    assert done.returncode == 0, done.stderr
+    here(["run", *command, "--output-dir", str(single)])
     done = distributed(
         "mirrored", args(repo_root, files["batchnorm"], "sgd", rate, *bf16, "--set", f"subdivisions={K}"), d
     )

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.cli.main import main
+from click.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +31,22 @@ TF_LOG_LINES = ("WARNING: All log messages", "I0000", "W0000", "E0000", "To enab
 
 def run(cmd, env=None, timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def same_thread_pools():
+    """Every process of a case, killed or not, under the thread pools of this one (tests/conftest.py: one
+    intra-op thread, two inter-op), where the resumes run: the smoke net's BatchNorm rounds by the pools."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+        patch.setenv("TF_NUM_INTEROP_THREADS", "2")
+        yield
+
+
+def resume(out):
+    """`accum-train run --resume OUT --quiet`, in this process: no second TensorFlow start per case."""
+    result = CliRunner().invoke(main, ["run", "--resume", str(out), "--quiet"])
+    assert result.exit_code == 0, f"{result.output}{result.exception!r}"
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +105,7 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, repo_root, reference, f
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     latest_is_readable(out)
-    resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
-    assert resumed.returncode == 0, resumed.stderr
+    resume(out)
     assert_same_as_reference(out, reference)
 
 
@@ -116,8 +133,7 @@ def test_kill_at_a_random_moment(tmp_path, repo_root, reference, seed):
     assert child.wait(timeout=60) == -signal.SIGKILL  # died of the kill, not of finishing
     assert not (out / "summary.json").exists() and not (out / "weights.npz").exists()
     assert latest_is_readable(out) < 94
-    resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
-    assert resumed.returncode == 0, resumed.stderr
+    resume(out)
     assert_same_as_reference(out, reference)
 
 
@@ -154,8 +170,7 @@ def test_a_second_interrupt_exits_at_once_in_one_line(tmp_path, repo_root, refer
         f"stopped at once by a second SIGINT; the last checkpoint (update 0) is intact. "
         f"Resume with: accum-train run --resume {out}"
     )
-    resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
-    assert resumed.returncode == 0, resumed.stderr
+    resume(out)
     assert_same_as_reference(out, reference)
 
 
@@ -180,8 +195,7 @@ def test_signal_finishes_the_update_checkpoints_and_says_how_to_resume(tmp_path,
         f"stopped by {signal.Signals(sig).name} after update {step}; checkpoint saved. "
         f"Resume with: accum-train run --resume {out}"
     )
-    resumed = run(CLI + ["run", "--resume", str(out), "--quiet"])
-    assert resumed.returncode == 0, resumed.stderr
+    resume(out)
     assert_same_as_reference(out, reference)
 
 

@@ -2,8 +2,8 @@
 (scripts/readme_outputs.py writes them), every command of their sh blocks parses (and, in the slow suite, runs at
 smoke size), their Python examples run as written, their tables say what their JSON says, their links resolve.
 
-The slow suite runs the own-data example at smoke size and exactly as its page gives it, and compares
-predict's output with the page's block.
+The slow suite runs the own-data example exactly as its page gives it (with the page's other commands), and
+compares predict's output with the page's block.
 """
 
 import json
@@ -66,54 +66,6 @@ def test_a_block_that_differs_is_caught(readme, printed, same):
     module, _ = readme
     assert module.same(TABLE, printed, after_example=True) is same
     assert module.same("updates 120\n", "updates 121\n", after_example=False) is False
-
-
-# The example at smoke size: fewer images, one epoch. Everything else as the README has it.
-SMOKE = {
-    "python scripts/make_own_data.py --out mydata": ["--train", "640", "--test", "200"],
-    "accum-train run configs/own-data.yaml --output-dir runs/mine": ["--set", "epochs=1"],
-}
-
-
-@pytest.mark.slow  # the full example runs as written in the slow suite too
-def test_the_own_data_example_runs_as_written_at_smoke_size(readme, repo_root, tmp_path, monkeypatch):
-    module, text = readme
-    commands = module.example_commands(text)
-    assert set(SMOKE) <= set(commands)
-    for name in ("configs", "scripts"):
-        (tmp_path / name).symlink_to(repo_root / name)
-    monkeypatch.chdir(tmp_path)
-    printed = {}
-    for command in commands:
-        args = module.argv(command)[1:] + SMOKE.get(command, [])
-        if args[:2] == ["-m", "accum_train.cli.main"]:  # in this process: no second TensorFlow start
-            result = CliRunner().invoke(main, args[2:])
-            assert result.exit_code == 0, f"{command}: {result.output}"
-            printed[command] = result.stdout
-        else:
-            done = subprocess.run([sys.executable, *args], capture_output=True, text=True)
-            assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
-    summary = json.loads((tmp_path / "runs" / "mine" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["subdivisions"] == 4  # 640 / 256: two full batches, one short
-    assert summary["test_accuracy"] > 0.3  # chance is 0.1
-    evaluated = json.loads((tmp_path / "runs" / "mine" / "evaluate" / "evaluate.json").read_text())
-    assert evaluated["test_accuracy"] == summary["test_accuracy"] and evaluated["test_examples"] == 200
-    assert (tmp_path / "runs" / "mine" / "model.keras").is_file()
-    predict = next(command for command in commands if command.startswith("accum-train predict"))
-    rows = [line.split() for line in printed[predict].splitlines()[1:]]
-    assert [row[0] for row in rows] == predict.split()[3:]
-    assert all(0.0 < float(row[2]) <= 1.0 for row in rows)  # the predicted class's probability
-    weights = np.load(tmp_path / "runs" / "mine" / "weights.npz")
-    assert any("batch_normalization" in name and "moving_variance" in name for name in weights.files)
-
-
-@pytest.mark.slow
-def test_the_own_data_example_as_written_prints_the_readme_block(readme, tmp_path):
-    """The full example (6000 + 1000 images, 10 epochs): predict's output is the README's (to 0.02)."""
-    module, text = readme
-    (block,) = [b for b in module.blocks(text) if b.after_example]
-    printed = module.outputs(text, [block], tmp_path)[block]
-    assert module.same(block.body, printed, after_example=True), printed
 
 
 def python_block(repo_root, name: str) -> str:
@@ -475,14 +427,20 @@ def test_a_measuring_command_runs_once_whatever_its_options_order(a, b, same):
 
 
 @pytest.mark.slow  # every documented command, each a run of seconds to a minute
-def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_path, monkeypatch):
+def test_every_documented_command_runs_at_smoke_size(readme, repo_root, data_dir, tmp_path, monkeypatch):
+    """Every command at smoke size, but the own-data example's (the first sh block of docs/data-and-models.md):
+    those run exactly as the page gives them (6000 + 1000 images, 10 epochs), and what they wrote and printed is
+    checked, predict's table against the page's block (to 0.02)."""
     import shlex
     import shutil
 
+    module, text = readme
+    example = module.example_commands(text)
     monkeypatch.setenv("ACCUM_TRAIN_DATA", str(data_dir))
     commands = documented_commands(repo_root)
     assert len(commands) >= 30  # the premise: the pages' commands were found
-    failed, ran, seen = [], 0, set()
+    assert {("data-and-models.md", command) for command in example} <= set(commands)
+    failed, ran, seen, printed = [], 0, set(), {}
     for page in dict.fromkeys(name for name, _ in commands):
         folder = tmp_path / page.removesuffix(".md")
         (folder / "docs").mkdir(parents=True)  # a benchmark's --output docs/X.json lands here, not in the repo
@@ -492,7 +450,8 @@ def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_pa
         for _, command in [c for c in commands if c[0] == page]:
             if command in NOT_RUN:
                 continue
-            words = smoke_size(shlex.split(command))
+            as_written = page == "data-and-models.md" and command in example
+            words = shlex.split(command) if as_written else smoke_size(shlex.split(command))
             key = measured(words)
             if key is not None and key in seen:  # a bench or compare another page runs already, as it is cut down
                 continue
@@ -501,6 +460,8 @@ def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_pa
                 # in this process: no second TensorFlow start (compare and bench start their own children)
                 result = CliRunner().invoke(main, words[1:])
                 code, said = result.exit_code, result.output[-1500:]
+                if as_written:
+                    printed[command] = result.stdout
             else:
                 argv = (
                     [sys.executable, "-m", "accum_train.cli.main", *words[1:]] if words[0] == "accum-train" else words
@@ -518,6 +479,26 @@ def test_every_documented_command_runs_at_smoke_size(repo_root, data_dir, tmp_pa
                 failed.append(f"{page}: {command} (as {' '.join(words)}): exit {code}: {said}")
     assert failed == []
     assert ran >= 28
+    own_data_example_wrote_and_printed(module, text, tmp_path / "data-and-models", example, printed)
+
+
+def own_data_example_wrote_and_printed(module, text, folder, example, printed):
+    """The own-data example, as written: 10 epochs of 6000 examples in batches of 256 (23 full and a short one of
+    112 each), the run's files, evaluate's figures, and predict's table, which is the page's block."""
+    summary = json.loads((folder / "runs" / "mine" / "summary.json").read_text())
+    assert summary["steps"] == 240 and summary["subdivisions"] == 4
+    assert summary["test_accuracy"] > 0.3  # chance is 0.1
+    evaluated = json.loads((folder / "runs" / "mine" / "evaluate" / "evaluate.json").read_text())
+    assert evaluated["test_accuracy"] == summary["test_accuracy"] and evaluated["test_examples"] == 1000
+    assert (folder / "runs" / "mine" / "model.keras").is_file()
+    weights = np.load(folder / "runs" / "mine" / "weights.npz")
+    assert any("batch_normalization" in name and "moving_variance" in name for name in weights.files)
+    (block,) = [b for b in module.blocks(text) if b.after_example]
+    assert block.command in example  # the block is the output of the example's own predict command
+    rows = [line.split() for line in printed[block.command].splitlines()[1:]]
+    assert [row[0] for row in rows] == block.command.split()[3:]
+    assert all(0.0 < float(row[2]) <= 1.0 for row in rows)  # the predicted class's probability
+    assert module.same(block.body, printed[block.command], after_example=True), printed[block.command]
 
 
 @pytest.mark.parametrize(
