@@ -64,7 +64,8 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
     objective = BUILT_IN_OBJECTIVE
     if model is None:
-        from .from_config.build import build_with_loss, describe_loss, is_keras_loss
+        from .from_config.build import build_with_loss, describe_loss
+        from .trainer.keras_objective import is_keras_loss
 
         model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
         if is_keras_loss(loss):

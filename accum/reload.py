@@ -30,7 +30,7 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .from_config.build import is_keras_loss
+        from .trainer.keras_objective import is_keras_loss
         from .trainer.scoring import Scorer, eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective

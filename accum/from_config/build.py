@@ -103,11 +103,6 @@ def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:
     return split
 
 
-def is_keras_loss(objective) -> bool:
-    """Whether a run's objective is a Keras loss (its loss and compiled metrics) rather than the built-in one."""
-    return isinstance(objective, KerasObjective)
-
-
 def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
     """The keras_file model, checked against the data's inputs, compiled with the run's loss and metrics."""
     path = cfg.model.path

@@ -120,7 +120,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
     replica cuts its share: k is adapted so that no micro-batch is larger than
     before (re-probed with subdivisions=auto). history.jsonl records each
     start: update, strategy, workers, replicas, k."""
-    from ..trainer.runtime import cluster_workers
+    from .runtime import cluster_workers
 
     cfg = run.cfg
     step = 0
@@ -209,7 +209,7 @@ def scaled_rate_note(run: Run) -> str:
 
 def describe_phases(run: Run) -> str:
     """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
-    from ..trainer.optim import learning_rate_at
+    from .optim import learning_rate_at
 
     parts = []
     for phase in run.timeline.phases:

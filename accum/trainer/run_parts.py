@@ -13,7 +13,7 @@ import tensorflow as tf
 from ..config import BatchChange, Config
 from .checkpoints import Checkpoints
 from .engine_for import accumulator_for
-from .keras_objective import KerasObjective
+from .keras_objective import is_keras_loss
 from .noise import NoiseScale, grown_batch, rule_said
 from .objective import as_data
 from .scoring import Scorer, eval_batch_size
@@ -55,7 +55,7 @@ class Run:
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        self.keras_loss = isinstance(objective, KerasObjective)
+        self.keras_loss = is_keras_loss(objective)
         self.engine = accumulator_for(
             self.model,
             self.objective,
