@@ -75,12 +75,18 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
 def test_a_run_directory_of_the_previous_release_resumes(tmp_path, monkeypatch, uninterrupted):
     """0.1.0 checkpointed neither the noise scale's averages nor k: such a directory resumes at the uninterrupted
     weights, its estimate starting afresh."""
-    from accum_train.keras_fit.rundir import FitRunDir
+    from accum_train.trainer.checkpoints import Checkpoints
+
+    def tracked_alone(self):  # what 0.1.0 saved: none of the optional variables
+        return tf.train.CheckpointManager(tf.train.Checkpoint(**self.tracked), str(self.directory), self.keep)
 
     run_dir = tmp_path / "run"
     with monkeypatch.context() as earlier:
-        earlier.setattr(FitRunDir, "_later", staticmethod(lambda noise, engine: {}))
+        earlier.setattr(Checkpoints, "_manager", tracked_alone)
         fit(small_regressor(), 2, run_dir)
+    assert not {"noise_trace", "subdivisions"} & {
+        name.split("/")[0] for name, _ in tf.train.list_variables(str(run_dir / "checkpoints" / "ckpt-8"))
+    }
     resumed = small_regressor()
     history = fit(resumed, 4, run_dir)
     assert max_difference(resumed.get_weights(), uninterrupted[0]) == 0.0

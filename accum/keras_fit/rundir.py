@@ -60,37 +60,16 @@ def recorded_seed(run_dir: Path):
 class FitRunDir:
     """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
 
-    def __init__(self, run_dir: Path, model, engine, noise, strategy):
-        self.run_dir, self.model, self.engine, self.noise = Path(run_dir), model, engine, noise
-        self.writer = is_chief(strategy)
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    def __init__(self, run_dir: Path, model, engine):
+        self.run_dir, self.model, self.engine = Path(run_dir), model, engine
+        self.writer = is_chief(engine.strategy)
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
-        tracked = {
-            "weights": [storage(v) for v in model.variables],
-            "optimizer": engine.optimizer,
-            "metrics": [storage(v) for v in model.metrics_variables],
-            "step": self.step,
-            "epoch": self.epoch,
-            "update_in_epoch": self.update_in_epoch,
-            "skipped_updates": engine.skipped_updates,
-            "bad_updates_in_a_row": engine.bad_updates_in_a_row,
-        }
-        if engine.dynamic:
-            tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
-        self.tracked, self.later = tracked, self._later(noise, engine)
         self.checkpoints = self.log = None  # once the directory is known (``open``)
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
-        self.start = (0, 0)
-        self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, int(self.step.numpy()), forced=True))
+        self.start, self.step = (0, 0), 0  # step: the updates done
+        self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, self.step, forced=True))
         self.started, self.saved_at = time.time(), time.time()
-        self.directory = self.run_dir / "checkpoints"
-
-    @staticmethod
-    def _later(noise, engine) -> dict:
-        """What a run directory of 0.1.0 did not hold (the noise scale's averages, k): restored when the
-        checkpoint has it, else left as it starts."""
-        return {**noise.variables(), "subdivisions": engine.subdivisions}
 
     @classmethod
     @contextlib.contextmanager
@@ -98,25 +77,28 @@ class FitRunDir:
         """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
         out save the model and summary.json (or, on an exception, leave the last checkpoint as it is).
         ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by name)."""
-        run = cls(run_dir, model, engine, noise, engine.strategy)
-        run.tracked.update(extra or {})
+        run = cls(run_dir, model, engine)
+        tracked = {
+            "weights": [storage(v) for v in model.variables],
+            "optimizer": engine.optimizer,
+            "metrics": [storage(v) for v in model.metrics_variables],
+            "epoch": run.epoch,
+            "update_in_epoch": run.update_in_epoch,
+            **(extra or {}),
+        }
         with contextlib.ExitStack() as held:
+            directory = run.run_dir / "checkpoints"
             if not run.writer:  # another worker: its checkpoints go to a scratch folder, removed at the end
-                scratch = held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-"))
-                run.directory = Path(scratch) / "checkpoints"
+                directory = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-")))
             else:
                 run._check(described)
                 held.enter_context(writing(run.run_dir, "output_dir "))
-            run.checkpoints = Checkpoints(
-                run.tracked,
-                run.directory,
-                KEEP,
-                f"call accum_train.fit again with output_dir={str(run.run_dir)!r}",
-                optional=run.later,
-            )
-            if run.writer:
                 run.log = MetricsLog(run.run_dir)
-            if (run.run_dir / "checkpoints").is_dir() and checkpoint_numbers(run.run_dir / "checkpoints"):
+            # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
+            hint = f"call accum_train.fit again with output_dir={str(run.run_dir)!r}"
+            optional = {"subdivisions": engine.subdivisions}
+            run.checkpoints = Checkpoints(tracked, directory, KEEP, hint, engine, noise, optional=optional)
+            if checkpoint_numbers(run.run_dir / "checkpoints"):
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
                 run.log.truncate_after(0, 0)
@@ -154,9 +136,7 @@ class FitRunDir:
 
     def _restore(self, say) -> None:
         try:
-            self.checkpoints.restore_newest(self.run_dir, say, self.writer, "output_dir ")
-            self.engine.restored()
-            self.noise.forget()
+            self.step = self.checkpoints.restore_newest(self.run_dir, say, self.writer, "output_dir ")
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "
@@ -164,8 +144,8 @@ class FitRunDir:
             ) from None
         self.start = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy()))
         if self.writer:
-            self.log.truncate_after(int(self.step.numpy()), int(self.epoch.numpy()))
-            say(f"accum_train.fit: resuming {self.run_dir} at update {int(self.step.numpy())}")
+            self.log.truncate_after(self.step, int(self.epoch.numpy()))
+            say(f"accum_train.fit: resuming {self.run_dir} at update {self.step}")
 
     def earlier_epochs(self) -> list:
         """(epoch, logs) of each epoch metrics.jsonl records as ended (what a resumed call's History starts
@@ -180,8 +160,7 @@ class FitRunDir:
         self._flush()  # a checkpoint never counts an update that metrics.jsonl lacks
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
-        self.noise.store()
-        self.checkpoints.save(int(self.step.numpy()))
+        self.checkpoints.save(self.step)
         self.saved_at = time.time()
 
     def _write(self, record: dict) -> None:
@@ -199,14 +178,13 @@ class FitRunDir:
         self.flushed_at = time.time()
 
     def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
-        self.step.assign_add(1)
-        step = int(self.step.numpy())
-        self._write({"step": step, "epoch": epoch + 1, "applied": bool(out["applied"]), **_plain(logs)})
+        self.step += 1
+        self._write({"step": self.step, "epoch": epoch + 1, "applied": bool(out["applied"]), **_plain(logs)})
         if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
             self._save(epoch, update_in_epoch)
 
     def after_epoch(self, epoch: int, logs: dict) -> None:
-        self._write({"step": int(self.step.numpy()), "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
+        self._write({"step": self.step, "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
         self._save(epoch + 1, 0)
 
     def _save_model(self, name: str) -> None:
@@ -223,7 +201,7 @@ class FitRunDir:
         write_json(
             self.run_dir / "summary.json",
             {
-                "steps": int(self.step.numpy()),
+                "steps": self.step,
                 "epochs": int(self.epoch.numpy()),
                 "skipped_updates": int(self.engine.skipped_updates.numpy()),
                 "wall_time_s": time.time() - self.started,

@@ -108,48 +108,62 @@ def _rewrite_checkpoint_list(directory: Path, latest: int) -> None:
 
 
 class Checkpoints:
-    """A run directory's checkpoints/ for both doors: the one tf.train.CheckpointManager over ``tracked`` (the
-    run's variables and optimizer) and ``optional`` (what an older release's checkpoints lack: restored where
-    present, else left as it starts), keeping the newest ``keep``. ``resume_hint`` ends the line a failed save
-    raises: how to continue the run."""
+    """A run directory's checkpoints/ for both doors: the one tf.train.CheckpointManager, keeping the newest
+    ``keep``. It holds the door's ``tracked`` (its model's variables, optimizer, ...), and what every run keeps:
+    the update count (``step``), the accumulator's counters (``engine``) and the noise scale's averages
+    (``noise``). ``optional``, with the averages: what an older release's checkpoints lack, restored where
+    present, else left as it starts. ``resume_hint`` ends the line a failed save raises: how to continue."""
 
-    def __init__(self, tracked: dict, directory: Path, keep: int, resume_hint: str, optional: dict | None = None):
+    def __init__(self, tracked: dict, directory: Path, keep: int, resume_hint: str, engine, noise, optional=None):
         import tensorflow as tf
 
-        self.tracked, self.optional = tracked, optional or {}
+        self.engine, self.noise = engine, noise
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.tracked = {
+            **tracked,
+            "step": self.step,
+            "bad_updates_in_a_row": engine.bad_updates_in_a_row,
+            "skipped_updates": engine.skipped_updates,
+        }
+        if engine.dynamic:
+            self.tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
+        self.optional = {**(optional or {}), **noise.variables()}
         self.directory, self.keep, self.resume_hint = Path(directory), keep, resume_hint
-        self.checkpoint = tf.train.Checkpoint(**tracked, **self.optional)
         self.manager = self._manager()
 
     def _manager(self):
         import tensorflow as tf
 
-        return tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=self.keep)
+        checkpoint = tf.train.Checkpoint(**self.tracked, **self.optional)
+        return tf.train.CheckpointManager(checkpoint, str(self.directory), max_to_keep=self.keep)
 
     def restore(self, prefix: str) -> None:
         """Restore every tracked object from the checkpoint at ``prefix``, and the optional ones it holds."""
         import tensorflow as tf
 
-        checkpoint = self.checkpoint
-        if self.optional:
-            saved = {name for name, _ in tf.train.list_variables(prefix)}
-            held = {key: v for key, v in self.optional.items() if f"{key}/.ATTRIBUTES/VARIABLE_VALUE" in saved}
-            checkpoint = tf.train.Checkpoint(**self.tracked, **held)
-        checkpoint.restore(prefix).assert_existing_objects_matched()
+        saved = {name for name, _ in tf.train.list_variables(prefix)}
+        held = {key: v for key, v in self.optional.items() if f"{key}/.ATTRIBUTES/VARIABLE_VALUE" in saved}
+        tf.train.Checkpoint(**self.tracked, **held).restore(prefix).assert_existing_objects_matched()
 
-    def restore_newest(self, run_dir: Path, say, repair: bool, flag: str, found=None) -> None:
+    def restore_newest(self, run_dir: Path, say, repair: bool, flag: str, found=None) -> int:
         """Restore the newest intact checkpoint of ``run_dir`` (``latest_intact``: the damaged ones newer than it
-        named, and with ``repair`` moved aside, after which TensorFlow's manager reads the list again)."""
+        named, and with ``repair`` moved aside, after which TensorFlow's manager reads the list again); the
+        update it was saved at."""
         intact, damaged = latest_intact(run_dir, say, repair, flag, found)
         if repair and damaged:
             self.manager = self._manager()  # TensorFlow's manager reads the checkpoint list only once
         self.restore(intact)
+        self.engine.restored()
+        self.noise.forget()
+        return int(self.step.numpy())
 
     def save(self, step: int) -> None:
         """Save the state as of ``step`` updates. TensorFlow writes the files first and the 'checkpoint' list last,
         so a failed or killed save leaves the previous checkpoint as the latest; a failure is one line."""
         import tensorflow as tf
 
+        self.step.assign(step)
+        self.noise.store()
         try:
             self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as err:

@@ -78,15 +78,8 @@ class Run:
 
         self.augment = Augment(cfg.data.augment, cfg.seed)
 
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.saved_step = 0
-        tracked = {
-            "weights": self.model.variables,
-            "optimizer": self.optimizer,
-            "step": self.step,
-            "bad_updates_in_a_row": self.engine.bad_updates_in_a_row,
-            "skipped_updates": self.engine.skipped_updates,
-        }
+        tracked = {"weights": self.model.variables, "optimizer": self.optimizer}
         # What 0.1.0's checkpoints lack, saved always and restored where a checkpoint holds it: such a run resumes
         # with the replica count it has now (0.1.0 resumed on the same replicas) and the noise scale afresh.
         later = {}
@@ -96,9 +89,7 @@ class Run:
             # (``adapt_subdivisions``).
             with in_scope.scope():
                 self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
-            later = {"replicas": self.saved_replicas, **self.noise.variables()}
-        if self.engine.dynamic:
-            tracked.update(loss_scale=self.engine.loss_scale, good_updates=self.engine.good_updates)
+            later = {"replicas": self.saved_replicas}
         if self.rule_changes is not None:
             tracked["rule_changes"] = self.rule_changes
         self.checkpoints = Checkpoints(
@@ -106,6 +97,8 @@ class Run:
             self.run_dir / "checkpoints",
             cfg.checkpoint.keep,
             f"resume with --resume {self.run_dir}",
+            self.engine,
+            self.noise,
             optional=later,
         )
 
@@ -219,16 +212,11 @@ class Run:
         """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
         newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
         what ``newest_intact_checkpoint`` gave, if the caller looked already."""
-        self.checkpoints.restore_newest(run_dir, say, repair, flag, found)
-        self.engine.restored()
-        self.noise.forget()
-        self.saved_step = int(self.step.numpy())
+        self.saved_step = self.checkpoints.restore_newest(run_dir, say, repair, flag, found)
         self._regrow(self.saved_step)
         return self.saved_step
 
     def save_checkpoint(self, step: int) -> None:
         """Save the state as of ``step`` updates (checkpoints.Checkpoints.save: a failed save keeps the last one)."""
-        self.step.assign(step)
-        self.noise.store()
         self.checkpoints.save(step)
         self.saved_step = step
