@@ -33,7 +33,7 @@ from ..trainer.batching import Cut, largest_share, same_size
 from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
 from ..trainer.loop import Loop
 from ..trainer.memory import MemoryGuard
-from ..trainer.noise import NoiseScale, grown_batch, rule_said
+from ..trainer.noise import NoiseScale, rule_change
 
 
 def as_python(logs: dict) -> dict:
@@ -184,16 +184,17 @@ class FitHooks:
     def _follow_noise(self, epoch: int) -> None:
         """The rule at the end of ``epoch`` (0-based): the batch of the epochs after it, from the noise scale
         measured so far, before the epoch's checkpoint keeps the change (the CLI's run_parts.Run.follow_noise)."""
-        done = epoch + 1
-        if not self.rule or done % self.rule.every_epochs or done >= self.epochs:
+        if self.rule is None:  # a stream's feed has no batch size to read
             return
-        before = self.feed.batch_size_of(done)
-        noise = self.noise.value()
-        after = grown_batch(noise, before, self.micro_batch_size, self.rule.max_batch_size)
+        done, before = epoch + 1, self.feed.batch_size_of(epoch + 1)
+        change = rule_change(self.rule, self.noise.value(), done, self.epochs, before, self.micro_batch_size)
+        if change is None:
+            return
+        after, said = change
         if after != before:
             self.feed.schedule += ((done, after),)
             self.rule_changes.assign(json.dumps([[e + 1, size] for e, size in self.feed.schedule[1:]]))
-        self.say(rule_said(noise, before, after, done + 1))
+        self.say(said)
 
     def update_begin(self, reader, step: int) -> None:
         self.callbacks.on_train_batch_begin(step)

@@ -181,3 +181,13 @@ def rule_said(noise_scale: float | None, before: int, after: int, next_epoch: in
     if after == before:
         return f"noise scale {shown}: batch_size stays {before}"
     return f"noise scale {shown}: batch_size {before} -> {after} from epoch {next_epoch}"
+
+
+def rule_change(rule, noise_scale: float | None, epochs_done: int, epochs: int, before: int, micro_batch_size: int):
+    """batch_schedule's noise-scale ``rule`` at the end of epoch ``epochs_done`` (1-based) of ``epochs``, in both
+    doors: (the batch from the next epoch on, the line that says so), or None where the rule is not due (between
+    its ``every_epochs``, after the last epoch, or no rule)."""
+    if rule is None or epochs_done % rule.every_epochs or epochs_done >= epochs:
+        return None
+    after = grown_batch(noise_scale, before, micro_batch_size, rule.max_batch_size)
+    return after, rule_said(noise_scale, before, after, epochs_done + 1)

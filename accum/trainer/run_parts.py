@@ -14,7 +14,7 @@ from ..config import BatchChange, Config
 from .checkpoints import Checkpoints
 from .engine_for import accumulator_for
 from .keras_objective import is_keras_loss
-from .noise import NoiseScale, grown_batch, rule_said
+from .noise import NoiseScale, rule_change
 from .objective import as_data
 from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
@@ -138,16 +138,14 @@ class Run:
 
     def follow_noise(self, epochs_done: int, say) -> None:
         """batch_schedule's rule at the end of epoch ``epochs_done`` (1-based): the batch of the epochs from the
-        next on, from the noise scale measured so far (accum/trainer/noise.py ``grown_batch``), and its learning rate.
-        Before the epoch's checkpoint, which keeps the change; the same estimate gives the same change on a
+        next on, from the noise scale measured so far (accum/trainer/noise.py ``rule_change``), and its learning
+        rate. Before the epoch's checkpoint, which keeps the change; the same estimate gives the same change on a
         resume that makes it again."""
-        rule, cfg = self.cfg.batch_rule, self.cfg
-        if rule is None or epochs_done % rule.every_epochs or epochs_done >= cfg.epochs:
+        cfg, before = self.cfg, self.timeline.phases[-1].batch_size
+        change = rule_change(cfg.batch_rule, self.noise.value(), epochs_done, cfg.epochs, before, cfg.micro_batch_size)
+        if change is None:
             return
-        before = self.timeline.phases[-1].batch_size
-        noise = self.noise.value()
-        after = grown_batch(noise, before, cfg.micro_batch_size, rule.max_batch_size)
-        said = rule_said(noise, before, after, epochs_done + 1)
+        after, said = change
         if after == before:
             say(said)
             return
