@@ -118,20 +118,27 @@ STREAMS = {  # each gives the batches of BATCH that model.fit(TOKENS, TAGS, batc
 }
 
 
+def trained_on(fit):
+    keras.utils.set_random_seed(3)
+    model = tagger()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    start = model.get_weights()
+    loss = fit(model).history["loss"]
+    return start, model.get_weights(), loss
+
+
+@pytest.fixture(scope="module")
+def model_fit_on_whole_batches():
+    """The oracle of every stream case, the same model.fit call for all six: run once."""
+    return trained_on(lambda model: model.fit(TOKENS, TAGS, batch_size=BATCH, shuffle=False, verbose=0))
+
+
 @pytest.mark.parametrize("trim", [8, False])  # uncut too: a padded_batch's unknown length once failed the LSTM
 @pytest.mark.parametrize("stream", list(STREAMS))
-def test_a_stream_s_batches_are_cut_to_the_weights_of_model_fit_on_whole_batches(stream, trim):
-    def trained_on(fit):
-        keras.utils.set_random_seed(3)
-        model = tagger()
-        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
-        start = model.get_weights()
-        loss = fit(model).history["loss"]
-        return start, model.get_weights(), loss
-
-    start, expected, expected_loss = trained_on(
-        lambda model: model.fit(TOKENS, TAGS, batch_size=BATCH, shuffle=False, verbose=0)
-    )
+def test_a_stream_s_batches_are_cut_to_the_weights_of_model_fit_on_whole_batches(
+    stream, trim, model_fit_on_whole_batches
+):
+    start, expected, expected_loss = model_fit_on_whole_batches
     _, weights, loss = trained_on(
         lambda model: accum_train.fit(model, STREAMS[stream](), subdivisions=K, verbose=0, trim_padding=trim)
     )
