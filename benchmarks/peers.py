@@ -69,6 +69,7 @@ import tensorflow as tf
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.models import SEED_CHANNELS, SEED_STRIDES, build_model
 from accum_train.trainer.engine import Accumulator
+from accum_train.trainer.feed import held
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer
 from accum_train.trainer.runtime import child_environment, parallel_micro_steps, thread_pools
@@ -101,9 +102,10 @@ def ours(model_cfg, k, x, y, plain=False, parallel=1):
             loss_fn, model.trainable_variables, opt, subdivisions=k, norm_layers=model.norm_layers, parallel=parallel
         )
 
-    def run(updates):  # a training loop: one engine call per update, the loss read back
+    def run(updates):  # a training loop over the batch's pipeline: one engine call per update, the loss read back
+        iterator, n, pulls, size = held(engine, (x, y), updates=updates)
         for _ in range(updates):
-            float(engine.update(tf.constant(x), tf.constant(y))["loss"])
+            float(engine.update_from(iterator, n, pulls, 0, size)["loss"])
 
     return run
 

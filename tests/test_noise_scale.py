@@ -85,7 +85,7 @@ def test_one_micro_batch_has_no_estimate():
     engine, _, _ = linear_engine(1)
     x, y = batch(8)
     out = engine.update(tf.constant(x), tf.constant(y))
-    assert list(out["noise"].numpy()) == [pytest.approx(float(out["grad_norm"]) ** 2, rel=1e-5), 1 / 8, 1]
+    assert "noise" not in out  # the baseline's route: no terms, where one micro-batch could estimate nothing
     estimate = NoiseScale()
     assert estimate.add(out) is None and estimate.averages() is None
 

@@ -19,17 +19,18 @@ of a whole batch: the bits of dividing by ``n`` in the micro-step), the weight r
 once, and update.py's ``Update`` applies the result once or skips it. Averaging micro-batch means, or dividing
 by ``subdivisions``, is biased as soon as micro-batches differ in size or in valid tokens.
 
-The micro-batches come from an input pipeline (``update_from``: ``pulls`` elements per local replica, pulled
-inside the graph, so only one micro-batch is ever an input) or from a batch held in memory (``update``: the
-tests, the gradient check, the memory probe). Two loops run the micro-steps. One at a time (``parallel`` 1)
-adds each to the cache variables as it is done: the least memory. ``parallel`` > 1 carries the sums as tensors
-through a ``tf.while_loop`` with ``parallel_iterations`` and writes them once, so that micro-steps overlap: on
-a few CPU cores small micro-batches keep the cores busier that way than with threads inside each op
-(runtime.py). Both add in micro-batch order: they give the same bits. A replica cannot pull from a distributed
-iterator, so pulled micro-steps overlap only on one device. ``one_pass`` is the baseline: each replica's share
-in one micro-step, its gradients straight to the all-reduce, no cache. A pulled update of one micro-batch in all
-(k=1 on one replica) takes the baseline's route too: a round trip through the caches would add its gradient to
-zeros, the same bits, and its noise terms would estimate nothing (noise.py needs two micro-batches).
+The micro-batches come from an input pipeline (``update_from``: ``pulls`` elements per local replica, pulled inside
+the graph, so only one micro-batch is ever an input). A batch held in memory (``update``: the tests, the gradient
+check) becomes such a pipeline first (feed.held), cut as every feed cuts. Two loops run the micro-steps. One at a
+time (``parallel`` 1) adds each to the cache variables as it is done: the least memory. ``parallel`` > 1 carries
+the sums as tensors through a ``tf.while_loop`` with ``parallel_iterations`` and writes them once, so that
+micro-steps overlap: on a few CPU cores small micro-batches keep the cores busier that way than with threads inside
+each op (runtime.py). Both add in micro-batch order: they give the same bits. A replica cannot pull from a
+distributed iterator, so pulled micro-steps overlap only on one device. ``one_pass`` is the baseline: each
+replica's share in one micro-step, its gradients straight to the all-reduce, no cache. A pulled update of one
+micro-batch in all (k=1 on one replica) takes the baseline's route too: a round trip through the caches would add
+its gradient to zeros, the same bits, and its noise terms would estimate nothing (noise.py needs two
+micro-batches).
 
 The pieces are separately usable: ``accumulate_from``/``accumulate_batch``/``accumulate`` (into the caches,
 nothing applied), ``finish`` (reduce, apply or skip, clear) and ``reset``; the memory guard uses them to look
@@ -43,13 +44,12 @@ import contextlib
 import tensorflow as tf
 
 from . import noise
-from .batching import Cut, micro_bounds, same_size, share
-from .feed import sized, with_rows
+from .feed import held, sized
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
-from .objective import Parts, Totals, as_data, as_objective, combine, scale_of, units
-from .update import _examples, _first, _rows, _signal, _size
+from .objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
+from .update import _first, _signal, _size
 
 
 class Accumulator(Finish):
@@ -83,7 +83,7 @@ class Accumulator(Finish):
         self.objective = as_objective(objective)
         self.groups = tuple(groups if groups is not None else self.objective.groups)
         self.metrics, self.one_pass = metrics, bool(one_pass)
-        self.prepare = prepare or as_data
+        self.prepare = prepare or held_data
         self.sized = bool(sized)
         # Micro-steps in flight at once: 1 adds each micro-batch to the caches as it is done (the least memory);
         # more carries the sums as tensors (one more gradient-sized buffer per normaliser, and up to
@@ -108,8 +108,6 @@ class Accumulator(Finish):
         run = self.strategy.run
         self._update_pulled = graph(self._update_from)
         self._accumulate_pulled = graph(self._accumulate_from)
-        self._update_held = graph(self._update_batch, reduce_retracing=True)
-        self._accumulate_held = graph(self._accumulate_batch, reduce_retracing=True)
         self._accumulate_one = graph(self._accumulate_micro, reduce_retracing=True)
         self._finish = graph(lambda n, retry, stop: run(self._finish_replica, args=(n, retry, stop)))
         self._reset = graph(lambda: run(self._reset_replica))
@@ -153,24 +151,15 @@ class Accumulator(Finish):
 
     def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``: all of
-        them, except under multi-worker, where a process holds its replicas' contiguous shares): one graph call,
-        as ``update_from``."""
-        pulls, size = self._held_cut(y, n)
-        return _first(self.strategy, self._update_held((x, y), _size(n, y), _signal(stop), pulls, size))
+        them, except under multi-worker, where a process holds its replicas' contiguous shares), through the
+        feed's cut (feed.held): as ``update_from``."""
+        iterator, n, pulls, size = held(self, (x, y), n)
+        return self.update_from(iterator, n, pulls, stop, size)
 
     def accumulate_batch(self, x, y, n=None, sample_weight=None):
-        """All k micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
-        self._n = _size(n, y)
+        """All micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        pulls, size = self._held_cut(y, n)
-        return _first(self.strategy, self._accumulate_held(data, self._n, pulls, size))
-
-    def _held_cut(self, y, n):
-        """How a held batch is cut (batching.Cut, the feeds' cut): the micro-steps of each replica's share, and
-        the examples of every micro-batch when they are all the same and the update is ``sized`` (else None)."""
-        n = len(tf.nest.flatten(y)[0]) if n is None else int(n)
-        pulls = Cut(self.k, self.replicas, tuple(self.replica_ids)).pulls(n)
-        return _size(pulls), same_size(n, pulls, self.replicas) if self.sized else None
+        return self.accumulate_from(*held(self, data, n))
 
     def accumulate(self, x, y, n):
         """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
@@ -249,7 +238,7 @@ class Accumulator(Finish):
                 p._collected = was
         return parts.flat(), shares, gradients, predictions, lists
 
-    def _micro(self, data, n, prepare=as_data):
+    def _micro(self, data, n, prepare):
         """Replica context: one micro-batch into the caches and totals."""
         parts, shares, gradients = self._gradients(*prepare(data, n), n)
         for cache, grads in zip(self.caches, gradients):
@@ -333,51 +322,10 @@ class Accumulator(Finish):
         self._pull(iterator, n, pulls, size)
         return self.strategy.run(self._finish_replica, args=(n, False, stop))
 
-    # -- held in memory
-
-    def _shares(self, data, n):
-        """Each local replica's contiguous share of the global batch (batching.share), from this process's
-        examples."""
-        if len(self.replica_ids) == 1 and self.replicas == 1:
-            return data  # one device: the batch itself
-        offset = share(n, self.replica_ids[0], self.replicas)[0]
-
-        def rows(ctx):
-            start, end = share(n, ctx.replica_id_in_sync_group, self.replicas)
-            return _rows(data, start - offset, end - offset)
-
-        return self.strategy.experimental_distribute_values_from_function(rows)
-
-    def _held_steps(self, data, n, pulls, size):
-        """Replica context: this replica's share of a held batch in ``pulls`` micro-batches, cut as
-        batching.pieces cuts a share (computed here: a few ops, where slicing a table of bounds cost about 6% of
-        a small model's update), each of ``size`` examples when that is known."""
-        examples = _examples(data)
-
-        def fetch(i):
-            start, end = micro_bounds(i, examples, pulls)
-            rows = _rows(data, start, end)
-            return rows if size is None else with_rows(rows, size)
-
-        self._steps(fetch, as_data, pulls, n)
-
-    def _accumulate_batch(self, data, n, pulls, size):
-        self.strategy.run(self._held_steps, args=(self._shares(data, n), n, pulls, size))
-        return self._held()
-
     def _accumulate_micro(self, data, n):
-        self.strategy.run(self._micro, args=(data, n))
+        self.strategy.run(self._micro, args=(data, n, as_data))
         return self._held()
 
     def _held(self):
         """Each replica's examples in the caches so far (in replica context: no collective)."""
         return self.strategy.run(self.totals.examples.read_value)
-
-    def _update_batch(self, data, n, stop, pulls, size):
-        def replica(rows):
-            if self.one_pass:
-                return self._one_pass(as_data(rows, n), n, stop)
-            self._held_steps(rows, n, pulls, size)
-            return self._finish_replica(n, False, stop)
-
-        return self.strategy.run(replica, args=(self._shares(data, n),))

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..datasets.base import as_is, untuned
-from .batching import Cut, same_size
+from .batching import Cut, same_size, share
 from .data import epoch_order
 
 
@@ -182,6 +182,31 @@ def distribute(strategy, elements: tf.data.Dataset):
     if strategy.num_replicas_in_sync == 1:
         return iter(elements)
     return iter(strategy.distribute_datasets_from_function(lambda context: elements))
+
+
+class _Held:
+    """A batch in memory as a split ``gathered`` reads: its tensors, gathered by index."""
+
+    def __init__(self, data):
+        self.data = tf.nest.map_structure(tf.convert_to_tensor, data)
+
+    def gather(self, indices):
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.data)
+
+
+def held(engine, data, n=None, updates: int = 1):
+    """A batch held in memory as one update's pipeline, laid out and cut as every feed's: (iterator, n, pulls,
+    size) for the engine's ``update_from`` or ``accumulate_from``. ``data``: this process's examples of the global
+    batch of ``n`` (all of them, except under multi-worker, where a process holds its replicas' contiguous
+    shares); ``updates``: the pipeline gives the same batch that many times (a benchmark's updates)."""
+    local = len(tf.nest.flatten(data)[0])
+    n = local if n is None else int(n)
+    cut = Cut(engine.k, engine.replicas, tuple(engine.replica_ids))
+    offset = share(n, engine.replica_ids[0], engine.replicas)[0]  # where this process's examples start
+    layout = lay_out([(0, -offset, cut.bounds(n))])
+    elements = gathered(_Held(data), np.arange(local, dtype=np.int64), layout).repeat(updates)
+    pulls = cut.pulls(n)
+    return distribute(engine.strategy, elements), n, pulls, same_size(n, pulls, engine.replicas)
 
 
 class Feed:

@@ -104,6 +104,11 @@ def as_data(element, n=None):
     return x, y, (weights[0] if weights else None)
 
 
+def held_data(element, n=None):
+    """An element of a held batch's pipeline (feed.held: (data, where)) as ``as_data`` gives it."""
+    return as_data(element[0])
+
+
 def scale_of(group, n):
     """What a micro-batch's sum of ``group`` is divided by as it is added up: the batch ``n`` (the magnitude of
     a batch mean, what a 16-bit loss scale expects), or 1 for a sum that no normaliser divides."""
