@@ -28,6 +28,7 @@ from ..quiet import quiet_tensorflow
 from ..text import mib_text
 from ..trainer.batching import k_for_micro_batch
 from .common import count_option, output_dir_option, set_option, verbose_option
+from .describe import describe
 from .export import export
 from .use import evaluate, plan, predict
 
@@ -347,7 +348,7 @@ def format_compare(result: dict, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-for command in (plan, evaluate, predict, export):
+for command in (plan, evaluate, predict, export, describe):
     main.add_command(command)
 
 

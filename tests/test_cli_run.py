@@ -4,6 +4,7 @@ the run-directory errors."""
 
 import json
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -15,7 +16,7 @@ from accum_train.config import load_config
 from accum_train.errors import Interrupted
 from accum_train.from_config.run import train
 from click.testing import CliRunner
-from helpers import InterruptAt
+from helpers import InterruptAt, records
 
 SUMMARY_KEYS = {
     "test_accuracy",
@@ -354,3 +355,58 @@ def test_a_run_starts_quietly_unless_verbose(tmp_path, repo_root):
     )
     verbose = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, env=env)
     assert verbose.stdout.split() == ["None", "False"]  # --verbose: TensorFlow's logging left as it is
+
+
+def _kept(run_dir):
+    return sorted(int(p.name.split("-")[1].split(".")[0]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+
+
+def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path):
+    """describe reads config.yaml, metrics.jsonl, checkpoints/ and summary.json back: finished, then the same
+    directory without its summary (a run stopped before its end, which says how to go on), then while a process
+    holds its lock (training)."""
+    from accum_train.trainer.lock import writing
+
+    out, _, _ = smoke_run
+    last = [r for r in records(out) if "loss" in r][-1]
+    kept = ", ".join(f"ckpt-{n}" for n in _kept(out))
+    body = [
+        "  model      seed_convnet",
+        "  batch      64 in 4 micro-batches, seed 0",
+        f"  progress   94 updates logged, 2 epochs ended, last loss {last['loss']:.4g}, noise scale "
+        f"{[r for r in records(out) if r.get('noise_scale')][-1]['noise_scale']:.4g}",
+        f"  kept       {kept}",
+    ]
+    result = CliRunner().invoke(main, ["describe", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"{out}: written by accum-train run, finished", *body]
+    as_json = json.loads(CliRunner().invoke(main, ["describe", str(out), "--json"]).output)
+    assert as_json["summary"] == json.loads((out / "summary.json").read_text())
+    assert (as_json["updates_logged"], as_json["checkpoints"], as_json["next"]) == (94, _kept(out), None)
+
+    stopped = tmp_path / "stopped"
+    shutil.copytree(out, stopped)
+    (stopped / "summary.json").unlink()
+    before = sorted(p.name for p in stopped.iterdir())
+    result = CliRunner().invoke(main, ["describe", str(stopped)])
+    assert result.output.splitlines() == [
+        f"{stopped}: written by accum-train run, stopped before its end",
+        *body,
+        f"  go on      accum-train run --resume {stopped}",
+    ]
+    assert sorted(p.name for p in stopped.iterdir()) == before  # nothing written
+    with writing(stopped):
+        result = CliRunner().invoke(main, ["describe", str(stopped)])
+    assert (
+        result.output.splitlines()[0]
+        == f"{stopped}: written by accum-train run, training (process {os.getpid()} writes it)"
+    )
+
+
+def test_describe_refuses_what_is_not_a_run_directory(tmp_path):
+    result = CliRunner().invoke(main, ["describe", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"error: {tmp_path} is not a run directory (no config.yaml with checkpoints/, nor fit.json): pass a "
+        f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)\n"
+    )

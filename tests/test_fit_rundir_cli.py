@@ -9,6 +9,7 @@ predict writes model.predict's outputs, evaluate gives model.evaluate's loss and
 """
 
 import json
+import math
 import shutil
 
 import accum_train
@@ -325,3 +326,41 @@ def test_a_model_keras_cannot_rebuild_is_one_line(tmp_path):
         "keras.config.enable_unsafe_deserialization())\n"
     )
     assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "x.keras").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_describe_tells_a_fit_run_directory_as_it_stands(runs, kind):
+    """The same command on fit's directory: fit.json's batch, metrics.jsonl's updates, the checkpoints kept,
+    and for the stopped call how to go on with it."""
+    run_dir, _ = runs[kind]
+    result = CliRunner().invoke(main, ["describe", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.output)
+    steps = {"finished": 8, "interrupted": STOP_AT}[kind]
+    kept = sorted(int(p.name.split("-")[1].split(".")[0]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+    updates = [
+        r
+        for r in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+        if not r.get("epoch_end")
+    ]
+    assert described == {
+        "run_dir": str(run_dir),
+        "door": "accum_train.fit",
+        "state": {"finished": "finished", "interrupted": "stopped"}[kind],
+        "writer_pid": None,
+        "model": "keras",
+        "batch_size": BATCH,
+        "subdivisions": K,
+        "seed": SEED,
+        "subdivisions_in_force": K,
+        "model_file": "initial_model.keras",
+        "updates_logged": steps,
+        "epochs_ended": {"finished": 2, "interrupted": 1}[kind],
+        "last_loss": updates[-1]["loss"],
+        "noise_scale": next(r["noise_scale"] for r in reversed(updates) if math.isfinite(r["noise_scale"])),
+        "checkpoints": kept,
+        "summary": json.loads((run_dir / "summary.json").read_text()) if kind == "finished" else None,
+        "next": None if kind == "finished" else f"call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again",
+    }
+    assert [r["step"] for r in updates] == list(range(1, steps + 1))
+    assert kept and kept[-1] == steps
