@@ -132,8 +132,7 @@ REFUSED = {
         lambda: tagger(masked=False),
         {"trim_padding": 8},
         {},
-        "data.trim_padding=8: trim_padding changes the number of values the loss averages of model 'tagger' (a "
-        "micro-batch cut from 24 to ",
+        "data.trim_padding=8: trim_padding changes the loss summed of model 'tagger' (a micro-batch cut from 24 to ",
     ),
 }
 
@@ -178,3 +177,4 @@ def test_a_keras_file_on_class_labels_is_refused(tmp_path):
         f"trains with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
+

@@ -294,9 +294,9 @@ REFUSED = {
         TOKENS,
         TAGS,
         True,
-        f"{WHERE}trim_padding changes the number of values the loss averages of model 'static' (a micro-batch cut "
-        f"from 24 to 9 steps): padding must change nothing, so mask it (Embedding(mask_zero=True), Masking) and "
-        f"keep layers that mix time steps masked, or leave trim_padding out",
+        f"{WHERE}trim_padding changes the loss summed of model 'static' (a micro-batch cut from 24 to 9 steps): "
+        f"padding must change nothing, so mask it (Embedding(mask_zero=True), Masking) and keep layers that mix "
+        f"time steps masked, or leave trim_padding out",
     ),
 }
 
@@ -345,3 +345,70 @@ def test_the_validation_arrays_are_cut_as_the_training_ones(monkeypatch):
     (feed,) = made
     steps = [x.shape[1] for (x, _), _ in elements(feed, K)]
     assert feed.trim == 8 and min(steps) < STEPS and all(s % 8 == 0 for s in steps)
+
+
+def causal_tagger():
+    """No Keras mask, as a KerasHub causal LM: the padding is a sample weight of 0, and the forward LSTM's step never
+    sees the padding after it."""
+    inputs = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.LSTM(8, return_sequences=True)(keras.layers.Embedding(VOCABULARY, 6)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(4)(hidden))
+
+
+PADDING_WEIGHTS = (TOKENS > 0).astype(np.float32)
+
+
+def test_a_loss_over_every_position_divides_by_the_uncut_count_to_model_fit_s_weights():
+    """sum_over_batch_size (a KerasHub task's default) divides by every position of the batch, padding included:
+    a cut micro-batch still divides by the uncut count (trim.uncut_steps), so training and validation end where
+    model.fit on whole, uncut batches does."""
+
+    def trained(fit):
+        keras.utils.set_random_seed(3)
+        model = causal_tagger()
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+        # padded further than the training data: its own uncut count
+        val = tuple(np.pad(a[-VALIDATION:], ((0, 0), (0, 6))) for a in (TOKENS, TAGS, PADDING_WEIGHTS))
+        logs = fit(
+            model,
+            dict(
+                sample_weight=PADDING_WEIGHTS, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=val
+            ),
+        ).history
+        return model.get_weights(), logs
+
+    start = (keras.utils.set_random_seed(3), causal_tagger().get_weights())[1]
+    expected, expected_logs = trained(lambda m, args: m.fit(TOKENS, TAGS, **args))
+    weights, logs = trained(lambda m, args: accum_train.fit(m, TOKENS, TAGS, subdivisions=K, trim_padding=True, **args))
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(expected, start)) > 1e-2
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
+    np.testing.assert_allclose(logs["loss"], expected_logs["loss"], rtol=1e-5)
+    np.testing.assert_allclose(logs["val_loss"], expected_logs["val_loss"], rtol=1e-5)
+
+
+def test_a_loss_over_every_position_of_batches_of_several_lengths_is_refused():
+    """A padded_batch pads each batch to its own longest: the count before the cut is not known, so it is refused
+    (in one line, before anything trains)."""
+
+    def examples():
+        for tokens, tags, weights, length in zip(TOKENS, TAGS, PADDING_WEIGHTS, LENGTHS):
+            yield tokens[:length], tags[:length], weights[:length]
+
+    spec = (SEQUENCE, SEQUENCE, tf.TensorSpec([None], tf.float32))
+    batches = tf.data.Dataset.from_generator(examples, output_signature=spec).padded_batch(BATCH)
+    keras.utils.set_random_seed(3)
+    model = causal_tagger()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(accum_train.UserError) as refused:
+        accum_train.fit(model, batches, subdivisions=K, verbose=0, trim_padding=True)
+    text = str(refused.value)
+    assert text.startswith(
+        f"{WHERE}trim_padding changes the number of values the loss of model {model.name!r} averages (a micro-batch "
+        f"cut from 24 to "
+    )
+    assert text.endswith(
+        "it divides by every position, padding included (reduction 'sum_over_batch_size'), and the batches' length "
+        "before the cut is not fixed: pad every batch to one length, or leave trim_padding out"
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))

@@ -99,6 +99,7 @@ def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:
         )
     check_trimmable(model.network, strategy.num_replicas_in_sync, where)
     split = TrimmedSplit(data.train, multiple, where)
+    objective.steps = split.trim.steps  # a mean over every position still counts them uncut
     objective.probe(as_data(split.signature()), strategy)
     return split
 

@@ -62,6 +62,7 @@ class ArrayFeed:
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
         self.held = Held(arrays, self.trim, WHERE) if self.trim else None
         self.timed = self.held.timed if self.trim else None
+        self.steps = self.held.steps if self.trim else None
 
     @property
     def element_spec(self):

@@ -48,7 +48,7 @@ from .arguments import (
 )
 from .fit_hooks import FitHooks, Limits
 from .history import FitHistory
-from .inputs import is_dataset, make_feed, split_validation, streamed_source, validation_feed
+from .inputs import check_examples_are_batched, make_feed, split_validation, streamed_source, validation_feed
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -193,7 +193,7 @@ def fit(
         if getattr(model, "run_eagerly", False):
             restore.enter_context(_eagerly())
         restore.enter_context(_precision(model, precision))
-        _check_examples_are_batched(model, feed, batch_size)
+        check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
             _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
         key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
@@ -206,12 +206,20 @@ def fit(
                     f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
                     f"compile(loss=...), or train with model.fit"
                 )
-            objective = KerasObjective(model)
+            objective = KerasObjective(model, steps=feed.steps)
             groups = _probe(objective, feed.element_spec, strategy)
             if trim:
                 check_trim(objective, groups, feed.first_batch(), feed.timed, feed.element_spec, cut, strategy, WHERE)
-            eval_groups = _probe(objective, validation.element_spec, strategy) if validation is not None else ()
-            built = _engine(model, objective, adapters, k, strategy, groups, eval_groups, auto, limit is not None)
+            # the validation data as its own uncut length counts (trim_padding): the same loss
+            scored = objective if validation is None else objective.with_steps(validation.steps)
+            eval_groups = _probe(scored, validation.element_spec, strategy) if validation is not None else ()
+            if trim and validation is not None:  # its cut must change nothing either: its loss is reported
+                spec = validation.element_spec
+                first = validation.first_batch()
+                check_trim(
+                    scored, eval_groups, first, validation.timed, spec, cut, strategy, f"{WHERE}: validation_data"
+                )
+            built = _engine(model, objective, scored, adapters, k, strategy, groups, eval_groups, auto, limit)
             _ENGINES[model] = {key: built}
         else:
             restore.enter_context(pooled(model, strategy, built[0].norm_layers))
@@ -324,7 +332,8 @@ def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tup
         nominal,
         precision,
         repr(feed.element_spec),
-        None if validation is None else repr(validation.element_spec),
+        feed.steps,  # trim_padding's uncut length, which the loss may divide by
+        None if validation is None else (repr(validation.element_spec), validation.steps),
         tuple(id(v) for v in model.trainable_variables),
     )
 
@@ -340,20 +349,6 @@ def _as_user_error(function, *args):
         raise UserError(f"{WHERE}: the compiled loss cannot take these targets and outputs: {message}") from None
 
 
-def _check_examples_are_batched(model, feed, batch_size) -> None:
-    """A dataset without batch_size must give batches: its inputs one axis longer than an example's."""
-    if batch_size is not None or not is_dataset(getattr(feed, "batches", None)) or not model.inputs:
-        return
-    spec = feed.element_spec
-    x = spec[0] if isinstance(spec, tuple) else spec
-    given, wanted = tf.nest.flatten(x)[0], model.inputs[0]
-    if given.shape.rank is not None and given.shape.rank == len(wanted.shape) - 1:
-        raise UserError(
-            f"{WHERE}: x gives single examples (its inputs have shape {tuple(given.shape)}, the model takes "
-            f"{tuple(wanted.shape)}): pass batch_size, or batch the dataset"
-        )
-
-
 def _probe(objective, element_spec, strategy) -> tuple:
     """The normalisers of a data source (Objective.probe); bad targets in one line."""
     groups = _as_user_error(objective.probe, element_spec, strategy)
@@ -362,8 +357,9 @@ def _probe(objective, element_spec, strategy) -> tuple:
     return groups
 
 
-def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, auto, memory_limited):
-    """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart as ``objective``."""
+def _engine(model, objective, scored, norm_layers, k, strategy, groups, eval_groups, auto, limit):
+    """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart as ``objective`` (``scored``:
+    as the validation data's evaluation takes it)."""
     optimizer = model.optimizer
     loss_scale, growth = None, LOSS_SCALE.growth_steps
     if keras_private.is_loss_scale_optimizer(optimizer):
@@ -380,7 +376,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         subdivisions=k,
         # XLA: one micro-step at a time. Its compiled micro-step spreads over the cores on its own; two in flight
         # cost about 4% more CPU and wall time on a 2-core CPU (the masked tagger of peers_masked.py, two runs)
-        parallel=1 if jit else auto_parallel(2 if auto else k, memory_limited, strategy.num_replicas_in_sync),
+        parallel=1 if jit else auto_parallel(2 if auto else k, limit is not None, strategy.num_replicas_in_sync),
         groups=groups,
         metrics=metrics,
         prepare=_unpacked,
@@ -390,7 +386,7 @@ def _engine(model, objective, norm_layers, k, strategy, groups, eval_groups, aut
         loss_scale=loss_scale,
         growth_steps=growth,
     )
-    evaluation = Evaluation(objective, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
+    evaluation = Evaluation(scored, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
     return engine, evaluation
 
 

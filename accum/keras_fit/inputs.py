@@ -179,3 +179,17 @@ def validation_feed(validation_data, batch_size, trim=0):
         name="validation_data",
         trim=trim,
     )
+
+
+def check_examples_are_batched(model, feed, batch_size) -> None:
+    """A dataset without batch_size must give batches: its inputs one axis longer than an example's."""
+    if batch_size is not None or not is_dataset(getattr(feed, "batches", None)) or not model.inputs:
+        return
+    spec = feed.element_spec
+    x = spec[0] if isinstance(spec, tuple) else spec
+    given, wanted = tf.nest.flatten(x)[0], model.inputs[0]
+    if given.shape.rank is not None and given.shape.rank == len(wanted.shape) - 1:
+        raise UserError(
+            f"{WHERE}: x gives single examples (its inputs have shape {tuple(given.shape)}, the model takes "
+            f"{tuple(wanted.shape)}): pass batch_size, or batch the dataset"
+        )

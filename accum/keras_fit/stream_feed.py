@@ -12,7 +12,7 @@ import tensorflow as tf
 from ..errors import UserError
 from ..trainer.batching import Cut
 from ..trainer.feed import endless
-from ..trainer.trim import by_length, cut_after, stream_timed
+from ..trainer.trim import by_length, cut_after, stream_timed, uncut_steps
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
 
@@ -67,6 +67,7 @@ class DatasetFeed:
         self.class_weight = class_weight
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
         self.timed = stream_timed(self.batches.element_spec, WHERE) if self.trim else None
+        self.steps = uncut_steps(self.batches.element_spec, self.timed) if self.trim else None
 
     @property
     def element_spec(self):

@@ -25,6 +25,8 @@ update (``regularization``).
 
 from __future__ import annotations
 
+import copy
+
 import keras
 import tensorflow as tf
 
@@ -39,10 +41,12 @@ def batch_size_of(x) -> tf.Tensor:
     return tf.shape(first)[0]
 
 
-def _take_apart(loss, y_true, y_pred, sample_weight):
+def _take_apart(loss, y_true, y_pred, sample_weight, steps=None):
     """(S, D, kind) of one output's loss: ``loss(y_true, y_pred, sample_weight) == S / D`` as Keras reduces it
     (Loss.__call__ and reduce_weighted_values, with the mask and the sample weights merged the same way).
-    kind: "sum" (D is 1 for the whole batch), ("examples", e) (D is e per example), or "data"."""
+    kind: "sum" (D is 1 for the whole batch), ("examples", e) (D is e per example), or "data". ``steps``: under
+    trim_padding, the time axis' length before the cut: a mean over every position (padding included) divides by
+    that many per example, as the uncut batch's mean does."""
     in_mask = keras_private.get_keras_mask(y_pred)
     y_pred = tf.nest.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), y_pred)
     y_true = tf.nest.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), y_true)
@@ -77,6 +81,10 @@ def _take_apart(loss, y_true, y_pred, sample_weight):
         valid = tf.reduce_sum(tf.cast(mask, values.dtype))
         return total, tf.math.divide_no_nan(valid * elements, tf.cast(tf.size(mask), values.dtype)), "data"
     per_example = values.shape[1:]
+    if steps is not None and per_example.rank >= 1 and per_example[0] is None and per_example[1:].is_fully_defined():
+        per_example = tf.TensorShape([steps, *per_example[1:]])  # axis 1 was cut: count it uncut
+        e = per_example.num_elements()
+        return total, tf.cast(tf.shape(values)[0], values.dtype) * e, ("examples", e)
     if per_example.is_fully_defined():
         return total, elements, ("examples", per_example.num_elements())
     return total, elements, "data"
@@ -95,7 +103,7 @@ class KerasObjective:
     its caches (``groups``), and ``parts`` gives every micro-batch of that source the same ones. ``where``:
     who refuses a loss that cannot be accumulated (the error's first words)."""
 
-    def __init__(self, model: keras.Model, where: str = "accum_train.fit"):
+    def __init__(self, model: keras.Model, where: str = "accum_train.fit", steps: int | None = None):
         self.model = model
         self.entries = keras_private.flat_losses(model)
         for entry in self.entries:
@@ -108,6 +116,15 @@ class KerasObjective:
         self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
         self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"
         self.groups: tuple = ()  # the normalisers of the data the last ``probe`` traced
+        # trim_padding: the time axis' length before the cut (trim.uncut_steps), which a mean over every position
+        # still divides by; None: nothing is cut, or the length is not known (then the cut is checked, and refused)
+        self.steps = steps
+
+    def with_steps(self, steps: int | None) -> KerasObjective:
+        """The same loss for data whose time axis is ``steps`` long before the cut (fit's validation data)."""
+        other = copy.copy(self)
+        other.steps = steps
+        return other
 
     @property
     def names(self) -> list[str]:
@@ -146,7 +163,7 @@ class KerasObjective:
 
         def replace(index, entry):
             def take(y_t, y_p, sw):
-                taken[index] = _take_apart(entry.loss, y_t, y_p, sw)
+                taken[index] = _take_apart(entry.loss, y_t, y_p, sw, self.steps)
                 return tf.zeros(())
 
             return take

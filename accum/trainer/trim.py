@@ -121,6 +121,13 @@ def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where
     named = [("the number of values the loss averages", counts[g], cut_counts[g]) for g in counts]
     named += [("the loss summed", sums[g], cut_sums[g]) for g in groups]
     named += [(f"the gradient of {v.path}", g, c) for v, g, c in zip(variables, grads, cut_grads)]
+    if objective.steps is None and any(_differ(counts[g], cut_counts[g]) for g in counts):
+        raise UserError(
+            f"{where}: trim_padding changes the number of values the loss of model {model.name!r} averages (a "
+            f"micro-batch cut from {time_steps} to {length} steps): it divides by every position, padding included "
+            f"(reduction 'sum_over_batch_size'), and the batches' length before the cut is not fixed: pad every "
+            f"batch to one length, or leave trim_padding out"
+        )
     for what, whole_value, cut_value in named:
         if _differ(whole_value, cut_value):
             raise UserError(
@@ -144,6 +151,14 @@ def stream_timed(spec, where: str):
     shapes = [tuple(s.shape) if s.shape.rank is not None else () for s in leaves]
     steps = _time_steps(shapes, [s.dtype == tf.string for s in leaves], "x's batches have no input", where)
     return tf.nest.map_structure(lambda s: (s.shape.rank or 0) >= 2 and s.shape[1] == steps, spec)
+
+
+def uncut_steps(data, timed):
+    """The length of the time axis before the cut (the arrays' axis 1, or a stream's static one), or None where a
+    stream's batches may each have their own (padded_batch): what a loss that divides by every position, padding
+    included (``sum_over_batch_size``), still divides by once its micro-batches are cut (keras_objective.py)."""
+    steps = {leaf.shape[1] for leaf, cut in zip(tf.nest.flatten(data), tf.nest.flatten(timed)) if cut}
+    return steps.pop() if len(steps) == 1 else None
 
 
 def lengths_of(element):
@@ -189,6 +204,7 @@ class Held:
         self.multiple = multiple
         self.lengths, self.timed = sequence_lengths(arrays, where)
         self._lengths = tf.constant(self.lengths)
+        self.steps = uncut_steps(arrays, self.timed)
 
     def by_length(self, batch: np.ndarray) -> np.ndarray:
         """A batch's indices, longest first (ties in their order): each micro-batch then holds sequences of like
