@@ -177,4 +177,3 @@ def test_a_keras_file_on_class_labels_is_refused(tmp_path):
         f"trains with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
-
