@@ -24,15 +24,18 @@ def test_layer_equals_keras_group_normalization(shape, groups):
     layer = GroupNorm(groups, name=f"gn_test_{len(shape)}_{groups}")
     net = tl.models.Model(inputs=inputs, outputs=layer(inputs))
     net.eval()
-    gamma, beta = RNG.normal(1.0, 0.5, shape[-1]), RNG.normal(0.0, 0.5, shape[-1])
+    rng = np.random.default_rng(8)  # the case's own draws, whichever cases ran before it in this process
+    gamma, beta = rng.normal(1.0, 0.5, shape[-1]), rng.normal(0.0, 0.5, shape[-1])
     layer.gamma.assign(gamma.astype(np.float32))
     layer.beta.assign(beta.astype(np.float32))
     ref = keras.layers.GroupNormalization(groups, epsilon=1e-5)
     ref.build(shape)
     ref.set_weights([gamma, beta])
-    x = RNG.normal(3.0, 2.0, shape).astype(np.float32)
+    x = rng.normal(3.0, 2.0, shape).astype(np.float32)
     ours = net(tf.constant(x)).numpy()
-    np.testing.assert_allclose(ours, ref(x).numpy(), atol=2e-6)
+    # float32: a group of two values around 3 loses digits to the variance's cancellation, computed in another
+    # order by Keras (up to 6e-6 relative seen)
+    np.testing.assert_allclose(ours, ref(x).numpy(), rtol=1e-5, atol=2e-6)
     # per example: the first example alone gives what it gives inside the batch
     np.testing.assert_allclose(net(tf.constant(x[:1])).numpy(), ours[:1], atol=1e-6)
 

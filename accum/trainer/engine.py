@@ -83,7 +83,7 @@ class Accumulator(Finish):
         self.objective = as_objective(objective)
         self.groups = tuple(groups if groups is not None else self.objective.groups)
         self.metrics, self.one_pass = metrics, bool(one_pass)
-        self.prepare = prepare or held_data
+        self.prepare = prepare or as_data
         self.sized = bool(sized)
         # Micro-steps in flight at once: 1 adds each micro-batch to the caches as it is done (the least memory);
         # more carries the sums as tensors (one more gradient-sized buffer per normaliser, and up to
@@ -130,36 +130,38 @@ class Accumulator(Finish):
 
     # -- host side
 
-    def update_from(self, iterator, n: int, pulls: int, stop=0, size=None):
+    def update_from(self, iterator, n: int, pulls: int, stop=0, size=None, held=False):
         """One update whose micro-batches the graph pulls from ``iterator`` (``pulls`` elements per local replica,
         each ``prepare``d inside its micro-step), ``n`` the global batch (or the nominal one of a stream): one
         graph call; the record {loss, grad_norm, applied, learning_rate, retry, stop, examples, noise, ...},
         with ``logs`` when there are metrics. ``stop``: the signal this process was sent (0: none); ``stop``
         out: the largest any process was sent. ``size``: the examples of every element of every replica, when
-        all hold the same number, else None (used where ``sized``: one graph per size, traced once)."""
+        all hold the same number, else None (used where ``sized``: one graph per size, traced once). ``held``: the
+        elements are a held batch's (feed.held), taken as they are rather than ``prepare``d."""
         self._n = None
         size = size if self.sized else None
         single = self.replicas == 1 and int(pulls) == 1  # a Python bool: one graph for it, one for the rest
-        return _first(self.strategy, self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size, single))
+        pulled = self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size, single, held)
+        return _first(self.strategy, pulled)
 
-    def accumulate_from(self, iterator, n: int, pulls: int, size=None):
+    def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
         """``update_from``'s micro-batches into the caches, nothing applied (``finish`` concludes); the examples
         this process's first replica holds so far."""
         self._n = n
         size = size if self.sized else None
-        return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls), size))
+        return _first(self.strategy, self._accumulate_pulled(iterator, _size(n), _size(pulls), size, held))
 
     def update(self, x, y, n=None, stop=0):
         """One update from a batch held in memory (this process's examples of the global batch of ``n``: all of
         them, except under multi-worker, where a process holds its replicas' contiguous shares), through the
         feed's cut (feed.held): as ``update_from``."""
         iterator, n, pulls, size = held(self, (x, y), n)
-        return self.update_from(iterator, n, pulls, stop, size)
+        return self.update_from(iterator, n, pulls, stop, size, held=True)
 
     def accumulate_batch(self, x, y, n=None, sample_weight=None):
         """All micro-batches of a held batch into the caches, nothing applied; as ``accumulate_from``."""
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        return self.accumulate_from(*held(self, data, n))
+        return self.accumulate_from(*held(self, data, n), held=True)
 
     def accumulate(self, x, y, n):
         """One micro-batch (the same on every replica) into the caches, ``n`` the batch it is part of; as
@@ -298,28 +300,30 @@ class Accumulator(Finish):
 
     # -- pulled from a pipeline
 
-    def _prepare_for(self, size):
-        """``prepare``, each element's examples fixed at ``size`` first when that is known (feed.sized)."""
-        return self.prepare if size is None else lambda element, n: self.prepare(sized(element, size), n)
+    def _prepare_for(self, size, held=False):
+        """``prepare`` (a held batch's elements: ``held_data``, as they are), each element's examples fixed at
+        ``size`` first when that is known (feed.sized)."""
+        prepare = held_data if held else self.prepare
+        return prepare if size is None else lambda element, n: prepare(sized(element, size), n)
 
-    def _pull(self, iterator, n, pulls, size):
+    def _pull(self, iterator, n, pulls, size, held=False):
         """``pulls`` micro-steps per local replica from ``iterator``: one element per replica and pull."""
-        prepare = self._prepare_for(size)
+        prepare = self._prepare_for(size, held)
         if self.replicas == 1:  # in replica context (a strategy's variables are written there), pulled from it
             self.strategy.run(lambda: self._steps(lambda i: next(iterator), prepare, pulls, n))
             return
         # a replica cannot pull from a distributed iterator: one pull per step, each replica's element in turn
         in_turn(pulls, lambda i: self.strategy.run(lambda e: self._micro(e, n, prepare), args=(next(iterator),)))
 
-    def _accumulate_from(self, iterator, n, pulls, size):
-        self._pull(iterator, n, pulls, size)
+    def _accumulate_from(self, iterator, n, pulls, size, held=False):
+        self._pull(iterator, n, pulls, size, held)
         return self._held()
 
-    def _update_from(self, iterator, n, pulls, stop, size, single=False):
+    def _update_from(self, iterator, n, pulls, stop, size, single=False, held=False):
         if self.one_pass or single:  # the one element of each replica's share, straight to the all-reduce
-            prepare = self._prepare_for(size)
+            prepare = self._prepare_for(size, held)
             return self.strategy.run(lambda e: self._one_pass(prepare(e, n), n, stop), args=(next(iterator),))
-        self._pull(iterator, n, pulls, size)
+        self._pull(iterator, n, pulls, size, held)
         return self.strategy.run(self._finish_replica, args=(n, False, stop))
 
     def _accumulate_micro(self, data, n):
