@@ -105,7 +105,7 @@ def ours(model_cfg, k, x, y, plain=False, parallel=1):
     def run(updates):  # a training loop over the batch's pipeline: one engine call per update, the loss read back
         iterator, n, pulls, size = held(engine, (x, y), updates=updates)
         for _ in range(updates):
-            float(engine.update_from(iterator, n, pulls, 0, size)["loss"])
+            float(engine.update_from(iterator, n, pulls, 0, size, held=True)["loss"])
 
     return run
 
