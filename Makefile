@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 DATA   := /usr/share/datasets/fashion-mnist
+# KerasHub for the tests of its tasks, without the full `tensorflow` that tensorflow-text's wheel asks for (setup.cfg's
+# hub extra lists the rest); tensorflow-text 2.21.0 is broken (an undefined ICU symbol), 2.21.1 works
+HUB    := keras-hub==0.32.0 tensorflow-text==2.21.1
 
 .PHONY: main setup data test test-slow lint bench clean
 
@@ -27,7 +30,8 @@ data:
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -e ".[cpu,test]"
+	$(BIN)/pip install -q --no-compile -e ".[cpu,hub,test]"
+	$(BIN)/pip install -q --no-compile --no-deps $(HUB)
 	@# pip's own byte-compiling runs on one core (half of the install); compileall uses them all. As pip does, it
 	@# skips a file that does not compile (templates, Python 2 test data shipped in wheels).
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true

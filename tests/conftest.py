@@ -105,6 +105,7 @@ FIRST = (
     "test_peers_masked.py",
     "test_conformance.py",
     "test_fit_trim.py",  # the default suite's longest file (105 s of 566 in one measured run)
+    "test_fit_hub.py",  # KerasHub tasks: each tokenizer pipeline is traced for seconds
     "test_export.py",
     "test_auto_subdivisions.py",
     "test_keras_file.py",

@@ -183,11 +183,14 @@ def test_the_install_section_names_the_extras_and_versions_setup_cfg_declares(re
     assert [re.fullmatch(r'pip install (?:-e )?"\.\[([a-z,]+)\]"', line).group(1) for line in lines] == [
         "cpu",
         "gpu",
-        "cpu,test",
+        "cpu,hub,test",
     ]
-    assert {"cpu", "gpu", "test"} <= set(extras)
-    # the develop line is the one make's set-up (and so CI) installs with
-    assert '$(BIN)/pip install -q --no-compile -e ".[cpu,test]"' in repo_root.joinpath("Makefile").read_text()
+    assert {"cpu", "gpu", "hub", "test"} <= set(extras)
+    # the develop line is the one make's set-up (and so CI) installs with, and KerasHub's the versions it adds
+    makefile = repo_root.joinpath("Makefile").read_text()
+    assert '$(BIN)/pip install -q --no-compile -e ".[cpu,hub,test]"' in makefile
+    hub = re.search(r"^HUB +:= (.*)$", makefile, re.M).group(1)
+    assert f'pip install ".[cpu,hub]" && pip install --no-deps {hub}`' in " ".join(section.split())
     low, high = re.search(r"TensorFlow (\d+\.\d+) to (\d+\.\d+)", section).groups()
     major, last = high.split(".")
     for extra in ("cpu", "gpu"):
@@ -330,7 +333,7 @@ NOT_RUN = {
     # section below checks that each line names extras setup.cfg has
     'pip install ".[cpu]"': "an install from the package index",
     'pip install ".[gpu]"': "an install from the package index",
-    'pip install -e ".[cpu,test]"': "make's set-up, which the suite runs in",
+    'pip install -e ".[cpu,hub,test]"': "make's set-up, which the suite runs in",
 }
 FASHION_CONFIGS = ("configs/fmnist.yaml", "configs/smoke.yaml")
 SMOKE_SETS = ["epochs=1"]

@@ -25,8 +25,8 @@ import tensorflow as tf
 from .. import keras_private
 from ..errors import UserError
 from ..keras_private import all_layers
-from ..models.containers import leaves
 from ..models.norm import pooled
+from ..models.precision import call_precision
 from ..text import traced_error_line
 from ..trainer.batching import Cut, k_for_micro_batch
 from ..trainer.engine_for import accumulator_for
@@ -49,6 +49,7 @@ from .arguments import (
 from .fit_hooks import FitHooks, Limits
 from .history import FitHistory
 from .inputs import check_examples_are_batched, make_feed, split_validation, streamed_source, validation_feed
+from .pipeline import preprocesses, task_batches
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -128,6 +129,11 @@ def fit(
     check_model(model)
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
+    if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
+        raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
+        x, validation_data = task_batches(model, *raw)
+        y = sample_weight = batch_size = None
+        validation_split = 0.0
     limit = memory_limit_of(memory_limit)
     schedule, rule = schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
     if schedule:
@@ -192,7 +198,7 @@ def fit(
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):
             restore.enter_context(_eagerly())
-        restore.enter_context(_precision(model, precision))
+        restore.enter_context(call_precision(model, precision))
         check_examples_are_batched(model, feed, batch_size)
         with strategy.scope():
             _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
@@ -298,22 +304,6 @@ def _first_examples(feed):
 def _first_batch_size(feed) -> int:
     first = feed.first_batch()
     return int(tf.shape(tf.nest.flatten(first)[0])[0])
-
-
-@contextlib.contextmanager
-def _precision(model, precision):
-    """The model's layers under ``precision``'s policy for the call (None: as they are)."""
-    if precision is None:
-        yield
-        return
-    saved = [(layer, layer.dtype_policy) for layer in leaves(model) if not isinstance(layer, keras.layers.InputLayer)]
-    try:
-        for layer, _ in saved:
-            layer.dtype_policy = keras.DTypePolicy(precision)
-        yield
-    finally:
-        for layer, policy in saved:
-            layer.dtype_policy = policy
 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes

@@ -8,6 +8,8 @@ engine keeps stay float32.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -64,3 +66,20 @@ def set_precision(model: Model, precision: str) -> Model:
     forward = model.forward
     model.forward = lambda images, training: tf.cast(forward(images, training), tf.float32)
     return model
+
+
+@contextlib.contextmanager
+def call_precision(model, precision):
+    """A Keras model's layers under ``precision``'s policy for one call (None: as they are): accum_train.fit's
+    ``precision``."""
+    if precision is None:
+        yield
+        return
+    saved = [(layer, layer.dtype_policy) for layer in leaves(model) if not isinstance(layer, keras.layers.InputLayer)]
+    try:
+        for layer, _ in saved:
+            layer.dtype_policy = keras.DTypePolicy(precision)
+        yield
+    finally:
+        for layer, policy in saved:
+            layer.dtype_policy = policy

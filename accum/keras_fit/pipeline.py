@@ -1,0 +1,91 @@
+"""A model that carries its preprocessor (a KerasHub task: ``preprocess_samples``), fed as its own ``fit`` feeds it.
+
+KerasHub's ``PipelineModel.fit`` batches raw inputs (strings, images) by
+``batch_size`` and maps the preprocessor over each whole batch, so padding,
+packing and the targets it makes (a causal LM's next tokens and their weights)
+are decided per batch. The micro-batch cut must come after that, or a
+micro-batch would be padded to its own length and the update would differ. So
+raw data become a ``tf.data`` of preprocessed batches here, before the feed
+sees them, and the feed cuts each batch as it cuts any dataset's: the same
+batches in the same order as ``task.fit`` (which never shuffles the batches it
+builds). ``validation_split`` is taken from the raw arrays first, and
+``validation_data`` is preprocessed the same way.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..errors import UserError
+from .arguments import ARRAY_BATCH_SIZE, WHERE
+
+
+def preprocesses(model) -> bool:
+    """Whether ``model`` preprocesses its raw inputs in ``fit`` (a KerasHub task with a preprocessor)."""
+    return getattr(model, "preprocessor", None) is not None and callable(getattr(model, "preprocess_samples", None))
+
+
+def task_batches(model, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
+    """(x, validation_data) for a model that ``preprocesses``: datasets of preprocessed batches, the validation
+    data split off the raw arrays first (model.fit's last fraction)."""
+    from .inputs import split_validation
+
+    if batch_schedule is not None:
+        raise UserError(
+            f"{WHERE}: batch_schedule re-cuts arrays into batches each epoch, and model {model.name!r} preprocesses "
+            f"whole batches of raw examples: leave batch_schedule out, or preprocess the data yourself and pass "
+            f"the model with preprocessor=None"
+        )
+    # a Python list of examples (strings) is one array to split and slice, not a structure of inputs
+    x, y, sample_weight = (np.asarray(a) if isinstance(a, list) else a for a in (x, y, sample_weight))
+    (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
+    return preprocessed(model, x, y, sample_weight, batch_size), preprocessed_validation(
+        model, validation_data, batch_size
+    )
+
+
+def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Dataset:
+    """``x`` (with ``y`` and ``sample_weight``) as batches of ``batch_size`` with ``model.preprocess_samples``
+    mapped over each; a ``tf.data.Dataset`` of raw batches is taken as it is, as task.fit takes it."""
+    if isinstance(x, tf.data.Dataset):
+        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
+            if value is not None:
+                raise UserError(
+                    f"{WHERE}: {name} is a tf.data.Dataset of raw batches for model {model.name!r}'s preprocessor: "
+                    f"leave {what} out (batch the dataset, and put targets and weights in its elements)"
+                )
+        batches = x
+    elif isinstance(x, keras.utils.PyDataset) or (x is not None and hasattr(x, "__next__")):
+        raise UserError(
+            f"{WHERE}: {name} is a {type(x).__name__}, and model {model.name!r} preprocesses its inputs in fit: pass "
+            f"arrays or lists of raw examples, or a tf.data.Dataset of raw batches"
+        )
+    elif x is None:
+        raise UserError(f"{WHERE}: {name} is missing: pass raw examples (a list or array) or a tf.data.Dataset")
+    else:
+        examples = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        try:
+            batches = tf.data.Dataset.from_tensor_slices(examples).batch(batch_size or ARRAY_BATCH_SIZE)
+        except (ValueError, TypeError) as err:
+            raise UserError(
+                f"{WHERE}: {name} cannot be cut into examples for model {model.name!r}'s preprocessor: "
+                f"{str(err).splitlines()[0]} (pass a list or array with one entry per example)"
+            ) from None
+    return batches.map(model.preprocess_samples, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def preprocessed_validation(model, validation_data, batch_size):
+    """``validation_data`` preprocessed as the training data are: a dataset of raw batches, or
+    (x, y[, sample_weight]) batched by ``batch_size``."""
+    if validation_data is None:
+        return None
+    if isinstance(validation_data, tf.data.Dataset):
+        return preprocessed(model, validation_data, None, None, None, "validation_data")
+    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+        raise UserError(
+            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
+        )
+    x, y, *weights = validation_data
+    return preprocessed(model, x, y, weights[0] if weights else None, batch_size, "validation_data")
