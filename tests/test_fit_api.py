@@ -978,3 +978,17 @@ def test_a_strategy_given_is_the_one_trained_under_and_must_hold_the_model():
         "inside `with strategy.scope():`, as model.fit needs"
     )
     assert int(outside.optimizer.iterations.numpy()) == 0
+
+
+def test_a_verbose_call_says_what_the_gradient_cache_holds_frozen_variables_left_out(capsys):
+    """One line when the engine is built: the last layer's 8*1 + 1 = 9 trainable floats in float32, 36 bytes (the
+    frozen first layer's kernel and bias are not held), for the one normaliser of a mean squared error."""
+    model = regression()
+    model.layers[0].trainable = False
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    accum_train.fit(model, X, Y, batch_size=BATCH, subdivisions=2, verbose=1)
+    said = [line for line in capsys.readouterr().out.splitlines() if "gradient cache" in line]
+    assert said == [
+        "accum_train.fit: gradient cache: 36 bytes in float32, 2 trainable variables x 1 loss normaliser(s); "
+        "2 frozen variables not held"
+    ]

@@ -244,3 +244,45 @@ def test_bad_precision_settings(tmp_path, repo_root, overrides, message):
     result = CliRunner().invoke(main, args)
     assert (result.exit_code, result.stderr) == (2, f"error: {message}\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_bfloat16_weights_accumulate_in_float32_and_land_closer_to_float32_than_keras_own_accumulation():
+    """Weights in bfloat16 (the "bfloat16" policy, not mixed): the gradient cache stays float32, so 256 micro-batch
+    gradients are summed without rounding and the update is rounded to bfloat16 once. Keras' own accumulators take
+    the weight's dtype and round the running sum at every micro-batch. A linear model from zero weights, whose
+    examples' gradients all point one way, against the same model trained in float32 on whole batches: ours lands
+    within about one bfloat16 step of it, Keras' several times farther (seen: 1.2e-3 against 7.1e-3)."""
+    import accum_train
+
+    batch, k = 256, 256
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (batch, 8)).astype(np.float32)
+    y = np.ones((batch, 1), np.float32)
+
+    def trained(policy, fit, **optimizer):
+        inputs = keras.Input((8,))
+        layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", dtype=policy)
+        model = keras.Model(inputs, layer(inputs))
+        model.compile(optimizer=keras.optimizers.SGD(0.1, **optimizer), loss="mse")
+        fit(model)
+        return model, np.asarray(layer.kernel.numpy(), np.float64)
+
+    _, reference = trained("float32", lambda m: m.fit(x, y, batch_size=batch, shuffle=False, verbose=0))
+    ours, accumulated = trained(
+        "bfloat16", lambda m: accum_train.fit(m, x, y, batch_size=batch, subdivisions=k, shuffle=False, verbose=0)
+    )
+    keras_model, keras_accumulated = trained(
+        "bfloat16",
+        lambda m: m.fit(x, y, batch_size=batch // k, shuffle=False, verbose=0),
+        gradient_accumulation_steps=k,
+    )
+    assert ours.trainable_variables[0].dtype == "bfloat16"
+    from accum_train.keras_fit.fit import _ENGINES
+
+    (engine, _), *_ = _ENGINES[ours].values()
+    assert [slot.dtype for cache in engine.caches for slot in cache.slots] == [tf.float32]
+    assert {v.dtype for v in keras_model.optimizer.variables if v.shape == (8, 1)} == {"bfloat16"}
+    ours_distance = np.max(np.abs(accumulated - reference))
+    keras_distance = np.max(np.abs(keras_accumulated - reference))
+    assert np.max(np.abs(reference)) > 0.1  # the update moved the weights
+    assert ours_distance < 2e-3  # about one bfloat16 step at 0.2 (2 ** -10)
+    assert keras_distance > 3 * ours_distance

@@ -30,6 +30,7 @@ from ..models.precision import call_precision
 from ..text import traced_error_line
 from ..trainer.batching import Cut, k_for_micro_batch
 from ..trainer.engine_for import accumulator_for
+from ..trainer.gradient_cache import cache_line
 from ..trainer.keras_objective import KerasObjective
 from ..trainer.memory import UNMEASURED, choose_subdivisions
 from ..trainer.runtime import auto_parallel
@@ -227,6 +228,8 @@ def fit(
                 )
             built = _engine(model, objective, scored, adapters, k, strategy, groups, eval_groups, auto, limit)
             _ENGINES[model] = {key: built}
+            if verbose:  # what training holds beyond the model, said once per built engine
+                print(f"{WHERE}: {cache_line(getattr(built[0], 'caches', []), len(model.non_trainable_weights))}")
         else:
             restore.enter_context(pooled(model, strategy, built[0].norm_layers))
             built[0].hold()

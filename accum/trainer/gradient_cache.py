@@ -42,6 +42,18 @@ class GradientCache:
         return [slot.read_value() for slot in self.slots]
 
 
+def cache_line(caches, frozen: int) -> str:
+    """What the gradient caches hold, as the first line of a verbose fit says it: their size (float32 whatever the
+    weights' dtype), and the variables that are not held (frozen: LoRA's base weights, for one)."""
+    size = sum(slot.shape.num_elements() * 4 for cache in caches for slot in cache.slots)
+    variables = len(caches[0].slots) if caches else 0
+    unit = next((u, 2**e) for u, e in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("bytes", 0)) if size >= 2**e or not e)
+    return (
+        f"gradient cache: {size / unit[1]:.4g} {unit[0]} in float32, {variables} trainable variables x {len(caches)} loss "
+        f"normaliser(s); {frozen} frozen variables not held"
+    )
+
+
 def dense(gradient) -> tf.Tensor:
     """A gradient as the cache adds it: dense (an Embedding's tf.IndexedSlices summed per row), float32."""
     return tf.cast(tf.convert_to_tensor(gradient), tf.float32)
