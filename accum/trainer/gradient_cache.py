@@ -47,10 +47,11 @@ def cache_line(caches, frozen: int) -> str:
     weights' dtype), and the variables that are not held (frozen: LoRA's base weights, for one)."""
     size = sum(slot.shape.num_elements() * 4 for cache in caches for slot in cache.slots)
     variables = len(caches[0].slots) if caches else 0
-    unit = next((u, 2**e) for u, e in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("bytes", 0)) if size >= 2**e or not e)
+    units = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+    name, unit = next((name, unit) for name, unit in units if size >= unit or unit == 1)
     return (
-        f"gradient cache: {size / unit[1]:.4g} {unit[0]} in float32, {variables} trainable variables x {len(caches)} loss "
-        f"normaliser(s); {frozen} frozen variables not held"
+        f"gradient cache: {size / unit:.4g} {name} in float32, {variables} trainable variables x {len(caches)} "
+        f"loss normaliser(s); {frozen} frozen variables not held"
     )
 
 
