@@ -256,3 +256,63 @@ def test_out_of_memory_with_fixed_subdivisions_is_exit_3(tmp_path, repo_root, oo
         "(OOM when allocating tensor with shape[64,8]): use more subdivisions or "
         "subdivisions: auto\n"
     )
+
+
+def test_a_keras_file_model_tries_rematerialisation_before_giving_up(tmp_path, repo_root, monkeypatch):
+    """The CLI's subdivisions: auto has fit's last rung: a keras_file network that does not fit at one example per
+    micro-batch gets its activations recomputed in the backward pass, said in one line, and the probe runs again.
+    The peak is forced: 1 MiB per example, half that once the network is rematerialised."""
+    import keras
+    from accum_train import keras_private
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        f"{x}_{split}": rng.random((n, 4) if x == "x" else (n, 1), dtype=np.float32)
+        for split, n in (("train", 16), ("test", 4))
+        for x in "xy"
+    }
+    np.savez(tmp_path / "data.npz", **arrays)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    network = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="tanh")(inputs)))
+    network.compile(loss="mse")
+    network.save(tmp_path / "model.keras")
+
+    rematerialised, real = [], keras_private.rematerialise_activations
+    monkeypatch.setattr(keras_private, "rematerialise_activations", lambda m: rematerialised.append(m) or real(m))
+    peak, original = [0], Accumulator.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        measured = self.accumulate
+
+        def accumulate(x, y, n):
+            peak[0] = int(tf.nest.flatten(x)[0].shape[0]) * MiB // (2 if rematerialised else 1)
+            return measured(x, y, n)
+
+        self.accumulate = accumulate
+
+    monkeypatch.setattr(Accumulator, "__init__", init)
+    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    overrides = [
+        f"model.path={tmp_path / 'model.keras'}",
+        f"data.path={tmp_path / 'data.npz'}",
+        "batch_size=4",
+        "epochs=1",
+        "subdivisions=auto",
+        "memory_limit=512KiB",
+    ]
+    said = Messages()
+    train(load_config(repo_root / "configs" / "regression.yaml", overrides), tmp_path / "run", progress=said)
+    probes = [line for line in said.lines if line.startswith("subdivisions=auto")]
+    assert probes == [
+        "subdivisions=auto: micro-batch of 4 -> 4 MiB (memory_limit=512KiB), too much",
+        "subdivisions=auto: micro-batch of 2 -> 2 MiB (memory_limit=512KiB), too much",
+        "subdivisions=auto: micro-batch of 1 -> 1 MiB (memory_limit=512KiB), too much",
+        "subdivisions=auto: one example per micro-batch does not fit: retrying with each layer's activation "
+        'recomputed in the backward pass (keras.RematScope(mode="activations"))',
+        "subdivisions=auto: micro-batch of 1 -> 0 MiB (memory_limit=512KiB)",
+        "subdivisions=auto chose 4",
+    ]
+    assert len(rematerialised) == 1
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 4

@@ -183,3 +183,57 @@ def test_bad_values_are_one_line(keywords, message):
     with pytest.raises(UserError) as err:
         fit(model(), X, **keywords)
     assert str(err.value) == message
+
+
+def test_auto_tries_rematerialisation_before_giving_up_at_one_example_per_micro_batch(capsys, monkeypatch):
+    """The memory ladder's last rung: one example per micro-batch is over the limit, so each layer's activation is
+    recomputed in the backward pass (keras.RematScope(mode="activations") set on the model's layers), said in one
+    line, and the probe runs again; the weights are those of the same micro-batches without it. The peak is forced:
+    1 MiB per example, half that once the model is rematerialised (a real one: docs/results/memory.md)."""
+    built, fixed = model(), model()
+    peak, original = [0], Accumulator.accumulate
+
+    def accumulate(self, x, y, n):
+        rematerialised = any(getattr(layer, "_remat_mode", None) for layer in built.layers)
+        peak[0] = int(tf.nest.flatten(x)[0].shape[0]) * MiB // (2 if rematerialised else 1)
+        return original(self, x, y, n)
+
+    monkeypatch.setattr(Accumulator, "accumulate", accumulate)
+    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    fit(built, X, batch_size=2, subdivisions=None, micro_batch_size="auto", memory_limit="512KiB", verbose=1)
+    fit(fixed, X, batch_size=2, subdivisions=2)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith('micro_batch_size="auto"')]
+    assert said == [
+        'micro_batch_size="auto": micro-batch of 2 -> 2 MiB (memory_limit=512KiB), too much',
+        'micro_batch_size="auto": micro-batch of 1 -> 1 MiB (memory_limit=512KiB), too much',
+        'micro_batch_size="auto": one example per micro-batch does not fit: retrying with each layer\'s activation '
+        'recomputed in the backward pass (keras.RematScope(mode="activations"))',
+        'micro_batch_size="auto": micro-batch of 1 -> 0 MiB (memory_limit=512KiB)',
+        'micro_batch_size="auto" chose 2',
+    ]
+    assert max_difference(built.get_weights(), fixed.get_weights()) < 1e-6
+
+
+def test_an_update_that_runs_out_of_memory_at_one_example_per_micro_batch_is_retried_rematerialised(
+    monkeypatch, capsys
+):
+    """During training (no memory_limit: only running out says), the guard's last rung: the update is retried from
+    the same batch once the model's activations are recomputed; here the device "runs out" until they are."""
+    built, whole = model(), model()
+    original = Accumulator.update_from
+
+    def update_from(self, *args, **kwargs):
+        if not any(getattr(layer, "_remat_mode", None) for layer in built.layers):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Accumulator, "update_from", update_from)
+    fit(built, X, batch_size=2, subdivisions=None, micro_batch_size="auto", verbose=1)
+    fit(whole, X, batch_size=2, subdivisions=1)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("update 1")]
+    assert said == [
+        "update 1 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2",
+        "update 1 ran out of memory with subdivisions=2: one example per micro-batch does not fit: retrying with each "
+        'layer\'s activation recomputed in the backward pass (keras.RematScope(mode="activations"))',
+    ]
+    assert max_difference(built.get_weights(), whole.get_weights()) < 1e-6

@@ -32,7 +32,7 @@ from ..errors import Interrupted, too_many_bad_updates
 from ..trainer.batching import Cut, largest_share, same_size
 from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
 from ..trainer.loop import Loop
-from ..trainer.memory import MemoryGuard
+from ..trainer.memory import MemoryGuard, rematerialiser
 from ..trainer.noise import NoiseScale, rule_change
 
 
@@ -70,6 +70,7 @@ class FitHooks:
             adapts=auto,
             more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
             limit=limits and limits.memory_limit,
+            remat=rematerialiser(model, engine),
         )
         self.max_bad_steps = limits and limits.max_bad_steps
         self.k_for = None  # with batch_schedule: the micro-batches per share of each batch size in force

@@ -90,9 +90,6 @@ class Accumulator(Finish):
         # ``parallel`` micro-batches of activations alive) so that micro-steps can overlap.
         self.parallel = 1 if self.one_pass else max(1, int(parallel))
         self.used = [False] * len(self.variables)  # which variables the loss reaches (found while tracing)
-        # XLA (compile's jit_compile): each micro-step's forward and backward pass is one compiled cluster. The
-        # pulls, the loop and the update stay outside it: XLA compiles no iterator and no collective.
-        self._compiled = tf.function(self._collecting, jit_compile=True, autograph=False) if jit else None
         self._n = None  # the batch of the micro-batches accumulated so far (``finish`` divides by it)
         self._k = None  # ``subdivisions`` as read last (``k``)
         with self.strategy.scope():
@@ -105,7 +102,16 @@ class Accumulator(Finish):
                 self.caches = [GradientCache(self.variables) for _ in self.groups]
                 size = noise.terms_size(len(self.groups))
                 self.noise = tf.Variable(tf.zeros([size]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
+        self._compile_jit = jit
+        self.retrace()
+
+    def retrace(self) -> None:
+        """The update's graphs made anew: each is traced again at its next call (after the model's layers changed
+        how they compute: rematerialisation)."""
         run = self.strategy.run
+        # XLA (compile's jit_compile): each micro-step's forward and backward pass is one compiled cluster. The
+        # pulls, the loop and the update stay outside it: XLA compiles no iterator and no collective.
+        self._compiled = tf.function(self._collecting, jit_compile=True, autograph=False) if self._compile_jit else None
         self._update_pulled = graph(self._update_from)
         self._accumulate_pulled = graph(self._accumulate_from)
         self._accumulate_one = graph(self._accumulate_micro, reduce_retracing=True)

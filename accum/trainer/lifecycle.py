@@ -26,7 +26,14 @@ from .batching import k_for_micro_batch
 from .checkpoints import newest_intact_checkpoint
 from .data import describe_split, first_batch, largest_micro_batch
 from .lock import writing
-from .memory import UNMEASURED, MemoryGuard, allocator_peak_bytes, choose_subdivisions, peak_rss_bytes
+from .memory import (
+    UNMEASURED,
+    MemoryGuard,
+    allocator_peak_bytes,
+    choose_subdivisions,
+    peak_rss_bytes,
+    rematerialiser,
+)
 from .metrics_log import MetricsLog
 from .run_hooks import RunHooks
 from .run_parts import Run
@@ -69,6 +76,7 @@ def train(run: Run, shared_dir: Path, progress: Progress, resume: bool, threads:
             adapts=cfg.auto_subdivisions,
             more="use more subdivisions or subdivisions: auto",
             limit=None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit),
+            remat=_rematerialiser(run),
         )
         announce_started()  # to a --workers supervisor: every worker has joined
 
@@ -148,6 +156,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
                 cfg.memory_limit,
                 cfg.memory_limit_bytes,
                 progress.message,
+                remat=_rematerialiser(run),
             )
         run.save_checkpoint(0)  # a run is resumable from its first moment
     batch = run.timeline.batch_size(min(step, run.total_steps - 1))
@@ -240,7 +249,13 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
     elif cfg.auto_subdivisions and cfg.memory_limit is not None:
         run.engine.set_subdivisions(1)
         choose_subdivisions(
-            run.engine, _first_examples(run), batch, cfg.memory_limit, cfg.memory_limit_bytes, progress.message
+            run.engine,
+            _first_examples(run),
+            batch,
+            cfg.memory_limit,
+            cfg.memory_limit_bytes,
+            progress.message,
+            remat=_rematerialiser(run),
         )
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
@@ -251,3 +266,8 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
         f"learning-rate schedule and update count unchanged"
     )
+
+
+def _rematerialiser(run):
+    """subdivisions: auto's last rung for a keras_file network (memory.rematerialiser); None for a built-in net."""
+    return rematerialiser(getattr(run.model, "network", None), run.engine)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import OutOfMemory
 from ..text import first_line, mib_text
 from .batching import largest_micro_batch, largest_share
@@ -66,6 +67,34 @@ def peak_during(work: Callable[[], tf.Tensor]):
     return result, allocator_peak_bytes()
 
 
+# The last rung of automatic micro-batches, in both doors: one example per micro-batch did not fit.
+REMAT = (
+    "one example per micro-batch does not fit: retrying with each layer's activation recomputed in the backward "
+    'pass (keras.RematScope(mode="activations"))'
+)
+
+
+def rematerialiser(network, engine) -> Callable[[], bool] | None:
+    """The last rung's ``remat()`` for ``network`` trained by ``engine``: its layers' activations recomputed in the
+    backward pass and the engine's graphs traced anew; True if any layer changed. None for a network that is not
+    a Keras model (the CLI's TensorLayer nets)."""
+    import keras
+
+    if not isinstance(network, keras.Model):
+        return None
+
+    tried = []
+
+    def remat() -> bool:  # once per network and engine: a second call changes nothing
+        if tried or not keras_private.rematerialise_activations(network):
+            return False
+        tried.append(True)
+        engine.retrace()
+        return True
+
+    return remat
+
+
 # Automatic micro-batches without a memory limit: said at the start, in both doors' words.
 UNMEASURED = (
     "{name}: no memory_limit, so nothing is measured before training: the first update runs as {first}, and an "
@@ -82,6 +111,7 @@ def choose_subdivisions(
     limit_bytes: int,
     say: Callable[[str], None],
     name: str = "subdivisions=auto",
+    remat: Callable[[], bool] | None = None,
 ) -> int:
     """Automatic micro-batches (``name``: as the door calls them) under a memory limit: the smallest k (1, 2, 4,
     ...) whose micro-step fits it.
@@ -92,7 +122,10 @@ def choose_subdivisions(
     the batch's first m examples: only the micro-batch being probed is made
     (a run holds no more: its update pulls one micro-batch at a time), so the
     batch does not count in the probe's peak. Under several workers each
-    probes its own device, and all take the largest k any chose."""
+    probes its own device, and all take the largest k any chose. Where even
+    one example per micro-batch is too much, ``remat()`` (``rematerialiser``:
+    True the one time it changes the model) turns on rematerialisation and
+    the probe runs again."""
     share, k = largest_share(batch, engine.replicas), 1
     while True:
         micro = largest_micro_batch(batch, engine.replicas, k)
@@ -110,6 +143,9 @@ def choose_subdivisions(
         )
         if fits:
             break
+        if k >= share and remat is not None and remat():  # the probe runs again at one example per micro-batch
+            say(f"{name}: {REMAT}")
+            continue
         if k >= share:
             raise OutOfMemory(
                 f"even one example per micro-batch needs {mib_text(peak, 'out of memory')} of TensorFlow memory, "
@@ -145,10 +181,15 @@ class MemoryGuard:
     A run's and accum_train.fit's (``micro_batch_size="auto"``)
     updates go through the same guard: ``largest`` is the most micro-batches k
     may grow to, ``more`` what the end of a fixed k's run tells the user to do.
+    Automatic micro-batches that do not fit even at one example each try
+    ``remat()`` (``rematerialiser``) before the run ends.
     """
 
-    def __init__(self, engine, say: Callable[[str], None], *, largest: int, adapts: bool, more: str, limit=None):
+    def __init__(
+        self, engine, say: Callable[[str], None], *, largest: int, adapts: bool, more: str, limit=None, remat=None
+    ):
         self.engine, self.say, self.largest, self.more = engine, say, largest, more
+        self.remat = remat  # automatic micro-batches' last rung (rematerialiser), as choose_subdivisions'
         self.limit, self.limit_text = (None, None) if limit is None else limit
         self.accumulating = not engine.one_pass  # the baseline has no cache to look into
         self.adapts = adapts and self.accumulating
@@ -180,6 +221,9 @@ class MemoryGuard:
                 return out
             reader.forget()
             self.engine.reset()
+            if k >= self.largest and self.adapts and self.remat is not None and self.remat():
+                self.say(f"update {step + 1} {problem}: {REMAT}")
+                continue
             if k >= self.largest:
                 raise OutOfMemory(
                     f"update {step + 1} {problem}{detail}: even one example per micro-batch does not fit: "

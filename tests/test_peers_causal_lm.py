@@ -1,0 +1,113 @@
+"""benchmarks/peers_causal_lm.py end to end at a tiny setting (a GPT-2 causal LM built offline): the JSON it writes,
+medians and ratios that are what the rounds give (never displayed in accum-train's favour), the number of updates
+each optimizer made, the allocator peaks, the distance from whole-batch training (accum-train's none, Keras'
+accumulation's clear under the mean over valid tokens), and the results page's tables made from the JSON."""
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+UNTRIMMED = ["(a) accum-train", "(a') accum-train, XLA"]
+TRIMMED = ["(c) accum-train, trim_padding", "(c') accum-train, trim_padding, XLA"]
+KERAS = ["(b') keras GA, fit, spe=k", "(b'') keras GA, fit, spe=k, XLA"]
+METHODS = UNTRIMMED + TRIMMED + KERAS
+WHOLE = "(e) keras plain, whole batch"
+
+
+@pytest.mark.slow  # six timing processes, three memory ones and one for the distance, each starting TensorFlow
+def test_peers_causal_lm_json_ratios_updates_peaks_and_distance(tmp_path, repo_root):
+    out = tmp_path / "peers-causal-lm.json"
+    rounds, updates, k = 2, 1, 2
+    tiny = ["--V", "50", "--L", "1", "--heads", "2", "--D", "8", "--T", "16", "--k", str(k), "--micro", "4"]
+    argv = [*tiny, "--rounds", str(rounds), "--updates", str(updates), "--output", str(out)]
+    script = repo_root / "benchmarks" / "peers_causal_lm.py"
+    result = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    keys = {"args", "model", "environment", "data", "distance_data", "time", "best", "ratios", "peaks"}
+    assert set(data) == keys | {"peak_ratios", "targets", "met", "distance"}
+    assert data["args"]["arrange"] == "uneven"
+    assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
+    assert data["environment"]["keras_hub"]
+    assert data["model"]["parameters"] > 0
+    lengths = data["data"]
+    assert lengths["sequences"] == updates * k * 4
+    assert 4 <= lengths["median"] <= lengths["mean"] <= 16 and 0 <= lengths["at_cap"] <= 1
+
+    times = data["time"]
+    assert list(times) == METHODS
+    for r in times.values():
+        assert len(r["rounds_cpu_s_per_example"]) == len(r["rounds_wall_s_per_example"]) == rounds
+        assert r["cpu_s_per_example"] == statistics.median(r["rounds_cpu_s_per_example"])
+        assert r["wall_s_per_example"] == statistics.median(r["rounds_wall_s_per_example"])
+        assert r["examples_per_cpu_s"] == pytest.approx(1 / r["cpu_s_per_example"])
+        assert r["examples_per_wall_s"] == pytest.approx(1 / r["wall_s_per_example"])
+        # one training call per round over every update of the round, plus the warm-up round's; Keras'
+        # optimizer.iterations counts updates (its micro-steps // k) under gradient_accumulation_steps
+        assert r["micro_batches_per_round"] == updates * k
+        assert r["optimizer_updates"] == (rounds + 1) * updates
+        assert r["threads"] == {"intra": 0, "inter": 0}  # TensorFlow's defaults, for every method
+    assert data["environment"]["jit_compile"] == dict(zip(METHODS, [False, True, False, True, False, True]))
+
+    # each side's best, by CPU and by wall time separately
+    best = {
+        side: {m: min(methods, key=lambda name: times[name][f"{m}_s_per_example"]) for m in ("cpu", "wall")}
+        for side, methods in (("trimmed", TRIMMED), ("untrimmed", UNTRIMMED), ("keras", KERAS))
+    }
+    assert data["best"] == best
+    ratios = data["ratios"]
+    assert set(ratios) | set(data["peak_ratios"]) == set(data["targets"]) == set(data["met"])
+    for words, side in (("with", "trimmed"), ("without", "untrimmed")):
+        for m, unit in (("cpu", "CPU"), ("wall", "wall")):
+            ours, keras = times[best[side][m]], times[best["keras"][m]]
+            key = f"{words} trim_padding, examples per {unit}-second"
+            assert ratios[key] == pytest.approx(keras[f"{m}_s_per_example"] / ours[f"{m}_s_per_example"])
+            assert data["met"][key] == (ratios[key] >= float(data["targets"][key]["target"].split()[1]))
+    # "  KEY   SHOWN  FULL  target >= 1.5: met"
+    printed = {
+        found[1]: (found[2], found[3])
+        for found in (re.match(r"  (\S.*?) +(\d+\.\d{3})  (\S+)  target ", line) for line in result.stdout.splitlines())
+        if found
+    }
+    assert set(printed) == set(data["targets"])
+    for key, value in ratios.items():
+        shown, full = printed[key]
+        assert float(full) == value
+        # 3 decimals, rounded down (higher is better for accum-train): never above the measured ratio
+        assert Decimal(shown) <= Decimal(repr(value)) < Decimal(shown) + Decimal("0.001")
+
+    peaks = data["peaks"]
+    assert list(peaks) == ["(a) accum-train", "(c) accum-train, trim_padding", WHOLE]
+    for name, r in peaks.items():
+        assert r["peak_memory_bytes"] >= r["in_use_before_bytes"] > 0  # the BFC allocator kept its statistics
+        assert r["batch_size"] == k * 4 and r["subdivisions"] == (1 if name == WHOLE else k)
+    for name in ("(a)", "(c)"):
+        full_name = next(n for n in peaks if n.startswith(name))
+        measured = peaks[full_name]["peak_memory_bytes"] / peaks[WHOLE]["peak_memory_bytes"]
+        assert data["peak_ratios"][f"{name}/(e) TF allocator peak"] == pytest.approx(measured)
+
+    distance = data["distance"]
+    assert distance["moved"] > 0
+    tokens = distance["tokens_per_micro_batch"]
+    assert tokens == sorted(tokens, reverse=True) and tokens[0] > tokens[-1]  # uneven: longest first
+    for name in ("accum-train", "accum-train, trim_padding", "keras GA"):
+        assert distance[name]["relative"] == pytest.approx(distance[name]["max_abs"] / distance["moved"])
+    # the whole-batch update, to float32 rounding; Keras' mean of the micro-batch means is another update
+    assert distance["accum-train"]["relative"] < 1e-5
+    assert distance["accum-train, trim_padding"]["relative"] < 1e-5
+    assert distance["keras GA"]["relative"] > 1e-2
+    assert distance["keras GA"]["max_abs"] > 100 * distance["accum-train"]["max_abs"]
+
+    # the results page's tables, from the JSON alone
+    page = subprocess.run([sys.executable, str(script), "--markdown", str(out)], capture_output=True, text=True)
+    assert page.returncode == 0, page.stderr[-3000:]
+    assert page.stdout.startswith("Measured on ")
+    for name in METHODS:
+        assert f"| {name} |" in page.stdout
+    for key in data["targets"]:
+        assert f"| {key}" in page.stdout
