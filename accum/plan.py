@@ -62,12 +62,13 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     from .trainer.optim import run_schedule
 
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
-    objective = BUILT_IN_OBJECTIVE
+    objective, groups = BUILT_IN_OBJECTIVE, 1
     if model is None:
         from .from_config.build import build_with_loss, describe_loss
         from .trainer.keras_objective import is_keras_loss
 
         model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
+        groups = len(loss.groups)  # the loss's normalisers: one gradient cache each
         if is_keras_loss(loss):
             objective = describe_loss(loss)
 
@@ -84,6 +85,7 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     if rest:
         last_batch = {"size": rest, "micro_batches": micro_split(rest, fixed_k) if fixed_k else None}
 
+    parameters = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     result = {
         "data": {
             "name": cfg.data.name,
@@ -99,8 +101,10 @@ def plan(cfg: Config, data=None, model=None) -> dict:
         "model": {
             "name": cfg.model.name,
             "path": cfg.model.path,
-            "trainable_parameters": sum(int(v.shape.num_elements()) for v in model.trainable_variables),
+            "trainable_parameters": parameters,
             "batchnorm_layers": len(model.norm_layers),
+            # float32 whatever the precision (gradient_cache.py); the baseline keeps none
+            "gradient_cache_bytes": None if cfg.baseline else 4 * parameters * groups,
         },
         **objective,
         "batch_size": cfg.batch_size,

@@ -21,7 +21,7 @@ from ..config import load_config
 from ..errors import UserError
 from ..outcome import ending, scores_text
 from ..quiet import quiet_tensorflow
-from ..text import shape_text
+from ..text import shape_text, size_text
 from .common import output_dir_option, set_option, verbose_option
 
 LABEL_WIDTH = 15
@@ -82,6 +82,7 @@ def format_plan(result: dict) -> str:
     layers = model["batchnorm_layers"]
     norm = f", {layers} BatchNorm layer{'s' if layers > 1 else ''}" if layers else ", no BatchNorm"
     name = f"{model['name']} {model['path']}" if model["path"] else model["name"]
+    cache = model["gradient_cache_bytes"]
     lines = [
         _row("data", f"{data['name']}, {data['source']}"),
         _row(
@@ -93,6 +94,7 @@ def format_plan(result: dict) -> str:
         _row("input", shape_text(data["input_shape"])),
         *([_row("classes", f"{data['num_classes']}: {shown}")] if data["num_classes"] else []),
         _row("model", f"{name}, {model['trainable_parameters']} trainable parameters{norm}"),
+        *([_row("cache", f"{size_text(cache)} in float32 (the gradient cache)")] if cache else []),
         _row("loss", _loss_text(result["loss"])),
         _row("metrics", ", ".join(result["metrics"]) or "none"),
         _row(

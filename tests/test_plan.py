@@ -26,6 +26,7 @@ examples       60000 train, 10000 test
 input          28x28x1
 classes        10: T-shirt/top, Trouser, Pullover, Dress, Coat, ...
 model          seed_convnet, 371498 trainable parameters, 5 BatchNorm layers
+cache          1.417 MiB in float32 (the gradient cache)
 loss           sparse_categorical_crossentropy (on logits)
 metrics        accuracy
 batch_size     500 examples per update
@@ -45,6 +46,7 @@ examples       3000 train, 500 test
 input          28x28x1
 classes        10: T-shirt/top, Trouser, Pullover, Dress, Coat, ...
 model          seed_convnet, 23762 trainable parameters, 5 BatchNorm layers
+cache          92.82 KiB in float32 (the gradient cache)
 loss           sparse_categorical_crossentropy (on logits)
 metrics        accuracy
 batch_size     64 examples per update
@@ -256,6 +258,7 @@ def test_a_keras_file_with_batchnorm_is_warned_about(tmp_path):
         "path": str(tmp_path / "bn.keras"),
         "trainable_parameters": 20 + 4 + 3 * 72 + 3,
         "batchnorm_layers": 1,
+        "gradient_cache_bytes": 4 * (20 + 4 + 3 * 72 + 3),  # float32, one normaliser
     }
     assert result["warnings"] == [
         "micro-batches of 4 examples (under 8) give BatchNorm noisy statistics: replace "

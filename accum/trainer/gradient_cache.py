@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from ..text import size_text
+
 REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
 
 
@@ -47,10 +49,8 @@ def cache_line(caches, frozen: int) -> str:
     weights' dtype), and the variables that are not held (frozen: LoRA's base weights, for one)."""
     size = sum(slot.shape.num_elements() * 4 for cache in caches for slot in cache.slots)
     variables = len(caches[0].slots) if caches else 0
-    units = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
-    name, unit = next((name, unit) for name, unit in units if size >= unit or unit == 1)
     return (
-        f"gradient cache: {size / unit:.4g} {name} in float32, {variables} trainable variables x {len(caches)} "
+        f"gradient cache: {size_text(size)} in float32, {variables} trainable variables x {len(caches)} "
         f"loss normaliser(s); {frozen} frozen variables not held"
     )
 
