@@ -35,18 +35,6 @@ and updates per round (--updates):
   (b'') (b') compiled with jit_compile=True (XLA)
   (e)  for memory only: plain model.fit(batch_size=k*micro), no accumulation
 
-The attention key projections' biases (one per layer) are frozen in every
-method's model (--key-bias frozen, the default): a key bias adds the same
-number to all of a query's attention scores, which the softmax cancels, so its
-gradient is zero in exact arithmetic and rounding noise (about 1e-9) in float32.
-accum_train.fit's trim_padding check (accum/trainer/trim.py, _differ) compares
-each variable's gradient, whole and cut, relative to that variable's own
-largest value, so it takes two noises that differ for a change padding made
-and refuses the stock model ("trim_padding changes the gradient of
-transformer_layer_0/self_attention/key/bias"); --key-bias trainable keeps the
-stock model, where (c) and (c') then stop with that error. Frozen, SGD trains
-the same weights; Adam no longer moves the biases by its normalised noise.
-
 Time: every method lives in its own process (started by this script with
 --serve NAME), built and warmed up with one untimed round (tracing, and under
 XLA compiling, every micro-batch length the round holds); the parent then sends
@@ -187,12 +175,7 @@ def build_model(args):
         max_sequence_length=args.T,
         dropout=0.0,
     )
-    model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
-    if args.key_bias == "frozen":  # the same for every method; see the module's doc
-        for variable in model.weights:
-            if variable.path.endswith("self_attention/key/bias"):
-                variable.trainable = False
-    return model
+    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
 def loss(reduction="sum_over_batch_size"):
@@ -403,7 +386,7 @@ def distance(args):
 
 # ---------------------------------------------------------------- the parent
 
-MODEL = ("V", "L", "heads", "D", "T", "key_bias")
+MODEL = ("V", "L", "heads", "D", "T")
 SHARED = (*MODEL, "k", "micro", "updates", "lr", "seed", "time_arrange")
 SHARED_DISTANCE = (*MODEL, "k", "micro", "seed", "arrange", "distance_updates", "distance_lr")
 
@@ -458,7 +441,11 @@ def time_methods(args):
     try:
         for name in METHODS:  # one at a time: each warms up while the others wait
             child = subprocess.Popen(
-                child_argv(name, args, SHARED), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
+                child_argv(name, args, SHARED),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=child_env(),
             )
             children[name] = child
             reply = read_json(name, child)
@@ -527,7 +514,7 @@ def verdict(value, target) -> str:
 
 
 def command_line(args) -> str:
-    keys = (*MODEL, "k", "micro", "rounds", "updates", "distance_updates", "output")
+    keys = (*MODEL, "k", "micro", "rounds", "updates", "lr", "seed", "distance_updates", "distance_lr", "output")
     return "python benchmarks/peers_causal_lm.py" + "".join(f" --{key.replace('_', '-')} {args[key]}" for key in keys)
 
 
@@ -583,7 +570,7 @@ def markdown_table(report) -> str:
         )
     lines += [
         "",
-        f"Distance from whole-batch `model.fit` (loss `reduction=\"mean_with_sample_weight\"`, SGD "
+        f'Distance from whole-batch `model.fit` (loss `reduction="mean_with_sample_weight"`, SGD '
         f"{args['distance_lr']}, {args['distance_updates']} updates, each batch longest first: weighted targets per "
         f"micro-batch of the first batch {dist['tokens_per_micro_batch']}); whole-batch `model.fit` moved the "
         f"weights by up to {two_figures(dist['moved'])}:",
@@ -611,16 +598,10 @@ def main():
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--updates", type=int, default=6, help="updates per method per round (one training call per round)"
+        "--updates", type=int, default=50, help="updates per method per round (one training call per round)"
     )
     parser.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate (timing)")
     parser.add_argument("--seed", type=int, default=0, help="the model's initial weights and the data")
-    parser.add_argument(
-        "--key-bias",
-        choices=("frozen", "trainable"),
-        default="frozen",
-        help="the attention key projections' biases in every method's model (their gradient is zero; see above)",
-    )
     parser.add_argument("--time-arrange", choices=("random", "uneven"), default="random", help="the timing data")
     parser.add_argument("--arrange", choices=("random", "uneven"), default="uneven", help="the distance data")
     parser.add_argument("--distance-updates", type=int, default=3)
@@ -716,10 +697,9 @@ def main():
             "jit_compile": jit,
         }
         model = {
-            "layers": f"GPT2Backbone(vocabulary_size=V, num_layers=L, num_heads=heads, hidden_dim=D, "
-            f"intermediate_dim=4 D, max_sequence_length=T, dropout=0.0) in GPT2CausalLM(preprocessor=None)",
-            "layers_text": f"{args.L} layers, {args.heads} heads, width {args.D}, vocabulary {args.V}, attention key "
-            f"biases {args.key_bias}",
+            "layers": "GPT2Backbone(vocabulary_size=V, num_layers=L, num_heads=heads, hidden_dim=D, "
+            "intermediate_dim=4 D, max_sequence_length=T, dropout=0.0) in GPT2CausalLM(preprocessor=None)",
+            "layers_text": f"{args.L} layers, {args.heads} heads, width {args.D}, vocabulary {args.V}",
             "parameters": count,
             "loss": "SparseCategoricalCrossentropy(from_logits=True) (sum_over_batch_size; distance: "
             "mean_with_sample_weight)",
@@ -752,7 +732,6 @@ def main():
             )
             + "\n"
         )
-
 
 
 if __name__ == "__main__":

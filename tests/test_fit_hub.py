@@ -190,3 +190,35 @@ def test_the_guide_s_causal_lm_example_runs_offline_and_the_same_call_again_resu
 
 def test_the_guide_s_classifier_example_runs_offline(repo_root, capsys):
     run_offline(guide_example(repo_root, "keras-hub classifier"), capsys)
+
+
+@pytest.mark.slow  # a GPT-2 of 172,288 parameters over 128 steps, twice
+def test_trim_padding_takes_the_stock_gpt2_whose_key_biases_get_rounding_noise(repo_root, monkeypatch):
+    """An attention key bias adds one number to all of a query's scores, which the softmax cancels: its gradient is
+    zero in exact arithmetic and float32 noise of about 1e-9 whole and cut. The check that padding changes nothing
+    holds each gradient to its own size or a thousandth of the largest, so it takes the model as KerasHub builds it
+    (it refused it when each was held to its own size alone). The model and first batch of
+    benchmarks/peers_causal_lm.py's distance, one update under mean_with_sample_weight, against model.fit."""
+    import argparse
+
+    from helpers import load_file
+
+    monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
+    bench = load_file(repo_root / "benchmarks" / "peers_causal_lm.py", "peers_causal_lm")
+    args = argparse.Namespace(V=1000, L=2, heads=4, D=64, T=128, k=8, micro=8, seed=0)
+    x, y, w, _ = bench.make_data(3 * 64, args, "uneven")
+    x, y, w = {key: value[:64] for key, value in x.items()}, y[:64], w[:64]
+
+    def trained(fit):
+        model = bench.build_model(args)
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=bench.loss("mean_with_sample_weight"))
+        fit(model)
+        return [v.numpy() for v in model.trainable_variables]
+
+    expected = trained(lambda m: m.fit(x, y, sample_weight=w, batch_size=64, shuffle=False, verbose=0))
+    weights = trained(
+        lambda m: accum_train.fit(
+            m, x, y, sample_weight=w, batch_size=64, subdivisions=8, trim_padding=True, shuffle=False, verbose=0
+        )
+    )
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
