@@ -23,8 +23,10 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 TEXTS, LABELS = texts(100, seed=1), np.arange(100) % 3
 
 
-def classifier_compiled():
+def classifier_compiled(lora_rank=None):
     model = text_classifier()
+    if lora_rank:
+        model.backbone.enable_lora(lora_rank)
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, metrics=["accuracy"])
     return model
 
@@ -45,8 +47,8 @@ def raw_batches(values, size):
 
 # name: (the compiled task, task.fit's arguments, accum_train.fit's own)
 CASES = {
-    "text classifier: a list of strings, validation_split": (
-        classifier_compiled,
+    "text classifier with LoRA: a list of strings, validation_split": (
+        lambda: classifier_compiled(lora_rank=2),
         dict(x=TEXTS, y=LABELS, batch_size=30, validation_split=0.2),
         dict(x=list(TEXTS), micro_batch_size=8),  # a list, which model.fit's validation_split refuses
     ),
@@ -189,7 +191,10 @@ def test_the_guide_s_causal_lm_example_runs_offline_and_the_same_call_again_resu
 
 
 def test_the_guide_s_classifier_example_runs_offline(repo_root, capsys):
-    run_offline(guide_example(repo_root, "keras-hub classifier"), capsys)
+    printed = run_offline(guide_example(repo_root, "keras-hub classifier"), capsys)
+    (printed,) = [line for line in printed if line.startswith("loss: ")]
+    losses = json.loads(printed.removeprefix("loss: "))
+    assert len(losses) == 1 and np.isfinite(losses[0])
 
 
 @pytest.mark.slow  # a GPT-2 of 172,288 parameters over 128 steps, twice
