@@ -103,8 +103,39 @@ FIRST = (
     "test_distribute.py",
     "test_distribute_keras.py",
     "test_peers_masked.py",
+    "test_peers_causal_lm.py",  # slow only: ten processes of a GPT-2's benchmark at smoke size
     "test_conformance.py",
-    "test_fit_trim.py",  # the default suite's longest file (105 s of 566 in one measured run)
+    # the default suite's longest files, most first (seconds of test time summed per file, one measured make test)
+    "test_fit_trim.py",  # 58
+    "test_fit_api.py",  # 57
+    "test_fit_limits.py",  # 20
+    "test_engine.py",  # 17
+    "test_fit_noise.py",  # 17
+    "test_fit_batch_schedule.py",  # 16
+    "test_feed.py",  # 16
+    "test_plan.py",  # 16
+    "test_fit_hub.py",  # 15, and keras_hub's import
+    "test_fit_rundir_cli.py",  # 14
+    "test_fit_rundir.py",  # 13
+    "test_own_data.py",  # 13
+    "test_export.py",
+    "test_auto_subdivisions.py",
+    "test_keras_file.py",
+    "test_parallel.py",
+    "test_cli_run.py",
+    "test_fit_exact.py",
+    "test_evaluate_predict.py",
+    "test_loop.py",
+    "test_keras_loss.py",
+    "test_precision.py",
+    "test_python_data.py",
+    "test_faults.py",
+    "test_large_batch.py",
+    "test_noise_scale.py",
+    "test_groupnorm.py",
+    "test_models.py",
+    "test_image_check.py",
+)
     "test_fit_hub.py",  # KerasHub tasks: each tokenizer pipeline is traced for seconds
     "test_export.py",
     "test_auto_subdivisions.py",
