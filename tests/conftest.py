@@ -136,29 +136,6 @@ FIRST = (
     "test_models.py",
     "test_image_check.py",
 )
-    "test_fit_hub.py",  # KerasHub tasks: each tokenizer pipeline is traced for seconds
-    "test_export.py",
-    "test_auto_subdivisions.py",
-    "test_keras_file.py",
-    "test_own_data.py",
-    "test_parallel.py",
-    "test_engine.py",
-    "test_cli_run.py",
-    "test_fit_exact.py",
-    "test_evaluate_predict.py",
-    "test_feed.py",
-    "test_loop.py",
-    "test_keras_loss.py",
-    "test_fit_api.py",
-    "test_precision.py",
-    "test_python_data.py",
-    "test_faults.py",
-    "test_large_batch.py",
-    "test_noise_scale.py",
-    "test_groupnorm.py",
-    "test_models.py",
-    "test_image_check.py",
-)
 
 
 # The long cases of the default suite's behaviours run only in the slow suite: `make test` stays a few minutes.
