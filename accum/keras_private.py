@@ -98,9 +98,14 @@ def all_layers(model) -> list:
 def rematerialise_activations(model) -> int:
     """Each layer of ``model`` with an activation recomputes it in the backward pass instead of keeping its
     intermediates (``keras.RematScope(mode="activations")``, which Keras reads when a layer is created, set on
-    layers that exist: the next trace of a call uses it); how many layers that is. Only "activations" mode works in
-    a TensorFlow graph (Keras 3.15: "full" gives wrong gradients there, the others fail to trace)."""
-    layers = [layer for layer in all_layers(model) if getattr(layer, "activation", None) is not None]
+    layers that exist: the next trace of a call uses it); how many layers that changed (0 once it is on). Only
+    "activations" mode works in a TensorFlow graph (Keras 3.15: "full" gives wrong gradients there, the others fail
+    to trace)."""
+    layers = [
+        layer
+        for layer in all_layers(model)
+        if getattr(layer, "activation", None) is not None and getattr(layer._remat_mode, "mode", None) != "activations"
+    ]
     for layer in layers:
         layer._remat_mode = keras.RematScope(mode="activations")
     return len(layers)

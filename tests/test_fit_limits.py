@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train import UserError
+from accum_train import UserError, keras_private
 from accum_train.errors import OutOfMemory, TrainingStopped
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
@@ -212,6 +212,7 @@ def test_auto_tries_rematerialisation_before_giving_up_at_one_example_per_micro_
         'micro_batch_size="auto" chose 2',
     ]
     assert max_difference(built.get_weights(), fixed.get_weights()) < 1e-6
+    assert keras_private.rematerialise_activations(built) == 0  # on already: the rung is tried once per model
 
 
 def test_an_update_that_runs_out_of_memory_at_one_example_per_micro_batch_is_retried_rematerialised(

@@ -162,15 +162,11 @@ def validation_feed(validation_data, batch_size, trim=0):
             name="validation_data",
             trim=trim,
         )
-    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
-        raise UserError(
-            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
-        )
-    x, y, *weights = validation_data
+    x, y, weights = validation_arrays(validation_data)
     return make_feed(
         x,
         y,
-        weights[0] if weights else None,
+        weights,
         None,
         batch_size=batch_size or ARRAY_BATCH_SIZE,
         shuffle=False,
@@ -179,6 +175,16 @@ def validation_feed(validation_data, batch_size, trim=0):
         name="validation_data",
         trim=trim,
     )
+
+
+def validation_arrays(validation_data) -> tuple:
+    """(x, y, sample_weight or None) of model.fit's validation_data tuple, checked."""
+    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+        raise UserError(
+            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
+        )
+    x, y, *weights = validation_data
+    return x, y, weights[0] if weights else None
 
 
 def check_examples_are_batched(model, feed, batch_size) -> None:

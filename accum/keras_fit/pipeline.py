@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from ..errors import UserError
 from .arguments import ARRAY_BATCH_SIZE, WHERE
+from .inputs import split_validation, validation_arrays
 
 
 def preprocesses(model) -> bool:
@@ -30,8 +31,6 @@ def preprocesses(model) -> bool:
 def task_batches(model, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
     """(x, validation_data) for a model that ``preprocesses``: datasets of preprocessed batches, the validation
     data split off the raw arrays first (model.fit's last fraction)."""
-    from .inputs import split_validation
-
     if batch_schedule is not None:
         raise UserError(
             f"{WHERE}: batch_schedule re-cuts arrays into batches each epoch, and model {model.name!r} preprocesses "
@@ -83,9 +82,4 @@ def preprocessed_validation(model, validation_data, batch_size):
         return None
     if isinstance(validation_data, tf.data.Dataset):
         return preprocessed(model, validation_data, None, None, None, "validation_data")
-    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
-        raise UserError(
-            f"{WHERE}: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) or a dataset"
-        )
-    x, y, *weights = validation_data
-    return preprocessed(model, x, y, weights[0] if weights else None, batch_size, "validation_data")
+    return preprocessed(model, *validation_arrays(validation_data), batch_size, "validation_data")

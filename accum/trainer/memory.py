@@ -76,19 +76,16 @@ REMAT = (
 
 def rematerialiser(network, engine) -> Callable[[], bool] | None:
     """The last rung's ``remat()`` for ``network`` trained by ``engine``: its layers' activations recomputed in the
-    backward pass and the engine's graphs traced anew; True if any layer changed. None for a network that is not
-    a Keras model (the CLI's TensorLayer nets)."""
+    backward pass and the engine's graphs traced anew; True if any layer changed (so once: the layers keep it). None
+    for a network that is not a Keras model (the CLI's TensorLayer nets)."""
     import keras
 
     if not isinstance(network, keras.Model):
         return None
 
-    tried = []
-
-    def remat() -> bool:  # once per network and engine: a second call changes nothing
-        if tried or not keras_private.rematerialise_activations(network):
+    def remat() -> bool:
+        if not keras_private.rematerialise_activations(network):
             return False
-        tried.append(True)
         engine.retrace()
         return True
 
