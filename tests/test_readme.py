@@ -8,6 +8,7 @@ compares predict's output with the page's block.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -224,6 +225,56 @@ def test_the_package_s_version_is_the_newest_release_in_the_changelog(repo_root)
     assert (
         CliRunner().invoke(main, ["--version"], prog_name="accum-train").output == f"accum-train, version {newest}\n"
     )  # as installed
+
+
+CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed", "Removed")
+
+
+def changelog_faults(text: str) -> list:
+    """What keeps CHANGELOG.md from being a list of changes a user can act on: over 2,500 words, a commit hash (7
+    to 40 hex digits with a letter and a digit), an issue reference, or a release with a section other than
+    Added, Changed, Fixed and Removed (each at most once)."""
+    import re
+
+    faults = [f"{len(text.split())} words (at most 2500)"] if len(text.split()) > 2500 else []
+    for number, line in enumerate(text.splitlines(), 1):
+        hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", line) if re.search("[a-f]", w) and re.search("[0-9]", w)]
+        faults += [f"line {number}: commit {w}" for w in hashes]
+        faults += [f"line {number}: {m}" for m in re.findall(r"\b[Ii]ssues?\s*#?\d+|#\d+", line)]
+    releases = re.split(r"^## ", text, flags=re.M)[1:]
+    for release in releases:
+        heading, _, body = release.partition("\n")
+        sections = re.findall(r"^### (.*)$", body, re.M)
+        if any(s not in CHANGELOG_SECTIONS for s in sections) or len(set(sections)) != len(sections):
+            faults.append(f"{heading}: sections {sections}")
+        if not sections or re.search(r"^#### ", body, re.M):
+            faults.append(f"{heading}: no Added/Changed/Fixed/Removed section, or a deeper heading")
+    return faults
+
+
+def test_the_changelog_is_short_and_names_changes_not_commits_or_issues(repo_root):
+    text = (repo_root / "CHANGELOG.md").read_text()
+    assert len(re.findall(r"^## \[", text, re.M)) >= 3  # the premise: the releases were found
+    assert changelog_faults(text) == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t.replace("### Fixed\n", "### Fixed\n\n- Fixed at commit 3fa9c2e.\n", 1),
+        lambda t: t.replace("### Fixed\n", "### Fixed\n\n- The crash of issue 56.\n", 1),
+        lambda t: t.replace("### Fixed\n", "### Fixed\n\n- The crash of Issue #57.\n", 1),
+        lambda t: t.replace("### Fixed\n", "### Fixed\n\n- The crash (#57).\n", 1),
+        lambda t: t.replace("### Fixed\n", "### Measured\n", 1),
+        lambda t: t.replace("### Fixed\n", "### Known issues\n\n- Slow.\n\n### Fixed\n", 1),
+        lambda t: t + " word" * 2500,
+    ],
+    ids=["a commit", "an issue", "an Issue #", "a #number", "a Measured section", "Known issues", "too long"],
+)
+def test_a_changelog_that_breaks_a_rule_is_caught(repo_root, change):
+    text = (repo_root / "CHANGELOG.md").read_text()
+    changed = change(text)
+    assert changed != text and changelog_faults(changed) != []
 
 
 def test_the_readme_is_short(repo_root):
