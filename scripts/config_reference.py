@@ -30,9 +30,13 @@ a test checks that it is current.
 """
 
 DATA_LOOKUP = """\
-Fashion-MNIST is looked for in `data.dir`, then `$ACCUM_TRAIN_DATA`, then `/usr/share/datasets/fashion-mnist`
-(Debian's `dataset-fashion-mnist`), then the user cache, then downloaded (never during tests). Every file is
-checked against the SHA-256 of its decompressed content before training starts.
+Where Fashion-MNIST is read from (`datasets/fashion_mnist.py`): the folder `data.dir` names, else the one
+`$ACCUM_TRAIN_DATA` names; either must hold the four files, or the run stops in one line saying how to get them.
+With neither set: `/usr/share/datasets/fashion-mnist` (Debian's `dataset-fashion-mnist`), then the user cache
+(`$XDG_CACHE_HOME/accum-train/fashion-mnist`, else `~/.cache/accum-train/fashion-mnist`); if neither holds the
+files, the four are downloaded from the Fashion-MNIST mirror into the user cache, and a failed download stops the
+run in one line. The tests name a local copy (Debian's, or `$ACCUM_TRAIN_DATA`), so they never download. Every file is checked against the
+SHA-256 of its decompressed content before training starts.
 """
 
 

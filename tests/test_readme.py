@@ -277,6 +277,44 @@ def test_a_changelog_that_breaks_a_rule_is_caught(repo_root, change):
     assert changed != text and changelog_faults(changed) != []
 
 
+def documented_signature(page: str, name: str) -> str:
+    """The `name(...)` a bullet of the page gives, whitespace collapsed."""
+    found = re.search(rf"^- `{name}\((.*?)\)`", page, re.S | re.M)
+    assert found, f"no signature of {name} on the page"
+    return " ".join(found.group(1).split())
+
+
+def signature_as_written(function) -> str:
+    """A function's parameters as docs/python.md writes them: no annotations, string defaults in double quotes."""
+    import inspect
+
+    parts, starred = [], False
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind is parameter.KEYWORD_ONLY and not starred:
+            parts.append("*")
+            starred = True
+        default = parameter.default
+        shown = "" if default is parameter.empty else "=" + (f'"{default}"' if isinstance(default, str) else repr(default))
+        parts.append(parameter.name + shown)
+    return ", ".join(parts)
+
+
+def test_the_python_page_gives_fit_s_and_run_s_signatures_as_they_are(repo_root):
+    import accum_train
+
+    page = (repo_root / "docs" / "python.md").read_text()
+    for function in (accum_train.fit, accum_train.run):
+        assert documented_signature(page, function.__name__) == signature_as_written(function)
+
+
+def test_a_signature_that_lacks_a_parameter_is_caught(repo_root):
+    import accum_train
+
+    page = (repo_root / "docs" / "python.md").read_text()
+    stale = page.replace("max_restarts=None)", ")", 1)  # the parameter gone, its comma left
+    assert stale != page and documented_signature(stale, "run") != signature_as_written(accum_train.run)
+
+
 def test_the_readme_is_short(repo_root):
     assert len((repo_root / "README.md").read_text().splitlines()) <= 300
 
