@@ -35,8 +35,8 @@ Where Fashion-MNIST is read from (`datasets/fashion_mnist.py`): the folder `data
 With neither set: `/usr/share/datasets/fashion-mnist` (Debian's `dataset-fashion-mnist`), then the user cache
 (`$XDG_CACHE_HOME/accum-train/fashion-mnist`, else `~/.cache/accum-train/fashion-mnist`); if neither holds the
 files, the four are downloaded from the Fashion-MNIST mirror into the user cache, and a failed download stops the
-run in one line. The tests name a local copy (Debian's, or `$ACCUM_TRAIN_DATA`), so they never download. Every file is checked against the
-SHA-256 of its decompressed content before training starts.
+run in one line. The tests name a local copy (Debian's, or `$ACCUM_TRAIN_DATA`), so they never download. Every
+file is checked against the SHA-256 of its decompressed content before training starts.
 """
 
 

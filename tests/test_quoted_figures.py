@@ -6,7 +6,11 @@ JSON and asserts that the page says exactly that (whitespace aside, in prose: no
 code block). Rounding is the generated tables' (benchmarks/tables.py): absolute figures to the nearest, ratios of
 accum-train to another method rounded against accum-train, costs rounded up, so that the page never reads
 better than its JSON. A figure no JSON holds does not belong in the guide's prose: the page links to the
-docs/results/ page that records it instead.
+docs/results/ page that records it instead. A row may name a docs/results/ page too, for a figure its prose
+repeats from its JSON.
+
+DIRECTIONS does the same for words that say which way a comparison goes (A "spends more CPU time than" B, "less
+than 2x" a target): the page must still say them, and the JSON must put A on that side of B.
 """
 
 from __future__ import annotations
@@ -363,15 +367,19 @@ FIGURES = [
     quote(
         "performance: two micro-steps in flight",
         "docs/performance.md",
-        "bring k=8 {} here ({} against {} ms), and its CPU ({} against {} ms)",
+        "bring k=8 {} here ({} against {} ms), and its CPU {} ({} against {} ms)",
         "profile.json",
         lambda r: (
             {"less": "to k=1's wall time or below", "more": "above k=1's wall time"}[
                 side(profiled(r, "k=8, 2 at once")["wall_ms"], profiled(r, "k=1")["wall_ms"])
             ],
-            *(profiled(r, v)[key] for key in ("wall_ms", "cpu_ms") for v in ("k=8, 2 at once", "k=1")),
+            *(profiled(r, v)["wall_ms"] for v in ("k=8, 2 at once", "k=1")),
+            {"less": "to k=1's or below", "more": "above k=1's"}[
+                side(profiled(r, "k=8, 2 at once")["cpu_ms"], profiled(r, "k=1")["cpu_ms"])
+            ],
+            *(profiled(r, v)["cpu_ms"] for v in ("k=8, 2 at once", "k=1")),
         ),
-        ("s", ".1f", ".1f", ".1f", ".1f"),
+        ("s", ".1f", ".1f", "s", ".1f", ".1f"),
     ),
     quote(
         "mixed-precision: bfloat16 against float32",
@@ -390,6 +398,163 @@ FIGURES = [
         "distributed.json",
         lambda r: (saved_all_reduces(r), r["gradient_elements"], carried(r)),
         ("d", ",", "d"),
+    ),
+]
+
+
+# --- which way a comparison goes: where docs/performance.md or its results page says in words that A is faster,
+# slower, more or less than B, the JSON the figures come from must put A on that side of B
+class Direction(NamedTuple):
+    page: str  # relative to the repository
+    words: str  # the page's words that say which way the comparison goes
+    source: str  # the JSON under docs/
+    value: Callable[[dict], float]  # A's figure over B's, or A's figure
+    claim: str  # "more" or "less": the side of ``than`` the words put it on
+    than: float  # what the words compare it with: 1 for A against B, or a target such as 1.5
+
+
+A_DEFAULT, E_PASS = "(a) accum-train", "(e) plain, whole batch"
+
+
+def per_example(report: dict, method: str, unit: str) -> float:
+    """A peer benchmark's median seconds per example for a method (``unit``: "cpu" or "wall")."""
+    return report["time"][method][f"{unit}_s_per_example"]
+
+
+def one_pass_over_keras(unit: str) -> Callable[[dict], float]:
+    """(e), one plain pass over the whole batch, over Keras' fastest variant by ``unit``, in examples per second."""
+    return lambda r: per_example(r, r["a_b_against"][unit], unit) / per_example(r, E_PASS, unit)
+
+
+def ours_over_one_pass(report: dict) -> float:
+    """(a)'s CPU time per example over (e)'s."""
+    return per_example(report, A_DEFAULT, "cpu") / per_example(report, E_PASS, "cpu")
+
+
+def in_flight_over_one_at_a_time(unit: str) -> Callable[[dict], float]:
+    """(a)'s time per example over that of one micro-step at a time at its best, (a1) or (a1')."""
+    return lambda r: per_example(r, A_DEFAULT, unit) / per_example(r, r["a1_best"][unit], unit)
+
+
+def one_at_a_time(report: dict) -> dict:
+    """benchmarks/subdivided.py's k=8 row with one micro-step at a time."""
+    return report["variants"]["one at a time"]["rows"][1]
+
+
+def direction(name: str, page: str, words: str, source: str, value, claim: str, than: float):
+    """A row of DIRECTIONS, named for the test's id."""
+    return pytest.param(Direction(page, words, source, value, claim, than), id=name)
+
+
+LEAD = "Part of the lead over Keras is the two micro-steps in flight."
+DIRECTIONS = [
+    direction(
+        "performance: ahead of Keras by CPU",
+        "docs/performance.md",
+        LEAD,
+        "peers.json",
+        lambda r: r["ratios"]["a/b examples per CPU-second"],
+        "more",
+        1.0,
+    ),
+    direction(
+        "performance: ahead of Keras by wall time",
+        "docs/performance.md",
+        LEAD,
+        "peers.json",
+        lambda r: r["ratios"]["a/b examples per wall-second"],
+        "more",
+        1.0,
+    ),
+    direction(
+        "performance: two in flight take less CPU than one at a time",
+        "docs/performance.md",
+        LEAD,
+        "peers.json",
+        in_flight_over_one_at_a_time("cpu"),
+        "less",
+        1.0,
+    ),
+    direction(
+        "performance: two in flight take less wall time than one at a time",
+        "docs/performance.md",
+        LEAD,
+        "peers.json",
+        in_flight_over_one_at_a_time("wall"),
+        "less",
+        1.0,
+    ),
+    direction(
+        "performance: one at a time costs more wall time than one pass",
+        "docs/performance.md",
+        "One micro-step at a time costs",
+        "subdivided.json",
+        lambda r: one_at_a_time(r)["time_ratio"]["median"],
+        "more",
+        1.0,
+    ),
+    direction(
+        "performance: one at a time for a smaller peak than one pass",
+        "docs/performance.md",
+        "One micro-step at a time costs",
+        "subdivided.json",
+        lambda r: one_at_a_time(r)["memory_ratio"],
+        "less",
+        1.0,
+    ),
+    direction(
+        "results/performance: seed convnet, ours over one pass by CPU",
+        "docs/results/performance.md",
+        "On this net (a) spends more CPU time per example than (e)",
+        "peers.json",
+        ours_over_one_pass,
+        "more",
+        1.0,
+    ),
+    direction(
+        "results/performance: seed convnet, one pass past the CPU target",
+        "docs/results/performance.md",
+        "(e) itself trains more than 1.5x the examples per CPU-second of Keras' fastest",
+        "peers.json",
+        one_pass_over_keras("cpu"),
+        "more",
+        1.5,
+    ),
+    direction(
+        "results/performance: seed convnet, one pass short of the wall target",
+        "docs/results/performance.md",
+        "Keras' fastest and less than 2x per wall-second (the rows",
+        "peers.json",
+        one_pass_over_keras("wall"),
+        "less",
+        2.0,
+    ),
+    direction(
+        "results/performance: keras_file, ours over one pass by CPU",
+        "docs/results/performance.md",
+        "On this model (a) spends less CPU time per example than (e)",
+        "peers-keras-file.json",
+        ours_over_one_pass,
+        "less",
+        1.0,
+    ),
+    direction(
+        "results/performance: keras_file, one pass short of the CPU target",
+        "docs/results/performance.md",
+        "(e) trains less than 1.5x the examples per CPU-second of Keras' fastest",
+        "peers-keras-file.json",
+        one_pass_over_keras("cpu"),
+        "less",
+        1.5,
+    ),
+    direction(
+        "results/performance: keras_file, one pass short of the wall target",
+        "docs/results/performance.md",
+        "fastest and less than 2x per wall-second: 1.5x and 2x Keras are further",
+        "peers-keras-file.json",
+        one_pass_over_keras("wall"),
+        "less",
+        2.0,
     ),
 ]
 
@@ -487,3 +652,39 @@ def test_every_row_names_a_guide_page_and_a_json_of_docs():
         figure = param.values[0]
         assert figure.page in pages - {"docs/configuration.md", "docs/api.md"}, figure.page
         assert (ROOT / "docs" / figure.source).is_file(), figure.source
+
+
+def goes_the_way_it_says(row: Direction, page_text: str, report: dict) -> bool:
+    return " ".join(row.words.split()) in prose(page_text) and side(row.value(report), row.than) == row.claim
+
+
+@pytest.mark.parametrize("row", DIRECTIONS)
+def test_a_comparison_goes_the_way_its_json_says(row):
+    """The page still says it (in prose), and the JSON puts A on the side of B that the words say."""
+    report = load(row.source)
+    assert " ".join(row.words.split()) in prose((ROOT / row.page).read_text()), f"{row.page} no longer says it"
+    value = row.value(report)
+    assert side(value, row.than) == row.claim, (
+        f"{row.page}: '{row.words}' says {row.claim} than {row.than}; docs/{row.source} gives {value:.4f}"
+    )
+
+
+def test_a_comparison_whose_json_turned_is_caught():
+    """The check fails when the JSON puts A on the other side (a plain pass's lead over Keras' fastest by CPU
+    falling under the 1.5x target, as the page once said against its own table), and when the words change."""
+    wanted = "results/performance: seed convnet, one pass past the CPU target"
+    (row,) = [p.values[0] for p in DIRECTIONS if p.id == wanted]
+    page, report = (ROOT / row.page).read_text(), load(row.source)
+    assert goes_the_way_it_says(row, page, report)  # the premise: it holds as the repository stands
+    turned = copy.deepcopy(report)
+    turned["time"][E_PASS]["cpu_s_per_example"] *= 1.1  # a plain pass 10% slower: about 1.42x Keras, under 1.5x
+    assert not goes_the_way_it_says(row, page, turned)
+    assert not goes_the_way_it_says(row, page.replace("more than 1.5x", "less than 1.5x"), report)
+
+
+def test_every_direction_row_names_a_page_and_a_json_of_docs():
+    for param in DIRECTIONS:
+        row = param.values[0]
+        assert (ROOT / row.page).is_file(), row.page
+        assert (ROOT / "docs" / row.source).is_file(), row.source
+        assert row.claim in ("more", "less")
