@@ -13,6 +13,7 @@ reported, not fatal: that is the case subdivisions exist for.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,8 @@ def _curves(run_dir: Path) -> dict:
     epochs = [r for r in read_metrics(run_dir / "metrics.jsonl") if is_epoch_record(r)]
     keys = ["epoch", "train_loss", "test_loss", "examples_per_s"]
     score = score_key(epochs[0]) if epochs else None
-    return {key: [r[key] for r in epochs] for key in keys + ([score] if score else [])}
+    # null is how metrics.jsonl holds a NaN (a loss that diverged, no applied update): the table and plot show NaN
+    return {key: [math.nan if r[key] is None else r[key] for r in epochs] for key in keys + ([score] if score else [])}
 
 
 def score_key(record: dict) -> str | None:

@@ -1,8 +1,11 @@
 """Writing a file so that a reader, or a run resumed after kill -9, sees the old file or the new one, never half
-of one. A leaf: it imports nothing of the package, so the dataset loaders and the run directory both use it."""
+of one; and the strict JSON every JSON file of the tool is written in (``strict_json``). A leaf: it imports
+nothing of the package, so the dataset loaders and the run directory both use it."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -33,3 +36,21 @@ def atomic_write(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def strict_json(data, indent: int | None = None) -> str:
+    """``data`` as strict JSON (RFC 8259), for every file and ``--json`` output the tool writes for others to read:
+    a non-finite float (NaN, Infinity) becomes null. Python's json writes them as the bare words NaN and Infinity,
+    which strict readers refuse (JavaScript's JSON.parse, jq before 1.7, Go's encoding/json). ``allow_nan=False``:
+    a non-finite number in a type the conversion does not reach raises here instead of writing such a file."""
+    return json.dumps(_finite_or_null(data), indent=indent, allow_nan=False)
+
+
+def _finite_or_null(value):
+    if isinstance(value, float):  # numpy's float64 too (a subclass)
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(item) for item in value]
+    return value

@@ -47,10 +47,18 @@ def scores_text(record: dict, prefix: str) -> str:
     keys = [
         key
         for key in record
-        if key.startswith(prefix + "_") and not key.endswith("_examples") and isinstance(record[key], (int, float))
+        if key.startswith(prefix + "_")
+        and not key.endswith("_examples")
+        and (record[key] is None or isinstance(record[key], (int, float)))
     ]
     keys.sort(key=lambda key: key != f"{prefix}_loss")
-    return ", ".join(f"{prefix} {key[len(prefix) + 1 :].replace('_', ' ')} {record[key]:.4f}" for key in keys)
+    return ", ".join(f"{prefix} {key[len(prefix) + 1 :].replace('_', ' ')} {_score(record[key])}" for key in keys)
+
+
+def _score(value) -> str:
+    """A score to four places; null (how summary.json, read back from a --workers run, holds a NaN) as nan, the
+    line a run in this process prints."""
+    return "nan" if value is None else f"{value:.4f}"
 
 
 def epoch_line(record: dict, epochs: int) -> str:
@@ -67,7 +75,7 @@ def final_scores(summary: dict) -> str:
     """The run's last line opens with its test scores: "test accuracy A (test loss L)" for the built-in loss,
     "test loss L, test mae M" for a Keras loss's run."""
     if "test_accuracy" in summary:
-        return f"test accuracy {summary['test_accuracy']:.4f} (test loss {summary['test_loss']:.4f})"
+        return f"test accuracy {_score(summary['test_accuracy'])} (test loss {_score(summary['test_loss'])})"
     return scores_text(summary, "test") or "no test examples"
 
 

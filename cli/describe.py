@@ -3,11 +3,11 @@ TensorFlow (the work is accum_train.describe's; this formats it)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from ..files import strict_json
 from ..outcome import ending
 
 
@@ -27,7 +27,7 @@ def describe(run_dir, as_json):
         from ..describe import describe as describe_run
 
         result = describe_run(run_dir)
-    click.echo(json.dumps(result, indent=2) if as_json else format_description(result))
+    click.echo(strict_json(result, indent=2) if as_json else format_description(result))
 
 
 def format_description(d: dict) -> str:

@@ -12,13 +12,13 @@ formats the results. Errors follow the rest of the tool: one line, exit 2.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from ..config import load_config
 from ..errors import UserError
+from ..files import strict_json
 from ..outcome import ending, scores_text
 from ..quiet import quiet_tensorflow
 from ..text import shape_text, size_text
@@ -49,7 +49,7 @@ def plan(config, overrides, as_json, verbose):
         from ..plan import plan as make_plan
 
         result = make_plan(cfg, data)
-    click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
+    click.echo(strict_json(result, indent=2) if as_json else format_plan(result))
 
 
 def _row(label: str, text: str) -> str:
@@ -321,9 +321,9 @@ def predict(run_dir, files, as_json, top, output, verbose):
         if output is not None:
             _write_outputs(output, rows)
     if "outputs" in rows[0]:  # a Keras loss's run, or fit's: the values
-        click.echo(json.dumps(rows, indent=2) if as_json else format_values(rows))
+        click.echo(strict_json(rows, indent=2) if as_json else format_values(rows))
     else:
-        click.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, top))
+        click.echo(strict_json(rows, indent=2) if as_json else format_predictions(rows, top))
 
 
 def _write_outputs(path: Path, rows: list) -> None:

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.noise import one_update
+from helpers import records
 
 N, BATCH = 48, 24
 
@@ -83,7 +84,9 @@ def test_with_one_data_dependent_normaliser_a_micro_batch_s_size_is_its_count(mo
     assert np.asarray(records[0]["noise_batch"]) == pytest.approx([float(batch @ batch), sum(counts)], rel=1e-4)
 
 
-def test_updates_of_one_micro_batch_log_no_noise_scale_and_a_first_update_logs_nan():
+def test_one_micro_batch_logs_no_noise_scale_a_first_update_its_estimate_and_one_without_nan_written_as_null(
+    tmp_path,
+):
     x, y = regression(np.random.default_rng(1))
     assert "noise_scale" not in accum_train.fit(linear(), x, y, batch_size=BATCH, verbose=0).history
     logged = []
@@ -92,6 +95,18 @@ def test_updates_of_one_micro_batch_log_no_noise_scale_and_a_first_update_logs_n
     assert len(logged) == 2
     assert all("noise_scale" in logs for logs in logged)  # the estimate of the first update is a number already
     assert not any(math.isnan(logs["noise_scale"]) for logs in logged)
+    # Two micro-batches whose gradients cancel (the same input, opposite targets, zero weights): the batch's
+    # gradient is zero, the estimate of |G|^2 negative, the noise scale undefined. The logs hold model.fit's NaN,
+    # metrics.jsonl strict JSON's null.
+    model = linear()
+    model.set_weights([np.zeros((3, 1), np.float32)])
+    same, opposite = np.ones((2, 3), np.float32), np.array([[1.0], [-1.0]], np.float32)
+    logged.clear()
+    accum_train.fit(
+        model, same, opposite, batch_size=2, subdivisions=2, verbose=0, callbacks=[callback], output_dir=tmp_path
+    )
+    assert math.isnan(logged[0]["noise_scale"])
+    assert [r["noise_scale"] for r in records(tmp_path)] == [None, None]  # the update's record, the epoch's
 
 
 def test_auto_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batches(monkeypatch, capsys):

@@ -9,7 +9,6 @@ predict writes model.predict's outputs, evaluate gives model.evaluate's loss and
 """
 
 import json
-import math
 import shutil
 
 import accum_train
@@ -20,7 +19,7 @@ from accum_train.cli.main import main
 from accum_train.errors import Interrupted
 from accum_train.reload import load_fit_run
 from click.testing import CliRunner
-from helpers import signal_after, small_regressor
+from helpers import records, signal_after, small_regressor
 
 N, BATCH, K, SEED, STOP_AT = 50, 16, 3, 5, 5
 RNG = np.random.default_rng(7)
@@ -338,11 +337,7 @@ def test_describe_tells_a_fit_run_directory_as_it_stands(runs, kind):
     described = json.loads(result.output)
     steps = {"finished": 8, "interrupted": STOP_AT}[kind]
     kept = sorted(int(p.name.split("-")[1].split(".")[0]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
-    updates = [
-        r
-        for r in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-        if not r.get("epoch_end")
-    ]
+    updates = [r for r in records(run_dir) if not r.get("epoch_end")]
     assert described == {
         "run_dir": str(run_dir),
         "door": "accum_train.fit",
@@ -357,7 +352,8 @@ def test_describe_tells_a_fit_run_directory_as_it_stands(runs, kind):
         "updates_logged": steps,
         "epochs_ended": {"finished": 2, "interrupted": 1}[kind],
         "last_loss": updates[-1]["loss"],
-        "noise_scale": next(r["noise_scale"] for r in reversed(updates) if math.isfinite(r["noise_scale"])),
+        # the newest update's estimate: null where an update had none (strict JSON's NaN)
+        "noise_scale": next(r["noise_scale"] for r in reversed(updates) if r["noise_scale"] is not None),
         "checkpoints": kept,
         "summary": json.loads((run_dir / "summary.json").read_text()) if kind == "finished" else None,
         "next": None if kind == "finished" else f"call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -154,7 +155,12 @@ class FitRunDir:
             return []
         records = self.log.read()
         skip = ("step", "epoch", "epoch_end")
-        return [(r["epoch"] - 1, {k: v for k, v in r.items() if k not in skip}) for r in records if r.get("epoch_end")]
+        # null is how the file holds a NaN (strict JSON): the History gets the NaN model.fit's logs would hold
+        return [
+            (r["epoch"] - 1, {k: math.nan if v is None else v for k, v in r.items() if k not in skip})
+            for r in records
+            if r.get("epoch_end")
+        ]
 
     def _save(self, epoch: int, update_in_epoch: int) -> None:
         self._flush()  # a checkpoint never counts an update that metrics.jsonl lacks

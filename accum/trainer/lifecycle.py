@@ -12,14 +12,13 @@ order, reaching the weights an uninterrupted run would.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
 import tensorflow as tf
 
 from ..errors import Interrupted
-from ..files import atomic_write
+from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
 from ..progress import Progress
 from .batching import k_for_micro_batch
@@ -60,7 +59,7 @@ def train(run: Run, shared_dir: Path, progress: Progress, resume: bool, threads:
         keep_model_file(run_dir, data.for_model.config)  # a worker copies the run directory's copy
         for name, text in (
             ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
-            ("dataset.json", json.dumps(data.describe(), indent=2)),
+            ("dataset.json", strict_json(data.describe(), indent=2)),
         ):
             if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
                 atomic_write(run_dir / name, text.encode())
@@ -186,7 +185,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     with open(run.run_dir / HISTORY, "a") as handle:
-        handle.write(json.dumps(entry) + "\n")
+        handle.write(strict_json(entry) + "\n")
     return step
 
 

@@ -1,4 +1,5 @@
-"""metrics.jsonl, a run's record of every update and every epoch (one JSON object per line), and the same
+"""metrics.jsonl, a run's record of every update and every epoch (one strict JSON object per line: a number that
+is not finite, such as an update's undefined noise scale, is null), and the same
 scalars for TensorBoard: the one writer of both doors (the CLI's run_hooks.py, accum_train.fit's output_dir).
 The one file appended to: a resumed run drops what follows its checkpoint
 (``MetricsLog.truncate_after``), and every write is flushed to disk before the checkpoint that counts it."""
@@ -10,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-from ..files import atomic_write
+from ..files import atomic_write, strict_json
 
 # An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
 # loss's run has its metrics there).
@@ -59,11 +60,12 @@ class MetricsLog:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
+            # written again: a line an older release wrote with NaN for null reads as strict JSON from now on
             if is_epoch_record(record):
                 if record["epoch"] <= epochs_done:
-                    keep.append(line)
+                    keep.append(strict_json(record))
             elif record.get("step", 0) <= step:
-                keep.append(line)
+                keep.append(strict_json(record))
         atomic_write(self.path, "".join(line + "\n" for line in keep).encode())
 
     def write(self, records) -> None:
@@ -71,7 +73,7 @@ class MetricsLog:
 
         with open(self.path, "a") as handle:
             for record in records:
-                handle.write(json.dumps(record) + "\n")
+                handle.write(strict_json(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())  # before the checkpoint that counts these updates as done
         updates = [record for record in records if not is_epoch_record(record)]

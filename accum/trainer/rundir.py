@@ -13,12 +13,11 @@ configs can be checked (and the ``--workers`` supervisor can run) without it.
 from __future__ import annotations
 
 import io
-import json
 import os
 from pathlib import Path
 
 from ..errors import RunDirError
-from ..files import atomic_write
+from ..files import atomic_write, strict_json
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
 
 # What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
@@ -80,8 +79,9 @@ def _existing_parent(path: Path) -> Path:
 
 
 def write_json(path: Path, data) -> None:
-    """An indented JSON file, written atomically (summary.json, compare.json, bench.json)."""
-    atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
+    """An indented JSON file, strict (non-finite numbers as null), written atomically (summary.json, compare.json,
+    bench.json)."""
+    atomic_write(path, (strict_json(data, indent=2) + "\n").encode())
 
 
 def write_result(out_dir: Path, name: str, result: dict, plot) -> None:
