@@ -16,6 +16,17 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Refused(UserError):
+    """Something ``model.fit`` (or a config) could ask for that accum-train does not do, named by ``key``.
+
+    Every key has its row in docs/limitations.md, and a test holds the two lists equal: a refusal added here
+    without a line there (or the other way round) fails it."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 class ConfigError(UserError):
     """A config key has a value that is not allowed."""
 

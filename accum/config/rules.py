@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Refused
 from .schema import Config
 from .sections import (
     ADAPTIVE_KEYS,
@@ -290,9 +290,10 @@ def _check_trim(cfg: Config, where) -> None:
             f"a keras_file model takes, not {cfg.model.name}'s images: remove it"
         )
     if cfg.strategy.name != "default":
-        raise ConfigError(
+        raise Refused(
+            "trim-replicas",
             f"{where('data.trim_padding', 'strategy.name')}: data.trim_padding={trim} runs on one replica, and "
-            f"strategy.name={cfg.strategy.name} trains on several: remove one of them"
+            f"strategy.name={cfg.strategy.name} trains on several: remove one of them",
         )
     if cfg.batch_rule is not None:
         raise ConfigError(

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..config.wording import parse_size
-from ..errors import UserError
+from ..errors import Refused, UserError
 from ..keras_private import storage
 from ..trainer.update import local_replica_ids
 
@@ -46,23 +46,26 @@ def check_model(model) -> None:
         raise UserError(f"{WHERE}: model is a {type(model).__name__}, not a keras.Model: pass a Keras 3 model")
     for method in ("train_step", "compute_loss"):
         if getattr(type(model), method) is not getattr(keras.Model, method):
-            raise UserError(
+            raise Refused(
+                "own-train-step",
                 f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit cannot cut into "
                 f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
-                f"compile(loss=...), or train with model.fit"
+                f"compile(loss=...), or train with model.fit",
             )
     steps = getattr(model, "steps_per_execution", 1)
     if steps != 1:
-        raise UserError(
+        raise Refused(
+            "steps-per-execution",
             f"{WHERE}: model {model.name!r} is compiled with steps_per_execution={steps}: accum_train.fit runs "
-            f"one update per graph call (its micro-steps inside it); compile with steps_per_execution=1"
+            f"one update per graph call (its micro-steps inside it); compile with steps_per_execution=1",
         )
     if getattr(model, "optimizer", None) is not None:
         steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
         if steps:
-            raise UserError(
+            raise Refused(
+                "gradient-accumulation-steps",
                 f"{WHERE}: the model's optimizer has gradient_accumulation_steps={steps}: accum_train.fit "
-                f"accumulates exactly itself; compile without it"
+                f"accumulates exactly itself; compile without it",
             )
 
 

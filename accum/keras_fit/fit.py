@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from .. import keras_private
-from ..errors import UserError
+from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
@@ -151,9 +151,10 @@ def fit(
     seed = order_seed(seed, output_dir, strategy, bool(shuffle) and not streamed_source(x))
     compile_if_needed(model, strategy, optimizer, learning_rate)
     if class_weight is not None and len(model.outputs or [None]) > 1:
-        raise UserError(
+        raise Refused(
+            "class-weight-outputs",
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
-            f"{len(model.outputs)}): pass sample_weight per output instead"
+            f"{len(model.outputs)}): pass sample_weight per output instead",
         )
     (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
     feed = make_feed(
@@ -178,9 +179,10 @@ def fit(
         )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
     if auto and feed.once:
-        raise UserError(
+        raise Refused(
+            "auto-generator",
             f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
-            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples"
+            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
         )
     if auto:
         k = 1
@@ -190,10 +192,11 @@ def fit(
     validation = None
     if validation_data is not None:
         if type(model).test_step is not keras.Model.test_step:
-            raise UserError(
+            raise Refused(
+                "own-test-step",
                 f"{WHERE}: model {model.name!r} overrides test_step, which accum_train.fit's validation does not "
                 f"call (it evaluates the compiled loss and metrics itself): leave validation out and call "
-                f"model.evaluate, or train with model.fit"
+                f"model.evaluate, or train with model.fit",
             )
         validation = validation_feed(validation_data, validation_batch_size or feed.batch_size, trim)
     with contextlib.ExitStack() as restore:
@@ -346,7 +349,10 @@ def _probe(objective, element_spec, strategy) -> tuple:
     """The normalisers of a data source (Objective.probe); bad targets in one line."""
     groups = _as_user_error(objective.probe, element_spec, strategy)
     if not groups and objective.regularization() is None:
-        raise UserError(f"{WHERE}: model {objective.model.name!r} has no loss: compile it with compile(loss=...)")
+        raise Refused(
+            "no-compiled-loss",
+            f"{WHERE}: model {objective.model.name!r} has no loss: compile it with compile(loss=...)",
+        )
     return groups
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..errors import UserError
+from ..errors import Refused, UserError
 from .arguments import ARRAY_BATCH_SIZE, WHERE
 from .array_feed import ArrayFeed
 from .stream_feed import DatasetFeed, GeneratorFeed
@@ -54,15 +54,17 @@ def make_feed(
     """The feed for ``x`` (and ``y``, ``sample_weight``) as model.fit takes them; bad input in one line.
     ``trim``: cut each micro-batch's padding (trim_padding); ``schedule``: batch_schedule's (arrays only)."""
     if schedule and streamed_source(x):
-        raise UserError(
+        raise Refused(
+            "schedule-stream",
             f"{WHERE}: batch_schedule cuts arrays into batches, and {name} is a {type(x).__name__} that gives its "
-            f"own: pass arrays, or call accum_train.fit once per batch size with initial_epoch"
+            f"own: pass arrays, or call accum_train.fit once per batch size with initial_epoch",
         )
     if schedule and (steps_per_epoch is not None or shuffle == "batch"):
         what = f"steps_per_epoch={steps_per_epoch}" if steps_per_epoch is not None else "shuffle='batch'"
-        raise UserError(
+        raise Refused(
+            "schedule-fixed-steps",
             f"{WHERE}: batch_schedule makes each epoch one pass over the arrays at the batch in force, which "
-            f"{what} would change: leave {what.split('=')[0]} out"
+            f"{what} would change: leave {what.split('=')[0]} out",
         )
     if isinstance(x, keras.utils.PyDataset):
         for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
@@ -145,9 +147,10 @@ def streamed_source(x) -> bool:
 def validation_feed(validation_data, batch_size, trim=0):
     """model.fit's validation data as a feed, cut as ``trim`` says (trim_padding)."""
     if isinstance(validation_data, collections.abc.Iterator):
-        raise UserError(
+        raise Refused(
+            "generator-validation",
             f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
-            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset"
+            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
         )
     if is_dataset(validation_data) or isinstance(validation_data, keras.utils.PyDataset):
         return make_feed(

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ..errors import UserError
+from ..errors import Refused, UserError
 from .arguments import ARRAY_BATCH_SIZE, WHERE
 from .inputs import split_validation, validation_arrays
 
@@ -32,10 +32,11 @@ def task_batches(model, x, y, sample_weight, batch_size, validation_data, valida
     """(x, validation_data) for a model that ``preprocesses``: datasets of preprocessed batches, the validation
     data split off the raw arrays first (model.fit's last fraction)."""
     if batch_schedule is not None:
-        raise UserError(
+        raise Refused(
+            "schedule-preprocessor",
             f"{WHERE}: batch_schedule re-cuts arrays into batches each epoch, and model {model.name!r} preprocesses "
             f"whole batches of raw examples: leave batch_schedule out, or preprocess the data yourself and pass "
-            f"the model with preprocessor=None"
+            f"the model with preprocessor=None",
         )
     # a Python list of examples (strings) is one array to split and slice, not a structure of inputs
     x, y, sample_weight = (np.asarray(a) if isinstance(a, list) else a for a in (x, y, sample_weight))
@@ -57,9 +58,10 @@ def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Da
                 )
         batches = x
     elif isinstance(x, keras.utils.PyDataset) or (x is not None and hasattr(x, "__next__")):
-        raise UserError(
+        raise Refused(
+            "raw-generator",
             f"{WHERE}: {name} is a {type(x).__name__}, and model {model.name!r} preprocesses its inputs in fit: pass "
-            f"arrays or lists of raw examples, or a tf.data.Dataset of raw batches"
+            f"arrays or lists of raw examples, or a tf.data.Dataset of raw batches",
         )
     elif x is None:
         raise UserError(f"{WHERE}: {name} is missing: pass raw examples (a list or array) or a tf.data.Dataset")

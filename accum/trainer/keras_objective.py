@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from .. import keras_private
-from ..errors import UserError
+from ..errors import Refused
 from .objective import EXAMPLES, TOTAL, Parts
 
 
@@ -108,10 +108,11 @@ class KerasObjective:
         self.entries = keras_private.flat_losses(model)
         for entry in self.entries:
             if entry.loss.reduction in (None, "none"):
-                raise UserError(
+                raise Refused(
+                    "loss-reduction",
                     f"{where}: loss {entry.loss.name!r} has reduction={entry.loss.reduction!r}: give it "
                     f"'sum_over_batch_size' (the mean, model.fit's default) or 'sum', whose gradients add up over "
-                    f"micro-batches"
+                    f"micro-batches",
                 )
         self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
         self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"

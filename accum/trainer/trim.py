@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ..errors import UserError
+from ..errors import Refused, UserError
 
 DEFAULT_MULTIPLE = 16  # trim_padding=True: lengths rounded up to a multiple of 16
 
@@ -41,18 +41,22 @@ def _time_steps(shapes, strings, missing: str, where: str):
     hold text), arrays' and streams' alike; refused in one line where there is none, several, or text."""
     inputs = [i for i, shape in enumerate(shapes) if len(shape) >= 2]
     if not inputs:
-        raise UserError(
+        raise Refused(
+            "trim-no-time-axis",
             f"{where}: trim_padding cuts sequences along axis 1, and {missing} with one (shapes {shapes}): leave "
-            f"trim_padding out"
+            f"trim_padding out",
         )
     steps = {shapes[i][1] for i in inputs}
     if len(steps) > 1:  # a stream's unknown length (None) last
-        raise UserError(
+        raise Refused(
+            "trim-lengths",
             f"{where}: trim_padding needs every input of x to have the same length on axis 1, and they have "
-            f"{sorted(steps, key=lambda d: (d is None, d or 0))}: pad them to one length, or leave trim_padding out"
+            f"{sorted(steps, key=lambda d: (d is None, d or 0))}: pad them to one length, or leave trim_padding out",
         )
     if any(strings[i] for i in inputs):
-        raise UserError(f"{where}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out")
+        raise Refused(
+            "trim-strings", f"{where}: trim_padding reads padding as zeros, and x holds strings: leave trim_padding out"
+        )
     return steps.pop()
 
 
@@ -72,15 +76,17 @@ def trim_multiple(trim_padding, where: str) -> int:
 def check_trimmable(model, replicas: int, where: str) -> None:
     """Refuse trim_padding for what it cannot cut: several replicas, a model of fixed sequence length."""
     if replicas > 1:
-        raise UserError(
-            f"{where}: trim_padding runs on one replica, and the strategy has {replicas}: leave trim_padding out"
+        raise Refused(
+            "trim-replicas",
+            f"{where}: trim_padding runs on one replica, and the strategy has {replicas}: leave trim_padding out",
         )
     for tensor in model.inputs or []:
         if len(tensor.shape) >= 2 and tensor.shape[1] is not None:
-            raise UserError(
+            raise Refused(
+                "trim-fixed-length",
                 f"{where}: trim_padding gives micro-batches of several lengths, and model {model.name!r} takes "
                 f"inputs of shape {tuple(tensor.shape)}: build it on keras.Input(shape=(None, ...)), or leave "
-                f"trim_padding out"
+                f"trim_padding out",
             )
 
 
@@ -125,19 +131,21 @@ def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where
     largest = max((float(np.max(np.abs(g), initial=0.0)) for g in grads), default=0.0)
     named += [(f"the gradient of {v.path}", g, c, 1e-3 * largest) for v, g, c in zip(variables, grads, cut_grads)]
     if objective.steps is None and any(_differ(counts[g], cut_counts[g]) for g in counts):
-        raise UserError(
+        raise Refused(
+            "trim-divisor",
             f"{where}: trim_padding changes the number of values the loss of model {model.name!r} averages (a "
             f"micro-batch cut from {time_steps} to {length} steps): it divides by every position, padding included "
             f"(reduction 'sum_over_batch_size'), and the batches' length before the cut is not fixed: pad every "
-            f"batch to one length, or leave trim_padding out"
+            f"batch to one length, or leave trim_padding out",
         )
     for what, whole_value, cut_value, floor in named:
         if _differ(whole_value, cut_value, floor):
-            raise UserError(
+            raise Refused(
+                "trim-changes-result",
                 f"{where}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
                 f"{time_steps} to {length} steps): padding must change nothing, so mask it "
                 f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
-                f"trim_padding out"
+                f"trim_padding out",
             )
 
 
