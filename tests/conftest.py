@@ -20,6 +20,13 @@ import tensorflow as tf
 # 2 cores. Results under BatchNorm depend on the pools: oneDNN splits its sums by thread.
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
+# The CPU as two logical devices, which only a process whose runtime has not started can set up: the default suite's
+# two-replica case (test_fit_distribute.py) runs tf.distribute.MirroredStrategy over /cpu:0 and /cpu:1 in this
+# process, not in a fresh one (about 7 s of TensorFlow's start on 2 cores). Both share the process's thread pools;
+# every other op is placed on /cpu:0, as before (no strategy, or the default one, uses only that device).
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+)
 
 # TensorLayer guards two methods of every layer (tensorlayer/decorators/method_decorator.py) by looking at the
 # caller's frame through inspect.stack(), which also reads every frame's source lines and looks up every frame's

@@ -1,14 +1,18 @@
 """Tools the tests share: NaN poisoning of chosen updates, a progress that
-sends SIGINT at a chosen report, calls into TensorFlow's graphs counted, and
-metrics.jsonl read back, a script loaded as a module; for accum_train.fit's run
-directories, a small compiled regressor and a callback that signals after an update."""
+sends SIGINT at a chosen report, calls into TensorFlow's graphs counted,
+metrics.jsonl read back, the largest difference of two sets of weights, and a
+script loaded as a module; for accum_train.fit's run directories, a small
+compiled regressor and a callback that signals after an update."""
 
 import importlib.util
 import json
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 from accum_train.progress import Progress
 from accum_train.trainer.engine import Accumulator
@@ -69,13 +73,32 @@ class InterruptAt(Progress):
 
 
 def records(run_dir):
-    """Every record of metrics.jsonl."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """Every record of a run directory's metrics.jsonl (a Path or a str)."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def update_records(run_dir):
     """The per-update records of metrics.jsonl (not the per-epoch ones)."""
     return [r for r in records(run_dir) if "loss" in r]
+
+
+def max_difference(a, b, relative=False):
+    """The largest |a - b| over every element of two sets of weights: sequences in one order (get_weights(), lists
+    from JSON), or mappings by name (weights.npz, dicts), which must name the same weights. ``relative``: each
+    difference over 1 + |b| (1e-5 of a weight that grew past 1 is float32's rounding, amplified over the updates:
+    summing micro-batches is another order of the same sums, not a difference of meaning)."""
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        assert sorted(a.keys()) == sorted(b.keys())
+        a, b = [a[k] for k in sorted(a.keys())], [b[k] for k in sorted(a.keys())]
+    a, b = list(a), list(b)
+    assert len(a) == len(b), f"{len(a)} weights against {len(b)}"
+    worst = 0.0
+    for first, second in zip(a, b):
+        u, v = np.asarray(first, np.float64), np.asarray(second, np.float64)
+        assert u.shape == v.shape, f"shapes {u.shape} and {v.shape}"
+        gap = np.abs(u - v) / (1.0 + np.abs(v)) if relative else np.abs(u - v)
+        worst = max(worst, float(np.max(gap, initial=0.0)))
+    return worst
 
 
 class GraphCalls:

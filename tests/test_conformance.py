@@ -3,7 +3,7 @@ and models via subclassing", "Training & evaluation with the built-in methods", 
 "Customizing what happens in fit()") through ``model.fit`` and ``accum_train.fit`` side by side.
 
 Each case builds twin models (the same initial weights: ``keras.utils.set_random_seed`` before each), trains one
-with model.fit on whole batches and the other with accum_train.fit at k=1 and at k=2, on one data order
+with model.fit on whole batches and the other with accum_train.fit at k=1 and at k=3, on one data order
 (``shuffle=False``), and asks for model.fit's History (its keys, epochs, params and every figure, to rtol 1e-5),
 model.fit's weights (to 1e-5, where the model is deterministic) and what model.fit's callbacks left behind (files,
 counts, learning rates). The one key accum_train.fit adds, ``noise_scale``, is there exactly when an update has
@@ -12,8 +12,8 @@ micro-batches to measure it with (k > 1). model.fit's side of a case is run once
 The models are the guides' own, shrunk (Dense 8 units, 6 features, 40 examples in batches of 16, 16 and 8, two
 epochs) so that a side trains in a second or two, most of it tracing; SGD, Adam or RMSprop in float32, and no
 random layer except where both sides draw the same numbers. Where accum_train.fit departs from model.fit a case
-is marked a strict xfail saying how (``Case.xfail``; none today): once fixed it passes, which fails the suite until
-the mark goes.
+is marked a strict xfail saying how (``Case.xfail``: tf-data-seeded-shuffle): once fixed it passes, which fails
+the suite until the mark goes.
 RemoteMonitor is left out: it posts to a server, and the tests never touch the network.
 """
 
@@ -28,9 +28,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
+from helpers import max_difference
 from keras import ops
 
-N, BATCH, EPOCHS = 40, 16, 2  # batches of 16, 16 and 8: a short last batch, cut 4 + 4 at k=2
+# batches of 16, 16 and 8: a short last batch. k=3 cuts them unevenly (5, 5, 6 and 2, 3, 3), where averaging the
+# micro-batches' means would differ from the batch's mean (k=2 cut them 8 + 8 and 4 + 4, where it would not)
+N, BATCH, EPOCHS = 40, 16, 2
 RNG = np.random.default_rng(40)
 X = RNG.random((N, 6), dtype=np.float32)
 LABELS = RNG.integers(0, 4, N)
@@ -537,10 +540,10 @@ class Case:
     model: Callable
     fit: Callable
     observe: Callable | None = None
-    exact_at: tuple = (1, 2)
+    exact_at: tuple = (1, 3)
     weights: bool = True
     xfail: tuple | None = None
-    k: tuple = (1, 2)
+    k: tuple = (1, 3)
 
 
 CASES = {
@@ -590,9 +593,23 @@ CASES = {
             "shuffle": False,  # model.fit warns that it does not shuffle a dataset
         },
     ),
+    # A departure, kept as one: a seeded shuffle draws a new order for each iterator made of the dataset, and the
+    # two make theirs differently (counted here: model.fit 4 in two epochs, accum_train.fit 3, one to read a first
+    # batch and then one per epoch), so their epochs see other orders. The day both see one order, this case
+    # passes and its strict xfail fails the suite: remove the mark then.
+    "tf-data-seeded-shuffle": Case(
+        functional,
+        lambda d: {
+            "x": tf.data.Dataset.from_tensor_slices((X, LABELS)).shuffle(N, seed=5).batch(BATCH),
+            "epochs": EPOCHS,
+            "shuffle": False,
+        },
+        xfail=(AssertionError, "a seeded tf.data shuffle orders the epochs otherwise than in model.fit"),
+        k=(3,),
+    ),
     # Making new layers and models via subclassing
     "subclassed-call-add-weight-add-loss": Case(subclassed, lambda d: arrays()),
-    # at k=2 each micro-batch draws its own noise: the History's keys and epochs only
+    # at k=3 each micro-batch draws its own noise: the History's keys and epochs only
     "subclassed-vae-sampling": Case(vae, lambda d: arrays(y=X), exact_at=(1,)),
     # Customizing what happens in fit()
     "run-eagerly-validation-data": Case(
@@ -760,7 +777,7 @@ def test_a_keras_guide_pattern_ends_at_model_fit_s_weights_and_logs(name, k, tmp
             assert_same(ours.history[key], values, key)
         if case.weights:
             assert_same(ours.weights, expected.weights, "weights")
-            assert max(float(np.max(np.abs(w - s))) for w, s in zip(ours.weights, ours.start)) > 1e-3  # it trained
+            assert max_difference(ours.weights, ours.start) > 1e-3  # it trained
     for key, value in expected.seen.items():
         assert_same(ours.seen[key], value, key)
     assert set(ours.seen) == set(expected.seen)
@@ -792,7 +809,7 @@ def test_backup_and_restore_resumes_at_the_epoch_it_backed_up(tmp_path):
         lambda m, callbacks: m.fit(**shared, callbacks=callbacks, verbose=0), tmp_path / "model-fit"
     )
     model, history = interrupted_then_resumed(
-        lambda m, callbacks: accum_train.fit(m, **shared, callbacks=callbacks, verbose=0, subdivisions=2),
+        lambda m, callbacks: accum_train.fit(m, **shared, callbacks=callbacks, verbose=0, subdivisions=3),
         tmp_path / "accum-train",
     )
     assert expected.epoch == [2, 3]
@@ -859,7 +876,7 @@ def test_an_own_test_step_is_no_matter_without_validation():
     """model.fit calls test_step only to validate: without validation the two train alike."""
     model, oracle = own_test_step(), own_test_step()
     oracle.set_weights(model.get_weights())
-    history = accum_train.fit(model, **arrays(), subdivisions=2, verbose=0)
+    history = accum_train.fit(model, **arrays(), subdivisions=3, verbose=0)
     expected = oracle.fit(**arrays(), verbose=0)
     assert_same(model.get_weights(), oracle.get_weights(), "weights")
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
