@@ -19,6 +19,7 @@ from accum_train.trainer.data import epoch_order
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
 from accum_train.trainer.run_parts import Run
+from helpers import max_difference, records
 
 N, SIZE = 64, 12
 ROW, COL = 5, 3  # one bright pixel per image, away from the border by more than the crop
@@ -119,13 +120,9 @@ def test_augmented_run_killed_and_resumed_reaches_the_uninterrupted_weights(tmp_
     assert resumed["steps"] == whole["steps"] == 20
     a, b = np.load(tmp_path / "whole" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
     assert sorted(a.files) == sorted(b.files)
-    assert max(float(np.max(np.abs(a[name] - b[name]))) for name in a.files) < 1e-6
+    assert max_difference(a, b) < 1e-6
     assert resumed["validation_accuracy"] == pytest.approx(whole["validation_accuracy"], abs=1e-9)
-    epochs = [
-        json.loads(line)
-        for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-        if '"test_accuracy"' in line
-    ]
+    epochs = [r for r in records(tmp_path / "cut") if "test_accuracy" in r]
     assert [e["epoch"] for e in epochs] == [1, 2]
     assert [e["validation_accuracy"] for e in epochs] == [
         e["validation_accuracy"] for e in read_metrics(tmp_path / "whole" / "metrics.jsonl") if "test_accuracy" in e

@@ -10,12 +10,9 @@ import accum_train
 import keras
 import numpy as np
 import pytest
+from helpers import max_difference
 
 N, T, VOCAB, BATCH, K, EPOCHS, RATE = 50, 8, 20, 16, 3, 2, 0.5
-
-
-def max_difference(a, b):
-    return max(float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) for u, v in zip(a, b))
 
 
 def token_arrays():

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 
+import helpers
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,7 +17,7 @@ from accum_train.config import load_config
 from accum_train.errors import Interrupted
 from accum_train.from_config.run import train
 from click.testing import CliRunner
-from helpers import InterruptAt, records
+from helpers import InterruptAt, max_difference, records
 
 SUMMARY_KEYS = {
     "test_accuracy",
@@ -65,7 +66,7 @@ def test_config_yaml_is_the_resolved_config(smoke_run):
 
 def test_metrics_jsonl_has_every_update_and_epoch(smoke_run):
     out, _, _ = smoke_run
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(out)
     updates = [r for r in records if "loss" in r]
     epochs = [r for r in records if "test_accuracy" in r]
     # 3000 examples / 64 = 46 full updates and one of 56, per epoch.
@@ -92,7 +93,7 @@ def test_tensorboard_events_hold_the_scalars(smoke_run):
     assert tags["train/loss"] == list(range(1, 95))
     assert tags["epoch/test_accuracy"] == [47, 94]
     # each update's scalars are its record's, as float32 (written a flush at a time, one graph call per tag)
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(out)
     updates = [r for r in records if "loss" in r]
     for key in ("loss", "learning_rate", "noise_scale"):
         expected = [r[key] for r in updates if r[key] is not None]
@@ -105,7 +106,7 @@ def test_the_noise_scale_is_in_every_record_and_in_tensorboard(smoke_run):
     """Each update's record carries the running estimate after it, each epoch's the estimate at its last update,
     summary.json the last; TensorBoard has both (k = 4 micro-batches: every applied update measures)."""
     out, _, _ = smoke_run
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(out)
     updates = [r for r in records if "loss" in r]
     epochs = [r for r in records if "elapsed_s" in r]
     assert all(isinstance(r["noise_scale"], float) and r["noise_scale"] > 0 for r in updates[5:])
@@ -160,12 +161,12 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, repo_root, 
     resumed = train(cfg, tmp_path / "cut", resume=True)
     a, b = np.load(tmp_path / "full" / "weights.npz"), np.load(tmp_path / "cut" / "weights.npz")
     assert sorted(a) == sorted(b)
-    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
+    assert max_difference(a, b) < 1e-6
     assert resumed["steps"] == full["steps"] == 20
     assert resumed["test_accuracy"] == pytest.approx(full["test_accuracy"], abs=1e-6)
     # metrics.jsonl: each update and epoch exactly once, as in the uninterrupted run
-    cut = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
-    ref = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    cut = helpers.records(tmp_path / "cut")
+    ref = helpers.records(tmp_path / "full")
     assert [(r["step"], "loss" in r) for r in cut] == [(r["step"], "loss" in r) for r in ref]
     assert [r.get("loss") for r in cut] == pytest.approx([r.get("loss") for r in ref], abs=1e-5)
     # the epoch resumed mid-way still reports the train loss of all its updates

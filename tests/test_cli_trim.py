@@ -13,6 +13,7 @@ from accum_train.trainer import trim
 from accum_train.trainer.feed import Feed
 from accum_train.trainer.timeline import Segment
 from accum_train.trainer.trim import TrimmedSplit
+from helpers import max_difference
 
 N, STEPS, VOCABULARY, BATCH, K, EPOCHS, RATE, MULTIPLE = 50, 24, 30, 16, 3, 2, 0.5, 8
 RNG = np.random.default_rng(7)
@@ -58,7 +59,7 @@ def test_a_trimmed_run_ends_at_model_fit_s_weights_on_whole_batches(tmp_path, mo
     accum_train.run(config, output_dir=tmp_path / "run")
     saved = np.load(tmp_path / "run" / "weights.npz")
     weights = [saved[v.path] for v in oracle.weights]
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, oracle.get_weights())) < 1e-5
+    assert max_difference(weights, oracle.get_weights()) < 1e-5
     assert cuts
     records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert records and all('"noise_scale": null' in line for line in records if '"step"' in line)

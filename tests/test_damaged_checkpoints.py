@@ -17,7 +17,7 @@ import pytest
 from accum_train.cli.main import main
 from accum_train.trainer.checkpoints import DAMAGED, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
 from click.testing import CliRunner
-from helpers import update_records
+from helpers import records, update_records
 
 # Whole runs: in the slow suite with the other kill and resume cases (make test-slow), but for one cheap case in
 # the default suite (a small MLP: the fallback and the repair, seconds).
@@ -111,7 +111,7 @@ def test_resume_past_a_damaged_latest_equals_an_uninterrupted_run(tmp_path, runs
     kept = sorted(p.name for p in (run_dir / "checkpoints" / DAMAGED).iterdir())
     assert kept == [DATA.format(n=10), "ckpt-10.index"]
     assert [r["step"] for r in update_records(run_dir)] == list(range(1, 21))  # each update once
-    epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r["epoch"] for r in records(run_dir)]
     assert epochs.count(1) == 11  # epoch 1's 10 updates (8 kept, 2 again) and its record, once
     ours, theirs = np.load(run_dir / "weights.npz"), np.load(runs[1] / "weights.npz")
     assert sorted(ours) == sorted(theirs)

@@ -21,12 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from click.testing import CliRunner
+from helpers import max_difference, update_records
 
 pytestmark = pytest.mark.slow  # fresh processes, about 5 minutes: `make test-slow`, run by CI
 
@@ -92,11 +94,6 @@ def weights(run_dir):
     return np.load(Path(run_dir) / "weights.npz")
 
 
-def max_diff(a, b):
-    assert sorted(a) == sorted(b)
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
-
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, repo_root):
     """Single-device references, SGD and Adam."""
@@ -132,7 +129,7 @@ def test_mirrored_on_two_logical_cpus_equals_single_device(tmp_path, repo_root, 
         "batch_size=64 over 2 replicas (32-32 examples each), each as 3 "
         "micro-batches of up to 11 examples; one gradient all-reduce per update"
     )
-    assert max_diff(weights(d), weights(single[optimizer])) < 1e-5
+    assert max_difference(weights(d), weights(single[optimizer])) < 1e-5
     assert json.loads((d / "summary.json").read_text())["steps"] == 8
 
 
@@ -156,7 +153,7 @@ def test_two_workers_with_sgd_equal_single_device(tmp_path, repo_root, single):
         )
     )
     assert done.returncode == 0, done.stderr
-    assert max_diff(weights(d), weights(single["sgd"])) < 1e-5
+    assert max_difference(weights(d), weights(single["sgd"])) < 1e-5
 
 
 @pytest.mark.workers
@@ -178,7 +175,7 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
         )
     )
     assert done.returncode == 0, done.stderr
-    assert max_diff(weights(d), weights(single["adam"])) < 1e-5
+    assert max_difference(weights(d), weights(single["adam"])) < 1e-5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["workers"]
     assert sorted(p.name for p in d.iterdir()) == [
         "checkpoints",
@@ -191,7 +188,7 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
         "weights.npz",
         "writer.lock",  # the supervisor's, held for its workers
     ]
-    records = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(d)
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, 9))  # written once, by the chief
     assert done.stdout.splitlines()[-1].startswith("test accuracy ")
@@ -247,8 +244,8 @@ def test_baseline_across_replicas_equals_the_baseline_and_the_subdivided_run_on_
     done = distributed(where, [*baseline_args(repo_root, optimizer), "--set", "baseline=true"], d)
     assert done.returncode == 0, done.stderr
     ours = weights(d)
-    to_baseline = max_diff(ours, weights(single_baseline[optimizer, True]))
-    to_subdivided = max_diff(ours, weights(single_baseline[optimizer, False]))
+    to_baseline = max_difference(ours, weights(single_baseline[optimizer, True]))
+    to_subdivided = max_difference(ours, weights(single_baseline[optimizer, False]))
     print(f"baseline {where} {optimizer}: {to_baseline:.2g} from one device's, {to_subdivided:.2g} from k=3's")
     assert to_baseline < 1e-5 and to_subdivided < 1e-5
     summary = json.loads((d / "summary.json").read_text())
@@ -274,9 +271,9 @@ def test_compare_with_mirrored_runs_both_sides_on_two_logical_cpus(tmp_path, rep
         assert line in done.stdout.splitlines()
     # BN-free: both sides reach the weights of their one-device counterparts, and each other's
     baseline, subdivided = weights(out / "baseline"), weights(out / "subdivided")
-    assert max_diff(baseline, weights(single_baseline["sgd", True])) < 1e-5
-    assert max_diff(subdivided, weights(single_baseline["sgd", False])) < 1e-5
-    assert max_diff(baseline, subdivided) < 1e-5
+    assert max_difference(baseline, weights(single_baseline["sgd", True])) < 1e-5
+    assert max_difference(subdivided, weights(single_baseline["sgd", False])) < 1e-5
+    assert max_difference(baseline, subdivided) < 1e-5
 
 
 # BatchNorm on, clipping at 0.5 (active: the updates' norms are near 1). 200 examples in batches of 64:
@@ -321,10 +318,6 @@ def single_bn(tmp_path_factory, repo_root):
         here(["run", smoke, "--output-dir", str(d), *bn_args(optimizer, examples), "--set", f"subdivisions={k}"])
         out[optimizer, k] = d
     return out
-
-
-def update_records(run_dir):
-    return [r for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
 def trainable_steps(run_dir, cfg):
@@ -380,7 +373,7 @@ def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_
     assert done.returncode == 0, done.stderr
     ours, reference = weights(d), weights(single_bn[optimizer, 6])
     # every weight and the moving statistics (weights.npz holds both), after 8 updates
-    diff = max_diff(ours, reference)
+    diff = max_difference(ours, reference)
     print(f"{where} {optimizer}: {diff:.2g} from one device")  # the README's figures (pytest -s)
     assert diff < 1e-5
     assert float(np.max(np.abs(ours["bn1/moving_var"] - 1.0))) > 1e-3  # the statistics did move
@@ -449,7 +442,7 @@ def test_auto_subdivisions_agree_on_every_replica_and_worker(
     assert printed[: len(lines) - 1] == lines[:-1] and lines[-1] in printed
     assert json.loads((d / "summary.json").read_text())["subdivisions"] == k
     # the retried first update was applied once, at the agreed k: 1 device with 2k gives the same weights
-    assert max_diff(weights(d), weights(single_bn[optimizer, 2 * k])) < 1e-5
+    assert max_difference(weights(d), weights(single_bn[optimizer, 2 * k])) < 1e-5
 
 
 COUNT_SCRIPT = """
@@ -636,8 +629,8 @@ def test_kill_one_worker_then_resume_reaches_the_uninterrupted_weights(tmp_path,
     assert 0 < step < 8 and not (cut / "weights.npz").exists()
     resumed = run(private_network(CLI + ["--resume", str(cut), "--workers", "2", "--quiet"]))
     assert resumed.returncode == 0, resumed.stderr
-    assert max_diff(weights(cut), weights(tmp_path / "whole")) < 1e-6
-    steps = [json.loads(x)["step"] for x in (cut / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(x)]
+    assert max_difference(weights(cut), weights(tmp_path / "whole")) < 1e-6
+    steps = [r["step"] for r in update_records(cut)]
     assert steps == list(range(1, 9))  # every update once, written by the chief
 
 
@@ -774,12 +767,12 @@ def test_batchnorm_at_a_high_rate_is_chaotic_but_repeatable(tmp_path, repo_root,
     rate = ["--set", "optimizer.learning_rate=0.05"]
     reference = train("reference", *rate, "--set", "parallel_micro_steps=1", fresh=False)
     # another run, in a fresh process with two micro-steps in flight this time: the same bits
-    assert max_diff(train("two-in-flight", *rate, "--set", "parallel_micro_steps=2"), reference) == 0.0
+    assert max_difference(train("two-in-flight", *rate, "--set", "parallel_micro_steps=2"), reference) == 0.0
     measured = {
-        "rate_x_1.000002": max_diff(
+        "rate_x_1.000002": max_difference(
             train("rate", "--set", "optimizer.learning_rate=0.0500001", fresh=False), reference
         ),
-        "intra_op_2": max_diff(train("pools", *rate, env={"TF_NUM_INTRAOP_THREADS": "2"}), reference),
+        "intra_op_2": max_difference(train("pools", *rate, env={"TF_NUM_INTRAOP_THREADS": "2"}), reference),
     }
     for key, value in measured.items():
         record_property(key, value)

@@ -19,7 +19,8 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from test_distribute import CLI, HERE, here, max_diff, private_network, run, weights
+from helpers import max_difference
+from test_distribute import CLI, HERE, here, private_network, run, weights
 
 pytestmark = pytest.mark.slow  # fresh processes: `make test-slow`; the worker cases one at a time (marker workers)
 
@@ -172,7 +173,7 @@ def test_keras_file_across_replicas_equals_one_device_with_twice_the_micro_batch
         "micro-batches of up to 11 examples; one gradient all-reduce per update"
     )
     ours, reference = weights(d), weights(one_device(model, optimizer))
-    diff = max_diff(ours, reference)  # every weight, and with BatchNorm the moving statistics too
+    diff = max_difference(ours, reference)  # every weight, and with BatchNorm the moving statistics too
     print(f"keras_file {model} {where} {optimizer}: {diff:.2g} from one device")  # the README's figures
     assert diff < 1e-5
     initial = {
@@ -181,7 +182,7 @@ def test_keras_file_across_replicas_equals_one_device_with_twice_the_micro_batch
         for v in layer.weights
     }
     assert sorted(initial) == sorted(ours)
-    assert max_diff(ours, initial) > 1e-3  # it did train
+    assert max_difference(ours, initial) > 1e-3  # it did train
     if model == "batchnorm":
         for name in ("bn_first", "bn_second"):  # the statistics moved, both of them
             assert float(np.max(np.abs(ours[f"{name}/moving_variance"] - 1.0))) > 1e-3
@@ -237,11 +238,11 @@ def test_mixed_bfloat16_layer_policies_across_replicas(one_device, across_replic
     )
     assert done.returncode == 0, done.stderr
     assert json.loads((d / "summary.json").read_text())["precision"] == "mixed_bfloat16"
-    diff = max_diff(weights(d), weights(single))
+    diff = max_difference(weights(d), weights(single))
     print(f"keras_file batchnorm mirrored mixed_bfloat16 sgd: {diff:.2g} from one device")
     assert diff < 1e-5
     float32, _ = across_replicas("mirrored", "batchnorm", "sgd")
-    assert max_diff(weights(d), weights(float32)) > 1e-3  # it did compute in bfloat16
+    assert max_difference(weights(d), weights(float32)) > 1e-3  # it did compute in bfloat16
 
 
 @pytest.mark.workers
@@ -263,7 +264,7 @@ def test_resumed_on_two_workers_every_worker_reads_the_run_directory_s_copy_of_t
     resumed = run(private_network(CLI + ["--resume", str(cut), "--set", "epochs=2", "--workers", "2", "--quiet"]))
     assert resumed.returncode == 0, resumed.stderr
     whole, _ = across_replicas("workers", "bn_free", "sgd")
-    diff = max_diff(weights(cut), weights(whole))
+    diff = max_difference(weights(cut), weights(whole))
     print(f"keras_file bn_free workers sgd, resumed without the user's file: {diff:.2g} from uninterrupted")
     assert diff < 1e-6
 

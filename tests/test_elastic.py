@@ -9,9 +9,11 @@ import json
 import math
 import sys
 
+import helpers
 import pytest
 from accum_train.trainer.lifecycle import adapt_subdivisions
-from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
+from helpers import max_difference
+from test_distribute import CLI, SMALL, private_network, run, same_thread_pools, weights  # noqa: F401
 
 # test_distribute's small run (200 examples / batch 64: 4 updates per epoch, the last one short; BN-free,
 # constant rate, k=3); each test sets its own epochs after it (a later --set wins).
@@ -77,10 +79,10 @@ def test_two_workers_then_one_device_then_mirrored_end_at_the_uninterrupted_weig
     assert mirrored.returncode == 0, mirrored.stderr
     assert "replicas changed since the checkpoint: 1 -> 2; subdivisions 6 -> 3" in mirrored.stdout
 
-    difference = max_diff(weights(cut), weights(tmp_path / "whole"))
+    difference = max_difference(weights(cut), weights(tmp_path / "whole"))
     print(f"{optimizer}: 2 workers, then 1 device, then mirrored against 2 workers throughout: {difference:.1e}")
     assert difference < 1e-5
-    records = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(cut)
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))  # every update once
     assert [r["epoch"] for r in records if "elapsed_s" in r] == [1, 2, 3]
     history = [json.loads(line) for line in (cut / "history.jsonl").read_text().splitlines()]
@@ -110,7 +112,7 @@ def test_one_device_resumed_on_two_workers(tmp_path, repo_root):
     workers = run(private_network(CLI + ["--resume", str(cut), "--set", "epochs=2", "--workers", "2", "--quiet"]))
     assert workers.returncode == 0, workers.stderr
     assert "replicas changed since the checkpoint: 1 -> 2; subdivisions 6 -> 3" in workers.stdout
-    assert max_diff(weights(cut), weights(tmp_path / "whole")) < 1e-5
+    assert max_difference(weights(cut), weights(tmp_path / "whole")) < 1e-5
     assert "name: multi_worker" in (cut / "config.yaml").read_text()
 
 

@@ -22,6 +22,7 @@ from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.gradient_cache import GradientCache
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer, make_schedule
+from helpers import max_difference
 
 RNG = np.random.default_rng(1234)
 X = RNG.random((64, 28, 28, 1), dtype=np.float32)
@@ -82,10 +83,6 @@ def whole_batch():
     return get
 
 
-def max_diff(a, b):
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-
-
 @pytest.mark.parametrize(
     "n, k, sizes",
     [
@@ -118,11 +115,11 @@ def test_accumulated_gradient_is_the_full_batch_mean_gradient(k):
             micro_mean = tf.reduce_mean(loss_fn(x[start:end], y[start:end]))
         naive = [a + g / k for a, g in zip(naive, tape.gradient(micro_mean, variables))]
     cached = [g.numpy() for g in engine.accumulated()]
-    assert max_diff(cached, full) < 1e-6
+    assert max_difference(cached, full) < 1e-6
     if 40 % k:
         # Averaging micro-batch means as equals (Keras' gradient_accumulation_steps,
         # the seed's divide-by-subdivisions) is measurably off for ragged splits.
-        assert max_diff([g.numpy() for g in naive], full) > 1e-4
+        assert max_difference([g.numpy() for g in naive], full) > 1e-4
 
 
 @pytest.mark.parametrize("make", [tl_model, keras_model], ids=["tensorlayer", "keras"])
@@ -131,9 +128,9 @@ def test_accumulated_gradient_is_the_full_batch_mean_gradient(k):
 def test_k_way_accumulation_equals_whole_batch_training(whole_batch, make, optimizer, lr, k):
     reference, reference_updates = whole_batch(make, optimizer, lr)
     weights, opt, _ = train(make, k, optimizer, lr)
-    assert max_diff(weights, reference) < 1e-5
+    assert max_difference(weights, reference) < 1e-5
     assert int(opt.iterations.numpy()) == reference_updates == len(BATCHES)
-    assert max_diff(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
+    assert max_difference(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
 
 
 @pytest.mark.parametrize("make", [tl_model, keras_model], ids=["tensorlayer", "keras"])
@@ -156,21 +153,21 @@ def test_the_baseline_on_one_device_is_the_whole_batch_mean_step_to_the_bit(whol
     for start, end in BATCHES:
         step(tf.constant(X[start:end]), tf.constant(Y[start:end]))
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(weights, variables))
-    assert max_diff(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
+    assert max_difference(weights, [v.numpy() for v in make()[0]]) > 1e-3  # it did train
 
 
 def test_seed_convnet_without_norm_matches_whole_batch():
     make = lambda: tl_model("seed_convnet", "none")  # noqa: E731
     reference, _, _ = train(make, None, "adam", 0.001)
     weights, _, _ = train(make, 5, "adam", 0.001)
-    assert max_diff(weights, reference) < 1e-5
+    assert max_difference(weights, reference) < 1e-5
 
 
 def test_short_last_batch_with_fewer_examples_than_subdivisions(whole_batch):
     # 24 + 24 + 16 examples with k=20: the last update has 16 one-example micro-batches.
     reference, _ = whole_batch(tl_model)
     weights, _, engine = train(tl_model, 20)
-    assert max_diff(weights, reference) < 1e-5
+    assert max_difference(weights, reference) < 1e-5
     assert int(engine.subdivisions.numpy()) == 20
 
 
@@ -181,7 +178,7 @@ def test_schedule_and_adam_count_updates_not_micro_batches():
     assert int(opt.iterations.numpy()) == 3  # 3 updates of 8 micro-batches each
     # Three updates halve the rate three times, not 24 times.
     assert float(opt.learning_rate.numpy()) == pytest.approx(0.01 * 0.5**3)
-    assert max_diff(weights, reference) < 1e-5
+    assert max_difference(weights, reference) < 1e-5
 
 
 def test_cache_is_empty_after_every_update():
@@ -204,10 +201,10 @@ def test_clipping_applies_once_to_the_accumulated_gradient():
     engine = Accumulator(loss_fn, variables, keras.optimizers.SGD(1.0), subdivisions=4, clip_norm=clip)
     out = engine.update(x, y)
     expected = [b - g.numpy() * clip / norm for b, g in zip(before, full)]
-    assert max_diff([v.numpy() for v in variables], expected) < 1e-6
+    assert max_difference([v.numpy() for v in variables], expected) < 1e-6
     assert float(out["grad_norm"]) == pytest.approx(norm, rel=1e-5)  # reported before clipping
     # Clipping each micro-batch instead would give another result entirely.
-    assert max_diff(train(tl_model, 4, clip_norm=clip)[0], train(tl_model, None, clip_norm=clip)[0]) < 1e-5
+    assert max_difference(train(tl_model, 4, clip_norm=clip)[0], train(tl_model, None, clip_norm=clip)[0]) < 1e-5
 
 
 def test_gradient_cache_clear_add_gradients():
@@ -232,8 +229,8 @@ def test_non_finite_micro_batch_skips_the_whole_update():
     bad[20] = np.nan  # only the last micro-batch is poisoned
     out = engine.update(tf.constant(bad), tf.constant(Y[:24]))
     assert not bool(out["applied"])
-    assert max_diff([v.numpy() for v in variables], before) == 0.0
-    assert max_diff([s.numpy() for s in opt.variables], slots) == 0.0  # iterations and moments too
+    assert max_difference([v.numpy() for v in variables], before) == 0.0
+    assert max_difference([s.numpy() for s in opt.variables], slots) == 0.0  # iterations and moments too
     assert all(float(tf.reduce_sum(tf.abs(g))) == 0.0 for g in engine.caches[0].gradients())
     assert bool(engine.update(tf.constant(X[:24]), tf.constant(Y[:24]))["applied"])
 
@@ -288,4 +285,4 @@ def test_one_replica_of_a_strategy_trains_as_the_default_strategy_does():
         return [v.numpy() for v in variables]
 
     one = trained(tf.distribute.MirroredStrategy(["/cpu:0"]))
-    assert max_diff(one, trained(tf.distribute.get_strategy())) == 0.0
+    assert max_difference(one, trained(tf.distribute.get_strategy())) == 0.0

@@ -10,7 +10,7 @@ import tensorflow as tf
 from accum_train import UserError
 from accum_train.errors import Interrupted
 from accum_train.trainer.metrics_log import is_epoch_record, read_metrics
-from helpers import signal_after
+from helpers import max_difference, signal_after
 
 N = 48  # batches of 8: 6 updates an epoch; of 16: 3; of 20: 2 full and a short one of 8
 RNG = np.random.default_rng(11)
@@ -25,10 +25,6 @@ def model():
     built = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(1)])
     built.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     return built
-
-
-def max_difference(a, b):
-    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b, strict=True))
 
 
 class UpdatesPerEpoch(keras.callbacks.Callback):

@@ -17,6 +17,7 @@ from accum_train.keras_fit.fit import _ENGINES
 from accum_train.keras_fit.pipeline import preprocessed
 from accum_train.keras_fit.stream_feed import DatasetFeed
 from accum_train.trainer.batching import Cut
+from helpers import max_difference
 from hub_tasks import causal_lm, text_classifier, texts
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -81,8 +82,8 @@ def test_a_task_with_its_preprocessor_ends_at_task_fit_s_weights(case):
 
     _, start, expected, expected_logs = trained(lambda model, **a: model.fit(**a), theirs)
     model, _, weights, logs = trained(accum_train.fit, {**theirs, **ours})
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(expected, start)) > 1e-2
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
+    assert max_difference(expected, start) > 1e-2
+    assert max_difference(weights, expected) < 1e-5
     # the gradient cache holds the trainable variables alone, in float32
     slots = [slot for engine in _ENGINES[model].values() for cache in engine[0].caches for slot in cache.slots]
     assert [tuple(s.shape) for s in slots] == [tuple(v.shape) for v in model.trainable_variables]
@@ -226,4 +227,4 @@ def test_trim_padding_takes_the_stock_gpt2_whose_key_biases_get_rounding_noise(r
             m, x, y, sample_weight=w, batch_size=64, subdivisions=8, trim_padding=True, shuffle=False, verbose=0
         )
     )
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, expected)) < 1e-5
+    assert max_difference(weights, expected) < 1e-5

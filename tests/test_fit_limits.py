@@ -17,6 +17,7 @@ from accum_train import UserError, keras_private
 from accum_train.errors import OutOfMemory, TrainingStopped
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
+from helpers import max_difference
 
 N, BATCH, K = 48, 8, 3  # six updates an epoch, each of micro-batches of 3, 3 and 2
 RNG = np.random.default_rng(3)
@@ -36,10 +37,6 @@ def model():
 def fit(built, x=POISONED, y=Y, **keywords):
     keywords = {"batch_size": BATCH, "subdivisions": K, "epochs": 1, "shuffle": False, "verbose": 0, **keywords}
     return accum_train.fit(built, x, y, **keywords)
-
-
-def max_difference(a, b):
-    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from accum_train import UserError
 from accum_train.errors import Interrupted
 from accum_train.trainer.checkpoints import checkpoint_numbers
 from accum_train.trainer.metrics_log import read_metrics
-from helpers import signal_after, small_regressor
+from helpers import max_difference, signal_after, small_regressor
 
 N, BATCH, K, SEED = 50, 16, 3, 5
 RNG = np.random.default_rng(11)
@@ -30,10 +30,6 @@ def uninterrupted():
     built = small_regressor()
     history = fit(built, 4)
     return built.get_weights(), history.history
-
-
-def max_difference(a, b):
-    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 
 
 def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):

@@ -32,7 +32,7 @@ from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer
 from click.testing import CliRunner
-from helpers import InterruptAt
+from helpers import InterruptAt, max_difference
 
 SHAPE = (28, 28, 1)
 N_TRAIN, BATCH, EPOCHS = 200, 64, 2  # 3 full batches and a short one of 8 per epoch
@@ -139,11 +139,6 @@ def keras_fit(path, cfg, from_logits=True):
     return {f"{layer.name}/{v.name}": v.numpy() for layer in model.layers for v in layer.weights}
 
 
-def max_diff(a, b):
-    assert sorted(a) == sorted(b)
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
-
 ORACLE_CASES = [  # (file, optimizer, learning rate)
     ("logits", "sgd", 0.1),
     ("logits", "adam", 0.01),
@@ -179,14 +174,14 @@ def oracle_runs(files, tmp_path_factory, data_dir):
 def test_equals_keras_fit_on_whole_batches(oracle_runs, name, opt, lr, k):
     ours, keras_weights, initial = oracle_runs[name, opt]
     # measured: k=1 exactly 0 (the same arithmetic as fit); k=5 6e-8 (SGD), 1.2e-7 (Adam)
-    assert max_diff(ours[k], keras_weights) < 1e-5
-    assert max_diff(ours[k], initial) > 1e-3  # it did train
+    assert max_difference(ours[k], keras_weights) < 1e-5
+    assert max_difference(ours[k], initial) > 1e-3  # it did train
 
 
 @pytest.mark.parametrize("name, opt, lr", ORACLE_CASES)
 def test_subdivided_equals_whole_batch(oracle_runs, name, opt, lr):
     ours, _, _ = oracle_runs[name, opt]
-    assert max_diff(ours[5], ours[1]) < 1e-5
+    assert max_difference(ours[5], ours[1]) < 1e-5
 
 
 # ----------------------------------------------------------------------------
@@ -321,7 +316,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(resumed):
     assert resumed["stopped_at"] == 6
     a, b = np.load(resumed["full_dir"] / "weights.npz"), np.load(resumed["cut_dir"] / "weights.npz")
     assert "bn_first/moving_variance" in a and "dropout/seed_generator_state" in a
-    assert max_diff(dict(a), dict(b)) < 1e-6
+    assert max_difference(dict(a), dict(b)) < 1e-6
     assert resumed["resumed"]["test_accuracy"] == pytest.approx(resumed["full"]["test_accuracy"], abs=1e-6)
 
 
@@ -332,7 +327,7 @@ def test_a_run_keeps_its_model_file_so_it_survives_the_original_moving(resumed, 
     assert resumed["kept"] == resumed["original"]  # the copy in the run directory, taken when the run started
     assert not resumed["own"].exists()  # the resume ran without the file the run started from
     a, b = np.load(full_dir / "weights.npz"), np.load(resumed["cut_dir"] / "weights.npz")
-    assert max_diff(dict(a), dict(b)) < 1e-6
+    assert max_difference(dict(a), dict(b)) < 1e-6
     assert export_run(full_dir).is_file()
     # evaluate and predict rebuild the model from the run's copy too
     evaluated = CliRunner().invoke(main, ["evaluate", str(full_dir)])

@@ -8,9 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import max_difference
 from test_cli_exact import prepared, saved_weights
 from test_distribute import private_network
-from test_keras_loss import max_difference, regression_arrays, write
+from test_keras_loss import regression_arrays, write
 
 
 @pytest.mark.slow  # three processes, one of them two workers joined over loopback

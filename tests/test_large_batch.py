@@ -23,7 +23,7 @@ from accum_train.config import ConfigError, as_config, load_config
 from accum_train.trainer.optim import learning_rate_at, run_schedule
 from accum_train.trainer.timeline import Timeline
 from click.testing import CliRunner
-from helpers import load_file
+from helpers import load_file, max_difference, update_records
 
 SCHEDULE = [{"epoch": 1, "batch_size": 500}, {"epoch": 3, "batch_size": 2000}]
 
@@ -312,7 +312,7 @@ def test_a_growing_batch_with_a_fixed_micro_batch_is_each_whole_batch_s_update(s
     pass: the weights after the run, BN-free, to 1e-5."""
     (micro_dir, summary), (base_dir, _) = scheduled["micro"], scheduled["baseline"]
     ours, theirs = np.load(micro_dir / "weights.npz"), np.load(base_dir / "weights.npz")
-    assert max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in ours) < 1e-5
+    assert max_difference(ours, theirs) < 1e-5
     assert summary["steps"] == 6 + 2 + 2 + 2  # 6 of 32, then 96: the rest of epoch 2 (64 left: one short), 2, 2
     assert summary["batch_schedule"] == [
         {"update": 1, "epoch": 1, "batch_size": 32},
@@ -322,7 +322,7 @@ def test_a_growing_batch_with_a_fixed_micro_batch_is_each_whole_batch_s_update(s
 
 def test_metrics_record_each_update_s_batch_k_and_scaled_rate(scheduled):
     d, _ = scheduled["micro"]
-    updates = [r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    updates = update_records(d)
     rows = [(r["step"], r["epoch"], r["batch_size"], r["subdivisions"], r["examples_seen"]) for r in updates]
     assert rows == [
         *[(s, 1, 32, 2, 32 * s) for s in range(1, 7)],
@@ -424,10 +424,10 @@ def test_killed_across_a_change_of_phase_resumes_to_the_uninterrupted_weights(re
     resumed = subprocess.run(cli + ["--resume", str(cut), "--quiet"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     a, b = np.load(whole / "weights.npz"), np.load(cut / "weights.npz")
-    diff = max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+    diff = max_difference(a, b)
     print(f"killed across the change of phase: {diff:.2g} from uninterrupted")
     assert diff < 1e-6
-    steps = [r["step"] for r in map(json.loads, (cut / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    steps = [r["step"] for r in update_records(cut)]
     assert steps == list(range(1, 13))
 
 

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import helpers
 import keras
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import tensorflow as tf
 from accum_train.trainer.batching import micro_bounds
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.noise import DECAY, NoiseScale, grown_batch, one_update
+from helpers import max_difference
 
 IN, OUT = 5, 3
 
@@ -315,7 +317,7 @@ def small(data_dir, **keys):
 
 
 def read_records(run_dir):
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(run_dir)
     return [r for r in records if "loss" in r], [r for r in records if "elapsed_s" in r]
 
 
@@ -376,7 +378,7 @@ def test_killed_after_the_batch_grew_resumes_to_the_uninterrupted_weights(data_d
     resumed = subprocess.run(cli + ["--resume", str(cut), "--quiet"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     a, b = np.load(whole / "weights.npz"), np.load(cut / "weights.npz")
-    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
+    assert max_difference(a, b) < 1e-6
     again = read_records(cut)[0]
     assert [(r["step"], r["batch_size"]) for r in again] == [(r["step"], r["batch_size"]) for r in updates]
     for key in ("loss", "noise_scale"):  # null (no estimate yet, or |G|^2's average not positive) read as NaN

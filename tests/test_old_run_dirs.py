@@ -14,7 +14,7 @@ from accum_train.cli.main import main
 from accum_train.trainer.checkpoints import checkpoint_numbers
 from accum_train.trainer.metrics_log import is_epoch_record, read_metrics
 from click.testing import CliRunner
-from helpers import load_file
+from helpers import load_file, max_difference
 
 pytestmark = pytest.mark.slow  # about 13 s: two uninterrupted runs and three resumes
 
@@ -27,10 +27,6 @@ FIT_STOPPED = 5  # of make_fit.py's 36 updates, 12 an epoch
 
 class ResumeFailed(Exception):
     """Today's code did not resume an old run directory."""
-
-
-def weights_apart(a, b) -> float:
-    return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b, strict=True))
 
 
 def copy_of(name: str, tmp_path: Path) -> Path:
@@ -79,7 +75,7 @@ def test_an_interrupted_cli_run_directory_resumes_to_the_uninterrupted_run(relea
     weights, uninterrupted = np.load(run_dir / "weights.npz"), np.load(uninterrupted_cli / "weights.npz")
     assert sorted(weights.files) == sorted(uninterrupted.files)
     names = sorted(weights.files)
-    assert weights_apart([weights[n] for n in names], [uninterrupted[n] for n in names]) <= 1e-5  # 0.0 when written
+    assert max_difference([weights[n] for n in names], [uninterrupted[n] for n in names]) <= 1e-5  # 0.0 when written
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +128,6 @@ def test_an_interrupted_fit_output_dir_of_0_2_0_resumes_to_the_uninterrupted_cal
     for name in ("loss", "accuracy"):
         assert history.history[name] == pytest.approx(expected[name], rel=1e-6), name
 
-    assert weights_apart(model.get_weights(), weights) <= 1e-5  # 0.0 when written
+    assert max_difference(model.get_weights(), weights) <= 1e-5  # 0.0 when written
     assert (run_dir / "initial_model.keras").is_file()  # what 0.2.0 did not keep, for the readers
     assert (run_dir / "model.keras").is_file()

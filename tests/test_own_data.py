@@ -25,7 +25,7 @@ from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
 from accum_train.from_config.run import train
 from click.testing import CliRunner
-from helpers import InterruptAt, iterated_autotuning, load_file
+from helpers import InterruptAt, iterated_autotuning, load_file, max_difference
 from PIL import Image
 
 # smoke.yaml on the whole slice: 2000 / 64 = 31 full updates and a short one of 16 per epoch; 3 epochs,
@@ -47,11 +47,6 @@ def run(repo_root, out, sets):
 
 def weights(run_dir):
     return dict(np.load(run_dir / "weights.npz"))
-
-
-def max_difference(a, b):
-    assert sorted(a) == sorted(b)
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ skips the whole update and halves the scale once, growth counted in updates)."""
 
 import json
 
+import helpers
 import keras
 import numpy as np
 import pytest
@@ -209,7 +210,7 @@ def test_a_float16_run_searches_its_scale_then_trains_and_keeps_it(tmp_path, rep
         ],
     )
     summary = train(cfg, tmp_path / "run")
-    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(tmp_path / "run")
     updates = [r for r in records if "loss" in r]
     skipped = [r for r in updates if r["skipped"]]
     assert skipped and all(r["overflow"] for r in skipped) and skipped[0]["step"] == 1

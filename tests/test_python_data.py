@@ -13,7 +13,7 @@ from accum_train import UserError
 from accum_train.config import as_config, load_config
 from accum_train.errors import Interrupted
 from accum_train.from_config.run import train
-from helpers import InterruptAt, iterated_autotuning
+from helpers import InterruptAt, iterated_autotuning, max_difference, update_records
 
 N = 50
 
@@ -45,10 +45,6 @@ def singles(split, epoch, seed, path):
 def endless(split, epoch, seed, path):
     return make(split, epoch, seed, path).repeat()
 """
-
-
-def max_difference(a, b):
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
 
 
 @pytest.fixture
@@ -213,8 +209,7 @@ def test_a_stream_killed_mid_epoch_resumes_to_the_uninterrupted_weights(project,
     resumed = subprocess.run([*cli, "--resume", str(project / "cut"), "--quiet"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert max_difference(weights(project / "cut"), weights(project / "whole")) < 1e-6
-    records = [json.loads(line) for line in (project / "cut" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
+    assert [r["step"] for r in update_records(project / "cut")] == list(range(1, 13))
     history = [json.loads(line)["event"] for line in (project / "cut" / "history.jsonl").read_text().splitlines()]
     assert history == ["start", "resume"]
 
@@ -271,4 +266,4 @@ def test_the_documented_tfrecord_pipeline_runs_as_written(repo_root, tmp_path, m
         result = CliRunner().invoke(main, ["run", f"{name}.yaml", "--output-dir", f"from-{name}", "--quiet"])
         assert result.exit_code == 0, result.output
     trained = {name: np.load(tmp_path / f"from-{name}" / "weights.npz") for name in sources}
-    assert max(float(np.max(np.abs(trained["records"][k] - trained["npz"][k]))) for k in trained["npz"].files) < 1e-6
+    assert max_difference(trained["records"], trained["npz"]) < 1e-6

@@ -24,9 +24,11 @@ import threading
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 from accum_train.trainer.checkpoints import checkpoint_numbers
-from test_distribute import CLI, SMALL, max_diff, private_network, run, same_thread_pools, weights  # noqa: F401
+from helpers import max_difference
+from test_distribute import CLI, SMALL, private_network, run, same_thread_pools, weights  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
@@ -127,12 +129,12 @@ def test_workers_killed_at_three_random_moments_restart_to_the_uninterrupted_wei
     ], f"seed {seed}, kills at {killed}"
     summary = json.loads((cut / "summary.json").read_text())
     assert (summary["restarts"], summary["steps"]) == (3, TOTAL)
-    records = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(cut)
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, TOTAL + 1))  # every update once
     history = [json.loads(x)["event"] for x in (cut / "history.jsonl").read_text().splitlines()]
     assert history == ["start", "resume", "resume", "resume"]
-    assert max_diff(weights(cut), weights(whole)) < 1e-6
+    assert max_difference(weights(cut), weights(whole)) < 1e-6
 
 
 @pytest.mark.parametrize(
@@ -160,7 +162,7 @@ def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_pa
         if supervisor.poll() is None:
             supervisor.kill()
     assert supervisor.returncode == 128 + sig
-    records = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    records = helpers.records(cut)
     steps = [r["step"] for r in records if "loss" in r]
     step = steps[-1]
     assert steps == list(range(1, step + 1)) and 5 <= step < TOTAL
@@ -171,4 +173,4 @@ def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_pa
     assert checkpoint_numbers(cut / "checkpoints")[0] == step  # newest by number, not by name
     resumed = run(private_network([*CLI, "--resume", str(cut), "--workers", "2", "--quiet"]))
     assert resumed.returncode == 0, resumed.stderr
-    assert max_diff(weights(cut), weights(whole)) < 1e-6
+    assert max_difference(weights(cut), weights(whole)) < 1e-6
