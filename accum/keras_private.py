@@ -56,6 +56,30 @@ def symbolic_build(model, data_batch) -> None:
     model._symbolic_build(data_batch=data_batch)
 
 
+def symbolic_call(model, x):
+    """``model`` called on symbolic inputs ``x`` (keras.KerasTensor), nothing run: its outputs' specs, or the
+    error a call on such a batch raises (what model.fit's build meets first)."""
+    from keras.src import backend
+
+    return backend.compute_output_spec(model, x, training=False)
+
+
+def input_structure(model):
+    """The structure of a functional (or Sequential) model's inputs as it was built (a dict by name, a list, one
+    KerasTensor), or None for a subclassed model, which has none until called."""
+    functional = getattr(model, "_functional", None)  # a Sequential's, once it has its input
+    return getattr(functional if functional is not None else model, "_inputs_struct", None)
+
+
+def sparse_labels(loss) -> tuple[bool, int | None]:
+    """(whether ``loss``, a compiled loss entry's, is a sparse categorical cross-entropy, its ignore_class): one
+    that takes class indices, each of which must be an index of the output's last axis."""
+    fn = getattr(loss, "fn", None)
+    if fn is not keras.losses.sparse_categorical_crossentropy:
+        return False, None
+    return True, getattr(loss, "_fn_kwargs", {}).get("ignore_class")
+
+
 def flat_losses(model) -> list:
     """The compiled loss's entries, one per output with a loss: (path, loss object, weight or None, name)."""
     return list(compile_loss(model)._flat_losses)

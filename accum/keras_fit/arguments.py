@@ -115,6 +115,38 @@ def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_ep
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
 
 
+def check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size) -> None:
+    """model.fit's other keywords, where a wrong one would fail later in another's words (Keras' seed check, a
+    division by zero in the epoch loop, a callback list that is an int) or pass silently (validation_steps=0
+    validates nothing and logs a loss of 0)."""
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32
+    ):
+        raise UserError(f"{WHERE}: seed={seed!r} must be None or an integer from 0 to 2**32 - 1")
+    if callbacks is not None:
+        if not isinstance(callbacks, (list, tuple)):
+            raise UserError(
+                f"{WHERE}: callbacks is a {type(callbacks).__name__}: pass a list of keras.callbacks.Callback"
+            )
+        for i, callback in enumerate(callbacks):
+            if not isinstance(callback, keras.callbacks.Callback):
+                raise UserError(
+                    f"{WHERE}: callbacks[{i}] is a {type(callback).__name__}, not a keras.callbacks.Callback"
+                )
+    epochs = validation_freq if isinstance(validation_freq, (list, tuple)) else [validation_freq]
+    if not epochs or any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 1 for e in epochs):
+        raise UserError(
+            f"{WHERE}: validation_freq={validation_freq!r} must be an integer >= 1 (validate every that many epochs) "
+            f"or a list of the 1-based epochs to validate after"
+        )
+    for name, value, default in (
+        ("validation_steps", validation_steps, "all of the validation data"),
+        ("validation_batch_size", validation_batch_size, "batch_size"),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1 (None: {default})")
+
+
 def memory_limit_of(memory_limit):
     """(bytes, as given) of ``memory_limit``, or None; what the CLI's memory_limit key takes."""
     if memory_limit is None:

@@ -21,23 +21,30 @@ from .conversion import _leaves_as_arrays, class_weights_tensor
 
 
 class ArrayFeed:
-    """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays."""
+    """Arrays in memory: x, y and sample weights as structures of [N, ...] arrays; ``names``: theirs in messages
+    (validation_data's x, ...)."""
 
     def __init__(
-        self, x, y, sample_weight, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, trim=0, schedule=()
+        self,
+        x,
+        y,
+        sample_weight,
+        class_weight,
+        *,
+        batch_size,
+        shuffle,
+        seed,
+        steps_per_epoch,
+        trim=0,
+        schedule=(),
+        names=("x", "y", "sample_weight"),
     ):
-        data = tuple(part for part in (x, y, sample_weight) if part is not None)
+        given = [(part_name, part) for part_name, part in zip(names, (x, y, sample_weight)) if part is not None]
         self.structure = (x is not None, y is not None, sample_weight is not None or class_weight is not None)
-        arrays = _leaves_as_arrays(data, "x")
+        arrays = tuple(_leaves_as_arrays(part, part_name) for part_name, part in given)
         counts = {len(leaf) for leaf in tf.nest.flatten(arrays)}
         if len(counts) > 1:
-            sizes = [len(leaf) for leaf in tf.nest.flatten(arrays[0])]
-            others = [len(leaf) for part in arrays[1:] for leaf in tf.nest.flatten(part)]
-            raise UserError(
-                f"{WHERE}: x holds {sizes[0] if len(set(sizes)) == 1 else sizes} examples but "
-                f"{'y' if y is not None else 'sample_weight'} {others[0] if len(set(others)) == 1 else others}: "
-                f"every array needs one row per example"
-            )
+            raise UserError(f"{WHERE}: {_rows_differ(given, arrays)}: every array needs one row per example")
         self.examples = counts.pop()
         if self.examples == 0:
             raise UserError(f"{WHERE}: x holds no example")
@@ -127,3 +134,18 @@ class ArrayFeed:
         order = np.concatenate(batches) if batches else np.zeros(0, np.int64)
         elements = gathered(self, order, layout)
         return endless(elements) if pad else elements
+
+
+def _rows_differ(given: list, arrays: tuple) -> str:
+    """Which arrays disagree on the examples, by the names of ``given`` ((name, part) of x, y, sample_weight):
+    x's count against the first part that has another (x's own arrays, where they differ among themselves)."""
+    rows = [[len(leaf) for leaf in tf.nest.flatten(part)] for part in arrays]
+
+    def count(n):
+        return n[0] if len(set(n)) == 1 else n
+
+    x_rows = rows[0]
+    if len(set(x_rows)) > 1:
+        return f"{given[0][0]} holds {x_rows} examples"
+    other = next(i for i in range(1, len(rows)) if set(rows[i]) != {x_rows[0]})
+    return f"{given[0][0]} holds {x_rows[0]} examples but {given[other][0]} {count(rows[other])}"

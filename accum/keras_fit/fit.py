@@ -27,7 +27,6 @@ from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
-from ..text import traced_error_line
 from ..trainer.batching import Cut, k_for_micro_batch
 from ..trainer.engine_for import accumulator_for
 from ..trainer.gradient_cache import cache_line
@@ -37,8 +36,10 @@ from ..trainer.runtime import auto_parallel
 from ..trainer.scoring import Evaluation, KerasMetrics
 from ..trainer.trim import check_trim, check_trimmable, trim_multiple
 from ..trainer.update import LOSS_SCALE, local_replica_ids
+from . import checks
 from .arguments import (
     WHERE,
+    check_keywords,
     check_model,
     check_numbers,
     compile_if_needed,
@@ -130,6 +131,8 @@ def fit(
     check_model(model)
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
+    check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size)
+    seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and fit.json take these
     if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
         raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
         x, validation_data = task_batches(model, *raw)
@@ -156,6 +159,8 @@ def fit(
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
+    checks.check_class_weight(class_weight)
+    labelled = checks.held_targets(x, y, validation_data)  # before the split: y's tail is validated on
     (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
     feed = make_feed(
         x,
@@ -204,8 +209,13 @@ def fit(
             restore.enter_context(_eagerly())
         restore.enter_context(call_precision(model, precision))
         check_examples_are_batched(model, feed, batch_size)
+        names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
+        checks.check_input_kinds(model, feed, validation, names)
         with strategy.scope():
-            _as_user_error(keras_private.symbolic_build, model, feed.element_spec)
+            checks.as_user_error(
+                model, feed.element_spec, names, keras_private.symbolic_build, model, feed.element_spec
+            )
+        checks.check_targets(model, checks.inputs_of(feed.element_spec), class_weight, labelled)
         key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
@@ -217,12 +227,13 @@ def fit(
                     f"compile(loss=...), or train with model.fit"
                 )
             objective = KerasObjective(model, steps=feed.steps)
-            groups = _probe(objective, feed.element_spec, strategy)
+            groups = _probe(objective, feed.element_spec, strategy, names)
             if trim:
                 check_trim(objective, groups, feed.first_batch(), feed.timed, feed.element_spec, cut, strategy, WHERE)
             # the validation data as its own uncut length counts (trim_padding): the same loss
             scored = objective if validation is None else objective.with_steps(validation.steps)
-            eval_groups = _probe(scored, validation.element_spec, strategy) if validation is not None else ()
+            validated = checks.DATA_NAMES["validation_data"]
+            eval_groups = _probe(scored, validation.element_spec, strategy, validated) if validation is not None else ()
             if trim and validation is not None:  # its cut must change nothing either: its loss is reported
                 spec = validation.element_spec
                 first = validation.first_batch()
@@ -334,20 +345,9 @@ def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tup
     )
 
 
-def _as_user_error(function, *args):
-    """``function(*args)``; what Keras raises for targets that do not fit the outputs, in one line."""
-    try:
-        return function(*args)
-    except UserError:
-        raise
-    except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
-        message = traced_error_line(err)
-        raise UserError(f"{WHERE}: the compiled loss cannot take these targets and outputs: {message}") from None
-
-
-def _probe(objective, element_spec, strategy) -> tuple:
-    """The normalisers of a data source (Objective.probe); bad targets in one line."""
-    groups = _as_user_error(objective.probe, element_spec, strategy)
+def _probe(objective, element_spec, strategy, names) -> tuple:
+    """The normalisers of a data source (Objective.probe); data that does not fit, in one line."""
+    groups = checks.as_user_error(objective.model, element_spec, names, objective.probe, element_spec, strategy)
     if not groups and objective.regularization() is None:
         raise Refused(
             "no-compiled-loss",

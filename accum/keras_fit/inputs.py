@@ -113,6 +113,7 @@ def make_feed(
         steps_per_epoch=steps_per_epoch,
         trim=trim,
         schedule=schedule,
+        names=tuple(part if name == "x" else f"{name}'s {part}" for part in ("x", "y", "sample_weight")),
     )
 
 

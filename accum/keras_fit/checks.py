@@ -1,0 +1,263 @@
+"""accum_train.fit's data checked against the model, each problem one line (``UserError``) that names the argument
+at fault and what it may hold: inputs that do not fit the model's, class labels outside its output, class weights
+of classes it does not have. model.fit meets these as an error that blames another thing (the compiled loss), as a
+TensorFlow graph error of fifty lines, or, for labels out of range on a GPU, as a NaN loss.
+
+Labels are checked where the data is held in memory (arrays, tensors): every value, once, before training.
+Streams (datasets, generators, a PyDataset) are not read ahead for it: their labels meet TensorFlow's own check
+as under model.fit, a graph error on a CPU; on a GPU a NaN loss, whose update is skipped as non-finite (and
+``max_bad_steps`` stops the call).
+"""
+
+from __future__ import annotations
+
+import re
+from numbers import Integral
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from .. import keras_private
+from ..errors import UserError
+from ..text import traced_error_line
+from .arguments import WHERE
+from .inputs import streamed_source
+
+
+def _symbolic(spec):
+    return keras.KerasTensor(tuple(spec.shape.as_list()), spec.dtype.name)
+
+
+def _keras_said(err: BaseException) -> str:
+    """What Keras said of a call that failed, in one line: its frame lines ("Exception encountered when calling",
+    "Arguments received", each argument's bullet) and terminal colours left out."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    frame = ("Exception encountered when calling", "Arguments received", "•", "in user code", "File ")
+    said = [line for line in lines if not line.startswith(frame)]
+    return (said or lines or [type(err).__name__])[0]
+
+
+def _fits(given: tuple, wanted: tuple) -> bool:
+    """Whether examples of shape ``given`` fit an input of ``wanted`` (neither with its batch axis), as a Keras
+    functional model takes them: a rank one more with a trailing 1 is squeezed, one less expanded to a trailing
+    1; then every axis the input fixes must match."""
+    if len(given) == len(wanted) + 1 and given[-1] == 1:
+        given = given[:-1]
+    elif len(given) + 1 == len(wanted) and wanted[-1] == 1:
+        given = (*given, 1)
+    return len(given) == len(wanted) and all(w is None or g is None or g == w for g, w in zip(given, wanted))
+
+
+def _names(keys) -> str:
+    return ", ".join(repr(k) for k in keys)
+
+
+def _pairs(model, x, name: str):
+    """(label, spec, the model's input) for each input ``x`` gives, paired as Keras pairs them; or a message
+    when the structure does not pair (a name missing, another number of inputs); or () when the model has no
+    inputs to compare with (a subclassed model)."""
+    structure = keras_private.input_structure(model)
+    if structure is None:
+        return ()
+    if isinstance(structure, dict) and isinstance(x, dict):
+        missing = [key for key in structure if key not in x]
+        if missing:
+            return (
+                f"{name} has no input {missing[0]!r} (it has {_names(x)}): model {model.name!r} takes "
+                f"{_names(structure)}"
+            )
+        return [(f"{name}[{key!r}]", x[key], structure[key]) for key in structure]  # Keras ignores other keys
+    given, wanted = tf.nest.flatten(x), tf.nest.flatten(structure)
+    if len(given) != len(wanted):
+        return f"{name} holds {len(given)} input arrays, and model {model.name!r} takes {len(wanted)}"
+    labels = [name] if len(given) == 1 else [f"{name}[{i}]" for i in range(len(given))]
+    return list(zip(labels, given, wanted))
+
+
+def _shape(shape) -> str:
+    return str(tuple(None if d is None else int(d) for d in shape))
+
+
+def check_input_kinds(model, feed, validation, names) -> None:
+    """Text where the model takes numbers, or numbers where it takes text, in the inputs of the training ``feed``
+    (named ``names[0]``) or the ``validation`` one (or None): what TensorFlow would only meet when the first
+    micro-step runs (a graph error of fifty lines)."""
+    sources = [(feed, names[0])] + ([(validation, DATA_NAMES["validation_data"][0])] if validation is not None else [])
+    for source, name in sources:
+        pairs = _pairs(model, inputs_of(source.element_spec), name)
+        for label, spec, tensor in pairs if not isinstance(pairs, str) else ():
+            wanted = keras.backend.standardize_dtype(tensor.dtype)
+            if (spec.dtype == tf.string) != (wanted == "string"):
+                raise UserError(
+                    f"{WHERE}: {label} holds {spec.dtype.name} values, and model {model.name!r} takes {wanted}"
+                )
+
+
+def input_problem(model, x, name: str) -> str | None:
+    """Why the inputs ``x`` (a batch's TensorSpecs) do not fit ``model``, in words that name ``name``; None when
+    the model takes them (a failure to build or trace is then the targets'). Asked only once building or tracing
+    failed: the model is called on symbolic inputs alone."""
+    try:
+        symbolic = tf.nest.map_structure(_symbolic, x)
+    except (ValueError, TypeError, AttributeError):
+        return None  # inputs no KerasTensor describes (ragged, of unknown rank): nothing to tell them by
+    try:
+        keras_private.symbolic_call(model, symbolic)
+        return None
+    except Exception as err:  # whatever the call alone raises is the inputs' (or the model's own) failure
+        said = _keras_said(err)
+    pairs = _pairs(model, x, name)
+    if isinstance(pairs, str):
+        return pairs
+    for label, spec, tensor in pairs:
+        if spec.shape.rank is None:
+            continue
+        given, wanted = tuple(spec.shape.as_list()[1:]), tuple(tensor.shape[1:])
+        if not _fits(given, wanted):
+            return (
+                f"{label} holds examples of shape {_shape(given)}, and model {model.name!r} takes examples of shape "
+                f"{_shape(wanted)}"
+            )
+    return f"{name} does not fit model {model.name!r}: {said}"
+
+
+def check_class_weight(class_weight) -> None:
+    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_targets``)."""
+    if class_weight is None:
+        return
+    if not isinstance(class_weight, dict):
+        raise UserError(
+            f"{WHERE}: class_weight is a {type(class_weight).__name__}: pass a dict of class index to weight, such "
+            f"as {{0: 1.0, 1: 5.0}}"
+        )
+    for key, weight in class_weight.items():
+        # model.fit takes int(key): 1.0 is class 1
+        whole = isinstance(key, Integral) or (isinstance(key, float) and key.is_integer())
+        if isinstance(key, bool) or not whole or key < 0:
+            raise UserError(f"{WHERE}: class_weight has the key {key!r}: its keys are class indices, integers >= 0")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
+            raise UserError(f"{WHERE}: class_weight[{key}] is {weight!r}: a weight is a number")
+
+
+def _outputs(model, x):
+    """The model's outputs as a structure of specs (their shapes), for the inputs ``x`` (TensorSpecs)."""
+    functional = getattr(model, "_functional", None)
+    structure = getattr(functional if functional is not None else model, "_outputs_struct", None)
+    if structure is not None:
+        return structure
+    return keras_private.symbolic_call(model, tf.nest.map_structure(_symbolic, x))
+
+
+def _at(structure, path):
+    """The leaf of ``structure`` at a compiled loss's ``path`` (keys and indexes), or None where it has none (an
+    array where the path goes on: targets laid out otherwise than the outputs, which Keras matches its own way)."""
+    for key in path:
+        if not isinstance(structure, (dict, list, tuple)):
+            return None
+        try:
+            structure = structure[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return structure
+
+
+def _width(output) -> int | None:
+    """The length of an output's last axis (its classes), None where the model leaves it open."""
+    width = output.shape[-1] if output is not None and len(output.shape) else None
+    return None if width is None else int(width)
+
+
+def inputs_of(element_spec):
+    """The inputs' part of a feed's element spec ((x,), (x, y) or (x, y, sample_weight); or x alone)."""
+    if isinstance(element_spec, tuple) and 1 <= len(element_spec) <= 3:
+        return element_spec[0]
+    return element_spec
+
+
+def check_targets(model, x, class_weight, labelled) -> None:
+    """Class weights and class labels against the model's outputs, after its build (its compiled loss is known
+    then). ``x``: the training inputs' TensorSpecs; ``labelled``: (name, targets) of each set of targets held in
+    memory (y, validation_data's y), read whole once: a label out of range ends in TensorFlow's graph error of
+    fifty lines on a CPU, in a NaN loss on a GPU."""
+    entries = keras_private.flat_losses(model) if keras_private.compile_loss(model) is not None else []
+    sparse = [(entry, *keras_private.sparse_labels(entry.loss)) for entry in entries]
+    sparse = [(entry, ignore) for entry, is_sparse, ignore in sparse if is_sparse]
+    if class_weight is None and not (sparse and labelled):
+        return
+    outputs = _outputs(model, x)
+    if class_weight:
+        width = _width(tf.nest.flatten(outputs)[0])  # one output: fit refuses class_weight for more
+        classes = None if width is None else max(width, 2)  # one unit: the two classes of a sigmoid
+        unknown = [key for key in class_weight if classes is not None and key >= classes]
+        if unknown:
+            raise UserError(
+                f"{WHERE}: class_weight names class {unknown[0]!r}, and model {model.name!r} outputs {classes} "
+                f"classes: its keys are 0 to {classes - 1}"
+            )
+    for entry, ignore in sparse:
+        classes = _width(_at(outputs, entry.path))
+        for name, targets in labelled:
+            labels = _at(targets, entry.path)
+            if classes is None or labels is None:
+                continue
+            if isinstance(labels, (list, tuple)) and labels and np.ndim(labels[0]) > 0:
+                continue  # a structure where the loss takes one array: Keras' own matching decides
+            try:
+                labels = np.asarray(labels)
+            except (ValueError, TypeError):
+                continue  # not an array (ragged): TensorFlow's own check
+            if labels.dtype.kind not in "iuf" or labels.size == 0:
+                continue
+            # what Keras' cast to an integer makes of them (a float label 2.7 is class 2)
+            values = labels.astype(np.int64, copy=False).reshape(len(labels), -1)
+            bad = (values < 0) | (values >= classes)
+            if ignore is not None:
+                bad &= values != ignore
+            if bad.any():
+                row = int(np.argmax(bad.any(axis=1)))
+                value = int(values[row][bad[row]][0])
+                label = name + "".join(f"[{key!r}]" for key in entry.path)
+                also = f" (or ignore_class={ignore})" if ignore is not None else ""
+                raise UserError(
+                    f"{WHERE}: {label}[{row}] holds class {value}, and model {model.name!r} outputs {classes} "
+                    f"classes: its sparse categorical cross-entropy takes labels 0 to {classes - 1}{also}"
+                )
+
+
+# (what the inputs are called, what the targets are called) in the messages, by where the data came from: arrays
+# and their y, a stream that gives both (a dataset, a generator, a PyDataset), validation_data
+DATA_NAMES = {
+    "y": ("x", "y"),
+    "x": ("x", "the targets x gives"),
+    "validation_data": ("validation_data's x", "validation_data's y"),
+}
+
+
+def held_targets(x, y, validation_data) -> list:
+    """(name, targets) of the targets held in memory, whose class labels check_targets reads: y given with arrays,
+    and validation_data's y given as arrays (not a stream's, which are read only as training goes)."""
+    held = [("y", y)] if y is not None and not streamed_source(x) else []
+    tupled = isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)
+    if tupled and not streamed_source(validation_data[0]):
+        held.append(("validation_data's y", validation_data[1]))
+    return held
+
+
+def as_user_error(model, spec, names, function, *args):
+    """``function(*args)``; what Keras raises for data (elements ``spec``) that does not fit ``model``, in one
+    line that names the argument: the inputs (``names[0]``) where the model alone cannot take them, else the
+    targets (``names[1]``)."""
+    try:
+        return function(*args)
+    except UserError:
+        raise
+    except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
+        problem = input_problem(model, inputs_of(spec), names[0])
+        if problem is None:
+            problem = (
+                f"the compiled loss of model {model.name!r} cannot take {names[1]} with its outputs: "
+                f"{traced_error_line(err)}"
+            )
+        raise UserError(f"{WHERE}: {problem}") from None
