@@ -59,7 +59,10 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 16
     # TensorBoard has what metrics.jsonl has (the CLI's writer): each update's loss, each epoch's logs
     scalars = {}
-    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):  # one file per call
+    # one file per call, in the order written: events.out.tfevents.SECONDS.HOST.PID.N.v2, N the process's count of
+    # writers, which a name sort puts 10 before 9 when two calls fall in one second
+    files = (run_dir / "tensorboard").glob("events.out.tfevents.*")
+    for path in sorted(files, key=lambda p: (int(p.name.split(".")[3]), int(p.name.rsplit(".", 2)[1]))):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
