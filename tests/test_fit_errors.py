@@ -256,6 +256,20 @@ BAD = [
         "x['b'] holds examples of shape (6,), and model 'two_inputs' takes examples of shape (3,)",
     ),
     (
+        "no y",
+        regression,
+        (X,),
+        {"batch_size": BATCH},
+        "y is missing: model 'regression' is compiled with a loss, which takes them",
+    ),
+    (
+        "a dataset of inputs alone",
+        regression,
+        (tf.data.Dataset.from_tensor_slices(X).batch(8),),
+        {},
+        "x gives no targets: model 'regression' is compiled with a loss, which takes them",
+    ),
+    (
         "targets of another structure",
         two_outputs,
         (X, Y),

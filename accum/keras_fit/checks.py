@@ -255,6 +255,9 @@ def as_user_error(model, spec, names, function, *args):
         raise
     except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
         problem = input_problem(model, inputs_of(spec), names[0])
+        if problem is None and not (isinstance(spec, tuple) and len(spec) > 1):  # inputs alone: no targets
+            missing = "y is missing" if names[1] == "y" else f"{names[0]} gives no targets"
+            problem = f"{missing}: model {model.name!r} is compiled with a loss, which takes them"
         if problem is None:
             problem = (
                 f"the compiled loss of model {model.name!r} cannot take {names[1]} with its outputs: "
