@@ -140,6 +140,20 @@ def test_compare_and_the_last_line_read_null_as_nan(cli_run):
     assert scores_text({"test_loss": None, "test_mae": 2.0}, "test") == "test loss nan, test mae 2.0000"
 
 
+def test_a_metric_of_several_values_is_a_list_in_fit_s_metrics_jsonl(tmp_path):
+    """F1Score(average=None) logs one value per class: metrics.jsonl holds them as a list (the call ended in a
+    TypeError)."""
+    labels = keras.utils.to_categorical([0, 1, 2, 0], 3)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=[keras.metrics.F1Score(average=None)])
+    history = accum_train.fit(
+        model, X, labels, batch_size=2, subdivisions=2, shuffle=False, verbose=0, output_dir=tmp_path / "run"
+    )
+    rows = strict_documents(tmp_path / "run" / "metrics.jsonl")
+    assert len(epoch_end(rows)["f1_score"]) == 3
+    assert epoch_end(rows)["f1_score"] == pytest.approx(np.asarray(history.history["f1_score"][0]).tolist())
+
+
 # (value, strict JSON of it)
 VALUES = [
     (float("nan"), "null"),

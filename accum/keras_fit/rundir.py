@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from ..config import CheckpointConfig
@@ -216,4 +217,12 @@ class FitRunDir:
 
 
 def _plain(logs: dict) -> dict:
-    return {name: float(value) if hasattr(value, "__float__") else value for name, value in logs.items()}
+    """Logs as JSON holds them: a metric of several values (F1Score(average=None): one per class) as a list, which
+    float() refused (the call ended in a TypeError), a number as a float."""
+
+    def plain(value):
+        if isinstance(value, np.ndarray) and value.size != 1:
+            return value.tolist()
+        return float(value) if hasattr(value, "__float__") else value
+
+    return {name: plain(value) for name, value in logs.items()}
