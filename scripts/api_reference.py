@@ -24,9 +24,10 @@ PUBLIC = ("fit", "run", "Progress")
 HEAD = """\
 # Python API
 
-The public Python API of accum-train: `accum_train.fit` (model.fit with exact gradient accumulation, for a Keras
-model you hold), `accum_train.run` (what `accum-train run` does), `accum_train.Progress` (the callbacks of a run)
-and the errors that bad input raises. [python.md](python.md) is the guide, with examples; the keys a config may
+The public Python API of accum-train: `accum_train.fit` (model.fit with gradient accumulation that keeps the
+whole batch's update, for a Keras model you hold; its conditions in [limitations.md](limitations.md)),
+`accum_train.run` (what `accum-train run` does), `accum_train.Progress` (the callbacks of a run) and the errors that
+bad input raises. [python.md](python.md) is the guide, with examples; the keys a config may
 set are in [configuration.md](configuration.md).
 
 This page is generated from the signatures and docstrings by `python scripts/api_reference.py`; a test

@@ -91,7 +91,8 @@ def fit(
     """Train ``model`` as ``model.fit`` would on whole batches of ``batch_size``, a micro-batch at a time.
 
     The arguments up to ``validation_freq`` are model.fit's, in its order and with its meaning; the update is
-    the whole batch's, exactly, however it is split. Added, keyword-only:
+    the whole batch's however it is split (to 1e-5 in float32; the conditions and every difference from model.fit
+    are in docs/limitations.md). Added, keyword-only:
 
     - ``subdivisions``: micro-batches per replica and update.
     - ``micro_batch_size``: the fewest micro-batches that keep each within it instead. "auto", as the CLI's
