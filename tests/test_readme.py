@@ -431,6 +431,7 @@ NOT_RUN = {
     ". .venv/bin/activate": "the environment this test runs in",
     # installing needs the package index; make's set-up runs the develop line, and the test of the install
     # section below checks that each line names extras setup.cfg has
+    'pip install "."': "an install into the environment the suite runs in",
     'pip install ".[cpu]"': "an install from the package index",
     'pip install ".[gpu]"': "an install from the package index",
     'pip install -e ".[cpu,hub,test]"': "make's set-up, which the suite runs in",
