@@ -85,9 +85,14 @@ def strategy_of(model, strategy):
     return strategy
 
 
+def _integer(value) -> bool:
+    """An integer as a count or an index: Python's or NumPy's, not a bool (True is no batch size)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, bad) -> None:
     def positive(name, value):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+        if value is not None and (not _integer(value) or value < 1):
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")
 
     for name, value in (
@@ -111,7 +116,7 @@ def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_ep
             f"(subdivisions={subdivisions}, micro_batch_size={micro_batch_size})"
         )
     for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        if not _integer(value) or value < 0:
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
 
 
@@ -119,9 +124,7 @@ def check_keywords(seed, callbacks, validation_freq, validation_steps, validatio
     """model.fit's other keywords, where a wrong one would fail later in another's words (Keras' seed check, a
     division by zero in the epoch loop, a callback list that is an int) or pass silently (validation_steps=0
     validates nothing and logs a loss of 0)."""
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32
-    ):
+    if seed is not None and (not _integer(seed) or not 0 <= seed < 2**32):
         raise UserError(f"{WHERE}: seed={seed!r} must be None or an integer from 0 to 2**32 - 1")
     if callbacks is not None:
         if not isinstance(callbacks, (list, tuple)):
@@ -134,7 +137,7 @@ def check_keywords(seed, callbacks, validation_freq, validation_steps, validatio
                     f"{WHERE}: callbacks[{i}] is a {type(callback).__name__}, not a keras.callbacks.Callback"
                 )
     epochs = validation_freq if isinstance(validation_freq, (list, tuple)) else [validation_freq]
-    if not epochs or any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 1 for e in epochs):
+    if not epochs or any(not _integer(e) or e < 1 for e in epochs):
         raise UserError(
             f"{WHERE}: validation_freq={validation_freq!r} must be an integer >= 1 (validate every that many epochs) "
             f"or a list of the 1-based epochs to validate after"
@@ -143,7 +146,7 @@ def check_keywords(seed, callbacks, validation_freq, validation_steps, validatio
         ("validation_steps", validation_steps, "all of the validation data"),
         ("validation_batch_size", validation_batch_size, "batch_size"),
     ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+        if value is not None and (not _integer(value) or value < 1):
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1 (None: {default})")
 
 
