@@ -143,8 +143,7 @@ def check_class_weight(class_weight) -> None:
 
 def _outputs(model, x):
     """The model's outputs as a structure of specs (their shapes), for the inputs ``x`` (TensorSpecs)."""
-    functional = getattr(model, "_functional", None)
-    structure = getattr(functional if functional is not None else model, "_outputs_struct", None)
+    structure = keras_private.output_structure(model)
     if structure is not None:
         return structure
     return keras_private.symbolic_call(model, tf.nest.map_structure(_symbolic, x))
