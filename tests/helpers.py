@@ -1,8 +1,9 @@
 """Tools the tests share: NaN poisoning of chosen updates, a progress that
 sends SIGINT at a chosen report, calls into TensorFlow's graphs counted,
-metrics.jsonl read back, the largest difference of two sets of weights, and a
-script loaded as a module; for accum_train.fit's run directories, a small
-compiled regressor and a callback that signals after an update."""
+metrics.jsonl read back, the largest difference of two sets of weights, a
+script loaded as a module, and `accum-train run` on a Keras file and arrays; for
+accum_train.fit's run directories, a small compiled regressor and a callback
+that signals after an update."""
 
 import importlib.util
 import json
@@ -181,3 +182,22 @@ def signal_after(update, signum=signal.SIGINT):
                 os.kill(os.getpid(), signum)
 
     return SignalAt()
+
+
+def run_keras_file(folder: Path, model, arrays: dict, settings: str, data: str = "") -> Path:
+    """``accum-train run`` in ``folder`` on ``model`` saved as model.keras and ``arrays`` (x_train, y_train, x_test,
+    y_test) as data.npz: ``data`` more keys of the data section (", shuffle: false"), ``settings`` the config's
+    other lines; the run directory of a run that ended with exit code 0."""
+    from accum_train.cli.main import main
+    from click.testing import CliRunner
+
+    folder = Path(folder)
+    model.save(folder / "model.keras")
+    np.savez(folder / "data.npz", **arrays)
+    (folder / "run.yaml").write_text(
+        f"model: {{name: keras_file, path: {folder / 'model.keras'}}}\n"
+        f"data: {{name: npz, path: {folder / 'data.npz'}{data}}}\n" + settings
+    )
+    result = CliRunner().invoke(main, ["run", str(folder / "run.yaml"), "--output-dir", str(folder / "run")])
+    assert result.exit_code == 0, result.output
+    return folder / "run"

@@ -535,19 +535,15 @@ def test_the_cli_trains_a_file_compiled_with_keras_accumulation_with_its_config_
     """The CLI has no refusal of gradient_accumulation_steps to make: it loads a keras_file uncompiled and takes
     only its loss and metrics (the optimizer is the config's), so Keras' accumulation never runs a second time.
     Had it, the two updates here would leave the weights as they were (Keras applies every 4th)."""
-    from accum_train.cli.main import main
-    from click.testing import CliRunner
+    from helpers import run_keras_file
 
-    regression(keras.optimizers.Adam(gradient_accumulation_steps=4)).save(tmp_path / "model.keras")
-    np.savez(tmp_path / "data.npz", x_train=X[:8], y_train=Y[:8], x_test=X[:2], y_test=Y[:2])
-    (tmp_path / "run.yaml").write_text(
-        f"model: {{name: keras_file, path: {tmp_path / 'model.keras'}}}\n"
-        f"data: {{name: npz, path: {tmp_path / 'data.npz'}}}\n"
-        "batch_size: 4\nsubdivisions: 2\nepochs: 1\noptimizer: {name: sgd, learning_rate: 0.1}\n"
+    run_dir = run_keras_file(
+        tmp_path,
+        regression(keras.optimizers.Adam(gradient_accumulation_steps=4)),
+        {"x_train": X[:8], "y_train": Y[:8], "x_test": X[:2], "y_test": Y[:2]},
+        "batch_size: 4\nsubdivisions: 2\nepochs: 1\noptimizer: {name: sgd, learning_rate: 0.1}\n",
     )
-    result = CliRunner().invoke(main, ["run", str(tmp_path / "run.yaml"), "--output-dir", str(tmp_path / "run")])
-    assert result.exit_code == 0, result.output
     before = regression().get_weights()
-    after = np.load(tmp_path / "run" / "weights.npz")
+    after = np.load(run_dir / "weights.npz")
     assert [after[name].shape for name in after.files] == [w.shape for w in before]  # the same weights, in order
     assert all(not np.array_equal(after[name], w) for name, w in zip(after.files, before))

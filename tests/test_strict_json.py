@@ -18,7 +18,7 @@ from accum_train.files import strict_json
 from accum_train.outcome import final_scores, scores_text
 from accum_train.trainer.metrics_log import is_epoch_record
 from click.testing import CliRunner
-from helpers import records
+from helpers import records, run_keras_file
 
 # Two identical inputs with opposite targets per batch of 2, cut into 2 micro-batches of 1: from zero weights the
 # two examples' gradients cancel, the update changes nothing, and every update's noise scale is undefined.
@@ -50,18 +50,15 @@ def strict_documents(path) -> list:
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     """accum-train run on a keras_file model and an .npz: its test targets (1e30) make the test loss overflow."""
-    folder = tmp_path_factory.mktemp("cli")
     test_y = np.full((2, 1), 1e30, np.float32)  # finite, as the data check wants; its square is not
-    np.savez(folder / "data.npz", x_train=X, y_train=Y, x_test=X[:2], y_test=test_y)
-    zero_model().save(folder / "model.keras")
-    (folder / "run.yaml").write_text(
-        f"model: {{name: keras_file, path: {folder / 'model.keras'}}}\n"
-        f"data: {{name: npz, path: {folder / 'data.npz'}, shuffle: false}}\n"
-        "batch_size: 2\nsubdivisions: 2\nepochs: 1\noptimizer: {name: sgd, learning_rate: 0.1}\n"
+    run_dir = run_keras_file(
+        tmp_path_factory.mktemp("cli"),
+        zero_model(),
+        {"x_train": X, "y_train": Y, "x_test": X[:2], "y_test": test_y},
+        "batch_size: 2\nsubdivisions: 2\nepochs: 1\noptimizer: {name: sgd, learning_rate: 0.1}\n",
+        data=", shuffle: false",
     )
-    result = CliRunner().invoke(main, ["run", str(folder / "run.yaml"), "--output-dir", str(folder / "run")])
-    assert result.exit_code == 0, result.output
-    return folder / "run", None
+    return run_dir, None
 
 
 @pytest.fixture(scope="module")
