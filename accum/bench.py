@@ -23,7 +23,6 @@ import dataclasses
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,22 +42,21 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
 
     # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
-    with tempfile.TemporaryDirectory() as scratch:
-        run = build_run(cfg, data, Path(scratch))
-        reader = Reader.of_run(run)
+    run = build_run(cfg, data)
+    reader = Reader.of_run(run)
 
-        def update(i):
-            return float(reader.update(i % run.total_steps)["loss"])  # waits for the update
+    def update(i):
+        return float(reader.update(i % run.total_steps)["loss"])  # waits for the update
 
-        for i in range(warmup):
-            update(i)
-        reset_allocator_peak()
-        wall, cpu_start = [], time.process_time()
-        for i in range(warmup, warmup + steps):
-            start = time.perf_counter()
-            update(i)
-            wall.append(time.perf_counter() - start)
-        cpu = time.process_time() - cpu_start
+    for i in range(warmup):
+        update(i)
+    reset_allocator_peak()
+    wall, cpu_start = [], time.process_time()
+    for i in range(warmup, warmup + steps):
+        start = time.perf_counter()
+        update(i)
+        wall.append(time.perf_counter() - start)
+    cpu = time.process_time() - cpu_start
     median = statistics.median(wall)
     return {
         "subdivisions": cfg.subdivisions_for(cfg.batch_size),

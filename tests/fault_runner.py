@@ -62,9 +62,9 @@ def arm(point, n):
 
         Accumulator.__init__ = init
     elif point == "pause_checkpoint":
-        from accum_train.trainer.run_parts import Run
+        from accum_train.trainer.rundir import RunDirectory
 
-        real_save = Run.save_checkpoint
+        real_save = RunDirectory.save
 
         def save(self, step):
             if hit():  # say so, then wait (a signal's handler still runs) before the save
@@ -74,13 +74,11 @@ def arm(point, n):
                     time.sleep(0.01)
             return real_save(self, step)
 
-        Run.save_checkpoint = save
+        RunDirectory.save = save
     elif point in ("checkpoint", "partial", "after_checkpoint"):
-        from accum_train.trainer.run_parts import (
-            Run,  # late: a multi-worker strategy must come before TensorLayer's import
-        )
+        from accum_train.trainer.rundir import RunDirectory
 
-        real_save = Run.save_checkpoint
+        real_save = RunDirectory.save
 
         def save(self, step):
             if not hit():
@@ -90,13 +88,13 @@ def arm(point, n):
                 real_save(self, step)
                 die()
             if point == "partial":
-                target = self.run_dir / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
+                target = self.local / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
                 target.write_bytes(b"\0" * 1000)
                 die()
             real_save(self, step)
             die()
 
-        Run.save_checkpoint = save
+        RunDirectory.save = save
     elif point == "metrics":
         from accum_train.trainer.metrics_log import MetricsLog
 

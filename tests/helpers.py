@@ -19,6 +19,7 @@ from accum_train.progress import Progress
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import MetricsLog
 from accum_train.trainer.run_parts import Run
+from accum_train.trainer.rundir import RunDirectory
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
 
@@ -116,8 +117,8 @@ class GraphCalls:
             return real_call(function, *args, **kwargs)
 
         patch(atomic_function.AtomicFunction, "call_flat", counted)
-        for name in ("scores", "save_checkpoint"):
-            patch(Run, name, self._not_counted(getattr(Run, name)))
+        for owner, name in ((Run, "scores"), (RunDirectory, "save")):
+            patch(owner, name, self._not_counted(getattr(owner, name)))
         # the records' TensorBoard scalars: one call per tag and flush (every log_every updates), not per update
         patch(MetricsLog, "write", self._not_counted(MetricsLog.write))
 

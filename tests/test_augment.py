@@ -18,7 +18,7 @@ from accum_train.trainer.augment import Augment
 from accum_train.trainer.data import epoch_order
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
-from accum_train.trainer.run_parts import Run
+from accum_train.trainer.rundir import RunDirectory
 from helpers import max_difference, records
 
 N, SIZE = 64, 12
@@ -103,7 +103,7 @@ def test_augmented_run_killed_and_resumed_reaches_the_uninterrupted_weights(tmp_
     overrides += ["checkpoint.every_steps=2"]
     cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides)
     whole = train(cfg, tmp_path / "whole")
-    real_save, saves = Run.save_checkpoint, [0]
+    real_save, saves = RunDirectory.save, [0]
 
     def save_then_die(self, step):
         real_save(self, step)
@@ -111,7 +111,7 @@ def test_augmented_run_killed_and_resumed_reaches_the_uninterrupted_weights(tmp_
         if saves[0] == 5:  # ckpt-0, 2, 4, 6, then dies at 8 of 2 x 10 updates: mid-epoch 1, its short batch ahead
             raise KilledAfter(step)
 
-    monkeypatch.setattr(Run, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(RunDirectory, "save", save_then_die)
     with pytest.raises(KilledAfter) as killed:
         train(cfg, tmp_path / "cut")
     assert int(killed.value.args[0]) == 8  # where the comment above says

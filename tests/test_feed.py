@@ -5,7 +5,6 @@ of an update follows the micro-batch, not the batch."""
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from accum_train.from_config.build import build_run, load_data
 from accum_train.trainer.batching import micro_bounds
 from accum_train.trainer.data import epoch_order
 from accum_train.trainer.feed import Reader, plan
+from accum_train.trainer.rundir import RunDirectory
 from accum_train.trainer.timeline import Segment
 from helpers import iterated_autotuning
 
@@ -72,7 +72,7 @@ def _weights(run):
 
 def _updates_from_feed(cfg, data, steps, start=None):
     """The weights after ``steps`` updates pulled from the feed (``start``: a list given the initial ones)."""
-    run = build_run(cfg, data, Path(tempfile.mkdtemp()))
+    run = build_run(cfg, data)
     if start is not None:
         start.extend(_weights(run))
     reader = Reader.of_run(run)
@@ -86,7 +86,7 @@ def _updates_from_feed(cfg, data, steps, start=None):
 
 def _updates_from_batches(cfg, data, steps):
     """The batches held whole and converted before the update, as the loop ran them before the feed."""
-    run = build_run(cfg, data, Path(tempfile.mkdtemp()))
+    run = build_run(cfg, data)
     order = epoch_order(cfg.seed, 0, len(data.train), cfg.data.shuffle)
     for step in range(steps):
         x, y = data.train.take(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])
@@ -121,21 +121,28 @@ def test_k_is_the_subdivisions_a_restored_checkpoint_holds(repo_root, tmp_path):
     run that read k before restoring a checkpoint of another k reads the checkpoint's."""
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=2"])
     data = load_data(cfg)
-    saved = build_run(cfg, data, tmp_path)
+    saved = build_run(cfg, data)
     assert saved.subdivisions == 2
     saved.engine.set_subdivisions(4)  # as subdivisions: auto's probe or a retry after running out of memory
     assert saved.subdivisions == 4
-    saved.save_checkpoint(1)
-    run = build_run(cfg, data, Path(tempfile.mkdtemp()))
+    kept_in(tmp_path, saved).save(1)
+    run = build_run(cfg, data)
     assert run.subdivisions == 2
-    run.restore_latest(tmp_path, print)
+    kept_in(tmp_path, run).restore(print)
     assert (run.subdivisions, run.k_for(cfg.batch_size), run.engine.k) == (4, 4, 4)
+
+
+def kept_in(path, run) -> RunDirectory:
+    """``run``'s checkpoints in ``path``, as lifecycle.train keeps them."""
+    directory = RunDirectory(path, True, "", "")
+    directory.keep(run.tracked, 1, run.engine, run.noise, run.optional)
+    return directory
 
 
 def test_the_feed_holds_stored_micro_batches(repo_root):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
     data = load_data(cfg)
-    run = build_run(cfg, data, Path(tempfile.mkdtemp()))
+    run = build_run(cfg, data)
     iterator, planned = Reader.of_run(run).at(0)
     (images, _), where = next(iterator)
     assert (planned.n, planned.pulls) == (64, 4)
@@ -205,7 +212,7 @@ def test_fit_gathers_from_its_own_copy_of_the_caller_s_arrays():
 def test_the_update_takes_no_batch_as_input(repo_root):
     """The update's graph gets the feed's iterator and three scalars: no batch (nor micro-batch) is an input."""
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4", "parallel_micro_steps=1"])
-    run = build_run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
+    run = build_run(cfg, load_data(cfg))
     iterator, planned = Reader.of_run(run).at(0)
     run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
     scalars = (tf.constant(v) for v in (64, 4, 0))
@@ -218,7 +225,7 @@ def test_the_update_takes_no_batch_as_input(repo_root):
 def test_the_feed_and_the_scores_iterate_their_pipelines_with_autotuning_off(repo_root, monkeypatch):
     # autotuning's thread can hold an iterator's teardown until its next wake-up (datasets.base.untuned)
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
-    run = build_run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
+    run = build_run(cfg, load_data(cfg))
     seen = iterated_autotuning(monkeypatch)
     iterator, planned = Reader.of_run(run).at(0)
     run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
@@ -250,7 +257,7 @@ def test_the_scores_make_the_test_batches_once_and_read_them_again(repo_root, mo
     """A run scores every epoch: the test split's pipeline is made once per batch size (made anew, it was traced
     again each time), and read again gives the same scores."""
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["batch_size=256", "subdivisions=2"])
-    run = build_run(cfg, load_data(cfg), Path(tempfile.mkdtemp()))
+    run = build_run(cfg, load_data(cfg))
     made, real = [], type(run.data.test).batches
     monkeypatch.setattr(type(run.data.test), "batches", lambda split, *a: made.append(a[1]) or real(split, *a))
     first = run.scores()

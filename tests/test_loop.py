@@ -13,7 +13,7 @@ from accum_train.errors import Interrupted, TrainingStopped
 from accum_train.from_config.run import train
 from accum_train.from_config.source import resume_config
 from accum_train.progress import Progress
-from accum_train.trainer.run_parts import Run
+from accum_train.trainer.rundir import RunDirectory
 from helpers import GraphCalls, InterruptAt, poison, update_records
 
 # What these tests assert is the loop's bookkeeping, the same for any model and any length of run: smoke.yaml
@@ -67,7 +67,7 @@ def test_every_checkpoint_follows_its_metrics(
         repo_root / "configs" / "smoke.yaml",
         [*SHORT, f"checkpoint.every_steps={every_steps}", f"log_every={log_every}"],
     )
-    real_save, saves = Run.save_checkpoint, [0]
+    real_save, saves = RunDirectory.save, [0]
 
     def save_then_die(self, step):
         real_save(self, step)
@@ -75,7 +75,7 @@ def test_every_checkpoint_follows_its_metrics(
         if saves[0] == kill_after_save:  # ckpt-0 is the first save
             raise KilledAfter(step)
 
-    monkeypatch.setattr(Run, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(RunDirectory, "save", save_then_die)
     with pytest.raises(KilledAfter) as killed:
         train(cfg, tmp_path / "run")
     step = killed.value.args[0]

@@ -70,7 +70,7 @@ def build_with_loss(cfg, data, precision: str = "float32"):
     return model, classifier(model.forward)
 
 
-def build_run(cfg, data, run_dir, strategy=None):
+def build_run(cfg, data, strategy=None):
     """The trainer of a run of ``cfg`` on ``data`` (run_parts.Run), set up from what the config resolves to: the
     config checked against the training set, the model and its objective built under ``strategy`` (``None``: the
     one in scope), and the training split cut by data.trim_padding."""
@@ -84,7 +84,7 @@ def build_run(cfg, data, run_dir, strategy=None):
         model, objective = build_with_loss(cfg, data, cfg.precision)
         if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
             data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
-    return Run(cfg, data, model, objective, run_dir, strategy)
+    return Run(cfg, data, model, objective, strategy)
 
 
 def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:

@@ -10,7 +10,6 @@ optimizer and the accumulator): bad input leaves nothing behind. ``resume=True``
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +31,8 @@ def train(
     """Train as configured, leaving a complete run directory; returns summary.json's content.
 
     Under a multi-worker strategy every worker calls this; only the chief writes
-    ``run_dir``, the others write their (required) checkpoints to a scratch folder.
-    The chief holds the run directory's writer lock (``lock.writing``) from
-    before its first write to its return."""
+    ``run_dir``, the others write their (required) checkpoints to a scratch folder
+    (rundir.RunDirectory)."""
     from ..trainer.runtime import configure, is_chief, make_strategy
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
@@ -52,15 +50,14 @@ def train(
             data = load_data(cfg, run_dir if resume else None, source)
         else:
             data = dataclasses.replace(data, for_model=source)
-    shared_dir = run_dir = Path(run_dir)
+    run_dir = Path(run_dir)
     if not chief:
-        scratch = tempfile.TemporaryDirectory(prefix="accum-train-worker-")
-        run_dir, progress = Path(scratch.name) / "run", Progress()
+        progress = Progress()  # the chief reports
     elif not resume:
         check_output_dir(run_dir)
     from .build import build_run
 
     # (wall, CPU) time from here: the summary's times include building the model
     started = time.time(), time.process_time()
-    run = build_run(cfg, data, run_dir, strategy)  # before any write: a model that does not fit leaves no trace
-    return lifecycle.train(run, shared_dir, progress, resume, threads, started)
+    run = build_run(cfg, data, strategy)  # before any write: a model that does not fit leaves no trace
+    return lifecycle.train(run, run_dir, chief, progress, resume, threads, started)

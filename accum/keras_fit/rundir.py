@@ -18,9 +18,8 @@ A later call with the same ``output_dir`` restores the newest checkpoint that
 reads back whole and continues from its update: the same model and data give
 the weights an uninterrupted call ends at (the data order is a function of the
 seed and the update; a dataset must give the same batches each time it is
-read). Only one process writes a run directory at a time (``writer.lock``);
-under several workers the chief writes it and the others keep their
-checkpoints in a scratch folder.
+read). The lock, the checkpoints, metrics.jsonl and the workers' scratch
+folders are the CLI's (trainer/rundir.RunDirectory); what is fit's is here.
 """
 
 from __future__ import annotations
@@ -36,15 +35,13 @@ import numpy as np
 import tensorflow as tf
 
 from ..config import CheckpointConfig
-from ..errors import Interrupted, RunDirError
+from ..errors import RunDirError
 from ..files import atomic_write
 from ..keras_private import storage
-from ..trainer.checkpoints import Checkpoints, checkpoint_numbers
-from ..trainer.lock import LOCK, writing
-from ..trainer.metrics_log import MetricsLog
-from ..trainer.rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, write_json
+from ..trainer.checkpoints import checkpoint_numbers
+from ..trainer.lock import LOCK
+from ..trainer.rundir import FIT_RECORD, MODEL_COPY, RunDirectory, is_fit_run_dir, write_json
 from ..trainer.runtime import is_chief
-from ..trainer.stopping import StopFlag
 
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
@@ -64,13 +61,14 @@ class FitRunDir:
 
     def __init__(self, run_dir: Path, model, engine):
         self.run_dir, self.model, self.engine = Path(run_dir), model, engine
-        self.writer = is_chief(engine.strategy)
+        hint = f"call accum_train.fit again with output_dir={str(self.run_dir)!r}"
+        self.directory = RunDirectory(self.run_dir, is_chief(engine.strategy), "output_dir ", hint)
+        self.writer = self.directory.writer
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
-        self.checkpoints = self.log = None  # once the directory is known (``open``)
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.step = (0, 0), 0  # step: the updates done
-        self.stop = StopFlag(lambda signum: Interrupted(signum, self.run_dir, self.step, forced=True))
+        self.stop = None  # the signal's flag, while open
         self.started, self.saved_at = time.time(), time.time()
 
     @classmethod
@@ -89,27 +87,21 @@ class FitRunDir:
             **(extra or {}),
         }
         with contextlib.ExitStack() as held:
-            directory = run.run_dir / "checkpoints"
-            if not run.writer:  # another worker: its checkpoints go to a scratch folder, removed at the end
-                directory = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-")))
-            else:
+            if run.writer:
                 run._check(described)
-                held.enter_context(writing(run.run_dir, "output_dir "))
-                run.log = MetricsLog(run.run_dir)
+            run.directory.enter(held)
             # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
-            hint = f"call accum_train.fit again with output_dir={str(run.run_dir)!r}"
-            optional = {"subdivisions": engine.subdivisions}
-            run.checkpoints = Checkpoints(tracked, directory, KEEP, hint, engine, noise, optional=optional)
+            run.directory.keep(tracked, KEEP, engine, noise, optional={"subdivisions": engine.subdivisions})
             if checkpoint_numbers(run.run_dir / "checkpoints"):
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
-                run.log.truncate_after(0, 0)
+                run.directory.log.truncate_after(0, 0)
                 write_json(run.run_dir / FIT_RECORD, described)
             # the model before its first update, for the readers: a resume keeps the first (an older directory
             # gains one)
             if run.writer and not (run.run_dir / MODEL_COPY).is_file():
                 run._save_model(MODEL_COPY)
-            held.enter_context(run.stop)
+            run.stop = held.enter_context(run.directory.stop_flag())
             held.callback(run._flush)  # what the call logged, also when it ends in an exception
             yield run
             run._flush()
@@ -138,15 +130,15 @@ class FitRunDir:
 
     def _restore(self, say) -> None:
         try:
-            self.step = self.checkpoints.restore_newest(self.run_dir, say, self.writer, "output_dir ")
+            self.step = self.directory.restore(say)
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
             ) from None
         self.start = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy()))
+        self.directory.log.truncate_after(self.step, int(self.epoch.numpy()))
         if self.writer:
-            self.log.truncate_after(self.step, int(self.epoch.numpy()))
             say(f"accum_train.fit: resuming {self.run_dir} at update {self.step}")
 
     def earlier_epochs(self) -> list:
@@ -154,7 +146,7 @@ class FitRunDir:
         with)."""
         if not self.writer:
             return []
-        records = self.log.read()
+        records = self.directory.log.read()
         skip = ("step", "epoch", "epoch_end")
         # null is how the file holds a NaN (strict JSON): the History gets the NaN model.fit's logs would hold
         return [
@@ -167,20 +159,19 @@ class FitRunDir:
         self._flush()  # a checkpoint never counts an update that metrics.jsonl lacks
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
-        self.checkpoints.save(self.step)
+        self.directory.save(self.step)
         self.saved_at = time.time()
 
     def _write(self, record: dict) -> None:
         """One record for metrics.jsonl, written with those before it every ``FLUSH_SECONDS`` and before every
         checkpoint (a resume drops those after its checkpoint)."""
-        if self.writer:
-            self.pending.append(record)
-            if time.time() - self.flushed_at >= FLUSH_SECONDS:
-                self._flush()
+        self.pending.append(record)
+        if time.time() - self.flushed_at >= FLUSH_SECONDS:
+            self._flush()
 
     def _flush(self) -> None:
-        if self.pending and self.log is not None:
-            self.log.write(self.pending)
+        if self.pending and self.directory.log is not None:
+            self.directory.log.write(self.pending)
             self.pending = []
         self.flushed_at = time.time()
 

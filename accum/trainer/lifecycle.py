@@ -1,9 +1,10 @@
-"""A built run (run_parts.Run) from its start to its summary: ``train(run, shared_dir, ...)``.
+"""A built run (run_parts.Run) from its start to its summary: ``train(run, run_dir, writer, ...)``.
 
-It takes the run directory's writer lock, resumes from the newest intact
-checkpoint (k adapted to other replicas) or starts (k for
-subdivisions=auto), writes config.yaml and dataset.json, hands the loop to
-run_hooks.RunHooks, and writes summary.json and weights.npz. The front end
+It opens the run directory (rundir.RunDirectory: the writer lock, the
+checkpoints, metrics.jsonl), resumes from the newest intact checkpoint (k
+adapted to other replicas) or starts (k for subdivisions=auto), writes
+config.yaml and dataset.json, hands the loop to run_hooks.RunHooks, and writes
+summary.json and weights.npz. The front end
 (from_config/run.py) has built the run before: bad input has left nothing
 behind. A resume continues from the latest checkpoint with the same data
 order, reaching the weights an uninterrupted run would.
@@ -17,14 +18,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from ..errors import Interrupted
 from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
 from ..progress import Progress
 from .batching import k_for_micro_batch
 from .checkpoints import newest_intact_checkpoint
 from .data import describe_split, first_batch, largest_micro_batch
-from .lock import writing
 from .memory import (
     UNMEASURED,
     MemoryGuard,
@@ -33,28 +32,32 @@ from .memory import (
     peak_rss_bytes,
     rematerialiser,
 )
-from .metrics_log import MetricsLog
 from .run_hooks import RunHooks
 from .run_parts import Run
-from .rundir import keep_model_file, save_weights, write_json
-from .stopping import StopFlag
+from .rundir import RunDirectory, keep_model_file, save_weights, write_json
 
 
-def train(run: Run, shared_dir: Path, progress: Progress, resume: bool, threads: dict, started: tuple) -> dict:
-    """Train ``run`` to its end; summary.json's content. ``shared_dir``: the run directory (``run.run_dir`` is a
-    scratch folder on a worker that is not the chief: only the chief writes the run directory, and holds its
-    writer lock, ``lock.writing``, from before its first write to its return); ``threads``: what
-    runtime.configure set up, for the summary; ``started``: (wall, CPU) time the run began at."""
+def train(
+    run: Run, run_dir: Path, writer: bool, progress: Progress, resume: bool, threads: dict, started: tuple
+) -> dict:
+    """Train ``run`` in ``run_dir`` to its end; summary.json's content. ``writer``: this process writes the run
+    directory (the chief; holding its writer lock from before its first write to its return), another worker
+    writes a scratch folder (rundir.RunDirectory); ``threads``: what runtime.configure set up, for the summary;
+    ``started``: (wall, CPU) time the run began at."""
     with contextlib.ExitStack() as held:
-        cfg, data, run_dir = run.cfg, run.data, run.run_dir
+        cfg, data = run.cfg, run.data
         started, cpu_started = started
-        writer = run_dir == shared_dir  # the process that writes the run directory
         flag = "--resume " if resume else "--output-dir "
+        directory = RunDirectory(run_dir, writer, flag, f"resume with --resume {run_dir}")
         # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
-        found = newest_intact_checkpoint(shared_dir / "checkpoints", flag) if resume and writer else None
-        if writer:
-            held.enter_context(writing(run_dir, flag))
-        restored = run.restore_latest(shared_dir, progress.message, repair=writer, found=found) if resume else 0
+        found = newest_intact_checkpoint(run_dir / "checkpoints", flag) if resume and writer else None
+        directory.enter(held)
+        directory.keep(run.tracked, cfg.checkpoint.keep, run.engine, run.noise, run.optional)
+        restored = 0
+        if resume:
+            restored = directory.restore(progress.message, found)
+            run.regrow(restored)
+        run_dir = directory.local
         run_dir.mkdir(parents=True, exist_ok=True)
         keep_model_file(run_dir, data.for_model.config)  # a worker copies the run directory's copy
         for name, text in (
@@ -66,8 +69,7 @@ def train(run: Run, shared_dir: Path, progress: Progress, resume: bool, threads:
         if writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
             data.file_checks.save(run_dir)
             progress.message(data.file_checks.line())
-        log = MetricsLog(run_dir)
-        step = _start(run, log, resume, restored, progress)
+        step = _start(run, directory, resume, restored, progress)
         guard = MemoryGuard(
             run.engine,
             progress.message,
@@ -79,8 +81,8 @@ def train(run: Run, shared_dir: Path, progress: Progress, resume: bool, threads:
         )
         announce_started()  # to a --workers supervisor: every worker has joined
 
-        with StopFlag(lambda signum: Interrupted(signum, run_dir, run.saved_step, forced=True)) as stop:
-            step = RunHooks(run, log, progress).train(step, guard, stop)
+        with directory.stop_flag() as stop:
+            step = RunHooks(run, directory, progress).train(step, guard, stop)
 
         summary = {
             **run.scores(),
@@ -118,7 +120,7 @@ def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, rep
     return k_for_micro_batch(batch_size, largest_micro_batch(batch_size, replicas_before, k_before), replicas)
 
 
-def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Progress) -> int:
+def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progress: Progress) -> int:
     """Go on from the ``restored`` step or begin (choosing k for subdivisions=auto), say how the batch is split;
     the first step.
 
@@ -133,8 +135,8 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
     step = 0
     if resume:
         step = restored
-        log.truncate_after(step, run.timeline.epoch_of(step))
-        progress.message(f"resuming {run.run_dir} at update {step} of {run.total_steps}")
+        directory.log.truncate_after(step, run.timeline.epoch_of(step))
+        progress.message(f"resuming {directory.path} at update {step} of {run.total_steps}")
         schedule = cfg.optimizer.schedule
         end = schedule.warmup_steps + (schedule.decay_steps or 0)
         if schedule.name == "cosine" and end < run.total_steps:
@@ -157,7 +159,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
                 progress.message,
                 remat=_rematerialiser(run),
             )
-        run.save_checkpoint(0)  # a run is resumable from its first moment
+        directory.save(0)  # a run is resumable from its first moment
     batch = run.timeline.batch_size(min(step, run.total_steps - 1))
     k = run.follow_batch(batch)
     if cfg.strategy.name != "default":
@@ -184,7 +186,7 @@ def _start(run: Run, log: MetricsLog, resume: bool, restored: int, progress: Pro
         "subdivisions": run.subdivisions,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    with open(run.run_dir / HISTORY, "a") as handle:
+    with open(directory.local / HISTORY, "a") as handle:
         handle.write(strict_json(entry) + "\n")
     return step
 

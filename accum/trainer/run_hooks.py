@@ -1,4 +1,5 @@
-"""The CLI's side of the one loop (loop.Loop): a built run's (run_parts.Run) records, checkpoints and progress.
+"""The CLI's side of the one loop (loop.Loop): a built run's (run_parts.Run) records, checkpoints and progress in
+its run directory (rundir.RunDirectory).
 
 ``RunHooks.train(step, guard, stop)`` runs the epochs from ``step`` (updates
 done) to the run's end. Records are flushed to metrics.jsonl every
@@ -34,14 +35,14 @@ class EpochState:
 
 
 class RunHooks:
-    """The CLI's side of the loop (loop.Loop) over ``run`` (run_parts.Run): each update's record (``log``, a
-    metrics_log.MetricsLog), checkpoints, the progress it reports (``progress``), batch_schedule's rule at epoch
-    ends, and the errors that end a run. ``step`` is the updates done."""
+    """The CLI's side of the loop (loop.Loop) over ``run`` (run_parts.Run): each update's record and the
+    checkpoints in ``directory`` (rundir.RunDirectory), the progress it reports (``progress``), batch_schedule's
+    rule at epoch ends, and the errors that end a run. ``step`` is the updates done."""
 
     stopping = False  # a run ends at its last epoch, or by an error
 
-    def __init__(self, run, log, progress):
-        self.run, self.log, self.progress = run, log, progress
+    def __init__(self, run, directory, progress):
+        self.run, self.directory, self.log, self.progress = run, directory, directory.log, progress
         self.state = None
         self.step = 0
 
@@ -88,7 +89,7 @@ class RunHooks:
         if final:
             self._flush(self.state)  # a signal to this process alone, heard after the write above
         if final or (due and step != self.state.end):  # the epoch's end checkpoints in epoch_end
-            self.run.save_checkpoint(step)
+            self.directory.save(step)
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.run.cfg.checkpoint.every_steps
@@ -107,11 +108,11 @@ class RunHooks:
             run.cfg.max_bad_steps,
             self.step,
             "lower optimizer.learning_rate or set optimizer.clip_norm",
-            f"resume with --resume {run.run_dir}",
+            self.directory.resume_hint,
         )
 
     def interrupted(self, signum: int):
-        return Interrupted(signum, self.run.run_dir, self.step)
+        return Interrupted(signum, self.directory.path, self.step)
 
     def _flush(self, state: EpochState) -> None:
         """Write the buffered updates' records; before any checkpoint, which must never count an update that
@@ -144,7 +145,7 @@ class RunHooks:
         }
         self.log.write([record])
         run.follow_noise(state.epoch + 1, self.progress.message)  # before the checkpoint that keeps its change
-        run.save_checkpoint(state.step)
+        self.directory.save(state.step)
         self.progress.epoch_end(record)
 
 

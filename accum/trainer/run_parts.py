@@ -1,17 +1,15 @@
 """A run set up for training: its model (built-in, a keras_file on class labels, or a keras_file with a Keras
-loss) and objective, optimizer, accumulator, evaluation and checkpoint, built once before the first update and
-then driven by the loop (loop.py, run_hooks.py) or read back by ``reload.load_run``.
+loss) and objective, optimizer, accumulator, evaluation and what its checkpoints hold, built once before the
+first update and then driven by the loop (loop.py, run_hooks.py); lifecycle.py keeps it in a run directory.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import tensorflow as tf
 
 from ..config import BatchChange, Config
-from .checkpoints import Checkpoints
 from .engine_for import accumulator_for
 from .keras_objective import is_keras_loss
 from .noise import NoiseScale, rule_change
@@ -24,7 +22,7 @@ from .trim import TrimmedSplit, check_trim
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, model, objective, run_dir: Path, strategy=None):
+    def __init__(self, cfg: Config, data, model, objective, strategy=None):
         """``cfg`` checked against ``data`` (``Config.for_data``); ``model`` and its ``objective`` built under
         ``strategy`` for that data, as the front end builds them (from_config.build_run)."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
@@ -32,7 +30,7 @@ class Run:
         from .optim import make_optimizer, run_schedule
         from .runtime import parallel_micro_steps
 
-        self.run_dir, self.data = Path(run_dir), data
+        self.data = data
         self.n_train = len(data.train)
         self.cfg = cfg
         self.model, self.objective = model, objective
@@ -78,29 +76,20 @@ class Run:
 
         self.augment = Augment(cfg.data.augment, cfg.seed)
 
-        self.saved_step = 0
-        tracked = {"weights": self.model.variables, "optimizer": self.optimizer}
-        # What 0.1.0's checkpoints lack, saved always and restored where a checkpoint holds it: such a run resumes
-        # with the replica count it has now (0.1.0 resumed on the same replicas) and the noise scale afresh.
-        later = {}
+        # What a checkpoint holds (with what every run keeps: rundir.RunDirectory.keep). ``optional``: what 0.1.0's
+        # checkpoints lack, saved always and restored where a checkpoint holds it: such a run resumes with the
+        # replica count it has now (0.1.0 resumed on the same replicas) and the noise scale afresh.
+        self.tracked = {"weights": self.model.variables, "optimizer": self.optimizer}
+        self.optional = {}
         if not cfg.baseline:
-            tracked["subdivisions"] = self.engine.subdivisions
+            self.tracked["subdivisions"] = self.engine.subdivisions
             # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
             # (``adapt_subdivisions``).
             with in_scope.scope():
                 self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
-            later = {"replicas": self.saved_replicas}
+            self.optional = {"replicas": self.saved_replicas}
         if self.rule_changes is not None:
-            tracked["rule_changes"] = self.rule_changes
-        self.checkpoints = Checkpoints(
-            tracked,
-            self.run_dir / "checkpoints",
-            cfg.checkpoint.keep,
-            f"resume with --resume {self.run_dir}",
-            self.engine,
-            self.noise,
-            optional=later,
-        )
+            self.tracked["rule_changes"] = self.rule_changes
 
     def _check_trim(self, split) -> None:
         """data.trim_padding refused in one line where the cut would change the update: the first batch's shortest
@@ -154,7 +143,7 @@ class Run:
         self._rate_for(after)
         say(f"{said} (k={self.k_for(after)}, learning rate x{self.rate_factor.numpy():.4g} of the configured one)")
 
-    def _regrow(self, step: int) -> None:
+    def regrow(self, step: int) -> None:
         """After a restore: the timeline with the rule's restored changes, and the rate of the batch at ``step``."""
         if self.rule_changes is None:
             return
@@ -205,16 +194,3 @@ class Run:
     def scores(self) -> dict:
         """The model's test (and validation) scores now (scoring.Scorer)."""
         return self.scorer.scores()
-
-    def restore_latest(self, run_dir: Path, say, repair: bool = False, flag: str = "--resume ", found=None) -> int:
-        """Restore the newest intact checkpoint of run_dir (the chief's, for every worker); ``say`` names each
-        newer, damaged one. ``repair``: the resume's chief moves those aside (``pass_over_damaged``). ``found``:
-        what ``newest_intact_checkpoint`` gave, if the caller looked already."""
-        self.saved_step = self.checkpoints.restore_newest(run_dir, say, repair, flag, found)
-        self._regrow(self.saved_step)
-        return self.saved_step
-
-    def save_checkpoint(self, step: int) -> None:
-        """Save the state as of ``step`` updates (checkpoints.Checkpoints.save: a failed save keeps the last one)."""
-        self.checkpoints.save(step)
-        self.saved_step = step

@@ -2,9 +2,10 @@
 
 Every file accum-train writes goes through ``files.atomic_write`` (write,
 fsync, rename): a reader, or a run resumed after kill -9, sees the old file or
-the new one, never half of one. The rest of a run directory has rooms of its
-own: metrics_log.py (metrics.jsonl and TensorBoard), checkpoints.py (damaged
-checkpoints passed over), lock.py (one writer).
+the new one, never half of one. ``RunDirectory`` is a run directory as either
+door trains into it; its parts have rooms of their own: metrics_log.py
+(metrics.jsonl and TensorBoard), checkpoints.py (damaged checkpoints passed
+over), lock.py (one writer), stopping.py (a signal's stop).
 
 TensorFlow is imported only where a function needs it, so that paths and
 configs can be checked (and the ``--workers`` supervisor can run) without it.
@@ -12,17 +13,69 @@ configs can be checked (and the ``--workers`` supervisor can run) without it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import tempfile
 from pathlib import Path
 
-from ..errors import RunDirError
+from ..errors import Interrupted, RunDirError
 from ..files import atomic_write, strict_json
-from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder
+from .checkpoints import Checkpoints
+from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
+from .metrics_log import MetricsLog
+from .stopping import StopFlag
 
 # What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
 # directories apart.
 FIT_RECORD = "fit.json"
+
+
+class RunDirectory:
+    """A run directory as a run of either door trains into it: one writer at a time (lock.writing), the one
+    checkpoint manager (checkpoints.Checkpoints), the one metrics.jsonl writer (metrics_log.MetricsLog) and the
+    stop a signal asks for (stopping.StopFlag). What a door writes beside them (the CLI's config.yaml, fit's
+    fit.json) is the door's. Only the ``writer`` (the chief) writes ``path``; another worker writes the same
+    files to a scratch folder (``local``), removed when it ends, and restores from ``path``, the chief's.
+    ``flag`` starts the lines that name the directory ("--resume ", "output_dir "); ``resume_hint`` ends a
+    failed save's line: how to go on."""
+
+    def __init__(self, path: Path, writer: bool, flag: str, resume_hint: str):
+        self.path, self.writer, self.flag, self.resume_hint = Path(path), writer, flag, resume_hint
+        self.local = self.path  # where this process writes
+        self.checkpoints = self.log = None  # once ``keep`` knows what to checkpoint
+        self.step = 0  # the update of the newest checkpoint, saved or restored
+
+    def enter(self, held: contextlib.ExitStack) -> "RunDirectory":
+        """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes."""
+        if self.writer:
+            held.enter_context(writing(self.path, self.flag))
+        else:
+            self.local = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-")))
+        return self
+
+    def keep(self, tracked: dict, keep: int, engine, noise, optional=None) -> None:
+        """Checkpoint ``tracked`` with what every run keeps (``Checkpoints``: ``engine``'s counters, ``noise``'s
+        averages, ``optional`` where a checkpoint holds it), the newest ``keep``; and open metrics.jsonl."""
+        self.checkpoints = Checkpoints(
+            tracked, self.local / "checkpoints", keep, self.resume_hint, engine, noise, optional=optional
+        )
+        self.log = MetricsLog(self.local)
+
+    def restore(self, say, found=None) -> int:
+        """Restore the newest intact checkpoint of ``path`` (``Checkpoints.restore_newest``; the writer moves
+        damaged newer ones aside); its update."""
+        self.step = self.checkpoints.restore_newest(self.path, say, self.writer, self.flag, found)
+        return self.step
+
+    def save(self, step: int) -> None:
+        """A checkpoint of the state as of ``step`` updates."""
+        self.checkpoints.save(step)
+        self.step = step
+
+    def stop_flag(self) -> StopFlag:
+        """The flag SIGINT and SIGTERM set; a second signal stops at once, at the newest checkpoint."""
+        return StopFlag(lambda signum: Interrupted(signum, self.path, self.step, forced=True))
 
 
 def is_run_dir(path: Path) -> bool:
