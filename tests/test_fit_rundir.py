@@ -115,6 +115,17 @@ def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an
     assert [r["step"] for r in records if not r.get("epoch_end")] == list(range(1, 17))  # every update once
 
 
+def test_a_second_signal_stops_at_once_and_names_the_newest_checkpoint(tmp_path):
+    """Two signals in one update: the second stops the call in the signal's handler; the update it names to go on
+    from is the newest checkpoint's (the end of the first epoch), where the next call resumes."""
+    run_dir = tmp_path / "run"
+    twice = [signal_after(6), signal_after(6)]
+    with pytest.raises(Interrupted) as caught:
+        fit(small_regressor(), 4, run_dir, callbacks=twice)
+    assert (caught.value.forced, caught.value.step) == (True, 4)
+    assert checkpoint_numbers(run_dir / "checkpoints")[0] == 4
+
+
 @pytest.mark.parametrize(
     "changed, refused",
     [
