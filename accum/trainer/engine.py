@@ -103,14 +103,16 @@ class Accumulator(Finish):
                 size = noise.terms_size(len(self.groups))
                 self.noise = tf.Variable(tf.zeros([size]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
         self._compile_jit = jit
+        self.jit_apply = bool(jit) and self.replicas == 1 and optimizer is not None
         self.retrace()
 
     def retrace(self) -> None:
         """The update's graphs made anew: each is traced again at its next call (after the model's layers changed
         how they compute: rematerialisation)."""
         run = self.strategy.run
-        # XLA (compile's jit_compile): each micro-step's forward and backward pass is one compiled cluster. The
-        # pulls, the loop and the update stay outside it: XLA compiles no iterator and no collective.
+        # XLA (compile's jit_compile): each micro-step's forward and backward pass is one compiled cluster, and so
+        # is the optimizer's apply on one replica (update.py). The pulls, the loop and the all-reduce stay outside:
+        # XLA compiles no iterator and no collective.
         self._compiled = tf.function(self._collecting, jit_compile=True, autograph=False) if self._compile_jit else None
         self._update_pulled = graph(self._update_from)
         self._accumulate_pulled = graph(self._accumulate_from)

@@ -86,6 +86,10 @@ class Update:
         for layer in self.norm_layers:
             layer.deferred = True  # moving statistics move once per update, not per micro-batch
         self.replica_ids = local_replica_ids(self.strategy)
+        # compile's jit_compile on one replica: the optimizer's apply is compiled too, as model.fit's XLA train step
+        # compiles it (one fused cluster instead of a dozen small ops per variable); on several replicas Keras'
+        # apply merges across them, which stays outside XLA
+        self.jit_apply, self._applies = False, {}
         with self.strategy.scope():
             self.bad_updates_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates_in_a_row")
             self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
@@ -195,9 +199,11 @@ class Update:
 
         def apply():
             def apply_local(*local):
-                self.optimizer.apply_gradients(
-                    [(tf.cast(g, v.dtype), v) for g, v, u in zip(local, self.variables, used) if u]
-                )
+                chosen = [(tf.cast(g, v.dtype), v) for g, v, u in zip(local, self.variables, used) if u]
+                if self.jit_apply:
+                    self._compiled_apply(tuple(used))(*[g for g, _ in chosen])
+                else:
+                    self.optimizer.apply_gradients(chosen)
 
             strategy.extended.call_for_each_replica(apply_local, args=grads)
             for layer, sums in zip(self.norm_layers, stats):
@@ -225,6 +231,14 @@ class Update:
         return tf.cond(
             _first(strategy, applied), apply, lambda: tf.cond(_first(strategy, retry), lambda: tf.constant(False), skip)
         )
+
+    def _compiled_apply(self, used: tuple):
+        """apply_gradients to the variables ``used`` flags, as one XLA cluster (``jit_apply``), made once."""
+        if used not in self._applies:
+            chosen = [v for v, u in zip(self.variables, used) if u]
+            apply = lambda *grads: self.optimizer.apply_gradients(zip(grads, chosen))  # noqa: E731
+            self._applies[used] = tf.function(apply, jit_compile=True, autograph=False)
+        return self._applies[used]
 
     def reset(self):
         """Forget a half-done update (pooled BatchNorm statistics)."""
