@@ -596,6 +596,19 @@ def test_under_xla_the_micro_steps_run_one_at_a_time(jit_compile, monkeypatch):
     assert seen == [1 if jit_compile else auto_parallel(2)]
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_under_xla_the_optimizers_apply_is_compiled_too(jit_compile):
+    """As model.fit's jitted train step applies the optimizer inside its XLA cluster: one compiled apply per set of
+    variables the loss reaches, traced once."""
+    from accum_train.keras_fit.fit import _ENGINES
+
+    model = jit_classifier(jit_compile, False)
+    accum_train.fit(model, X, LABELS, BATCH, 2, subdivisions=4, verbose=0)
+    (engine, _), = _ENGINES[model].values()
+    assert engine.jit_apply == jit_compile
+    assert [f.experimental_get_tracing_count() for f in engine._applies.values()] == ([1] if jit_compile else [])
+
+
 class HostOnly(keras.layers.Layer):
     """An op XLA cannot compile (a Python function), in training or only in inference (``when``): under
     jit_compile=True, model.fit fails on it in its train step or in its validation."""
