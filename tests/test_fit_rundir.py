@@ -38,6 +38,7 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "checkpoints",
         "fit.json",
+        "history.jsonl",
         "initial_model.keras",
         "metrics.jsonl",
         "model.keras",
@@ -56,7 +57,21 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     assert [r["loss"] for r in records if r.get("epoch_end")] == pytest.approx(expected["loss"])
     saved = keras.models.load_model(run_dir / "model.keras")
     assert max_difference(saved.get_weights(), weights) == 0.0
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 16
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {key: summary[key] for key in ("steps", "epochs", "subdivisions", "replicas", "skipped_updates")} == {
+        "steps": 16,
+        "epochs": 4,
+        "subdivisions": K,
+        "replicas": 1,
+        "skipped_updates": 0,
+    }
+    assert summary["cpu_time_s"] > 0 and summary["peak_rss_bytes"] > 0 and summary["loss_scale"] is None
+    # each call's start, as the CLI's history.jsonl has it: the first started, the second resumed at update 8
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [(h["event"], h["step"], h["strategy"], h["replicas"], h["subdivisions"]) for h in history] == [
+        ("start", 0, "default", 1, K),
+        ("resume", 8, "default", 1, K),
+    ]
     # TensorBoard has what metrics.jsonl has (the CLI's writer): each update's loss, each epoch's logs
     scalars = {}
     # one file per call, in the order written: events.out.tfevents.SECONDS.HOST.PID.N.v2, N the process's count of

@@ -92,7 +92,7 @@ DOORS = [
     ),
     (
         "fit_run",
-        ["fit.json", "metrics.jsonl", "summary.json"],
+        ["fit.json", "history.jsonl", "metrics.jsonl", "summary.json"],
         [
             ("metrics.jsonl", first_update, "noise_scale"),
             ("metrics.jsonl", epoch_end, "noise_scale"),

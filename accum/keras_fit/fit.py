@@ -284,6 +284,8 @@ def fit(
             say(UNMEASURED.format(name=AUTO, first="one micro-batch per replica"))
         if auto:
             loop.cut = Cut(engine.k, replicas, cut.local)
+        if checkpoints is not None:
+            checkpoints.record_start()
         history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
         loop.run(
             epochs=epochs,

@@ -9,10 +9,12 @@ What it holds:
 - ``checkpoints/``: the model's variables, the optimizer, the metrics' running state, the update and epoch
   counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
+- ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
 - ``metrics.jsonl``: one record per update (``step``, ``epoch`` and the logs the callbacks got) and one per
   epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's writer (metrics_log.MetricsLog),
   with the same scalars for TensorBoard under ``tensorboard/``;
-- ``model.keras`` and ``summary.json`` when the call returns.
+- ``model.keras`` and ``summary.json`` when the call returns (the updates and epochs done, and what the CLI's
+  summary says of every run: time, memory peaks, skipped updates, loss and noise scales, k and replicas).
 
 A later call with the same ``output_dir`` restores the newest checkpoint that
 reads back whole and continues from its update: the same model and data give
@@ -40,8 +42,8 @@ from ..files import atomic_write
 from ..keras_private import storage
 from ..trainer.checkpoints import checkpoint_numbers
 from ..trainer.lock import LOCK
-from ..trainer.rundir import FIT_RECORD, MODEL_COPY, RunDirectory, is_fit_run_dir, write_json
-from ..trainer.runtime import is_chief
+from ..trainer.rundir import FIT_RECORD, MODEL_COPY, RunDirectory, is_fit_run_dir, run_figures, write_json
+from ..trainer.runtime import is_chief, strategy_name
 
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
@@ -59,8 +61,8 @@ def recorded_seed(run_dir: Path):
 class FitRunDir:
     """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
 
-    def __init__(self, run_dir: Path, model, engine):
-        self.run_dir, self.model, self.engine = Path(run_dir), model, engine
+    def __init__(self, run_dir: Path, model, engine, noise):
+        self.run_dir, self.model, self.engine, self.noise = Path(run_dir), model, engine, noise
         hint = f"call accum_train.fit again with output_dir={str(self.run_dir)!r}"
         self.directory = RunDirectory(self.run_dir, is_chief(engine.strategy), "output_dir ", hint)
         self.writer = self.directory.writer
@@ -68,8 +70,8 @@ class FitRunDir:
         self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.step = (0, 0), 0  # step: the updates done
-        self.stop = None  # the signal's flag, while open
-        self.started, self.saved_at = time.time(), time.time()
+        self.stop, self.resumed = None, False  # the signal's flag, while open; whether a checkpoint was restored
+        self.started, self.saved_at = (time.time(), time.process_time()), time.time()
 
     @classmethod
     @contextlib.contextmanager
@@ -77,7 +79,7 @@ class FitRunDir:
         """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
         out save the model and summary.json (or, on an exception, leave the last checkpoint as it is).
         ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by name)."""
-        run = cls(run_dir, model, engine)
+        run = cls(run_dir, model, engine, noise)
         tracked = {
             "weights": [storage(v) for v in model.variables],
             "optimizer": engine.optimizer,
@@ -136,10 +138,15 @@ class FitRunDir:
                 f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
             ) from None
-        self.start = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy()))
+        self.start, self.resumed = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy())), True
         self.directory.log.truncate_after(self.step, int(self.epoch.numpy()))
         if self.writer:
             say(f"accum_train.fit: resuming {self.run_dir} at update {self.step}")
+
+    def record_start(self) -> None:
+        """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
+        strategy = self.engine.strategy
+        self.directory.started(self.step, self.resumed, strategy_name(strategy), self.engine.replicas, self.engine.k)
 
     def earlier_epochs(self) -> list:
         """(epoch, logs) of each epoch metrics.jsonl records as ended (what a resumed call's History starts
@@ -201,8 +208,9 @@ class FitRunDir:
             {
                 "steps": self.step,
                 "epochs": int(self.epoch.numpy()),
-                "skipped_updates": int(self.engine.skipped_updates.numpy()),
-                "wall_time_s": time.time() - self.started,
+                **run_figures(self.engine, self.noise, self.started),
+                "subdivisions": self.engine.k,
+                "replicas": self.engine.replicas,
             },
         )
 

@@ -13,7 +13,6 @@ order, reaching the weights an uninterrupted run would.
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 
 import tensorflow as tf
@@ -24,17 +23,10 @@ from ..progress import Progress
 from .batching import k_for_micro_batch
 from .checkpoints import newest_intact_checkpoint
 from .data import describe_split, first_batch, largest_micro_batch
-from .memory import (
-    UNMEASURED,
-    MemoryGuard,
-    allocator_peak_bytes,
-    choose_subdivisions,
-    peak_rss_bytes,
-    rematerialiser,
-)
+from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
 from .run_hooks import RunHooks
 from .run_parts import Run
-from .rundir import RunDirectory, keep_model_file, save_weights, write_json
+from .rundir import RunDirectory, keep_model_file, run_figures, save_weights, write_json
 
 
 def train(
@@ -46,7 +38,6 @@ def train(
     ``started``: (wall, CPU) time the run began at."""
     with contextlib.ExitStack() as held:
         cfg, data = run.cfg, run.data
-        started, cpu_started = started
         flag = "--resume " if resume else "--output-dir "
         directory = RunDirectory(run_dir, writer, flag, f"resume with --resume {run_dir}")
         # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
@@ -88,11 +79,7 @@ def train(
             **run.scores(),
             "steps": step,
             "examples_seen": run.examples_seen(step),
-            "wall_time_s": time.time() - started,
-            "cpu_time_s": time.process_time() - cpu_started,
-            "peak_memory_bytes": allocator_peak_bytes(),
-            "peak_rss_bytes": peak_rss_bytes(),
-            "skipped_updates": int(run.engine.skipped_updates.numpy()),
+            **run_figures(run.engine, run.noise, started),  # time, memory peaks, skipped updates, loss and noise scales
             "subdivisions": run.subdivisions,
             "replicas": run.replicas,
             # how many times a --workers supervisor started this run's workers again after a failure
@@ -105,8 +92,6 @@ def train(
             else None,
             "baseline": cfg.baseline,
             "precision": cfg.precision,
-            "loss_scale": float(run.engine.loss_scale.numpy()) if run.engine.dynamic else None,
-            "noise_scale": run.noise.value(),
             **threads,
         }
         save_weights(run.model.named_weights(), run_dir / "weights.npz")
@@ -129,8 +114,6 @@ def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progr
     replica cuts its share: k is adapted so that no micro-batch is larger than
     before (re-probed with subdivisions=auto). history.jsonl records each
     start: update, strategy, workers, replicas, k."""
-    from .runtime import cluster_workers
-
     cfg = run.cfg
     step = 0
     if resume:
@@ -177,17 +160,7 @@ def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progr
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"
         )
-    entry = {
-        "step": step,
-        "event": "resume" if resume else "start",
-        "strategy": cfg.strategy.name,
-        "workers": cluster_workers(),
-        "replicas": run.replicas,
-        "subdivisions": run.subdivisions,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    with open(directory.local / HISTORY, "a") as handle:
-        handle.write(strict_json(entry) + "\n")
+    directory.started(step, resume, cfg.strategy.name, run.replicas, run.subdivisions)
     return step
 
 
@@ -197,9 +170,6 @@ TRIMMED_NOISE_SCALE = (
     "noise_scale: none (data.trim_padding orders each batch by length; the estimate needs micro-batches drawn at "
     "random)"
 )
-
-# A run directory's record of its starts and resumes, one JSON line each (appended; informational).
-HISTORY = "history.jsonl"
 
 
 def scaled_rate_note(run: Run) -> str:

@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import Interrupted, RunDirError
@@ -46,7 +47,7 @@ class RunDirectory:
         self.checkpoints = self.log = None  # once ``keep`` knows what to checkpoint
         self.step = 0  # the update of the newest checkpoint, saved or restored
 
-    def enter(self, held: contextlib.ExitStack) -> "RunDirectory":
+    def enter(self, held: contextlib.ExitStack) -> RunDirectory:
         """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes."""
         if self.writer:
             held.enter_context(writing(self.path, self.flag))
@@ -76,6 +77,43 @@ class RunDirectory:
     def stop_flag(self) -> StopFlag:
         """The flag SIGINT and SIGTERM set; a second signal stops at once, at the newest checkpoint."""
         return StopFlag(lambda signum: Interrupted(signum, self.path, self.step, forced=True))
+
+    def started(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
+        """history.jsonl's line for a start or a resume at ``step``: where, on which strategy and workers, how the
+        batch is cut (informational; appended)."""
+        from .runtime import cluster_workers
+
+        entry = {
+            "step": step,
+            "event": "resume" if resume else "start",
+            "strategy": strategy,
+            "workers": cluster_workers(),
+            "replicas": replicas,
+            "subdivisions": subdivisions,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        with open(self.local / HISTORY, "a") as handle:
+            handle.write(strict_json(entry) + "\n")
+
+
+# A run directory's record of its starts and resumes, one JSON line each.
+HISTORY = "history.jsonl"
+
+
+def run_figures(engine, noise, started: tuple) -> dict:
+    """What summary.json says of a run in either door: its time since ``started`` ((wall, CPU) seconds), memory
+    peaks, skipped updates, loss scale (mixed_float16) and last noise-scale estimate."""
+    from .memory import allocator_peak_bytes, peak_rss_bytes
+
+    return {
+        "wall_time_s": time.time() - started[0],
+        "cpu_time_s": time.process_time() - started[1],
+        "peak_memory_bytes": allocator_peak_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "skipped_updates": int(engine.skipped_updates.numpy()),
+        "loss_scale": float(engine.loss_scale.numpy()) if engine.dynamic else None,
+        "noise_scale": noise.value(),
+    }
 
 
 def is_run_dir(path: Path) -> bool:

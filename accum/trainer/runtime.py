@@ -132,6 +132,19 @@ def cluster_workers() -> int:
     return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
 
 
+def strategy_name(strategy: tf.distribute.Strategy | None) -> str:
+    """The config's name for a strategy (``strategy.name``), as history.jsonl records it; else its class's name."""
+    for name, kind in (
+        ("multi_worker", tf.distribute.MultiWorkerMirroredStrategy),
+        ("mirrored", tf.distribute.MirroredStrategy),
+    ):
+        if isinstance(strategy, kind):
+            return name
+    # what tf.distribute.get_strategy() is outside any scope: TensorFlow's one-device default
+    default = strategy is None or type(strategy).__name__ == "_DefaultDistributionStrategy"
+    return "default" if default else type(strategy).__name__
+
+
 def is_chief(strategy: tf.distribute.Strategy | None) -> bool:
     """The chief (task 'chief', or worker 0 when there is none) writes the run directory."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
