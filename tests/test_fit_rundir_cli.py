@@ -57,7 +57,15 @@ def tree(path):
 def test_fit_saves_its_model_as_the_run_begins_and_a_resume_keeps_it(runs, tmp_path):
     run_dir, _ = runs["interrupted"]
     names = sorted(p.name for p in run_dir.iterdir())
-    assert names == ["checkpoints", "fit.json", "initial_model.keras", "metrics.jsonl", "tensorboard", "writer.lock"]
+    assert names == [
+        "checkpoints",
+        "fit.json",
+        "history.jsonl",
+        "initial_model.keras",
+        "metrics.jsonl",
+        "tensorboard",
+        "writer.lock",
+    ]
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     first = (copy / "initial_model.keras").read_bytes()

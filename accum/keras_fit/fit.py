@@ -285,7 +285,7 @@ def fit(
         if auto:
             loop.cut = Cut(engine.k, replicas, cut.local)
         if checkpoints is not None:
-            checkpoints.record_start()
+            checkpoints.log_call()
         history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
         loop.run(
             epochs=epochs,

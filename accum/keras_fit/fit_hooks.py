@@ -236,13 +236,12 @@ class FitHooks:
         """max_bad_steps reached: with a run directory, its checkpoint (just saved) is the last good state."""
         done, resume = updates_done, ""
         if self.checkpoints is not None:
-            done = self.checkpoints.step
-            resume = f"call accum_train.fit again with output_dir={str(self.checkpoints.run_dir)!r}"
+            done, resume = self.checkpoints.step, self.checkpoints.resume_hint  # its checkpoint: just saved
         fix = "lower the optimizer's learning rate or compile it with an optimizer that clips (clipnorm)"
         return too_many_bad_updates(bad, self.max_bad_steps, done, fix, resume)
 
     def interrupted(self, signum: int):  # only with a run directory: it has just checkpointed this update
-        return Interrupted(signum, self.checkpoints.run_dir, self.checkpoints.step)
+        return Interrupted(signum, self.checkpoints.path, self.checkpoints.step)
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""

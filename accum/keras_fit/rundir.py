@@ -58,20 +58,22 @@ def recorded_seed(run_dir: Path):
         return None
 
 
-class FitRunDir:
-    """The run directory of one accum_train.fit call (``open`` it); ``start`` is (epoch, update) to go on from."""
+class FitRunDir(RunDirectory):
+    """The run directory of one accum_train.fit call (``open`` it), with what is fit's: fit.json's check, the
+    epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every ``FLUSH_SECONDS``, a
+    checkpoint every epoch and ``CHECKPOINT_SECONDS``. ``start`` is (epoch, update) to go on from; ``done`` the
+    updates done."""
 
     def __init__(self, run_dir: Path, model, engine, noise):
-        self.run_dir, self.model, self.engine, self.noise = Path(run_dir), model, engine, noise
-        hint = f"call accum_train.fit again with output_dir={str(self.run_dir)!r}"
-        self.directory = RunDirectory(self.run_dir, is_chief(engine.strategy), "output_dir ", hint)
-        self.writer = self.directory.writer
+        hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
+        super().__init__(run_dir, is_chief(engine.strategy), "output_dir ", hint)
+        self.model, self.engine, self.noise = model, engine, noise
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
-        self.start, self.step = (0, 0), 0  # step: the updates done
-        self.stop, self.resumed = None, False  # the signal's flag, while open; whether a checkpoint was restored
-        self.started, self.saved_at = (time.time(), time.process_time()), time.time()
+        self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
+        self.stop = None  # the signal's flag, while open
+        self.began, self.saved_at = (time.time(), time.process_time()), time.time()
 
     @classmethod
     @contextlib.contextmanager
@@ -91,26 +93,26 @@ class FitRunDir:
         with contextlib.ExitStack() as held:
             if run.writer:
                 run._check(described)
-            run.directory.enter(held)
+            run.enter(held)
             # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
-            run.directory.keep(tracked, KEEP, engine, noise, optional={"subdivisions": engine.subdivisions})
-            if checkpoint_numbers(run.run_dir / "checkpoints"):
+            run.keep(tracked, KEEP, engine, noise, optional={"subdivisions": engine.subdivisions})
+            if checkpoint_numbers(run.path / "checkpoints"):
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
-                run.directory.log.truncate_after(0, 0)
-                write_json(run.run_dir / FIT_RECORD, described)
+                run.log.truncate_after(0, 0)
+                write_json(run.path / FIT_RECORD, described)
             # the model before its first update, for the readers: a resume keeps the first (an older directory
             # gains one)
-            if run.writer and not (run.run_dir / MODEL_COPY).is_file():
+            if run.writer and not (run.path / MODEL_COPY).is_file():
                 run._save_model(MODEL_COPY)
-            run.stop = held.enter_context(run.directory.stop_flag())
+            run.stop = held.enter_context(run.stop_flag())
             held.callback(run._flush)  # what the call logged, also when it ends in an exception
             yield run
             run._flush()
             run._finish()
 
     def _check(self, described: dict) -> None:
-        path = self.run_dir
+        path = self.path
         if path.exists() and not path.is_dir():
             raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
         if not path.is_dir() or not any(p.name != LOCK for p in path.iterdir()):
@@ -132,33 +134,32 @@ class FitRunDir:
 
     def _restore(self, say) -> None:
         try:
-            self.step = self.directory.restore(say)
+            self.done = self.restore(say)
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
-                f"accum_train.fit: output_dir {self.run_dir} holds a checkpoint of another model "
+                f"accum_train.fit: output_dir {self.path} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
             ) from None
         self.start, self.resumed = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy())), True
-        self.directory.log.truncate_after(self.step, int(self.epoch.numpy()))
+        self.log.truncate_after(self.done, int(self.epoch.numpy()))
         if self.writer:
-            say(f"accum_train.fit: resuming {self.run_dir} at update {self.step}")
+            say(f"accum_train.fit: resuming {self.path} at update {self.done}")
 
-    def record_start(self) -> None:
+    def log_call(self) -> None:
         """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
-        strategy = self.engine.strategy
-        self.directory.started(self.step, self.resumed, strategy_name(strategy), self.engine.replicas, self.engine.k)
+        engine = self.engine
+        self.log_start(self.done, self.resumed, strategy_name(engine.strategy), engine.replicas, engine.k)
 
     def earlier_epochs(self) -> list:
         """(epoch, logs) of each epoch metrics.jsonl records as ended (what a resumed call's History starts
         with)."""
         if not self.writer:
             return []
-        records = self.directory.log.read()
         skip = ("step", "epoch", "epoch_end")
         # null is how the file holds a NaN (strict JSON): the History gets the NaN model.fit's logs would hold
         return [
             (r["epoch"] - 1, {k: math.nan if v is None else v for k, v in r.items() if k not in skip})
-            for r in records
+            for r in self.log.read()
             if r.get("epoch_end")
         ]
 
@@ -166,7 +167,7 @@ class FitRunDir:
         self._flush()  # a checkpoint never counts an update that metrics.jsonl lacks
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
-        self.directory.save(self.step)
+        self.save(self.done)
         self.saved_at = time.time()
 
     def _write(self, record: dict) -> None:
@@ -177,38 +178,38 @@ class FitRunDir:
             self._flush()
 
     def _flush(self) -> None:
-        if self.pending and self.directory.log is not None:
-            self.directory.log.write(self.pending)
+        if self.pending and self.log is not None:
+            self.log.write(self.pending)
             self.pending = []
         self.flushed_at = time.time()
 
     def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
-        self.step += 1
-        self._write({"step": self.step, "epoch": epoch + 1, "applied": bool(out["applied"]), **_plain(logs)})
+        self.done += 1
+        self._write({"step": self.done, "epoch": epoch + 1, "applied": bool(out["applied"]), **_plain(logs)})
         if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
             self._save(epoch, update_in_epoch)
 
     def after_epoch(self, epoch: int, logs: dict) -> None:
-        self._write({"step": self.step, "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
+        self._write({"step": self.done, "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
         self._save(epoch + 1, 0)
 
     def _save_model(self, name: str) -> None:
         # Keras writes a .keras file only to a path: to a private folder in the run directory first, then its
         # bytes through atomic_write, so that a reader or a resume never finds half a file
-        with tempfile.TemporaryDirectory(dir=self.run_dir, prefix=".model-") as scratch:
+        with tempfile.TemporaryDirectory(dir=self.path, prefix=".model-") as scratch:
             self.model.save(Path(scratch) / name)
-            atomic_write(self.run_dir / name, (Path(scratch) / name).read_bytes())
+            atomic_write(self.path / name, (Path(scratch) / name).read_bytes())
 
     def _finish(self) -> None:
         if not self.writer:
             return
         self._save_model("model.keras")
         write_json(
-            self.run_dir / "summary.json",
+            self.path / "summary.json",
             {
-                "steps": self.step,
+                "steps": self.done,
                 "epochs": int(self.epoch.numpy()),
-                **run_figures(self.engine, self.noise, self.started),
+                **run_figures(self.engine, self.noise, self.began),
                 "subdivisions": self.engine.k,
                 "replicas": self.engine.replicas,
             },

@@ -160,7 +160,7 @@ def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progr
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"
         )
-    directory.started(step, resume, cfg.strategy.name, run.replicas, run.subdivisions)
+    directory.log_start(step, resume, cfg.strategy.name, run.replicas, run.subdivisions)
     return step
 
 

@@ -78,7 +78,7 @@ class RunDirectory:
         """The flag SIGINT and SIGTERM set; a second signal stops at once, at the newest checkpoint."""
         return StopFlag(lambda signum: Interrupted(signum, self.path, self.step, forced=True))
 
-    def started(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
+    def log_start(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
         """history.jsonl's line for a start or a resume at ``step``: where, on which strategy and workers, how the
         batch is cut (informational; appended)."""
         from .runtime import cluster_workers
