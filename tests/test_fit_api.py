@@ -604,7 +604,7 @@ def test_under_xla_the_optimizers_apply_is_compiled_too(jit_compile):
 
     model = jit_classifier(jit_compile, False)
     accum_train.fit(model, X, LABELS, BATCH, 2, subdivisions=4, verbose=0)
-    (engine, _), = _ENGINES[model].values()
+    ((engine, _),) = _ENGINES[model].values()
     assert engine.jit_apply == jit_compile
     assert [f.experimental_get_tracing_count() for f in engine._applies.values()] == ([1] if jit_compile else [])
 
