@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import Counter
 
 from .config import Config
+from .from_config.startup import parallel_micro_steps
 from .trainer.batching import largest_micro_batch
 from .trainer.data import updates_per_epoch
-from .trainer.runtime import parallel_micro_steps
 from .trainer.timeline import Timeline
 
 # BatchNorm's statistics over fewer examples than this

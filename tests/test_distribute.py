@@ -449,7 +449,8 @@ COUNT_SCRIPT = """
 import json, sys
 import tensorflow as tf
 from accum_train.config import StrategyConfig
-from accum_train.trainer.runtime import CountingCrossDeviceOps, make_strategy
+from accum_train.from_config.startup import make_strategy
+from accum_train.trainer.runtime import CountingCrossDeviceOps
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
@@ -481,7 +482,7 @@ import json
 import numpy as np
 import tensorflow as tf
 from accum_train.config import StrategyConfig
-from accum_train.trainer.runtime import make_strategy
+from accum_train.from_config.startup import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.trainer.engine import Accumulator
@@ -688,7 +689,7 @@ import json
 import numpy as np
 import tensorflow as tf
 from accum_train.config import ModelConfig, StrategyConfig
-from accum_train.trainer.runtime import make_strategy
+from accum_train.from_config.startup import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
 from accum_train.trainer.engine import Accumulator

@@ -33,6 +33,7 @@ from ..trainer.keras_objective import KerasObjective
 from ..trainer.objective import as_data, classifier
 from ..trainer.trim import TrimmedSplit, check_trimmable
 from .source import compile_config, model_source
+from .startup import parallel_micro_steps
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
 
@@ -84,7 +85,7 @@ def build_run(cfg, data, strategy=None):
         model, objective = build_with_loss(cfg, data, cfg.precision)
         if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
             data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
-    return Run(cfg, data, model, objective, strategy)
+    return Run(cfg, data, model, objective, strategy, parallel_micro_steps(cfg))
 
 
 def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:

@@ -33,11 +33,12 @@ def train(
     Under a multi-worker strategy every worker calls this; only the chief writes
     ``run_dir``, the others write their (required) checkpoints to a scratch folder
     (rundir.RunDirectory)."""
-    from ..trainer.runtime import configure, is_chief, make_strategy
+    from ..trainer.runtime import is_chief
+    from .startup import configure, make_strategy
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
-        strategy = make_strategy(cfg.strategy)  # before any other op: see runtime.py
+        strategy = make_strategy(cfg.strategy)  # before any other op: see startup.py
     chief = is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
     progress = progress or Progress()
     if data is None or data.for_model is None:

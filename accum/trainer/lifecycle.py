@@ -34,7 +34,7 @@ def train(
 ) -> dict:
     """Train ``run`` in ``run_dir`` to its end; summary.json's content. ``writer``: this process writes the run
     directory (the chief; holding its writer lock from before its first write to its return), another worker
-    writes a scratch folder (rundir.RunDirectory); ``threads``: what runtime.configure set up, for the summary;
+    writes a scratch folder (rundir.RunDirectory); ``threads``: what startup.configure set up, for the summary;
     ``started``: (wall, CPU) time the run began at."""
     with contextlib.ExitStack() as held:
         cfg, data = run.cfg, run.data

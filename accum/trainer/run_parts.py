@@ -22,13 +22,13 @@ from .trim import TrimmedSplit, check_trim
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, model, objective, strategy=None):
+    def __init__(self, cfg: Config, data, model, objective, strategy=None, parallel: int = 1):
         """``cfg`` checked against ``data`` (``Config.for_data``); ``model`` and its ``objective`` built under
-        ``strategy`` for that data, as the front end builds them (from_config.build_run)."""
+        ``strategy`` for that data, as the front end builds them (from_config.build_run); ``parallel`` micro-steps
+        in flight."""
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .optim import make_optimizer, run_schedule
-        from .runtime import parallel_micro_steps
 
         self.data = data
         self.n_train = len(data.train)
@@ -61,7 +61,7 @@ class Run:
             # subdivisions=auto starts at 1; choose_subdivisions measures before training.
             subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
             one_pass=cfg.baseline,
-            parallel=parallel_micro_steps(cfg),
+            parallel=parallel,
             strategy=strategy,
             prepare=self.prepare,
             clip_norm=cfg.optimizer.clip_norm,
