@@ -78,6 +78,7 @@ def build_run(cfg, data, strategy=None):
     from ..trainer.run_parts import Run
 
     cfg = cfg.for_data(len(data.train))
+    parallel = parallel_micro_steps(cfg)
     in_scope = strategy or tf.distribute.get_strategy()
     with in_scope.scope():
         # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains on
@@ -85,7 +86,7 @@ def build_run(cfg, data, strategy=None):
         model, objective = build_with_loss(cfg, data, cfg.precision)
         if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
             data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
-    return Run(cfg, data, model, objective, strategy, parallel_micro_steps(cfg))
+    return Run(cfg, data, model, objective, strategy, parallel)
 
 
 def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:
