@@ -185,10 +185,13 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     keras.utils.set_random_seed(1)
     other = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), keras.layers.Dense(1)])
     other.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
     with pytest.raises(UserError) as caught:
         fit(other, 2, run_dir)
     assert str(caught.value).startswith(f"accum_train.fit: output_dir {run_dir} holds a checkpoint of another model (")
     assert str(caught.value).endswith("): pass the same model, or choose a new output_dir")
+    # refused before anything was written: no file added or changed (no TensorBoard events file either)
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
 
 
 def test_the_cli_tells_a_fit_run_directory_apart(tmp_path):

@@ -44,11 +44,19 @@ class MetricsLog:
     """metrics.jsonl (one JSON object per line) plus the same scalars for TensorBoard."""
 
     def __init__(self, run_dir: Path):
-        import tensorflow as tf
-
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.writer = tf.summary.create_file_writer(str(Path(run_dir) / "tensorboard"))
+        self.tensorboard, self._writer = Path(run_dir) / "tensorboard", None
         self._writers = {}  # tag: its graph (``_series``)
+
+    @property
+    def writer(self):
+        """TensorBoard's writer, made at the first write: a run refused before its first record (a resume of
+        another model's checkpoint) leaves no events file behind."""
+        if self._writer is None:
+            import tensorflow as tf
+
+            self._writer = tf.summary.create_file_writer(str(self.tensorboard))
+        return self._writer
 
     def truncate_after(self, step: int, epochs_done: int) -> None:
         """Drop records a resumed run will write again (those after its checkpoint)."""

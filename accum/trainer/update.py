@@ -50,11 +50,6 @@ def _rows(structure, start, end):
     return tf.nest.map_structure(lambda tensor: tensor[start:end], structure)
 
 
-def _examples(structure):
-    """How many examples a batch (or a structure of tensors of one batch) holds."""
-    return tf.shape(tf.nest.flatten(structure)[0])[0]
-
-
 def _signal(stop) -> tf.Tensor:
     """A stop request as the graphs take it (a tensor: a Python int would retrace per value)."""
     return tf.constant(int(stop), tf.int32)
