@@ -10,7 +10,8 @@ What it holds:
   counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
 - ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
-- ``metrics.jsonl``: one record per update (``step``, ``epoch`` and the logs the callbacks got) and one per
+- ``metrics.jsonl``: one record per update (``step``, ``epoch``, ``subdivisions``, the k it ran at, and the logs
+  the callbacks got) and one per
   epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's writer (metrics_log.MetricsLog),
   with the same scalars for TensorBoard under ``tensorboard/``;
 - ``model.keras`` and ``summary.json`` when the call returns (the updates and epochs done, and what the CLI's
@@ -185,7 +186,9 @@ class FitRunDir(RunDirectory):
 
     def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
         self.done += 1
-        self._write({"step": self.done, "epoch": epoch + 1, "applied": bool(out["applied"]), **_plain(logs)})
+        # k as the CLI's records have it: the micro-batches this update ran at (a schedule's or a retry's)
+        record = {"step": self.done, "epoch": epoch + 1, "applied": bool(out["applied"]), "subdivisions": self.engine.k}
+        self._write({**record, **_plain(logs)})
         if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
             self._save(epoch, update_in_epoch)
 
