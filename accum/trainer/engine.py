@@ -79,7 +79,7 @@ class Accumulator(Finish):
         jit: bool = False,
         **shared,
     ):
-        super().__init__(variables, optimizer, **shared)
+        super().__init__(variables, optimizer, jit=jit, **shared)
         self.objective = as_objective(objective)
         self.groups = tuple(groups if groups is not None else self.objective.groups)
         self.metrics, self.one_pass = metrics, bool(one_pass)
@@ -103,7 +103,6 @@ class Accumulator(Finish):
                 size = noise.terms_size(len(self.groups))
                 self.noise = tf.Variable(tf.zeros([size]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
         self._compile_jit = jit
-        self.jit_apply = bool(jit) and self.replicas == 1 and optimizer is not None
         self.retrace()
 
     def retrace(self) -> None:

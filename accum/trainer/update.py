@@ -72,6 +72,7 @@ class Update:
         strategy: tf.distribute.Strategy | None = None,
         loss_scale: float | None = None,
         growth_steps: int = LOSS_SCALE.growth_steps,
+        jit: bool = False,
     ):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.variables = list(variables)
@@ -84,7 +85,8 @@ class Update:
         # compile's jit_compile on one replica: the optimizer's apply is compiled too, as model.fit's XLA train step
         # compiles it (one fused cluster instead of a dozen small ops per variable); on several replicas Keras'
         # apply merges across them, which stays outside XLA
-        self.jit_apply, self._applies = False, {}
+        self.jit_apply = bool(jit) and self.replicas == 1 and optimizer is not None
+        self._applies = {}  # the compiled apply for each set of variables the loss reaches
         with self.strategy.scope():
             self.bad_updates_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_updates_in_a_row")
             self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_updates")
