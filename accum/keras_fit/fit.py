@@ -277,7 +277,7 @@ def fit(
             )
             loop.follow_restored_rule()
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
-        fresh = checkpoints is None or checkpoints.start == (0, 0)  # a resume goes on at the k it had come to
+        fresh = checkpoints is None or not checkpoints.resumed  # a resume goes on at the k it had come to
         if auto and fresh and limit is not None:
             choose_subdivisions(engine, _first_examples(feed), nominal, limit[1], limit[0], say, AUTO, loop.guard.remat)
         elif auto and fresh:
