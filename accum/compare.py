@@ -142,7 +142,7 @@ def ratios(baseline: dict, subdivided: dict) -> dict | None:
     return out
 
 
-def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=None) -> dict:
+def compare(cfg: Config, out_dir: Path, progress: Progress | None = None) -> dict:
     """Write out_dir/{config.yaml, baseline/, subdivided/, compare.json, compare.png}.
 
     The config, the output directory and the data are checked before anything is written."""
@@ -151,10 +151,9 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None, data=N
         raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): use --set subdivisions=K")
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    if data is None:
-        from .from_config.build import load_data
+    from .from_config.build import load_data
 
-        data = load_data(cfg)
+    data = load_data(cfg)
     cfg = cfg.for_data(len(data.train))
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"

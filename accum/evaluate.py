@@ -77,7 +77,7 @@ def evaluation_dir(run_dir: Path) -> Path:
 
 
 def evaluate(
-    run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str] = (), data=None, data_file: Path | None = None
+    run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str] = (), data_file: Path | None = None
 ) -> dict:
     """Evaluate ``run_dir`` on its (possibly changed) test data; write evaluate.json and .png into ``out_dir``
     (default RUN_DIR/evaluate). Like every output directory of the tool, it must be new or empty: an
@@ -96,10 +96,9 @@ def evaluate(
         )
     cfg = evaluation_config(run_dir, overrides)
     out_dir = _output_dir(run_dir, out_dir)
-    if data is None:
-        from .from_config.build import load_data
+    from .from_config.build import load_data
 
-        data = load_data(cfg, run_dir)  # the run's manifest of checked image files spares their decoding
+    data = load_data(cfg, run_dir)  # the run's manifest of checked image files spares their decoding
     check_compatible(data, info, run_dir)
     if len(data.test) == 0:
         raise DataError("the test split is empty: nothing to evaluate")

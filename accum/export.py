@@ -20,11 +20,10 @@ checkpoint).
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import RunDirError, UserError
-from .files import atomic_write
+from .files import atomic_write, keras_bytes
 
 
 def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = False) -> Path:
@@ -46,7 +45,7 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
     else:
         run = load_run(run_dir, float32=True)  # a plain Keras file, float32 as the weights are
         model = to_keras(run.model, run.data.input_shape)
-    atomic_write(output, _keras_bytes(model))
+    atomic_write(output, keras_bytes(model))
     return output
 
 
@@ -62,15 +61,6 @@ def _check_output(output: Path, overwrite: bool) -> None:
         raise UserError(f"--output {output}: the folder {parent} does not exist: create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"--output {output}: {parent} is not writable: choose another folder")
-
-
-def _keras_bytes(model) -> bytes:
-    # Keras writes a .keras file only to a path; written to a private temporary
-    # folder first, its bytes then go through atomic_write like every file we write.
-    with tempfile.TemporaryDirectory(prefix="accum-train-export-") as tmp:
-        path = Path(tmp) / "model.keras"
-        model.save(path)
-        return path.read_bytes()
 
 
 def to_keras(model, input_shape):

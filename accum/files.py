@@ -38,6 +38,14 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def keras_bytes(model, name: str = "model.keras", folder=None) -> bytes:
+    """The bytes of ``model`` as a .keras file: Keras writes one only to a path, here a private folder (in
+    ``folder``, default the system's temporary one), whose bytes then go through ``atomic_write``."""
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".model-") as scratch:
+        model.save(Path(scratch) / name)
+        return (Path(scratch) / name).read_bytes()
+
+
 def strict_json(data, indent: int | None = None) -> str:
     """``data`` as strict JSON (RFC 8259), for every file and ``--json`` output the tool writes for others to read:
     a non-finite float (NaN, Infinity) becomes null. Python's json writes them as the bare words NaN and Infinity,

@@ -13,12 +13,12 @@ the plan cannot drift from what a run does.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from .config import Config
 from .from_config.startup import parallel_micro_steps
 from .trainer.batching import largest_micro_batch
-from .trainer.data import updates_per_epoch
 from .trainer.timeline import Timeline
 
 # BatchNorm's statistics over fewer examples than this
@@ -46,8 +46,8 @@ BUILT_IN_OBJECTIVE = {
 }
 
 
-def plan(cfg: Config, data=None, model=None) -> dict:
-    """The plan of a run of ``cfg``; ``data`` and ``model`` are loaded/built unless given."""
+def plan(cfg: Config, data=None) -> dict:
+    """The plan of a run of ``cfg``; ``data`` is loaded unless given."""
     if data is None:
         from .from_config.build import load_data
 
@@ -62,15 +62,12 @@ def plan(cfg: Config, data=None, model=None) -> dict:
     from .trainer.optim import run_schedule
 
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
-    objective, groups = BUILT_IN_OBJECTIVE, 1
-    if model is None:
-        from .from_config.build import build_with_loss, describe_loss
-        from .trainer.keras_objective import is_keras_loss
+    from .from_config.build import build_with_loss, describe_loss
+    from .trainer.keras_objective import is_keras_loss
 
-        model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
-        groups = len(loss.groups)  # the loss's normalisers: one gradient cache each
-        if is_keras_loss(loss):
-            objective = describe_loss(loss)
+    model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
+    groups = len(loss.groups)  # the loss's normalisers: one gradient cache each
+    objective = describe_loss(loss) if is_keras_loss(loss) else BUILT_IN_OBJECTIVE
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)
@@ -164,7 +161,7 @@ def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
                 "batch_size": phase.batch_size,
                 "subdivisions": k,
                 "micro_batch": largest_micro_batch(phase.batch_size, 1, k),
-                "updates_per_epoch": updates_per_epoch(timeline.n_train, phase.batch_size),
+                "updates_per_epoch": math.ceil(timeline.n_train / phase.batch_size),
                 "learning_rate": learning_rate_at(schedule, phase.step),
             }
         )

@@ -84,16 +84,8 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
 
     from .models.keras_file import ends_in_softmax
 
-    given = run.keras_loss and ends_in_softmax(run.model.network)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, *x.shape[1:]], tf.float32)])
-    def batch_probabilities(images):
-        outputs = tf.cast(run.model.forward(images, False), tf.float32)
-        return outputs if given else tf.nn.softmax(outputs)
-
-    return np.concatenate(
-        [batch_probabilities(x[start : start + batch_size]).numpy() for start in range(0, len(x), batch_size)]
-    )
+    values = outputs(run, x, batch_size)
+    return values if run.keras_loss and ends_in_softmax(run.model.network) else tf.nn.softmax(values).numpy()
 
 
 def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list[str], object]:

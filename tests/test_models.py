@@ -70,7 +70,8 @@ def test_deferred_statistics_equal_one_pass_over_the_whole_batch(momentum):
     for start, end in [(0, 7), (7, 19), (19, 30)]:  # ragged on purpose
         micro(tf.constant(whole[start:end]))
     np.testing.assert_array_equal(bn.moving_mean.numpy(), np.zeros(3))  # nothing moves before commit
-    bn.commit()
+    bn.fold(bn.pending.values())
+    bn.discard()
     mean = whole.mean(axis=(0, 1, 2))
     var = whole.var(axis=(0, 1, 2))
     np.testing.assert_allclose(bn.moving_mean.numpy(), (1 - momentum) * mean, atol=1e-5)

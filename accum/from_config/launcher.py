@@ -82,7 +82,7 @@ class _Worker:
         )
         self._readers = [
             threading.Thread(target=self._read, args=(self.process.stdout, say), daemon=True),
-            threading.Thread(target=self._read_errors, args=(self.process.stderr,), daemon=True),
+            threading.Thread(target=self.errors.extend, args=(self.process.stderr,), daemon=True),
         ]
         for reader in self._readers:
             reader.start()
@@ -95,9 +95,6 @@ class _Worker:
         for line in stream:
             if self.index == 0:
                 say(line.rstrip("\n"))
-
-    def _read_errors(self, stream):
-        self.errors.extend(stream)
 
     def stop(self, sig=signal.SIGKILL):
         if self.process.poll() is None:

@@ -187,23 +187,15 @@ def compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
         )
     elif learning_rate is not None:
         raise UserError(f"{WHERE}: optimizer is an object with its own learning rate: leave learning_rate out")
-    outputs = model.outputs or []
-    softmax = len(outputs) == 1 and ends_in_softmax(model)
+    from ..models.keras_file import ends_in_softmax
+
+    softmax = ends_in_softmax(model)
     with strategy.scope():
         model.compile(
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax),
             metrics=["accuracy"],
         )
-
-
-def ends_in_softmax(model) -> bool:
-    from ..models.keras_file import _is_softmax, _output_layer
-
-    try:
-        return _is_softmax(_output_layer(model))
-    except (ValueError, AttributeError, IndexError):
-        return False
 
 
 def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size) -> tuple:

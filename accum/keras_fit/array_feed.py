@@ -15,7 +15,7 @@ from ..errors import UserError
 from ..trainer.batching import Cut
 from ..trainer.data import epoch_order
 from ..trainer.feed import endless, gathered, lay_out
-from ..trainer.trim import Held
+from ..trainer.trim import Held, any_length
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
 
@@ -40,7 +40,6 @@ class ArrayFeed:
         names=("x", "y", "sample_weight"),
     ):
         given = [(part_name, part) for part_name, part in zip(names, (x, y, sample_weight)) if part is not None]
-        self.structure = (x is not None, y is not None, sample_weight is not None or class_weight is not None)
         arrays = tuple(_leaves_as_arrays(part, part_name) for part_name, part in given)
         counts = {len(leaf) for leaf in tf.nest.flatten(arrays)}
         if len(counts) > 1:
@@ -74,7 +73,7 @@ class ArrayFeed:
     @property
     def element_spec(self):
         spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.stored)
-        return self.held.spec(spec) if self.trim else spec
+        return any_length(spec, self.timed) if self.trim else spec
 
     def first_batch(self):
         """The first batch's arrays (what the model, its loss and its metrics are built from)."""

@@ -190,10 +190,11 @@ def fit(
             f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
             f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
         )
-    if auto:
-        k = 1
-    else:
-        k = subdivisions or (k_for_micro_batch(nominal, micro_batch_size, replicas) if micro_batch_size else 1)
+
+    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size
+        return subdivisions or (k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else 1)
+
+    k = 1 if auto else k_for(nominal)
     cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
@@ -254,11 +255,8 @@ def fit(
         say = print if verbose else (lambda line: None)
         limits = Limits(memory_limit=limit, max_bad_steps=max_bad_steps)
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say, limits=limits)
-        if schedule:  # k for each batch in force: subdivisions as given, or what keeps micro_batch_size
-            loop.k_for = lambda size: (
-                subdivisions or (k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else 1)
-            )
-            loop.rule, loop.micro_batch_size = rule, micro_batch_size
+        if schedule:  # k for each batch in force
+            loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
         checkpoints = None
         if output_dir is not None:
             from .rundir import FitRunDir

@@ -154,31 +154,11 @@ def validation_feed(validation_data, batch_size, trim=0):
             f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
         )
     if is_dataset(validation_data) or isinstance(validation_data, keras.utils.PyDataset):
-        return make_feed(
-            validation_data,
-            None,
-            None,
-            None,
-            batch_size=None,
-            shuffle=False,
-            seed=0,
-            steps_per_epoch=None,
-            name="validation_data",
-            trim=trim,
-        )
-    x, y, weights = validation_arrays(validation_data)
-    return make_feed(
-        x,
-        y,
-        weights,
-        None,
-        batch_size=batch_size or ARRAY_BATCH_SIZE,
-        shuffle=False,
-        seed=0,
-        steps_per_epoch=None,
-        name="validation_data",
-        trim=trim,
-    )
+        x, y, weights, batch_size = validation_data, None, None, None  # it gives its own batches
+    else:
+        x, y, weights = validation_arrays(validation_data)
+    settings = dict(batch_size=batch_size, shuffle=False, seed=0, steps_per_epoch=None, name="validation_data")
+    return make_feed(x, y, weights, None, trim=trim, **settings)
 
 
 def validation_arrays(validation_data) -> tuple:

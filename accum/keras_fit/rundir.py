@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import tensorflow as tf
 
 from ..config import CheckpointConfig
 from ..errors import RunDirError
-from ..files import atomic_write
+from ..files import atomic_write, keras_bytes
 from ..keras_private import storage
 from ..trainer.checkpoints import checkpoint_numbers
 from ..trainer.lock import LOCK
@@ -196,12 +195,8 @@ class FitRunDir(RunDirectory):
         self._write({"step": self.done, "epoch": epoch + 1, "epoch_end": True, **_plain(logs)})
         self._save(epoch + 1, 0)
 
-    def _save_model(self, name: str) -> None:
-        # Keras writes a .keras file only to a path: to a private folder in the run directory first, then its
-        # bytes through atomic_write, so that a reader or a resume never finds half a file
-        with tempfile.TemporaryDirectory(dir=self.path, prefix=".model-") as scratch:
-            self.model.save(Path(scratch) / name)
-            atomic_write(self.path / name, (Path(scratch) / name).read_bytes())
+    def _save_model(self, name: str) -> None:  # a reader or a resume never finds half a file
+        atomic_write(self.path / name, keras_bytes(self.model, name, folder=self.path))
 
     def _finish(self) -> None:
         if not self.writer:

@@ -12,7 +12,7 @@ import tensorflow as tf
 from ..errors import UserError
 from ..trainer.batching import Cut
 from ..trainer.feed import endless
-from ..trainer.trim import by_length, cut_after, stream_timed, uncut_steps
+from ..trainer.trim import any_length, by_length, cut_after, stream_timed, uncut_steps
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
 
@@ -63,7 +63,6 @@ class DatasetFeed:
         self.once = False  # read again each epoch (or, with steps_per_epoch, one stream that can start over)
         self.sizes = False  # a batch's examples are known once it is read
         self.batch_size = batch_size
-        self.structure = None
         self.class_weight = class_weight
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
         self.timed = stream_timed(self.batches.element_spec, WHERE) if self.trim else None
@@ -72,11 +71,7 @@ class DatasetFeed:
     @property
     def element_spec(self):
         spec = self.batches.element_spec
-        if not self.trim:
-            return spec
-        return tf.nest.map_structure(
-            lambda s, timed: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if timed else s, spec, self.timed
-        )
+        return any_length(spec, self.timed) if self.trim else spec
 
     def first_batch(self):
         return next(iter(self.batches.take(1)))

@@ -125,8 +125,12 @@ def _output_layer(model: keras.Model):
 
 
 def ends_in_softmax(model: keras.Model) -> bool:
-    """Whether the model's (one) output is a softmax's: probabilities, not logits."""
-    return len(model.outputs) == 1 and _is_softmax(_output_layer(model))
+    """Whether the model's (one) output is a softmax's: probabilities, not logits (False for a model whose
+    output layer cannot be told: a subclassed one)."""
+    try:
+        return len(model.outputs or []) == 1 and _is_softmax(_output_layer(model))
+    except (ValueError, AttributeError, IndexError):
+        return False
 
 
 def _is_softmax(layer) -> bool:

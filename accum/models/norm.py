@@ -116,11 +116,6 @@ def fold_statistics(moving_mean, moving_var, momentum, values):
 class DeferredStatistics:
     """The engine's norm-layer API on top of a layer's ``pending`` (PendingStats) and ``fold(values)``."""
 
-    def commit(self):
-        """Fold this layer's own pooled statistics in and forget them (one device)."""
-        self.fold(self.pending.values())
-        self.discard()
-
     def discard(self):
         """Forget the pooled statistics (an update that is folded, skipped or retried)."""
         self.pending.clear()
@@ -134,7 +129,7 @@ class AccumBatchNorm(DeferredStatistics, BatchNorm):
     updated either right away (``deferred=False``: what a plain loop wants) or,
     with ``deferred=True``, from the statistics of the whole update, pooled over
     its micro-batches (and replicas) by example count and folded in once by the
-    engine (``fold``; ``commit`` on one device). The deferred moving statistics
+    engine (``fold``). The deferred moving statistics
     are then exactly those a single pass over the whole batch would produce, and
     they move once per update, not per micro-step.
     """

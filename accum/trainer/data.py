@@ -7,8 +7,6 @@ turn an order into batches (datasets/base.py).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .batching import largest_micro_batch, largest_share
@@ -24,11 +22,6 @@ def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
     if hasattr(data.train, "first"):  # a stream: its epoch 0 front to back
         return data.train.first(batch_size)
     return data.train.take(epoch_order(seed, 0, len(data.train), shuffle)[:batch_size])
-
-
-def updates_per_epoch(examples: int, batch_size: int) -> int:
-    """Updates in an epoch of ``examples``: its full batches and, if any examples are left, one short batch."""
-    return math.ceil(examples / batch_size)
 
 
 def describe_split(batch_size: int, k: int | None, replicas: int | None = None) -> str:

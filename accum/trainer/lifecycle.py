@@ -78,7 +78,7 @@ def train(
         summary = {
             **run.scores(),
             "steps": step,
-            "examples_seen": run.examples_seen(step),
+            "examples_seen": run.timeline.examples_seen(step),
             **run_figures(run.engine, run.noise, started),  # time, memory peaks, skipped updates, loss and noise scales
             "subdivisions": run.subdivisions,
             "replicas": run.replicas,
@@ -133,15 +133,7 @@ def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progr
         if cfg.auto_subdivisions and not cfg.baseline and cfg.memory_limit is None:
             progress.message(UNMEASURED.format(name="subdivisions=auto", first="one micro-batch per replica"))
         elif cfg.auto_subdivisions and not cfg.baseline:
-            choose_subdivisions(
-                run.engine,
-                _first_examples(run),
-                cfg.batch_size,
-                cfg.memory_limit,
-                cfg.memory_limit_bytes,
-                progress.message,
-                remat=_rematerialiser(run),
-            )
+            _probe(run, cfg.batch_size, progress)
         directory.save(0)  # a run is resumable from its first moment
     batch = run.timeline.batch_size(min(step, run.total_steps - 1))
     k = run.follow_batch(batch)
@@ -202,10 +194,13 @@ def describe_phases(run: Run) -> str:
     return "; ".join(parts)
 
 
-def _first_examples(run: Run):
-    """take(m): the first m examples of the first update's batch (what subdivisions=auto probes with)."""
+def _probe(run: Run, batch: int, progress: Progress) -> None:
+    """subdivisions=auto's k for ``batch`` under memory_limit, probed on the first m examples of the first
+    update's batch (memory.choose_subdivisions)."""
     cfg = run.cfg
-    return lambda m: first_batch(run.data, cfg.seed, m, cfg.data.shuffle)
+    take = lambda m: first_batch(run.data, cfg.seed, m, cfg.data.shuffle)  # noqa: E731
+    limit, say = cfg.memory_limit, progress.message
+    choose_subdivisions(run.engine, take, batch, limit, cfg.memory_limit_bytes, say, remat=_rematerialiser(run))
 
 
 def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
@@ -219,15 +214,7 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
         run.follow_batch(batch)
     elif cfg.auto_subdivisions and cfg.memory_limit is not None:
         run.engine.set_subdivisions(1)
-        choose_subdivisions(
-            run.engine,
-            _first_examples(run),
-            batch,
-            cfg.memory_limit,
-            cfg.memory_limit_bytes,
-            progress.message,
-            remat=_rematerialiser(run),
-        )
+        _probe(run, batch, progress)
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)

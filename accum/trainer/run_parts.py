@@ -187,10 +187,6 @@ class Run:
     def eval_batch_size(self) -> int:
         return eval_batch_size(self.cfg.batch_size, self.subdivisions, self.cfg.micro_batch_size)
 
-    def examples_seen(self, step: int) -> int:
-        """Training examples consumed by the first ``step`` updates."""
-        return self.timeline.examples_seen(step)
-
     def scores(self) -> dict:
         """The model's test (and validation) scores now (scoring.Scorer)."""
         return self.scorer.scores()

@@ -199,6 +199,13 @@ def by_length(element):
     return tf.nest.map_structure(lambda t: tf.gather(t, order), element), tf.gather(lengths, order)
 
 
+def any_length(spec, timed):
+    """``spec`` with the time axis of every ``timed`` leaf of unknown length (what a cut gives)."""
+    return tf.nest.map_structure(
+        lambda s, cut: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if cut else s, spec, timed
+    )
+
+
 def cut_after(data, timed, lengths, multiple):
     """``data`` with its ``timed`` leaves cut after the longest of ``lengths``, rounded up to ``multiple`` (at least
     one multiple: an empty micro-batch, or one of empty sequences, keeps a time axis a model can run)."""
@@ -229,12 +236,6 @@ class Held:
         multiple (gathered, then cut: a cut of the stored arrays would copy every example's kept steps)."""
         return cut_after(rows, self.timed, tf.gather(self._lengths, indices), self.multiple)
 
-    def spec(self, spec):
-        """``spec`` of the uncut elements with the time axis of every cut leaf of unknown length."""
-        return tf.nest.map_structure(
-            lambda s, cut: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if cut else s, spec, self.timed
-        )
-
 
 class TrimmedSplit:
     """A split held in memory (datasets/base.py's TaskSplit: the CLI's npz) read with ``data.trim_padding``: what
@@ -246,19 +247,16 @@ class TrimmedSplit:
         self.trim = Held(tuple(p for p in (split.x, split.y, split.weights) if p is not None), multiple, where)
         self.timed, self.by_length = self.trim.timed, self.trim.by_length
         stored = tuple(part for part in split.tensors() if part is not None)
-        self.spec = self.trim.spec(  # of what ``gather`` gives
-            tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), stored)
+        self.spec = any_length(  # of what ``gather`` gives
+            tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), stored), self.timed
         )
 
     def signature(self):
         """(x spec, y spec) of a batch as the update takes it: the split's, of any length where it is cut."""
         signature = self.split.signature()
         # (x, y) or (x, (y, weights)): leaves in the order of the stored (x, y[, weights]) that ``timed`` is of
-        specs = [
-            tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if cut else s
-            for s, cut in zip(tf.nest.flatten(signature), tf.nest.flatten(self.timed))
-        ]
-        return tf.nest.pack_sequence_as(signature, specs)
+        flat = tf.nest.flatten(signature)
+        return tf.nest.pack_sequence_as(signature, any_length(flat, tf.nest.flatten(self.timed)))
 
     def __len__(self) -> int:
         return len(self.split)

@@ -39,15 +39,10 @@ def _first(strategy, structure):
     return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], structure)
 
 
-def _size(n, y=None):
+def _size(n):
     """A count (the global batch, the pulls) as the graphs take it (a tensor: a Python int would retrace per
-    value); ``n`` None: the examples of the held batch ``y``."""
-    return tf.constant(len(tf.nest.flatten(y)[0]) if n is None else int(n), tf.int32)
-
-
-def _rows(structure, start, end):
-    """Examples [start, end) of a batch: a tensor, or a structure of them (targets with sample weights)."""
-    return tf.nest.map_structure(lambda tensor: tensor[start:end], structure)
+    value)."""
+    return tf.constant(int(n), tf.int32)
 
 
 def _signal(stop) -> tf.Tensor:
