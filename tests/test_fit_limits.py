@@ -74,7 +74,13 @@ def test_with_an_output_dir_the_stop_is_checkpointed_and_logged(tmp_path, after_
     saved = [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(4)]
     assert max_difference(saved, after_first_update) == 0.0
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [(r["step"], r["applied"]) for r in records] == [(1, True), (2, False), (3, False), (4, False)]
+    # as the CLI's records: a skipped update applied no rate and has no gradient norm
+    assert [(r["step"], r["skipped"], r["learning_rate"] is None, r["grad_norm"] is None) for r in records] == [
+        (1, False, False, False),
+        (2, True, True, True),
+        (3, True, True, True),
+        (4, True, True, True),
+    ]
 
 
 def test_without_max_bad_steps_each_bad_update_is_skipped_and_training_goes_on():

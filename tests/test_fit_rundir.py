@@ -217,3 +217,20 @@ def test_the_cli_tells_a_fit_run_directory_apart(tmp_path):
     result = CliRunner().invoke(main, ["export", str(run_dir), "--output", str(exported)])
     assert (result.exit_code, result.stdout) == (0, f"written: {exported}\n"), result.stderr
     assert max_difference(keras.models.load_model(exported).get_weights(), trained.get_weights()) == 0.0
+
+
+def test_each_update_record_has_the_clis_figures_of_the_update(tmp_path):
+    """An update's line of metrics.jsonl names, as the CLI's does, the rate applied, the global norm of the whole
+    batch's gradient and whether it was skipped: update 1's norm is the whole first batch's at the first weights."""
+    built = small_regressor()
+    loss = keras.losses.MeanSquaredError()
+    with tf.GradientTape() as tape:
+        first = loss(Y[:BATCH], built(X[:BATCH]))
+    expected = float(tf.linalg.global_norm(tape.gradient(first, built.trainable_variables)))
+    run_dir = tmp_path / "run"
+    fit(built, 1, run_dir, shuffle=False)
+    updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if not r.get("epoch_end")]
+    assert len(updates) == 4  # 50 examples in batches of 16
+    assert updates[0]["grad_norm"] == pytest.approx(expected, rel=1e-5)
+    assert [(r["learning_rate"], r["skipped"]) for r in updates] == [(pytest.approx(0.01), False)] * 4
+    assert all(r["grad_norm"] > 0 for r in updates)

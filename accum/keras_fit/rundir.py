@@ -10,8 +10,9 @@ What it holds:
   counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
 - ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
-- ``metrics.jsonl``: one record per update (``step``, ``epoch``, ``subdivisions``, the k it ran at, and the logs
-  the callbacks got) and one per
+- ``metrics.jsonl``: one record per update (``step``, ``epoch``, ``subdivisions``, the k it ran at, the CLI's
+  ``learning_rate``, ``grad_norm`` and ``skipped`` (metrics_log.update_figures), and the logs the callbacks got)
+  and one per
   epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's writer (metrics_log.MetricsLog),
   with the same scalars for TensorBoard under ``tensorboard/``;
 - ``model.keras`` and ``summary.json`` when the call returns (the updates and epochs done, and what the CLI's
@@ -42,6 +43,7 @@ from ..files import atomic_write, keras_bytes
 from ..keras_private import storage
 from ..trainer.checkpoints import checkpoint_numbers
 from ..trainer.lock import LOCK
+from ..trainer.metrics_log import update_figures
 from ..trainer.rundir import FIT_RECORD, MODEL_COPY, RunDirectory, is_fit_run_dir, run_figures, write_json
 from ..trainer.runtime import is_chief, strategy_name
 
@@ -186,7 +188,7 @@ class FitRunDir(RunDirectory):
     def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
         self.done += 1
         # k as the CLI's records have it: the micro-batches this update ran at (a schedule's or a retry's)
-        record = {"step": self.done, "epoch": epoch + 1, "applied": bool(out["applied"]), "subdivisions": self.engine.k}
+        record = {"step": self.done, "epoch": epoch + 1, "subdivisions": self.engine.k, **update_figures(out)}
         self._write({**record, **_plain(logs)})
         if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
             self._save(epoch, update_in_epoch)

@@ -35,6 +35,21 @@ def is_epoch_record(record: dict) -> bool:
     return "elapsed_s" in record or bool(record.get("epoch_end"))
 
 
+def update_figures(out: dict) -> dict:
+    """What the engine's record of an update (engine.py) puts in that update's line of metrics.jsonl, in both
+    doors: the rate applied and the global norm of its gradient before clipping (both null for a skipped update),
+    whether it was skipped, and under mixed_float16 the loss scale it used and whether it overflowed."""
+    applied = bool(out["applied"])
+    figures = {
+        "learning_rate": float(out["learning_rate"]) if applied else None,
+        "grad_norm": float(out["grad_norm"]) if applied else None,
+        "skipped": not applied,
+    }
+    if "loss_scale" in out:
+        figures.update(loss_scale=float(out["loss_scale"]), overflow=bool(out["overflow"]))
+    return figures
+
+
 def read_metrics(path: Path) -> list:
     """The records of a metrics.jsonl."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
@@ -125,8 +140,8 @@ class MetricsLog:
         records = []
         loss_sum, examples = 0.0, 0
         for step, n, out, batch_size, k in pending:
-            loss, rate, applied = float(out["loss"]), float(out["learning_rate"]), bool(out["applied"])
-            if applied:
+            loss = float(out["loss"])
+            if bool(out["applied"]):
                 loss_sum += loss * n
                 examples += n
             record = {
@@ -136,15 +151,10 @@ class MetricsLog:
                 "batch_size": batch_size,
                 "subdivisions": k,
                 "loss": loss if math.isfinite(loss) else None,
-                "learning_rate": rate if applied else None,  # the rate applied; none if skipped
-                # the global norm of the update's gradient, before clipping
-                "grad_norm": float(out["grad_norm"]) if applied else None,
-                "skipped": not applied,
+                **update_figures(out),
             }
             if "noise_scale" in out:  # the gradient noise scale's running estimate after it (noise.py); or null
                 record["noise_scale"] = out["noise_scale"]
-            if "loss_scale" in out:  # mixed_float16: the scale this update used; an overflow skip
-                record.update(loss_scale=float(out["loss_scale"]), overflow=bool(out["overflow"]))
             records.append(record)
         self.write(records)
         return loss_sum, examples
