@@ -37,6 +37,15 @@ def classifier(loss="sparse_categorical_crossentropy", compiled=True):
     return model
 
 
+def sequence_tagger():
+    """5 steps of 3 classes from 6 inputs, sparse cross-entropy: a per-step loss, weighted per step."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Reshape((5, 3))(keras.layers.Dense(15)(inputs)), name="tagger")
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def two_outputs():
     inputs = keras.Input((6,))
     outputs = [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)]
@@ -284,6 +293,14 @@ BAD = [
         {"batch_size": BATCH},
         "the compiled loss of model 'classifier' cannot take y with its outputs: Dimensions must be equal, but are 3 "
         "and 4 with input shapes: [?,3], [?,4].",
+    ),
+    (
+        "sample weights of the wrong width",
+        sequence_tagger,
+        (X, np.zeros((N, 5), np.int64)),
+        {"batch_size": BATCH, "sample_weight": np.ones((N, 4), np.float32)},
+        "the compiled loss of model 'tagger' cannot take sample_weight with its outputs: Dimensions must be equal, "
+        "but are 5 and 4 with input shapes: [?,5], [?,4].",
     ),
     (
         "a label past the last class",

@@ -225,12 +225,12 @@ def check_targets(model, x, class_weight, labelled) -> None:
                 )
 
 
-# (what the inputs are called, what the targets are called) in the messages, by where the data came from: arrays
-# and their y, a stream that gives both (a dataset, a generator, a PyDataset), validation_data
+# (what the inputs, the targets and the sample weights are called) in the messages, by where the data came from:
+# arrays and their y, a stream that gives them all (a dataset, a generator, a PyDataset), validation_data
 DATA_NAMES = {
-    "y": ("x", "y"),
-    "x": ("x", "the targets x gives"),
-    "validation_data": ("validation_data's x", "validation_data's y"),
+    "y": ("x", "y", "sample_weight"),
+    "x": ("x", "the targets x gives", "the sample weights x gives"),
+    "validation_data": ("validation_data's x", "validation_data's y", "validation_data's sample weights"),
 }
 
 
@@ -246,8 +246,8 @@ def held_targets(x, y, validation_data) -> list:
 
 def as_user_error(model, spec, names, function, *args):
     """``function(*args)``; what Keras raises for data (elements ``spec``) that does not fit ``model``, in one
-    line that names the argument: the inputs (``names[0]``) where the model alone cannot take them, else the
-    targets (``names[1]``)."""
+    line that names the argument: the inputs (``names[0]``) where the model alone cannot take them, the sample
+    weights (``names[2]``) where the loss takes the targets without them, else the targets (``names[1]``)."""
     try:
         return function(*args)
     except UserError:
@@ -258,8 +258,18 @@ def as_user_error(model, spec, names, function, *args):
             missing = "y is missing" if names[1] == "y" else f"{names[0]} gives no targets"
             problem = f"{missing}: model {model.name!r} is compiled with a loss, which takes them"
         if problem is None:
-            problem = (
-                f"the compiled loss of model {model.name!r} cannot take {names[1]} with its outputs: "
-                f"{traced_error_line(err)}"
-            )
+            what = _weights_or_targets(spec, names, function, args)
+            problem = f"the compiled loss of model {model.name!r} cannot take {what} with its outputs: "
+            problem += traced_error_line(err)
         raise UserError(f"{WHERE}: {problem}") from None
+
+
+def _weights_or_targets(spec, names, function, args) -> str:
+    """What the loss refused: the sample weights where it takes the data without them, else the targets."""
+    if not (isinstance(spec, tuple) and len(spec) == 3):
+        return names[1]
+    try:
+        function(*[spec[:2] if arg is spec else arg for arg in args])
+    except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError):
+        return names[1]
+    return names[2]
