@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -86,11 +87,16 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     return Trained(cfg, data, model, objective, subdivisions)
 
 
-def load_fit_run(run_dir: Path, compile: bool = True, say=None):
+def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     """The Keras model accum_train.fit trained in ``run_dir`` (also a call that never returned), with its newest
     intact checkpoint's weights: compiled as it was with ``compile`` (its loss and metrics: evaluate), else its
     layers only (export, predict). A damaged newest checkpoint is passed over as ``load_run`` does. Only the
-    weights are read: the optimizer's state, the metrics' and the update count stay in the checkpoint."""
+    weights are read: the optimizer's state, the metrics' and the update count stay in the checkpoint.
+
+    LoRA that the model file does not rebuild (a KerasHub backbone's ``enable_lora(rank)``: its config has no
+    layer configs, so the LoRA kernels are gone) is enabled again on the layers whose LoRA kernels the checkpoint
+    holds, at the rank it holds (``_enable_saved_lora``). ``model``: the model object to give the weights in place
+    of the one the file rebuilds (built as fit's was: for a model the file cannot rebuild)."""
     import keras
     import tensorflow as tf
 
@@ -98,21 +104,148 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None):
     from .trainer.checkpoints import latest_intact
 
     run_dir = Path(run_dir)
-    path = fit_model_file(run_dir)
+    path = fit_model_file(run_dir) if model is None else None
     intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
-    try:
-        model = keras.models.load_model(path, compile=compile)
-    except (TypeError, ValueError) as err:  # what Keras raises for a class or function it cannot rebuild
-        raise RunDirError(
-            f"cannot rebuild the model of {run_dir} from {path.name} ({first_line(err)}): the command line knows "
-            f"Keras' own layers, losses and metrics; for your own, call accum_train.reload.load_fit_run"
-            f"({str(run_dir)!r}) in Python where Keras finds them (keras.saving.register_keras_serializable; a "
-            f"Lambda layer's code after keras.config.enable_unsafe_deserialization())"
-        ) from None
-    # fit's checkpoint holds the model's variables under "weights" (keras_fit/rundir.py): read those, nothing else
+    if model is None:
+        try:
+            model = keras.models.load_model(path, compile=compile)
+        except (TypeError, ValueError) as err:  # what Keras raises for a class or function it cannot rebuild
+            raise RunDirError(
+                f"cannot rebuild the model of {run_dir} from {path.name} ({first_line(err)}): the command line "
+                f"knows Keras' own layers, losses and metrics; for your own, call accum_train.reload.load_fit_run"
+                f"({str(run_dir)!r}) in Python where Keras finds them (keras.saving.register_keras_serializable; a "
+                f"Lambda layer's code after keras.config.enable_unsafe_deserialization())"
+            ) from None
+    saved = _saved_shapes(intact)
+    source = f"the model rebuilt from {path.name}" if path else "the model passed"
+    _enable_saved_lora(model, saved, run_dir, source)
+    # fit's checkpoint holds the model's variables under "weights" (keras_fit/rundir.py), by position: read those,
+    # nothing else. The shapes were matched above, so what fails here is a damaged or foreign file.
     weights = tf.train.Checkpoint(weights=[storage(v) for v in model.variables])
-    weights.restore(intact).expect_partial().assert_existing_objects_matched()
+    try:
+        weights.restore(intact).expect_partial().assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as err:
+        raise RunDirError(
+            f"cannot restore the checkpoint {intact} into the model of {run_dir} ({first_line(err)[:200]}): "
+            f"{_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
+        ) from None
     return model
+
+
+# How to read a run directory whose model the file does not rebuild as fit trained it.
+_PASS_THE_MODEL = (
+    "build the model in Python as fit trained it and pass it: accum_train.reload.load_fit_run({run_dir!r}, model=model)"
+)
+
+
+def _saved_shapes(prefix: str) -> list:
+    """The shapes of the model's variables in fit's checkpoint ``prefix``, in their order (model.variables')."""
+    import tensorflow as tf
+
+    found = {}
+    for name, shape in tf.train.list_variables(prefix):
+        match = re.fullmatch(r"weights/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE", name)
+        if match:
+            found[int(match.group(1))] = tuple(shape)
+    return [found[i] for i in sorted(found)]
+
+
+def _enable_saved_lora(model, saved: list, run_dir: Path, source: str) -> None:
+    """Enable LoRA on the layers of ``model`` where the checkpoint's variables (``saved``: their shapes, in
+    model.variables' order) hold LoRA kernels the model lacks; any other difference is a RunDirError.
+
+    The checkpoint keeps no names, only the order and shapes: a layer that had LoRA enabled lists its own
+    variables, then kernel A of shape kernel[:-1] + (rank,) and kernel B of (rank, kernel[-1]) (Keras' Dense,
+    EinsumDense and Embedding alike). Which layers had it is the one choice of layers that makes every shape
+    agree; were there two, the command refuses rather than guess. The LoRA scale is taken to be rank / rank
+    (lora_alpha = rank: what ``enable_lora(rank)`` gives, a KerasHub backbone's included), as no file records
+    it."""
+    variables = model.variables
+    groups = _variable_groups(model)
+    now = [tuple(v.shape) for v in variables]
+    extra = len(saved) - len(now)
+    if extra == 0 and saved == now:
+        return
+    if extra > 0 and extra % 2 == 0:
+        chosen = _lora_choice(groups, saved, extra // 2)
+        if chosen is not None:
+            for layer, rank in chosen:
+                layer.enable_lora(rank)
+            if [tuple(v.shape) for v in model.variables] == saved:
+                return
+    first = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), None)
+    differs = (
+        "" if first is None else f", variable {first} of shape {_shape(saved[first])} there, {_shape(now[first])} here"
+    )
+    raise RunDirError(
+        f"the checkpoint of {run_dir} does not fit {source}: {len(saved)} variables there, {len(now)} here"
+        f"{differs} (nor do LoRA kernels the model lacks explain it): {_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
+    )
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _variable_groups(model) -> list:
+    """[(layer that can take LoRA or None, [shapes of its variables])]: model.variables cut into runs of one such
+    layer's variables (consecutive: a layer lists its own before its sublayers') and single other variables."""
+    owner = {}
+    for layer in model._flatten_layers(include_self=False):
+        if hasattr(layer, "enable_lora") and not getattr(layer, "lora_enabled", False) and layer.built:
+            for v in layer.weights:
+                owner[id(v)] = layer
+    groups = []
+    for v in model.variables:
+        layer = owner.get(id(v))
+        if layer is not None and groups and groups[-1][0] is layer:
+            groups[-1][1].append(tuple(v.shape))
+        else:
+            groups.append((layer, [tuple(v.shape)]))
+    return groups
+
+
+def _lora_choice(groups: list, saved: list, count: int):
+    """[(layer, rank)] of the ``count`` layers whose LoRA kernels make ``groups``' shapes ``saved``; None when no
+    choice or more than one does. Dynamic programming over (group, LoRA layers before it), from the end."""
+    starts, at = [], 0
+    for _, shapes in groups:
+        starts.append(at)
+        at += len(shapes)
+    # ways[i][t]: how many choices (capped at 2) align groups i.. with saved[starts[i] + 2t:], rank[i][t] the rank
+    # group i would take there (None: no LoRA on it)
+    ways = [[0] * (count + 1) for _ in range(len(groups) + 1)]
+    ways[len(groups)][count] = 1
+    lora_rank = {}
+    for i in range(len(groups) - 1, -1, -1):
+        layer, shapes = groups[i]
+        for t in range(count + 1):
+            j = starts[i] + 2 * t
+            if saved[j : j + len(shapes)] != shapes:
+                continue
+            total = ways[i + 1][t]
+            rank = _lora_rank(shapes[0], saved[j + len(shapes) : j + len(shapes) + 2]) if layer else None
+            if rank and t < count and ways[i + 1][t + 1]:
+                lora_rank[i, t] = rank
+                total += ways[i + 1][t + 1]
+            ways[i][t] = min(total, 2)
+    if ways[0][0] != 1:
+        return None
+    chosen, t = [], 0
+    for i, (layer, _) in enumerate(groups):
+        if (i, t) in lora_rank:
+            chosen.append((layer, lora_rank[i, t]))
+            t += 1
+    return chosen
+
+
+def _lora_rank(kernel: tuple, pair: list):
+    """The rank of LoRA kernels ``pair`` (A, B) for a kernel of shape ``kernel``, or None when they are not."""
+    if len(pair) != 2 or len(kernel) < 2 or len(pair[1]) != 2:
+        return None
+    rank = pair[1][0]
+    fits = rank > 0 and pair[0] == (*kernel[:-1], rank) and pair[1] == (rank, kernel[-1])
+    return rank if fits else None
 
 
 def fit_model_file(run_dir: Path) -> Path:

@@ -1,0 +1,118 @@
+"""`accum-train export`, `predict` and `evaluate --data` on fit run directories the plain case does not cover: a
+KerasHub LoRA fine-tune (the LoRA kernels the model file does not rebuild), a model file that does not fit the
+checkpoint (one line, no traceback).
+
+The numbers are the trained model's in memory, to 1e-6."""
+
+import accum_train
+import keras
+import numpy as np
+import pytest
+from accum_train.cli.main import main
+from accum_train.errors import RunDirError
+from accum_train.reload import load_fit_run
+from click.testing import CliRunner
+from helpers import small_regressor
+from hub_tasks import causal_lm, texts
+
+X = np.random.default_rng(7).random((40, 6), dtype=np.float32)
+Y = X[:, :1] * 2.0
+
+
+def preprocessed(task, sentences):
+    """The model's inputs for ``sentences``: what the task's preprocessor makes of them, as arrays."""
+    x = task.preprocessor(sentences)
+    x = x[0] if isinstance(x, tuple) else x
+    return {name: np.asarray(value) for name, value in x.items()}
+
+
+def bare_outputs(task, x):
+    """``task``'s outputs for preprocessed ``x``, its preprocessor left out (and put back)."""
+    kept = task.preprocessor
+    task.preprocessor = None
+    try:
+        return task.predict(x, verbose=0)
+    finally:
+        task.preprocessor = kept
+
+
+@pytest.fixture(scope="module")
+def lora(tmp_path_factory):
+    """(run directory, the trained task, preprocessed inputs): keras-hub.md's LoRA fine-tune of a tiny GPT-2."""
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    keras.utils.set_random_seed(3)
+    task = causal_lm()
+    task.backbone.enable_lora(rank=2)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    task.compile(optimizer=keras.optimizers.Adam(0.05), loss=loss, weighted_metrics=["accuracy"])
+    accum_train.fit(
+        task, list(texts(32)), batch_size=16, subdivisions=2, epochs=1, seed=1, verbose=0, output_dir=run_dir
+    )
+    return run_dir, task, preprocessed(task, list(texts(6, seed=9)))
+
+
+def test_a_lora_fine_tune_is_reloaded_with_its_lora_kernels(lora):
+    run_dir, trained, x = lora
+    reloaded = load_fit_run(run_dir, compile=False)
+    assert len(reloaded.variables) == len(trained.variables) == 24  # 20 of the backbone and head, 4 of LoRA
+    for got, expected in zip(reloaded.variables, trained.variables):
+        assert got.path == expected.path and np.array_equal(got.numpy(), expected.numpy())
+    expected = bare_outputs(trained, x)
+    assert np.abs(bare_outputs(reloaded, x) - expected).max() <= 1e-6
+    # without the LoRA kernels the outputs are far off: the test measures them
+    initial = keras.models.load_model(run_dir / "initial_model.keras", compile=False)
+    assert np.abs(bare_outputs(initial, x) - expected).max() > 1e-2
+
+
+def test_export_of_a_lora_fine_tune_writes_a_file_that_predicts_what_the_trained_model_does(lora, tmp_path):
+    run_dir, trained, x = lora
+    out = tmp_path / "lm.keras"
+    result = CliRunner().invoke(main, ["export", str(run_dir), "--output", str(out)])
+    assert (result.exit_code, result.stdout) == (0, f"written: {out}\n"), result.stderr
+    exported = keras.models.load_model(out, compile=False)  # Keras saves each LoRA layer's kernel merged
+    assert len(exported.variables) == 20
+    assert np.abs(bare_outputs(exported, x) - bare_outputs(trained, x)).max() <= 1e-6
+
+
+def regressor_run(run_dir):
+    accum_train.fit(
+        small_regressor(), X, Y, batch_size=8, subdivisions=2, epochs=1, seed=1, verbose=0, output_dir=run_dir
+    )
+
+
+def test_a_model_file_that_does_not_fit_the_checkpoint_is_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    regressor_run(run_dir)
+    other = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(1)])
+    other.save(run_dir / "initial_model.keras")
+    result = CliRunner().invoke(main, ["export", str(run_dir), "--output", str(tmp_path / "x.keras")])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: the checkpoint of {run_dir} does not fit the model rebuilt from initial_model.keras: 4 variables "
+        f"there, 4 here, variable 0 of shape (6, 8) there, (6, 5) here (nor do LoRA kernels the model lacks explain "
+        f"it): build the model in Python as fit trained it and pass it: accum_train.reload.load_fit_run("
+        f"{str(run_dir)!r}, model=model)\n"
+    )
+    assert not (tmp_path / "x.keras").exists()
+
+
+def test_the_model_passed_takes_the_checkpoint_s_weights_or_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    regressor_run(run_dir)
+    trained = load_fit_run(run_dir)
+    given = load_fit_run(run_dir, model=small_regressor())
+    for got, expected in zip(given.get_weights(), trained.get_weights()):
+        assert np.array_equal(got, expected)
+    # the same shapes in another dtype: the restore itself refuses, in one line
+    wide = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="tanh", dtype="float64"), keras.layers.Dense(1)]
+    )
+    with pytest.raises(RunDirError) as caught:
+        load_fit_run(run_dir, model=wide)
+    message = str(caught.value)
+    assert message.startswith(f"cannot restore the checkpoint {run_dir / 'checkpoints'}/ckpt-")
+    assert message.endswith(
+        f"build the model in Python as fit trained it and pass it: accum_train.reload.load_fit_run("
+        f"{str(run_dir)!r}, model=model)"
+    )
+    assert len(message.splitlines()) == 1
