@@ -9,6 +9,8 @@ child's code the same way. Any other exception is a bug and keeps its
 traceback.
 """
 
+import signal
+
 
 class UserError(Exception):
     """Bad input: a config, a data file, a path. Exit code 2, no traceback."""
@@ -92,7 +94,16 @@ class Interrupted(Exception):
     was written. A second signal stops at once (``forced``): ``step`` is then
     the last checkpoint, which is intact."""
 
-    def __init__(self, signum: int, run_dir, step: int, forced: bool = False):
-        super().__init__(signum, run_dir, step, forced)
+    def __init__(self, signum: int, run_dir, step: int, forced: bool = False, resume: str = ""):
         self.signum, self.run_dir, self.step, self.forced = signum, run_dir, step, forced
         self.exit_code = 128 + signum
+        # one line, as every error of the tool: what a script that does not catch it prints last
+        super().__init__(f"{self.how}; to go on, {resume}" if resume else self.how)
+
+    @property
+    def how(self) -> str:
+        """How the run stopped and what its newest checkpoint holds."""
+        name = signal.Signals(self.signum).name
+        if self.forced:
+            return f"stopped at once by a second {name}; the last checkpoint (update {self.step}) is intact"
+        return f"stopped by {name} after update {self.step}; checkpoint saved"

@@ -10,7 +10,6 @@ errors.py), and ``child.last_error`` finds that line again.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 
 from .errors import OUT_OF_MEMORY_LINE, Interrupted, OutOfMemory, TrainingStopped, UserError
@@ -27,13 +26,7 @@ def ending():
     except OutOfMemory as err:
         die(f"{OUT_OF_MEMORY_LINE}{err}", err.exit_code)
     except Interrupted as stop:
-        name = signal.Signals(stop.signum).name
-        how = (
-            f"stopped at once by a second {name}; the last checkpoint (update {stop.step}) is intact"
-            if stop.forced
-            else f"stopped by {name} after update {stop.step}; checkpoint saved"
-        )
-        die(f"{how}. Resume with: accum-train run --resume {stop.run_dir}", stop.exit_code)
+        die(f"{stop.how}. Resume with: accum-train run --resume {stop.run_dir}", stop.exit_code)
 
 
 def die(line: str, code: int) -> None:

@@ -116,6 +116,11 @@ def test_a_signal_stops_after_the_update_in_hand_and_the_next_call_ends_where_an
     with pytest.raises(Interrupted) as caught:
         fit(stopped, 4, run_dir, callbacks=[signal_after(update, signum)])
     assert (caught.value.step, caught.value.exit_code) == (update, 128 + signum)
+    name = signal.Signals(signum).name
+    assert str(caught.value) == (
+        f"stopped by {name} after update {update}; checkpoint saved; to go on, call accum_train.fit again with "
+        f"output_dir={str(run_dir)!r}"
+    )
     assert checkpoint_numbers(run_dir / "checkpoints")[0] == update
     assert int(stopped.optimizer.iterations.numpy()) == update  # the object holds the last update's weights
     resumed = small_regressor()
@@ -138,6 +143,10 @@ def test_a_second_signal_stops_at_once_and_names_the_newest_checkpoint(tmp_path)
     with pytest.raises(Interrupted) as caught:
         fit(small_regressor(), 4, run_dir, callbacks=twice)
     assert (caught.value.forced, caught.value.step) == (True, 4)
+    assert str(caught.value) == (
+        "stopped at once by a second SIGINT; the last checkpoint (update 4) is intact; to go on, call "
+        f"accum_train.fit again with output_dir={str(run_dir)!r}"
+    )
     assert checkpoint_numbers(run_dir / "checkpoints")[0] == 4
 
 
@@ -153,19 +162,67 @@ def test_a_second_signal_stops_at_once_and_names_the_newest_checkpoint(tmp_path)
             {"batch_size": 16, "shuffle": False},
             "shuffle=True, not False: a resume continues the same batches; pass shuffle=True",
         ),
+        # fit.json's k named as the argument that gives it
+        (
+            {"batch_size": 16, "subdivisions": 2},
+            "subdivisions=3, not 2: a resume continues the same batches; pass subdivisions=3",
+        ),
+        (
+            {"batch_size": 16, "subdivisions": None, "micro_batch_size": "auto"},
+            "subdivisions=3, not micro_batch_size='auto': a resume continues the same batches; pass subdivisions=3",
+        ),
     ],
-    ids=["batch_size", "shuffle-without-seed"],
+    ids=["batch_size", "shuffle-without-seed", "subdivisions", "auto"],
 )
 def test_a_resume_with_other_batches_is_refused_before_anything_changes(changed, refused, tmp_path):
     run_dir = tmp_path / "run"
     fit(small_regressor(), 1, run_dir)
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     with pytest.raises(UserError) as caught:
-        accum_train.fit(small_regressor(), X, Y, subdivisions=K, epochs=2, verbose=0, output_dir=run_dir, **changed)
+        keywords = {"subdivisions": K, **changed}
+        accum_train.fit(small_regressor(), X, Y, epochs=2, verbose=0, output_dir=run_dir, **keywords)
     assert str(caught.value) == (
         f"accum_train.fit: output_dir {run_dir} was trained with {refused} or choose a new output_dir"
     )
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+
+
+def test_a_resume_on_other_data_is_refused_before_anything_changes(tmp_path):
+    """fit.json records the examples an array call trains on (after validation_split): a resume on fewer would
+    go on from a position past its epoch's end."""
+    run_dir = tmp_path / "run"
+    fit(small_regressor(), 1, run_dir)
+    assert json.loads((run_dir / "fit.json").read_text())["examples"] == N
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    with pytest.raises(UserError) as caught:
+        fit(small_regressor(), 2, run_dir, validation_split=0.2)
+    assert str(caught.value) == (
+        f"accum_train.fit: output_dir {run_dir} was trained on {N} examples, not 40: a resume continues the same "
+        f"batches; pass the same data (after validation_split) or choose a new output_dir"
+    )
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("output_dir", "refused"),
+    [
+        (5, "output_dir=5 must be the path of a directory, a str or a pathlib.Path (None: no run directory)"),
+        ("", "output_dir='' must be the path of a directory, a str or a pathlib.Path (None: no run directory)"),
+        ("{tmp}/notes.txt/run", "output_dir {tmp}/notes.txt/run: {tmp}/notes.txt is a file, not a directory"),
+    ],
+    ids=["an int", "empty", "under a file"],
+)
+def test_an_output_dir_that_cannot_be_one_is_refused_in_one_line(tmp_path, output_dir, refused):
+    (tmp_path / "notes.txt").write_text("mine")
+    if isinstance(output_dir, str):
+        output_dir = output_dir.format(tmp=tmp_path)
+    built = small_regressor()
+    before = built.get_weights()
+    with pytest.raises(UserError) as caught:
+        fit(built, 1, output_dir)
+    assert str(caught.value) == "accum_train.fit: " + refused.format(tmp=tmp_path)
+    assert max_difference(built.get_weights(), before) == 0.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_a_directory_of_something_else_is_refused(tmp_path):

@@ -4,6 +4,7 @@ model's loss and optimizer (the config's defaults, config/sections.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import keras
@@ -120,7 +121,7 @@ def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_ep
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
 
 
-def check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size) -> None:
+def check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir) -> None:
     """model.fit's other keywords, where a wrong one would fail later in another's words (Keras' seed check, a
     division by zero in the epoch loop, a callback list that is an int) or pass silently (validation_steps=0
     validates nothing and logs a loss of 0)."""
@@ -148,6 +149,12 @@ def check_keywords(seed, callbacks, validation_freq, validation_steps, validatio
     ):
         if value is not None and (not _integer(value) or value < 1):
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1 (None: {default})")
+    # "" would be the working directory, silently
+    if output_dir is not None and (not isinstance(output_dir, (str, os.PathLike)) or os.fspath(output_dir) == ""):
+        raise UserError(
+            f"{WHERE}: output_dir={output_dir!r} must be the path of a directory, a str or a pathlib.Path (None: "
+            f"no run directory)"
+        )
 
 
 def memory_limit_of(memory_limit):

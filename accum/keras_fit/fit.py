@@ -132,7 +132,7 @@ def fit(
     check_model(model)
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
-    check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size)
+    check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
     seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and fit.json take these
     if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
         raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
@@ -264,6 +264,8 @@ def fit(
             described = dict(
                 batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
             )
+            if getattr(feed, "examples", None) is not None:  # arrays: the order and the epoch's updates follow them
+                described["examples"] = feed.examples
             if schedule:  # a directory of a call without one records no such key
                 described["batch_schedule"] = (
                     {"max_batch_size": rule.max_batch_size, "every_epochs": rule.every_epochs}

@@ -241,7 +241,7 @@ class FitHooks:
         return too_many_bad_updates(bad, self.max_bad_steps, done, fix, resume)
 
     def interrupted(self, signum: int):  # only with a run directory: it has just checkpointed this update
-        return Interrupted(signum, self.checkpoints.path, self.checkpoints.step)
+        return Interrupted(signum, self.checkpoints.path, self.checkpoints.step, resume=self.checkpoints.resume_hint)
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""

@@ -44,7 +44,15 @@ from ..keras_private import storage
 from ..trainer.checkpoints import checkpoint_numbers
 from ..trainer.lock import LOCK
 from ..trainer.metrics_log import update_figures
-from ..trainer.rundir import FIT_RECORD, MODEL_COPY, RunDirectory, is_fit_run_dir, run_figures, write_json
+from ..trainer.rundir import (
+    FIT_RECORD,
+    MODEL_COPY,
+    RunDirectory,
+    check_place,
+    is_fit_run_dir,
+    run_figures,
+    write_json,
+)
 from ..trainer.runtime import is_chief, strategy_name
 
 CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
@@ -117,6 +125,7 @@ class FitRunDir(RunDirectory):
         path = self.path
         if path.exists() and not path.is_dir():
             raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
+        check_place(path, "accum_train.fit: output_dir ")
         if not path.is_dir() or not any(p.name != LOCK for p in path.iterdir()):
             return
         if not is_fit_run_dir(path):
@@ -125,14 +134,24 @@ class FitRunDir(RunDirectory):
                 f"choose an empty or new directory"
             )
         before = json.loads((path / FIT_RECORD).read_text())
-        changed = [key for key in described if before.get(key) != described[key]]
-        if changed:
-            key = changed[0]
+        # examples: what a directory of 0.2.0 did not record (its resume is not checked for it)
+        changed = [k for k in described if before.get(k) != described[k] and (k in before or k != "examples")]
+        if not changed:
+            return
+        key = changed[0]
+        if key == "examples":
             raise RunDirError(
-                f"accum_train.fit: output_dir {path} was trained with {key}={before.get(key)!r}, not "
-                f"{described[key]!r}: a resume continues the same batches; pass {key}={before.get(key)!r} "
-                f"or choose a new output_dir"
+                f"accum_train.fit: output_dir {path} was trained on {before[key]} examples, not {described[key]}: "
+                f"a resume continues the same batches; pass the same data (after validation_split) or choose a new "
+                f"output_dir"
             )
+        was, now = _argument(key, before.get(key)), _argument(key, described[key])
+        if was.split("=")[0] == now.split("=")[0]:  # the same argument: its value alone
+            now = repr(described[key])
+        raise RunDirError(
+            f"accum_train.fit: output_dir {path} was trained with {was}, not {now}: a resume continues the same "
+            f"batches; pass {was} or choose a new output_dir"
+        )
 
     def _restore(self, say) -> None:
         try:
@@ -214,6 +233,14 @@ class FitRunDir(RunDirectory):
                 "replicas": self.engine.replicas,
             },
         )
+
+
+def _argument(key: str, value) -> str:
+    """A fit.json entry as the argument of fit that gives it: its k is subdivisions (or micro_batch_size="auto"),
+    its steps steps_per_epoch."""
+    if key == "k":
+        return "micro_batch_size='auto'" if value == "auto" else f"subdivisions={value!r}"
+    return f"{'steps_per_epoch' if key == 'steps' else key}={value!r}"
 
 
 def _plain(logs: dict) -> dict:

@@ -76,7 +76,7 @@ class RunDirectory:
 
     def stop_flag(self) -> StopFlag:
         """The flag SIGINT and SIGTERM set; a second signal stops at once, at the newest checkpoint."""
-        return StopFlag(lambda signum: Interrupted(signum, self.path, self.step, forced=True))
+        return StopFlag(lambda signum: Interrupted(signum, self.path, self.step, True, self.resume_hint))
 
     def log_start(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
         """history.jsonl's line for a start or a resume at ``step``: where, on which strategy and workers, how the
@@ -155,11 +155,16 @@ def check_output_dir(path: Path) -> None:
     if path.is_dir() and any(p.name != LOCK for p in path.iterdir()):  # a lock alone: a run that wrote nothing
         hint = f"continue it with --resume {path}" if is_run_dir(path) else "choose an empty or new directory"
         raise RunDirError(f"--output-dir {path} is not empty: {hint}")
+    check_place(path, "--output-dir ")
+
+
+def check_place(path: Path, flag: str) -> None:
+    """A run directory can be made at ``path`` or written in: its nearest existing folder is one, and writable."""
     parent = path if path.is_dir() else _existing_parent(path)
     if not parent.is_dir():
-        raise RunDirError(f"--output-dir {path}: {parent} is a file, not a directory")
+        raise RunDirError(f"{flag}{path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunDirError(f"--output-dir {path}: {parent} is not writable: choose another directory")
+        raise RunDirError(f"{flag}{path}: {parent} is not writable: choose another directory")
 
 
 def _existing_parent(path: Path) -> Path:
