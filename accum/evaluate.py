@@ -142,7 +142,7 @@ def evaluate_fit(run_dir: Path, out_dir: Path | None, overrides: Sequence[str], 
 
     import tensorflow as tf
 
-    from .predict import model_inputs, read_values
+    from .predict import bare, model_inputs, read_values
     from .reload import load_fit_run
 
     if overrides:
@@ -159,7 +159,7 @@ def evaluate_fit(run_dir: Path, out_dir: Path | None, overrides: Sequence[str], 
     if data_file.suffix.lower() != ".npz" or not data_file.is_file():
         raise DataError(f"--data {data_file} is not an .npz file: save the data with {FIT_DATA_HOW}")
     out_dir = _output_dir(run_dir, out_dir)
-    model = load_fit_run(run_dir, compile=True)  # the compiled loss and metrics are what is measured
+    model = bare(load_fit_run(run_dir, compile=True))  # the compiled loss and metrics are what is measured
     rows, x = read_values([data_file], model_inputs(model, run_dir), convert=np.asarray)
     y, weights = _targets(data_file, len(rows))
     batch_size = json.loads((run_dir / FIT_RECORD).read_text()).get("batch_size")

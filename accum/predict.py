@@ -13,7 +13,8 @@ the model's outputs instead, for .npz files whose ``x`` (or ``x_<input
 name>`` per input) holds examples of the shapes the model takes. A fit run
 keeps no dataset.json: the shapes and dtypes are its model's inputs (read
 from its Keras file first), and the arrays go to ``model.predict`` as they
-are, as they went to fit.
+are, as they went to fit. A KerasHub task's preprocessor is left out: the
+arrays are what it made of raw data (token_ids, padding_mask, ...).
 """
 
 from __future__ import annotations
@@ -194,9 +195,18 @@ def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     from .from_config.build import output_names
     from .reload import load_fit_run
 
-    model = load_fit_run(run_dir, compile=False)  # before the inputs: their shapes are the model's
+    model = bare(load_fit_run(run_dir, compile=False))  # before the inputs: their shapes are the model's
     names, x = read_values(paths, model_inputs(model, run_dir), convert=np.asarray)
     return value_rows(names, model.predict(x, batch_size=BATCH_SIZE, verbose=0), output_names(model))
+
+
+def bare(model):
+    """``model`` without a KerasHub task's preprocessor: the .npz arrays the commands read are the model's inputs
+    (model_inputs: token_ids, padding_mask, ...), which the task's predict and evaluate would send through its
+    tokenizer again. A task whose preprocessor is None takes them as they are (keras_hub's Task)."""
+    if getattr(model, "preprocessor", None) is not None:
+        model.preprocessor = None
+    return model
 
 
 def value_rows(names: list, values, outputs: list) -> list[dict]:

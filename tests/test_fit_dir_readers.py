@@ -4,6 +4,8 @@ checkpoint (one line, no traceback).
 
 The numbers are the trained model's in memory, to 1e-6."""
 
+import json
+
 import accum_train
 import keras
 import numpy as np
@@ -13,7 +15,7 @@ from accum_train.errors import RunDirError
 from accum_train.reload import load_fit_run
 from click.testing import CliRunner
 from helpers import small_regressor
-from hub_tasks import causal_lm, texts
+from hub_tasks import causal_lm, text_classifier, texts
 
 X = np.random.default_rng(7).random((40, 6), dtype=np.float32)
 Y = X[:, :1] * 2.0
@@ -116,3 +118,48 @@ def test_the_model_passed_takes_the_checkpoint_s_weights_or_one_line(tmp_path):
         f"{str(run_dir)!r}, model=model)"
     )
     assert len(message.splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """(run directory, the trained task, preprocessed inputs, labels): a tiny BERT classifier trained with its
+    preprocessor on raw texts."""
+    run_dir = tmp_path_factory.mktemp("classifier") / "run"
+    keras.utils.set_random_seed(4)
+    task = text_classifier()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    # the metric the task's own compile gives, by the same name: a reloaded KerasHub task keeps its default compile
+    task.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss, metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    labels = np.random.default_rng(0).integers(0, 3, 48)
+    accum_train.fit(
+        task, list(texts(48)), labels, batch_size=16, subdivisions=4, epochs=2, seed=1, verbose=0, output_dir=run_dir
+    )
+    return run_dir, task, preprocessed(task, list(texts(10, seed=5))), np.arange(10) % 3
+
+
+def test_predict_takes_a_task_s_preprocessed_arrays_as_its_model_takes_them(classifier, lora, tmp_path):
+    for name, (run_dir, trained, x, *_) in {"classifier": classifier, "lora": lora}.items():
+        inputs, out = tmp_path / f"{name}-inputs.npz", tmp_path / f"{name}-outputs.npz"
+        np.savez(inputs, **{f"x_{key}": value for key, value in x.items()})
+        result = CliRunner().invoke(main, ["predict", str(run_dir), str(inputs), "--output", str(out)])
+        assert result.exit_code == 0, result.stderr
+        expected = bare_outputs(trained, x)
+        assert np.abs(np.load(out)["outputs"] - expected).max() <= 1e-6, name
+
+
+def test_evaluate_takes_a_task_s_preprocessed_arrays_and_gives_model_evaluate_s_numbers(classifier, tmp_path):
+    run_dir, trained, x, y = classifier
+    data, out = tmp_path / "data.npz", tmp_path / "eval"
+    np.savez(data, **{f"x_{key}": value for key, value in x.items()}, y=y)
+    result = CliRunner().invoke(main, ["evaluate", str(run_dir), "--data", str(data), "--output-dir", str(out)])
+    assert result.exit_code == 0, result.stderr
+    kept = trained.preprocessor
+    trained.preprocessor = None
+    try:
+        expected = trained.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    finally:
+        trained.preprocessor = kept
+    written = json.loads((out / "evaluate.json").read_text())
+    assert abs(written["test_loss"] - expected["loss"]) <= 1e-6
+    assert abs(written["test_sparse_categorical_accuracy"] - expected["sparse_categorical_accuracy"]) <= 1e-6
+    assert written["test_examples"] == 10
