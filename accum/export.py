@@ -14,7 +14,7 @@ model outputs: logits, or the file's softmax probabilities.
 A run directory of accum_train.fit holds a Keras model already (the file fit
 saved as the run began): it is written as it is, with the checkpoint's
 weights, uncompiled as every export is (the optimizer's state stays in the
-checkpoint).
+checkpoint), to RUN_DIR/export.keras by default: model.keras there is fit's.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ from pathlib import Path
 from .errors import RunDirError, UserError
 from .files import atomic_write, keras_bytes
 
+# The default export of a fit output_dir: fit writes model.keras itself each time a call returns, so that name would
+# be taken on every finished directory and replaced by the next call on an unfinished one.
+FIT_EXPORT = "export.keras"
+
 
 def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = False) -> Path:
-    """Write the run's trained model to ``output`` (default RUN_DIR/model.keras); the path written.
+    """Write the run's trained model to ``output`` (default RUN_DIR/model.keras; for a fit output_dir,
+    RUN_DIR/export.keras); the path written.
 
     An existing file is replaced only with ``overwrite`` (atomically: a reader
     sees the old file or the new one)."""
@@ -38,7 +43,7 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
     fit = is_fit_run_dir(run_dir)
     if not fit:
         describe_run(run_dir)  # a directory that is not a run fails here, before anything is built
-    output = Path(output) if output is not None else run_dir / "model.keras"
+    output = Path(output) if output is not None else run_dir / (FIT_EXPORT if fit else "model.keras")
     _check_output(output, overwrite)
     if fit:
         model = load_fit_run(run_dir, compile=False)

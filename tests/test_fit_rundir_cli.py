@@ -102,14 +102,19 @@ def test_export_writes_a_keras_file_that_predicts_what_the_trained_model_does(ru
     assert difference <= 1e-6
 
 
-def test_export_of_an_interrupted_run_writes_run_dir_model_keras_by_default(runs, tmp_path):
-    run_dir, trained = runs["interrupted"]
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_writes_run_dir_export_keras_by_default_beside_fit_s_own_model_keras(runs, kind, tmp_path):
+    """fit writes model.keras when a call returns (and again when a later call does): the export is a file of its
+    own, on a finished directory and on an unfinished one alike."""
+    run_dir, trained = runs[kind]
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
+    fit_s = (copy / "model.keras").read_bytes() if kind == "finished" else None
     result = CliRunner().invoke(main, ["export", str(copy)])
-    assert (result.exit_code, result.stdout) == (0, f"written: {copy / 'model.keras'}\n"), result.stderr
-    exported = keras.models.load_model(copy / "model.keras")
+    assert (result.exit_code, result.stdout) == (0, f"written: {copy / 'export.keras'}\n"), result.stderr
+    exported = keras.models.load_model(copy / "export.keras")
     assert np.abs(exported.predict(X, verbose=0) - trained.predict(X, verbose=0)).max() <= 1e-6
+    assert (copy / "model.keras").read_bytes() == fit_s if kind == "finished" else not (copy / "model.keras").exists()
 
 
 def test_a_directory_of_an_earlier_release_is_read_from_its_model_keras(runs, tmp_path):
