@@ -101,11 +101,10 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     import tensorflow as tf
 
     from .keras_private import storage
-    from .trainer.checkpoints import latest_intact
 
     run_dir = Path(run_dir)
     path = fit_model_file(run_dir) if model is None else None
-    intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
+    intact, _ = _fit_checkpoint(run_dir, say)
     if model is None:
         try:
             model = keras.models.load_model(path, compile=compile)
@@ -130,6 +129,19 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
             f"{_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
         ) from None
     return model
+
+
+def _fit_checkpoint(run_dir: Path, say) -> tuple:
+    """``latest_intact`` of a fit run directory. None yet (a call killed before its first): the way on is fit's,
+    not the CLI's new run."""
+    from .trainer.checkpoints import checkpoint_numbers, latest_intact
+
+    if not checkpoint_numbers(run_dir / "checkpoints"):
+        raise RunDirError(
+            f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'} yet (fit writes one when an epoch ends and when "
+            f"a signal stops it): call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again, then read it"
+        )
+    return latest_intact(run_dir, say or _to_stderr, flag="")
 
 
 # How to read a run directory whose model the file does not rebuild as fit trained it.

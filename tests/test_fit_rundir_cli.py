@@ -313,12 +313,20 @@ def test_a_directory_without_its_model_file_or_checkpoint_says_what_to_do(runs, 
     shutil.copy(run_dir / "initial_model.keras", copy)
     shutil.rmtree(copy / "checkpoints")  # killed before its first checkpoint
     (copy / "checkpoints").mkdir()
-    result = CliRunner().invoke(main, ["predict", str(copy), str(tmp_path / "x.npz")])
-    assert (result.exit_code, result.stderr) == (
-        2,
-        f"error: {copy}: no checkpoint in {copy / 'checkpoints'}; start a new run instead\n",
-    )
-    assert not (tmp_path / "x.keras").exists()
+    np.savez(tmp_path / "x.npz", x=X, y=Y)
+    before = tree(copy)
+    for command in (
+        ["export", str(copy), "--output", str(tmp_path / "x.keras")],
+        ["predict", str(copy), str(tmp_path / "x.npz")],
+        ["evaluate", str(copy), "--data", str(tmp_path / "x.npz")],
+    ):
+        result = CliRunner().invoke(main, command)
+        assert (result.exit_code, result.stderr) == (
+            2,
+            f"error: {copy}: no checkpoint in {copy / 'checkpoints'} yet (fit writes one when an epoch ends and when "
+            f"a signal stops it): call accum_train.fit(model, ..., output_dir={str(copy)!r}) again, then read it\n",
+        ), command[0]
+    assert not (tmp_path / "x.keras").exists() and tree(copy) == before
 
 
 def test_a_model_keras_cannot_rebuild_is_one_line(tmp_path):
