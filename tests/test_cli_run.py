@@ -240,7 +240,8 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
     def refused(change):
         return (
             f"--resume {done}: the config changes {change}, which the run cannot continue with; only epochs, "
-            f"log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy may change"
+            f"log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy, optimizer.learning_rate, "
+            f"optimizer.clip_norm may change"
         )
 
     cases = [

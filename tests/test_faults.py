@@ -57,6 +57,32 @@ def test_too_many_bad_updates_in_a_row_stop_the_run_with_the_last_good_state(tmp
     assert load_config(repo_root / "configs" / "smoke.yaml").max_bad_steps == 10  # the default
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [["optimizer.learning_rate=0.001"], ["optimizer.clip_norm=1.0"]],
+    ids=["a lower constant rate", "clipping"],
+)
+def test_the_fix_the_stop_names_can_be_resumed_with(tmp_path, repo_root, monkeypatch, changes):
+    """max_bad_steps' line says to lower optimizer.learning_rate or set optimizer.clip_norm, then resume: --resume
+    takes either, and the updates after the checkpoint use it (a constant rate is an optimizer variable, which
+    the checkpoint restores; the config's replaces it)."""
+    poison(monkeypatch, set(range(6, 100)))
+    sets = [*SHORT, "epochs=1", "log_every=1", "max_bad_steps=3"]
+    with pytest.raises(TrainingStopped):
+        train(load_config(repo_root / "configs" / "smoke.yaml", sets), tmp_path / "run")
+    monkeypatch.undo()  # the data are fine again
+    from accum_train.from_config.source import resume_config
+
+    summary = train(resume_config(tmp_path / "run", overrides=changes), tmp_path / "run", resume=True)
+    assert summary["steps"] == 10
+    updates = [r for r in records(tmp_path / "run") if "skipped" in r]
+    assert [r["step"] for r in updates] == list(range(1, 11))  # the skipped ones after the checkpoint dropped
+    rate = 0.001 if "learning_rate" in changes[0] else 0.003
+    assert [r["learning_rate"] for r in updates[8:]] == [pytest.approx(rate)] * 2
+    resumed_with = load_config(repo_root / "configs" / "smoke.yaml", sets + changes)
+    assert load_config(tmp_path / "run" / "config.yaml") == resumed_with  # config.yaml says what it ran with
+
+
 def test_cli_reports_the_stop_with_exit_1(tmp_path, repo_root, monkeypatch):
     poison(monkeypatch, set(range(1, 100)))
     out = tmp_path / "run"

@@ -748,3 +748,27 @@ def test_config_yaml_keeps_image_size(tmp_path):
     assert cfg.data.image_size == (32, 24)
     (tmp_path / "c.yaml").write_text(cfg.to_yaml())
     assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_a_relative_data_path_is_recorded_absolute_so_the_run_reads_from_anywhere(tmp_path, repo_root, monkeypatch):
+    """data.path relative to the working directory the run started in: config.yaml records it absolute, and
+    evaluate from another working directory reads the same file (a path that does not exist stays as given)."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    rng = np.random.default_rng(0)
+    arrays = {f"x_{s}": rng.random((n, 8, 8), dtype=np.float32) for s, n in (("train", 64), ("test", 16))}
+    arrays.update({f"y_{s}": rng.integers(0, 3, n) for s, n in (("train", 64), ("test", 16))})
+    np.savez(project / "data" / "mine.npz", **arrays)
+    monkeypatch.chdir(project)
+    assert load_config(None, ["data.name=npz", "data.path=data/missing.npz"]).data.path == "data/missing.npz"
+    sets = ["data.name=npz", "data.path=data/mine.npz", "model.name=mlp", "epochs=1"]
+    result = run(repo_root, project / "run", sets)
+    assert result.exit_code == 0, result.output
+    assert load_config(project / "run" / "config.yaml").data.path == str(project / "data" / "mine.npz")
+    monkeypatch.chdir(elsewhere)
+    evaluated = CliRunner().invoke(main, ["evaluate", str(project / "run")])
+    assert evaluated.exit_code == 0, evaluated.output
+    summary = json.loads((project / "run" / "summary.json").read_text())
+    result = json.loads((project / "run" / "evaluate" / "evaluate.json").read_text())
+    assert result["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-6)

@@ -37,6 +37,8 @@ def load_config(
         _set_dotted(raw, key, value, source)
         overridden.add(key)
     cfg = config_from_dict(raw, source, overridden)
+    if not written_by_us:
+        cfg = anchored_paths(cfg)
     return anchored_factory(cfg, Path(path).parent) if path is not None else cfg
 
 
@@ -55,6 +57,18 @@ def _renamed(raw: dict) -> dict:
         if isinstance(node, dict) and name in node:
             node[new.rsplit(".", 1)[-1]] = node.pop(name)
     return raw
+
+
+def anchored_paths(cfg: Config) -> Config:
+    """data.path, data.dir and model.path, where each names a file or folder that exists from the working
+    directory, as its absolute path: config.yaml records them so, and a resume, evaluate or predict from another
+    working directory reads the same files. A path that does not exist stays as given (its error names it so)."""
+
+    def anchored(value):
+        return str(Path(value).absolute()) if value and Path(value).exists() else value
+
+    data = dataclasses.replace(cfg.data, path=anchored(cfg.data.path), dir=anchored(cfg.data.dir))
+    return dataclasses.replace(cfg, data=data, model=dataclasses.replace(cfg.model, path=anchored(cfg.model.path)))
 
 
 def anchored_factory(cfg: Config, folder: Path) -> Config:

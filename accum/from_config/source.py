@@ -66,7 +66,18 @@ def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
 
 # Keys a resumed run may change: they do not alter what was computed so far. A change of strategy
 # keeps the global batch and the data order; the resume adapts subdivisions to its replicas (trainer/lifecycle.py).
-RESUMABLE_CHANGES = ("epochs", "log_every", "checkpoint.every_steps", "checkpoint.keep", "data.dir", "strategy")
+# The learning rate and clipping are what a run stopped by max_bad_steps is told to change before it resumes:
+# the updates after the checkpoint use them (run_parts.Run.regrow sets a constant rate the checkpoint restored).
+RESUMABLE_CHANGES = (
+    "epochs",
+    "log_every",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "data.dir",
+    "strategy",
+    "optimizer.learning_rate",
+    "optimizer.clip_norm",
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

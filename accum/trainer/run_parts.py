@@ -144,7 +144,12 @@ class Run:
         say(f"{said} (k={self.k_for(after)}, learning rate x{self.rate_factor.numpy():.4g} of the configured one)")
 
     def regrow(self, step: int) -> None:
-        """After a restore: the timeline with the rule's restored changes, and the rate of the batch at ``step``."""
+        """After a restore: the config's constant learning rate, the timeline with the rule's restored changes,
+        and the rate of the batch at ``step``."""
+        if self.optimizer is not None and not callable(self.schedule):
+            # a constant rate is an optimizer variable, which the checkpoint restored: the config's replaces it (a
+            # resume may lower it); a schedule is built from the config, not restored
+            self.optimizer.learning_rate = self.schedule
         if self.rule_changes is None:
             return
         self._lay_out(self.grown)
