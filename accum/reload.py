@@ -203,7 +203,9 @@ def _variable_groups(model) -> list:
     """[(layer that can take LoRA or None, [shapes of its variables])]: model.variables cut into runs of one such
     layer's variables (consecutive: a layer lists its own before its sublayers') and single other variables."""
     owner = {}
-    for layer in model._flatten_layers(include_self=False):
+    from .keras_private import all_layers
+
+    for layer in all_layers(model)[1:]:  # the model itself first: its sublayers
         if hasattr(layer, "enable_lora") and not getattr(layer, "lora_enabled", False) and layer.built:
             for v in layer.weights:
                 owner[id(v)] = layer

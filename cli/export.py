@@ -18,7 +18,7 @@ from .common import verbose_option
     "--output",
     type=click.Path(dir_okay=True, path_type=Path),
     default=None,
-    help="The .keras file to write (default: RUN_DIR/model.keras).",
+    help="The .keras file to write (default: RUN_DIR/model.keras; a fit output_dir: RUN_DIR/export.keras).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists (atomically).")
 @verbose_option
