@@ -313,3 +313,21 @@ def test_a_keras_file_model_tries_rematerialisation_before_giving_up(tmp_path, r
     ]
     assert len(rematerialised) == 1
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 4
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["a new directory", "an empty one"])
+def test_a_probe_that_finds_nothing_that_fits_leaves_the_directory_as_it_was(tmp_path, repo_root, existing):
+    """subdivisions: auto under a memory_limit that not even one example fits: exit 3 before anything trained,
+    and the output directory is as it was found (config.yaml and dataset.json, written before the probe, go
+    again; an empty one keeps the lock file, which marks no run), so a command runs again in it."""
+    out = tmp_path / "run"
+    if existing:
+        out.mkdir()
+    sets = [*SHORT, "memory_limit=100KB", "subdivisions=auto"]
+    args = ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(out), "--quiet"]
+    result = CliRunner().invoke(main, [*args, *(arg for setting in sets for arg in ("--set", setting))])
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith("error: out of memory: even one example per micro-batch needs")
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == (["writer.lock"] if existing else None)
+    again = CliRunner().invoke(main, [*args, *(arg for setting in [*SHORT, "epochs=1"] for arg in ("--set", setting))])
+    assert again.exit_code == 0, again.output

@@ -225,6 +225,18 @@ def test_an_output_dir_that_cannot_be_one_is_refused_in_one_line(tmp_path, outpu
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+def test_a_call_that_fails_before_anything_trained_leaves_no_run_directory(tmp_path):
+    """Sample weights of another width than the loss takes fail only at the first update (the loss broadcasts
+    them against an unknown batch when it is traced): nothing trained, so the output_dir is not left half
+    begun (fit.json would refuse another batch_size on the next call), and a corrected call trains in it."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        fit(small_regressor(), 1, run_dir, sample_weight=np.ones((N, 3), np.float32))
+    assert not run_dir.exists()
+    accum_train.fit(small_regressor(), X, Y, batch_size=10, subdivisions=2, verbose=0, output_dir=run_dir)
+    assert json.loads((run_dir / "fit.json").read_text())["batch_size"] == 10
+
+
 def test_a_directory_of_something_else_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UserError) as caught:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from ..errors import Interrupted, RunDirError
 from ..files import atomic_write, strict_json
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, checkpoint_numbers
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
 from .metrics_log import MetricsLog
 from .stopping import StopFlag
@@ -48,12 +49,28 @@ class RunDirectory:
         self.step = 0  # the update of the newest checkpoint, saved or restored
 
     def enter(self, held: contextlib.ExitStack) -> RunDirectory:
-        """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes."""
+        """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes. A
+        directory this call begins (new, or empty) that ends in an error before anything trained (no checkpoint,
+        no update logged: a probe out of memory, a first update that fails) is left as it was found, so the same
+        command can run again in it."""
         if self.writer:
+            begun = not self.path.is_dir() or all(p.name == LOCK for p in self.path.iterdir())
             held.enter_context(writing(self.path, self.flag))
+            if begun:  # after the lock's entry: runs before its release, which removes a directory it made
+                held.push(self._forget_if_failed)
         else:
             self.local = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-")))
         return self
+
+    def _forget_if_failed(self, kind, error, trace) -> bool:
+        logged = (self.path / "metrics.jsonl").is_file() and (self.path / "metrics.jsonl").stat().st_size > 0
+        if kind is not None and not checkpoint_numbers(self.path / "checkpoints") and not logged:
+            for entry in self.path.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                elif entry.name != LOCK:
+                    entry.unlink()
+        return False  # the error goes on
 
     def keep(self, tracked: dict, keep: int, engine, noise, optional=None) -> None:
         """Checkpoint ``tracked`` with what every run keeps (``Checkpoints``: ``engine``'s counters, ``noise``'s
