@@ -87,6 +87,18 @@ CASES = [
         [],
         "{cfg}: YAML syntax error at line 3, column 9: mapping values are not allowed here",
     ),
+    (
+        "optimizer: {name: sgd}\nepochs: 1\noptimizer: {learning_rate: 0.5}\n",
+        [],
+        "{cfg}: YAML syntax error at line 3, column 1: 'optimizer' is given twice in one mapping (the second would "
+        "replace the first): keep one",
+    ),
+    (
+        "optimizer:\n  name: sgd\n  name: adam\n",
+        [],
+        "{cfg}: YAML syntax error at line 3, column 3: 'name' is given twice in one mapping (the second would "
+        "replace the first): keep one",
+    ),
     ("- 1\n- 2\n", [], "{cfg}: the config must be a mapping of keys (e.g. 'batch_size: 500'), got a list"),
     (
         "!!python/object/apply:os.system ['echo hi']\n",

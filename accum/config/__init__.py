@@ -1,7 +1,7 @@
 """The config: every default in one place, parsed and validated once.
 
 A YAML file lists only what differs from the defaults below. ``load_config``
-reads it with ``yaml.safe_load`` (data only: no tags, no eval, no imports),
+reads it with PyYAML's SafeLoader (data only: no tags, no eval, no imports; a key given twice is an error),
 applies ``--set key=value`` overrides, checks every key and value against the
 dataclasses here, and returns a frozen ``Config``. Nothing else in the project
 reads raw dicts. Each error names the key, the value and what is allowed, in

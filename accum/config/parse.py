@@ -1,4 +1,4 @@
-"""Reading a config: YAML (``yaml.safe_load``: data only, no tags, no eval, no imports), ``--set KEY=VALUE``
+"""Reading a config: YAML (PyYAML's SafeLoader: data only, no tags, no eval, no imports), ``--set KEY=VALUE``
 overrides, a run directory's config.yaml in today's key names, and the entry points that turn a path, a dict
 or a Config into a checked Config; each key and value is checked by values.py, the rules that tie keys
 together after it (rules.py)."""
@@ -125,6 +125,30 @@ def config_from_dict(raw: Any, source: str = "config", overridden: typing.Collec
     return cfg
 
 
+class _OneOfEachKey(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping, where PyYAML keeps the last silently (an
+    optimizer: section written twice would train with the second alone)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is given twice in one mapping (the second would replace the first): keep one",
+                    key_node.start_mark,
+                )
+            if isinstance(key, typing.Hashable):
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _load(text: str):
+    return yaml.load(text, Loader=_OneOfEachKey)  # a SafeLoader: data only, no tags, no eval
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
@@ -139,7 +163,7 @@ def _read_yaml(path: Path) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text: pass a YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load(text)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "an unknown place"
@@ -161,7 +185,7 @@ def override_key(item: str) -> str:
 def _parse_override(item: str):
     key, text = override_key(item), item.partition("=")[2]
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = _load(text) if text.strip() else None
     except yaml.YAMLError:
         raise ConfigError(
             f"--set {item!r}: the value {text!r} is not valid YAML; quote strings, e.g. --set model.name=mlp"
