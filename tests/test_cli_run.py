@@ -269,13 +269,20 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
             )
         ),
         (["run"], "missing CONFIG: pass a YAML file, e.g. 'accum-train run configs/fmnist.yaml', or --resume RUN_DIR"),
+        (
+            ["run", "--resume", str(done), "--set", "epochs=1"],
+            f"--resume {done}: the run is at update 94, past the end of epochs=1 (update 47): resume with a larger "
+            f"epochs",
+        ),
     ]
+    recorded = (done / "config.yaml").read_text()
     for args, message in cases:
         before = sorted(p.name for p in tmp_path.rglob("*"))
         result = CliRunner().invoke(main, args)
         assert (result.exit_code, result.stderr) == (2, f"error: {message}\n"), args
         assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert (busy / "notes.txt").read_text() == "mine"
+    assert (done / "config.yaml").read_text() == recorded
 
 
 def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from ..errors import RunDirError
 from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
 from ..progress import Progress
@@ -48,6 +49,11 @@ def train(
         if resume:
             restored = directory.restore(progress.message, found)
             run.regrow(restored)
+            if restored > run.total_steps:  # before config.yaml records the smaller epochs
+                raise RunDirError(
+                    f"--resume {run_dir}: the run is at update {restored}, past the end of epochs={cfg.epochs} "
+                    f"(update {run.total_steps}): resume with a larger epochs"
+                )
         run_dir = directory.local
         run_dir.mkdir(parents=True, exist_ok=True)
         keep_model_file(run_dir, data.for_model.config)  # a worker copies the run directory's copy
