@@ -295,6 +295,22 @@ BAD = [
         "and 4 with input shapes: [?,3], [?,4].",
     ),
     (
+        "y as a Python list",
+        regression,
+        (X, Y[:, 0].tolist()),
+        {"batch_size": BATCH},
+        "y is a Python list of numbers, which Keras takes as that many separate inputs, not as rows: pass "
+        "np.asarray(y), an array [N, ...] with one row per example",
+    ),
+    (
+        "x as a Python list of lists",
+        regression,
+        (X.tolist(), Y),
+        {"batch_size": BATCH},
+        "x is a Python list of numbers, which Keras takes as that many separate inputs, not as rows: pass "
+        "np.asarray(x), an array [N, ...] with one row per example",
+    ),
+    (
         "sample weights of the wrong width",
         sequence_tagger,
         (X, np.zeros((N, 5), np.int64)),

@@ -21,6 +21,11 @@ def _leaves_as_arrays(structure, name: str):
             array = array.astype(np.float32)
         if array.dtype.kind not in "fiub" and array.dtype.kind not in "SU":
             raise UserError(f"{WHERE}: {name} holds values of dtype {array.dtype}: pass numbers or strings")
+        if array.ndim == 0 and isinstance(structure, (list, tuple)):  # Keras reads a list as separate inputs
+            raise UserError(
+                f"{WHERE}: {name} is a Python list of numbers, which Keras takes as that many separate inputs, not "
+                f"as rows: pass np.asarray({name}), an array [N, ...] with one row per example"
+            )
         if array.ndim == 0:
             raise UserError(f"{WHERE}: {name} is a scalar: pass an array [N, ...] with one row per example")
         return array
