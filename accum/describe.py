@@ -46,7 +46,8 @@ def describe(run_dir: Path) -> dict:
         "state": state,
         "writer_pid": holder,
         **settings,
-        # the k the newest update ran at (auto's choice, a batch schedule's, another number of replicas')
+        # the batch and k the newest update ran at (auto's choice, a batch schedule's, another number of replicas')
+        "batch_size_in_force": last.get("batch_size", settings["batch_size"]),
         "subdivisions_in_force": last.get("subdivisions", settings["subdivisions"]),
         "model_file": MODEL_COPY if (run_dir / MODEL_COPY).is_file() else None,
         "updates_logged": last.get("step", 0),

@@ -31,8 +31,8 @@ def describe(run_dir, as_json):
 
 
 def format_description(d: dict) -> str:
-    k = d["subdivisions_in_force"]
-    batch = f"{d['batch_size']} in {k} micro-batches" if k not in (None, "auto") else f"{d['batch_size']} ({k})"
+    k, size = d["subdivisions_in_force"], d["batch_size_in_force"]
+    batch = f"{size} in {k} micro-batches" if k not in (None, "auto") else f"{size} ({k})"
     state = {
         "training": f"training (process {d['writer_pid']} writes it)",
         "finished": "finished",

@@ -348,18 +348,21 @@ def test_a_model_keras_cannot_rebuild_is_one_line(tmp_path):
     assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "x.keras").exists()
 
 
-def test_describe_gives_the_k_a_fit_run_came_to(tmp_path):
-    """A batch schedule with a fixed micro-batch: fit.json keeps the first k, each update's record the k it ran at,
-    and describe the k in force at the newest update."""
+def test_describe_gives_the_batch_and_k_a_fit_run_came_to(tmp_path):
+    """A batch schedule with a fixed micro-batch: fit.json keeps the first batch and k, each update's record the
+    batch and k it ran at, and describe those in force at the newest update."""
     run_dir = tmp_path / "run"
     schedule = [{"epoch": 2, "batch_size": 16}]
     keywords = dict(epochs=2, micro_batch_size=4, batch_schedule=schedule, seed=SEED, verbose=0)
     accum_train.fit(small_regressor(), X, Y, 8, output_dir=run_dir, **keywords)
     updates = [r for r in records(run_dir) if not r.get("epoch_end")]
-    assert sorted({(r["epoch"], r["subdivisions"]) for r in updates}) == [(1, 2), (2, 4)]
+    assert sorted({(r["epoch"], r["batch_size"], r["subdivisions"]) for r in updates}) == [(1, 8, 2), (2, 16, 4)]
     result = CliRunner().invoke(main, ["describe", str(run_dir), "--json"])
     described = json.loads(result.output)
-    assert (described["subdivisions"], described["subdivisions_in_force"]) == (2, 4)
+    assert (described["batch_size"], described["subdivisions"]) == (8, 2)
+    assert (described["batch_size_in_force"], described["subdivisions_in_force"]) == (16, 4)
+    text = CliRunner().invoke(main, ["describe", str(run_dir)]).output
+    assert "  batch      16 in 4 micro-batches, seed" in text
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -382,6 +385,7 @@ def test_describe_tells_a_fit_run_directory_as_it_stands(runs, kind):
         "batch_size": BATCH,
         "subdivisions": K,
         "seed": SEED,
+        "batch_size_in_force": BATCH,
         "subdivisions_in_force": K,
         "model_file": "initial_model.keras",
         "updates_logged": steps,

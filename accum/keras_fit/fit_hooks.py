@@ -208,7 +208,7 @@ class FitHooks:
 
     def after_update(self, epoch: int, step: int, out: dict, final: bool) -> None:
         if self.checkpoints is not None:
-            self.checkpoints.after_update(epoch, step, out, self.logs, final)
+            self.checkpoints.after_update(epoch, step, out, self.logs, final, self.nominal)
 
     def ran_out(self, end) -> None:
         self.ran_out_before = True

@@ -10,11 +10,10 @@ What it holds:
   counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
 - ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
-- ``metrics.jsonl``: one record per update (``step``, ``epoch``, ``subdivisions``, the k it ran at, the CLI's
-  ``learning_rate``, ``grad_norm`` and ``skipped`` (metrics_log.update_figures), and the logs the callbacks got)
-  and one per
-  epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's writer (metrics_log.MetricsLog),
-  with the same scalars for TensorBoard under ``tensorboard/``;
+- ``metrics.jsonl``: one record per update (``step``, ``epoch``, the ``batch_size`` and ``subdivisions`` (k) it
+  ran at, the CLI's ``learning_rate``, ``grad_norm`` and ``skipped`` (metrics_log.update_figures), and the logs
+  the callbacks got) and one per epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's
+  writer (metrics_log.MetricsLog), with the same scalars for TensorBoard under ``tensorboard/``;
 - ``model.keras`` and ``summary.json`` when the call returns (the updates and epochs done, and what the CLI's
   summary says of every run: time, memory peaks, skipped updates, loss and noise scales, k and replicas).
 
@@ -204,10 +203,11 @@ class FitRunDir(RunDirectory):
             self.pending = []
         self.flushed_at = time.time()
 
-    def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int) -> None:
+    def after_update(self, epoch: int, update_in_epoch: int, out: dict, logs: dict, signalled: int, batch_size) -> None:
         self.done += 1
-        # k as the CLI's records have it: the micro-batches this update ran at (a schedule's or a retry's)
-        record = {"step": self.done, "epoch": epoch + 1, "subdivisions": self.engine.k, **update_figures(out)}
+        # the batch and k as the CLI's records have them: those in force (a schedule's, a retry's)
+        record = {"step": self.done, "epoch": epoch + 1, "batch_size": batch_size, "subdivisions": self.engine.k}
+        record.update(update_figures(out))
         self._write({**record, **_plain(logs)})
         if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
             self._save(epoch, update_in_epoch)
