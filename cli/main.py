@@ -83,7 +83,29 @@ class BarProgress:
         click.echo(text)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Click's usage errors (an unknown option, a missing value) as every other bad input of the tool: one line,
+    ``error: ...``, exit 2, where Click prints the usage and a hint first."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as err:
+            see = f" (see {err.ctx.command_path} --help)" if err.ctx is not None else ""
+            click.echo(f"error: {err.format_message()}{see}", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="accum-train")
 def main():
     """Train TensorFlow models with exact gradient accumulation.

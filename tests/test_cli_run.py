@@ -419,3 +419,24 @@ def test_describe_refuses_what_is_not_a_run_directory(tmp_path):
         f"error: {tmp_path} is not a run directory (no config.yaml with checkpoints/, nor fit.json): pass a "
         f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "--bogus"], "No such option '--bogus'. Did you mean '--verbose'? (see accum-train run --help)"),
+        (["bogus"], "No such command 'bogus'. (see accum-train --help)"),
+        (["run", "--set"], "Option '--set' requires an argument."),
+    ],
+    ids=["an unknown option", "an unknown command", "an option without its value"],
+)
+def test_a_usage_error_is_one_line_as_every_bad_input(args, line):
+    """Click prints the usage, a hint and 'Error: ...' on four lines; the tool's bad input is one line."""
+    result = CliRunner().invoke(main, args, prog_name="accum-train")
+    assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {line}\n", "")
+
+
+def test_help_and_version_still_exit_0():
+    for args in (["--help"], ["run", "--help"], ["--version"]):
+        result = CliRunner().invoke(main, args, prog_name="accum-train")
+        assert result.exit_code == 0 and result.stdout, args
