@@ -138,6 +138,22 @@ def test_what_a_task_s_preprocessing_cannot_take_is_refused_in_one_line():
         assert str(raised.value) == message
 
 
+def test_class_labels_past_the_task_s_classes_are_refused_before_preprocessing():
+    """Labels held in memory are checked as for any model (limitations.md), also where the task's preprocessing
+    would make them a stream first: a Python list of labels here, one past the last of 3 classes."""
+    model = classifier_compiled()
+    before = model.get_weights()
+    labels = [int(v) for v in LABELS]
+    labels[7] = 3
+    with pytest.raises(accum_train.UserError) as raised:
+        accum_train.fit(model, TEXTS, labels, batch_size=20, subdivisions=2, verbose=0)
+    assert str(raised.value) == (
+        f"accum_train.fit: y[7] holds class 3, and model {model.name!r} outputs 3 classes: its sparse categorical "
+        f"cross-entropy takes labels 0 to 2"
+    )
+    assert max_difference(model.get_weights(), before) == 0.0
+
+
 def test_a_task_whose_compute_loss_is_its_own_is_refused():
     class OwnLoss(keras_hub.models.GPT2CausalLM):
         def compute_loss(self, *args, **kwargs):

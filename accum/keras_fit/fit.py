@@ -134,6 +134,8 @@ def fit(
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
     seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and fit.json take these
+    # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
+    labelled = checks.held_targets(x, y, validation_data)  # before the split too: y's tail is validated on
     if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
         raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
         x, validation_data = task_batches(model, *raw)
@@ -161,7 +163,6 @@ def fit(
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
     checks.check_class_weight(class_weight)
-    labelled = checks.held_targets(x, y, validation_data)  # before the split: y's tail is validated on
     (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
     feed = make_feed(
         x,
