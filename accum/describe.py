@@ -44,7 +44,7 @@ def describe(run_dir: Path) -> dict:
         "run_dir": str(run_dir),
         "door": door,
         "state": state,
-        "writer_pid": holder,
+        "writer_pid": int(holder) if holder is not None and holder.isdigit() else holder,
         **settings,
         # the batch and k the newest update ran at (auto's choice, a batch schedule's, another number of replicas')
         "batch_size_in_force": last.get("batch_size", settings["batch_size"]),

@@ -255,6 +255,10 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
         ),
         (["run", smoke, "--output-dir", str(a_file)], f"--output-dir {a_file} is a file: name a directory"),
         (
+            ["run", "--resume", str(tmp_path / "missing")],
+            f"--resume {tmp_path / 'missing'} does not exist: pass a directory written by 'accum-train run'",
+        ),
+        (
             ["run", "--resume", str(busy)],
             f"--resume {busy} is not a run directory (no config.yaml and checkpoints/): "
             f"pass a directory written by 'accum-train run'",
@@ -406,10 +410,12 @@ def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path):
     assert sorted(p.name for p in stopped.iterdir()) == before  # nothing written
     with writing(stopped):
         result = CliRunner().invoke(main, ["describe", str(stopped)])
+        as_json = CliRunner().invoke(main, ["describe", str(stopped), "--json"])
     assert (
         result.output.splitlines()[0]
         == f"{stopped}: written by accum-train run, training (process {os.getpid()} writes it)"
     )
+    assert json.loads(as_json.output)["writer_pid"] == os.getpid()  # a number, as JSON readers expect
 
 
 def test_describe_refuses_what_is_not_a_run_directory(tmp_path):

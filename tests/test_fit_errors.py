@@ -343,6 +343,15 @@ BAD = [
         "labels 0 to 3 (or ignore_class=-1)",
     ),
     (
+        "regression targets for an uncompiled model",
+        lambda: classifier(compiled=False),
+        (X, np.full((N, 1), 0.25, np.float32)),
+        {"batch_size": BATCH},
+        "y holds values that are not class labels (0.25), and model 'classifier' is not compiled, so it would train "
+        "with sparse categorical cross-entropy, which takes class labels: compile it with your loss first, e.g. "
+        "model.compile(optimizer='adam', loss='mse')",
+    ),
+    (
         "a label past the last class of an uncompiled model",
         lambda: classifier(compiled=False),
         (X, labels_with({40: 7})),

@@ -167,10 +167,11 @@ def memory_limit_of(memory_limit):
         raise UserError(f"{WHERE}: {err}") from None
 
 
-def compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
+def compile_if_needed(model, strategy, optimizer, learning_rate, labelled=()) -> None:
     """An uncompiled model gets the keywords of earlier releases: sparse categorical cross-entropy (on logits,
     or on the probabilities of a softmax output layer), accuracy, and the optimizer named as a config's
-    optimizer.name (adam, sgd, momentum, rmsprop, lars, lamb) at ``learning_rate``, or an optimizer object."""
+    optimizer.name (adam, sgd, momentum, rmsprop, lars, lamb) at ``learning_rate``, or an optimizer object.
+    ``labelled``: (name, targets) held in memory (checks.held_targets), which that loss must be able to take."""
     if model.compiled:
         if optimizer is not None or learning_rate is not None:
             raise UserError(
@@ -178,6 +179,19 @@ def compile_if_needed(model, strategy, optimizer, learning_rate) -> None:
                 f"and learning_rate out (or compile it with the optimizer you want)"
             )
         return
+    for name, targets in labelled:  # regression targets would be cast to class 0 and train to nothing, silently
+        try:
+            values = np.asarray(targets)
+        except (ValueError, TypeError):  # ragged, or a structure: the loss's own check
+            continue
+        fractions = values[np.mod(values, 1) != 0] if values.dtype.kind == "f" else ()
+        if len(fractions):
+            raise UserError(
+                f"{WHERE}: {name} holds values that are not class labels ({fractions[0]:g}), "
+                f"and model {model.name!r} is not compiled, so it would train with sparse categorical cross-entropy, "
+                f"which takes class labels: compile it with your loss first, e.g. model.compile(optimizer='adam', "
+                f"loss='mse')"
+            )
     if optimizer is None or isinstance(optimizer, str):
         from ..config import config_from_dict
         from ..trainer.optim import new_optimizer

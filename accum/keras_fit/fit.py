@@ -155,7 +155,7 @@ def fit(
     if seed is not None:
         keras.utils.set_random_seed(seed)
     seed = order_seed(seed, output_dir, strategy, bool(shuffle) and not streamed_source(x))
-    compile_if_needed(model, strategy, optimizer, learning_rate)
+    compile_if_needed(model, strategy, optimizer, learning_rate, labelled)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise Refused(
             "class-weight-outputs",

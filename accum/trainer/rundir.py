@@ -152,6 +152,10 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
             f"accum_train.fit(model, ..., output_dir={str(path)!r}) again (the command line has neither the model's "
             f"code nor the data); accum-train export, predict and evaluate --data read it as it is"
         )
+    if not path.exists():
+        raise RunDirError(
+            f"{flag + ' ' if flag else ''}{path} does not exist: pass a directory written by 'accum-train run'"
+        )
     if not path.is_dir() or not is_run_dir(path):
         raise RunDirError(
             f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "
