@@ -128,6 +128,16 @@ def all_layers(model) -> list:
     return list(model._flatten_layers())
 
 
+def lora_layers(model) -> dict:
+    """{"lora": [[layer path, rank, alpha], ...]} of the layers of ``model`` with LoRA enabled; {} for none."""
+    found = [
+        [layer.path, layer.lora_rank, layer.lora_alpha]
+        for layer in all_layers(model)
+        if getattr(layer, "lora_enabled", False)
+    ]
+    return {"lora": found} if found else {}
+
+
 def rematerialise_activations(model) -> int:
     """Each layer of ``model`` with an activation recomputes it in the backward pass instead of keeping its
     intermediates (``keras.RematScope(mode="activations")``, which Keras reads when a layer is created, set on

@@ -21,7 +21,7 @@ import numpy as np
 from .config import LossScaleConfig, load_run_config
 from .errors import RunDirError
 from .text import first_line
-from .trainer.rundir import MODEL_COPY, require_run_dir
+from .trainer.rundir import FIT_RECORD, MODEL_COPY, require_run_dir
 
 
 class Trained:
@@ -94,9 +94,9 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     weights are read: the optimizer's state, the metrics' and the update count stay in the checkpoint.
 
     LoRA that the model file does not rebuild (a KerasHub backbone's ``enable_lora(rank)``: its config has no
-    layer configs, so the LoRA kernels are gone) is enabled again on the layers whose LoRA kernels the checkpoint
-    holds, at the rank it holds (``_enable_saved_lora``). ``model``: the model object to give the weights in place
-    of the one the file rebuilds (built as fit's was: for a model the file cannot rebuild)."""
+    layer configs, so the LoRA kernels are gone) is enabled again where fit.json records it, at its rank and alpha
+    (``_enable_recorded_lora``). ``model``: the model object to give the weights in place of the one the file
+    rebuilds (built as fit's was: for a model the file cannot rebuild)."""
     import keras
     import tensorflow as tf
 
@@ -115,9 +115,9 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
                 f"({str(run_dir)!r}) in Python where Keras finds them (keras.saving.register_keras_serializable; a "
                 f"Lambda layer's code after keras.config.enable_unsafe_deserialization())"
             ) from None
-    saved = _saved_shapes(intact)
     source = f"the model rebuilt from {path.name}" if path else "the model passed"
-    _enable_saved_lora(model, saved, run_dir, source)
+    _enable_recorded_lora(model, run_dir)
+    _check_shapes(model, _saved_shapes(intact), run_dir, source)
     # fit's checkpoint holds the model's variables under "weights" (keras_fit/rundir.py), by position: read those,
     # nothing else. The shapes were matched above, so what fails here is a damaged or foreign file.
     weights = tf.train.Checkpoint(weights=[storage(v) for v in model.variables])
@@ -162,104 +162,36 @@ def _saved_shapes(prefix: str) -> list:
     return [found[i] for i in sorted(found)]
 
 
-def _enable_saved_lora(model, saved: list, run_dir: Path, source: str) -> None:
-    """Enable LoRA on the layers of ``model`` where the checkpoint's variables (``saved``: their shapes, in
-    model.variables' order) hold LoRA kernels the model lacks; any other difference is a RunDirError.
+def _enable_recorded_lora(model, run_dir: Path) -> None:
+    """LoRA on the layers fit.json records it on (rank and alpha), where the model file did not rebuild it: a
+    KerasHub backbone's config has no layer configs, so its ``enable_lora(rank)`` is lost in the file."""
+    from .keras_private import all_layers
 
-    The checkpoint keeps no names, only the order and shapes: a layer that had LoRA enabled lists its own
-    variables, then kernel A of shape kernel[:-1] + (rank,) and kernel B of (rank, kernel[-1]) (Keras' Dense,
-    EinsumDense and Embedding alike). Which layers had it is the one choice of layers that makes every shape
-    agree; were there two, the command refuses rather than guess. The LoRA scale is taken to be rank / rank
-    (lora_alpha = rank: what ``enable_lora(rank)`` gives, a KerasHub backbone's included), as no file records
-    it."""
-    variables = model.variables
-    groups = _variable_groups(model)
-    now = [tuple(v.shape) for v in variables]
-    extra = len(saved) - len(now)
-    if extra == 0 and saved == now:
+    record = json.loads((run_dir / FIT_RECORD).read_text()) if (run_dir / FIT_RECORD).is_file() else {}
+    layers = {layer.path: layer for layer in all_layers(model)}
+    for path, rank, alpha in record.get("lora", []):
+        layer = layers.get(path)
+        if layer is not None and not getattr(layer, "lora_enabled", False):
+            layer.enable_lora(rank, lora_alpha=alpha)
+
+
+def _check_shapes(model, saved: list, run_dir: Path, source: str) -> None:
+    """Refuse in one line a model whose variables (``saved``: the checkpoint's shapes, in order) differ."""
+    now = [tuple(v.shape) for v in model.variables]
+    if now == saved:
         return
-    if extra > 0 and extra % 2 == 0:
-        chosen = _lora_choice(groups, saved, extra // 2)
-        if chosen is not None:
-            for layer, rank in chosen:
-                layer.enable_lora(rank)
-            if [tuple(v.shape) for v in model.variables] == saved:
-                return
     first = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), None)
     differs = (
         "" if first is None else f", variable {first} of shape {_shape(saved[first])} there, {_shape(now[first])} here"
     )
     raise RunDirError(
-        f"the checkpoint of {run_dir} does not fit {source}: {len(saved)} variables there, {len(now)} here"
-        f"{differs} (nor do LoRA kernels the model lacks explain it): {_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
+        f"the checkpoint of {run_dir} does not fit {source}: {len(saved)} variables there, {len(now)} here{differs}: "
+        f"{_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
     )
 
 
 def _shape(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _variable_groups(model) -> list:
-    """[(layer that can take LoRA or None, [shapes of its variables])]: model.variables cut into runs of one such
-    layer's variables (consecutive: a layer lists its own before its sublayers') and single other variables."""
-    owner = {}
-    from .keras_private import all_layers
-
-    for layer in all_layers(model)[1:]:  # the model itself first: its sublayers
-        if hasattr(layer, "enable_lora") and not getattr(layer, "lora_enabled", False) and layer.built:
-            for v in layer.weights:
-                owner[id(v)] = layer
-    groups = []
-    for v in model.variables:
-        layer = owner.get(id(v))
-        if layer is not None and groups and groups[-1][0] is layer:
-            groups[-1][1].append(tuple(v.shape))
-        else:
-            groups.append((layer, [tuple(v.shape)]))
-    return groups
-
-
-def _lora_choice(groups: list, saved: list, count: int):
-    """[(layer, rank)] of the ``count`` layers whose LoRA kernels make ``groups``' shapes ``saved``; None when no
-    choice or more than one does. Dynamic programming over (group, LoRA layers before it), from the end."""
-    starts, at = [], 0
-    for _, shapes in groups:
-        starts.append(at)
-        at += len(shapes)
-    # ways[i][t]: how many choices (capped at 2) align groups i.. with saved[starts[i] + 2t:], rank[i][t] the rank
-    # group i would take there (None: no LoRA on it)
-    ways = [[0] * (count + 1) for _ in range(len(groups) + 1)]
-    ways[len(groups)][count] = 1
-    lora_rank = {}
-    for i in range(len(groups) - 1, -1, -1):
-        layer, shapes = groups[i]
-        for t in range(count + 1):
-            j = starts[i] + 2 * t
-            if saved[j : j + len(shapes)] != shapes:
-                continue
-            total = ways[i + 1][t]
-            rank = _lora_rank(shapes[0], saved[j + len(shapes) : j + len(shapes) + 2]) if layer else None
-            if rank and t < count and ways[i + 1][t + 1]:
-                lora_rank[i, t] = rank
-                total += ways[i + 1][t + 1]
-            ways[i][t] = min(total, 2)
-    if ways[0][0] != 1:
-        return None
-    chosen, t = [], 0
-    for i, (layer, _) in enumerate(groups):
-        if (i, t) in lora_rank:
-            chosen.append((layer, lora_rank[i, t]))
-            t += 1
-    return chosen
-
-
-def _lora_rank(kernel: tuple, pair: list):
-    """The rank of LoRA kernels ``pair`` (A, B) for a kernel of shape ``kernel``, or None when they are not."""
-    if len(pair) != 2 or len(kernel) < 2 or len(pair[1]) != 2:
-        return None
-    rank = pair[1][0]
-    fits = rank > 0 and pair[0] == (*kernel[:-1], rank) and pair[1] == (rank, kernel[-1])
-    return rank if fits else None
 
 
 def fit_model_file(run_dir: Path) -> Path:

@@ -39,7 +39,7 @@ import tensorflow as tf
 from ..config import CheckpointConfig
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
-from ..keras_private import storage
+from ..keras_private import lora_layers, storage
 from ..trainer.checkpoints import checkpoint_numbers
 from ..trainer.lock import LOCK
 from ..trainer.metrics_log import update_figures
@@ -109,7 +109,8 @@ class FitRunDir(RunDirectory):
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
                 run.log.truncate_after(0, 0)
-                write_json(run.path / FIT_RECORD, described)
+                # with the layers LoRA is enabled on, which the model file may not rebuild (accum/reload.py)
+                write_json(run.path / FIT_RECORD, {**described, **lora_layers(model)})
             # the model before its first update, for the readers: a resume keeps the first (an older directory
             # gains one)
             if run.writer and not (run.path / MODEL_COPY).is_file():
