@@ -14,6 +14,8 @@ import dataclasses
 import json
 import re
 import sys
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +109,11 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     intact, _ = _fit_checkpoint(run_dir, say)
     if model is None:
         try:
-            model = keras.models.load_model(path, compile=compile)
+            with warnings.catch_warnings():  # Keras' warning of a custom compile(): _compiled_as_saved calls it
+                warnings.filterwarnings("ignore", "`compile\\(\\)` was not called", UserWarning)
+                model = keras.models.load_model(path, compile=compile)
+            if compile:
+                _compiled_as_saved(model, path)
         except (TypeError, ValueError) as err:  # what Keras raises for a class or function it cannot rebuild
             raise RunDirError(
                 f"cannot rebuild the model of {run_dir} from {path.name} ({first_line(err)}): the command line "
@@ -160,6 +166,19 @@ def _saved_shapes(prefix: str) -> list:
         if match:
             found[int(match.group(1))] = tuple(shape)
     return [found[i] for i in sorted(found)]
+
+
+def _compiled_as_saved(model, path: Path) -> None:
+    """A model whose class overrides compile() (a KerasHub task) is left by load_model with its constructor's
+    default loss and metrics, not the ones fit trained with: compile it with the file's own compile config."""
+    import keras
+
+    if type(model).compile is keras.Model.compile:
+        return  # load_model compiled it from the file
+    with zipfile.ZipFile(path) as archive:
+        saved = json.loads(archive.read("config.json")).get("compile_config")
+    if saved:
+        model.compile(**keras.saving.deserialize_keras_object(saved))
 
 
 def _enable_recorded_lora(model, run_dir: Path) -> None:
