@@ -133,15 +133,16 @@ class _OneOfEachKey(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, typing.Hashable):
+                continue  # not a key a mapping can hold: the constructor's own error
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
                     f"{key!r} is given twice in one mapping (the second would replace the first): keep one",
                     key_node.start_mark,
                 )
-            if isinstance(key, typing.Hashable):
-                seen.add(key)
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 

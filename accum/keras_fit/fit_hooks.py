@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..errors import Interrupted, too_many_bad_updates
+from ..errors import too_many_bad_updates
 from ..trainer.batching import Cut, largest_share, same_size
 from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
 from ..trainer.loop import Loop
@@ -241,7 +241,7 @@ class FitHooks:
         return too_many_bad_updates(bad, self.max_bad_steps, done, fix, resume)
 
     def interrupted(self, signum: int):  # only with a run directory: it has just checkpointed this update
-        return Interrupted(signum, self.checkpoints.path, self.checkpoints.step, resume=self.checkpoints.resume_hint)
+        return self.checkpoints.interrupted(signum)
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""

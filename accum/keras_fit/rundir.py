@@ -145,9 +145,10 @@ class FitRunDir(RunDirectory):
                 f"a resume continues the same batches; pass the same data (after validation_split) or choose a new "
                 f"output_dir"
             )
-        was, now = _argument(key, before.get(key)), _argument(key, described[key])
-        if was.split("=")[0] == now.split("=")[0]:  # the same argument: its value alone
-            now = repr(described[key])
+        named, naming = _argument(key, before.get(key)), _argument(key, described[key])
+        was = f"{named}={before.get(key)!r}"
+        # the same argument: its value alone
+        now = repr(described[key]) if naming == named else f"{naming}={described[key]!r}"
         raise RunDirError(
             f"accum_train.fit: output_dir {path} was trained with {was}, not {now}: a resume continues the same "
             f"batches; pass {was} or choose a new output_dir"
@@ -237,11 +238,11 @@ class FitRunDir(RunDirectory):
 
 
 def _argument(key: str, value) -> str:
-    """A fit.json entry as the argument of fit that gives it: its k is subdivisions (or micro_batch_size="auto"),
-    its steps steps_per_epoch."""
+    """The argument of fit that gives a fit.json entry: its k is subdivisions (or micro_batch_size, "auto"), its
+    steps steps_per_epoch."""
     if key == "k":
-        return "micro_batch_size='auto'" if value == "auto" else f"subdivisions={value!r}"
-    return f"{'steps_per_epoch' if key == 'steps' else key}={value!r}"
+        return "micro_batch_size" if value == "auto" else "subdivisions"
+    return "steps_per_epoch" if key == "steps" else key
 
 
 def _plain(logs: dict) -> dict:

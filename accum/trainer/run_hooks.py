@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..errors import Interrupted, too_many_bad_updates
+from ..errors import too_many_bad_updates
 from .feed import Reader
 from .loop import Loop
 
@@ -112,7 +112,7 @@ class RunHooks:
         )
 
     def interrupted(self, signum: int):
-        return Interrupted(signum, self.directory.path, self.step)
+        return self.directory.interrupted(signum)
 
     def _flush(self, state: EpochState) -> None:
         """Write the buffered updates' records; before any checkpoint, which must never count an update that

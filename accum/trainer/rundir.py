@@ -93,7 +93,12 @@ class RunDirectory:
 
     def stop_flag(self) -> StopFlag:
         """The flag SIGINT and SIGTERM set; a second signal stops at once, at the newest checkpoint."""
-        return StopFlag(lambda signum: Interrupted(signum, self.path, self.step, True, self.resume_hint))
+        return StopFlag(lambda signum: self.interrupted(signum, forced=True))
+
+    def interrupted(self, signum: int, forced: bool = False) -> Interrupted:
+        """How a signal ends the run: at the newest checkpoint, saved after the update in hand (or, ``forced`` by
+        a second signal, the one before), with the door's way to go on."""
+        return Interrupted(signum, self.path, self.step, forced, self.resume_hint)
 
     def log_start(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
         """history.jsonl's line for a start or a resume at ``step``: where, on which strategy and workers, how the
