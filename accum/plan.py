@@ -19,12 +19,8 @@ from collections import Counter
 from .config import Config
 from .from_config.startup import parallel_micro_steps
 from .trainer.batching import largest_micro_batch
+from .trainer.data import split_warnings
 from .trainer.timeline import Timeline
-
-# BatchNorm's statistics over fewer examples than this
-# are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
-# shows BatchNorm's error rising quickly below about 8 examples per batch).
-MIN_BATCHNORM_MICRO_BATCH = 8
 
 
 def micro_split(n: int, subdivisions: int) -> list[list[int]]:
@@ -201,56 +197,21 @@ def _learning_rates(cfg: Config, timeline: Timeline, schedule) -> dict:
 
 
 def _warnings(result: dict, cfg: Config) -> list[str]:
-    warnings = []
     k = result["subdivisions"]
-    last = result["last_batch"]
+    warnings = []
     if k == "auto" and not cfg.baseline:
         warnings.append(
             f"subdivisions=auto: the split is chosen when the run starts, the fewest micro-batches "
             f"whose update fits in memory_limit={cfg.memory_limit}; the micro-batch checks are "
             f"skipped"
         )
-    elif k != "auto" and not cfg.baseline and last and last["size"] < k:
-        warnings.append(
-            f"subdivisions={k} is more than the {last['size']} examples of each epoch's last "
-            f"batch: that batch runs as {last['size']} micro-batches of 1"
-        )
-    if result["model"]["batchnorm_layers"] and result["full_batch"]["micro_batches"] and not cfg.baseline:
-        warnings += _batchnorm_warning(result)
+    fixed = None if k == "auto" or cfg.baseline else k
+    n_train = result["data"]["train_examples"]
+    warnings += split_warnings(cfg, fixed, n_train, result["model"]["batchnorm_layers"], result["total_updates"])
     if cfg.strategy.name != "default":
         warnings.append(
             f"strategy.name={cfg.strategy.name}: batch_size is global; each replica takes its share "
             f"and cuts it into subdivisions={k} micro-batches, so micro-batches are smaller than "
             f"shown here (which is for one device)"
         )
-    if result["learning_rate"]["warmup_steps"] > result["total_updates"]:
-        rate = result["learning_rate"]
-        warnings.append(
-            f"optimizer.schedule.warmup_steps={rate['warmup_steps']} is more than the run's "
-            f"{result['total_updates']} updates: the learning rate never reaches {rate['peak']:g}"
-        )
     return warnings
-
-
-def _batchnorm_warning(result: dict) -> list[str]:
-    """Micro-batches under MIN_BATCHNORM_MICRO_BATCH examples, in full batches or in each epoch's last one."""
-    full, last = result["full_batch"], result["last_batch"]
-    norm_fix = (
-        "replace the model file's BatchNormalization layers (e.g. by GroupNormalization)"
-        if result["model"]["name"] == "keras_file"
-        else "set model.norm=groupnorm or model.norm=none"
-    )
-    smallest = full["micro_batches"][0][1]
-    if full["count"] and smallest < MIN_BATCHNORM_MICRO_BATCH:
-        return [
-            f"micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
-            f"statistics: {norm_fix}, or use fewer subdivisions"
-        ]
-    smallest = last["micro_batches"][0][1] if last else None
-    if smallest is not None and smallest < MIN_BATCHNORM_MICRO_BATCH:
-        return [
-            f"the last batch of each epoch ({last['size']} examples) has micro-batches of {smallest} "
-            f"(under {MIN_BATCHNORM_MICRO_BATCH}), which give BatchNorm noisy statistics: {norm_fix}, or use "
-            f"a training set that batch_size divides (data.train_limit)"
-        ]
-    return []

@@ -39,4 +39,5 @@ def traced_error_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     said = [line for line in lines if not line.startswith(("in user code", "File ", "Traceback"))]
     message = said[-1] if lines and lines[0].startswith("in user code") and said else (lines or [""])[0]
+    message = re.sub(r"^[A-Za-z]+Error: ", "", message)  # the tracing context's "ValueError: ..." form
     return re.sub(r" for '\{\{node [^}]*\}\}[^']*'", "", message)

@@ -7,6 +7,7 @@ import importlib
 import io
 import itertools
 import os
+import warnings
 
 import accum_train
 import keras
@@ -710,6 +711,27 @@ def batch_norm_net():
     )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     return model
+
+
+@pytest.mark.parametrize(
+    "batch_size, subdivisions, warned",
+    [(32, 8, 4), (32, 4, None), (32, 5, 6), (4, 1, None)],  # (4, 1): one pass per update, as model.fit's
+)
+def test_batchnorm_over_micro_batches_under_8_examples_is_warned_of_as_the_cli_does(batch_size, subdivisions, warned):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        accum_train.fit(batch_norm_net(), X, Y, batch_size=batch_size, subdivisions=subdivisions, verbose=0)
+    ours = [str(w.message) for w in said if "BatchNorm" in str(w.message)]
+    assert ours == (
+        []
+        if warned is None
+        else [
+            f"accum_train.fit: micro-batches of {warned} examples (under 8) give BatchNorm noisy statistics: replace "
+            "model 'with_batch_norm''s BatchNormalization layers (e.g. by GroupNormalization), or pass a larger "
+            "micro_batch_size"
+        ]
+    )
+    assert all(w.filename == __file__ for w in said if "BatchNorm" in str(w.message))  # the caller's line
 
 
 def test_a_batchnorm_model_saved_during_fit_is_plain_keras_and_predicts_as_the_model(tmp_path):

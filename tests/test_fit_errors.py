@@ -319,6 +319,15 @@ BAD = [
         "but are 5 and 4 with input shapes: [?,5], [?,4].",
     ),
     (
+        "sample weights of one axis more than the loss values",
+        classifier,
+        (X, LABELS),
+        {"batch_size": BATCH, "sample_weight": np.ones((N, 3), np.float32)},
+        "the compiled loss of model 'classifier' cannot take sample_weight with its outputs: sample weights of "
+        "shape (batch, 3) do not fit the loss values of shape (batch,): give one weight per example, or one per "
+        "loss value",
+    ),
+    (
         "a label past the last class",
         classifier,
         (X, labels_with({7: 4})),

@@ -225,13 +225,26 @@ def test_an_output_dir_that_cannot_be_one_is_refused_in_one_line(tmp_path, outpu
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-def test_a_call_that_fails_before_anything_trained_leaves_no_run_directory(tmp_path):
-    """Sample weights of another width than the loss takes fail only at the first update (the loss broadcasts
-    them against an unknown batch when it is traced): nothing trained, so the output_dir is not left half
-    begun (fit.json would refuse another batch_size on the next call), and a corrected call trains in it."""
+class FailsAtTrainBegin(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        raise RuntimeError("the callback's own failure")
+
+
+@pytest.mark.parametrize(
+    "failure, keywords",
+    [
+        # refused before the directory is entered
+        (UserError, {"sample_weight": np.ones((N, 3), np.float32)}),
+        # the directory entered (fit.json written, the checkpoint of update 0 taken), then no update
+        (RuntimeError, {"callbacks": [FailsAtTrainBegin()]}),
+    ],
+)
+def test_a_call_that_fails_before_anything_trained_leaves_no_run_directory(tmp_path, failure, keywords):
+    """Nothing trained, so the output_dir is not left half begun (fit.json would refuse another batch_size on the
+    next call), and a corrected call trains in it."""
     run_dir = tmp_path / "run"
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        fit(small_regressor(), 1, run_dir, sample_weight=np.ones((N, 3), np.float32))
+    with pytest.raises(failure):
+        fit(small_regressor(), 1, run_dir, **keywords)
     assert not run_dir.exists()
     accum_train.fit(small_regressor(), X, Y, batch_size=10, subdivisions=2, verbose=0, output_dir=run_dir)
     assert json.loads((run_dir / "fit.json").read_text())["batch_size"] == 10

@@ -12,6 +12,7 @@ as under model.fit, a graph error on a CPU; on a GPU a NaN loss, whose update is
 from __future__ import annotations
 
 import re
+import warnings
 from numbers import Integral
 
 import keras
@@ -21,6 +22,7 @@ import tensorflow as tf
 from .. import keras_private
 from ..errors import UserError
 from ..text import traced_error_line
+from ..trainer.data import MIN_BATCHNORM_MICRO_BATCH
 from .arguments import WHERE
 from .inputs import streamed_source
 
@@ -273,3 +275,19 @@ def _weights_or_targets(spec, names, function, args) -> str:
     except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError):
         return names[1]
     return names[2]
+
+
+def warn_small_batchnorm(model, norm_layers, batch_size: int, k: int, replicas: int) -> None:
+    """A warning (as plan's and the CLI's) where BatchNorm layers normalise micro-batches of too few examples:
+    each normalises with its own micro-batch's statistics (docs/limitations.md). Not for k=1 (model.fit's own
+    batches) or for micro_batch_size='auto' (``k`` None), whose k grows only where memory makes it."""
+    if not norm_layers or k is None or k == 1:
+        return
+    smallest = batch_size // replicas // k
+    if 0 < smallest < MIN_BATCHNORM_MICRO_BATCH:
+        warnings.warn(
+            f"{WHERE}: micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
+            f"statistics: replace model {model.name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "
+            "or pass a larger micro_batch_size",
+            stacklevel=3,
+        )

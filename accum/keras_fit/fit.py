@@ -244,6 +244,7 @@ def fit(
                     scored, eval_groups, first, validation.timed, spec, cut, strategy, f"{WHERE}: validation_data"
                 )
             built = _engine(model, objective, scored, adapters, k, strategy, groups, eval_groups, auto, limit)
+            checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
                 print(f"{WHERE}: {cache_line(getattr(built[0], 'caches', []), len(model.non_trainable_weights))}")

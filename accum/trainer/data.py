@@ -11,6 +11,11 @@ import numpy as np
 
 from .batching import largest_micro_batch, largest_share
 
+# BatchNorm's statistics over fewer examples than this
+# are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
+# shows BatchNorm's error rising quickly below about 8 examples per batch).
+MIN_BATCHNORM_MICRO_BATCH = 8
+
 
 def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarray:
     """The permutation of epoch ``epoch`` (0-based); the stored order without ``shuffle``."""
@@ -39,3 +44,41 @@ def describe_split(batch_size: int, k: int | None, replicas: int | None = None) 
         f"batch_size={batch_size} over {replicas} replicas ({batch_size // replicas}-{share} examples each), "
         f"{cut}; one gradient all-reduce per update"
     )
+
+
+def split_warnings(cfg, k: int | None, n_train: int, batchnorm_layers: int, total_updates: int) -> list[str]:
+    """Settings that train badly, as ``accum-train plan`` lists them and a run says them as it starts: ``k``
+    micro-batches per batch (None: whole batches, the baseline's, or subdivisions=auto's not chosen yet); one
+    device's view (plan says so of a strategy)."""
+    warnings = []
+    rest = n_train % cfg.batch_size
+    if k is not None and rest and rest < k:
+        warnings.append(
+            f"subdivisions={k} is more than the {rest} examples of each epoch's last batch: that batch runs as "
+            f"{rest} micro-batches of 1"
+        )
+    if k is not None and batchnorm_layers:
+        fix = (
+            "replace the model file's BatchNormalization layers (e.g. by GroupNormalization)"
+            if cfg.model.name == "keras_file"
+            else "set model.norm=groupnorm or model.norm=none"
+        )
+        smallest = cfg.batch_size // min(k, cfg.batch_size)  # sizes differ by at most one (batching.micro_bounds)
+        if cfg.batch_size <= n_train and smallest < MIN_BATCHNORM_MICRO_BATCH:
+            warnings.append(
+                f"micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
+                f"statistics: {fix}, or use fewer subdivisions"
+            )
+        elif rest and rest // min(k, rest) < MIN_BATCHNORM_MICRO_BATCH:
+            warnings.append(
+                f"the last batch of each epoch ({rest} examples) has micro-batches of {rest // min(k, rest)} "
+                f"(under {MIN_BATCHNORM_MICRO_BATCH}), which give BatchNorm noisy statistics: {fix}, or use a "
+                "training set that batch_size divides (data.train_limit)"
+            )
+    warmup = cfg.optimizer.schedule.warmup_steps
+    if warmup > total_updates:
+        warnings.append(
+            f"optimizer.schedule.warmup_steps={warmup} is more than the run's {total_updates} updates: the learning "
+            f"rate never reaches {cfg.optimizer.learning_rate:g}"
+        )
+    return warnings

@@ -41,6 +41,11 @@ def batch_size_of(x) -> tf.Tensor:
     return tf.shape(first)[0]
 
 
+def _shape(tensor) -> str:
+    dims = ["batch" if i == 0 else str(d) for i, d in enumerate(tensor.shape.as_list())]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
 def _take_apart(loss, y_true, y_pred, sample_weight, steps=None):
     """(S, D, kind) of one output's loss: ``loss(y_true, y_pred, sample_weight) == S / D`` as Keras reduces it
     (Loss.__call__ and reduce_weighted_values, with the mask and the sample weights merged the same way).
@@ -70,6 +75,12 @@ def _take_apart(loss, y_true, y_pred, sample_weight, steps=None):
         return values * n, n, ("examples", 1)
     if weights is not None:
         values, weights = keras_private.squeeze_or_expand_to_same_rank(values, weights)
+        if weights.shape.rank is not None and values.shape.rank is not None and weights.shape.rank > values.shape.rank:
+            # broadcasting would pair the weights' batch axis with another (TensorFlow fails only as it runs)
+            raise ValueError(
+                f"sample weights of shape {_shape(weights)} do not fit the loss values of shape {_shape(values)}: "
+                "give one weight per example, or one per loss value"
+            )
         values = values * weights
     total = tf.reduce_sum(values)
     if loss.reduction == "sum":

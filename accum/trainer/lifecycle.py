@@ -23,7 +23,7 @@ from ..processes import announce_started, restarts
 from ..progress import Progress
 from .batching import k_for_micro_batch
 from .checkpoints import newest_intact_checkpoint
-from .data import describe_split, first_batch, largest_micro_batch
+from .data import describe_split, first_batch, largest_micro_batch, split_warnings
 from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
 from .run_hooks import RunHooks
 from .run_parts import Run
@@ -149,6 +149,10 @@ def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progr
         progress.message(describe_split(batch, k))
     if len(run.timeline.phases) > 1 and cfg.batch_rule is None:
         progress.message("batch_schedule: " + describe_phases(run))
+    if not resume:  # what plan warns of, with subdivisions=auto's k chosen
+        fixed = None if cfg.baseline else k
+        for warning in split_warnings(cfg, fixed, run.n_train, len(run.model.norm_layers), run.total_steps):
+            progress.message("warning: " + warning)
     if cfg.baseline or k * run.replicas < 2:
         progress.message(NO_NOISE_SCALE)
     elif cfg.data.trim_padding is not None:
