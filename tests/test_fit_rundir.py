@@ -74,10 +74,10 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     ]
     # TensorBoard has what metrics.jsonl has (the CLI's writer): each update's loss, each epoch's logs
     scalars = {}
-    # one file per call, in the order written: events.out.tfevents.SECONDS.HOST.PID.N.v2, N the process's count of
+    # one file per call, in the order written: events.out.tfevents.SECONDS.HOST.PID.N, N the process's count of
     # writers, which a name sort puts 10 before 9 when two calls fall in one second
     files = (run_dir / "tensorboard").glob("events.out.tfevents.*")
-    for path in sorted(files, key=lambda p: (int(p.name.split(".")[3]), int(p.name.rsplit(".", 2)[1]))):
+    for path in sorted(files, key=lambda p: (int(p.name.split(".")[3]), int(p.name.rsplit(".", 1)[1]))):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
@@ -248,6 +248,24 @@ def test_a_call_that_fails_before_anything_trained_leaves_no_run_directory(tmp_p
     assert not run_dir.exists()
     accum_train.fit(small_regressor(), X, Y, batch_size=10, subdivisions=2, verbose=0, output_dir=run_dir)
     assert json.loads((run_dir / "fit.json").read_text())["batch_size"] == 10
+
+
+def test_fit_called_epoch_by_epoch_into_one_directory_warns_of_no_retracing(tmp_path, caplog):
+    """A notebook's loop of fit calls, each one epoch on: TensorBoard's writer traced a graph per call, and
+    TensorFlow warned of retracing from the fifth call on."""
+    model = small_regressor()
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        for epochs in range(1, 7):
+            fit(model, epochs, tmp_path / "run")
+    assert [r.getMessage() for r in caplog.records if "retracing" in r.getMessage()] == []
+    assert [r["epoch"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("epoch_end")] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
 
 
 def test_a_directory_of_something_else_is_refused(tmp_path):

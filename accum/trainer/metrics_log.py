@@ -61,17 +61,24 @@ class MetricsLog:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.tensorboard, self._writer = Path(run_dir) / "tensorboard", None
-        self._writers = {}  # tag: its graph (``_series``)
 
     @property
     def writer(self):
         """TensorBoard's writer, made at the first write: a run refused before its first record (a resume of
-        another model's checkpoint) leaves no events file behind."""
+        another model's checkpoint) leaves no events file behind. TensorBoard's own, in Python: tf.summary's
+        would trace a graph per run directory (and warn of retracing after a few fit calls), or cost an eager
+        call per scalar."""
         if self._writer is None:
-            import tensorflow as tf
+            from tensorboard.summary import Writer
 
-            self._writer = tf.summary.create_file_writer(str(self.tensorboard))
+            self._writer = Writer(str(self.tensorboard))
         return self._writer
+
+    def close(self) -> None:
+        """Close TensorBoard's writer (its events file and its thread), if one was made."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def truncate_after(self, step: int, epochs_done: int) -> None:
         """Drop records a resumed run will write again (those after its checkpoint)."""
@@ -92,47 +99,20 @@ class MetricsLog:
         atomic_write(self.path, "".join(line + "\n" for line in keep).encode())
 
     def write(self, records) -> None:
-        import tensorflow as tf
-
         with open(self.path, "a") as handle:
             for record in records:
                 handle.write(strict_json(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())  # before the checkpoint that counts these updates as done
-        updates = [record for record in records if not is_epoch_record(record)]
-        with self.writer.as_default():
-            for key, tag in UPDATE_SCALARS:
-                # a skipped update has no loss, and no rate was applied
-                steps = [record["step"] for record in updates if record.get(key) is not None]
-                if steps:
-                    values = [record[key] for record in updates if record.get(key) is not None]
-                    self._series(tag)(tf.constant(steps, tf.int64), tf.constant(values, tf.float64))
-            for record in records:
-                if is_epoch_record(record):
-                    for key in epoch_scalars(record):
-                        if isinstance(record.get(key), (int, float)):
-                            tf.summary.scalar(f"epoch/{key}", record[key], step=record["step"])
+        for record in records:
+            if is_epoch_record(record):
+                scalars = [(f"epoch/{key}", record.get(key)) for key in epoch_scalars(record)]
+            else:  # a skipped update has no loss, and no rate was applied
+                scalars = [(tag, record.get(key)) for key, tag in UPDATE_SCALARS]
+            for tag, value in scalars:
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(tag, value, record["step"])
         self.writer.flush()
-
-    def _series(self, tag: str):
-        """A graph that writes ``tag``'s (steps, values) of a whole flush in one call: a flush of the update records
-        costs one call per tag, where one eager tf.summary.scalar per record and tag cost about 0.6 ms an update
-        (profiled on a small model, 2-core CPU)."""
-        import tensorflow as tf
-
-        if tag not in self._writers:
-
-            def write(steps, values):
-                def one(i):
-                    with tf.name_scope("/"):  # the tag as given: the loop's scope would prefix it with "while/"
-                        tf.summary.scalar(tag, values[i], step=steps[i])
-                    return [i + 1]
-
-                tf.while_loop(lambda i: i < tf.size(steps), one, [tf.constant(0)])
-
-            spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float64))
-            self._writers[tag] = tf.function(write, input_signature=spec, autograph=False)
-        return self._writers[tag]
 
     def write_updates(self, pending, timeline) -> tuple:
         """Records of buffered updates, (step, examples, engine output, batch size in force, k) each; (loss sum,

@@ -60,6 +60,7 @@ class RunDirectory:
                 held.push(self._forget_if_failed)
         else:
             self.local = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-")))
+        held.callback(lambda: self.log is not None and self.log.close())  # first of the exits: before any removal
         return self
 
     def _forget_if_failed(self, kind, error, trace) -> bool:
