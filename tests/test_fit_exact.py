@@ -188,6 +188,15 @@ CASES = {
     "clipvalue-once": (dense(1), X, Y_VALUE, {"sample_weight": WEIGHTS}, "clipvalue", K),
     "global-clipnorm-once": (dense(1), X, Y_VALUE, {"sample_weight": WEIGHTS}, "global_clipnorm", K),
     "batchnorm-one-micro-batch": (batchnorm, X, Y_VALUE, {}, "sgd", 1),
+    # applied after each update, as Keras' optimizer applies them (both bind: tested below)
+    "weight-constraints": (
+        dense(1, kernel_constraint=keras.constraints.MaxNorm(0.3), bias_constraint=keras.constraints.NonNeg()),
+        X,
+        Y_VALUE,
+        {"sample_weight": WEIGHTS},
+        "sgd",
+        K,
+    ),
     "subclassed": (subclassed, X, Y_CLASS, {}, "adam", K),
 }
 
@@ -226,6 +235,7 @@ DEFAULT = {
     "one-hot-adam-class-weight",
     "clipnorm-once",
     "schedule-counts-updates",
+    "weight-constraints",
 }
 
 
@@ -252,6 +262,10 @@ def test_fit_ends_at_the_weights_and_logs_of_model_fit_on_whole_batches(case):
     )
     assert max_difference(ours.get_weights(), expected.model.get_weights(), relative=True) < 1e-5
     assert max_difference(ours.get_weights(), start) > 1e-2  # it trained
+    if case == "weight-constraints":  # the kernel started over MaxNorm's norm and keeps within it; no bias below 0
+        kernel, bias = ours.layers[1].kernel.numpy(), ours.layers[1].bias.numpy()
+        assert np.linalg.norm(start[0], axis=0).max() > 0.5 and np.linalg.norm(kernel, axis=0).max() <= 0.3 + 1e-6
+        assert bias.min() >= 0.0
     # model.fit's keys, and the gradient noise scale's where an update has micro-batches to measure it with
     assert [key for key in history.history if key != "noise_scale"] == list(expected.history)
     assert ("noise_scale" in history.history) == (k > 1)

@@ -22,4 +22,6 @@ def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options
     if isinstance(model, keras.Model):
         variables = [storage(v) for v in variables]
     sized = isinstance(network, keras.Model) and loops_over_time(network)
+    if isinstance(network, keras.Model):  # a weight's constraint, which Keras' optimizer reads off its own variable
+        options["constraints"] = [v.constraint for v in network.trainable_variables]
     return Accumulator(objective, variables, optimizer, subdivisions=subdivisions, sized=sized, **options)

@@ -68,9 +68,13 @@ class Update:
         loss_scale: float | None = None,
         growth_steps: int = LOSS_SCALE.growth_steps,
         jit: bool = False,
+        constraints=None,
     ):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.variables = list(variables)
+        # each variable's constraint (a Keras weight's kernel_constraint, ...) or None, applied after the optimizer's
+        # step as Keras' own apply does: the optimizer sees the storage under a Keras variable, which has none
+        self.constraints = list(constraints) if constraints is not None else [None] * len(self.variables)
         self.optimizer = optimizer
         self.clip_norm = clip_norm
         self.norm_layers = list(norm_layers)
@@ -195,7 +199,7 @@ class Update:
                 if self.jit_apply:
                     self._compiled_apply(tuple(used))(*[g for g, _ in chosen])
                 else:
-                    self.optimizer.apply_gradients(chosen)
+                    self._apply(chosen, used)
 
             strategy.extended.call_for_each_replica(apply_local, args=grads)
             for layer, sums in zip(self.norm_layers, stats):
@@ -224,11 +228,18 @@ class Update:
             _first(strategy, applied), apply, lambda: tf.cond(_first(strategy, retry), lambda: tf.constant(False), skip)
         )
 
+    def _apply(self, chosen, used) -> None:
+        """The optimizer's step on ``chosen`` (gradient, variable) pairs, then the constraints of those ``used``."""
+        self.optimizer.apply_gradients(chosen)
+        for variable, constraint in zip(self.variables, self.constraints):
+            if constraint is not None and any(variable is v for _, v in chosen):
+                variable.assign(constraint(variable))
+
     def _compiled_apply(self, used: tuple):
-        """apply_gradients to the variables ``used`` flags, as one XLA cluster (``jit_apply``), made once."""
+        """``_apply`` to the variables ``used`` flags, as one XLA cluster (``jit_apply``), made once."""
         if used not in self._applies:
             chosen = [v for v, u in zip(self.variables, used) if u]
-            apply = lambda *grads: self.optimizer.apply_gradients(zip(grads, chosen))  # noqa: E731
+            apply = lambda *grads: self._apply(list(zip(grads, chosen)), used)  # noqa: E731
             self._applies[used] = tf.function(apply, jit_compile=True, autograph=False)
         return self._applies[used]
 
