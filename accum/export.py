@@ -19,11 +19,9 @@ checkpoint), to RUN_DIR/export.keras by default: model.keras there is fit's.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from .errors import RunDirError, UserError
-from .files import atomic_write, keras_bytes
+from .files import atomic_write, check_output_file, keras_bytes
 
 # The default export of a fit output_dir: fit writes model.keras itself each time a call returns, so that name would
 # be taken on every finished directory and replaced by the next call on an unfinished one.
@@ -44,7 +42,7 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
     if not fit:
         describe_run(run_dir)  # a directory that is not a run fails here, before anything is built
     output = Path(output) if output is not None else run_dir / (FIT_EXPORT if fit else "model.keras")
-    _check_output(output, overwrite)
+    check_output_file(output, overwrite, ".keras", "Keras 3's model file format")
     if fit:
         model = load_fit_run(run_dir, compile=False)
     else:
@@ -52,20 +50,6 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
         model = to_keras(run.model, run.data.input_shape)
     atomic_write(output, keras_bytes(model))
     return output
-
-
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.suffix != ".keras":
-        raise UserError(f"--output {output} must end in .keras (Keras 3's model file format)")
-    if output.is_dir():
-        raise UserError(f"--output {output} is a directory: name a .keras file")
-    if output.exists() and not overwrite:
-        raise UserError(f"{output} exists: pass --overwrite to replace it, or --output another .keras file")
-    parent = output.parent
-    if not parent.is_dir():
-        raise UserError(f"--output {output}: the folder {parent} does not exist: create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunDirError(f"--output {output}: {parent} is not writable: choose another folder")
 
 
 def to_keras(model, input_shape):

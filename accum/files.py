@@ -62,3 +62,21 @@ def _finite_or_null(value):
     if isinstance(value, (list, tuple)):
         return [_finite_or_null(item) for item in value]
     return value
+
+
+def check_output_file(output: Path, overwrite: bool, suffix: str, why: str = "") -> None:
+    """``--output FILE`` before anything is computed: named ``*suffix`` (``why``: what that format is), not a
+    directory, in a writable folder, and an existing file replaced only with ``--overwrite``."""
+    from .errors import RunDirError, UserError
+
+    if output.suffix != suffix:
+        raise UserError(f"--output {output} must end in {suffix}" + (f" ({why})" if why else ""))
+    if output.is_dir():
+        raise UserError(f"--output {output} is a directory: name a {suffix} file")
+    if output.exists() and not overwrite:
+        raise UserError(f"{output} exists: pass --overwrite to replace it, or --output another {suffix} file")
+    parent = output.parent
+    if not parent.is_dir():
+        raise UserError(f"--output {output}: the folder {parent} does not exist: create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"--output {output}: {parent} is not writable: choose another folder")

@@ -300,8 +300,9 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
     "Keras loss or by accum_train.fit; 'outputs_<name>' per output of a model with several) and 'inputs' (the row "
     "names).",
 )
+@click.option("--overwrite", is_flag=True, help="Replace the --output file if it exists (atomically).")
 @verbose_option
-def predict(run_dir, files, as_json, top, output, verbose):
+def predict(run_dir, files, as_json, top, output, overwrite, verbose):
     """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x); the model's
     outputs, for .npz files, from a run trained with a Keras loss or a run directory of accum_train.fit.
 
@@ -315,8 +316,8 @@ def predict(run_dir, files, as_json, top, output, verbose):
     with ending():
         from ..predict import predict as run_predict
 
-        if output is not None and output.suffix != ".npz":
-            raise UserError(f"--output {output} must end in .npz")
+        if output is not None:
+            _check_predict_output(output, overwrite, run_dir, files)
         rows = run_predict(run_dir, files)
         if output is not None:
             _write_outputs(output, rows)
@@ -324,6 +325,17 @@ def predict(run_dir, files, as_json, top, output, verbose):
         click.echo(strict_json(rows, indent=2) if as_json else format_values(rows))
     else:
         click.echo(strict_json(rows, indent=2) if as_json else format_predictions(rows, top))
+
+
+def _check_predict_output(output: Path, overwrite: bool, run_dir, files) -> None:
+    """--output: a new .npz file (or, with --overwrite, one that is neither an input nor a file of the run)."""
+    from ..files import check_output_file
+
+    check_output_file(output, overwrite, ".npz")
+    if any(Path(file).resolve() == output.resolve() for file in files):
+        raise UserError(f"--output {output} is one of the files to predict: name another file")
+    if output.exists() and Path(run_dir).resolve() in output.resolve().parents:
+        raise UserError(f"--output {output} is a file of the run directory {run_dir}: name another file")
 
 
 def _write_outputs(path: Path, rows: list) -> None:

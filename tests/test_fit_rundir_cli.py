@@ -263,6 +263,21 @@ ERRORS = [
         "{tmp}/wide.npz: 'x' holds float32 examples of shape 5, but the model takes float32 examples of shape 6",
     ),
     (
+        "predict over an existing file",
+        ["predict", "{tmp}/no-y.npz", "--output", "{tmp}/wide.npz"],
+        "{tmp}/wide.npz exists: pass --overwrite to replace it, or --output another .npz file",
+    ),
+    (
+        "predict over its own input",
+        ["predict", "{tmp}/no-y.npz", "--output", "{tmp}/no-y.npz", "--overwrite"],
+        "--output {tmp}/no-y.npz is one of the files to predict: name another file",
+    ),
+    (
+        "predict over a file of the run",
+        ["predict", "{tmp}/no-y.npz", "--output", "{run}/summary.npz", "--overwrite"],
+        "--output {run}/summary.npz is a file of the run directory {run}: name another file",
+    ),
+    (
         "export over fit's model.keras",
         ["export", "--output", "{run}/model.keras"],
         "{run}/model.keras exists: pass --overwrite to replace it, or --output another .keras file",
@@ -274,12 +289,17 @@ ERRORS = [
 def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path, args, message):
     run_dir, _ = runs["finished"]
     bad_inputs(tmp_path)
-    before, run_before = tree(tmp_path), tree(run_dir)
-    command, *rest = (a.format(tmp=tmp_path, run=run_dir) for a in args)
-    result = CliRunner().invoke(main, [command, str(run_dir), *rest])
-    assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == "error: " + message.format(tmp=tmp_path, run=run_dir) + "\n"
-    assert (tree(tmp_path), tree(run_dir)) == (before, run_before)
+    mine = run_dir / "summary.npz"  # a file in the run directory, as the CLI's weights.npz; removed after
+    np.savez(mine, mine=np.ones(3))
+    try:
+        before, run_before = tree(tmp_path), tree(run_dir)
+        command, *rest = (a.format(tmp=tmp_path, run=run_dir) for a in args)
+        result = CliRunner().invoke(main, [command, str(run_dir), *rest])
+        assert (result.exit_code, result.stdout) == (2, "")
+        assert result.stderr == "error: " + message.format(tmp=tmp_path, run=run_dir) + "\n"
+        assert (tree(tmp_path), tree(run_dir)) == (before, run_before)
+    finally:
+        mine.unlink()
 
 
 def test_a_run_directory_of_accum_train_run_takes_no_data_option(tmp_path):
