@@ -479,6 +479,12 @@ BAD_FILES = [
         "model.from_logits if it outputs logits, or end it in activation='softmax'",
     ),
     (
+        dense_model(SHAPE, activation="softmax"),
+        [],
+        "ends in a softmax (Dense 'dense'), but model.from_logits=true (the default) takes its outputs as logits: "
+        "set model.from_logits=false (it then trains on the logits under it)",
+    ),
+    (
         renorm_model,
         [],
         "has BatchNormalization 'batch_normalization' with renorm=True, whose corrections cannot be "

@@ -156,6 +156,12 @@ def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
             f"model.from_logits=false says it outputs probabilities: remove "
             f"model.from_logits if it outputs logits, or end it in activation='softmax'",
         )
+    if cfg.from_logits and _is_softmax(last):  # the loss would take probabilities for logits: a silent wrong run
+        raise _file_error(
+            cfg.path,
+            f"ends in a softmax ({type(last).__name__} {last.name!r}), but model.from_logits=true (the default) "
+            f"takes its outputs as logits: set model.from_logits=false (it then trains on the logits under it)",
+        )
     return accumulating_clone(loaded, cfg.path, last if not cfg.from_logits else None)
 
 
