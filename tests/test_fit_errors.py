@@ -37,6 +37,11 @@ def classifier(loss="sparse_categorical_crossentropy", compiled=True):
     return model
 
 
+def compiled_with_accuracy(model):
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["acc"])
+    return model
+
+
 def sequence_tagger():
     """5 steps of 3 classes from 6 inputs, sparse cross-entropy: a per-step loss, weighted per step."""
     keras.utils.set_random_seed(1)
@@ -272,6 +277,13 @@ BAD = [
         "y is missing: model 'regression' is compiled with a loss, which takes them",
     ),
     (
+        "y=None with a compiled metric",
+        lambda: compiled_with_accuracy(classifier(compiled=False)),
+        (X, None),
+        {"batch_size": BATCH},
+        "y is missing: model 'classifier' is compiled with a loss, which takes them",
+    ),
+    (
         "a dataset of inputs alone",
         regression,
         (tf.data.Dataset.from_tensor_slices(X).batch(8),),
@@ -412,6 +424,14 @@ BAD = [
         (X, LABELS),
         {"batch_size": BATCH, "class_weight": {"cat": 2.0}},
         "class_weight has the key 'cat': its keys are class indices, integers >= 0",
+    ),
+    (
+        "class_weight with sample_weight",
+        classifier,
+        (X, LABELS),
+        {"batch_size": BATCH, "class_weight": {0: 2.0}, "sample_weight": np.ones(N, np.float32)},
+        "class_weight and sample_weight together, which model.fit refuses: pass sample_weight alone, each "
+        "example's weight times its class's",
     ),
     (
         "class_weight with several outputs",

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..errors import UserError
+from ..errors import Refused, UserError
 from ..text import traced_error_line
 from ..trainer.data import MIN_BATCHNORM_MICRO_BATCH
 from .arguments import WHERE
@@ -125,10 +125,17 @@ def input_problem(model, x, name: str) -> str | None:
     return f"{name} does not fit model {model.name!r}: {said}"
 
 
-def check_class_weight(class_weight) -> None:
-    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_targets``)."""
+def check_class_weight(class_weight, sample_weight=None) -> None:
+    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_targets``),
+    and not beside sample_weight (model.fit refuses the pair)."""
     if class_weight is None:
         return
+    if sample_weight is not None:
+        raise Refused(
+            "class-and-sample-weight",
+            f"{WHERE}: class_weight and sample_weight together, which model.fit refuses: pass sample_weight alone, "
+            f"each example's weight times its class's",
+        )
     if not isinstance(class_weight, dict):
         raise UserError(
             f"{WHERE}: class_weight is a {type(class_weight).__name__}: pass a dict of class index to weight, such "
@@ -254,7 +261,8 @@ def as_user_error(model, spec, names, function, *args):
         return function(*args)
     except UserError:
         raise
-    except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError) as err:
+    # AttributeError: a compiled metric that reads the targets' shape where there are none (y missing)
+    except (ValueError, TypeError, KeyError, AttributeError, tf.errors.InvalidArgumentError) as err:
         problem = input_problem(model, inputs_of(spec), names[0])
         if problem is None and not (isinstance(spec, tuple) and len(spec) > 1):  # inputs alone: no targets
             missing = "y is missing" if names[1] == "y" else f"{names[0]} gives no targets"

@@ -162,7 +162,7 @@ def fit(
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
-    checks.check_class_weight(class_weight)
+    checks.check_class_weight(class_weight, sample_weight)
     (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
     feed = make_feed(
         x,
