@@ -123,6 +123,18 @@ def py_dataset_batches(py_dataset, shuffle: bool):
     return adapter.get_tf_dataset(), adapter
 
 
+def restart_py_dataset_workers(adapter) -> None:
+    """After a read of a PyDataset that stopped early (the look at its first batch), its workers (if it has any)
+    stopped and what they had fetched dropped: left running, they went on from where the read stopped and the
+    next reading waited forever for batches already taken; stopped alone, they keep the fetched batches for the
+    next reading, which then begins with them."""
+    enqueuer = adapter.enqueuer
+    if enqueuer is not None:
+        enqueuer.stop()
+        while not enqueuer.ready_queue.empty():
+            enqueuer.ready_queue.get_nowait()
+
+
 def all_layers(model) -> list:
     """Every layer of ``model``, nested ones too (a Bidirectional's, a sub-model's)."""
     return list(model._flatten_layers())

@@ -7,6 +7,7 @@ import importlib
 import io
 import itertools
 import os
+import threading
 import warnings
 
 import accum_train
@@ -232,6 +233,22 @@ def test_every_data_source_gives_the_weights_of_the_arrays(source, from_arrays):
     model = regression()
     accum_train.fit(model, x, subdivisions=3, epochs=2, verbose=0, **keywords)
     assert int(model.optimizer.iterations.numpy()) == 8
+    assert max_difference(model.get_weights(), from_arrays) < 1e-6
+
+
+def test_a_py_dataset_read_by_worker_threads_gives_the_weights_of_the_arrays(from_arrays):
+    """Its workers' queue was left half read by the look at the first batch, and the epoch's own reading waited
+    for the rest forever: the call runs in a thread here so that such a wait fails the test instead of hanging."""
+    model, returned = regression(), []
+
+    def call():
+        accum_train.fit(model, Batches(workers=2), subdivisions=3, epochs=2, shuffle=False, verbose=0)
+        returned.append(True)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(120)
+    assert returned, "accum_train.fit did not return within 120 s"
     assert max_difference(model.get_weights(), from_arrays) < 1e-6
 
 

@@ -9,6 +9,7 @@ import itertools
 
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import UserError
 from ..trainer.batching import Cut
 from ..trainer.feed import endless
@@ -74,7 +75,10 @@ class DatasetFeed:
         return any_length(spec, self.timed) if self.trim else spec
 
     def first_batch(self):
-        return next(iter(self.batches.take(1)))
+        first = next(iter(self.batches.take(1)))
+        if self.py_adapter is not None:  # its workers' queue begins again at batch 0 for the epoch's own reading
+            keras_private.restart_py_dataset_workers(self.py_adapter)
+        return first
 
     def updates(self, epoch: int) -> int | None:
         if self.steps_per_epoch is not None:
