@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError, RunDirError
+from .errors import DataError, RunDirError, UserError
 from .text import shape_text
 
 NPZ_KEY = "x"
@@ -223,3 +223,15 @@ def value_rows(names: list, values, outputs: list) -> list[dict]:
 def top_k(probabilities: dict, k: int) -> list[tuple[str, float]]:
     """The k most probable (class, p), most probable first; ties keep class order."""
     return sorted(probabilities.items(), key=lambda item: -item[1])[:k]
+
+
+def check_output(output: Path, overwrite: bool, run_dir, files) -> None:
+    """predict's --output: a new .npz file, or with --overwrite one that is neither an input nor a file of the
+    run directory (a slip of the name would lose the data or the run's weights.npz)."""
+    from .files import check_output_file
+
+    check_output_file(output, overwrite, ".npz")
+    if any(Path(file).resolve() == output.resolve() for file in files):
+        raise UserError(f"--output {output} is one of the files to predict: name another file")
+    if output.exists() and Path(run_dir).resolve() in output.resolve().parents:
+        raise UserError(f"--output {output} is a file of the run directory {run_dir}: name another file")

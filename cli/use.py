@@ -17,7 +17,6 @@ from pathlib import Path
 import click
 
 from ..config import load_config
-from ..errors import UserError
 from ..files import strict_json
 from ..outcome import ending, scores_text
 from ..quiet import quiet_tensorflow
@@ -314,10 +313,11 @@ def predict(run_dir, files, as_json, top, output, overwrite, verbose):
     """
     quiet_tensorflow(verbose)
     with ending():
+        from ..predict import check_output
         from ..predict import predict as run_predict
 
         if output is not None:
-            _check_predict_output(output, overwrite, run_dir, files)
+            check_output(output, overwrite, run_dir, files)
         rows = run_predict(run_dir, files)
         if output is not None:
             _write_outputs(output, rows)
@@ -325,17 +325,6 @@ def predict(run_dir, files, as_json, top, output, overwrite, verbose):
         click.echo(strict_json(rows, indent=2) if as_json else format_values(rows))
     else:
         click.echo(strict_json(rows, indent=2) if as_json else format_predictions(rows, top))
-
-
-def _check_predict_output(output: Path, overwrite: bool, run_dir, files) -> None:
-    """--output: a new .npz file (or, with --overwrite, one that is neither an input nor a file of the run)."""
-    from ..files import check_output_file
-
-    check_output_file(output, overwrite, ".npz")
-    if any(Path(file).resolve() == output.resolve() for file in files):
-        raise UserError(f"--output {output} is one of the files to predict: name another file")
-    if output.exists() and Path(run_dir).resolve() in output.resolve().parents:
-        raise UserError(f"--output {output} is a file of the run directory {run_dir}: name another file")
 
 
 def _write_outputs(path: Path, rows: list) -> None:
