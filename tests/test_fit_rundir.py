@@ -250,6 +250,7 @@ def test_a_call_that_fails_before_anything_trained_leaves_no_run_directory(tmp_p
     assert json.loads((run_dir / "fit.json").read_text())["batch_size"] == 10
 
 
+@pytest.mark.slow  # six fit calls
 def test_fit_called_epoch_by_epoch_into_one_directory_warns_of_no_retracing(tmp_path, caplog):
     """A notebook's loop of fit calls, each one epoch on: TensorBoard's writer traced a graph per call, and
     TensorFlow warned of retracing from the fifth call on."""

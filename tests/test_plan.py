@@ -288,6 +288,7 @@ def test_warnings_are_printed_after_the_plan(tmp_path, data_dir):
     ]
 
 
+@pytest.mark.slow  # a run and its resume (the quick suite keeps plan's own warnings)
 def test_a_run_says_the_plans_warnings_as_it_starts_and_not_on_resume(tmp_path, data_dir):
     config = tmp_path / "c.yaml"
     config.write_text(
