@@ -1,6 +1,7 @@
 """accum_train.fit's output_dir: kept as training goes, resumed by the next call at the uninterrupted weights."""
 
 import json
+import os
 import signal
 
 import accum_train
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
-from accum_train.errors import Interrupted
+from accum_train.errors import Interrupted, RunDirError
 from accum_train.trainer.checkpoints import checkpoint_numbers
 from accum_train.trainer.metrics_log import read_metrics
 from helpers import max_difference, signal_after, small_regressor
@@ -267,6 +268,16 @@ def test_fit_called_epoch_by_epoch_into_one_directory_warns_of_no_retracing(tmp_
         5,
         6,
     ]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
+def test_an_output_dir_that_cannot_be_made_is_one_line():
+    """/proc passes the writable-folder check and refuses every mkdir: the call ended in a traceback."""
+    with pytest.raises(RunDirError) as caught:
+        fit(small_regressor(), 1, "/proc/accum-train-test/run")
+    assert str(caught.value) == (
+        "output_dir /proc/accum-train-test/run cannot be made (No such file or directory): choose another directory"
+    )
 
 
 def test_a_directory_of_something_else_is_refused(tmp_path):

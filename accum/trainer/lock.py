@@ -51,7 +51,10 @@ def writing(run_dir: Path, flag: str = "", for_children: bool = False):
         yield  # our supervisor holds it
         return
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:  # check_place saw a writable folder; some are not, whatever their mode says (/proc, a read-only mount)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunDirError(f"{flag}{run_dir} cannot be made ({err.strerror}): choose another directory") from None
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
     try:
         try:
