@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError
+from accum_train.errors import Refused
 from helpers import max_difference
 from keras import ops
 
@@ -844,11 +845,12 @@ def test_a_model_with_its_own_step_is_refused_in_one_line_naming_why(model_class
 
 
 @pytest.mark.parametrize(
-    ("make", "keywords", "message"),
+    ("make", "keywords", "key", "message"),
     [
         (
             own_test_step,
             validated(),
+            "own-test-step",
             "accum_train.fit: model 'own_test_step' overrides test_step, which accum_train.fit's validation does "
             "not call (it evaluates the compiled loss and metrics itself): leave validation out and call "
             "model.evaluate, or train with model.fit",
@@ -856,6 +858,7 @@ def test_a_model_with_its_own_step_is_refused_in_one_line_naming_why(model_class
         (
             logistic_endpoint,
             {"x": {"inputs": X, "targets": ONE_HOT}, "batch_size": BATCH, "epochs": EPOCHS, "shuffle": False},
+            "no-compiled-loss",
             "accum_train.fit: model 'logistic_endpoint' is compiled without a loss (compile(loss=None); add_loss "
             "alone): accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
             "compile(loss=...), or train with model.fit",
@@ -863,12 +866,12 @@ def test_a_model_with_its_own_step_is_refused_in_one_line_naming_why(model_class
     ],
     ids=["own-test-step-with-validation", "add-loss-without-compiled-loss"],
 )
-def test_a_guide_pattern_fit_cannot_follow_is_refused_in_one_line_before_training(make, keywords, message):
+def test_a_guide_pattern_fit_cannot_follow_is_refused_in_one_line_before_training(make, keywords, key, message):
     model = make()
     before = model.get_weights()
-    with pytest.raises(UserError) as caught:
+    with pytest.raises(Refused) as caught:
         accum_train.fit(model, **keywords, subdivisions=2, verbose=0)
-    assert str(caught.value) == message
+    assert (caught.value.key, str(caught.value)) == (key, message)
     assert_same(model.get_weights(), before, "weights")
 
 

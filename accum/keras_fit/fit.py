@@ -223,11 +223,12 @@ def fit(
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
-            if keras_private.compile_loss(model) is None:
-                raise UserError(
+            if keras_private.compile_loss(model) is None:  # the key of limitations.md's row, as _probe's
+                raise Refused(
+                    "no-compiled-loss",
                     f"{WHERE}: model {model.name!r} is compiled without a loss (compile(loss=None); add_loss alone): "
                     f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
-                    f"compile(loss=...), or train with model.fit"
+                    f"compile(loss=...), or train with model.fit",
                 )
             objective = KerasObjective(model, steps=feed.steps)
             groups = _probe(objective, feed.element_spec, strategy, names)
