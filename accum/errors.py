@@ -87,6 +87,15 @@ class WorkerFailed(TrainingStopped):
         self.exit_code = exit_code
 
 
+class WorkersInterrupted(Exception):
+    """A signal stopped every worker of a ``--workers`` run: the chief's own line, its resume command with as many
+    workers; exit 128 + the signal's number, as one process's Interrupted."""
+
+    def __init__(self, line: str, exit_code: int):
+        super().__init__(line)
+        self.exit_code = exit_code
+
+
 class Interrupted(Exception):
     """A signal stopped the run; exit 128 + the signal's number.
 

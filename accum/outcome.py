@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from .errors import OUT_OF_MEMORY_LINE, Interrupted, OutOfMemory, TrainingStopped, UserError
+from .errors import OUT_OF_MEMORY_LINE, Interrupted, OutOfMemory, TrainingStopped, UserError, WorkersInterrupted
 from .progress import Progress
 
 
@@ -27,6 +27,8 @@ def ending():
         die(f"{OUT_OF_MEMORY_LINE}{err}", err.exit_code)
     except Interrupted as stop:
         die(f"{stop.how}. Resume with: accum-train run --resume {stop.run_dir}", stop.exit_code)
+    except WorkersInterrupted as stop:
+        die(str(stop), stop.exit_code)
 
 
 def die(line: str, code: int) -> None:

@@ -33,6 +33,10 @@ def launch(args, workers, timeout_s, say, env=None):
     if code == 0:
         (run_dir / "summary.json").write_text(json.dumps({"restarts": int(env["ACCUM_TRAIN_RESTARTS"])}))
         return 0, None
+    if code in (130, 143):  # the chief's own line, as a stopped run prints it
+        name = "SIGINT" if code == 130 else "SIGTERM"
+        return code, f"stopped by {name} after update 3; checkpoint saved. Resume with: accum-train run " + \
+            f"--resume {run_dir}"
     return code, f"worker {len(seen['launches']) % 2} exited with code {code} (for the test)"
 launcher.launch = launch
 try:
@@ -124,7 +128,8 @@ RESTART_CASES = [
         "3",
         143,
         [],
-        "error: worker 1 exited with code 143 (for the test) (all 2 workers)",
+        # as one process's stop (no "error:"), resumed with as many workers
+        "stopped by SIGTERM after update 3; checkpoint saved. Resume with: accum-train run --resume {out} --workers 2",
     ),
     (
         "3",

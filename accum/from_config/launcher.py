@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config, config_from_dict
-from ..errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed
+from ..errors import OUT_OF_MEMORY_LINE, DataError, OutOfMemory, UserError, WorkerFailed, WorkersInterrupted
 from ..files import atomic_write
 from ..processes import (
     INTERRUPTED_CODES,
@@ -261,7 +261,9 @@ def launch_workers(
     if code == OutOfMemory.exit_code:
         raise OutOfMemory(f"{stopped} (the last checkpoint stays readable)")
     if code in INTERRUPTED_CODES:  # the chief's line: the update every worker stopped after, how to resume
-        raise WorkerFailed(f"{error_message(failure)} (all {workers} workers)", code)
+        line = error_message(failure)
+        resumable = "Resume with: accum-train run --resume" in line  # with as many workers as it stopped
+        raise WorkersInterrupted(line + (f" --workers {workers}" if resumable else f" (all {workers} workers)"), code)
     if code:
         after = f" after {restarts} restarts (--max-restarts {max_restarts})" if max_restarts else ""
         raise WorkerFailed(f"{stopped}{after} (the last checkpoint stays readable)")
