@@ -167,8 +167,8 @@ def test_a_signal_to_one_process_stops_every_worker_after_the_same_update(tmp_pa
     step = steps[-1]
     assert steps == list(range(1, step + 1)) and 5 <= step < TOTAL
     assert stderr.strip().splitlines()[-1] == (
-        f"error: stopped by {sig.name} after update {step}; checkpoint saved. "
-        f"Resume with: accum-train run --resume {cut} (all 2 workers)"
+        f"stopped by {sig.name} after update {step}; checkpoint saved. "
+        f"Resume with: accum-train run --resume {cut} --workers 2"
     )
     assert checkpoint_numbers(cut / "checkpoints")[0] == step  # newest by number, not by name
     resumed = run(private_network([*CLI, "--resume", str(cut), "--workers", "2", "--quiet"]))
