@@ -124,10 +124,10 @@ def py_dataset_batches(py_dataset, shuffle: bool):
 
 
 def restart_py_dataset_workers(adapter) -> None:
-    """After a read of a PyDataset that stopped early (the look at its first batch), its workers (if it has any)
-    stopped and what they had fetched dropped: left running, they went on from where the read stopped and the
-    next reading waited forever for batches already taken; stopped alone, they keep the fetched batches for the
-    next reading, which then begins with them."""
+    """Stop a PyDataset's workers (if it has any) after a read that ended early (the look at its first batch), and
+    drop what they fetched. Left running, they go on from where that read stopped, and the next reading waits
+    forever for the batches it took; stopped alone, they keep what they fetched, and the next reading begins
+    with those batches."""
     enqueuer = adapter.enqueuer
     if enqueuer is not None:
         enqueuer.stop()

@@ -110,7 +110,7 @@ class MetricsLog:
             else:  # a skipped update has no loss, and no rate was applied
                 scalars = [(tag, record.get(key)) for key, tag in UPDATE_SCALARS]
             for tag, value in scalars:
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, (int, float)):
                     self.writer.add_scalar(tag, value, record["step"])
         self.writer.flush()
 

@@ -231,8 +231,8 @@ class Update:
     def _apply(self, chosen, used) -> None:
         """The optimizer's step on ``chosen`` (gradient, variable) pairs, then the constraints of those ``used``."""
         self.optimizer.apply_gradients(chosen)
-        for variable, constraint in zip(self.variables, self.constraints):
-            if constraint is not None and any(variable is v for _, v in chosen):
+        for variable, constraint, u in zip(self.variables, self.constraints, used):
+            if u and constraint is not None:
                 variable.assign(constraint(variable))
 
     def _compiled_apply(self, used: tuple):
