@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 
 import keras
-from keras.src.backend import get_keras_mask  # noqa: F401  (re-exported)
+import tensorflow as tf
+from keras.src.backend import get_keras_mask, set_keras_mask
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  (re-exported)
 from keras.src.trainers.compile_utils import CompileLoss
 
@@ -27,6 +28,20 @@ def storage(variable):
     """The tf.Variable under a Keras 3 variable (outside autocast scopes, ``value`` is it): what an optimizer,
     a tf.train.Checkpoint and a strategy's scope see."""
     return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def masks_of(outputs) -> list:
+    """The Keras masks of a model's ``outputs`` (flattened; None where unmasked): a mask is an attribute of its
+    tensor, lost where the tensor leaves a function compiled with XLA unless it leaves beside it."""
+    return [get_keras_mask(t) for t in tf.nest.flatten(outputs)]
+
+
+def masked(outputs, masks: list):
+    """``outputs`` with the ``masks`` that ``masks_of`` took off them set again."""
+    for tensor, mask in zip(tf.nest.flatten(outputs), masks):
+        if mask is not None:
+            set_keras_mask(tensor, mask)
+    return outputs
 
 
 def compile_loss(model) -> CompileLoss | None:

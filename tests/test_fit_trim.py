@@ -67,7 +67,8 @@ def trained(case, fit):
     build, x, y, weights, _, _, jit = CASES[case]
     keras.utils.set_random_seed(3)
     model = build()
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, jit_compile=jit)
+    metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]  # a mean over each example's steps
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, metrics=metrics, jit_compile=jit)
     history = fit(model, x, y, weights, (x[-VALIDATION:], y[-VALIDATION:]))
     return model, history.history
 
@@ -134,11 +135,14 @@ def test_trimmed_micro_batches_end_at_model_fit_s_weights_on_whole_batches(case,
     assert max_difference(expected, start) > 1e-2
     assert max_difference(weights, expected) < 1e-5
     np.testing.assert_allclose(logs["loss"], expected_logs["loss"], rtol=1e-5)
+    # the metrics see each micro-batch at its uncut length, the steps cut away masked: model.fit's accuracy
+    np.testing.assert_allclose(logs["accuracy"], expected_logs["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(logs["val_accuracy"], expected_logs["val_accuracy"], rtol=1e-6)
     # the validation's micro-batches are cut too, and its loss is the whole set's (docs/fit.md: model.fit's own
     # weighs batch means by their examples), which Keras gives for the set in one batch
     _, x, y, _, _, _, _ = CASES[case]
-    whole_set = model.evaluate(x[-VALIDATION:], y[-VALIDATION:], batch_size=VALIDATION, verbose=0)
-    np.testing.assert_allclose(logs["val_loss"][-1], whole_set, rtol=1e-5)
+    whole_set = model.evaluate(x[-VALIDATION:], y[-VALIDATION:], batch_size=VALIDATION, verbose=0, return_dict=True)
+    np.testing.assert_allclose(logs["val_loss"][-1], whole_set["loss"], rtol=1e-5)
 
 
 def unpadded():

@@ -43,6 +43,7 @@ import contextlib
 
 import tensorflow as tf
 
+from .. import keras_private
 from . import noise
 from .feed import held, sized
 from .finish import Finish
@@ -211,12 +212,14 @@ class Accumulator(Finish):
             # BatchNorm layers collecting their sums (the carried loop) get them as the compiled call's outputs:
             # a tensor made inside it cannot leave it any other way
             lists = [p._collected for p in self._pending() if p._collected is not None]
-            flat, shares, gradients, predictions, collected = self._compiled(x, y, sample_weight, n, bool(lists))
-            parts = Parts(*flat)
+            flat, shares, gradients, (predictions, masks), collected = self._compiled(
+                x, y, sample_weight, n, bool(lists)
+            )
+            parts, predictions = Parts(*flat), keras_private.masked(predictions, masks)
             for into, sums_of_calls in zip(lists, collected):
                 into.extend(sums_of_calls)
         if self.metrics is not None:
-            self.metrics.update(x, y, predictions, sample_weight)
+            self.metrics.update(x, y, predictions, sample_weight, self.objective.steps)
         return parts, shares, gradients
 
     def _compute(self, x, y, sample_weight, n):
@@ -245,7 +248,7 @@ class Accumulator(Finish):
         finally:
             for p, was in zip(self._pending(), outer):
                 p._collected = was
-        return parts.flat(), shares, gradients, predictions, lists
+        return parts.flat(), shares, gradients, (predictions, keras_private.masks_of(predictions)), lists
 
     def _micro(self, data, n, prepare):
         """Replica context: one micro-batch into the caches and totals."""

@@ -55,6 +55,7 @@ class PerExample:
 
     groups = (EXAMPLES,)
     kinds = ("examples",)  # per loss: "sum", "examples" or "data" (keras_objective.py)
+    steps = None  # the time axis' length before trim_padding's cut (a KerasObjective's): none here
 
     def __init__(self, losses: Callable):
         self.losses = losses

@@ -23,6 +23,7 @@ from .. import keras_private
 from .gradient_cache import REPLICA_LOCAL
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_data, combine, output_values, scale_of
+from .trim import uncut
 from .update import _first
 
 
@@ -38,8 +39,11 @@ class KerasMetrics:
         self.per_output = keras_private.output_loss_trackers(model)
         self.custom = type(model).compute_metrics is not keras.Model.compute_metrics
 
-    def update(self, x, y, y_pred, sample_weight) -> None:
-        """One micro-batch into the compiled metrics (replica context)."""
+    def update(self, x, y, y_pred, sample_weight, steps=None) -> None:
+        """One micro-batch into the compiled metrics (replica context); ``steps``: its time axis' length before
+        trim_padding's cut, which the metrics see it at (trim.uncut)."""
+        if steps is not None:
+            y, y_pred, sample_weight = uncut(y, y_pred, sample_weight, steps)
         if self.custom:
             self.model.compute_metrics(x, y, y_pred, sample_weight)
         elif keras_private.compile_metrics(self.model) is not None:
@@ -81,7 +85,7 @@ class Correct:
     def __init__(self):
         self.correct = tf.Variable(0.0, trainable=False, name="correct", **REPLICA_LOCAL)
 
-    def update(self, x, y, y_pred, sample_weight) -> None:
+    def update(self, x, y, y_pred, sample_weight, steps=None) -> None:
         hits = tf.equal(tf.argmax(y_pred, axis=-1, output_type=tf.int32), tf.cast(y, tf.int32))
         self.correct.assign_add(tf.reduce_sum(tf.cast(hits, tf.float32)))
 
@@ -137,16 +141,16 @@ class Evaluation:
 
     def _micro(self, element, prepare=as_data):
         x, y, sample_weight = prepare(element, None)
-        flat, predictions = self._parts(x, y, sample_weight)
-        parts = Parts(*flat)
+        flat, (predictions, masks) = self._parts(x, y, sample_weight)
+        parts, predictions = Parts(*flat), keras_private.masked(predictions, masks)
         shares = {g: parts.sums[g] / scale_of(g, 1) for g in self.groups}
         self.totals.add(self.totals.plus(self.totals.zeros(), parts, shares))
         if self.metrics is not None:
-            self.metrics.update(x, y, predictions, sample_weight)
+            self.metrics.update(x, y, predictions, sample_weight, self.objective.steps)
 
     def _evaluate(self, x, y, sample_weight):
         parts, predictions = self.objective.evaluate(x, y, sample_weight, False, self.groups)
-        return parts.flat(), predictions
+        return parts.flat(), (predictions, keras_private.masks_of(predictions))
 
     def _pull(self, iterator, pulls):
         element, real = next(iterator)  # a round of the stream's end says so in its flag

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import keras_private
 from ..errors import Refused, UserError
 
 DEFAULT_MULTIPLE = 16  # trim_padding=True: lengths rounded up to a multiple of 16
@@ -213,6 +214,37 @@ def cut_after(data, timed, lengths, multiple):
     longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.cast(lengths, tf.int64)], 0))
     end = tf.minimum((longest + multiple - 1) // multiple * multiple, steps)
     return tf.nest.map_structure(lambda t, cut: t[:, :end] if cut else t, data, timed)
+
+
+def uncut(y, y_pred, sample_weight, steps: int):
+    """A cut micro-batch's targets, outputs and sample weights as the compiled metrics take them: every leaf whose
+    time axis was cut (of unknown length where traced) padded back to ``steps``, the steps cut away masked. Keras'
+    mean metrics average each example over its time axis, and count it by its weights' mean over that axis: two
+    micro-batches of different lengths would weigh their steps differently, where model.fit's uncut batch weighs
+    every step alike."""
+
+    def cut(t):
+        return t is not None and t.shape.rank is not None and t.shape.rank >= 2 and t.shape[1] is None
+
+    def pad(t):
+        return tf.pad(t, [[0, 0], [0, steps - tf.shape(t)[1]]] + [[0, 0]] * (t.shape.rank - 2))
+
+    def output(t):
+        if not cut(t):
+            return t
+        mask = keras_private.get_keras_mask(t)
+        padded = pad(t)
+        keras_private.set_keras_mask(padded, pad(tf.ones(tf.shape(t)[:2], tf.bool) if mask is None else mask))
+        return padded
+
+    def other(t):
+        return pad(t) if cut(t) else t
+
+    return (
+        tf.nest.map_structure(other, y),
+        tf.nest.map_structure(output, y_pred),
+        tf.nest.map_structure(other, sample_weight),
+    )
 
 
 class Held:
