@@ -142,6 +142,8 @@ def evaluate_fit(run_dir: Path, out_dir: Path | None, overrides: Sequence[str], 
 
     import tensorflow as tf
 
+    from . import keras_private
+    from .keras_fit.checks import check_targets
     from .predict import bare, model_inputs, read_values
     from .reload import load_fit_run
 
@@ -163,7 +165,11 @@ def evaluate_fit(run_dir: Path, out_dir: Path | None, overrides: Sequence[str], 
     rows, x = read_values([data_file], model_inputs(model, run_dir), convert=np.asarray)
     y, weights = _targets(data_file, len(rows))
     batch_size = json.loads((run_dir / FIT_RECORD).read_text()).get("batch_size")
+    spec = tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype), (x, y))
     try:
+        keras_private.symbolic_build(model, spec)  # the compiled loss's entries, which the check reads
+        # labels out of range in one line, as fit says it, where TensorFlow's graph error has fifty
+        check_targets(model, spec[0], None, [("y", y)], where=f"--data {data_file}")
         scores = model.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0, return_dict=True)
     except (ValueError, tf.errors.InvalidArgumentError) as err:  # targets that do not fit the outputs or the loss
         raise DataError(

@@ -166,3 +166,15 @@ def test_evaluate_takes_a_task_s_preprocessed_arrays_and_gives_model_evaluate_s_
     assert sorted(written) == ["batch_size", "data", "run_dir", "test_examples", "test_loss", "test_top2"]
     assert abs(written["test_top2"] - expected["top2"]) <= 1e-6
     assert written["test_examples"] == 10
+
+
+def test_evaluate_says_in_one_line_which_label_is_out_of_range_and_writes_nothing(classifier, tmp_path):
+    run_dir, trained, x, y = classifier
+    data, out = tmp_path / "data.npz", tmp_path / "eval"
+    np.savez(data, **{f"x_{key}": value for key, value in x.items()}, y=np.where(np.arange(10) == 4, 7, y))
+    result = CliRunner().invoke(main, ["evaluate", str(run_dir), "--data", str(data), "--output-dir", str(out)])
+    assert (result.exit_code, result.stdout, sorted(p.name for p in tmp_path.iterdir())) == (2, "", ["data.npz"])
+    assert result.stderr == (
+        f"error: --data {data}: y[4] holds class 7, and model {trained.name!r} outputs 3 classes: its sparse "
+        f"categorical cross-entropy takes labels 0 to 2\n"
+    )

@@ -184,11 +184,11 @@ def inputs_of(element_spec):
     return element_spec
 
 
-def check_targets(model, x, class_weight, labelled) -> None:
+def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
     """Class weights and class labels against the model's outputs, after its build (its compiled loss is known
     then). ``x``: the training inputs' TensorSpecs; ``labelled``: (name, targets) of each set of targets held in
     memory (y, validation_data's y), read whole once: a label out of range ends in TensorFlow's graph error of
-    fifty lines on a CPU, in a NaN loss on a GPU."""
+    fifty lines on a CPU, in a NaN loss on a GPU. ``where`` begins the line of a label out of range."""
     entries = keras_private.flat_losses(model) if keras_private.compile_loss(model) is not None else []
     sparse = [(entry, *keras_private.sparse_labels(entry.loss)) for entry in entries]
     sparse = [(entry, ignore) for entry, is_sparse, ignore in sparse if is_sparse]
@@ -229,7 +229,7 @@ def check_targets(model, x, class_weight, labelled) -> None:
                 label = name + "".join(f"[{key!r}]" for key in entry.path)
                 also = f" (or ignore_class={ignore})" if ignore is not None else ""
                 raise UserError(
-                    f"{WHERE}: {label}[{row}] holds class {value}, and model {model.name!r} outputs {classes} "
+                    f"{where}: {label}[{row}] holds class {value}, and model {model.name!r} outputs {classes} "
                     f"classes: its sparse categorical cross-entropy takes labels 0 to {classes - 1}{also}"
                 )
 
