@@ -208,10 +208,6 @@ def release_all_reduce(optimizer) -> None:
         del optimizer._all_reduce_sum_gradients
 
 
-def is_loss_scale_optimizer(optimizer) -> bool:
-    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-
-
 def loss_names() -> list[str]:
     """Every name keras.losses.get takes (its aliases too: mse, bce, ...), for a did-you-mean."""
     from keras.src.losses import ALL_OBJECTS_DICT

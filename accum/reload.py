@@ -200,17 +200,11 @@ def _check_shapes(model, saved: list, run_dir: Path, source: str) -> None:
     if now == saved:
         return
     first = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), None)
-    differs = (
-        "" if first is None else f", variable {first} of shape {_shape(saved[first])} there, {_shape(now[first])} here"
-    )
+    differs = "" if first is None else f", variable {first} of shape {saved[first]} there, {now[first]} here"
     raise RunDirError(
         f"the checkpoint of {run_dir} does not fit {source}: {len(saved)} variables there, {len(now)} here{differs}: "
         f"{_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
     )
-
-
-def _shape(shape) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def fit_model_file(run_dir: Path) -> Path:

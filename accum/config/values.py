@@ -235,17 +235,10 @@ def _check_list(item_type, value, key, where, overridden) -> tuple:
 
 def _check_range(value, meta, key, where):
     lo, hi = meta.get("min"), meta.get("max")
-    if lo is not None:
-        if meta.get("exclusive_min") and not value > lo:
-            raise ConfigError(f"{where}: {key}={_show(value)} must be > {lo}{_upper(hi)}")
-        if not meta.get("exclusive_min") and value < lo:
-            raise ConfigError(f"{where}: {key}={_show(value)} must be >= {lo}{_upper(hi)}")
+    if lo is not None and (not value > lo if meta.get("exclusive_min") else value < lo):
+        raise ConfigError(f"{where}: {key}={_show(value)} must be{_range_text(meta)}")
     if hi is not None and value > hi:
         raise ConfigError(f"{where}: {key}={_show(value)} must be <= {hi}")
-
-
-def _upper(hi) -> str:
-    return f" and <= {hi}" if hi is not None else ""
 
 
 def _range_text(meta) -> str:

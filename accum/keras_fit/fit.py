@@ -232,18 +232,15 @@ def fit(
                 )
             objective = KerasObjective(model, steps=feed.steps)
             groups = _probe(objective, feed.element_spec, strategy, names)
-            if trim:
-                check_trim(objective, groups, feed.first_batch(), feed.timed, feed.element_spec, cut, strategy, WHERE)
             # the validation data as its own uncut length counts (trim_padding): the same loss
             scored = objective if validation is None else objective.with_steps(validation.steps)
             validated = checks.DATA_NAMES["validation_data"]
             eval_groups = _probe(scored, validation.element_spec, strategy, validated) if validation is not None else ()
-            if trim and validation is not None:  # its cut must change nothing either: its loss is reported
-                spec = validation.element_spec
-                first = validation.first_batch()
-                check_trim(
-                    scored, eval_groups, first, validation.timed, spec, cut, strategy, f"{WHERE}: validation_data"
-                )
+            sources = [(objective, groups, feed, WHERE), (scored, eval_groups, validation, f"{WHERE}: validation_data")]
+            for taken, found, source, where in sources if trim else ():  # the validation's loss is reported too
+                if source is not None:
+                    first, spec = source.first_batch(), source.element_spec
+                    check_trim(taken, found, first, source.timed, spec, cut, strategy, where)
             built = _engine(model, objective, scored, adapters, k, strategy, groups, eval_groups, auto, limit)
             checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
@@ -367,7 +364,7 @@ def _engine(model, objective, scored, norm_layers, k, strategy, groups, eval_gro
     as the validation data's evaluation takes it)."""
     optimizer = model.optimizer
     loss_scale, growth = None, LOSS_SCALE.growth_steps
-    if keras_private.is_loss_scale_optimizer(optimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         loss_scale, growth = float(optimizer.initial_scale), int(optimizer.dynamic_growth_steps)
         optimizer = optimizer.inner_optimizer
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in all_layers(model)):

@@ -50,7 +50,7 @@ from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
-from .update import _first, _signal, _size
+from .update import _first, _size
 
 
 class Accumulator(Finish):
@@ -149,7 +149,7 @@ class Accumulator(Finish):
         self._n = None
         size = size if self.sized else None
         single = self.replicas == 1 and int(pulls) == 1  # a Python bool: one graph for it, one for the rest
-        pulled = self._update_pulled(iterator, _size(n), _size(pulls), _signal(stop), size, single, held)
+        pulled = self._update_pulled(iterator, _size(n), _size(pulls), _size(stop), size, single, held)
         return _first(self.strategy, pulled)
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
@@ -192,7 +192,7 @@ class Accumulator(Finish):
         """Reduce what was accumulated, then apply it once (or skip it if anything is not finite, or drop it if
         any worker asks to ``retry``), then clear it; the update's record."""
         n, self._n = self._n, None
-        return _first(self.strategy, self._finish(_size(n), tf.constant(bool(retry)), _signal(stop)))
+        return _first(self.strategy, self._finish(_size(n), tf.constant(bool(retry)), _size(stop)))
 
     def reset(self) -> None:
         """Forget a half-done update: the caches, totals, noise terms and pooled BatchNorm statistics (on every

@@ -143,26 +143,16 @@ class NoiseScale:
 
     def averages(self) -> tuple[float, float] | None:
         """(tr(Sigma), |G|^2), bias-corrected; None before any update had an estimate."""
-        return _averages(self._state())
+        trace, signal, weight = self._state()
+        return None if weight <= 0 else (trace / weight, signal / weight)
 
     def value(self) -> float | None:
         """B_noise = tr(Sigma) / |G|^2 (examples); None with no estimate yet, or while |G|^2's average is not
         positive (the gradient lost in its noise: the batch that would see it is beyond measuring)."""
-        return _ratio(self.averages())
-
-
-def _averages(state) -> tuple[float, float] | None:
-    """(trace, signal, weight): the bias-corrected averages, or None while the weight is 0."""
-    trace, signal, weight = state
-    if weight <= 0:
-        return None
-    return trace / weight, signal / weight
-
-
-def _ratio(averages) -> float | None:
-    if averages is None or averages[1] <= 0 or averages[0] < 0:
-        return None
-    return averages[0] / averages[1]
+        averages = self.averages()
+        if averages is None or averages[1] <= 0 or averages[0] < 0:
+            return None
+        return averages[0] / averages[1]
 
 
 def grown_batch(noise_scale: float | None, batch_size: int, micro_batch_size: int, max_batch_size: int) -> int:

@@ -40,14 +40,9 @@ def _first(strategy, structure):
 
 
 def _size(n):
-    """A count (the global batch, the pulls) as the graphs take it (a tensor: a Python int would retrace per
-    value)."""
+    """A count (the global batch, the pulls, a stop's signal) as the graphs take it (a tensor: a Python int would
+    retrace per value)."""
     return tf.constant(int(n), tf.int32)
-
-
-def _signal(stop) -> tf.Tensor:
-    """A stop request as the graphs take it (a tensor: a Python int would retrace per value)."""
-    return tf.constant(int(stop), tf.int32)
 
 
 class Update:
