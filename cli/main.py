@@ -99,7 +99,10 @@ class OneLineErrors(click.Group):
         except click.ClickException as err:
             err.show()
             sys.exit(err.exit_code)
-        except click.Abort:
+        except click.Abort as err:
+            if isinstance(err.__context__, KeyboardInterrupt):  # Ctrl-C before a run's own stop (start-up, loading)
+                click.echo("stopped by SIGINT", err=True)
+                sys.exit(130)  # 128 + SIGINT, as a run that a signal stops
             click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)

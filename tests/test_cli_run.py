@@ -442,6 +442,19 @@ def test_a_usage_error_is_one_line_as_every_bad_input(args, line):
     assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {line}\n", "")
 
 
+def test_ctrl_c_before_a_run_s_own_stop_is_one_line_and_exit_130(tmp_path, monkeypatch):
+    """Click's 'Aborted!' and exit 1 where a signal stops a command before its own stop is in place."""
+    import accum_train.describe
+
+    def interrupted(run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accum_train.describe, "describe", interrupted)
+    result = CliRunner().invoke(main, ["describe", str(tmp_path)])
+    # Click's newline first: in a terminal it ends the line of the ^C
+    assert (result.exit_code, result.stderr, result.stdout) == (130, "\nstopped by SIGINT\n", "")
+
+
 def test_help_and_version_still_exit_0():
     for args in (["--help"], ["run", "--help"], ["--version"]):
         result = CliRunner().invoke(main, args, prog_name="accum-train")
