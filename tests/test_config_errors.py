@@ -11,6 +11,8 @@ from accum_train.cli.main import main
 from accum_train.config import Config, ConfigError, load_config, parse_size
 from click.testing import CliRunner
 
+TOP_KEYS = [field.name for field in dataclasses.fields(Config)]  # in the order an unknown key's line lists them
+
 CASES = [
     # (config text, extra CLI args, expected message)
     ("batch_size: 0\n", [], "{cfg}: batch_size=0 must be >= 1 and <= 1000000"),
@@ -155,6 +157,20 @@ CASES = [
         "",
         ["--set", "loss_scale.growth_updates=5"],
         "--set: unknown key 'loss_scale.growth_updates' (renamed 'loss_scale.growth_steps')",
+    ),
+    # a key that --set made by giving one under it, and a mapping that --set left incomplete, are --set's
+    ("", ["--set", "foo.bar=1"], "--set: unknown key 'foo' (valid keys: " + ", ".join(TOP_KEYS) + ")"),
+    (
+        "batch_size: 64\nmicro_batch_size: 8\n",
+        ["--set", "batch_schedule.rule=noise_scale"],
+        "--set: batch_schedule rule noise_scale needs max_batch_size, the largest batch it may grow to (e.g. "
+        "{{rule: noise_scale, max_batch_size: 16000}})",
+    ),
+    (
+        "batch_schedule: {rule: noise_scale}\n",
+        [],
+        "{cfg}: batch_schedule rule noise_scale needs max_batch_size, the largest batch it may grow to (e.g. "
+        "{{rule: noise_scale, max_batch_size: 16000}})",
     ),
 ]
 

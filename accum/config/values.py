@@ -75,7 +75,7 @@ def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
     for key in raw:
         if key not in fields:
             dotted = prefix + str(key)
-            where = "--set" if dotted in overridden else source
+            where = "--set" if _came_from_set(dotted, overridden, under=True) else source
             raise ConfigError(f"{where}: unknown key {dotted!r} ({_hint(str(key), list(fields), prefix)})")
     values = {}
     for name, f in fields.items():

@@ -11,16 +11,18 @@ from ..errors import ConfigError
 
 
 def _blamer(source: str, overridden: set):
-    """``where(*keys)``: "--set" if any of ``keys`` came from --set, else ``source`` (what an error names)."""
+    """``where(*keys)``: "--set" if any of ``keys``, or a key under one, came from --set, else ``source`` (what an
+    error names)."""
 
     def where(*keys) -> str:
-        return "--set" if any(_came_from_set(k, overridden) for k in keys) else source
+        return "--set" if any(_came_from_set(k, overridden, under=True) for k in keys) else source
 
     return where
 
 
-def _came_from_set(dotted: str, overridden: set) -> bool:
-    return any(dotted == k or dotted.startswith(k + ".") for k in overridden)
+def _came_from_set(dotted: str, overridden: set, under: bool = False) -> bool:
+    """Whether --set gave ``dotted`` (or a key above it); ``under``: or a key under it (--set foo.bar=1 made foo)."""
+    return any(dotted == k or dotted.startswith(k + ".") or (under and k.startswith(dotted + ".")) for k in overridden)
 
 
 def _show(value) -> str:
