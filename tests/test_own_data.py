@@ -750,6 +750,23 @@ def test_config_yaml_keeps_image_size(tmp_path):
     assert load_config(tmp_path / "c.yaml") == cfg
 
 
+def test_a_relative_path_is_read_from_the_working_directory_else_beside_the_config(tmp_path, monkeypatch):
+    """data.path and model.path as a config file names them: from the working directory first (as --set gives
+    them), else from the config file's folder; found in neither, as given."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    for folder in (project, elsewhere):
+        folder.mkdir()
+    (project / "mine.npz").write_bytes(b"")
+    (project / "net.keras").write_bytes(b"")
+    (elsewhere / "net.keras").write_bytes(b"")  # the working directory's wins
+    config = project / "config.yaml"
+    config.write_text("data: {name: npz, path: mine.npz}\nmodel: {name: keras_file, path: net.keras}\n")
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(config)
+    assert (cfg.data.path, cfg.model.path) == (str(project / "mine.npz"), str(elsewhere / "net.keras"))
+    assert load_config(config, ["data.path=gone.npz"]).data.path == "gone.npz"
+
+
 def test_a_relative_data_path_is_recorded_absolute_so_the_run_reads_from_anywhere(tmp_path, repo_root, monkeypatch):
     """data.path relative to the working directory the run started in: config.yaml records it absolute, and
     evaluate from another working directory reads the same file (a path that does not exist stays as given)."""

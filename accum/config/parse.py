@@ -37,9 +37,10 @@ def load_config(
         _set_dotted(raw, key, value, source)
         overridden.add(key)
     cfg = config_from_dict(raw, source, overridden)
+    folder = Path(path).parent if path is not None else None
     if not written_by_us:
-        cfg = anchored_paths(cfg)
-    return anchored_factory(cfg, Path(path).parent) if path is not None else cfg
+        cfg = anchored_paths(cfg, folder)
+    return anchored_factory(cfg, folder) if folder is not None else cfg
 
 
 def load_run_config(run_dir: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
@@ -59,13 +60,15 @@ def _renamed(raw: dict) -> dict:
     return raw
 
 
-def anchored_paths(cfg: Config) -> Config:
+def anchored_paths(cfg: Config, folder: Path | None = None) -> Config:
     """data.path, data.dir and model.path, where each names a file or folder that exists from the working
-    directory, as its absolute path: config.yaml records them so, and a resume, evaluate or predict from another
-    working directory reads the same files. A path that does not exist stays as given (its error names it so)."""
+    directory, else from ``folder`` (the config file's), as its absolute path: config.yaml records them so, and a
+    resume, evaluate or predict from another working directory reads the same files. A path found in neither
+    stays as given (its error names it so)."""
 
     def anchored(value):
-        return str(Path(value).absolute()) if value and Path(value).exists() else value
+        places = [Path(value)] + ([Path(folder) / value] if folder is not None else []) if value else []
+        return next((str(place.absolute()) for place in places if place.exists()), value)
 
     data = dataclasses.replace(cfg.data, path=anchored(cfg.data.path), dir=anchored(cfg.data.dir))
     return dataclasses.replace(cfg, data=data, model=dataclasses.replace(cfg.model, path=anchored(cfg.model.path)))

@@ -94,7 +94,8 @@ class ModelConfig:
     path: str | None = _spec(
         None,
         help="keras_file: a .keras file written by model.save() (loaded with "
-        "safe_mode=True: no Lambda layers or custom code)",
+        "safe_mode=True: no Lambda layers or custom code); a relative path is read from the working directory, "
+        "else from the config file's folder",
     )
     from_logits: bool = _spec(
         True,
@@ -245,7 +246,8 @@ class DataConfig:
         None,
         help="npz: the .npz file (x_train, y_train, x_test, y_test, optional "
         "class_names); image_folder: the folder holding train/CLASS/*.png "
-        "and test/CLASS/*.png (also .jpg, .jpeg)",
+        "and test/CLASS/*.png (also .jpg, .jpeg); a relative path is read from the working directory, else from "
+        "the config file's folder",
     )
     image_size: tuple[int, int] | None = _spec(
         None,
