@@ -257,6 +257,23 @@ def test_a_later_set_replaces_the_file_s_way_of_cutting_the_batch(tmp_path):
     assert load_config(path, ["subdivisions=2"]).micro_batch_size is None
 
 
+@pytest.mark.parametrize(
+    ("text", "sets", "batch_size", "schedule"),
+    [  # a schedule from epoch 1 and batch_size, one in the file and the other by --set: --set's word wins
+        ("batch_size: 64\n", ["batch_schedule=[{epoch: 1, batch_size: 32}, {epoch: 2, batch_size: 48}]"], 32, [48]),
+        ("batch_schedule: [{epoch: 1, batch_size: 32}, {epoch: 2, batch_size: 48}]\n", ["batch_size=16"], 16, [48]),
+    ],
+    ids=["schedule by --set", "batch_size by --set"],
+)
+def test_a_later_set_replaces_the_file_s_first_batch_size(tmp_path, text, sets, batch_size, schedule):
+    from accum_train.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text + "micro_batch_size: 8\n")
+    cfg = load_config(path, sets)
+    assert (cfg.batch_size, [change.batch_size for change in cfg.batch_schedule]) == (batch_size, schedule)
+
+
 def test_a_scheduled_batch_over_the_training_set_is_one_line(repo_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(

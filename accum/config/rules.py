@@ -72,6 +72,14 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
             )
     if starts[0] == (1 if unit == "epoch" else 0):
         first = changes[0].batch_size
+        set_size, set_schedule = (
+            _came_from_set("batch_size", overridden),
+            _came_from_set("batch_schedule", overridden, True),
+        )
+        if batch_size_given and set_size and not set_schedule:  # --set of one over the file's other: it wins
+            first = cfg.batch_size
+        elif set_schedule and not set_size:
+            batch_size_given = False
         if batch_size_given and cfg.batch_size != first:
             raise ConfigError(
                 f"{where('batch_size', 'batch_schedule')}: batch_size={cfg.batch_size} and batch_schedule[0] "
