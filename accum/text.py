@@ -20,8 +20,11 @@ def mib_text(n_bytes: int | None, missing: str = "n/a") -> str:
     return f"{n_bytes / 2**20:.0f} MiB" if n_bytes is not None else missing
 
 
-def size_text(n_bytes: int) -> str:
-    """Bytes in the largest unit that keeps a whole part, to 4 figures: '36 bytes', '1.417 MiB'."""
+def size_text(n_bytes: int | None, missing: str = "n/a") -> str:
+    """Bytes in the largest unit that keeps a whole part, to 4 figures: '36 bytes', '1.417 MiB'; ``missing`` where
+    nothing was measured."""
+    if n_bytes is None:
+        return missing
     units = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
     name, unit = next((name, unit) for name, unit in units if n_bytes >= unit or unit == 1)
     return f"{n_bytes / unit:.4g} {name}"

@@ -308,7 +308,7 @@ def test_a_keras_file_model_tries_rematerialisation_before_giving_up(tmp_path, r
         "subdivisions=auto: micro-batch of 1 -> 1 MiB (memory_limit=512KiB), too much",
         "subdivisions=auto: one example per micro-batch does not fit: retrying with each layer's activation "
         'recomputed in the backward pass (keras.RematScope(mode="activations"))',
-        "subdivisions=auto: micro-batch of 1 -> 0 MiB (memory_limit=512KiB)",
+        "subdivisions=auto: micro-batch of 1 -> 512 KiB (memory_limit=512KiB)",
         "subdivisions=auto chose 4",
     ]
     assert len(rematerialised) == 1

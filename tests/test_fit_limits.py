@@ -211,7 +211,7 @@ def test_auto_tries_rematerialisation_before_giving_up_at_one_example_per_micro_
         'micro_batch_size="auto": micro-batch of 1 -> 1 MiB (memory_limit=512KiB), too much',
         'micro_batch_size="auto": one example per micro-batch does not fit: retrying with each layer\'s activation '
         'recomputed in the backward pass (keras.RematScope(mode="activations"))',
-        'micro_batch_size="auto": micro-batch of 1 -> 0 MiB (memory_limit=512KiB)',
+        'micro_batch_size="auto": micro-batch of 1 -> 512 KiB (memory_limit=512KiB)',
         'micro_batch_size="auto" chose 2',
     ]
     assert max_difference(built.get_weights(), fixed.get_weights()) < 1e-6

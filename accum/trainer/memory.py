@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..errors import OutOfMemory
-from ..text import first_line, mib_text
+from ..text import first_line, size_text
 from .batching import largest_micro_batch, largest_share
 
 
@@ -135,7 +135,7 @@ def choose_subdivisions(
         x = y = None  # the probe's micro-batch goes before the next is made
         engine.reset()
         say(
-            f"{name}: micro-batch of {micro} -> {mib_text(peak, 'out of memory')} "
+            f"{name}: micro-batch of {micro} -> {size_text(peak, 'out of memory')} "
             f"(memory_limit={memory_limit}){'' if fits else ', too much'}"
         )
         if fits:
@@ -145,7 +145,7 @@ def choose_subdivisions(
             continue
         if k >= share:
             raise OutOfMemory(
-                f"even one example per micro-batch needs {mib_text(peak, 'out of memory')} of TensorFlow memory, "
+                f"even one example per micro-batch needs {size_text(peak, 'out of memory')} of TensorFlow memory, "
                 f"over memory_limit={memory_limit}: raise memory_limit or use a smaller model"
             )
         k = min(2 * k, share)
@@ -247,7 +247,7 @@ class MemoryGuard:
                 return self.engine.update_from(iterator, n, pulls, stop, size), None, ""
             if self.check_peak and peak is not None and peak > self.limit:
                 problem = (
-                    f"peaked at {mib_text(peak)} of TensorFlow memory with {self._how(k)}, "
+                    f"peaked at {size_text(peak)} of TensorFlow memory with {self._how(k)}, "
                     f"over memory_limit={self.limit_text}"
                 )
         except tf.errors.ResourceExhaustedError as err:
