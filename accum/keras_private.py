@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras.src.backend import get_keras_mask, set_keras_mask
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  (re-exported)
 from keras.src.trainers.compile_utils import CompileLoss
+from keras.src.utils.python_utils import pythonify_logs  # noqa: F401  (re-exported)
 
 
 def storage(variable):

@@ -834,3 +834,47 @@ def test_a_strategy_given_is_the_one_trained_under_and_must_hold_the_model():
         "inside `with strategy.scope():`, as model.fit needs"
     )
     assert int(outside.optimizer.iterations.numpy()) == 0
+
+
+class PredictionSummary(keras.metrics.Metric):
+    """A metric whose result is a dict, which model.fit logs entry by entry."""
+
+    def __init__(self, name="summary", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(y_pred))
+        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_pred)[0], "float32"))
+
+    def result(self):
+        # a value of the count, not the variable: model.fit's epoch logs would hold the variable, which its
+        # validation then resets and moves
+        return {"prediction_mean": self.total / self.count, "predictions": self.count * 1.0}
+
+
+# name: (metric, the keys its logs add); both once ended the call in a TypeError
+RESULTS = {
+    "an array of one value (F1Score of one sigmoid unit)": (lambda: keras.metrics.F1Score(threshold=0.5), ["f1_score"]),
+    "a dict of results": (PredictionSummary, ["prediction_mean", "predictions"]),
+}
+
+
+@pytest.mark.parametrize("case", RESULTS)
+def test_a_metric_s_result_of_any_form_is_logged_as_model_fit_logs_it(case, tmp_path):
+    metric, keys = RESULTS[case]
+    labels = (Y > 0.5).astype(np.float32)
+    histories = []
+    for fit in (keras.Model.fit, accum_train.fit):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=[metric()])
+        more = {"subdivisions": 2, "output_dir": tmp_path / "run"} if fit is accum_train.fit else {}
+        histories.append(
+            fit(model, X, labels, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_split=0.2, **more)
+        )
+    expected, got = (h.history for h in histories)
+    assert sorted(expected) == sorted(keys + ["loss"] + [f"val_{key}" for key in keys + ["loss"]])
+    for key, values in expected.items():
+        np.testing.assert_allclose(np.asarray(got[key], np.float64), np.asarray(values, np.float64), rtol=1e-5)

@@ -37,9 +37,9 @@ from ..trainer.noise import NoiseScale, rule_change
 
 
 def as_python(logs: dict) -> dict:
-    """Logs as model.fit hands them to callbacks after a step: Python floats."""
-    arrays = {name: np.asarray(value) for name, value in logs.items()}
-    return {name: float(a) if a.size == 1 else a for name, a in arrays.items()}
+    """Logs as model.fit hands them to callbacks after a step (Keras' own conversion): Python floats where a value
+    converts to one (F1Score's per-class array stays one), a metric's dict of results flattened into its keys."""
+    return keras_private.pythonify_logs(tf.nest.map_structure(np.asarray, logs))
 
 
 class Limits(NamedTuple):

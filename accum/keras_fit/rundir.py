@@ -246,11 +246,11 @@ def _argument(key: str, value) -> str:
 
 
 def _plain(logs: dict) -> dict:
-    """Logs as JSON holds them: a metric of several values (F1Score(average=None): one per class) as a list, which
-    float() refused (the call ended in a TypeError), a number as a float."""
+    """Logs as JSON holds them: a metric of an array (F1Score(average=None): one value per class, one for a
+    one-unit output) as a list, which float() refuses, a number as a float."""
 
     def plain(value):
-        if isinstance(value, np.ndarray) and value.size != 1:
+        if isinstance(value, np.ndarray) and value.ndim > 0:
             return value.tolist()
         return float(value) if hasattr(value, "__float__") else value
 

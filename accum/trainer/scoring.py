@@ -70,7 +70,7 @@ class KerasMetrics:
             # every batch has the same size
             tracker.update_state(value)
         logs = self.model.get_metrics_result()
-        logs = {name: tf.identity(value) for name, value in logs.items()}  # read before the totals move on
+        logs = tf.nest.map_structure(tf.identity, logs)  # read before the totals move on (a metric's dict too)
         if self.sync:  # replica 0 keeps the totals: a cross-replica read (their sum) is the global value
             first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
             with tf.control_dependencies(list(logs.values())):
@@ -177,7 +177,7 @@ class Evaluation:
         logs = self.metrics.results(reduced["metrics"], loss, totals, output_values(totals, self.objective.kinds))
         if not clear:
             with tf.control_dependencies(tf.nest.flatten(logs)):
-                logs = {name: tf.identity(value) for name, value in logs.items()}
+                logs = tf.nest.map_structure(tf.identity, logs)
                 for variable, value in zip(state, kept):
                     variable.assign(value)
         return logs
