@@ -19,6 +19,11 @@ LABELS = RNG.integers(0, 4, N)  # four classes: 0 to 3
 PAIRS = tf.data.Dataset.from_tensor_slices((X, Y))
 
 
+def quantized(model, mode):
+    model.quantize(mode)
+    return model
+
+
 def regression(optimizer="sgd", loss="mse", **compile_options):
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
@@ -471,6 +476,15 @@ BAD = [
         {"batch_size": BATCH},
         "the model's optimizer has gradient_accumulation_steps=4: accum_train.fit accumulates exactly itself; compile "
         "without it",
+    ),
+    (
+        "float8 training",
+        lambda: quantized(regression(), "float8"),
+        (X, Y),
+        {"batch_size": BATCH},
+        "model 'regression' trains in float8 (quantize('float8')), whose scale variables (as 'inputs_scale') take "
+        "each step's new value in place of a gradient, which micro-batches cannot add up: train it before "
+        "quantizing, or with model.fit",
     ),
     (
         "its own train_step",

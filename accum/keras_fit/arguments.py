@@ -53,6 +53,14 @@ def check_model(model) -> None:
                 f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
                 f"compile(loss=...), or train with model.fit",
             )
+    overwritten = [v.name for v in model.trainable_variables if getattr(v, "overwrite_with_gradient", False)]
+    if overwritten:
+        raise Refused(
+            "float8-training",
+            f"{WHERE}: model {model.name!r} trains in float8 (quantize('float8')), whose scale variables (as "
+            f"{overwritten[0]!r}) take each step's new value in place of a gradient, which micro-batches cannot "
+            f"add up: train it before quantizing, or with model.fit",
+        )
     steps = getattr(model, "steps_per_execution", 1)
     if steps != 1:
         raise Refused(
