@@ -400,6 +400,12 @@ def dense_model(shape, outputs=10, **kwargs):
     return make
 
 
+def float8_model(path):
+    model = keras.Sequential([keras.Input(SHAPE), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.quantize("float8")
+    save(model, path)
+
+
 def renorm_model(path):
     save(
         keras.Sequential(
@@ -461,6 +467,12 @@ BAD_FILES = [
         [],
         "takes inputs of 784 but the dataset's images are 28x28x1 (height x width x channels): build the model "
         "on keras.Input(shape=(28, 28, 1))",
+    ),
+    (
+        float8_model,
+        [],
+        "holds a model quantized for float8 training (quantize('float8')), whose scale variables take each step's "
+        "new value in place of a gradient, which micro-batches cannot add up: save it before quantizing",
     ),
     (
         dense_model(SHAPE, outputs=5),

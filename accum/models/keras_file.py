@@ -91,6 +91,12 @@ def load_keras_file(path: str) -> keras.Model:
         ) from None
     if not isinstance(model, keras.Model):
         raise _file_error(path, f"holds a {type(model).__name__}, not a model: {save_hint}")
+    if any(getattr(v, "overwrite_with_gradient", False) for v in model.trainable_variables):  # fit's float8-training
+        raise _file_error(
+            path,
+            "holds a model quantized for float8 training (quantize('float8')), whose scale variables take each "
+            "step's new value in place of a gradient, which micro-batches cannot add up: save it before quantizing",
+        )
     return model
 
 
