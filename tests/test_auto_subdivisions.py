@@ -125,9 +125,20 @@ def test_auto_with_nothing_that_fits(tmp_path, repo_root, fake_peak):
     )
 
 
-def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_path, repo_root, monkeypatch):
+@pytest.mark.parametrize(
+    ("norm", "batch", "note"),
+    [
+        ("none", 64, ""),
+        # BatchNorm over the halved micro-batches of 6: said, as plan and fit warn of it at the start
+        ("batchnorm", 12, " (BatchNorm now normalises micro-batches of 6 examples, under 8: noisy statistics)"),
+    ],
+)
+def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(
+    tmp_path, repo_root, monkeypatch, norm, batch, note
+):
     """The micro-step probe fits; the whole first update (1.5x a micro-step, say) does not."""
-    overrides = [*SHORT, "model.norm=none", "epochs=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
+    overrides = [*SHORT, f"model.norm={norm}", "epochs=1", "optimizer.name=sgd", "optimizer.learning_rate=0.05"]
+    overrides.append(f"batch_size={batch}")
     train(load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=2"]), tmp_path / "ref")
     peak = [0]
     original = Accumulator.__init__
@@ -149,17 +160,17 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(tmp_
     monkeypatch.setattr(Accumulator, "__init__", init)
     monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
     messages = Messages()
-    cfg = load_config(repo_root / "configs" / "smoke.yaml", overrides + ["subdivisions=auto", "memory_limit=64MiB"])
-    summary = train(cfg, tmp_path / "auto", progress=messages)
+    limit = ["subdivisions=auto", f"memory_limit={batch}MiB"]
+    summary = train(load_config(repo_root / "configs" / "smoke.yaml", overrides + limit), tmp_path / "auto", messages)
     assert messages.lines[:2] == [
-        "subdivisions=auto: micro-batch of 64 -> 64 MiB (memory_limit=64MiB)",
+        f"subdivisions=auto: micro-batch of {batch} -> {batch} MiB (memory_limit={batch}MiB)",
         "subdivisions=auto chose 1",
     ]
     assert (
-        "update 1 peaked at 96 MiB of TensorFlow memory with subdivisions=1, over memory_limit=64MiB: "
-        "retrying the same batch with subdivisions=2"
+        f"update 1 peaked at {3 * batch // 2} MiB of TensorFlow memory with subdivisions=1, over "
+        f"memory_limit={batch}MiB: retrying the same batch with subdivisions=2{note}"
     ) in messages.lines
-    assert summary["subdivisions"] == 2 and summary["steps"] == 10
+    assert summary["subdivisions"] == 2 and summary["steps"] == -(-600 // batch)
     a, b = np.load(tmp_path / "ref" / "weights.npz"), np.load(tmp_path / "auto" / "weights.npz")
     assert max_difference(a, b) < 1e-6  # the batch applied once, at k=2
 

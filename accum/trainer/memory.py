@@ -25,6 +25,7 @@ from .. import keras_private
 from ..errors import OutOfMemory
 from ..text import first_line, size_text
 from .batching import largest_micro_batch, largest_share
+from .data import MIN_BATCHNORM_MICRO_BATCH
 
 
 def peak_rss_bytes() -> int:
@@ -230,7 +231,15 @@ class MemoryGuard:
                 fix = self.more if detail else "raise memory_limit or use more subdivisions"
                 raise OutOfMemory(f"update {step + 1} {problem}{detail}: {fix}")
             self.engine.set_subdivisions(min(2 * k, self.largest))
-            self.say(f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}")
+            retry = f"update {step + 1} {problem}: retrying the same batch with subdivisions={self.subdivisions}"
+            self.say(retry + self._batchnorm_note(planned.n))
+
+    def _batchnorm_note(self, n: int) -> str:
+        """What a grown k does to BatchNorm, as ``plan`` and fit warn of it at the start (trainer/data.py)."""
+        micro, least = n // self.engine.replicas // self.subdivisions, MIN_BATCHNORM_MICRO_BATCH
+        if not self.engine.norm_layers or not 0 < micro < least:
+            return ""
+        return f" (BatchNorm now normalises micro-batches of {micro} examples, under {least}: noisy statistics)"
 
     def _attempt(self, iterator, planned, k: int, stop: int):
         """One try at the update: (the engine's record, None, '') or (None, what was too much, the error's words)."""
