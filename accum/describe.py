@@ -16,7 +16,7 @@ from .errors import RunDirError
 from .trainer.checkpoints import checkpoint_numbers
 from .trainer.lock import lock_holder
 from .trainer.metrics_log import is_epoch_record, read_metrics
-from .trainer.rundir import FIT_RECORD, MODEL_COPY, is_fit_run_dir, is_run_dir
+from .trainer.rundir import FIT_RECORD, HISTORY, MODEL_COPY, is_fit_run_dir, is_run_dir
 
 
 def describe(run_dir: Path) -> dict:
@@ -27,13 +27,15 @@ def describe(run_dir: Path) -> dict:
         go_on = f"call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again"
     elif is_run_dir(run_dir):
         door, settings = "accum-train run", _run_settings(run_dir)
-        go_on = f"accum-train run --resume {run_dir}"
+        started = (_records(run_dir, HISTORY) or [{}])[-1]  # the newest start or resume
+        workers = f" --workers {started['workers']}" if started.get("launcher") else ""
+        go_on = f"accum-train run --resume {run_dir}{workers}"
     else:
         raise RunDirError(
             f"{run_dir} is not a run directory (no config.yaml with checkpoints/, nor {FIT_RECORD}): pass a "
             f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)"
         )
-    records = _records(run_dir)
+    records = _records(run_dir, "metrics.jsonl")
     updates = [r for r in records if not is_epoch_record(r)]
     epochs = [r for r in records if is_epoch_record(r)]
     summary = _json(run_dir / "summary.json")
@@ -80,8 +82,8 @@ def _fit_settings(run_dir: Path) -> dict:
     }
 
 
-def _records(run_dir: Path) -> list:
-    path = run_dir / "metrics.jsonl"
+def _records(run_dir: Path, name: str) -> list:
+    path = run_dir / name
     try:
         return read_metrics(path) if path.is_file() else []
     except json.JSONDecodeError:  # the last line cut by a kill -9: the lines before it

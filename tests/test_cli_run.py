@@ -374,11 +374,12 @@ def _kept(run_dir):
     return sorted(int(p.name.split("-")[1].split(".")[0]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
 
 
-def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path):
+def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path, monkeypatch):
     """describe reads config.yaml, metrics.jsonl, checkpoints/ and summary.json back: finished, then the same
     directory without its summary (a run stopped before its end, which says how to go on), then while a process
     holds its lock (training)."""
-    from accum_train.trainer.lock import writing
+    from accum_train.trainer.lock import LOCK_HELD, writing
+    from accum_train.trainer.rundir import RunDirectory
 
     out, _, _ = smoke_run
     last = [r for r in records(out) if "loss" in r][-1]
@@ -408,6 +409,14 @@ def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path):
         f"  go on      accum-train run --resume {stopped}",
     ]
     assert sorted(p.name for p in stopped.iterdir()) == before  # nothing written
+    assert json.loads((out / "history.jsonl").read_text().splitlines()[-1])["launcher"] is False
+    # as a chief under 'accum-train run --workers 2' logs its start (its supervisor holds the lock): go on so
+    with monkeypatch.context() as patched:
+        patched.setenv(LOCK_HELD, str(stopped.resolve()))
+        patched.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}))
+        RunDirectory(stopped, True, "--resume ", "").log_start(94, True, "multi_worker", 2, 4)
+    result = CliRunner().invoke(main, ["describe", str(stopped)])
+    assert result.output.splitlines()[-1] == f"  go on      accum-train run --resume {stopped} --workers 2"
     with writing(stopped):
         result = CliRunner().invoke(main, ["describe", str(stopped)])
         as_json = CliRunner().invoke(main, ["describe", str(stopped), "--json"])

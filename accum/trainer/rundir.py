@@ -111,6 +111,8 @@ class RunDirectory:
             "event": "resume" if resume else "start",
             "strategy": strategy,
             "workers": cluster_workers(),
+            # started by 'accum-train run --workers' (its supervisor holds the lock): describe's way to go on
+            "launcher": os.environ.get(LOCK_HELD) == str(self.path.resolve()),
             "replicas": replicas,
             "subdivisions": subdivisions,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
