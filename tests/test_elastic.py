@@ -87,11 +87,12 @@ def test_two_workers_then_one_device_then_mirrored_end_at_the_uninterrupted_weig
     assert [r["epoch"] for r in records if "elapsed_s" in r] == [1, 2, 3]
     history = [json.loads(line) for line in (cut / "history.jsonl").read_text().splitlines()]
     assert [
-        (h["event"], h["step"], h["strategy"], h["workers"], h["replicas"], h["subdivisions"]) for h in history
+        (h["event"], h["step"], h["strategy"], h["workers"], h["launcher"], h["replicas"], h["subdivisions"])
+        for h in history
     ] == [
-        ("start", 0, "multi_worker", 2, 2, 3),
-        ("resume", 4, "default", 1, 1, 6),
-        ("resume", 8, "mirrored", 1, 2, 3),
+        ("start", 0, "multi_worker", 2, True, 2, 3),  # started by --workers: describe's way to go on repeats it
+        ("resume", 4, "default", 1, False, 1, 6),
+        ("resume", 8, "mirrored", 1, False, 2, 3),
     ]
     summary = json.loads((cut / "summary.json").read_text())
     assert (summary["replicas"], summary["subdivisions"], summary["steps"]) == (2, 3, 12)
