@@ -14,6 +14,7 @@ import tensorflow as tf
 from ..config.wording import parse_size
 from ..errors import Refused, UserError
 from ..keras_private import storage
+from ..models.precision import float8_scales
 from ..trainer.update import local_replica_ids
 
 WHERE = "accum_train.fit"
@@ -53,7 +54,7 @@ def check_model(model) -> None:
                 f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
                 f"compile(loss=...), or train with model.fit",
             )
-    overwritten = [v.name for v in model.trainable_variables if getattr(v, "overwrite_with_gradient", False)]
+    overwritten = float8_scales(model)
     if overwritten:
         raise Refused(
             "float8-training",

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..text import shape_text
 from .containers import KerasModel
 from .norm import pool
+from .precision import float8_scales
 
 
 def _file_error(path: str, problem: str) -> ConfigError:
@@ -91,7 +92,7 @@ def load_keras_file(path: str) -> keras.Model:
         ) from None
     if not isinstance(model, keras.Model):
         raise _file_error(path, f"holds a {type(model).__name__}, not a model: {save_hint}")
-    if any(getattr(v, "overwrite_with_gradient", False) for v in model.trainable_variables):  # fit's float8-training
+    if float8_scales(model):
         raise _file_error(
             path,
             "holds a model quantized for float8 training (quantize('float8')), whose scale variables take each "

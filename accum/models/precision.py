@@ -17,6 +17,13 @@ from .containers import KerasModel, Model, leaves
 from .norm import AccumBatchNorm, GroupNorm
 
 
+def float8_scales(model: keras.Model) -> list[str]:
+    """The names of a model's variables that quantize("float8") made for training (scales, amax histories): they
+    take each step's new value in place of a gradient, which micro-batches cannot add up (fit's and the CLI's
+    refusal, Refused key float8-training)."""
+    return [v.name for v in model.trainable_variables if getattr(v, "overwrite_with_gradient", False)]
+
+
 def _compute_dtype(precision: str):
     return {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}[precision]
 

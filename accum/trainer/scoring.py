@@ -42,12 +42,15 @@ class KerasMetrics:
     def update(self, x, y, y_pred, sample_weight, steps=None) -> None:
         """One micro-batch into the compiled metrics (replica context); ``steps``: its time axis' length before
         trim_padding's cut, which the metrics see it at (trim.uncut)."""
+        compiled = keras_private.compile_metrics(self.model)
+        if not self.custom and compiled is None:
+            return  # the loss trackers alone, which ``results`` updates
         if steps is not None:
             y, y_pred, sample_weight = uncut(y, y_pred, sample_weight, steps)
         if self.custom:
             self.model.compute_metrics(x, y, y_pred, sample_weight)
-        elif keras_private.compile_metrics(self.model) is not None:
-            keras_private.compile_metrics(self.model).update_state(y, y_pred, sample_weight)
+        else:
+            compiled.update_state(y, y_pred, sample_weight)
 
     def local(self) -> list:
         return [v.read_value() for v in self.variables] if self.sync else []
