@@ -296,7 +296,7 @@ FIGURES = [
     quote(
         "fit: the tagger against Keras, without trim_padding",
         "docs/fit.md",
-        "Without `trim_padding` the two cost about the same: {}x per CPU-second and {}x per wall-second.",
+        "Without `trim_padding`: {}x per CPU-second and {}x per wall-second.",
         "peers-masked.json",
         lambda r: (r["untrimmed"]["ratios"]["cpu"], r["untrimmed"]["ratios"]["wall"]),
         for_accum,
