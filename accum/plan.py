@@ -86,6 +86,7 @@ def plan(cfg: Config, data=None) -> dict:
             "train_examples": n_train,
             "validation_examples": len(data.validation) if data.validation is not None else 0,
             "augment": {"flip": cfg.data.augment.flip, "crop": cfg.data.augment.crop},
+            "trim_padding": cfg.data.trim_padding,
             "test_examples": len(data.test),
             "input_shape": list(data.input_shape),
             "num_classes": data.num_classes,

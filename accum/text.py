@@ -15,6 +15,11 @@ def shape_text(shape: Sequence) -> str:
     return "x".join("?" if d is None else str(int(d)) for d in shape)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 epoch', '3 epochs'; '1 micro-batch', '2 micro-batches' (``plural`` given)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
 def mib_text(n_bytes: int | None, missing: str = "n/a") -> str:
     """Bytes as whole MiB, e.g. '48 MiB'; ``missing`` where nothing was measured."""
     return f"{n_bytes / 2**20:.0f} MiB" if n_bytes is not None else missing

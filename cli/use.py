@@ -20,7 +20,7 @@ from ..config import load_config
 from ..files import strict_json
 from ..outcome import ending, scores_text
 from ..quiet import quiet_tensorflow
-from ..text import shape_text, size_text
+from ..text import counted, shape_text, size_text
 from .common import output_dir_option, set_option, verbose_option
 
 LABEL_WIDTH = 15
@@ -79,7 +79,7 @@ def format_plan(result: dict) -> str:
     names = data["class_names"]
     shown = ", ".join(names[:CLASS_NAMES_SHOWN]) + (", ..." if len(names) > CLASS_NAMES_SHOWN else "")
     layers = model["batchnorm_layers"]
-    norm = f", {layers} BatchNorm layer{'s' if layers > 1 else ''}" if layers else ", no BatchNorm"
+    norm = f", {counted(layers, 'BatchNorm layer')}" if layers else ", no BatchNorm"
     name = f"{model['name']} {model['path']}" if model["path"] else model["name"]
     cache = model["gradient_cache_bytes"]
     lines = [
@@ -137,8 +137,16 @@ def format_plan(result: dict) -> str:
     ]
     if augment:
         lines.append(_row("augment", ", ".join(augment) + " (training images, drawn from seed and update)"))
+    if data["trim_padding"]:
+        lines.append(
+            _row(
+                "trim_padding",
+                f"each batch ordered by length, each micro-batch cut after its longest sequence (a multiple of "
+                f"{data['trim_padding']} steps)",
+            )
+        )
     if result["phases"]:
-        lines.append(_row("updates", f"{result['total_updates']} in {result['epochs']} epochs"))
+        lines.append(_row("updates", f"{result['total_updates']} in {counted(result['epochs'], 'epoch')}"))
         for phase in result["phases"]:
             micro = "one pass" if result["baseline"] else f"k={phase['subdivisions']} of <={phase['micro_batch']}"
             lines.append(
@@ -154,8 +162,8 @@ def format_plan(result: dict) -> str:
         lines.append(
             _row(
                 "updates",
-                f"{result['updates_per_epoch']} per epoch x {result['epochs']} epochs = {result['total_updates']}"
-                + (" at most (fewer as the batch grows)" if rule else ""),
+                f"{result['updates_per_epoch']} per epoch x {counted(result['epochs'], 'epoch')} = "
+                f"{result['total_updates']}" + (" at most (fewer as the batch grows)" if rule else ""),
             )
         )
     if last is None:

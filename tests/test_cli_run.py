@@ -51,7 +51,7 @@ def smoke_run(tmp_path_factory, repo_root):
 def test_run_prints_accuracy_and_epoch_lines(smoke_run):
     out, result, _ = smoke_run
     lines = result.stdout.splitlines()
-    assert lines[0] == "batch_size=64 as 4 micro-batches of 16-16 examples"
+    assert lines[0] == "batch_size=64 as 4 micro-batches of 16 examples"
     assert [line.split(":")[0] for line in lines[1:3]] == ["epoch 1/2", "epoch 2/2"]
     summary = json.loads((out / "summary.json").read_text())
     assert lines[-1].startswith(f"test accuracy {summary['test_accuracy']:.4f} ")

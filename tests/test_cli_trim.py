@@ -8,7 +8,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.cli.use import format_plan
+from accum_train.config.parse import config_from_dict
 from accum_train.datasets.base import TaskSplit
+from accum_train.plan import plan
 from accum_train.trainer import trim
 from accum_train.trainer.feed import Feed
 from accum_train.trainer.timeline import Segment
@@ -63,6 +66,15 @@ def test_a_trimmed_run_ends_at_model_fit_s_weights_on_whole_batches(tmp_path, mo
     assert cuts
     records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert records and all('"noise_scale": null' in line for line in records if '"step"' in line)
+
+
+def test_plan_shows_the_cut(tmp_path):
+    config = written(tmp_path, tagger(), trim_padding=MULTIPLE)
+    config["epochs"] = 1
+    lines = format_plan(plan(config_from_dict(config))).splitlines()
+    cut = "each batch ordered by length, each micro-batch cut after its longest sequence (a multiple of 8 steps)"
+    assert f"trim_padding   {cut}" in lines
+    assert "updates        4 per epoch x 1 epoch = 4" in lines
 
 
 def test_the_feed_orders_each_batch_by_length_and_cuts_each_micro_batch_after_its_longest():

@@ -300,7 +300,7 @@ def test_a_run_says_the_plans_warnings_as_it_starts_and_not_on_resume(tmp_path, 
     ran = CliRunner().invoke(main, ["run", str(config), "--output-dir", str(tmp_path / "run")])
     assert ran.exit_code == 0, ran.output
     assert ran.stdout.splitlines()[:3] == [
-        "batch_size=64 as 16 micro-batches of 4-4 examples",
+        "batch_size=64 as 16 micro-batches of 4 examples",
         *["warning: " + warning for warning in warnings],
     ]
     resumed = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run")])  # at its end: no update to run
@@ -346,6 +346,7 @@ def test_json_is_the_plan(repo_root, data_dir):
         "train_examples": 3000,
         "validation_examples": 0,
         "augment": {"flip": False, "crop": 0},
+        "trim_padding": None,
         "test_examples": 500,
         "input_shape": [28, 28, 1],
         "num_classes": 10,

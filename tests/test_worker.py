@@ -59,7 +59,7 @@ def test_a_run_prints_the_epoch_lines_and_the_last_line(repo_root, data_dir, tmp
     lines = capsys.readouterr().out.splitlines()
     summary = json.loads((run_dir / "summary.json").read_text())
     last = [r for r in records(run_dir) if "elapsed_s" in r][-1]
-    assert lines[0] == "batch_size=128 as 4 micro-batches of 32-32 examples"  # the run's messages, as they come
+    assert lines[0] == "batch_size=128 as 4 micro-batches of 32 examples"  # the run's messages, as they come
     assert [line.split(":")[0] for line in lines[1:3]] == ["epoch 1/2", "epoch 2/2"]
     assert lines[2].startswith(f"epoch 2/2: train loss {last['train_loss']:.4f}, test loss ")
     assert summary["restarts"] == 2  # summary.json counts them (test_restarts: after real restarts)

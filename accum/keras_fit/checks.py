@@ -22,7 +22,7 @@ import tensorflow as tf
 from .. import keras_private
 from ..errors import Refused, UserError
 from ..text import traced_error_line
-from ..trainer.data import MIN_BATCHNORM_MICRO_BATCH
+from ..trainer.data import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
 from .arguments import WHERE
 from .inputs import streamed_source
 
@@ -291,8 +291,8 @@ def warn_small_batchnorm(model, norm_layers, batch_size: int, k: int, replicas: 
     batches) or for micro_batch_size='auto' (``k`` None), whose k grows only where memory makes it."""
     if not norm_layers or k is None or k == 1:
         return
-    smallest = batch_size // replicas // k
-    if 0 < smallest < MIN_BATCHNORM_MICRO_BATCH:
+    smallest = noisy_batchnorm(batch_size // replicas, k)
+    if smallest:
         warnings.warn(
             f"{WHERE}: micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
             f"statistics: replace model {model.name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "

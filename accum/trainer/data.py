@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..text import counted
 from .batching import largest_micro_batch, largest_share
 
 # BatchNorm's statistics over fewer examples than this
 # are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
 # shows BatchNorm's error rising quickly below about 8 examples per batch).
 MIN_BATCHNORM_MICRO_BATCH = 8
+
+
+def noisy_batchnorm(examples: int, k: int) -> int:
+    """The smallest micro-batch of ``examples`` (one replica's) cut ``k`` ways where it is under
+    MIN_BATCHNORM_MICRO_BATCH (BatchNorm's statistics over it are noisy), else 0. The sizes differ by at most one
+    (batching.micro_bounds)."""
+    smallest = examples // min(k, examples) if examples > 0 else 0
+    return smallest if 0 < smallest < MIN_BATCHNORM_MICRO_BATCH else 0
 
 
 def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarray:
@@ -32,8 +41,9 @@ def first_batch(data, seed: int, batch_size: int, shuffle: bool = True):
 def describe_split(batch_size: int, k: int | None, replicas: int | None = None) -> str:
     """The line a run starts with: how each batch is cut (``k`` None: the baseline, each share in one pass)."""
     if replicas is None:
-        largest = largest_micro_batch(batch_size, 1, k)
-        return f"batch_size={batch_size} as {k} micro-batches of {batch_size // k}-{largest} examples"
+        smallest, largest = batch_size // k, largest_micro_batch(batch_size, 1, k)
+        sizes = f"{largest}" if smallest == largest else f"{smallest}-{largest}"
+        return f"batch_size={batch_size} as {counted(k, 'micro-batch', 'micro-batches')} of {sizes} examples"
     share = largest_share(batch_size, replicas)
     cut = (
         "each in one pass (baseline)"
@@ -63,15 +73,15 @@ def split_warnings(cfg, k: int | None, n_train: int, batchnorm_layers: int, tota
             if cfg.model.name == "keras_file"
             else "set model.norm=groupnorm or model.norm=none"
         )
-        smallest = cfg.batch_size // min(k, cfg.batch_size)  # sizes differ by at most one (batching.micro_bounds)
-        if cfg.batch_size <= n_train and smallest < MIN_BATCHNORM_MICRO_BATCH:
+        smallest, last = noisy_batchnorm(cfg.batch_size, k), noisy_batchnorm(rest, k)
+        if cfg.batch_size <= n_train and smallest:
             warnings.append(
                 f"micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
                 f"statistics: {fix}, or use fewer subdivisions"
             )
-        elif rest and rest // min(k, rest) < MIN_BATCHNORM_MICRO_BATCH:
+        elif last:
             warnings.append(
-                f"the last batch of each epoch ({rest} examples) has micro-batches of {rest // min(k, rest)} "
+                f"the last batch of each epoch ({rest} examples) has micro-batches of {last} "
                 f"(under {MIN_BATCHNORM_MICRO_BATCH}), which give BatchNorm noisy statistics: {fix}, or use a "
                 "training set that batch_size divides (data.train_limit)"
             )

@@ -25,7 +25,7 @@ from .. import keras_private
 from ..errors import OutOfMemory
 from ..text import first_line, size_text
 from .batching import largest_micro_batch, largest_share
-from .data import MIN_BATCHNORM_MICRO_BATCH
+from .data import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
 
 
 def peak_rss_bytes() -> int:
@@ -236,9 +236,10 @@ class MemoryGuard:
 
     def _batchnorm_note(self, n: int) -> str:
         """What a grown k does to BatchNorm, as ``plan`` and fit warn of it at the start (trainer/data.py)."""
-        micro, least = n // self.engine.replicas // self.subdivisions, MIN_BATCHNORM_MICRO_BATCH
-        if not self.engine.norm_layers or not 0 < micro < least:
+        micro = noisy_batchnorm(n // self.engine.replicas, self.subdivisions)
+        if not self.engine.norm_layers or not micro:
             return ""
+        least = MIN_BATCHNORM_MICRO_BATCH
         return f" (BatchNorm now normalises micro-batches of {micro} examples, under {least}: noisy statistics)"
 
     def _attempt(self, iterator, planned, k: int, stop: int):
