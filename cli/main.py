@@ -205,7 +205,7 @@ def _parse_ks(text: str, option: str = "--subdivisions", example: str = "1,2,4,8
         ks = []
     if not ks or any(k < 1 for k in ks):
         raise UserError(f"{option} {text!r} must be a comma-separated list of integers >= 1, e.g. {example}")
-    return ks
+    return list(dict.fromkeys(ks))  # each measured once, in the order first given
 
 
 @main.command()
@@ -269,7 +269,7 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
 def _parse_precisions(text: str) -> list:
     from ..config import PRECISIONS
 
-    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    chosen = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     bad = [p for p in chosen if p not in PRECISIONS]
     if not chosen or bad:
         raise UserError(f"--precision {text!r} must be a comma-separated list of {', '.join(PRECISIONS)}")
@@ -322,7 +322,7 @@ def format_bench(result: dict, out_dir: Path) -> str:
 
 def format_compare(result: dict, out_dir: Path) -> str:
     """The side-by-side table: one row per epoch, then cost rows and the gradient check."""
-    from ..compare import score_key
+    from ..compare import check_lines, score_key
 
     base, sub = result["baseline"], result["subdivided"]
     ok = base["status"] == "ok"
@@ -357,18 +357,7 @@ def format_compare(result: dict, out_dir: Path) -> str:
         lines.append(f"{label:<22} {b:>12} {s:>12} {(f'{r:.2f}x' if r is not None else 'n/a'):>8}")
     if not ok:
         lines.append(f"baseline: {base['message']}")
-    check = result["gradient_check"]
-    lines.append("")
-    lines.append(
-        f"gradient check, first batch, initial weights, k={check['subdivisions']}: "
-        f"max abs diff {check['max_abs_diff']:.3g}, max rel diff {check['max_rel_diff']:.3g}"
-    )
-    if check["bn_inference_mode"]:
-        bn = check["bn_inference_mode"]
-        lines.append(
-            f"  with BatchNorm in inference mode: max abs diff {bn['max_abs_diff']:.3g}, "
-            f"max rel diff {bn['max_rel_diff']:.3g} (the rest is micro-batch statistics)"
-        )
+    lines += ["", *check_lines(result["gradient_check"])]
     lines.append(f"written: {out_dir / 'compare.json'}, {out_dir / 'compare.png'}")
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ def test_bench_writes_json_png_and_table(tmp_path, repo_root):
             "bench",
             str(repo_root / "configs" / "smoke.yaml"),
             "--subdivisions",
-            "1,4",
+            "1,4,1",  # each k measured once
             "--steps",
             "2",
             "--set",

@@ -136,6 +136,15 @@ def test_compare_table(compared):
     ratio = data["ratios"]["peak_memory_bytes"]
     assert any(line.startswith("TF allocator peak") and line.endswith(f"{ratio:.2f}x") for line in lines)
     assert lines[-1] == f"written: {out / 'compare.json'}, {out / 'compare.png'}"
+    # the check opens the run as it ends the table, its BatchNorm line beside it: a large difference explained
+    check, bn = data["gradient_check"], data["gradient_check"]["bn_inference_mode"]
+    said = [
+        f"gradient check, first batch, initial weights, k=4: max abs diff {check['max_abs_diff']:.3g}, "
+        f"max rel diff {check['max_rel_diff']:.3g}",
+        f"  with BatchNorm in inference mode: max abs diff {bn['max_abs_diff']:.3g}, "
+        f"max rel diff {bn['max_rel_diff']:.3g} (the rest is micro-batch statistics)",
+    ]
+    assert lines[:2] == said and lines[-3:-1] == said
 
 
 @pytest.mark.slow
