@@ -33,6 +33,8 @@ from .trainer.rundir import FIT_RECORD, check_output_dir, is_fit_run_dir, pyplot
 # Keys `evaluate --set` may change: which test data is read. The rest (model,
 # optimizer, batch, ...) describes the trained run and is not the caller's to change.
 CHANGEABLE_PREFIX = "data."
+# data keys that only change how the training split is read: evaluate reads the test split alone
+TRAINING_ONLY = ("train_limit", "validation", "shuffle", "shuffle_buffer", "augment", "trim_padding")
 # Past this many classes the cells are too small to print counts in (evaluate.json has them all),
 # and the figure stops growing so that it stays an image one can open.
 MAX_CLASSES_WITH_COUNTS = 40
@@ -43,6 +45,16 @@ def evaluation_config(run_dir: Path, overrides: Sequence[str] = ()):
     """The run's config with ``--set data.KEY=VALUE`` overrides; any other key is refused."""
     for item in overrides:
         key = override_key(item)
+        if key == "data":
+            raise ConfigError(
+                f"--set {item}: evaluate takes data's keys one at a time (e.g. --set data.test_limit=1000), not the "
+                "whole section"
+            )
+        if key.startswith(CHANGEABLE_PREFIX) and key.split(".")[1] in TRAINING_ONLY:
+            raise ConfigError(
+                f"--set {item}: evaluate reads only the test split, and {key} changes only the training split: "
+                "leave it out (e.g. --set data.test_limit=1000)"
+            )
         if not key.startswith(CHANGEABLE_PREFIX):
             raise ConfigError(
                 f"--set {item}: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "

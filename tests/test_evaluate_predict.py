@@ -165,6 +165,21 @@ EVALUATE_ERRORS = [
         "--set subdivisions=2: evaluate changes only data.* keys (e.g. --set data.test_limit=1000); "
         "subdivisions is part of the trained run",
     ),
+    (
+        ["--set", "data.train_limit=10"],
+        "--set data.train_limit=10: evaluate reads only the test split, and data.train_limit changes only the "
+        "training split: leave it out (e.g. --set data.test_limit=1000)",
+    ),
+    (
+        ["--set", "data.augment.flip=true"],
+        "--set data.augment.flip=true: evaluate reads only the test split, and data.augment.flip changes only the "
+        "training split: leave it out (e.g. --set data.test_limit=1000)",
+    ),
+    (
+        ["--set", "data={{test_limit: 50}}"],
+        "--set data={{test_limit: 50}}: evaluate takes data's keys one at a time (e.g. --set data.test_limit=1000), "
+        "not the whole section",
+    ),
     (["--set", "data.test_limt=5"], "--set: unknown key 'data.test_limt' (did you mean 'data.test_limit'?)"),
     (
         ["--set", "data.dir=/nonexistent/fmnist"],
