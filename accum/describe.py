@@ -16,7 +16,7 @@ from .errors import RunDirError
 from .trainer.checkpoints import checkpoint_numbers
 from .trainer.lock import lock_holder
 from .trainer.metrics_log import is_epoch_record, read_metrics
-from .trainer.rundir import FIT_RECORD, HISTORY, MODEL_COPY, is_fit_run_dir, is_run_dir
+from .trainer.rundir import FIT_RECORD, HISTORY, MODEL_COPY, is_fit_run_dir, is_run_dir, other_output
 
 
 def describe(run_dir: Path) -> dict:
@@ -32,7 +32,8 @@ def describe(run_dir: Path) -> dict:
         go_on = f"accum-train run --resume {run_dir}{workers}"
     else:
         raise RunDirError(
-            f"{run_dir} is not a run directory (no config.yaml with checkpoints/, nor {FIT_RECORD}): pass a "
+            other_output(run_dir)
+            or f"{run_dir} is not a run directory (no config.yaml with checkpoints/, nor {FIT_RECORD}): pass a "
             f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)"
         )
     records = _records(run_dir, "metrics.jsonl")

@@ -9,6 +9,7 @@ import click
 
 from ..files import strict_json
 from ..outcome import ending
+from ..text import counted
 
 
 @click.command(short_help="Which door wrote a run directory, its batch, how far it got, how to go on.")
@@ -45,7 +46,8 @@ def format_description(d: dict) -> str:
         f"{d['run_dir']}: written by {d['door']}, {state}",
         f"  model      {d['model']}" + (f" (its file: {d['model_file']})" if d["model_file"] else ""),
         f"  batch      {batch}, seed {d['seed']}",
-        f"  progress   {d['updates_logged']} updates logged, {d['epochs_ended']} epochs ended{loss}{noise}",
+        f"  progress   {counted(d['updates_logged'], 'update')} logged, {counted(d['epochs_ended'], 'epoch')} ended"
+        f"{loss}{noise}",
         f"  kept       {checkpoints}",
     ]
     if d["next"]:

@@ -427,13 +427,28 @@ def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path, mo
     assert json.loads(as_json.output)["writer_pid"] == os.getpid()  # a number, as JSON readers expect
 
 
-def test_describe_refuses_what_is_not_a_run_directory(tmp_path):
-    result = CliRunner().invoke(main, ["describe", str(tmp_path)])
-    assert result.exit_code == 2
-    assert result.output == (
-        f"error: {tmp_path} is not a run directory (no config.yaml with checkpoints/, nor fit.json): pass a "
-        f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)\n"
-    )
+NOT_RUNS = [
+    # (a file the directory holds, the line)
+    (
+        None,
+        "{d} is not a run directory (no config.yaml with checkpoints/, nor fit.json): pass a directory written by "
+        "'accum-train run' or by accum_train.fit(output_dir=...)",
+    ),
+    ("compare.json", "{d} holds the two runs of 'accum-train compare', not one: pass {d}/baseline or {d}/subdivided"),
+    ("bench.json", "{d} holds the timings of 'accum-train bench' (bench.json), not a run: it has no checkpoint"),
+]
+
+
+@pytest.mark.parametrize("command", ["describe", "evaluate"])
+@pytest.mark.parametrize(("held", "line"), NOT_RUNS, ids=["empty", "compare", "bench"])
+def test_describe_and_evaluate_refuse_what_is_not_a_run_directory(tmp_path, command, held, line):
+    if held:
+        (tmp_path / held).write_text("{}")
+    if command == "evaluate" and not held:  # evaluate's words (trainer/rundir.require_run_dir)
+        line = "{d} is not a run directory (no config.yaml and checkpoints/): pass a directory written by 'accum-train "
+        line += "run'"
+    result = CliRunner().invoke(main, [command, str(tmp_path)])
+    assert (result.exit_code, result.output) == (2, "error: " + line.format(d=tmp_path) + "\n")
 
 
 @pytest.mark.parametrize(

@@ -149,6 +149,20 @@ def is_fit_run_dir(path: Path) -> bool:
     return (Path(path) / FIT_RECORD).is_file()
 
 
+def other_output(path: Path) -> str | None:
+    """What a directory that is no run holds where it is another command's output (compare's holds two runs),
+    and what to pass instead; else None."""
+    path = Path(path)
+    if (path / "compare.json").is_file():
+        return (
+            f"{path} holds the two runs of 'accum-train compare', not one: pass {path / 'baseline'} or "
+            f"{path / 'subdivided'}"
+        )
+    if (path / "bench.json").is_file():
+        return f"{path} holds the timings of 'accum-train bench' (bench.json), not a run: it has no checkpoint"
+    return None
+
+
 def require_run_dir(path: Path, flag: str = "") -> Path:
     """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it). One
     written by accum_train.fit is refused: only that call has the model's code and data to go on with it (the
@@ -165,6 +179,8 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
             f"{flag + ' ' if flag else ''}{path} does not exist: pass a directory written by 'accum-train run'"
         )
     if not path.is_dir() or not is_run_dir(path):
+        if other_output(path):
+            raise RunDirError(f"{flag + ' ' if flag else ''}{other_output(path)}")
         raise RunDirError(
             f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "
             f"checkpoints/): pass a directory written by 'accum-train run'"
