@@ -75,7 +75,8 @@ def test_auto_picks_the_fewest_subdivisions_that_fit(tmp_path, repo_root, fake_p
     measured = [line for line in messages.lines if line.startswith("subdivisions=auto: micro-batch of ")]
     assert [int(line.split()[3]) for line in measured] == tried
     assert f"subdivisions=auto chose {chosen}" in messages.lines
-    assert f"batch_size=64 as {chosen} micro-batches of {64 // chosen} examples" in messages.lines
+    split = "1 micro-batch" if chosen == 1 else f"{chosen} micro-batches"
+    assert f"batch_size=64 as {split} of {64 // chosen} examples" in messages.lines
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["subdivisions"] == chosen
 
 
