@@ -127,7 +127,9 @@ def _noise_scale(cfg: Config, subdivisions) -> dict:
     it is averaged, and batch_schedule's rule that follows it."""
     from .trainer.noise import DECAY
 
-    measured = not cfg.baseline and (subdivisions == "auto" or subdivisions >= 2)
+    # not under data.trim_padding: its micro-batches are grouped by length, not drawn at random (run says so too)
+    split = subdivisions == "auto" or subdivisions >= 2
+    measured = not cfg.baseline and split and cfg.data.trim_padding is None
     rule = cfg.batch_rule
     return {
         "measured": measured,

@@ -223,8 +223,12 @@ def _noise_lines(result: dict) -> list[str]:
     """The gradient noise scale's measurement, and batch_schedule's rule that follows it."""
     noise = result["noise_scale"]
     if not noise["measured"]:
-        why = "baseline=true has no micro-batches" if result["baseline"] else "each update is one micro-batch"
-        return [_row("noise scale", f"none: {why} (the estimate needs two or more)")]
+        if result["data"]["trim_padding"] and not result["baseline"]:
+            why = "data.trim_padding orders each batch by length (the estimate needs micro-batches drawn at random)"
+        else:
+            why = "baseline=true has no micro-batches" if result["baseline"] else "each update is one micro-batch"
+            why += " (the estimate needs two or more)"
+        return [_row("noise scale", f"none: {why}")]
     lines = [
         _row(
             "noise scale",

@@ -75,6 +75,8 @@ def test_plan_shows_the_cut(tmp_path):
     cut = "each batch ordered by length, each micro-batch cut after its longest sequence (a multiple of 8 steps)"
     assert f"trim_padding   {cut}" in lines
     assert "updates        4 per epoch x 1 epoch = 4" in lines
+    noise = "none: data.trim_padding orders each batch by length (the estimate needs micro-batches drawn at random)"
+    assert f"noise scale    {noise}" in lines  # as the run says, and measures none
 
 
 def test_the_feed_orders_each_batch_by_length_and_cuts_each_micro_batch_after_its_longest():

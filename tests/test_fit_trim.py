@@ -5,6 +5,7 @@ are checked as cut, and what cannot be cut exactly is refused in one line. Both 
 its pinned thread pools (conftest)."""
 
 import importlib
+import json
 
 import accum_train
 import keras
@@ -233,7 +234,7 @@ def test_the_feed_orders_each_batch_by_length_and_cuts_each_micro_batch_after_it
     assert plain.element_spec[0].shape.as_list() == [None, STEPS]
 
 
-def test_noise_scale_is_left_out_of_the_logs_of_trimmed_micro_batches():
+def test_noise_scale_is_left_out_of_the_logs_and_the_summary_of_trimmed_micro_batches(tmp_path):
     def logged(trim):
         keras.utils.set_random_seed(3)
         model = tagger()
@@ -241,11 +242,12 @@ def test_noise_scale_is_left_out_of_the_logs_of_trimmed_micro_batches():
         seen = []
         callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(set(logs)))
         accum_train.fit(model, TOKENS, TAGS, batch_size=BATCH, subdivisions=K, verbose=0, callbacks=[callback],
-                        trim_padding=trim)  # fmt: skip
-        return seen
+                        trim_padding=trim, output_dir=tmp_path / str(trim))  # fmt: skip
+        return seen, json.loads((tmp_path / str(trim) / "summary.json").read_text())["noise_scale"]
 
-    assert all("noise_scale" in logs for logs in logged(False))
-    assert all("noise_scale" not in logs and "loss" in logs for logs in logged(True))
+    untrimmed, trimmed = logged(False), logged(True)
+    assert all("noise_scale" in logs for logs in untrimmed[0]) and untrimmed[1] is not None
+    assert all("noise_scale" not in logs and "loss" in logs for logs in trimmed[0]) and trimmed[1] is None
 
 
 def static_tagger():

@@ -78,7 +78,8 @@ class FitHooks:
         # [[1-based epoch, batch size], ...] (the CLI's form)
         self.rule, self.micro_batch_size, self.say = None, None, say
         self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
-        self.noise = NoiseScale()
+        # trim_padding's micro-batches are sequences of like length, not the random draws the estimate assumes
+        self.noise = NoiseScale(measured=not getattr(feed, "trim", 0))
         self.checkpoints = self.stop = None
         self.ran_out_before = False
         # the updates as the loop and the guard read them (feed.Reader, the CLI's too): the epoch's stream, cut for
@@ -95,7 +96,7 @@ class FitHooks:
     def measures_noise(self) -> bool:
         """Whether the updates can measure the noise scale (two micro-batches or more in all), or may come to; not
         with trim_padding, whose micro-batches are sequences of like length, not the random draws it assumes."""
-        if getattr(self.feed, "trim", 0):
+        if not self.noise.measured:
             return False
         return self.auto or self.cut.k * self.cut.replicas >= 2
 
