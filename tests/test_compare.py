@@ -184,3 +184,32 @@ def test_baseline_out_of_memory_is_reported_and_subdivided_still_runs(tmp_path, 
     assert f"baseline: {data['baseline']['message']}" in result.stdout.splitlines()
     assert "Traceback" not in result.output
     matplotlib.image.imread(out / "compare.png")
+
+
+def test_gradient_check_of_an_embedding_s_row_gradients_is_exact(tmp_path):
+    """A keras_file model whose Embedding's gradient comes as tf.IndexedSlices (rows), densified to compare."""
+    import keras
+    import numpy as np
+    from accum_train.config.parse import config_from_dict
+    from accum_train.from_config.build import load_data
+
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((12,), dtype="int32")
+    hidden = keras.layers.Embedding(20, 4)(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(hidden)))
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # its task's loss: any arrays
+    model.save(tmp_path / "model.keras")
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 20, (64, 12)).astype(np.int32), rng.integers(0, 3, 64)
+    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_test=x[:8], y_test=y[:8])
+    cfg = config_from_dict(
+        {
+            "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
+            "data": {"name": "npz", "path": str(tmp_path / "data.npz")},
+            "batch_size": 32,
+            "subdivisions": 4,
+        }
+    )
+    check = gradient_check(cfg, load_data(cfg))
+    assert check["max_abs_diff"] <= 1e-6 and check["max_rel_diff"] <= 1e-5
+    assert len(check["per_variable"]) == 3  # the embedding's table, the kernel and the bias
