@@ -168,6 +168,13 @@ BAD = [
         "validation_split=1.5 needs arrays and a fraction in (0, 1): pass validation_data for a dataset",
     ),
     (
+        "validation_split as text",
+        regression,
+        (X, Y),
+        {"batch_size": BATCH, "validation_split": "0.2"},
+        "validation_split='0.2' needs arrays and a fraction in (0, 1): pass validation_data for a dataset",
+    ),
+    (
         "validation_split of a generator",
         regression,
         (batches(),),

@@ -123,7 +123,10 @@ def split_validation(x, y, sample_weight, validation_data, validation_split):
         return (x, y, sample_weight), validation_data
     if validation_data is not None:
         raise UserError(f"{WHERE}: give validation_data or validation_split, not both")
-    if streamed_source(x) or not 0 < validation_split < 1:
+    fraction = isinstance(validation_split, (float, int, np.floating, np.integer)) and not isinstance(
+        validation_split, bool
+    )
+    if streamed_source(x) or not fraction or not 0 < validation_split < 1:
         raise UserError(
             f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
             f"pass validation_data for a dataset"
