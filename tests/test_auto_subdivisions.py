@@ -74,8 +74,9 @@ def test_auto_picks_the_fewest_subdivisions_that_fit(tmp_path, repo_root, fake_p
     assert summary["subdivisions"] == chosen
     measured = [line for line in messages.lines if line.startswith("subdivisions=auto: micro-batch of ")]
     assert [int(line.split()[3]) for line in measured] == tried
-    assert f"subdivisions=auto chose {chosen}" in messages.lines
     split = "1 micro-batch" if chosen == 1 else f"{chosen} micro-batches"
+    size = "1 example" if chosen == 64 else f"{64 // chosen} examples"
+    assert f"subdivisions=auto chose {split} of up to {size}" in messages.lines
     assert f"batch_size=64 as {split} of {64 // chosen} examples" in messages.lines
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["subdivisions"] == chosen
 
@@ -165,7 +166,7 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(
     summary = train(load_config(repo_root / "configs" / "smoke.yaml", overrides + limit), tmp_path / "auto", messages)
     assert messages.lines[:2] == [
         f"subdivisions=auto: micro-batch of {batch} -> {batch} MiB (memory_limit={batch}MiB)",
-        "subdivisions=auto chose 1",
+        f"subdivisions=auto chose 1 micro-batch of up to {batch} examples",
     ]
     assert (
         f"update 1 peaked at {3 * batch // 2} MiB of TensorFlow memory with subdivisions=1, over "
@@ -321,7 +322,7 @@ def test_a_keras_file_model_tries_rematerialisation_before_giving_up(tmp_path, r
         "subdivisions=auto: one example per micro-batch does not fit: retrying with each layer's activation "
         'recomputed in the backward pass (keras.RematScope(mode="activations"))',
         "subdivisions=auto: micro-batch of 1 -> 512 KiB (memory_limit=512KiB)",
-        "subdivisions=auto chose 4",
+        "subdivisions=auto chose 4 micro-batches of up to 1 example",
     ]
     assert len(rematerialised) == 1
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 4

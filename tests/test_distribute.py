@@ -398,7 +398,7 @@ def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_
             "sgd",
             [
                 "subdivisions=auto: micro-batch of 32 -> 32 MiB (memory_limit=40MiB)",
-                "subdivisions=auto chose 1",
+                "subdivisions=auto chose 1 micro-batch of up to 32 examples",
                 "update 1 peaked at 48 MiB of TensorFlow memory with subdivisions=1, over "
                 "memory_limit=40MiB: retrying the same batch with subdivisions=2",
             ],
@@ -410,7 +410,7 @@ def test_batchnorm_and_clipping_across_replicas_equal_one_device_with_twice_the_
             "sgd",
             [
                 "subdivisions=auto: micro-batch of 32 -> 32 MiB (memory_limit=40MiB)",
-                "subdivisions=auto chose 2 (another worker needs it; 1 fits here)",
+                "subdivisions=auto chose 2 micro-batches of up to 16 examples (another worker needs it; 1 fits here)",
                 "update 1 ran out of memory or over memory_limit on another worker with "
                 "subdivisions=2: retrying the same batch with subdivisions=4",
             ],

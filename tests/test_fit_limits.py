@@ -133,7 +133,7 @@ def test_auto_under_a_limit_measures_before_training_as_the_cli_does(capsys, fak
     assert said == [
         'micro_batch_size="auto": micro-batch of 8 -> 8 MiB (memory_limit=5MiB), too much',
         'micro_batch_size="auto": micro-batch of 4 -> 4 MiB (memory_limit=5MiB)',
-        'micro_batch_size="auto" chose 2',
+        'micro_batch_size="auto" chose 2 micro-batches of up to 4 examples',
     ]
     assert max_difference(probed.get_weights(), fixed.get_weights()) == 0.0
 
@@ -212,7 +212,7 @@ def test_auto_tries_rematerialisation_before_giving_up_at_one_example_per_micro_
         'micro_batch_size="auto": one example per micro-batch does not fit: retrying with each layer\'s activation '
         'recomputed in the backward pass (keras.RematScope(mode="activations"))',
         'micro_batch_size="auto": micro-batch of 1 -> 512 KiB (memory_limit=512KiB)',
-        'micro_batch_size="auto" chose 2',
+        'micro_batch_size="auto" chose 2 micro-batches of up to 1 example',
     ]
     assert max_difference(built.get_weights(), fixed.get_weights()) < 1e-6
     assert keras_private.rematerialise_activations(built) == 0  # on already: the rung is tried once per model

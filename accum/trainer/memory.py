@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..errors import OutOfMemory
-from ..text import first_line, size_text
+from ..text import counted, first_line, size_text
 from .batching import largest_micro_batch, largest_share
 from .data import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
 
@@ -152,7 +152,10 @@ def choose_subdivisions(
         k = min(2 * k, share)
     agreed = engine.largest_over_workers(k)
     engine.set_subdivisions(agreed)
-    say(f"{name} chose {agreed}" + ("" if agreed == k else f" (another worker needs it; {k} fits here)"))
+    # both counts: under micro_batch_size's name a lone k would read as a size
+    largest = largest_micro_batch(batch, engine.replicas, agreed)
+    chosen = f"{counted(agreed, 'micro-batch', 'micro-batches')} of up to {counted(largest, 'example')}"
+    say(f"{name} chose {chosen}" + ("" if agreed == k else f" (another worker needs it; {k} fits here)"))
     return agreed
 
 
