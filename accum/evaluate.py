@@ -185,8 +185,8 @@ def evaluate_fit(run_dir: Path, out_dir: Path | None, overrides: Sequence[str], 
         scores = model.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0, return_dict=True)
     except (ValueError, tf.errors.InvalidArgumentError) as err:  # targets that do not fit the outputs or the loss
         raise DataError(
-            f"--data {data_file}: the model of {run_dir} cannot evaluate it ({traced_error_line(err)}): save y as "
-            f"the model's loss takes it"
+            f"--data {data_file}: the model of {run_dir} cannot evaluate it ({traced_error_line(err)}): save x as "
+            f"the model takes it and y as its loss takes it"
         ) from None
     result = {f"test_{name}": float(value) for name, value in scores.items()}
     result.update(test_examples=len(rows), run_dir=str(run_dir), batch_size=batch_size)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError, RunDirError, UserError
-from .text import shape_text
+from .text import shape_text, traced_error_line
 
 NPZ_KEY = "x"
 BATCH_SIZE = 256
@@ -192,12 +192,22 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
 def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, outputs} per input row of a run directory of accum_train.fit: what ``model.predict`` gives for
     the arrays as they are (fit took them as they are)."""
+    import tensorflow as tf
+
     from .from_config.build import output_names
     from .reload import load_fit_run
 
     model = bare(load_fit_run(run_dir, compile=False))  # before the inputs: their shapes are the model's
     names, x = read_values(paths, model_inputs(model, run_dir), convert=np.asarray)
-    return value_rows(names, model.predict(x, batch_size=BATCH_SIZE, verbose=0), output_names(model))
+    try:
+        values = model.predict(x, batch_size=BATCH_SIZE, verbose=0)
+    except (ValueError, tf.errors.InvalidArgumentError) as err:  # what the stored shapes allow and the model not
+        files = ", ".join(str(p) for p in paths)  # (a sequence longer than its position embedding)
+        raise DataError(
+            f"{files}: the model of {run_dir} cannot take these inputs ({traced_error_line(err)}): save them as it "
+            "took its training inputs"
+        ) from None
+    return value_rows(names, values, output_names(model))
 
 
 def bare(model):

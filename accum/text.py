@@ -45,7 +45,14 @@ def traced_error_line(err: BaseException) -> str:
     """What Keras or TensorFlow said of a traced call, in one line: TensorFlow's tracing context ("in user
     code:", "File ...") and its graph node names left out."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    said = [line for line in lines if not line.startswith(("in user code", "File ", "Traceback"))]
-    message = said[-1] if lines and lines[0].startswith("in user code") and said else (lines or [""])[0]
+    said = [
+        line
+        for line in lines
+        if not line.startswith(("in user code", "File ", "Traceback", "Detected at node", "[[", "Graph execution"))
+    ]
+    # a traced call's error and a graph's at run time ("Graph execution error:") say what went wrong last
+    traced = lines and lines[0].startswith(("in user code", "Graph execution error"))
+    message = said[-1] if traced and said else (lines or [""])[0]
     message = re.sub(r"^[A-Za-z]+Error: ", "", message)  # the tracing context's "ValueError: ..." form
+    message = re.sub(r"\s*\[\[\{\{node [^]]*\]\]|\s*\[Op:[^]]*\]", "", message)  # a graph's node and op names
     return re.sub(r" for '\{\{node [^}]*\}\}[^']*'", "", message)

@@ -178,3 +178,28 @@ def test_evaluate_says_in_one_line_which_label_is_out_of_range_and_writes_nothin
         f"error: --data {data}: y[4] holds class 7, and model {trained.name!r} outputs 3 classes: its sparse "
         f"categorical cross-entropy takes labels 0 to 2\n"
     )
+
+
+def test_inputs_longer_than_the_model_takes_are_one_line_for_predict_and_evaluate(lora, tmp_path):
+    run_dir, trained, _ = lora
+    longer = trained.backbone.max_sequence_length + 16  # past the position embedding's table
+    ids = np.ones((2, longer), np.int32)
+    np.savez(tmp_path / "x.npz", x_token_ids=ids, x_padding_mask=ids.astype(bool))
+    np.savez(tmp_path / "xy.npz", x_token_ids=ids, x_padding_mask=ids.astype(bool), y=ids)
+    said = f"Expected size[0] in [0, {trained.backbone.max_sequence_length}], but got {longer}"
+    cases = [
+        (
+            ["predict", str(run_dir), str(tmp_path / "x.npz")],
+            f"{tmp_path / 'x.npz'}: the model of {run_dir} cannot take these inputs ({said}): save them as it took "
+            "its training inputs",
+        ),
+        (
+            ["evaluate", str(run_dir), "--data", str(tmp_path / "xy.npz"), "--output-dir", str(tmp_path / "ev")],
+            f"--data {tmp_path / 'xy.npz'}: the model of {run_dir} cannot evaluate it ({said}): save x as the model "
+            "takes it and y as its loss takes it",
+        ),
+    ]
+    for args, line in cases:
+        result = CliRunner().invoke(main, args)
+        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {line}\n")
+    assert not (tmp_path / "ev").exists()
