@@ -168,6 +168,14 @@ BAD = [
         "validation_split=1.5 needs arrays and a fraction in (0, 1): pass validation_data for a dataset",
     ),
     (
+        "string targets",
+        regression,
+        (X, np.array(["a"] * len(X))),
+        {"batch_size": BATCH},
+        "y holds strings, and the loss model 'regression' is compiled with takes numbers: turn them into numbers "
+        "first (class ids, e.g. np.unique(labels, return_inverse=True)[1])",
+    ),
+    (
         "validation_split as text",
         regression,
         (X, Y),

@@ -190,6 +190,12 @@ def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
     memory (y, validation_data's y), read whole once: a label out of range ends in TensorFlow's graph error of
     fifty lines on a CPU, in a NaN loss on a GPU. ``where`` begins the line of a label out of range."""
     entries = keras_private.flat_losses(model) if keras_private.compile_loss(model) is not None else []
+    for name, targets in labelled if entries else ():  # a Keras loss casts them: a graph error of seventy lines
+        if any(np.asarray(leaf).dtype.kind in "SU" for leaf in tf.nest.flatten(targets)):
+            raise UserError(
+                f"{where}: {name} holds strings, and the loss model {model.name!r} is compiled with takes numbers: "
+                "turn them into numbers first (class ids, e.g. np.unique(labels, return_inverse=True)[1])"
+            )
     sparse = [(entry, *keras_private.sparse_labels(entry.loss)) for entry in entries]
     sparse = [(entry, ignore) for entry, is_sparse, ignore in sparse if is_sparse]
     if class_weight is None and not (sparse and labelled):
