@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from ..config import load_config
+from ..errors import UserError
 from ..files import strict_json
 from ..outcome import ending, scores_text
 from ..quiet import quiet_tensorflow
@@ -293,15 +294,19 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document: a list of {input, prediction, probabilities}."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document: a list of {input, prediction, probabilities}, or of {input, outputs} for a run "
+    "trained with a Keras loss or by accum_train.fit.",
 )
 @click.option(
     "--top",
     "top",
     type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Classes shown per input, most probable first (at most the class count).",
+    default=None,
+    help="Classes shown per input, most probable first (at most the class count).  [default: 3; only for a run "
+    "of class probabilities]",
 )
 @click.option(
     "--output",
@@ -331,12 +336,17 @@ def predict(run_dir, files, as_json, top, output, overwrite, verbose):
         if output is not None:
             check_output(output, overwrite, run_dir, files)
         rows = run_predict(run_dir, files)
+        if top is not None and "outputs" in rows[0]:
+            raise UserError(
+                f"--top {top}: {run_dir} gives its model's outputs as they are, not class probabilities to rank: "
+                "leave --top out"
+            )
         if output is not None:
             _write_outputs(output, rows)
     if "outputs" in rows[0]:  # a Keras loss's run, or fit's: the values
         click.echo(strict_json(rows, indent=2) if as_json else format_values(rows))
     else:
-        click.echo(strict_json(rows, indent=2) if as_json else format_predictions(rows, top))
+        click.echo(strict_json(rows, indent=2) if as_json else format_predictions(rows, top or 3))
 
 
 def _write_outputs(path: Path, rows: list) -> None:

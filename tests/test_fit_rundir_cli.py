@@ -143,6 +143,15 @@ def test_predict_writes_the_outputs_of_model_predict(runs, kind, tmp_path):
     assert saved["outputs"].shape == (7, 1)
     assert np.abs(saved["outputs"] - trained.predict(raw, verbose=0)).max() <= 1e-6
     assert float(lines[1].split()[1]) == pytest.approx(float(saved["outputs"][0, 0]), abs=5e-5)  # shown to 4 places
+    # no classes to rank: --top is refused, not ignored, and nothing is written
+    ranked = ["predict", str(run_dir), str(inputs), "--top", "2", "--output", str(tmp_path / "o2.npz")]
+    ranked = CliRunner().invoke(main, ranked)
+    assert (ranked.exit_code, ranked.stderr) == (
+        2,
+        f"error: --top 2: {run_dir} gives its model's outputs as they are, not class probabilities to rank: leave "
+        "--top out\n",
+    )
+    assert not (tmp_path / "o2.npz").exists()
 
 
 @pytest.mark.parametrize("kind", KINDS)
