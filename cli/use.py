@@ -155,7 +155,8 @@ def format_plan(result: dict) -> str:
                     "batch phase",
                     f"from update {phase['update']} (epoch {phase['epoch']}): batch_size {phase['batch_size']} "
                     f"({micro}), {phase['updates_per_epoch']} updates per epoch, "
-                    f"learning rate {_rate(phase['learning_rate'])}",
+                    + (f"the last of {phase['last_batch']} examples, " if phase["last_batch"] else "")
+                    + f"learning rate {_rate(phase['learning_rate'])}",
                 )
             )
     else:
@@ -167,7 +168,9 @@ def format_plan(result: dict) -> str:
                 f"{result['total_updates']}" + (" at most (fewer as the batch grows)" if rule else ""),
             )
         )
-    if last is None:
+    if result["phases"]:
+        pass  # each phase's line says its last batch
+    elif last is None:
         lines.append(
             _row(
                 "last batch", f"none: every batch is full ({data['train_examples']} = {full['count']} x {full['size']})"

@@ -384,6 +384,15 @@ def test_plan_shows_the_phases(repo_root, data_dir, tmp_path):
         "optimizer      sgd, learning_rate 0.4 at batch 64, 0.2 at batch_size 32 (linear rule), schedule constant"
         in lines
     )
+    assert not [line for line in lines if line.startswith("last batch")]  # the phases' lines say theirs
+    # 200 examples: a short last batch of 8 at 32, and of 8 at 96, each phase's line says so
+    path.write_text(yaml.safe_dump({**SMALL, "data": {**SMALL["data"], "dir": str(data_dir), "train_limit": 200}}))
+    lines = CliRunner().invoke(main, ["plan", str(path)]).stdout.splitlines()
+    phases = [line for line in lines if line.startswith("batch phase")]
+    assert [phase.split(" updates per epoch, ")[1] for phase in phases] == [
+        "the last of 8 examples, learning rate 0.2",
+        "the last of 8 examples, learning rate 0.6",
+    ]
 
 
 def test_micro_batch_size_runs_as_the_subdivisions_it_gives(data_dir, tmp_path):
