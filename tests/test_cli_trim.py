@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.cli.use import format_plan
+from accum_train.cli.plan_text import format_plan
 from accum_train.config.parse import config_from_dict
 from accum_train.datasets.base import TaskSplit
 from accum_train.plan import plan
