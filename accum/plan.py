@@ -161,11 +161,7 @@ def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
                 "subdivisions": k,
                 "micro_batch": largest_micro_batch(phase.batch_size, 1, k),
                 "updates_per_epoch": math.ceil(timeline.n_train / phase.batch_size),
-                # each epoch's short last batch at this size (0: none), cut as the run cuts it
-                "last_batch": timeline.n_train % phase.batch_size,
-                "last_micro_batches": micro_split(timeline.n_train % phase.batch_size, k)
-                if timeline.n_train % phase.batch_size
-                else None,
+                "last_batch": timeline.n_train % phase.batch_size,  # each epoch's short last batch (0: none)
                 "learning_rate": learning_rate_at(schedule, phase.step),
             }
         )
