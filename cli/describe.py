@@ -33,7 +33,7 @@ def describe(run_dir, as_json):
 
 def format_description(d: dict) -> str:
     k, size = d["subdivisions_in_force"], d["batch_size_in_force"]
-    batch = f"{size} in {k} micro-batches" if k not in (None, "auto") else f"{size} ({k})"
+    batch = f"{size} in {counted(k, 'micro-batch', 'micro-batches')}" if k not in (None, "auto") else f"{size} ({k})"
     state = {
         "training": f"training (process {d['writer_pid']} writes it)",
         "finished": "finished",

@@ -428,3 +428,6 @@ def test_describe_tells_a_fit_run_directory_as_it_stands(runs, kind):
     }
     assert [r["step"] for r in updates] == list(range(1, steps + 1))
     assert kept and kept[-1] == steps
+    epochs = {"finished": "2 epochs", "interrupted": "1 epoch"}[kind]  # counted, not "1 epochs"
+    progress = f"  progress   {steps} updates logged, {epochs} ended, last loss "
+    assert progress in CliRunner().invoke(main, ["describe", str(run_dir)]).output

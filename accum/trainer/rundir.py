@@ -179,11 +179,13 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
             f"{flag + ' ' if flag else ''}{path} does not exist: pass a directory written by 'accum-train run'"
         )
     if not path.is_dir() or not is_run_dir(path):
-        if other_output(path):
-            raise RunDirError(f"{flag + ' ' if flag else ''}{other_output(path)}")
         raise RunDirError(
-            f"{flag + ' ' if flag else ''}{path} is not a run directory (no config.yaml and "
-            f"checkpoints/): pass a directory written by 'accum-train run'"
+            f"{flag + ' ' if flag else ''}"
+            + (
+                other_output(path)
+                or f"{path} is not a run directory (no config.yaml and checkpoints/): pass a directory written by "
+                "'accum-train run'"
+            )
         )
     return path
 
