@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+UV     := $(BIN)/uv pip install -q --python $(BIN)/python
 DATA   := /usr/share/datasets/fashion-mnist
 # KerasHub for the tests of its tasks, without the full `tensorflow` that tensorflow-text's wheel asks for (setup.cfg's
 # hub extra lists the rest); tensorflow-text 2.21.0 is broken (an undefined ICU symbol), 2.21.1 works
@@ -28,12 +29,16 @@ data:
 	  echo "or put the four .gz files in a folder and export ACCUM_TRAIN_DATA=that/folder" >&2; exit 2; \
 	fi
 
+# uv installs what pip would (the same resolution from PyPI, the same versions), unpacking the wheels in parallel:
+# 12 s against pip's 29 s on 2 cores, which kept `make test` in a fresh clone over its 4 minutes.
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -e ".[cpu,hub,test]"
-	$(BIN)/pip install -q --no-compile --no-deps $(HUB)
-	@# pip's own byte-compiling runs on one core (half of the install); compileall uses them all. As pip does, it
-	@# skips a file that does not compile (templates, Python 2 test data shipped in wheels).
+	$(BIN)/pip install -q uv==0.13.9
+	$(UV) -e ".[cpu,hub,test]"
+	$(UV) --no-deps $(HUB)
+	@# uv byte-compiles nothing; the tests' processes would each compile what they import (where nothing writes
+	@# .pyc files). compileall uses every core and, as pip does, skips a file that does not compile (templates,
+	@# Python 2 test data shipped in wheels).
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 

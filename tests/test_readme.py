@@ -186,7 +186,7 @@ def test_the_install_section_names_the_extras_and_versions_setup_cfg_declares(re
     assert {"cpu", "gpu", "hub", "test"} <= set(extras)
     # the develop line is the one make's set-up (and so CI) installs with, and KerasHub's the versions it adds
     makefile = repo_root.joinpath("Makefile").read_text()
-    assert '$(BIN)/pip install -q --no-compile -e ".[cpu,hub,test]"' in makefile
+    assert '$(UV) -e ".[cpu,hub,test]"' in makefile
     hub = re.search(r"^HUB +:= (.*)$", makefile, re.M).group(1)
     assert f'pip install ".[cpu,hub]" && pip install --no-deps {hub}`' in " ".join(section.split())
     low, high = re.search(r"TensorFlow (\d+\.\d+) to (\d+\.\d+)", section).groups()
