@@ -22,11 +22,7 @@ def import_function(spec: str, key: str, error: type[UserError] = UserError, als
     is_file = module_name.endswith(".py")
     try:
         if is_file:
-            found = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-            if found is None or not Path(module_name).is_file():
-                raise FileNotFoundError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(found)
-            found.loader.exec_module(module)
+            module = _import_file(Path(module_name))
         else:
             if str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))
@@ -45,6 +41,27 @@ def import_function(spec: str, key: str, error: type[UserError] = UserError, als
     if not callable(function):
         functions = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise error(
-            f"{key}={spec!r}: {module.__name__} has no function {name!r} (it has {', '.join(functions) or 'none'})"
+            f"{key}={spec!r}: {Path(module_name).stem if is_file else module_name} has no function {name!r} (it "
+            f"has {', '.join(functions) or 'none'})"
         )
     return function
+
+
+def _import_file(path: Path):
+    """The module of the file ``path``, in sys.modules as an import would put it: AutoGraph looks a function's
+    module up there to convert it (a tf.data map's Python ``if`` on a tensor), and fails without it. Under its own
+    name, so that it shadows no module of the same name (a ``json.py`` of yours is not ``json``)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    name = f"accum_train_file_{path.stem}"
+    found = importlib.util.spec_from_file_location(name, path)
+    if found is None:
+        raise ImportError(f"{path} is not a Python module")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module

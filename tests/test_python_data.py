@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from accum_train import UserError
 from accum_train.config import as_config, load_config
+from accum_train.datasets.python import import_factory
 from accum_train.errors import Interrupted
 from accum_train.from_config.run import train
 from helpers import InterruptAt, iterated_autotuning, max_difference, update_records
@@ -44,6 +45,10 @@ def singles(split, epoch, seed, path):
 
 def endless(split, epoch, seed, path):
     return make(split, epoch, seed, path).repeat()
+
+
+def halved_when_large(split, epoch, seed, path):  # Python control flow on a tensor: tf.data converts it (AutoGraph)
+    return make(split, epoch, seed, path).map(lambda x, y: (x / 2.0 if tf.reduce_max(tf.abs(x)) > 1.0 else x, y))
 """
 
 
@@ -93,6 +98,15 @@ def test_a_factory_gives_the_weights_of_the_same_arrays_in_an_npz(project, monke
     assert summary["steps"] == 12 and "test_mae" in summary
 
 
+def test_a_factory_file_s_python_control_flow_on_tensors_runs_as_in_plain_python(project):
+    make = import_factory(f"{project / 'pipeline.py'}:halved_when_large")
+    got = np.stack([x for x, _ in make("train", 0, 0, path=str(project / "data.npz")).as_numpy_iterator()])
+    x = np.load(project / "data.npz")["x_train"]
+    expected = np.where(np.abs(x).max(axis=1, keepdims=True) > 1.0, x / 2.0, x)
+    assert 0 < np.sum(got != x) < x.size  # some rows halved, some not
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 def test_a_factory_s_pipeline_is_iterated_with_autotuning_off(project, monkeypatch):
     # autotuning's thread can hold an iterator's teardown until its next wake-up (datasets.base.untuned)
     factory = config(project, f"{{name: python, factory: 'pipeline:make', path: {project / 'data.npz'}}}", "epochs=2")
@@ -129,8 +143,8 @@ BAD = [
     (
         "no such function",
         "{{name: python, factory: 'pipeline:maker', path: x}}",
-        "data.factory='{project}/pipeline.py:maker': pipeline has no function 'maker' (it has endless, make, "
-        "not_a_dataset, singles, weighted)",
+        "data.factory='{project}/pipeline.py:maker': pipeline has no function 'maker' (it has endless, "
+        "halved_when_large, make, not_a_dataset, singles, weighted)",
     ),
     (
         "not a dataset",
