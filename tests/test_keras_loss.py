@@ -240,6 +240,70 @@ def test_plan_shows_the_loss_and_metrics_in_force(tmp_path):
     assert result["metrics"] == ["mae", "mse"]
 
 
+def classifier_project(tmp_path, activations):
+    """An .npz of class labels and an uncompiled keras_file of one output per activation ("a", "b", ...)."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(N, 6)).astype(np.float32), rng.integers(0, 3, N)
+    names = [""] if len(activations) == 1 else [f"_out_{i}" for i in range(len(activations))]
+    targets = {f"y_{split}{name}": y if split == "train" else y[:20] for name in names for split in ("train", "test")}
+    np.savez(tmp_path / "data.npz", x_train=x, x_test=x[:20], **targets)
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="tanh", name="hidden")(inputs)
+    outputs = [keras.layers.Dense(3, activation=a, name=f"out_{i}")(hidden) for i, a in enumerate(activations)]
+    keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0]).save(tmp_path / "model.keras")
+    return (
+        x,
+        y,
+        {
+            "model": {"name": "keras_file", "path": str(tmp_path / "model.keras")},
+            "data": {"name": "npz", "path": str(tmp_path / "data.npz"), "shuffle": False},
+            "batch_size": BATCH,
+            "subdivisions": K,
+            "epochs": EPOCHS,
+            "optimizer": {"name": "sgd", "learning_rate": RATE},
+        },
+    )
+
+
+def test_a_cross_entropy_named_in_the_yaml_takes_the_logits_of_an_output_without_activation(tmp_path):
+    x, y, config = classifier_project(tmp_path, [None])
+    accum_train.run({**config, "loss": "sparse_categorical_crossentropy"}, output_dir=tmp_path / "run")
+    oracle = keras.models.load_model(tmp_path / "model.keras", compile=False)
+    oracle.compile(optimizer=keras.optimizers.SGD(RATE), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    oracle.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    saved = np.load(tmp_path / "run" / "weights.npz")
+    assert max_difference([saved[k] for k in saved.files], oracle.get_weights()) < 1e-5
+
+
+# (the outputs' activations, the YAML's loss, the loss plan shows for each output)
+NAMED_ON_LOGITS = [
+    ([None], "sparse_categorical_crossentropy", ["sparse_categorical_crossentropy (on logits)"]),
+    (["softmax"], "sparse_categorical_crossentropy", ["sparse_categorical_crossentropy"]),
+    (
+        [None, "softmax"],
+        "sparse_categorical_crossentropy",
+        ["sparse_categorical_crossentropy (on logits)", "sparse_categorical_crossentropy"],
+    ),
+    ([None], "my_losses:sparse_ce", ["sparse_ce"]),  # your own function, as it is
+]
+
+
+@pytest.mark.parametrize(("activations", "loss", "shown"), NAMED_ON_LOGITS)
+def test_plan_shows_which_outputs_a_named_cross_entropy_takes_as_logits(tmp_path, activations, loss, shown):
+    from accum_train.config import as_config
+    from accum_train.from_config.build import load_data
+    from accum_train.plan import plan
+
+    (tmp_path / "my_losses.py").write_text(
+        "import keras\n\n\ndef sparse_ce(y_true, y_pred, from_logits=False):\n"
+        "    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=from_logits)\n"
+    )
+    _, _, config = classifier_project(tmp_path, activations)
+    cfg = as_config({**config, "loss": str(tmp_path / "my_losses.py:sparse_ce") if ":" in loss else loss})
+    assert [entry["loss"] for entry in plan(cfg, load_data(cfg))["loss"]] == shown
+
+
 def test_predict_and_export_give_the_trained_model_s_outputs(tmp_path):
     config = {**write(tmp_path), "epochs": 2}
     accum_train.run(config, output_dir=tmp_path / "run")

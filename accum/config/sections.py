@@ -99,7 +99,7 @@ class ModelConfig:
     )
     from_logits: bool = _spec(
         True,
-        help="keras_file: true if the model outputs logits, false if it ends "
+        help="keras_file with the built-in loss: true if the model outputs logits, false if it ends "
         "in a softmax (trained on the logits under it; export keeps it)",
     )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 
 import keras
 import tensorflow as tf
@@ -26,7 +27,7 @@ from .. import keras_private
 from ..errors import ConfigError
 from ..imports import import_function
 from ..models.containers import KerasModel
-from ..models.keras_file import accumulating_clone, load_keras_file
+from ..models.keras_file import accumulating_clone, load_keras_file, outputs_logits
 from ..models.precision import set_precision
 from ..text import first_line, shape_text, traced_error_line
 from ..trainer.keras_objective import KerasObjective
@@ -114,7 +115,7 @@ def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
     model = accumulating_clone(loaded, path)
     compiled = compile_config(path)
     if cfg.loss is not None:
-        loss, loss_weights = _named(cfg.loss, "loss", _loss), None
+        loss, loss_weights = _on_logits(cfg.loss, model.network), None
     else:
         loss, loss_weights = _from_file(compiled["loss"], keras.losses.get), compiled.get("loss_weights")
     if cfg.metrics is not None:
@@ -154,9 +155,19 @@ def keras_objective(network, signature, path: str) -> KerasObjective:
 def describe_loss(objective: KerasObjective) -> dict:
     """The loss per output (name, loss, weight) and the metrics' names, as plan shows them."""
     losses = [
-        {"output": entry.name, "loss": entry.loss.name, "weight": entry.loss_weights} for entry in objective.entries
+        {"output": entry.name, "loss": _loss_name(entry.loss), "weight": entry.loss_weights}
+        for entry in objective.entries
     ]
     return {"loss": losses, "metrics": _metric_names(objective.model)}
+
+
+def _loss_name(loss) -> str:
+    """A loss's name, and "(on logits)" where it takes logits (as the built-in loss is shown)."""
+    try:
+        on_logits = bool(loss.get_config().get("from_logits"))
+    except (AttributeError, NotImplementedError, TypeError):
+        on_logits = False
+    return f"{loss.name} (on logits)" if on_logits else loss.name
 
 
 def _check_class_targets(losses, y_spec) -> None:
@@ -250,6 +261,34 @@ def _loss(name: str, key: str = "loss"):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "e.g. mse, huber, binary_crossentropy"
         raise ConfigError(f"{key}={name!r} is not a Keras loss: {hint}") from None
+
+
+def _on_logits(spec, network):
+    """The YAML's loss (``_named``), where Keras names a cross-entropy for an output that ends in no activation,
+    on its logits: Keras' own default (from_logits=False) would take them for probabilities and train on
+    nonsense without a word. Your functions (``module:function``) are taken as they are."""
+    names = output_names(network)
+    logits = dict(zip(names, outputs_logits(network)))
+
+    def one(name, key, outputs):
+        loss = _loss(name, key)
+        if ":" in name or "from_logits" not in inspect.signature(loss).parameters:
+            return loss
+        if not all(logits.get(output) for output in outputs):
+            return loss
+        # its class (sparse_categorical_crossentropy: SparseCategoricalCrossentropy), as compile() would build it
+        named = getattr(keras.losses, "".join(part.capitalize() for part in loss.__name__.split("_")), None)
+        return named(from_logits=True) if named else keras.losses.LossFunctionWrapper(loss, from_logits=True)
+
+    if isinstance(spec, dict):
+        return {output: one(name, f"loss.{output}", [output]) for output, name in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        if len(spec) != len(names):  # compile's own error says so
+            return [_loss(name, "loss") for name in spec]
+        return [one(name, "loss", [output]) for name, output in zip(spec, names)]
+    if len(names) > 1 and len({logits[output] for output in names}) > 1:  # outputs of both kinds: one loss each
+        return [one(spec, "loss", [output]) for output in names]
+    return one(spec, "loss", names)
 
 
 def _metric(name: str, key: str = "metrics"):

@@ -140,6 +140,27 @@ def ends_in_softmax(model: keras.Model) -> bool:
         return False
 
 
+def outputs_logits(model: keras.Model) -> list:
+    """Per output: True where its layer ends in no activation (logits), False where in a softmax or a sigmoid
+    (probabilities), None where that cannot be told."""
+
+    def kind(layer):
+        while isinstance(getattr(layer, "layer", None), keras.layers.Layer):  # TimeDistributed, Bidirectional
+            layer = layer.layer
+        if isinstance(layer, keras.layers.Softmax):
+            return False
+        activation = getattr(layer, "activation", None)
+        if activation in (keras.activations.softmax, keras.activations.sigmoid):
+            return False
+        return True if activation is keras.activations.linear else None
+
+    kinds = []
+    for tensor in model.outputs:
+        layer = tensor._keras_history.operation
+        kinds.append(kind(_output_layer(layer) if isinstance(layer, keras.Model) else layer))
+    return kinds
+
+
 def _is_softmax(layer) -> bool:
     return isinstance(layer, keras.layers.Softmax) or getattr(layer, "activation", None) is keras.activations.softmax
 
