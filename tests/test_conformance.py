@@ -837,9 +837,9 @@ def test_a_model_with_its_own_step_is_refused_in_one_line_naming_why(model_class
     with pytest.raises(UserError) as caught:
         accum_train.fit(model, X, LABELS, batch_size=BATCH, subdivisions=2, verbose=0)
     assert str(caught.value) == (
-        f"accum_train.fit: model 'custom_model' overrides {method}, which accum_train.fit cannot cut into "
-        f"micro-batches (it differentiates the compiled loss itself): compile the loss with compile(loss=...), "
-        f"or train with model.fit"
+        f"accum_train.fit: model 'custom_model' overrides {method}, which accum_train.fit does not call (it "
+        f"differentiates the compiled loss itself, micro-batch by micro-batch): compile the loss with "
+        f"compile(loss=...), or train with model.fit"
     )
     assert_same(model.get_weights(), before, "weights")  # refused before anything trained
 

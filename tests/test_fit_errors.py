@@ -506,8 +506,9 @@ BAD = [
         own_step_model,
         (X, Y),
         {"batch_size": BATCH},
-        "model 'own_step' overrides train_step, which accum_train.fit cannot cut into micro-batches (it "
-        "differentiates the compiled loss itself): compile the loss with compile(loss=...), or train with model.fit",
+        "model 'own_step' overrides train_step, which accum_train.fit does not call (it differentiates the "
+        "compiled loss itself, micro-batch by micro-batch): compile the loss with compile(loss=...), or train with "
+        "model.fit",
     ),
     (
         "a loss without reduction",

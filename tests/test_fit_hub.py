@@ -164,9 +164,9 @@ def test_a_task_whose_compute_loss_is_its_own_is_refused():
     with pytest.raises(accum_train.UserError) as raised:
         accum_train.fit(model, TEXTS, batch_size=10, verbose=0)
     assert str(raised.value) == (
-        f"accum_train.fit: model {model.name!r} overrides compute_loss, which accum_train.fit cannot cut into "
-        f"micro-batches (it differentiates the compiled loss itself): compile the loss with compile(loss=...), or "
-        f"train with model.fit"
+        f"accum_train.fit: model {model.name!r} overrides compute_loss, which accum_train.fit does not call (it "
+        f"differentiates the compiled loss itself, micro-batch by micro-batch): compile the loss with "
+        f"compile(loss=...), or train with model.fit"
     )
 
 

@@ -50,8 +50,8 @@ def check_model(model) -> None:
         if getattr(type(model), method) is not getattr(keras.Model, method):
             raise Refused(
                 "own-train-step",
-                f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit cannot cut into "
-                f"micro-batches (it differentiates the compiled loss itself): compile the loss with "
+                f"{WHERE}: model {model.name!r} overrides {method}, which accum_train.fit does not call (it "
+                f"differentiates the compiled loss itself, micro-batch by micro-batch): compile the loss with "
                 f"compile(loss=...), or train with model.fit",
             )
     overwritten = float8_scales(model)
