@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..errors import Refused
+from .graphs import graph
 from .objective import EXAMPLES, TOTAL, Parts
 
 
@@ -157,7 +158,7 @@ class KerasObjective:
 
         specs = element_spec if isinstance(element_spec, tuple) else (element_spec,)
         with strategy.scope():
-            tf.function(step).get_concrete_function(*specs)
+            graph(step).get_concrete_function(*specs)  # traced as the micro-step is (graphs.py)
         self.groups = tuple(sorted(found[0].sums, key=lambda g: (g != EXAMPLES, g != TOTAL, g)))
         return self.groups
 

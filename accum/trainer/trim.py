@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..errors import Refused, UserError
+from .graphs import graph
 
 DEFAULT_MULTIPLE = 16  # trim_padding=True: lengths rounded up to a multiple of 16
 
@@ -123,7 +124,7 @@ def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where
         return parts.sums, parts.counts, grads
 
     with strategy.scope():  # traced for the feed's elements, as the probe that found ``groups`` was
-        measured = tf.function(measure).get_concrete_function(spec)
+        measured = graph(measure).get_concrete_function(spec)
         (sums, counts, grads), (cut_sums, cut_counts, cut_grads) = measured(whole), measured(trimmed)
     named = [("the number of values the loss averages", counts[g], cut_counts[g], 0.0) for g in counts]
     named += [("the loss summed", sums[g], cut_sums[g], 0.0) for g in groups]
