@@ -285,6 +285,8 @@ NAMED_ON_LOGITS = [
         "sparse_categorical_crossentropy",
         ["sparse_categorical_crossentropy (on logits)", "sparse_categorical_crossentropy"],
     ),
+    ([None], "SparseCategoricalCrossentropy", ["sparse_categorical_crossentropy (on logits)"]),
+    ([None], "huber", ["huber"]),  # no from_logits: as Keras names it
     ([None], "my_losses:sparse_ce", ["sparse_ce"]),  # your own function, as it is
 ]
 

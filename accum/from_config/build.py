@@ -264,28 +264,27 @@ def _loss(name: str, key: str = "loss"):
 
 
 def _on_logits(spec, network):
-    """The YAML's loss (``_named``), where Keras names a cross-entropy for an output that ends in no activation,
-    on its logits: Keras' own default (from_logits=False) would take them for probabilities and train on
-    nonsense without a word. Your functions (``module:function``) are taken as they are."""
+    """The YAML's loss as Keras objects; a Keras cross-entropy named for an output that ends in no activation
+    takes that output's logits: Keras' own default (from_logits=False) would take them for probabilities and
+    train on nonsense without a word. Your functions (``module:function``) are taken as they are."""
     names = output_names(network)
     logits = dict(zip(names, outputs_logits(network)))
 
     def one(name, key, outputs):
         loss = _loss(name, key)
-        if ":" in name or "from_logits" not in inspect.signature(loss).parameters:
+        if ":" in name or not all(logits.get(output) for output in outputs):
             return loss
-        if not all(logits.get(output) for output in outputs):
+        if isinstance(loss, keras.losses.Loss):  # named by its class (SparseCategoricalCrossentropy)
+            config = loss.get_config()
+            return type(loss).from_config({**config, "from_logits": True}) if "from_logits" in config else loss
+        if "from_logits" not in inspect.signature(loss).parameters:
             return loss
         # its class (sparse_categorical_crossentropy: SparseCategoricalCrossentropy), as compile() would build it
         named = getattr(keras.losses, "".join(part.capitalize() for part in loss.__name__.split("_")), None)
         return named(from_logits=True) if named else keras.losses.LossFunctionWrapper(loss, from_logits=True)
 
-    if isinstance(spec, dict):
+    if isinstance(spec, dict):  # one name per output (config/values.py: a name, or a mapping of them)
         return {output: one(name, f"loss.{output}", [output]) for output, name in spec.items()}
-    if isinstance(spec, (list, tuple)):
-        if len(spec) != len(names):  # compile's own error says so
-            return [_loss(name, "loss") for name in spec]
-        return [one(name, "loss", [output]) for name, output in zip(spec, names)]
     if len(names) > 1 and len({logits[output] for output in names}) > 1:  # outputs of both kinds: one loss each
         return [one(spec, "loss", [output]) for output in names]
     return one(spec, "loss", names)
