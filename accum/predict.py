@@ -150,9 +150,12 @@ def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
 
     spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
 
-    @tf.function(input_signature=[spec])
+    from .trainer.graphs import graph
+
     def batch_outputs(inputs):
         return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), run.model.forward(inputs, False))
+
+    batch_outputs = graph(batch_outputs, input_signature=[spec])  # traced as training traces the model
 
     n = len(tf.nest.flatten(x)[0])
     batches = [
