@@ -147,10 +147,8 @@ def outputs_logits(model: keras.Model) -> list:
     def kind(layer):
         while isinstance(getattr(layer, "layer", None), keras.layers.Layer):  # TimeDistributed, Bidirectional
             layer = layer.layer
-        if isinstance(layer, keras.layers.Softmax):
-            return False
         activation = getattr(layer, "activation", None)
-        if activation in (keras.activations.softmax, keras.activations.sigmoid):
+        if _is_softmax(layer) or activation is keras.activations.sigmoid:
             return False
         return True if activation is keras.activations.linear else None
 
