@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-UV     := $(BIN)/uv pip install -q --python $(BIN)/python
+UV     := $(BIN)/uv pip install -q --system-certs --python $(BIN)/python
 DATA   := /usr/share/datasets/fashion-mnist
 # KerasHub for the tests of its tasks, without the full `tensorflow` that tensorflow-text's wheel asks for (setup.cfg's
 # hub extra lists the rest); tensorflow-text 2.21.0 is broken (an undefined ICU symbol), 2.21.1 works
@@ -30,12 +30,14 @@ data:
 	fi
 
 # uv installs what pip would (the same resolution from PyPI, the same versions), unpacking the wheels in parallel:
-# 12 s against pip's 29 s on 2 cores, which kept `make test` in a fresh clone over its 4 minutes.
+# 12 s against pip's 29 s on 2 cores, which kept `make test` in a fresh clone over its 4 minutes. It trusts the
+# system's certificates (--system-certs) as pip is set to, behind a proxy that signs with its own; pip installs
+# where uv cannot.
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q uv==0.13.9
-	$(UV) -e ".[cpu,hub,test]"
-	$(UV) --no-deps $(HUB)
+	$(BIN)/pip install -q uv==0.13.9 || true
+	$(UV) -e ".[cpu,hub,test]" || $(BIN)/pip install -q --no-compile -e ".[cpu,hub,test]"
+	$(UV) --no-deps $(HUB) || $(BIN)/pip install -q --no-compile --no-deps $(HUB)
 	@# uv byte-compiles nothing; the tests' processes would each compile what they import (where nothing writes
 	@# .pyc files). compileall uses every core and, as pip does, skips a file that does not compile (templates,
 	@# Python 2 test data shipped in wheels).
