@@ -50,9 +50,14 @@ def import_function(spec: str, key: str, error: type[UserError] = UserError, als
 def _import_file(path: Path):
     """The module of the file ``path``, in sys.modules as an import would put it: AutoGraph looks a function's
     module up there to convert it (a tf.data map's Python ``if`` on a tensor), and fails without it. Under its own
-    name, so that it shadows no module of the same name (a ``json.py`` of yours is not ``json``)."""
+    name, so that it shadows no module of the same name (a ``json.py`` of yours is not ``json``). Its folder is
+    searched for the modules it imports, as a script's is, from any working directory (a resume's), after every
+    other place (so that it shadows nothing either)."""
     if not path.is_file():
         raise FileNotFoundError(f"no file {path}")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
     name = f"accum_train_file_{path.stem}"
     found = importlib.util.spec_from_file_location(name, path)
     if found is None:

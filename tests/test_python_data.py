@@ -5,6 +5,7 @@ resumed with --resume ends at the uninterrupted weights (the factory re-creates 
 where the checkpoint was); bad factories are one line each."""
 
 import signal
+import sys
 
 import keras
 import numpy as np
@@ -105,6 +106,22 @@ def test_a_factory_file_s_python_control_flow_on_tensors_runs_as_in_plain_python
     expected = np.where(np.abs(x).max(axis=1, keepdims=True) > 1.0, x / 2.0, x)
     assert 0 < np.sum(got != x) < x.size  # some rows halved, some not
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_a_factory_file_imports_the_modules_beside_it_from_any_working_directory(
+    project, monkeypatch, tmp_path_factory
+):
+    (project / "scales.py").write_text("FACTOR = 3.0\n")
+    (project / "scaled.py").write_text(
+        PIPELINE + "\n\nimport scales\n\n\ndef tripled(split, epoch, seed, path):\n"
+        "    return make(split, epoch, seed, path, scale=scales.FACTOR)\n"
+    )
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder the import adds goes with the test
+    make = import_factory(f"{project / 'scaled.py'}:tripled")
+    x = np.load(project / "data.npz")["x_train"]
+    got = np.stack([a for a, _ in make("train", 0, 0, path=str(project / "data.npz")).as_numpy_iterator()])
+    np.testing.assert_allclose(got, 3.0 * x, rtol=1e-6)
 
 
 def test_a_factory_s_pipeline_is_iterated_with_autotuning_off(project, monkeypatch):
