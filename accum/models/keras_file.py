@@ -125,9 +125,9 @@ def _check_interface(model: keras.Model, path: str, input_shape, num_classes: in
         )
 
 
-def _output_layer(model: keras.Model):
-    """The innermost layer that computes the model's output."""
-    layer = model.outputs[0]._keras_history.operation
+def _output_layer(model: keras.Model, index: int = 0):
+    """The innermost layer that computes the model's output (its ``index``-th)."""
+    layer = model.outputs[index]._keras_history.operation
     return _output_layer(layer) if isinstance(layer, keras.Model) else layer
 
 
@@ -140,23 +140,16 @@ def ends_in_softmax(model: keras.Model) -> bool:
         return False
 
 
-def outputs_logits(model: keras.Model) -> list:
-    """Per output: True where its layer ends in no activation (logits), False where in a softmax or a sigmoid
-    (probabilities), None where that cannot be told."""
+def outputs_logits(model: keras.Model) -> list[bool]:
+    """Per output: whether its layer ends in no activation, so that it gives logits (a softmax, a sigmoid or a
+    layer with no activation to read gives False)."""
 
-    def kind(layer):
+    def linear(layer) -> bool:
         while isinstance(getattr(layer, "layer", None), keras.layers.Layer):  # TimeDistributed, Bidirectional
             layer = layer.layer
-        activation = getattr(layer, "activation", None)
-        if _is_softmax(layer) or activation is keras.activations.sigmoid:
-            return False
-        return True if activation is keras.activations.linear else None
+        return getattr(layer, "activation", None) is keras.activations.linear
 
-    kinds = []
-    for tensor in model.outputs:
-        layer = tensor._keras_history.operation
-        kinds.append(kind(_output_layer(layer) if isinstance(layer, keras.Model) else layer))
-    return kinds
+    return [linear(_output_layer(model, index)) for index in range(len(model.outputs))]
 
 
 def _is_softmax(layer) -> bool:
