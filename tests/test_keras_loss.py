@@ -241,7 +241,7 @@ def test_plan_shows_the_loss_and_metrics_in_force(tmp_path):
 
 
 def classifier_project(tmp_path, activations):
-    """An .npz of class labels and an uncompiled keras_file of one output per activation ("a", "b", ...)."""
+    """An .npz of class labels and an uncompiled keras_file of one output per activation (out_0, out_1, ...)."""
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(N, 6)).astype(np.float32), rng.integers(0, 3, N)
     names = [""] if len(activations) == 1 else [f"_out_{i}" for i in range(len(activations))]
