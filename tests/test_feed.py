@@ -15,7 +15,7 @@ from accum_train.from_config.build import build_run, load_data
 from accum_train.trainer.batching import micro_bounds
 from accum_train.trainer.data import epoch_order
 from accum_train.trainer.feed import Reader, plan
-from accum_train.trainer.rundir import RunDirectory
+from accum_train.trainer.rundir import CheckpointPolicy, RunDirectory
 from accum_train.trainer.timeline import Segment
 from helpers import iterated_autotuning
 
@@ -135,7 +135,7 @@ def test_k_is_the_subdivisions_a_restored_checkpoint_holds(repo_root, tmp_path):
 def kept_in(path, run) -> RunDirectory:
     """``run``'s checkpoints in ``path``, as lifecycle.train keeps them."""
     directory = RunDirectory(path, True, "", "")
-    directory.keep(run.tracked, 1, run.engine, run.noise, run.optional)
+    directory.keep(run.tracked, CheckpointPolicy(keep=1), run.engine, run.noise, run.optional)
     return directory
 
 

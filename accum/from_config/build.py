@@ -32,6 +32,8 @@ from ..models.precision import set_precision
 from ..text import first_line, shape_text, traced_error_line
 from ..trainer.keras_objective import KerasObjective
 from ..trainer.objective import as_data, classifier
+from ..trainer.rundir import CheckpointPolicy
+from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 from ..trainer.trim import TrimmedSplit, check_trimmable
 from .source import compile_config, model_source
 from .startup import parallel_micro_steps
@@ -87,7 +89,28 @@ def build_run(cfg, data, strategy=None):
         model, objective = build_with_loss(cfg, data, cfg.precision)
         if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
             data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
-    return Run(cfg, data, model, objective, strategy, parallel)
+    return Run(cfg, data, model, objective, strategy, parallel, spec=train_spec(cfg))
+
+
+# What a run of the CLI's tells its user to change, in the config's own keys.
+CLI_WORDS = Wording(
+    auto="subdivisions=auto",
+    more="use more subdivisions or subdivisions: auto",
+    bad_fix="lower optimizer.learning_rate or set optimizer.clip_norm",
+)
+
+
+def train_spec(cfg) -> TrainSpec:
+    """What the trainer takes of ``cfg``: its micro-batches, limits and checkpoints, in no config's terms."""
+    count = cfg.subdivisions if isinstance(cfg.subdivisions, int) else None
+    return TrainSpec(
+        micro=MicroBatches(count=count, size=cfg.micro_batch_size, auto=cfg.auto_subdivisions),
+        words=CLI_WORDS,
+        memory_limit=None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit),
+        max_bad_steps=cfg.max_bad_steps,
+        baseline=cfg.baseline,
+        checkpoints=CheckpointPolicy(keep=cfg.checkpoint.keep, every_steps=cfg.checkpoint.every_steps),
+    )
 
 
 def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:

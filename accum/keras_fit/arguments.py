@@ -11,10 +11,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ..config import CheckpointConfig
 from ..config.wording import parse_size
 from ..errors import Refused, UserError
 from ..keras_private import storage
 from ..models.precision import float8_scales
+from ..trainer.rundir import CheckpointPolicy
+from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 from ..trainer.update import local_replica_ids
 
 WHERE = "accum_train.fit"
@@ -271,3 +274,27 @@ def _plain_ints(value):
     if isinstance(value, dict):
         return {key: _plain_ints(v) for key, v in value.items()}
     return value
+
+
+# What a call of fit tells its user to change, in fit's own arguments.
+FIT_WORDS = Wording(
+    auto='micro_batch_size="auto"',
+    more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
+    bad_fix="lower the optimizer's learning rate or compile it with an optimizer that clips (clipnorm)",
+)
+CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
+KEEP = CheckpointConfig().keep  # checkpoints kept: the config's default, as a run of the CLI keeps
+# Every epoch and every CHECKPOINT_SECONDS of training.
+FIT_CHECKPOINTS = CheckpointPolicy(keep=KEEP, every_seconds=CHECKPOINT_SECONDS)
+
+
+def train_spec(subdivisions, micro_batch_size, memory_limit, max_bad_steps) -> TrainSpec:
+    """What the trainer takes of fit's checked arguments (``memory_limit`` as ``memory_limit_of`` gives it)."""
+    auto = micro_batch_size == "auto"
+    return TrainSpec(
+        micro=MicroBatches(count=subdivisions, size=None if auto else micro_batch_size, auto=auto),
+        words=FIT_WORDS,
+        memory_limit=memory_limit,
+        max_bad_steps=max_bad_steps,
+        checkpoints=FIT_CHECKPOINTS,
+    )

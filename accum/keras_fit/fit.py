@@ -28,12 +28,10 @@ from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
 from ..trainer.batching import Cut, k_for_micro_batch
-from ..trainer.engine_for import accumulator_for
 from ..trainer.gradient_cache import cache_line
 from ..trainer.keras_objective import KerasObjective
-from ..trainer.memory import UNMEASURED, choose_subdivisions
-from ..trainer.runtime import auto_parallel
 from ..trainer.scoring import Evaluation, KerasMetrics
+from ..trainer.trainer import Trainer, build_engine
 from ..trainer.trim import check_trim, check_trimmable, trim_multiple
 from ..trainer.update import LOSS_SCALE, local_replica_ids
 from . import checks
@@ -47,8 +45,9 @@ from .arguments import (
     order_seed,
     schedule_of,
     strategy_of,
+    train_spec,
 )
-from .fit_hooks import FitHooks, Limits
+from .fit_hooks import FitHooks
 from .history import FitHistory
 from .inputs import check_examples_are_batched, make_feed, split_validation, streamed_source, validation_feed
 from .pipeline import preprocesses, task_batches
@@ -196,6 +195,7 @@ def fit(
         return subdivisions or (k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else 1)
 
     k = 1 if auto else k_for(nominal)
+    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
     cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
@@ -239,9 +239,9 @@ def fit(
             sources = [(objective, groups, feed, WHERE), (scored, eval_groups, validation, f"{WHERE}: validation_data")]
             for taken, found, source, where in sources if trim else ():  # the validation's loss is reported too
                 if source is not None:
-                    first, spec = source.first_batch(), source.element_spec
-                    check_trim(taken, found, first, source.timed, spec, cut, strategy, where)
-            built = _engine(model, objective, scored, adapters, k, strategy, groups, eval_groups, auto, limit)
+                    first, element_spec = source.first_batch(), source.element_spec
+                    check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
+            built = _engine(model, objective, scored, adapters, spec, nominal, strategy, groups, eval_groups)
             checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
@@ -253,8 +253,7 @@ def fit(
         engine.set_subdivisions(k)
         restore.callback(engine.release)
         say = print if verbose else (lambda line: None)
-        limits = Limits(memory_limit=limit, max_bad_steps=max_bad_steps)
-        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say, limits=limits)
+        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
         checkpoints = None
@@ -273,15 +272,15 @@ def fit(
                     else [[e + 1, size] for e, size in schedule]
                 )
             checkpoints = restore.enter_context(
-                FitRunDir.open(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
+                FitRunDir.open(
+                    Path(output_dir), model, engine, loop.noise, described, spec.checkpoints, say, loop.rule_tracked
+                )
             )
             loop.follow_restored_rule()
             loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
-        fresh = checkpoints is None or not checkpoints.resumed  # a resume goes on at the k it had come to
-        if auto and fresh and limit is not None:
-            choose_subdivisions(engine, _first_examples(feed), nominal, limit[1], limit[0], say, AUTO, loop.guard.remat)
-        elif auto and fresh:
-            say(UNMEASURED.format(name=AUTO, first="one micro-batch per replica"))
+        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say, checkpoints)
+        if checkpoints is None or not checkpoints.resumed:  # a resume goes on at the k it had come to
+            loop.trainer.probe(_first_examples(feed), nominal)
         if auto:
             loop.cut = Cut(engine.k, replicas, cut.local)
         if checkpoints is not None:
@@ -309,9 +308,6 @@ def _eagerly():
         yield
     finally:
         tf.config.run_functions_eagerly(before)
-
-
-AUTO = 'micro_batch_size="auto"'  # what the lines of automatic micro-batches call them in fit
 
 
 def _first_examples(feed):
@@ -359,9 +355,10 @@ def _probe(objective, element_spec, strategy, names) -> tuple:
     return groups
 
 
-def _engine(model, objective, scored, norm_layers, k, strategy, groups, eval_groups, auto, limit):
+def _engine(model, objective, scored, norm_layers, spec, nominal, strategy, groups, eval_groups):
     """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart as ``objective`` (``scored``:
-    as the validation data's evaluation takes it)."""
+    as the validation data's evaluation takes it), as ``spec`` (trainer.TrainSpec) says for batches of
+    ``nominal``."""
     optimizer = model.optimizer
     loss_scale, growth = None, LOSS_SCALE.growth_steps
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -371,20 +368,18 @@ def _engine(model, objective, scored, norm_layers, k, strategy, groups, eval_gro
         loss_scale = LOSS_SCALE.initial
     metrics = KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
-    engine = accumulator_for(
+    engine = build_engine(
+        spec,
         model,
         objective,
         optimizer,
-        subdivisions=k,
-        # XLA: one micro-step at a time. Its compiled micro-step spreads over the cores on its own; two in flight
-        # cost about 4% more CPU and wall time on a 2-core CPU (the masked tagger of peers_masked.py, two runs)
-        parallel=1 if jit else auto_parallel(2 if auto else k, limit is not None, strategy.num_replicas_in_sync),
+        nominal,
+        strategy,
         groups=groups,
         metrics=metrics,
         prepare=_unpacked,
         norm_layers=norm_layers,
         jit=jit,
-        strategy=strategy,
         loss_scale=loss_scale,
         growth_steps=growth,
     )

@@ -28,11 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..errors import too_many_bad_updates
-from ..trainer.batching import Cut, largest_share, same_size
+from ..trainer.batching import Cut, same_size
 from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
-from ..trainer.loop import Loop
-from ..trainer.memory import MemoryGuard, rematerialiser
 from ..trainer.noise import NoiseScale, rule_change
 
 
@@ -42,37 +39,19 @@ def as_python(logs: dict) -> dict:
     return keras_private.pythonify_logs(tf.nest.map_structure(np.asarray, logs))
 
 
-class Limits(NamedTuple):
-    """What ends an update or the call, the CLI's keys of those names: ``memory_limit`` as (bytes, as given)."""
-
-    memory_limit: tuple | None = None
-    max_bad_steps: int | None = None
-
-
 class FitHooks:
     """accum_train.fit's side of the loop (loop.Loop). ``engine`` (engine.Accumulator) trains, ``evaluation``
     (scoring.Evaluation) validates; ``feed``/``validation`` are inputs.Feed objects; ``cut`` how a batch
     becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
-    ``limits`` (``Limits``) the memory limit and max_bad_steps; ``checkpoints`` (or None) keeps a run
-    directory's state (rundir.py)."""
+    ``checkpoints`` (or None) keeps a run directory's state (rundir.py); ``trainer`` (trainer.Trainer, set
+    before ``run``) runs the loop."""
 
-    def __init__(
-        self, model, engine, evaluation, feed, cut, validation, nominal, *, auto=False, say=print, limits=None
-    ):
+    def __init__(self, model, engine, evaluation, feed, cut, validation, nominal, *, auto=False, say=print):
         self.model, self.engine, self.evaluation = model, engine, evaluation
         self.feed, self.cut, self.validation = feed, cut, validation
         self.nominal, self.auto = int(nominal), auto
         self.strategy = engine.strategy
-        self.guard = MemoryGuard(
-            engine,
-            say,
-            largest=largest_share(self.nominal, cut.replicas),
-            adapts=auto,
-            more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
-            limit=limits and limits.memory_limit,
-            remat=rematerialiser(model, engine),
-        )
-        self.max_bad_steps = limits and limits.max_bad_steps
+        self.trainer = None
         self.k_for = None  # with batch_schedule: the micro-batches per share of each batch size in force
         # batch_schedule's noise-scale rule (config.BatchRule) and its changes so far, checkpointed as JSON
         # [[1-based epoch, batch size], ...] (the CLI's form)
@@ -135,8 +114,7 @@ class FitHooks:
         self.logs, self.training_logs = {}, None
         first_epoch, first_update = start
         begin = max(initial_epoch, first_epoch)
-        self.loop = Loop(self.engine, self.guard, self.noise, self.stop, self.max_bad_steps)
-        self.loop.run(self, begin, first_update if begin == first_epoch else 0, epochs)
+        self.trainer.train(self, begin, first_update if begin == first_epoch else 0, epochs, self.stop)
         if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
             model.optimizer.finalize_variable_values(model.trainable_weights)
         self.callbacks.on_train_end(logs=self.training_logs)
@@ -169,7 +147,7 @@ class FitHooks:
         if k != self.engine.k:
             self.engine.set_subdivisions(k)  # an input of the update's graph: no new trace
         self.nominal, self.cut = size, Cut(k, self.cut.replicas, self.cut.local)
-        self.guard.largest = largest_share(size, self.cut.replicas)
+        self.trainer.follow_batch(size)
         self.callbacks.set_params({**self.callbacks.params, "steps": updates})
 
     @property
@@ -232,17 +210,6 @@ class FitHooks:
         self._follow_noise(epoch)
         if self.checkpoints is not None:
             self.checkpoints.after_epoch(epoch, epoch_logs)
-
-    def too_many_bad(self, bad: int, updates_done: int):
-        """max_bad_steps reached: with a run directory, its checkpoint (just saved) is the last good state."""
-        done, resume = updates_done, ""
-        if self.checkpoints is not None:
-            done, resume = self.checkpoints.step, self.checkpoints.resume_hint  # its checkpoint: just saved
-        fix = "lower the optimizer's learning rate or compile it with an optimizer that clips (clipnorm)"
-        return too_many_bad_updates(bad, self.max_bad_steps, done, fix, resume)
-
-    def interrupted(self, signum: int):  # only with a run directory: it has just checkpointed this update
-        return self.checkpoints.interrupted(signum)
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""

@@ -7,7 +7,7 @@ What it holds:
   it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
   of a call that never returned (accum/reload.py);
 - ``checkpoints/``: the model's variables, the optimizer, the metrics' running state, the update and epoch
-  counts and the engine's counters, after every epoch, every ``CHECKPOINT_SECONDS`` of training and when a
+  counts and the engine's counters, after every epoch, every ``arguments.CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
 - ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
 - ``metrics.jsonl``: one record per update (``step``, ``epoch``, the ``batch_size`` and ``subdivisions`` (k) it
@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from ..config import CheckpointConfig
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
 from ..keras_private import lora_layers, storage
@@ -49,14 +48,11 @@ from ..trainer.rundir import (
     RunDirectory,
     check_place,
     is_fit_run_dir,
-    run_figures,
     write_json,
 )
 from ..trainer.runtime import is_chief, strategy_name
 
-CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
-KEEP = CheckpointConfig().keep  # checkpoints kept: the config's default, as a run of the CLI keeps
 
 
 def recorded_seed(run_dir: Path):
@@ -70,8 +66,8 @@ def recorded_seed(run_dir: Path):
 class FitRunDir(RunDirectory):
     """The run directory of one accum_train.fit call (``open`` it), with what is fit's: fit.json's check, the
     epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every ``FLUSH_SECONDS``, a
-    checkpoint every epoch and ``CHECKPOINT_SECONDS``. ``start`` is (epoch, update) to go on from; ``done`` the
-    updates done."""
+    checkpoint as its ``policy`` says (arguments.FIT_CHECKPOINTS). ``start`` is (epoch, update) to go on from;
+    ``done`` the updates done."""
 
     def __init__(self, run_dir: Path, model, engine, noise):
         hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
@@ -82,14 +78,15 @@ class FitRunDir(RunDirectory):
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
         self.stop = None  # the signal's flag, while open
-        self.began, self.saved_at = (time.time(), time.process_time()), time.time()
+        self.began = time.time(), time.process_time()
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, run_dir: Path, model, engine, noise, described: dict, say=print, extra=None):
+    def open(cls, run_dir: Path, model, engine, noise, described: dict, policy, say=print, extra=None):
         """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
         out save the model and summary.json (or, on an exception, leave the last checkpoint as it is).
-        ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by name)."""
+        ``noise``: the run's noise.NoiseScale, checkpointed with it; ``policy``: when to checkpoint
+        (rundir.CheckpointPolicy); ``extra``: more to checkpoint (by name)."""
         run = cls(run_dir, model, engine, noise)
         tracked = {
             "weights": [storage(v) for v in model.variables],
@@ -104,7 +101,7 @@ class FitRunDir(RunDirectory):
                 run._check(described)
             run.enter(held)
             # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
-            run.keep(tracked, KEEP, engine, noise, optional={"subdivisions": engine.subdivisions})
+            run.keep(tracked, policy, engine, noise, optional={"subdivisions": engine.subdivisions})
             if checkpoint_numbers(run.path / "checkpoints"):
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
@@ -190,7 +187,6 @@ class FitRunDir(RunDirectory):
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
         self.save(self.done)
-        self.saved_at = time.time()
 
     def _write(self, record: dict) -> None:
         """One record for metrics.jsonl, written with those before it every ``FLUSH_SECONDS`` and before every
@@ -211,7 +207,7 @@ class FitRunDir(RunDirectory):
         record = {"step": self.done, "epoch": epoch + 1, "batch_size": batch_size, "subdivisions": self.engine.k}
         record.update(update_figures(out))
         self._write({**record, **_plain(logs)})
-        if signalled or time.time() - self.saved_at >= CHECKPOINT_SECONDS:
+        if signalled or self.due(self.done):
             self._save(epoch, update_in_epoch)
 
     def after_epoch(self, epoch: int, logs: dict) -> None:
@@ -225,16 +221,7 @@ class FitRunDir(RunDirectory):
         if not self.writer:
             return
         self._save_model("model.keras")
-        write_json(
-            self.path / "summary.json",
-            {
-                "steps": self.done,
-                "epochs": int(self.epoch.numpy()),
-                **run_figures(self.engine, self.noise, self.began),
-                "subdivisions": self.engine.k,
-                "replicas": self.engine.replicas,
-            },
-        )
+        self.write_summary(self.done, self.began, {"epochs": int(self.epoch.numpy())})
 
 
 def _argument(key: str, value) -> str:

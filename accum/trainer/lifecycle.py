@@ -24,10 +24,10 @@ from ..progress import Progress
 from .batching import k_for_micro_batch
 from .checkpoints import newest_intact_checkpoint
 from .data import describe_split, first_batch, largest_micro_batch, split_warnings
-from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
 from .run_hooks import RunHooks
 from .run_parts import Run
-from .rundir import RunDirectory, keep_model_file, run_figures, save_weights, write_json
+from .rundir import RunDirectory, keep_model_file, save_weights
+from .trainer import Trainer
 
 
 def train(
@@ -44,7 +44,7 @@ def train(
         # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
         found = newest_intact_checkpoint(run_dir / "checkpoints", flag) if resume and writer else None
         directory.enter(held)
-        directory.keep(run.tracked, cfg.checkpoint.keep, run.engine, run.noise, run.optional)
+        directory.keep(run.tracked, run.spec.checkpoints, run.engine, run.noise, run.optional)
         restored = 0
         if resume:
             restored = directory.restore(progress.message, found)
@@ -66,43 +66,34 @@ def train(
         if writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
             data.file_checks.save(run_dir)
             progress.message(data.file_checks.line())
-        step = _start(run, directory, resume, restored, progress)
-        guard = MemoryGuard(
-            run.engine,
-            progress.message,
-            largest=cfg.batch_size,
-            adapts=cfg.auto_subdivisions,
-            more="use more subdivisions or subdivisions: auto",
-            limit=None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit),
-            remat=_rematerialiser(run),
-        )
+        trainer = Trainer(run.spec, run.engine, _network(run), run.noise, cfg.batch_size, progress.message, directory)
+        step = _start(run, trainer, directory, resume, restored, progress)
         announce_started()  # to a --workers supervisor: every worker has joined
 
         with directory.stop_flag() as stop:
-            step = RunHooks(run, directory, progress).train(step, guard, stop)
+            step = RunHooks(run, directory, progress, trainer).train(step, stop)
 
-        summary = {
-            **run.scores(),
-            "steps": step,
-            "examples_seen": run.timeline.examples_seen(step),
-            **run_figures(run.engine, run.noise, started),  # time, memory peaks, skipped updates, loss and noise scales
-            "subdivisions": run.subdivisions,
-            "replicas": run.replicas,
-            # how many times a --workers supervisor started this run's workers again after a failure
-            "restarts": restarts(),
-            "batch_size": cfg.batch_size,
-            "batch_schedule": [
-                {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size} for p in run.timeline.phases
-            ]
-            if len(run.timeline.phases) > 1
-            else None,
-            "baseline": cfg.baseline,
-            "precision": cfg.precision,
-            **threads,
-        }
         save_weights(run.model.named_weights(), run_dir / "weights.npz")
-        write_json(run_dir / "summary.json", summary)
-        return summary
+        return directory.write_summary(
+            step,
+            started,
+            {
+                **run.scores(),
+                "examples_seen": run.timeline.examples_seen(step),
+                # how many times a --workers supervisor started this run's workers again after a failure
+                "restarts": restarts(),
+                "batch_size": cfg.batch_size,
+                "batch_schedule": [
+                    {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size}
+                    for p in run.timeline.phases
+                ]
+                if len(run.timeline.phases) > 1
+                else None,
+                "baseline": cfg.baseline,
+                "precision": cfg.precision,
+                **threads,
+            },
+        )
 
 
 def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, replicas: int) -> int:
@@ -111,7 +102,7 @@ def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, rep
     return k_for_micro_batch(batch_size, largest_micro_batch(batch_size, replicas_before, k_before), replicas)
 
 
-def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progress: Progress) -> int:
+def _start(run: Run, trainer: Trainer, directory: RunDirectory, resume: bool, restored: int, progress: Progress) -> int:
     """Go on from the ``restored`` step or begin (choosing k for subdivisions=auto), say how the batch is split;
     the first step.
 
@@ -134,15 +125,13 @@ def _start(run: Run, directory: RunDirectory, resume: bool, restored: int, progr
                 f"fixed when the run started); later updates use its final learning rate"
             )
         if not cfg.baseline:
-            _adapt_to_replicas(run, progress, run.timeline.batch_size(step))
+            _adapt_to_replicas(run, trainer, progress, run.timeline.batch_size(step))
     else:
-        if cfg.auto_subdivisions and not cfg.baseline and cfg.memory_limit is None:
-            progress.message(UNMEASURED.format(name="subdivisions=auto", first="one micro-batch per replica"))
-        elif cfg.auto_subdivisions and not cfg.baseline:
-            _probe(run, cfg.batch_size, progress)
+        trainer.probe(_first_examples(run), cfg.batch_size)
         directory.save(0)  # a run is resumable from its first moment
     batch = run.timeline.batch_size(min(step, run.total_steps - 1))
     k = run.follow_batch(batch)
+    trainer.follow_batch(batch)
     if cfg.strategy.name != "default":
         progress.message(describe_split(batch, None if cfg.baseline else k, run.replicas))
     elif not cfg.baseline:
@@ -204,16 +193,12 @@ def describe_phases(run: Run) -> str:
     return "; ".join(parts)
 
 
-def _probe(run: Run, batch: int, progress: Progress) -> None:
-    """subdivisions=auto's k for ``batch`` under memory_limit, probed on the first m examples of the first
-    update's batch (memory.choose_subdivisions)."""
-    cfg = run.cfg
-    take = lambda m: first_batch(run.data, cfg.seed, m, cfg.data.shuffle)  # noqa: E731
-    limit, say = cfg.memory_limit, progress.message
-    choose_subdivisions(run.engine, take, batch, limit, cfg.memory_limit_bytes, say, remat=_rematerialiser(run))
+def _first_examples(run: Run):
+    """``take(m)`` for the auto probe: the first m examples of the first update's batch."""
+    return lambda m: first_batch(run.data, run.cfg.seed, m, run.cfg.data.shuffle)
 
 
-def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
+def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
     """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
     ``batch``: the batch size in force."""
     cfg = run.cfg
@@ -224,7 +209,7 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
         run.follow_batch(batch)
     elif cfg.auto_subdivisions and cfg.memory_limit is not None:
         run.engine.set_subdivisions(1)
-        _probe(run, batch, progress)
+        trainer.probe(_first_examples(run), batch)
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)
@@ -236,6 +221,6 @@ def _adapt_to_replicas(run: Run, progress: Progress, batch: int) -> None:
     )
 
 
-def _rematerialiser(run):
-    """subdivisions: auto's last rung for a keras_file network (memory.rematerialiser); None for a built-in net."""
-    return rematerialiser(getattr(run.model, "network", None), run.engine)
+def _network(run):
+    """The Keras model a keras_file run trains (rematerialisation's); None for a built-in TensorLayer net."""
+    return getattr(run.model, "network", None)

@@ -33,8 +33,10 @@ checkpoints, progress and callbacks. The hooks:
     after each epoch; whether the door asked to stop (model.stop_training).
 ``failed(source, step, err)``
     an update failed with a TensorFlow error (a broken file is named there).
-``too_many_bad(bad, updates_done)``, ``interrupted(signum)``
-    the errors that end the call.
+
+The errors that end the call, ``too_many_bad(bad, updates_done)`` and
+``interrupted(signum)``, come from ``ends`` (the Trainer, trainer.py): they
+read the run directory, not the door.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ import tensorflow as tf
 class Loop:
     """The epochs of one call: ``engine`` (engine.Accumulator) updates through ``guard`` (memory.MemoryGuard);
     ``noise`` (noise.NoiseScale) follows the updates; ``stop`` (stopping.StopFlag, or None) is the signal flag;
-    ``max_bad_steps`` (or None) ends the call after that many non-finite updates in a row."""
+    ``max_bad_steps`` (or None) ends the call after that many non-finite updates in a row, with the error ``ends``
+    gives (trainer.Trainer)."""
 
-    def __init__(self, engine, guard, noise, stop=None, max_bad_steps=None):
-        self.engine, self.guard, self.noise, self.stop = engine, guard, noise, stop
+    def __init__(self, engine, guard, noise, stop, max_bad_steps, ends):
+        self.engine, self.guard, self.noise, self.stop, self.ends = engine, guard, noise, stop, ends
         self.max_bad_steps = max_bad_steps
         self.updates_done = 0  # by this call
 
@@ -77,9 +80,9 @@ class Loop:
                 # skipped updates changed nothing: a checkpoint here is the last good state
                 hooks.after_update(epoch, step, out, final=bool(signalled or too_many))
                 if too_many:
-                    raise hooks.too_many_bad(bad, self.updates_done)
+                    raise self.ends.too_many_bad(bad, self.updates_done)
                 if signalled:
-                    raise hooks.interrupted(signalled)
+                    raise self.ends.interrupted(signalled)
                 if hooks.stopping:
                     break
             hooks.epoch_end(epoch, step)

@@ -1,8 +1,8 @@
 """The CLI's side of the one loop (loop.Loop): a built run's (run_parts.Run) records, checkpoints and progress in
 its run directory (rundir.RunDirectory).
 
-``RunHooks.train(step, guard, stop)`` runs the epochs from ``step`` (updates
-done) to the run's end. Records are flushed to metrics.jsonl every
+``RunHooks.train(step, stop)`` runs the epochs from ``step`` (updates done) to
+the run's end through the Trainer (trainer.py). Records are flushed to metrics.jsonl every
 ``log_every`` updates and before every checkpoint (a checkpoint never counts an
 update that metrics.jsonl lacks); a stop (a signal, max_bad_steps) is
 checkpointed at the update it comes after. Where the run is within an epoch is
@@ -14,9 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..errors import too_many_bad_updates
 from .feed import Reader
-from .loop import Loop
 
 
 @dataclass
@@ -41,19 +39,18 @@ class RunHooks:
 
     stopping = False  # a run ends at its last epoch, or by an error
 
-    def __init__(self, run, directory, progress):
+    def __init__(self, run, directory, progress, trainer):
         self.run, self.directory, self.log, self.progress = run, directory, directory.log, progress
+        self.trainer = trainer  # trainer.Trainer: the loop, the guard, the errors that end a run
         self.state = None
         self.step = 0
 
-    def train(self, step: int, guard, stop) -> int:
-        """Every epoch from ``step`` (updates done) on, updates through ``guard`` (memory.MemoryGuard), ``stop`` the
-        run's stopping.StopFlag; the step the run ends at. The run's length can change on the way
-        (batch_schedule's rule grows the batch at epoch ends)."""
+    def train(self, step: int, stop) -> int:
+        """Every epoch from ``step`` (updates done) on, ``stop`` the run's stopping.StopFlag; the step the run ends
+        at. The run's length can change on the way (batch_schedule's rule grows the batch at epoch ends)."""
         run = self.run
         self.step = step
-        loop = Loop(run.engine, guard, run.noise, stop, run.cfg.max_bad_steps)
-        loop.run(self, run.timeline.epoch_of(step), step, run.cfg.epochs)
+        self.trainer.train(self, run.timeline.epoch_of(step), step, run.cfg.epochs, stop)
         return self.step
 
     def epoch_begin(self, epoch: int, resumed_at: int | None):
@@ -80,39 +77,22 @@ class RunHooks:
         state.pending.append((step, planned.n, {**out, "noise_scale": noise}, planned.batch_size, run.subdivisions))
         # a stop every process agreed on (a signal, max_bad_steps) is checkpointed after this update
         stopping = int(out["stop"]) or int(out["bad_updates_in_a_row"]) >= cfg.max_bad_steps
-        if len(state.pending) >= cfg.log_every or step == state.end or self._checkpoint_due(step) or stopping:
+        if len(state.pending) >= cfg.log_every or step == state.end or self.directory.due(step) or stopping:
             self._flush(state)
 
     def after_update(self, epoch: int, step: int, out: dict, final: bool) -> None:
         """The checkpoint, where due (``final``: the run stops after this update), after the records it counts."""
-        due = self._checkpoint_due(step)
+        due = self.directory.due(step)
         if final:
             self._flush(self.state)  # a signal to this process alone, heard after the write above
         if final or (due and step != self.state.end):  # the epoch's end checkpoints in epoch_end
             self.directory.save(step)
-
-    def _checkpoint_due(self, step: int) -> bool:
-        every = self.run.cfg.checkpoint.every_steps
-        return bool(every) and step % every == 0
 
     def ran_out(self, end) -> None:  # the run's feed lays out every update: only a bug gets here
         raise AssertionError(f"the run's feed ended before update {end}")
 
     def failed(self, reader: Reader, step: int, err) -> None:
         broken_file(self.run.data.train, reader.indices(step), err)
-
-    def too_many_bad(self, bad: int, updates_done: int):
-        run = self.run
-        return too_many_bad_updates(
-            bad,
-            run.cfg.max_bad_steps,
-            self.step,
-            "lower optimizer.learning_rate or set optimizer.clip_norm",
-            self.directory.resume_hint,
-        )
-
-    def interrupted(self, signum: int):
-        return self.directory.interrupted(signum)
 
     def _flush(self, state: EpochState) -> None:
         """Write the buffered updates' records; before any checkpoint, which must never count an update that

@@ -10,22 +10,23 @@ import json
 import tensorflow as tf
 
 from ..config import BatchChange, Config
-from .engine_for import accumulator_for
 from .keras_objective import is_keras_loss
 from .noise import NoiseScale, rule_change
 from .objective import as_data
 from .scoring import Scorer, eval_batch_size
 from .timeline import Timeline
+from .trainer import build_engine
 from .trim import TrimmedSplit, check_trim
 
 
 class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
-    def __init__(self, cfg: Config, data, model, objective, strategy=None, parallel: int = 1):
+    def __init__(self, cfg: Config, data, model, objective, strategy=None, parallel: int = 1, *, spec):
         """``cfg`` checked against ``data`` (``Config.for_data``); ``model`` and its ``objective`` built under
         ``strategy`` for that data, as the front end builds them (from_config.build_run); ``parallel`` micro-steps
-        in flight."""
+        in flight; ``spec``: what the trainer takes of the config (trainer.TrainSpec)."""
+        self.spec = spec
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
         from .optim import make_optimizer, run_schedule
@@ -54,15 +55,14 @@ class Run:
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         self.keras_loss = is_keras_loss(objective)
-        self.engine = accumulator_for(
+        self.engine = build_engine(
+            spec,
             self.model,
             self.objective,
             self.optimizer,
-            # subdivisions=auto starts at 1; choose_subdivisions measures before training.
-            subdivisions=1 if cfg.auto_subdivisions else cfg.subdivisions_for(cfg.batch_size, self.replicas),
-            one_pass=cfg.baseline,
-            parallel=parallel,
-            strategy=strategy,
+            cfg.batch_size,
+            strategy,
+            parallel,
             prepare=self.prepare,
             clip_norm=cfg.optimizer.clip_norm,
             norm_layers=self.model.norm_layers,

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import Interrupted, RunDirError
@@ -33,6 +34,23 @@ from .stopping import StopFlag
 FIT_RECORD = "fit.json"
 
 
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a run saves a checkpoint besides every epoch's end and a stop: every ``every_steps`` updates, and after
+    ``every_seconds`` of training since the last one (None: not by that measure); the newest ``keep`` are kept.
+    Each door's default is in accum/defaults.py."""
+
+    keep: int
+    every_steps: int | None = None
+    every_seconds: float | None = None
+
+    def due(self, step: int, saved_at: float) -> bool:
+        """Whether update ``step`` (1-based) checkpoints, the last checkpoint saved at ``saved_at`` (time.time())."""
+        if self.every_steps and step % self.every_steps == 0:
+            return True
+        return self.every_seconds is not None and time.time() - saved_at >= self.every_seconds
+
+
 class RunDirectory:
     """A run directory as a run of either door trains into it: one writer at a time (lock.writing), the one
     checkpoint manager (checkpoints.Checkpoints), the one metrics.jsonl writer (metrics_log.MetricsLog) and the
@@ -45,8 +63,9 @@ class RunDirectory:
     def __init__(self, path: Path, writer: bool, flag: str, resume_hint: str):
         self.path, self.writer, self.flag, self.resume_hint = Path(path), writer, flag, resume_hint
         self.local = self.path  # where this process writes
-        self.checkpoints = self.log = None  # once ``keep`` knows what to checkpoint
+        self.checkpoints = self.log = self.policy = None  # once ``keep`` knows what to checkpoint, and when
         self.step = 0  # the update of the newest checkpoint, saved or restored
+        self.saved_at = time.time()
 
     def enter(self, held: contextlib.ExitStack) -> RunDirectory:
         """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes. A
@@ -73,13 +92,18 @@ class RunDirectory:
                     entry.unlink()
         return False  # the error goes on
 
-    def keep(self, tracked: dict, keep: int, engine, noise, optional=None) -> None:
+    def keep(self, tracked: dict, policy: CheckpointPolicy, engine, noise, optional=None) -> None:
         """Checkpoint ``tracked`` with what every run keeps (``Checkpoints``: ``engine``'s counters, ``noise``'s
-        averages, ``optional`` where a checkpoint holds it), the newest ``keep``; and open metrics.jsonl."""
+        averages, ``optional`` where a checkpoint holds it) as ``policy`` says; and open metrics.jsonl."""
+        self.policy, self.engine, self.noise = policy, engine, noise
         self.checkpoints = Checkpoints(
-            tracked, self.local / "checkpoints", keep, self.resume_hint, engine, noise, optional=optional
+            tracked, self.local / "checkpoints", policy.keep, self.resume_hint, engine, noise, optional=optional
         )
         self.log = MetricsLog(self.local)
+
+    def due(self, step: int) -> bool:
+        """Whether update ``step`` checkpoints by the policy's count or time (``CheckpointPolicy.due``)."""
+        return self.policy.due(step, self.saved_at)
 
     def restore(self, say, found=None) -> int:
         """Restore the newest intact checkpoint of ``path`` (``Checkpoints.restore_newest``; the writer moves
@@ -90,7 +114,21 @@ class RunDirectory:
     def save(self, step: int) -> None:
         """A checkpoint of the state as of ``step`` updates."""
         self.checkpoints.save(step)
-        self.step = step
+        self.step, self.saved_at = step, time.time()
+
+    def write_summary(self, steps: int, started: tuple, door: dict) -> dict:
+        """summary.json, both doors' one writer: the ``steps`` done, what ``run_figures`` says of every run since
+        ``started`` ((wall, CPU) seconds), how the batch was cut, and the ``door``'s own fields; what it wrote."""
+        engine = self.engine
+        summary = {
+            "steps": steps,
+            **run_figures(engine, self.noise, started),
+            "subdivisions": 1 if engine.one_pass else engine.k,
+            "replicas": engine.replicas,
+            **door,
+        }
+        write_json(self.local / "summary.json", summary)
+        return summary
 
     def stop_flag(self) -> StopFlag:
         """The flag SIGINT and SIGTERM set; a second signal stops at once, at the newest checkpoint."""

@@ -1,0 +1,156 @@
+"""The Trainer: what a run of either door does around its updates, given door-neutral values.
+
+A front door (the CLI's from_config/, accum_train.fit's keras_fit/) turns what its user gives into an engine
+(engine.Accumulator, built by ``build_engine``), the noise scale it follows and a ``TrainSpec``: how a batch is
+cut into micro-batches, the memory limit, the stop after non-finite updates, the checkpoint policy and the door's
+names for its own settings, which the lines the Trainer prints use. The Trainer owns what every run does with
+them: the engine's options, the automatic micro-batches' probe before training, the memory guard every update
+goes through, the one loop (loop.Loop) that drives the door's hooks, and the errors that end a run (a signal,
+max_bad_steps) at the run directory's checkpoint. The run directory (rundir.RunDirectory) keeps the checkpoint
+policy and writes the one summary.json. What stays the door's is what its user sees of an update: the CLI's
+records and progress lines, fit's callbacks and History.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import too_many_bad_updates
+from .batching import k_for_micro_batch, largest_share
+from .engine_for import accumulator_for
+from .loop import Loop
+from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
+from .rundir import CheckpointPolicy
+from .runtime import auto_parallel
+
+
+@dataclass(frozen=True)
+class MicroBatches:
+    """How each replica's share of a batch is cut: ``count`` micro-batches, the fewest that keep each within
+    ``size`` examples, or (``auto``) the fewest that fit in memory, measured before training under a memory limit
+    and doubled when an update runs out. None of them: one micro-batch, the whole share."""
+
+    count: int | None = None
+    size: int | None = None
+    auto: bool = False
+
+    def k_for(self, batch_size: int, replicas: int = 1) -> int | None:
+        """k for a batch of ``batch_size`` over ``replicas``; None under ``auto``, whose k the run measures."""
+        if self.auto:
+            return None
+        if self.size is not None:
+            return k_for_micro_batch(batch_size, self.size, replicas)
+        return self.count or 1
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How a door names its settings in the lines the Trainer prints: ``auto`` its automatic micro-batches,
+    ``more`` what a run whose fixed micro-batches ran out of memory should change, ``bad_fix`` what a run stopped
+    by non-finite updates should change."""
+
+    auto: str
+    more: str
+    bad_fix: str
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What a door decides about a run, in no door's terms: its micro-batches, ``memory_limit`` as (bytes, as
+    given) or None, ``max_bad_steps`` (None: never stop), whether it is the one-pass baseline, its run directory's
+    ``checkpoints`` (rundir.CheckpointPolicy), and the door's ``words``."""
+
+    micro: MicroBatches
+    words: Wording
+    memory_limit: tuple | None = None
+    max_bad_steps: int | None = None
+    baseline: bool = False
+    checkpoints: CheckpointPolicy | None = None
+
+
+def build_engine(spec: TrainSpec, model, objective, optimizer, batch_size: int, strategy, parallel=None, **options):
+    """The Accumulator (engine.Accumulator, through engine_for.accumulator_for) of a run as ``spec`` says, for a
+    first batch of ``batch_size`` under ``strategy`` (None: the one in scope): its micro-batches (automatic ones
+    start at one, which the probe or the guard raise), the baseline's one pass, and the micro-steps in flight:
+    ``parallel`` where the door fixed its thread pools for a number, else runtime.auto_parallel's rule (one under
+    XLA, whose compiled micro-step spreads over the cores on its own: two in flight cost about 4% more CPU and
+    wall time on a 2-core CPU, the masked tagger of peers_masked.py). ``options``: the Accumulator's others."""
+    import tensorflow as tf
+
+    replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
+    k = spec.micro.k_for(batch_size, replicas) or 1
+    if parallel is None:
+        in_flight = 2 if spec.micro.auto else k  # auto may come to two or more
+        parallel = 1 if options.get("jit") else auto_parallel(in_flight, spec.memory_limit is not None, replicas)
+    return accumulator_for(
+        model,
+        objective,
+        optimizer,
+        subdivisions=k,
+        one_pass=spec.baseline,
+        parallel=parallel,
+        strategy=strategy,
+        **options,
+    )
+
+
+class Trainer:
+    """A run's updates around ``engine`` (engine.Accumulator) on ``network`` (a Keras model, or None for the CLI's
+    TensorLayer nets, which cannot rematerialise), with ``noise`` (noise.NoiseScale) following them, as ``spec``
+    (``TrainSpec``) says; ``say`` prints a line. ``batch_size``: the batch in force at the start; ``directory``:
+    the run directory (rundir.RunDirectory) it keeps, or None."""
+
+    def __init__(
+        self, spec: TrainSpec, engine, network, noise, batch_size: int, say: Callable[[str], None], directory=None
+    ):
+        self.spec, self.engine, self.noise, self.say, self.directory = spec, engine, noise, say, directory
+        self.remat = rematerialiser(network, engine)  # automatic micro-batches' last rung
+        self.guard = MemoryGuard(
+            engine,
+            say,
+            largest=largest_share(batch_size, engine.replicas),
+            adapts=spec.micro.auto and not spec.baseline,
+            more=spec.words.more,
+            limit=spec.memory_limit,
+            remat=self.remat,
+        )
+
+    @property
+    def auto(self) -> bool:
+        return self.spec.micro.auto and not self.spec.baseline
+
+    def probe(self, take: Callable, batch_size: int) -> None:
+        """Automatic micro-batches' k before the first update of a run that starts afresh: measured under the memory
+        limit on ``take(m)``, the first m examples of the first batch (memory.choose_subdivisions), or said to be
+        unmeasured without one. Nothing for other micro-batches."""
+        if not self.auto:
+            return
+        if self.spec.memory_limit is None:
+            self.say(UNMEASURED.format(name=self.spec.words.auto, first="one micro-batch per replica"))
+            return
+        limit_bytes, limit = self.spec.memory_limit
+        words = self.spec.words
+        choose_subdivisions(self.engine, take, batch_size, limit, limit_bytes, self.say, words.auto, self.remat)
+
+    def follow_batch(self, batch_size: int) -> None:
+        """A batch of ``batch_size`` from here on (a batch schedule's): the most micro-batches the guard may reach."""
+        self.guard.largest = largest_share(batch_size, self.engine.replicas)
+
+    def train(self, hooks, first_epoch: int, resumed_at: int, epochs: int, stop=None) -> Loop:
+        """Epochs ``first_epoch`` to ``epochs`` (0-based, end excluded) through the door's ``hooks`` (loop.py), the
+        first from update ``resumed_at`` of the run; ``stop``: the signal flag (stopping.StopFlag) or None."""
+        loop = Loop(self.engine, self.guard, self.noise, stop, self.spec.max_bad_steps, ends=self)
+        loop.run(hooks, first_epoch, resumed_at, epochs)
+        return loop
+
+    def too_many_bad(self, bad: int, updates_done: int):
+        """max_bad_steps reached: with a run directory, its checkpoint (just saved) is the last good state."""
+        done, resume = updates_done, ""
+        if self.directory is not None:
+            done, resume = self.directory.step, self.directory.resume_hint
+        return too_many_bad_updates(bad, self.spec.max_bad_steps, done, self.spec.words.bad_fix, resume)
+
+    def interrupted(self, signum: int):
+        """A signal's end, at the checkpoint just saved (a stop flag is set only with a run directory)."""
+        return self.directory.interrupted(signum)
