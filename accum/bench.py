@@ -37,13 +37,12 @@ from .trainer.rundir import check_output_dir, pyplot, save_figure, write_result
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
     from .from_config.build import build_run
-    from .trainer.feed import Reader
     from .trainer.memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
 
     # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
     run = build_run(cfg, data)
-    reader = Reader.of_run(run)
+    reader = run.reader()
 
     def update(i):
         return float(reader.update(i % run.total_steps)["loss"])  # waits for the update

@@ -17,9 +17,9 @@ import math
 from collections import Counter
 
 from .config import Config
+from .from_config.advice import split_warnings
 from .from_config.startup import parallel_micro_steps
 from .trainer.batching import largest_micro_batch
-from .trainer.data import split_warnings
 from .trainer.timeline import Timeline
 
 

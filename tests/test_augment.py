@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 from accum_train.config import AugmentConfig, load_config
 from accum_train.datasets import load
+from accum_train.from_config.augment import Augment
 from accum_train.from_config.run import train
-from accum_train.trainer.augment import Augment
 from accum_train.trainer.data import epoch_order
 from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics

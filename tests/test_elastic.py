@@ -11,7 +11,7 @@ import sys
 
 import helpers
 import pytest
-from accum_train.trainer.lifecycle import adapt_subdivisions
+from accum_train.from_config.lifecycle import adapt_subdivisions
 from helpers import max_difference
 from test_distribute import CLI, SMALL, private_network, run, same_thread_pools, weights  # noqa: F401
 

@@ -77,7 +77,7 @@ def test_evaluate_reproduces_the_summary(smoke, tmp_path, monkeypatch):
     def no_trainer(*args, **kwargs):
         raise AssertionError("evaluate built a training Run")
 
-    monkeypatch.setattr("accum_train.trainer.run_parts.Run.__init__", no_trainer)
+    monkeypatch.setattr("accum_train.from_config.run_parts.Run.__init__", no_trainer)
     result = CliRunner().invoke(main, ["evaluate", str(copy)])
     assert (result.exit_code, result.stderr) == (0, ""), result.output
     written = json.loads((copy / "evaluate" / "evaluate.json").read_text())

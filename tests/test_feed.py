@@ -14,7 +14,7 @@ from accum_train.config import load_config
 from accum_train.from_config.build import build_run, load_data
 from accum_train.trainer.batching import micro_bounds
 from accum_train.trainer.data import epoch_order
-from accum_train.trainer.feed import Reader, plan
+from accum_train.trainer.feed import plan
 from accum_train.trainer.rundir import CheckpointPolicy, RunDirectory
 from accum_train.trainer.timeline import Segment
 from helpers import iterated_autotuning
@@ -75,7 +75,7 @@ def _updates_from_feed(cfg, data, steps, start=None):
     run = build_run(cfg, data)
     if start is not None:
         start.extend(_weights(run))
-    reader = Reader.of_run(run)
+    reader = run.reader()
     for step in range(steps):
         iterator, planned = reader.at(step)
         run.follow_batch(planned.batch_size)
@@ -143,7 +143,7 @@ def test_the_feed_holds_stored_micro_batches(repo_root):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
     data = load_data(cfg)
     run = build_run(cfg, data)
-    iterator, planned = Reader.of_run(run).at(0)
+    iterator, planned = run.reader().at(0)
     (images, _), where = next(iterator)
     assert (planned.n, planned.pulls) == (64, 4)
     assert images.dtype == tf.uint8 and images.shape == (16, 28, 28)  # uint8, one micro-batch: not a float batch
@@ -213,7 +213,7 @@ def test_the_update_takes_no_batch_as_input(repo_root):
     """The update's graph gets the feed's iterator and three scalars: no batch (nor micro-batch) is an input."""
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4", "parallel_micro_steps=1"])
     run = build_run(cfg, load_data(cfg))
-    iterator, planned = Reader.of_run(run).at(0)
+    iterator, planned = run.reader().at(0)
     run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
     scalars = (tf.constant(v) for v in (64, 4, 0))
     traced = run.engine._update_pulled.get_concrete_function(iterator, *scalars, planned.size)
@@ -227,7 +227,7 @@ def test_the_feed_and_the_scores_iterate_their_pipelines_with_autotuning_off(rep
     cfg = load_config(repo_root / "configs" / "smoke.yaml", ["subdivisions=4"])
     run = build_run(cfg, load_data(cfg))
     seen = iterated_autotuning(monkeypatch)
-    iterator, planned = Reader.of_run(run).at(0)
+    iterator, planned = run.reader().at(0)
     run.engine.update_from(iterator, planned.n, planned.pulls, 0, planned.size)
     scores = run.scores()
     assert 0 <= scores["test_accuracy"] <= 1

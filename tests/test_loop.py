@@ -35,7 +35,7 @@ def test_one_graph_call_per_update(tmp_path, repo_root, monkeypatch, k):
     """Python enters TensorFlow's graphs once per update, whatever k (evaluation, writing the records and
     checkpoints aside). And the noise scale's records: k=1 has no estimate (null everywhere, said once), k=8 one
     from the first update."""
-    from accum_train.trainer.lifecycle import NO_NOISE_SCALE
+    from accum_train.from_config.lifecycle import NO_NOISE_SCALE
 
     graph, said = GraphCalls(monkeypatch.setattr), Said()
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, f"subdivisions={k}", "epochs=1", "log_every=3"])

@@ -78,7 +78,7 @@ def build_run(cfg, data, strategy=None):
     """The trainer of a run of ``cfg`` on ``data`` (run_parts.Run), set up from what the config resolves to: the
     config checked against the training set, the model and its objective built under ``strategy`` (``None``: the
     one in scope), and the training split cut by data.trim_padding."""
-    from ..trainer.run_parts import Run
+    from .run_parts import Run
 
     cfg = cfg.for_data(len(data.train))
     parallel = parallel_micro_steps(cfg)

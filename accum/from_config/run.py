@@ -1,5 +1,5 @@
 """The CLI's run of a config: ``train(cfg, run_dir)`` resolves the config into what the trainer takes and hands
-it over (trainer/lifecycle.py trains it to its summary).
+it over (lifecycle.py trains it to its summary).
 
 Before anything is written, it sets up the runtime (thread pools, the tf.distribute strategy), loads and
 checks the data for the model the run builds (a resume's, and a worker's, from the run directory's copy),
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..config import Config
 from ..progress import Progress
-from ..trainer import lifecycle
 from ..trainer.rundir import check_output_dir
+from . import lifecycle
 from .source import model_source
 
 

@@ -65,7 +65,7 @@ def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
 # Resuming
 
 # Keys a resumed run may change: they do not alter what was computed so far. A change of strategy
-# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (trainer/lifecycle.py).
+# keeps the global batch and the data order; the resume adapts subdivisions to its replicas (from_config/lifecycle.py).
 # The learning rate and clipping are what a run stopped by max_bad_steps is told to change before it resumes:
 # the updates after the checkpoint use them (run_parts.Run.regrow sets a constant rate the checkpoint restored).
 RESUMABLE_CHANGES = (

@@ -34,7 +34,6 @@ import tensorflow as tf
 
 from ..datasets.base import as_is, untuned
 from .batching import Cut, same_size, share
-from .data import epoch_order
 
 
 def empty_like(spec):
@@ -245,16 +244,16 @@ class Feed:
 
 
 class Reader:
-    """The updates of a run or a fit call as the loop and the memory guard read them, one door's pipeline behind them
-    (both doors: ``of_run`` for the CLI's, fit_hooks.FitHooks' for accum_train.fit's). ``at(step)`` gives the
-    iterator and the Planned update; the pipeline is opened again (``open(step, k)``, the door's: an object with
-    ``iterator`` and ``planned(step)``, None past what it holds) when it cannot serve: at the start, for an update that
-    is not the next one it holds, after an update that did not finish (``forget``: its elements were pulled, a retry
-    pulls them again), and when the engine's k is not the one it was cut for (auto doubled it).
+    """The updates of a run or a fit call as the loop and the memory guard read them, one door's pipeline behind
+    them (the CLI's from from_config/run_parts.Run.reader, accum_train.fit's from fit_hooks.FitHooks).
 
-    ``follow(batch_size)``: called before the first update at each batch size (the CLI sets k for it); ``k()``: the
-    micro-batches per share in force (the engine's by default); ``keep``: variables a retry puts back as they were
-    before it (fit's metrics)."""
+    ``at(step)`` gives the iterator and the Planned update; the pipeline is opened again (``open(step, k)``, the
+    door's: an object with ``iterator`` and ``planned(step)``, None past what it holds) when it cannot serve: at
+    the start, for an update that is not the next one it holds, after an update that did not finish (``forget``:
+    its elements were pulled, a retry pulls them again), and when the engine's k is not the one it was cut for
+    (auto doubled it). ``follow(batch_size)``: called before the first update at each batch size (the CLI sets k
+    for it); ``k()``: the micro-batches per share in force (the engine's by default); ``keep``: variables a retry
+    puts back as they were before it (fit's metrics)."""
 
     def __init__(self, engine, open, follow=None, k=None, keep=()):
         self.engine, self.open, self.follow, self.keep = engine, open, follow, list(keep)
@@ -262,19 +261,6 @@ class Reader:
         self.opened, self.next = None, None  # the pipeline, and the update whose elements it gives next
         self.in_force = None  # the batch size ``follow`` was called for last
         self.saved = None
-
-    @classmethod
-    def of_run(cls, run) -> Reader:
-        """The reader of a CLI run (run_parts.Run): its feed of the rest of an epoch, k set for each batch size."""
-
-        def open(step: int, k: int) -> Feed:
-            cfg = run.cfg
-            epoch = run.timeline.epoch_of(step)
-            order = epoch_order(cfg.seed, epoch, run.n_train, cfg.data.shuffle)
-            segments = run.timeline.rest_of_epoch(step)
-            return Feed(run.data.train, order, epoch, segments, run.k_for, run.engine.strategy, run.engine.replica_ids)
-
-        return cls(run.engine, open, follow=run.follow_batch, k=lambda: run.subdivisions)
 
     def at(self, step: int):
         """(iterator, Planned) of update ``step`` (0-based): pull ``pulls`` elements per local replica."""

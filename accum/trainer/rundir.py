@@ -303,8 +303,3 @@ def save_weights(named_weights: dict, path: Path) -> None:
 # rebuild the model from it (the checkpoint holds the weights), so the run does
 # not depend on model.path staying where it was, or on the call returning.
 MODEL_COPY = "initial_model.keras"
-
-
-def keep_model_file(run_dir: Path, model_cfg) -> None:
-    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
-        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())

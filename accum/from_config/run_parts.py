@@ -10,13 +10,15 @@ import json
 import tensorflow as tf
 
 from ..config import BatchChange, Config
-from .keras_objective import is_keras_loss
-from .noise import NoiseScale, rule_change
-from .objective import as_data
-from .scoring import Scorer, eval_batch_size
-from .timeline import Timeline
-from .trainer import build_engine
-from .trim import TrimmedSplit, check_trim
+from ..trainer.data import epoch_order
+from ..trainer.feed import Feed, Reader
+from ..trainer.keras_objective import is_keras_loss
+from ..trainer.noise import NoiseScale, rule_change
+from ..trainer.objective import as_data
+from ..trainer.scoring import Scorer, eval_batch_size
+from ..trainer.timeline import Timeline
+from ..trainer.trainer import build_engine
+from ..trainer.trim import TrimmedSplit, check_trim
 
 
 class Run:
@@ -29,7 +31,7 @@ class Run:
         self.spec = spec
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        from .optim import make_optimizer, run_schedule
+        from ..trainer.optim import make_optimizer, run_schedule
 
         self.data = data
         self.n_train = len(data.train)
@@ -94,7 +96,7 @@ class Run:
     def _check_trim(self, split) -> None:
         """data.trim_padding refused in one line where the cut would change the update: the first batch's shortest
         micro-batch is measured whole and cut (trim.check_trim)."""
-        from .batching import Cut
+        from ..trainer.batching import Cut
 
         first = split.split.gather(tf.range(min(self.cfg.batch_size, len(split)), dtype=tf.int64))
         cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
@@ -159,6 +161,19 @@ class Run:
     def _rate_for(self, batch_size: int) -> None:
         """The rule's learning-rate factor: scale_learning_rate's for the batch in force."""
         self.rate_factor.assign(self.cfg.optimizer.scale_learning_rate.factor(batch_size))
+
+    def reader(self) -> Reader:
+        """The updates as the loop and the guard read them (feed.Reader): the feed of the rest of an epoch, k set
+        for each batch size."""
+
+        def open(step: int, k: int) -> Feed:
+            epoch = self.timeline.epoch_of(step)
+            order = epoch_order(self.cfg.seed, epoch, self.n_train, self.cfg.data.shuffle)
+            segments = self.timeline.rest_of_epoch(step)
+            engine = self.engine
+            return Feed(self.data.train, order, epoch, segments, self.k_for, engine.strategy, engine.replica_ids)
+
+        return Reader(self.engine, open, follow=self.follow_batch, k=lambda: self.subdivisions)
 
     def prepare(self, element, n):
         """Inside a micro-step: a feed's element (accum/trainer/feed.py: stored values and where they sit) as the loss

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .feed import Reader
+from ..trainer.feed import Reader
 
 
 @dataclass
@@ -62,7 +62,7 @@ class RunHooks:
         self.progress.epoch_start(epoch + 1, run.cfg.epochs, micro_batches(run, whole), self.state.micro_done)
         if step > first:  # a run resumed mid-epoch picks up the losses this epoch already logged
             self.state.loss_sum, self.state.applied_examples = self.log.epoch_losses(epoch + 1)
-        return Reader.of_run(run), step, end
+        return run.reader(), step, end
 
     def update_begin(self, reader: Reader, step: int) -> None:
         self.planned = reader.at(step)[1]

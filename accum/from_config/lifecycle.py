@@ -21,13 +21,14 @@ from ..errors import RunDirError
 from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
 from ..progress import Progress
-from .batching import k_for_micro_batch
-from .checkpoints import newest_intact_checkpoint
-from .data import describe_split, first_batch, largest_micro_batch, split_warnings
+from ..trainer.batching import k_for_micro_batch
+from ..trainer.checkpoints import newest_intact_checkpoint
+from ..trainer.data import describe_split, first_batch, largest_micro_batch
+from ..trainer.rundir import MODEL_COPY, RunDirectory, save_weights
+from ..trainer.trainer import Trainer
+from .advice import split_warnings
 from .run_hooks import RunHooks
 from .run_parts import Run
-from .rundir import RunDirectory, keep_model_file, save_weights
-from .trainer import Trainer
 
 
 def train(
@@ -180,7 +181,7 @@ def scaled_rate_note(run: Run) -> str:
 
 def describe_phases(run: Run) -> str:
     """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
-    from .optim import learning_rate_at
+    from ..trainer.optim import learning_rate_at
 
     parts = []
     for phase in run.timeline.phases:
@@ -224,3 +225,10 @@ def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: in
 def _network(run):
     """The Keras model a keras_file run trains (rematerialisation's); None for a built-in TensorLayer net."""
     return getattr(run.model, "network", None)
+
+
+def keep_model_file(run_dir: Path, model_cfg) -> None:
+    """A keras_file run's copy of its model file (rundir.MODEL_COPY), which resume, export, evaluate and predict
+    rebuild the model from."""
+    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
+        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
