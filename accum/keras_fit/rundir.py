@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from ..config import CheckpointConfig
+from ..defaults import CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FLUSH_SECONDS
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
 from ..keras_private import lora_layers, storage
@@ -53,10 +53,6 @@ from ..trainer.rundir import (
     write_json,
 )
 from ..trainer.runtime import is_chief, strategy_name
-
-CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
-FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
-KEEP = CheckpointConfig().keep  # checkpoints kept: the config's default, as a run of the CLI keeps
 
 
 def recorded_seed(run_dir: Path):
@@ -104,7 +100,7 @@ class FitRunDir(RunDirectory):
                 run._check(described)
             run.enter(held)
             # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
-            run.keep(tracked, KEEP, engine, noise, optional={"subdivisions": engine.subdivisions})
+            run.keep(tracked, CHECKPOINT_KEEP, engine, noise, optional={"subdivisions": engine.subdivisions})
             if checkpoint_numbers(run.path / "checkpoints"):
                 run._restore(say)
             elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
