@@ -125,7 +125,7 @@ def plan(cfg: Config, data=None) -> dict:
 def _noise_scale(cfg: Config, subdivisions) -> dict:
     """Whether each update measures the gradient noise scale (noise.py: it needs two micro-batches or more), how
     it is averaged, and batch_schedule's rule that follows it."""
-    from .trainer.noise import DECAY
+    from .defaults import NOISE_DECAY
 
     # not under data.trim_padding: its micro-batches are grouped by length, not drawn at random (run says so too)
     split = subdivisions == "auto" or subdivisions >= 2
@@ -133,7 +133,7 @@ def _noise_scale(cfg: Config, subdivisions) -> dict:
     rule = cfg.batch_rule
     return {
         "measured": measured,
-        "decay": DECAY if measured else None,
+        "decay": NOISE_DECAY if measured else None,
         "rule": None
         if rule is None
         else {

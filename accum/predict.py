@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .defaults import PREDICT_BATCH_SIZE
 from .errors import DataError, RunDirError, UserError
 from .text import shape_text, traced_error_line
 
 NPZ_KEY = "x"
-BATCH_SIZE = 256
 
 
 def read_npz(path: Path, input_shape) -> np.ndarray:
@@ -78,7 +78,7 @@ def read_inputs(paths: Sequence[Path], input_shape) -> tuple[list[str], np.ndarr
     return names, np.concatenate(arrays)
 
 
-def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
+def probabilities(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndarray:
     """softmax(logits) of the run's model in inference mode, [N, classes] float32. A model trained with its own
     loss on class labels gives its outputs as they are when it ends in a softmax (they are probabilities)."""
     import tensorflow as tf
@@ -144,7 +144,7 @@ def model_inputs(model, run_dir: Path) -> dict:
     return {"x": next(iter(specs.values())) if len(specs) == 1 else {"arrays": specs}}
 
 
-def outputs(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
+def outputs(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndarray:
     """The run's model's outputs in inference mode (a Keras loss's run: the values the loss took)."""
     import tensorflow as tf
 
@@ -203,7 +203,7 @@ def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     model = bare(load_fit_run(run_dir, compile=False))  # before the inputs: their shapes are the model's
     names, x = read_values(paths, model_inputs(model, run_dir), convert=np.asarray)
     try:
-        values = model.predict(x, batch_size=BATCH_SIZE, verbose=0)
+        values = model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0)
     except (ValueError, tf.errors.InvalidArgumentError) as err:  # what the stored shapes allow and the model not
         files = ", ".join(str(p) for p in paths)  # (a sequence longer than its position embedding)
         raise DataError(

@@ -267,7 +267,7 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
 
 
 def _parse_precisions(text: str) -> list:
-    from ..config import PRECISIONS
+    from ..defaults import PRECISIONS
 
     chosen = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     bad = [p for p in chosen if p not in PRECISIONS]

@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..defaults import IMAGE_CHANNELS, KEEP_DECODED_SHARE
 from ..errors import DataError
 from .base import ArraySplit, Dataset, aligned_empty, untuned
 from .image_check import UNDECODABLE, check, problem
 from .image_decode import decode, decode_files
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-DEFAULT_CHANNELS = 3  # RGB, the default of keras.utils.image_dataset_from_directory
 CHUNK = 128  # files per map call of the training pipeline
 LAYOUT = "images go in DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (or .jpg, .jpeg)"
 
@@ -55,7 +55,7 @@ def load(data_config, run_dir=None) -> Dataset:
     ``run_dir``: a run directory whose manifest of checked files may spare
     their decoding (image_check.py)."""
     root = Path(data_config.path)
-    channels = data_config.channels or DEFAULT_CHANNELS
+    channels = data_config.channels or IMAGE_CHANNELS
     _check_root(root)
     classes = _class_folders(root, "train")
     _same_classes(root, classes, _class_folders(root, "test"))
@@ -239,10 +239,6 @@ def _limit(scanned, limit: int | None):
     return (paths[:limit], labels[:limit]) if limit else (paths, labels)
 
 
-# keep_decoded null: the decoded images are kept when they take at most this share of the memory available.
-KEEP_SHARE = 0.25
-
-
 def _keeps(keep: bool | None, shape: tuple[int, int, int], splits: dict[str, tuple[int, bool]]) -> bool:
     """data.keep_decoded, or for null whether the decoded splits ({split: (files, as stored)}) fit: uint8 for a
     split whose images are all at the size, float32 for one that is resized."""
@@ -250,7 +246,7 @@ def _keeps(keep: bool | None, shape: tuple[int, int, int], splits: dict[str, tup
         return keep
     pixels = int(np.prod(shape))
     needed = sum(files * pixels * (1 if as_stored else 4) for files, as_stored in splits.values())
-    return needed <= KEEP_SHARE * available_memory()
+    return needed <= KEEP_DECODED_SHARE * available_memory()
 
 
 def available_memory() -> int:

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..defaults import SHUFFLE_BUFFER
 from ..errors import DataError
 from ..imports import import_function
 from ..text import first_line
 from .base import Dataset, convert_task, untuned
-
-DEFAULT_SHUFFLE_BUFFER = 10_000
 
 
 def import_factory(factory: str):
@@ -173,7 +172,7 @@ def load(data_config, seed: int = 0) -> Dataset:
     """Both splits of the factory's data (``seed``: the run's, which the factory is called with)."""
     factory = data_config.factory
     make = import_factory(factory)
-    buffer = data_config.shuffle_buffer or DEFAULT_SHUFFLE_BUFFER
+    buffer = data_config.shuffle_buffer or SHUFFLE_BUFFER
     splits = {
         split: StreamSplit(make, factory, split, seed, data_config.options or {}, data_config.shuffle, buffer)
         for split in ("train", "test")

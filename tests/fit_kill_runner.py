@@ -49,9 +49,9 @@ class HoldAfterUpdate(keras.callbacks.Callback):
         if self.updates == self.n - 1:
             # fit buffers its metrics.jsonl records for up to FLUSH_SECONDS: waiting that long here makes it write
             # those up to this update, so that the kill finds them on disk, as it would in a longer run
-            from accum_train.keras_fit import rundir  # late: importing it starts TensorFlow's runtime
+            from accum_train.defaults import FLUSH_SECONDS
 
-            time.sleep(rundir.FLUSH_SECONDS + 0.5)
+            time.sleep(FLUSH_SECONDS + 0.5)
         if self.updates == self.n:
             hold(self.mark)
 

@@ -539,7 +539,7 @@ BAD = [
         regression,
         (X, Y),
         {"batch_size": BATCH, "precision": "float16"},
-        "precision='float16' is not one of float32, mixed_float16, mixed_bfloat16 (None: the model's)",
+        "precision='float16' is not one of float32, mixed_bfloat16, mixed_float16 (None: the model's)",
     ),
     # sources that give their own batches
     (

@@ -12,11 +12,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.defaults import TRIM_MULTIPLE
 from accum_train.keras_fit.array_feed import ArrayFeed
 from accum_train.keras_fit.stream_feed import DatasetFeed
 from accum_train.trainer.batching import Cut
 from accum_train.trainer.engine import Accumulator
-from accum_train.trainer.trim import DEFAULT_MULTIPLE, check_trimmable
+from accum_train.trainer.trim import check_trimmable
 from helpers import max_difference
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30
@@ -128,7 +129,7 @@ def test_trimmed_micro_batches_end_at_model_fit_s_weights_on_whole_batches(case,
         ),
     )  # fmt: skip
     # it cut: the model.fit oracle below holds with trim_padding ignored, the lengths the micro-steps ran at do not
-    multiple = DEFAULT_MULTIPLE if trim is True else trim
+    multiple = TRIM_MULTIPLE if trim is True else trim
     assert sorted(widths) == sorted(cut_widths(multiple, k, epochs=2)) and min(widths) < STEPS
     expected, weights = oracle.get_weights(), model.get_weights()
     keras.utils.set_random_seed(3)

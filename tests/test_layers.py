@@ -1,7 +1,7 @@
 """The code's layers (docs/design.md): who may import whom, checked on the source's import statements.
 
 - the CLI (cli/) sits on top: nothing under accum/ or datasets/ imports it;
-- the dataset loaders (datasets/) import only the leaves of the core: config, errors, text, imports, files;
+- the dataset loaders (datasets/) import only the leaves of the core: config, defaults, errors, text, imports, files;
 - the wings import downwards: the trainer never imports a front end (from_config/, keras_fit/) or a command, the
   models never import the trainer or a front end, and the two front ends never import each other;
 - no two modules import each other, directly or around a circle, even through imports inside functions;
@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "accum_train"
 FOLDERS = {"accum": PACKAGE, "cli": f"{PACKAGE}.cli", "datasets": f"{PACKAGE}.datasets"}  # setup.cfg's package_dir
-LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "errors", "text", "imports", "files")}
+LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "defaults", "errors", "text", "imports", "files")}
 CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
 MAX_LINES = 400
 

@@ -10,9 +10,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.defaults import NOISE_DECAY
 from accum_train.trainer.batching import micro_bounds
 from accum_train.trainer.engine import Accumulator
-from accum_train.trainer.noise import DECAY, NoiseScale, grown_batch, one_update
+from accum_train.trainer.noise import NoiseScale, grown_batch, one_update
 from helpers import max_difference
 
 IN, OUT = 5, 3
@@ -123,7 +124,7 @@ def test_the_estimate_is_within_its_statistical_error_of_the_known_noise_scale()
     assert error(traces) < 0.03 * SIGMA2.sum() and error(signals) < 0.08 * MU @ MU
     assert abs(np.mean(traces) - SIGMA2.sum()) < 4 * error(traces)
     assert abs(np.mean(signals) - MU @ MU) < 4 * error(signals)
-    # the exponential average weighs about the last 1 / (1 - DECAY) = 20 updates: its spread is wider
+    # the exponential average weighs about the last 1 / (1 - NOISE_DECAY) = 20 updates: its spread is wider
     assert 30 < np.median(ratios[100:]) < 80
 
 
@@ -144,14 +145,14 @@ def test_the_rule_s_batch(noise, batch, micro, largest, grown):
 
 
 def test_the_average_is_exponential_with_bias_correction():
-    """Two updates' estimates (S, G2) = (10, 1) then (30, 3): the averages weigh them DECAY : 1."""
+    """Two updates' estimates (S, G2) = (10, 1) then (30, 3): the averages weigh them NOISE_DECAY : 1."""
     estimate = NoiseScale()
     for trace, signal in ((10.0, 1.0), (30.0, 3.0)):
         # an update of two micro-batches of 1 example over n = 2: S_hat = (m - G2B) / (1 - 1/2), G2_hat = G2B - S/2
         batch_squared = signal + trace / 2
         m = batch_squared + trace / 2
         estimate.add({"noise": [2 * m, 2.0, 2.0], "noise_batch": [batch_squared, 2.0], "applied": True})
-    weights = np.array([DECAY * (1 - DECAY), 1 - DECAY]) / (1 - DECAY**2)
+    weights = np.array([NOISE_DECAY * (1 - NOISE_DECAY), 1 - NOISE_DECAY]) / (1 - NOISE_DECAY**2)
     averages = (weights @ [10, 30], weights @ [1, 3])
     assert estimate.averages() == pytest.approx(averages, rel=1e-9)
     assert estimate.value() == pytest.approx(averages[0] / averages[1], rel=1e-9)

@@ -1,6 +1,6 @@
-"""The config: every default in one place, parsed and validated once.
+"""The config: parsed and validated once, its defaults those of accum/defaults.py (``CLI``).
 
-A YAML file lists only what differs from the defaults below. ``load_config``
+A YAML file lists only what differs from the defaults. ``load_config``
 reads it with PyYAML's SafeLoader (data only: no tags, no eval, no imports; a key given twice is an error),
 applies ``--set key=value`` overrides, checks every key and value against the
 dataclasses here, and returns a frozen ``Config``. Nothing else in the project
@@ -21,7 +21,6 @@ from .sections import (
     MODEL_NAMES,
     NORM_NAMES,
     OPTIMIZER_NAMES,
-    PRECISIONS,
     SCHEDULE_NAMES,
     SEED_CHANNELS,
     AugmentConfig,
@@ -42,7 +41,6 @@ __all__ = [
     "MODEL_NAMES",
     "NORM_NAMES",
     "OPTIMIZER_NAMES",
-    "PRECISIONS",
     "SCHEDULE_NAMES",
     "SEED_CHANNELS",
     "AugmentConfig",

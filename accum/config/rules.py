@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from ..defaults import CLI, CLI_SUBDIVISIONS
 from ..errors import ConfigError, Refused
 from .schema import Config
 from .sections import (
     ADAPTIVE_KEYS,
-    DEFAULT_SUBDIVISIONS,
     AugmentConfig,
     DataConfig,
     LossScaleConfig,
@@ -39,7 +39,7 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
             f"(subdivisions={cfg.subdivisions}, micro_batch_size={cfg.micro_batch_size}): remove one"
         )
     if cfg.subdivisions is None and cfg.micro_batch_size is None:
-        cfg = dataclasses.replace(cfg, subdivisions=DEFAULT_SUBDIVISIONS)
+        cfg = dataclasses.replace(cfg, subdivisions=CLI_SUBDIVISIONS)
     changes = cfg.batch_schedule
     if not changes:
         return cfg
@@ -357,7 +357,7 @@ def _check_data_keys(data: DataConfig, where) -> None:
                 f"(e.g. data: {{name: python, factory: my_pipeline:make_dataset}}), got {_show(data.factory)}"
             )
         for key, default, why in (
-            ("validation", 0, "hold examples out in the factory, or give the test split"),
+            ("validation", CLI["data.validation"], "hold examples out in the factory, or give the test split"),
             ("augment", AugmentConfig(), "augment in the factory's own pipeline"),
         ):
             if getattr(data, key) != default:

@@ -1,6 +1,6 @@
-"""The config's schema: the frozen ``Config``, its top-level keys with their defaults, ranges and help texts, the
-nested sections it holds (sections.py) and what is computed from its keys (the batch's micro-batches, the run's
-length, the YAML it writes back).
+"""The config's schema: the frozen ``Config``, its top-level keys with their defaults (accum/defaults.py's
+``CLI``), ranges and help texts, the nested sections it holds (sections.py) and what is computed from its keys (the
+batch's micro-batches, the run's length, the YAML it writes back).
 
 The help texts are the key reference (``docs/configuration.md`` is generated from them, starting here)."""
 
@@ -11,14 +11,13 @@ from dataclasses import dataclass
 
 import yaml
 
+from ..defaults import AUTO_PARALLEL, CLI, CLI_SUBDIVISIONS, PRECISIONS
 from ..errors import ConfigError
 from ..trainer.batching import k_for_micro_batch, largest_micro_batch
 from .sections import (
     ALL,
-    DEFAULT_SUBDIVISIONS,
     MAX_BATCH_SIZE,
     MAX_EPOCHS,
-    PRECISIONS,
     BatchChange,
     BatchRule,
     CheckpointConfig,
@@ -36,7 +35,7 @@ from .wording import parse_size
 class Config:
     model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
     batch_size: int | str = _spec(
-        500,
+        CLI["batch_size"],
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         choices="all",
@@ -44,41 +43,43 @@ class Config:
         "as one batch (batch gradient descent), resolved when the data are loaded",
     )
     subdivisions: int | str | None = _spec(
-        None,
+        CLI["subdivisions"],
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         choices="auto",
         help=f"micro-batches per update; sizes differ by at most one; auto: the fewest that fit (measured under "
         f"memory_limit; doubled when an update runs out of memory); null: from micro_batch_size "
-        f"({DEFAULT_SUBDIVISIONS} when neither is given)",
+        f"({CLI_SUBDIVISIONS} when neither is given)",
     )
     micro_batch_size: int | None = _spec(
-        None,
+        CLI["micro_batch_size"],
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         help="instead of subdivisions: the most examples a device computes at once (what fits); "
         "k = ceil(batch_size / micro_batch_size) per device, and again at each batch_schedule change",
     )
     batch_schedule: tuple[BatchChange, ...] | BatchRule = _spec(
-        (),
+        CLI["batch_schedule"],
         choices="schedule",
         help="batch sizes that change during the run, keyed by epoch or by step: "
         "[{epoch: 1, batch_size: 500}, {epoch: 6, batch_size: 2000}]; or a rule that grows the batch as "
         "training goes: {rule: noise_scale, max_batch_size: 16000} (needs micro_batch_size)",
     )
-    epochs: int = _spec(10, minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
-    seed: int = _spec(0, minimum=0, maximum=2**31 - 1, help="weights and data order")
+    epochs: int = _spec(CLI["epochs"], minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
+    seed: int = _spec(CLI["seed"], minimum=0, maximum=2**31 - 1, help="weights and data order")
     optimizer: OptimizerConfig = _spec(default_factory=OptimizerConfig, help="the optimizer")
     data: DataConfig = _spec(default_factory=DataConfig, help="the dataset")
-    baseline: bool = _spec(False, help="true: plain optimizer on the whole batch, no cache")
-    log_every: int = _spec(10, minimum=1, help="updates between progress and TensorBoard writes")
+    baseline: bool = _spec(CLI["baseline"], help="true: plain optimizer on the whole batch, no cache")
+    log_every: int = _spec(CLI["log_every"], minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
     strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
     max_bad_steps: int = _spec(
-        10, minimum=1, help="stop after this many updates in a row skipped for a non-finite loss or gradient"
+        CLI["max_bad_steps"],
+        minimum=1,
+        help="stop after this many updates in a row skipped for a non-finite loss or gradient",
     )
     precision: str = _spec(
-        "float32",
+        CLI["precision"],
         choices=PRECISIONS,
         help="float32 | mixed_bfloat16 | mixed_float16: compute in 16 bits, with weights, "
         "gradient cache and optimizer state in float32",
@@ -87,29 +88,29 @@ class Config:
         default_factory=LossScaleConfig, help="mixed_float16 only: one dynamic loss scale per update"
     )
     parallel_micro_steps: int | str = _spec(
-        "auto",
+        CLI["parallel_micro_steps"],
         minimum=1,
         maximum=64,
         choices="auto",
         help="micro-batches computed at once, each on its share of the CPU cores (memory then holds this "
-        "many); auto: 2 on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
+        f"many); auto: {AUTO_PARALLEL} on a machine without a GPU when subdivisions > 1 and no memory_limit is set "
         "(measured faster there), else 1",
     )
     loss: str | dict | None = _spec(
-        None,
+        CLI["loss"],
         choices="loss",
         help="keras_file only: the loss, as Keras names it (mse, huber, binary_crossentropy, ...) or "
         "package.module:function; per output a mapping {output name: loss}; null: the file's compile() loss, "
         "else sparse cross-entropy on class labels (the built-in nets always train with that)",
     )
     metrics: tuple[str, ...] | dict | None = _spec(
-        None,
+        CLI["metrics"],
         choices="metrics",
         help="keras_file only: metrics as Keras names them ([mae], [accuracy, auc]); per output a mapping "
         "{output name: [metric, ...]}; null: the file's compile() metrics",
     )
     memory_limit: str | None = _spec(
-        None,
+        CLI["memory_limit"],
         choices="size",
         help="stop a run whose TensorFlow allocator peak exceeds this (e.g. 2GiB): a smaller device, simulated",
     )

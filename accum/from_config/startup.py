@@ -16,7 +16,8 @@ import os
 import tensorflow as tf
 
 from ..config import Config, StrategyConfig
-from ..trainer.runtime import AUTO_PARALLEL, ENV, auto_parallel, thread_pools
+from ..defaults import AUTO_PARALLEL
+from ..trainer.runtime import ENV, auto_parallel, thread_pools
 
 
 def parallel_micro_steps(cfg: Config) -> int:

@@ -1,6 +1,6 @@
 """accum_train.fit's arguments, checked before anything trains, each refusal one line naming the argument and
 what is allowed; and what they resolve to: the strategy, the data order's seed, the memory limit, an uncompiled
-model's loss and optimizer (the config's defaults, config/sections.py)."""
+model's loss and optimizer (the config's defaults, accum/defaults.py's ``CLI``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ..config import CheckpointConfig
 from ..config.wording import parse_size
+from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FIT_SUBDIVISIONS
 from ..errors import Refused, UserError
 from ..keras_private import storage
 from ..models.precision import float8_scales
@@ -21,7 +21,6 @@ from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 from ..trainer.update import local_replica_ids
 
 WHERE = "accum_train.fit"
-ARRAY_BATCH_SIZE = 32  # model.fit's batch_size for arrays when none is given
 
 
 def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
@@ -259,7 +258,7 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
     elif micro_batch_size is not None:
         raw["micro_batch_size"] = micro_batch_size
     else:
-        raw["subdivisions"] = 1 if subdivisions is None else subdivisions
+        raw["subdivisions"] = FIT_SUBDIVISIONS if subdivisions is None else subdivisions
     cfg = config_from_dict(raw, WHERE)
     changes = tuple((change.epoch - 1, change.batch_size) for change in cfg.batch_changes)
     return ((0, cfg.batch_size), *changes), cfg.batch_rule
@@ -282,10 +281,8 @@ FIT_WORDS = Wording(
     more="pass a smaller micro_batch_size, or micro_batch_size='auto'",
     bad_fix="lower the optimizer's learning rate or compile it with an optimizer that clips (clipnorm)",
 )
-CHECKPOINT_SECONDS = 300.0  # at most this much training is lost to a kill -9 between epochs
-KEEP = CheckpointConfig().keep  # checkpoints kept: the config's default, as a run of the CLI keeps
-# Every epoch and every CHECKPOINT_SECONDS of training.
-FIT_CHECKPOINTS = CheckpointPolicy(keep=KEEP, every_seconds=CHECKPOINT_SECONDS)
+# Every epoch's end and every CHECKPOINT_SECONDS of training (defaults.py).
+FIT_CHECKPOINTS = CheckpointPolicy(keep=CHECKPOINT_KEEP, every_seconds=CHECKPOINT_SECONDS)
 
 
 def train_spec(subdivisions, micro_batch_size, memory_limit, max_bad_steps) -> TrainSpec:

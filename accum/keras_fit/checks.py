@@ -20,9 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
+from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import Refused, UserError
 from ..text import traced_error_line
-from ..trainer.data import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
+from ..trainer.data import noisy_batchnorm
 from .arguments import WHERE
 from .inputs import streamed_source
 

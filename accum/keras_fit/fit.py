@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from .. import keras_private
+from ..defaults import FIT, FIT_SUBDIVISIONS, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.norm import pooled
@@ -33,7 +34,7 @@ from ..trainer.keras_objective import KerasObjective
 from ..trainer.scoring import Evaluation, KerasMetrics
 from ..trainer.trainer import Trainer, build_engine
 from ..trainer.trim import check_trim, check_trimmable, trim_multiple
-from ..trainer.update import LOSS_SCALE, local_replica_ids
+from ..trainer.update import local_replica_ids
 from . import checks
 from .arguments import (
     WHERE,
@@ -52,40 +53,38 @@ from .history import FitHistory
 from .inputs import check_examples_are_batched, make_feed, split_validation, streamed_source, validation_feed
 from .pipeline import preprocesses, task_batches
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-
 
 def fit(
     model,
-    x=None,
-    y=None,
-    batch_size=None,
-    epochs=1,
-    verbose="auto",
-    callbacks=None,
-    validation_split=0.0,
-    validation_data=None,
-    shuffle=True,
-    class_weight=None,
-    sample_weight=None,
-    initial_epoch=0,
-    steps_per_epoch=None,
-    validation_steps=None,
-    validation_batch_size=None,
-    validation_freq=1,
+    x=FIT["x"],
+    y=FIT["y"],
+    batch_size=FIT["batch_size"],
+    epochs=FIT["epochs"],
+    verbose=FIT["verbose"],
+    callbacks=FIT["callbacks"],
+    validation_split=FIT["validation_split"],
+    validation_data=FIT["validation_data"],
+    shuffle=FIT["shuffle"],
+    class_weight=FIT["class_weight"],
+    sample_weight=FIT["sample_weight"],
+    initial_epoch=FIT["initial_epoch"],
+    steps_per_epoch=FIT["steps_per_epoch"],
+    validation_steps=FIT["validation_steps"],
+    validation_batch_size=FIT["validation_batch_size"],
+    validation_freq=FIT["validation_freq"],
     *,
-    subdivisions=None,
-    micro_batch_size=None,
-    trim_padding=False,
-    seed=None,
-    precision=None,
-    strategy=None,
-    output_dir=None,
-    max_bad_steps=None,
-    memory_limit=None,
-    batch_schedule=None,
-    optimizer=None,
-    learning_rate=None,
+    subdivisions=FIT["subdivisions"],
+    micro_batch_size=FIT["micro_batch_size"],
+    trim_padding=FIT["trim_padding"],
+    seed=FIT["seed"],
+    precision=FIT["precision"],
+    strategy=FIT["strategy"],
+    output_dir=FIT["output_dir"],
+    max_bad_steps=FIT["max_bad_steps"],
+    memory_limit=FIT["memory_limit"],
+    batch_schedule=FIT["batch_schedule"],
+    optimizer=FIT["optimizer"],
+    learning_rate=FIT["learning_rate"],
 ):
     """Train ``model`` as ``model.fit`` would on whole batches of ``batch_size``, a micro-batch at a time.
 
@@ -192,7 +191,9 @@ def fit(
         )
 
     def k_for(size):  # subdivisions as given, or what keeps micro_batch_size
-        return subdivisions or (k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else 1)
+        return subdivisions or (
+            k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else FIT_SUBDIVISIONS
+        )
 
     k = 1 if auto else k_for(nominal)
     spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
@@ -360,12 +361,12 @@ def _engine(model, objective, scored, norm_layers, spec, nominal, strategy, grou
     as the validation data's evaluation takes it), as ``spec`` (trainer.TrainSpec) says for batches of
     ``nominal``."""
     optimizer = model.optimizer
-    loss_scale, growth = None, LOSS_SCALE.growth_steps
+    loss_scale, growth = None, LOSS_SCALE_GROWTH_STEPS
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         loss_scale, growth = float(optimizer.initial_scale), int(optimizer.dynamic_growth_steps)
         optimizer = optimizer.inner_optimizer
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in all_layers(model)):
-        loss_scale = LOSS_SCALE.initial
+        loss_scale = LOSS_SCALE_INITIAL
     metrics = KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
     engine = build_engine(

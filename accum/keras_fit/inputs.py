@@ -38,8 +38,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
+from ..defaults import ARRAY_BATCH_SIZE
 from ..errors import Refused, UserError
-from .arguments import ARRAY_BATCH_SIZE, WHERE
+from .arguments import WHERE
 from .array_feed import ArrayFeed
 from .stream_feed import DatasetFeed, GeneratorFeed
 

@@ -18,8 +18,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ..defaults import ARRAY_BATCH_SIZE
 from ..errors import Refused, UserError
-from .arguments import ARRAY_BATCH_SIZE, WHERE
+from .arguments import WHERE
 from .inputs import split_validation, validation_arrays
 
 

@@ -7,7 +7,7 @@ What it holds:
   it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
   of a call that never returned (accum/reload.py);
 - ``checkpoints/``: the model's variables, the optimizer, the metrics' running state, the update and epoch
-  counts and the engine's counters, after every epoch, every ``arguments.CHECKPOINT_SECONDS`` of training and when a
+  counts and the engine's counters, after every epoch, every ``defaults.CHECKPOINT_SECONDS`` of training and when a
   SIGINT or SIGTERM stops the call (after the update in hand);
 - ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
 - ``metrics.jsonl``: one record per update (``step``, ``epoch``, the ``batch_size`` and ``subdivisions`` (k) it
@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from ..defaults import FLUSH_SECONDS
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
 from ..keras_private import lora_layers, storage
@@ -51,8 +52,6 @@ from ..trainer.rundir import (
     write_json,
 )
 from ..trainer.runtime import is_chief, strategy_name
-
-FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
 
 
 def recorded_seed(run_dir: Path):

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..text import counted
 from .batching import largest_micro_batch, largest_share
-
-# BatchNorm's statistics over fewer examples than this
-# are noisy enough to hurt (the Group Normalization paper, Wu and He 2018,
-# shows BatchNorm's error rising quickly below about 8 examples per batch).
-MIN_BATCHNORM_MICRO_BATCH = 8
 
 
 def noisy_batchnorm(examples: int, k: int) -> int:

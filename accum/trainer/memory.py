@@ -22,10 +22,11 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from .. import keras_private
+from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import OutOfMemory
 from ..text import counted, first_line, size_text
 from .batching import largest_micro_batch, largest_share
-from .data import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
+from .data import noisy_batchnorm
 
 
 def peak_rss_bytes() -> int:

@@ -25,10 +25,10 @@ over its size squared; ``update_terms`` weighs them once the totals are known.
 
 The accumulator sums these terms in its graph and they ride in the update's one all-reduce (engine.py); |G_B|
 is taken from the update's gradient before the weight regularizers (which have no noise) and clipping. Here,
-on the host: S_hat and G2_hat each averaged over updates, an exponential average with DECAY per update (Adam's
-bias correction), and their ratio (the ratio of averages, not an average of ratios: one update's G2_hat is
-noisy and often negative). Skipped and dropped updates count nothing. The averages are checkpointed, so a
-resumed run reads the values an uninterrupted one would.
+on the host: S_hat and G2_hat each averaged over updates, an exponential average with NOISE_DECAY (about the last
+20 updates count) per update (Adam's bias correction), and their ratio (the ratio of averages, not an average of
+ratios: one update's G2_hat is noisy and often negative). Skipped and dropped updates count nothing. The averages
+are checkpointed, so a resumed run reads the values an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-# Each update's estimate weighs 1 - DECAY in the average: about the last 1 / (1 - DECAY) = 20 updates count.
-DECAY = 0.95
+from ..defaults import NOISE_DECAY
 
 
 def terms_size(groups: int) -> int:
@@ -138,7 +137,7 @@ class NoiseScale:
             if estimate is not None and all(math.isfinite(v) for v in estimate):
                 # doubles, as the float64 variables add them: a resumed run reads what an uninterrupted one did
                 new = (*estimate, 1.0)
-                self._host = tuple(DECAY * old + (1 - DECAY) * v for old, v in zip(self._state(), new))
+                self._host = tuple(NOISE_DECAY * old + (1 - NOISE_DECAY) * v for old, v in zip(self._state(), new))
         return self.value()
 
     def averages(self) -> tuple[float, float] | None:

@@ -20,7 +20,7 @@ import os
 
 import tensorflow as tf
 
-AUTO_PARALLEL = 2  # micro-steps in flight under auto on a CPU: the most measured to help (2 cores)
+from ..defaults import AUTO_PARALLEL
 
 
 def cpu_cores() -> int:

@@ -16,10 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
+from ..defaults import TRIM_MULTIPLE
 from ..errors import Refused, UserError
 from .graphs import graph
-
-DEFAULT_MULTIPLE = 16  # trim_padding=True: lengths rounded up to a multiple of 16
 
 
 def sequence_lengths(arrays, where: str):
@@ -66,7 +65,7 @@ def trim_multiple(trim_padding, where: str) -> int:
     """trim_padding as the multiple each micro-batch's length is rounded up to (0: off), checked."""
     if trim_padding is None or trim_padding is False:
         return 0
-    multiple = DEFAULT_MULTIPLE if trim_padding is True else trim_padding
+    multiple = TRIM_MULTIPLE if trim_padding is True else trim_padding
     if isinstance(multiple, bool) or not isinstance(multiple, (int, np.integer)) or multiple < 1:
         raise UserError(
             f"{where}: trim_padding={trim_padding!r} must be True, False or a positive int (the multiple each "

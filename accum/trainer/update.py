@@ -17,12 +17,10 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from .. import keras_private
-from ..config import LossScaleConfig
+from ..defaults import LOSS_SCALE_GROWTH_STEPS
 from .gradient_cache import all_finite
 
 NAN = float("nan")
-# A dynamic loss scale's defaults (mixed_float16), the config's loss_scale section's, as accum_train.fit takes them
-LOSS_SCALE = LossScaleConfig()
 # A stop request is a small integer (0: none; the training loop sends a signal's number): every process learns
 # the largest any process made, after the same update. The engine knows no signals, only the numbers' order.
 STOP_REQUESTS = 65
@@ -61,7 +59,7 @@ class Update:
         norm_layers=(),
         strategy: tf.distribute.Strategy | None = None,
         loss_scale: float | None = None,
-        growth_steps: int = LOSS_SCALE.growth_steps,
+        growth_steps: int = LOSS_SCALE_GROWTH_STEPS,
         jit: bool = False,
         constraints=None,
     ):
