@@ -1,14 +1,11 @@
-"""A trained run as a standard Keras 3 model file.
+"""A trained run as a standard Keras 3 model file (``accum-train export``).
 
-``export_run(run_dir)`` loads the run's latest checkpoint (accum/reload.py)
-and writes RUN_DIR/model.keras, which ``keras.models.load_model`` opens with
-nothing of accum-train installed: only built-in Keras layers and plain
-weights (models/to_keras.py rebuilds the run's network in them).
-
-A run directory of accum_train.fit holds a Keras model already (the file fit
-saved as the run began): it is written as it is, with the checkpoint's
-weights, uncompiled as every export is (the optimizer's state stays in the
-checkpoint), to RUN_DIR/export.keras by default: model.keras there is fit's.
+``export_run(run_dir)`` loads the run's model at its newest intact checkpoint through the one loader
+(accum/loader.py) and writes it to RUN_DIR/model.keras, or for a run directory of accum_train.fit to
+RUN_DIR/export.keras (model.keras there is fit's own): the loader's ``export_name``. The file holds a plain Keras
+model that ``keras.models.load_model`` opens with nothing of accum-train installed, uncompiled as every export is
+(the optimizer's state stays in the checkpoint): a run of 'accum-train run' has its network rebuilt in built-in
+Keras layers (models/to_keras.py), and fit's model, a Keras model already, is written as it is.
 """
 
 from __future__ import annotations
@@ -16,10 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .files import atomic_write, check_output_file, keras_bytes
-
-# The default export of a fit output_dir: fit writes model.keras itself each time a call returns, so that name would
-# be taken on every finished directory and replaced by the next call on an unfinished one.
-FIT_EXPORT = "export.keras"
+from .loader import read_run
 
 
 def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = False) -> Path:
@@ -28,21 +22,8 @@ def export_run(run_dir: Path, output: Path | None = None, overwrite: bool = Fals
 
     An existing file is replaced only with ``overwrite`` (atomically: a reader
     sees the old file or the new one)."""
-    from .reload import describe_run, load_fit_run, load_run
-    from .trainer.rundir import is_fit_run_dir
-
-    run_dir = Path(run_dir)
-    fit = is_fit_run_dir(run_dir)
-    if not fit:
-        describe_run(run_dir)  # a directory that is not a run fails here, before anything is built
-    output = Path(output) if output is not None else run_dir / (FIT_EXPORT if fit else "model.keras")
+    run = read_run(run_dir)  # a directory that is not a run fails here, before anything is built
+    output = Path(output) if output is not None else run.run_dir / run.export_name
     check_output_file(output, overwrite, ".keras", "Keras 3's model file format")
-    if fit:
-        model = load_fit_run(run_dir, compile=False)
-    else:
-        from .models.to_keras import to_keras
-
-        run = load_run(run_dir, float32=True)  # a plain Keras file, float32 as the weights are
-        model = to_keras(run.model, run.data.input_shape)
-    atomic_write(output, keras_bytes(model))
+    atomic_write(output, keras_bytes(run.keras_model()))
     return output
