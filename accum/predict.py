@@ -4,17 +4,15 @@ Inputs are image files (PNG, JPEG), decoded by the same function the
 image_folder data pipeline uses, or .npz files whose array ``x`` holds images
 [N,H,W] or [N,H,W,C], uint8 or float, converted as training converts them
 (``datasets.base.to_inputs``). Every input is read and checked against the
-model's input shape (from the run's dataset.json) before the model is
+model's input shape (the loader's ``input_shape``) before the model is
 loaded, so a bad file is reported at once, in one line naming it.
 Probabilities are the softmax of the run's logits at its latest checkpoint.
 
-A run trained with a Keras loss, and a run directory of accum_train.fit, give
-the model's outputs instead, for .npz files whose ``x`` (or ``x_<input
-name>`` per input) holds examples of the shapes the model takes. A fit run
-keeps no dataset.json: the shapes and dtypes are its model's inputs (read
-from its Keras file first), and the arrays go to ``model.predict`` as they
-are, as they went to fit. A KerasHub task's preprocessor is left out: the
-arrays are what it made of raw data (token_ids, padding_mask, ...).
+A model of values (a run trained with a Keras loss, a run directory of accum_train.fit: the loader's
+``class_names`` is None) gives its outputs instead, for .npz files whose ``x`` (or ``x_<input name>`` per input)
+holds examples of the shapes and dtypes it takes (the loader's ``input_spec()``), converted as the loader says
+(``convert``: as training converted them, or as they are where they went to model.fit as they are). A KerasHub
+task's preprocessor is left out: the arrays are what it made of raw data (token_ids, padding_mask, ...).
 """
 
 from __future__ import annotations
@@ -24,11 +22,18 @@ from pathlib import Path
 
 import numpy as np
 
+<<<<<<< HEAD
 from .defaults import PREDICT_BATCH_SIZE
 from .errors import DataError, RunDirError, UserError
 from .text import shape_text, traced_error_line
 
 NPZ_KEY = "x"
+=======
+from .errors import DataError, UserError
+from .loader import BATCH_SIZE, read_run
+from .npz_values import NPZ_KEY, read_values
+from .text import shape_text
+>>>>>>> one-loader
 
 
 def read_npz(path: Path, input_shape) -> np.ndarray:
@@ -78,17 +83,25 @@ def read_inputs(paths: Sequence[Path], input_shape) -> tuple[list[str], np.ndarr
     return names, np.concatenate(arrays)
 
 
+<<<<<<< HEAD
 def probabilities(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndarray:
     """softmax(logits) of the run's model in inference mode, [N, classes] float32. A model trained with its own
     loss on class labels gives its outputs as they are when it ends in a softmax (they are probabilities)."""
+=======
+def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
+    """softmax(logits) of ``run``'s model (the loader's ``model``: reload.Trained) in inference mode, [N, classes]
+    float32. A model trained with its own loss on class labels gives its outputs as they are when it ends in a
+    softmax (they are probabilities)."""
+>>>>>>> one-loader
     import tensorflow as tf
 
     from .models.keras_file import ends_in_softmax
 
-    values = outputs(run, x, batch_size)
+    values = run.outputs(x, batch_size)
     return values if run.keras_loss and ends_in_softmax(run.model.network) else tf.nn.softmax(values).numpy()
 
 
+<<<<<<< HEAD
 def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list[str], object]:
     """(one name per row, the inputs) of .npz files whose ``x`` (or ``x_<input name>`` for a model with several
     inputs) holds examples of the stored shapes (a dimension None: any size), of the stored dtypes, then
@@ -165,23 +178,18 @@ def outputs(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndar
     return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]), *batches)
 
 
+=======
+>>>>>>> one-loader
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
-    """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a run trained
-    with a Keras loss or by accum_train.fit, one {input, outputs: [...]} (the model's output values)."""
-    from .from_config.build import output_names
-    from .reload import describe_run, load_run
-    from .trainer.rundir import is_fit_run_dir
-
-    if is_fit_run_dir(run_dir):
-        return predict_fit(run_dir, paths)
-    info = describe_run(run_dir)  # refuses a directory that is not a run
-    if info.get("task") == "keras_loss":
-        names, x = read_values(paths, info["stored"])
-        run = load_run(run_dir)
-        return value_rows(names, outputs(run, x), output_names(run.model.network))
-    names, x = read_inputs(paths, info["input_shape"])
-    classes = info["class_names"]
-    probs = probabilities(load_run(run_dir), x)
+    """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a model of
+    values (trained with a Keras loss, or by accum_train.fit), one {input, outputs: [...]} (its output values)."""
+    run = read_run(run_dir)  # refuses a directory that is not a run
+    if run.class_names is None:  # a model of values: no classes to give probabilities over
+        names, x = read_values(paths, run.input_spec(), convert=run.convert)
+        return value_rows(names, run.outputs(x, paths), run.output_names())
+    names, x = read_inputs(paths, run.input_shape)
+    classes = run.class_names
+    probs = probabilities(run.model, x)
     return [
         {
             "input": name,
@@ -192,6 +200,7 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     ]
 
 
+<<<<<<< HEAD
 def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, outputs} per input row of a run directory of accum_train.fit: what ``model.predict`` gives for
     the arrays as they are (fit took them as they are)."""
@@ -222,6 +231,8 @@ def bare(model):
     return model
 
 
+=======
+>>>>>>> one-loader
 def value_rows(names: list, values, outputs: list) -> list[dict]:
     """One {input, outputs: [...]} per row; a model with several outputs gives {output name: [...]}."""
     if isinstance(values, (list, tuple)):  # several outputs: by the model's output names

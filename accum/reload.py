@@ -1,11 +1,12 @@
-"""A run directory loaded back: its config, what it was trained on, and its
-model with the latest checkpoint's weights (for export, evaluate, predict).
+"""A run directory's model loaded back with its newest intact checkpoint's weights, for either door.
 
 The model of a run of 'accum-train run' is rebuilt from config.yaml for the
 input shape and classes in dataset.json, so a trained run can be used without
-its training data. One of accum_train.fit(output_dir=...) has neither file:
+its training data (``load_run``). One of accum_train.fit(output_dir=...) has neither file:
 its model is the Keras file that fit saved as the run began
 (initial_model.keras), given the checkpoint's weights (``load_fit_run``).
+The readers (describe, evaluate, predict, export) call neither directly: accum/loader.py picks the one the
+directory's door needs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,27 @@ class Trained:
         self.keras_loss = is_keras_loss(objective)
         size = eval_batch_size(cfg.batch_size, subdivisions, cfg.micro_batch_size)
         self.scorer = Scorer(model, objective, data, lambda: size)
+
+    def outputs(self, x, batch_size: int):
+        """The model's outputs for the inputs ``x`` in inference mode, ``batch_size`` examples at a time, as float32
+        numpy (a Keras loss's run: the values the loss took)."""
+        import tensorflow as tf
+
+        from .trainer.graphs import graph
+
+        spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
+
+        def batch_outputs(inputs):
+            return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), self.model.forward(inputs, False))
+
+        batch_outputs = graph(batch_outputs, input_signature=[spec])  # traced as training traces the model
+
+        n = len(tf.nest.flatten(x)[0])
+        batches = [
+            batch_outputs(tf.nest.map_structure(lambda a, s=start: a[s : s + batch_size], x))
+            for start in range(0, n, batch_size)
+        ]
+        return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]), *batches)
 
 
 def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Trained:

@@ -122,7 +122,20 @@ def test_the_dataset_loaders_import_only_the_core_s_leaves():
     assert {name: found for name, found in wrong.items() if found} == {}
 
 
-COMMANDS = ("bench", "compare", "evaluate", "export", "plan", "predict", "reload", "worker", "outcome")
+COMMANDS = (
+    "bench",
+    "compare",
+    "describe",
+    "evaluate",
+    "export",
+    "loader",
+    "npz_values",
+    "plan",
+    "predict",
+    "reload",
+    "worker",
+    "outcome",
+)
 FRONT_ENDS = (f"{PACKAGE}.from_config", f"{PACKAGE}.keras_fit")
 
 

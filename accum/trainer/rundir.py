@@ -204,7 +204,7 @@ def other_output(path: Path) -> str | None:
 def require_run_dir(path: Path, flag: str = "") -> Path:
     """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it). One
     written by accum_train.fit is refused: only that call has the model's code and data to go on with it (the
-    readers, export, evaluate and predict, tell it apart first: ``is_fit_run_dir``)."""
+    readers' one loader, accum/loader.py, tells it apart first: ``is_fit_run_dir``)."""
     path = Path(path)
     if is_fit_run_dir(path):
         raise RunDirError(

@@ -1,0 +1,137 @@
+"""A built model as plain Keras layers, the file ``accum-train export`` writes for a run of 'accum-train run'.
+
+``to_keras(model, input_shape)`` computes what ``model.forward(x, training=False)`` computes with nothing of
+accum-train in it: only built-in Keras layers and plain weights, so ``keras.models.load_model`` opens the file
+anywhere. The TensorLayer built-ins are rebuilt layer by layer as the equivalent Keras layers (BatchNorm as
+BatchNormalization with the trained moving statistics, GroupNorm as GroupNormalization, TF's leaky ReLU as
+LeakyReLU(0.2)); a keras_file model gets fresh BatchNormalization layers (the trained ones pool their statistics
+over micro-batches) and, with model.from_logits=false, its softmax back. The model outputs what the run's model
+outputs: logits, or the file's softmax probabilities.
+"""
+
+from __future__ import annotations
+
+
+def to_keras(model, input_shape):
+    """The plain Keras model computing what ``model.forward(x, training=False)`` computes."""
+    from .containers import KerasModel
+
+    if isinstance(model, KerasModel):
+        return _keras_file_model(model)
+    return _tensorlayer_model(model.network, input_shape)
+
+
+def _keras_file_model(model):
+    """The trained network as a model of its own: fresh BatchNormalization layers (the trained ones pool their
+    statistics, models/norm.py) and the peeled softmax back."""
+    import keras
+
+    originals = {id(trained): original for trained, original in model.peeled}
+    replaced = []
+
+    def swap(layer):
+        if id(layer) in originals:
+            new = type(originals[id(layer)]).from_config(originals[id(layer)].get_config())
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            new = keras.layers.BatchNormalization.from_config(layer.get_config())
+        else:
+            return layer
+        replaced.append((layer, new))
+        return new
+
+    exported = keras.models.clone_model(model.network, clone_function=swap, recursive=True)
+    for trained, new in replaced:
+        new.set_weights(trained.get_weights())
+    return exported
+
+
+# ----------------------------------------------------------------------------
+# TensorLayer built-ins, layer by layer
+
+
+def _activation(fn, name):
+    """The Keras layer of a TL layer's fused activation (none: [])."""
+    import keras
+    import tensorflow as tf
+
+    if fn is None:
+        return []
+    from .builtin import leaky_relu
+
+    leaky = lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")  # noqa: E731
+    layers = {
+        leaky_relu: leaky,
+        tf.nn.leaky_relu: leaky,  # TF's leaky_relu slope is 0.2, as the built-ins'
+        tf.nn.relu: lambda: keras.layers.ReLU(name=f"{name}_relu"),
+    }
+    if fn not in layers:
+        raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
+    return [layers[fn]()]
+
+
+def _converters():
+    """TL layer class -> (Keras layer, the TL variables in that layer's get_weights() order)."""
+    import keras
+    from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d
+
+    from .norm import AccumBatchNorm, GroupNorm
+
+    def present(*variables):
+        return [v for v in variables if v is not None]
+
+    return {
+        Conv2d: lambda t: (
+            keras.layers.Conv2D(
+                t.n_filter,
+                t.filter_size,
+                t.strides,
+                padding=t.padding.lower(),
+                dilation_rate=t.dilation_rate,
+                use_bias=t.b_init is not None,
+                name=t.name,
+            ),
+            present(t.W, getattr(t, "b", None) if t.b_init is not None else None),
+        ),
+        Dense: lambda t: (
+            keras.layers.Dense(t.n_units, use_bias=t.b_init is not None, name=t.name),
+            present(t.W, getattr(t, "b", None) if t.b_init is not None else None),
+        ),
+        AccumBatchNorm: lambda t: (
+            keras.layers.BatchNormalization(
+                momentum=t.decay, epsilon=t.epsilon, scale=t.gamma is not None, center=t.beta is not None, name=t.name
+            ),
+            present(t.gamma, t.beta, t.moving_mean, t.moving_var),
+        ),
+        GroupNorm: lambda t: (
+            keras.layers.GroupNormalization(t.groups, epsilon=t.epsilon, name=t.name),
+            [t.gamma, t.beta],
+        ),
+        Flatten: lambda t: (keras.layers.Flatten(name=t.name), []),
+        GlobalMeanPool2d: lambda t: (keras.layers.GlobalAveragePooling2D(name=t.name), []),
+    }
+
+
+def _tensorlayer_model(network, input_shape):
+    """A Keras Functional model equal to a TL chain (the built-ins are chains), weights copied."""
+    import keras
+
+    # tl.layers.Input is a function; the layer it makes is this (TL exports it under this name)
+    from tensorlayer.layers.inputs import _InputLayer
+
+    converters = _converters()
+    x = inputs = keras.Input(shape=tuple(input_shape), name="images")
+    weights = []
+    for layer in network.all_layers:
+        if isinstance(layer, _InputLayer):
+            continue
+        if type(layer) not in converters:
+            raise NotImplementedError(f"no Keras equivalent for TensorLayer {type(layer).__name__} {layer.name}")
+        keras_layer, variables = converters[type(layer)](layer)
+        x = keras_layer(x)
+        weights.append((keras_layer, variables))
+        for act in _activation(layer.act, layer.name):
+            x = act(x)
+    model = keras.Model(inputs, x, name="accum_train_export")
+    for keras_layer, variables in weights:
+        keras_layer.set_weights([v.numpy() for v in variables])
+    return model
