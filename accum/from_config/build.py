@@ -109,7 +109,7 @@ def train_spec(cfg) -> TrainSpec:
         memory_limit=None if cfg.memory_limit is None else (cfg.memory_limit_bytes, cfg.memory_limit),
         max_bad_steps=cfg.max_bad_steps,
         baseline=cfg.baseline,
-        checkpoints=CheckpointPolicy(keep=cfg.checkpoint.keep, every_steps=cfg.checkpoint.every_steps),
+        checkpoints=CheckpointPolicy(keep=cfg.checkpoint.keep, every_steps=cfg.checkpoint.every_steps, at_start=True),
     )
 
 

@@ -1,18 +1,18 @@
 """A built run (run_parts.Run) from its start to its summary: ``train(run, run_dir, writer, ...)``.
 
-It opens the run directory (rundir.RunDirectory: the writer lock, the
-checkpoints, metrics.jsonl), resumes from the newest intact checkpoint (k
-adapted to other replicas) or starts (k for subdivisions=auto), writes
-config.yaml and dataset.json, hands the loop to run_hooks.RunHooks, and writes
-summary.json and weights.npz. The front end
-(from_config/run.py) has built the run before: bad input has left nothing
-behind. A resume continues from the latest checkpoint with the same data
-order, reaching the weights an uninterrupted run would.
+The Trainer (trainer/trainer.py) runs its course, as it runs fit's: the run
+directory locked, the newest intact checkpoint restored or the automatic
+micro-batches probed, the loop, summary.json. What is the CLI's is here, in
+``ConfigRunDir``: ``--resume`` (k adapted to other replicas), config.yaml and
+dataset.json, the lines a run starts with, weights.npz; run_hooks.RunHooks is
+its side of the loop. The front end (from_config/run.py) has built the run
+before: bad input has left nothing behind. A resume continues from the latest
+checkpoint with the same data order, reaching the weights an uninterrupted run
+would.
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import tensorflow as tf
@@ -38,63 +38,95 @@ def train(
     directory (the chief; holding its writer lock from before its first write to its return), another worker
     writes a scratch folder (rundir.RunDirectory); ``threads``: what startup.configure set up, for the summary;
     ``started``: (wall, CPU) time the run began at."""
-    with contextlib.ExitStack() as held:
-        cfg, data = run.cfg, run.data
+    directory = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started)
+    trainer = Trainer(run.spec, run.engine, _network(run), run.noise, run.cfg.batch_size, progress.message)
+    directory.hooks = RunHooks(run, directory, progress, trainer)
+    return trainer.run(directory, lambda stop: directory.hooks.train(directory.first_step, stop), _first_examples(run))
+
+
+class ConfigRunDir(RunDirectory):
+    """The run directory of a config's run, with what is the CLI's: ``--resume`` (which must find an intact
+    checkpoint), config.yaml, dataset.json and the model file's copy, the lines a run starts with, weights.npz and
+    summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
+    of the loop (run_hooks.RunHooks)."""
+
+    def __init__(self, run, run_dir, writer, progress, resume, threads, started):
         flag = "--resume " if resume else "--output-dir "
-        directory = RunDirectory(run_dir, writer, flag, f"resume with --resume {run_dir}")
-        # Looked for before the lock and any write: with no intact checkpoint the run directory stays as it was.
-        found = newest_intact_checkpoint(run_dir / "checkpoints", flag) if resume and writer else None
-        directory.enter(held)
-        directory.keep(run.tracked, run.spec.checkpoints, run.engine, run.noise, run.optional)
-        restored = 0
-        if resume:
-            restored = directory.restore(progress.message, found)
-            run.regrow(restored)
-            if restored > run.total_steps:  # before config.yaml records the smaller epochs
-                raise RunDirError(
-                    f"--resume {run_dir}: the run is at update {restored}, past the end of epochs={cfg.epochs} "
-                    f"(update {run.total_steps}): resume with a larger epochs"
-                )
-        run_dir = directory.local
-        run_dir.mkdir(parents=True, exist_ok=True)
-        keep_model_file(run_dir, data.for_model.config)  # a worker copies the run directory's copy
+        super().__init__(run_dir, writer, flag, f"resume with --resume {run_dir}")
+        self.run, self.progress, self.resume, self.threads = run, progress, resume, threads
+        self.tracked, self.optional, self.began = run.tracked, run.optional, started
+        self.first_step, self.hooks = 0, None
+
+    def check(self) -> None:
+        # with no intact checkpoint the run directory stays as it was
+        if self.resume and self.writer:
+            self.found = newest_intact_checkpoint(self.path / "checkpoints", self.flag)
+
+    def resumes(self) -> bool:
+        return self.resume
+
+    def restored(self, step: int, trainer) -> None:
+        """The rule's batches and the learning rate as of ``step``; a run past its end refused before config.yaml
+        records the smaller epochs; metrics.jsonl cut back to the checkpoint; k adapted to other replicas."""
+        run, cfg = self.run, self.run.cfg
+        run.regrow(step)
+        if step > run.total_steps:
+            raise RunDirError(
+                f"--resume {self.path}: the run is at update {step}, past the end of epochs={cfg.epochs} "
+                f"(update {run.total_steps}): resume with a larger epochs"
+            )
+        self.first_step = step
+        self.log.truncate_after(step, run.timeline.epoch_of(step))
+        self.progress.message(f"resuming {self.path} at update {step} of {run.total_steps}")
+        schedule = cfg.optimizer.schedule
+        end = schedule.warmup_steps + (schedule.decay_steps or 0)
+        if schedule.name == "cosine" and end < run.total_steps:
+            self.progress.message(
+                f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
+                f"fixed when the run started); later updates use its final learning rate"
+            )
+        if not cfg.baseline:
+            _adapt_to_replicas(run, trainer, self.progress, run.timeline.batch_size(step))
+
+    def write_records(self) -> None:
+        run, cfg, data = self.run, self.run.cfg, self.run.data
+        local = self.local
+        local.mkdir(parents=True, exist_ok=True)
+        keep_model_file(local, data.for_model.config)  # a worker copies the run directory's copy
         for name, text in (
             ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
             ("dataset.json", strict_json(data.describe(), indent=2)),
         ):
-            if not (run_dir / name).is_file() or (run_dir / name).read_text() != text:
-                atomic_write(run_dir / name, text.encode())
-        if writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
-            data.file_checks.save(run_dir)
-            progress.message(data.file_checks.line())
-        trainer = Trainer(run.spec, run.engine, _network(run), run.noise, cfg.batch_size, progress.message, directory)
-        step = _start(run, trainer, directory, resume, restored, progress)
+            if not (local / name).is_file() or (local / name).read_text() != text:
+                atomic_write(local / name, text.encode())
+        if self.writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
+            data.file_checks.save(local)
+            self.progress.message(data.file_checks.line())
+
+    def started(self, trainer, resumed: bool) -> None:
+        _say_split(self.run, trainer, resumed, self.progress)
+        run = self.run
+        self.log_start(self.first_step, resumed, run.cfg.strategy.name, run.replicas, run.subdivisions)
         announce_started()  # to a --workers supervisor: every worker has joined
 
-        with directory.stop_flag() as stop:
-            step = RunHooks(run, directory, progress, trainer).train(step, stop)
-
-        save_weights(run.model.named_weights(), run_dir / "weights.npz")
-        return directory.write_summary(
-            step,
-            started,
-            {
-                **run.scores(),
-                "examples_seen": run.timeline.examples_seen(step),
-                # how many times a --workers supervisor started this run's workers again after a failure
-                "restarts": restarts(),
-                "batch_size": cfg.batch_size,
-                "batch_schedule": [
-                    {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size}
-                    for p in run.timeline.phases
-                ]
-                if len(run.timeline.phases) > 1
-                else None,
-                "baseline": cfg.baseline,
-                "precision": cfg.precision,
-                **threads,
-            },
-        )
+    def finish(self) -> tuple:
+        run, cfg, step = self.run, self.run.cfg, self.hooks.step
+        save_weights(run.model.named_weights(), self.local / "weights.npz")
+        return step, {
+            **run.scores(),
+            "examples_seen": run.timeline.examples_seen(step),
+            # how many times a --workers supervisor started this run's workers again after a failure
+            "restarts": restarts(),
+            "batch_size": cfg.batch_size,
+            "batch_schedule": [
+                {"update": p.step + 1, "epoch": p.epoch + 1, "batch_size": p.batch_size} for p in run.timeline.phases
+            ]
+            if len(run.timeline.phases) > 1
+            else None,
+            "baseline": cfg.baseline,
+            "precision": cfg.precision,
+            **self.threads,
+        }
 
 
 def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, replicas: int) -> int:
@@ -103,34 +135,17 @@ def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, rep
     return k_for_micro_batch(batch_size, largest_micro_batch(batch_size, replicas_before, k_before), replicas)
 
 
-def _start(run: Run, trainer: Trainer, directory: RunDirectory, resume: bool, restored: int, progress: Progress) -> int:
-    """Go on from the ``restored`` step or begin (choosing k for subdivisions=auto), say how the batch is split;
-    the first step.
+def _say_split(run: Run, trainer: Trainer, resumed: bool, progress: Progress) -> None:
+    """How the batch in force is split (k set for it), the batch schedule, plan's warnings (a start only), what
+    the noise scale and the precision will do.
 
     A resume on another number of replicas keeps the global batch, the data
     order and the schedule (all counted in updates) and changes only how a
     replica cuts its share: k is adapted so that no micro-batch is larger than
-    before (re-probed with subdivisions=auto). history.jsonl records each
-    start: update, strategy, workers, replicas, k."""
+    before (re-probed with subdivisions=auto; ``_adapt_to_replicas``)."""
     cfg = run.cfg
-    step = 0
-    if resume:
-        step = restored
-        directory.log.truncate_after(step, run.timeline.epoch_of(step))
-        progress.message(f"resuming {directory.path} at update {step} of {run.total_steps}")
-        schedule = cfg.optimizer.schedule
-        end = schedule.warmup_steps + (schedule.decay_steps or 0)
-        if schedule.name == "cosine" and end < run.total_steps:
-            progress.message(
-                f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
-                f"fixed when the run started); later updates use its final learning rate"
-            )
-        if not cfg.baseline:
-            _adapt_to_replicas(run, trainer, progress, run.timeline.batch_size(step))
-    else:
-        trainer.probe(_first_examples(run), cfg.batch_size)
-        directory.save(0)  # a run is resumable from its first moment
-    batch = run.timeline.batch_size(min(step, run.total_steps - 1))
+    step = min(trainer.directory.first_step, run.total_steps - 1)
+    batch = run.timeline.batch_size(step)
     k = run.follow_batch(batch)
     trainer.follow_batch(batch)
     if cfg.strategy.name != "default":
@@ -139,7 +154,7 @@ def _start(run: Run, trainer: Trainer, directory: RunDirectory, resume: bool, re
         progress.message(describe_split(batch, k))
     if len(run.timeline.phases) > 1 and cfg.batch_rule is None:
         progress.message("batch_schedule: " + describe_phases(run))
-    if not resume:  # what plan warns of, with subdivisions=auto's k chosen
+    if not resumed:  # what plan warns of, with subdivisions=auto's k chosen
         fixed = None if cfg.baseline else k
         for warning in split_warnings(cfg, fixed, run.n_train, len(run.model.norm_layers), run.total_steps):
             progress.message("warning: " + warning)
@@ -152,8 +167,6 @@ def _start(run: Run, trainer: Trainer, directory: RunDirectory, resume: bool, re
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"
         )
-    directory.log_start(step, resume, cfg.strategy.name, run.replicas, run.subdivisions)
-    return step
 
 
 # Said once when no update can measure the gradient noise scale (noise.py); metrics.jsonl then holds null.

@@ -40,10 +40,15 @@ class RunHooks:
     stopping = False  # a run ends at its last epoch, or by an error
 
     def __init__(self, run, directory, progress, trainer):
-        self.run, self.directory, self.log, self.progress = run, directory, directory.log, progress
+        self.run, self.directory, self.progress = run, directory, progress
         self.trainer = trainer  # trainer.Trainer: the loop, the guard, the errors that end a run
         self.state = None
         self.step = 0
+
+    @property
+    def log(self):
+        """metrics.jsonl's writer (metrics_log.MetricsLog), which the directory opens when the run starts."""
+        return self.directory.log
 
     def train(self, step: int, stop) -> int:
         """Every epoch from ``step`` (updates done) on, ``stop`` the run's stopping.StopFlag; the step the run ends

@@ -52,6 +52,7 @@ from .fit_hooks import FitHooks
 from .history import FitHistory
 from .inputs import check_examples_are_batched, make_feed, split_validation, streamed_source, validation_feed
 from .pipeline import preprocesses, task_batches
+from .rundir import FitRunDir
 
 
 def fit(
@@ -257,10 +258,8 @@ def fit(
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
-        checkpoints = None
+        directory = None
         if output_dir is not None:
-            from .rundir import FitRunDir
-
             described = dict(
                 batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
             )
@@ -272,30 +271,29 @@ def fit(
                     if rule
                     else [[e + 1, size] for e, size in schedule]
                 )
-            checkpoints = restore.enter_context(
-                FitRunDir.open(
-                    Path(output_dir), model, engine, loop.noise, described, spec.checkpoints, say, loop.rule_tracked
-                )
+            directory = FitRunDir(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
+            loop.checkpoints = directory
+        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
+        history = FitHistory()
+
+        def drive(stop):
+            loop.stop = stop
+            if directory is not None:
+                loop.follow_restored_rule()
+                history.earlier = directory.earlier_epochs()
+            if auto:  # the k the probe chose, or a resume had come to
+                loop.cut = Cut(engine.k, replicas, cut.local)
+            loop.run(
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
+                verbose=verbose,
+                validation_freq=validation_freq,
+                validation_steps=validation_steps,
+                start=directory.start if directory is not None else (0, 0),
             )
-            loop.follow_restored_rule()
-            loop.checkpoints, loop.stop = checkpoints, checkpoints.stop
-        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say, checkpoints)
-        if checkpoints is None or not checkpoints.resumed:  # a resume goes on at the k it had come to
-            loop.trainer.probe(_first_examples(feed), nominal)
-        if auto:
-            loop.cut = Cut(engine.k, replicas, cut.local)
-        if checkpoints is not None:
-            checkpoints.log_call()
-        history = FitHistory(checkpoints.earlier_epochs() if checkpoints is not None else ())
-        loop.run(
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
-            verbose=verbose,
-            validation_freq=validation_freq,
-            validation_steps=validation_steps,
-            start=checkpoints.start if checkpoints is not None else (0, 0),
-        )
+
+        loop.trainer.run(directory, drive, _first_examples(feed))
     return history
 
 

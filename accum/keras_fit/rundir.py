@@ -27,7 +27,6 @@ folders are the CLI's (trainer/rundir.RunDirectory); what is fit's is here.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -63,59 +62,59 @@ def recorded_seed(run_dir: Path):
 
 
 class FitRunDir(RunDirectory):
-    """The run directory of one accum_train.fit call (``open`` it), with what is fit's: fit.json's check, the
-    epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every ``FLUSH_SECONDS``, a
-    checkpoint as its ``policy`` says (arguments.FIT_CHECKPOINTS). ``start`` is (epoch, update) to go on from;
-    ``done`` the updates done."""
+    """The run directory of one accum_train.fit call, with what is fit's (trainer.Trainer.run keeps it): fit.json's
+    check, the epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every
+    ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``described``: what fit.json records
+    of the call; ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by
+    name). ``start`` is (epoch, update) to go on from; ``done`` the updates done."""
 
-    def __init__(self, run_dir: Path, model, engine, noise):
+    def __init__(self, run_dir: Path, model, engine, noise, described: dict, say=print, extra=None):
         hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
         super().__init__(run_dir, is_chief(engine.strategy), "output_dir ", hint)
-        self.model, self.engine, self.noise = model, engine, noise
+        self.model, self.engine, self.noise, self.described, self.say = model, engine, noise, described, say
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
-        self.stop = None  # the signal's flag, while open
-        self.began = time.time(), time.process_time()
-
-    @classmethod
-    @contextlib.contextmanager
-    def open(cls, run_dir: Path, model, engine, noise, described: dict, policy, say=print, extra=None):
-        """Begin or resume ``run_dir``: lock it, restore the newest intact checkpoint if there is one; on the way
-        out save the model and summary.json (or, on an exception, leave the last checkpoint as it is).
-        ``noise``: the run's noise.NoiseScale, checkpointed with it; ``policy``: when to checkpoint
-        (rundir.CheckpointPolicy); ``extra``: more to checkpoint (by name)."""
-        run = cls(run_dir, model, engine, noise)
-        tracked = {
+        self.tracked = {
             "weights": [storage(v) for v in model.variables],
             "optimizer": engine.optimizer,
             "metrics": [storage(v) for v in model.metrics_variables],
-            "epoch": run.epoch,
-            "update_in_epoch": run.update_in_epoch,
+            "epoch": self.epoch,
+            "update_in_epoch": self.update_in_epoch,
             **(extra or {}),
         }
-        with contextlib.ExitStack() as held:
-            if run.writer:
-                run._check(described)
-            run.enter(held)
-            # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
-            run.keep(tracked, policy, engine, noise, optional={"subdivisions": engine.subdivisions})
-            if checkpoint_numbers(run.path / "checkpoints"):
-                run._restore(say)
-            elif run.writer:  # a call killed before its first checkpoint left records that this one writes again
-                run.log.truncate_after(0, 0)
-                # with the layers LoRA is enabled on, which the model file may not rebuild (accum/reload.py)
-                write_json(run.path / FIT_RECORD, {**described, **lora_layers(model)})
-            # the model before its first update, for the readers: a resume keeps the first (an older directory
-            # gains one)
-            if run.writer and not (run.path / MODEL_COPY).is_file():
-                run._save_model(MODEL_COPY)
-            run.stop = held.enter_context(run.stop_flag())
-            held.callback(run._flush)  # what the call logged, also when it ends in an exception
-            yield run
-            run._flush()
-            run._finish()
+        # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
+        self.optional = {"subdivisions": engine.subdivisions}
+
+    def check(self) -> None:
+        if self.writer:
+            self._check(self.described)
+
+    def resumes(self) -> bool:
+        return bool(checkpoint_numbers(self.path / "checkpoints"))
+
+    def begun(self) -> None:
+        if self.writer:  # a call killed before its first checkpoint left records that this one writes again
+            self.log.truncate_after(0, 0)
+            # with the layers LoRA is enabled on, which the model file may not rebuild (accum/reload.py)
+            write_json(self.path / FIT_RECORD, {**self.described, **lora_layers(self.model)})
+
+    def write_records(self) -> None:
+        # the model before its first update, for the readers: a resume keeps the first (an older directory gains one)
+        if self.writer and not (self.path / MODEL_COPY).is_file():
+            self._save_model(MODEL_COPY)
+
+    def started(self, trainer, resumed: bool) -> None:
+        """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
+        engine = self.engine
+        self.log_start(self.done, self.resumed, strategy_name(engine.strategy), engine.replicas, engine.k)
+
+    def finish(self) -> tuple | None:
+        if not self.writer:
+            return None
+        self._save_model("model.keras")
+        return self.done, {"epochs": int(self.epoch.numpy())}
 
     def _check(self, described: dict) -> None:
         path = self.path
@@ -150,23 +149,21 @@ class FitRunDir(RunDirectory):
             f"batches; pass {was} or choose a new output_dir"
         )
 
-    def _restore(self, say) -> None:
+    def restore(self, say, found=None) -> int:
         try:
-            self.done = self.restore(say)
+            return super().restore(say, found)
         except (AssertionError, ValueError, tf.errors.OpError) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.path} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
             ) from None
+
+    def restored(self, step: int, trainer) -> None:
+        self.done = step
         self.start, self.resumed = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy())), True
         self.log.truncate_after(self.done, int(self.epoch.numpy()))
         if self.writer:
-            say(f"accum_train.fit: resuming {self.path} at update {self.done}")
-
-    def log_call(self) -> None:
-        """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
-        engine = self.engine
-        self.log_start(self.done, self.resumed, strategy_name(engine.strategy), engine.replicas, engine.k)
+            self.say(f"accum_train.fit: resuming {self.path} at update {self.done}")
 
     def earlier_epochs(self) -> list:
         """(epoch, logs) of each epoch metrics.jsonl records as ended (what a resumed call's History starts
@@ -182,7 +179,7 @@ class FitRunDir(RunDirectory):
         ]
 
     def _save(self, epoch: int, update_in_epoch: int) -> None:
-        self._flush()  # a checkpoint never counts an update that metrics.jsonl lacks
+        self.flush()  # a checkpoint never counts an update that metrics.jsonl lacks
         self.epoch.assign(epoch)
         self.update_in_epoch.assign(update_in_epoch)
         self.save(self.done)
@@ -192,9 +189,9 @@ class FitRunDir(RunDirectory):
         checkpoint (a resume drops those after its checkpoint)."""
         self.pending.append(record)
         if time.time() - self.flushed_at >= FLUSH_SECONDS:
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if self.pending and self.log is not None:
             self.log.write(self.pending)
             self.pending = []
@@ -215,12 +212,6 @@ class FitRunDir(RunDirectory):
 
     def _save_model(self, name: str) -> None:  # a reader or a resume never finds half a file
         atomic_write(self.path / name, keras_bytes(self.model, name, folder=self.path))
-
-    def _finish(self) -> None:
-        if not self.writer:
-            return
-        self._save_model("model.keras")
-        self.write_summary(self.done, self.began, {"epochs": int(self.epoch.numpy())})
 
 
 def _argument(key: str, value) -> str:

@@ -36,13 +36,15 @@ FIT_RECORD = "fit.json"
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """When a run saves a checkpoint besides every epoch's end and a stop: every ``every_steps`` updates, and after
-    ``every_seconds`` of training since the last one (None: not by that measure); the newest ``keep`` are kept.
+    """When a run saves a checkpoint besides every epoch's end and a stop: every ``every_steps`` updates, after
+    ``every_seconds`` of training since the last one (None: not by that measure), and before the first update
+    (``at_start``); the newest ``keep`` are kept.
     Each door's default is in accum/defaults.py."""
 
     keep: int
     every_steps: int | None = None
     every_seconds: float | None = None
+    at_start: bool = False  # a checkpoint before the first update, so that a run is resumable from its start
 
     def due(self, step: int, saved_at: float) -> bool:
         """Whether update ``step`` (1-based) checkpoints, the last checkpoint saved at ``saved_at`` (time.time())."""
@@ -58,7 +60,12 @@ class RunDirectory:
     fit.json) is the door's. Only the ``writer`` (the chief) writes ``path``; another worker writes the same
     files to a scratch folder (``local``), removed when it ends, and restores from ``path``, the chief's.
     ``flag`` starts the lines that name the directory ("--resume ", "output_dir "); ``resume_hint`` ends a
-    failed save's line: how to go on."""
+    failed save's line: how to go on.
+
+    A door's run directory is a subclass: what it checkpoints (``tracked``, and ``optional``, what older
+    checkpoints may lack) and the steps of a run's course that are its own, which trainer.Trainer.run calls in
+    this order: ``check`` (before the lock), ``resumes``, then ``restored`` or ``begun``, ``write_records``,
+    ``started``, ``flush`` and ``finish``. The base class adds nothing at any of them."""
 
     def __init__(self, path: Path, writer: bool, flag: str, resume_hint: str):
         self.path, self.writer, self.flag, self.resume_hint = Path(path), writer, flag, resume_hint
@@ -66,6 +73,36 @@ class RunDirectory:
         self.checkpoints = self.log = self.policy = None  # once ``keep`` knows what to checkpoint, and when
         self.step = 0  # the update of the newest checkpoint, saved or restored
         self.saved_at = time.time()
+        self.tracked, self.optional = {}, None
+        self.found = None  # the checkpoint ``check`` found to resume from, before the lock
+        self.began = time.time(), time.process_time()  # (wall, CPU) time the run began at, for summary.json
+
+    def check(self) -> None:
+        """Before the lock and any write: refuse a start this door cannot make here."""
+
+    def resumes(self) -> bool:
+        """Whether this start goes on from a checkpoint."""
+        return False
+
+    def restored(self, step: int, trainer) -> None:
+        """After the newest intact checkpoint (of update ``step``) is restored, before any record is written."""
+
+    def begun(self) -> None:
+        """A start from nothing, before any record is written."""
+
+    def write_records(self) -> None:
+        """The door's own files: what a resume must repeat, the model's copy."""
+
+    def started(self, trainer, resumed: bool) -> None:
+        """After the probe (a start) or the restore (a resume), before the first update: the door's lines and
+        history.jsonl's."""
+
+    def flush(self) -> None:
+        """Records the door holds back, into metrics.jsonl (also when the run ends in an exception)."""
+
+    def finish(self) -> tuple | None:
+        """The door's last files; (updates done, summary.json's fields of the door), or None for no summary."""
+        return None
 
     def enter(self, held: contextlib.ExitStack) -> RunDirectory:
         """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes. A

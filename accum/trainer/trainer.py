@@ -13,6 +13,7 @@ records and progress lines, fit's callbacks and History.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -99,12 +100,11 @@ class Trainer:
     """A run's updates around ``engine`` (engine.Accumulator) on ``network`` (a Keras model, or None for the CLI's
     TensorLayer nets, which cannot rematerialise), with ``noise`` (noise.NoiseScale) following them, as ``spec``
     (``TrainSpec``) says; ``say`` prints a line. ``batch_size``: the batch in force at the start; ``directory``:
-    the run directory (rundir.RunDirectory) it keeps, or None."""
+    ``run`` keeps the run directory."""
 
-    def __init__(
-        self, spec: TrainSpec, engine, network, noise, batch_size: int, say: Callable[[str], None], directory=None
-    ):
-        self.spec, self.engine, self.noise, self.say, self.directory = spec, engine, noise, say, directory
+    def __init__(self, spec: TrainSpec, engine, network, noise, batch_size: int, say: Callable[[str], None]):
+        self.spec, self.engine, self.noise, self.say = spec, engine, noise, say
+        self.batch_size, self.directory = batch_size, None
         self.remat = rematerialiser(network, engine)  # automatic micro-batches' last rung
         self.guard = MemoryGuard(
             engine,
@@ -119,6 +119,41 @@ class Trainer:
     @property
     def auto(self) -> bool:
         return self.spec.micro.auto and not self.spec.baseline
+
+    def run(self, directory, drive: Callable, take: Callable) -> dict | None:
+        """A run from its start or resume to its summary, kept in ``directory`` (a door's rundir.RunDirectory, or
+        None: nothing kept); summary.json's content, or None where none was written.
+
+        Under the writer lock: the newest intact checkpoint restored where the door resumes, the door's records
+        written; on a start, the automatic micro-batches probed on ``take(m)`` (``probe``) and, where the policy
+        says, a first checkpoint saved, so that a run is resumable from its first moment. ``drive(stop)`` runs the
+        door's loop (``train``), ``stop`` the signal flag (stopping.StopFlag; None without a directory); then the
+        door's last files and summary.json, with the figures of every run (RunDirectory.write_summary)."""
+        self.directory = directory
+        if directory is None:
+            self.probe(take, self.batch_size)
+            drive(None)
+            return None
+        with contextlib.ExitStack() as held:
+            directory.check()  # before the lock: a refused start leaves the directory as it was
+            directory.enter(held)
+            directory.keep(directory.tracked, self.spec.checkpoints, self.engine, self.noise, directory.optional)
+            resumed = directory.resumes()
+            if resumed:  # a resume goes on at the k it had come to
+                directory.restored(directory.restore(self.say, directory.found), self)
+            else:
+                directory.begun()
+            directory.write_records()
+            if not resumed:
+                self.probe(take, self.batch_size)
+                if self.spec.checkpoints.at_start:
+                    directory.save(0)
+            directory.started(self, resumed)
+            held.callback(directory.flush)  # what the run logged, also when it ends in an exception
+            drive(held.enter_context(directory.stop_flag()))
+            directory.flush()
+            finished = directory.finish()
+            return None if finished is None else directory.write_summary(finished[0], directory.began, finished[1])
 
     def probe(self, take: Callable, batch_size: int) -> None:
         """Automatic micro-batches' k before the first update of a run that starts afresh: measured under the memory
