@@ -23,15 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from .config import load_run_config, override_key
+from .defaults import PREDICT_BATCH_SIZE
 from .errors import ConfigError, DataError, RunDirError
 from .npz_values import DATA_HOW, read_targets, read_values
 from .reload import describe_run, load_fit_run, load_run
 from .text import shape_text, traced_error_line
 from .trainer.metrics_log import read_metrics
 from .trainer.rundir import FIT_RECORD, HISTORY, is_fit_run_dir, is_run_dir, other_output
-
-# Examples the readers' model takes at a time (predict's outputs; model.predict's batch for fit's model).
-BATCH_SIZE = 256
 
 
 def read_run(run_dir: Path, for_model: bool = True) -> ConfigRun | FitRun:
@@ -112,7 +110,7 @@ class ConfigRun:
 
     def outputs(self, x, files: Sequence[Path]):
         # ``files`` name the inputs where a model refuses them: fit's; these fit the shapes the run stored
-        return self.model.outputs(x, BATCH_SIZE)
+        return self.model.outputs(x, PREDICT_BATCH_SIZE)
 
     def output_names(self) -> list:
         from .from_config.build import output_names
@@ -186,7 +184,7 @@ class FitRun:
         import tensorflow as tf
 
         try:
-            return self.model.predict(x, batch_size=BATCH_SIZE, verbose=0)
+            return self.model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0)
         except (ValueError, tf.errors.InvalidArgumentError) as err:  # what the stored shapes allow and the model not
             names = ", ".join(str(p) for p in files)  # (a sequence longer than its position embedding)
             raise DataError(

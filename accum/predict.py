@@ -22,18 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-<<<<<<< HEAD
 from .defaults import PREDICT_BATCH_SIZE
-from .errors import DataError, RunDirError, UserError
-from .text import shape_text, traced_error_line
-
-NPZ_KEY = "x"
-=======
 from .errors import DataError, UserError
-from .loader import BATCH_SIZE, read_run
+from .loader import read_run
 from .npz_values import NPZ_KEY, read_values
 from .text import shape_text
->>>>>>> one-loader
 
 
 def read_npz(path: Path, input_shape) -> np.ndarray:
@@ -83,16 +76,10 @@ def read_inputs(paths: Sequence[Path], input_shape) -> tuple[list[str], np.ndarr
     return names, np.concatenate(arrays)
 
 
-<<<<<<< HEAD
 def probabilities(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndarray:
-    """softmax(logits) of the run's model in inference mode, [N, classes] float32. A model trained with its own
-    loss on class labels gives its outputs as they are when it ends in a softmax (they are probabilities)."""
-=======
-def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarray:
     """softmax(logits) of ``run``'s model (the loader's ``model``: reload.Trained) in inference mode, [N, classes]
     float32. A model trained with its own loss on class labels gives its outputs as they are when it ends in a
     softmax (they are probabilities)."""
->>>>>>> one-loader
     import tensorflow as tf
 
     from .models.keras_file import ends_in_softmax
@@ -101,85 +88,6 @@ def probabilities(run, x: np.ndarray, batch_size: int = BATCH_SIZE) -> np.ndarra
     return values if run.keras_loss and ends_in_softmax(run.model.network) else tf.nn.softmax(values).numpy()
 
 
-<<<<<<< HEAD
-def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list[str], object]:
-    """(one name per row, the inputs) of .npz files whose ``x`` (or ``x_<input name>`` for a model with several
-    inputs) holds examples of the stored shapes (a dimension None: any size), of the stored dtypes, then
-    ``convert``ed (default: as training converts them, a run trained with a Keras loss)."""
-    from .datasets.base import to_values
-    from .datasets.npz import open_npz, read_array
-
-    convert = convert or (lambda x: to_values(x).numpy())
-    wanted = stored["x"].get("arrays") or {None: stored["x"]}
-    keys = {name: NPZ_KEY if name is None else f"{NPZ_KEY}_{name}" for name in wanted}
-    names, parts = [], []
-    for path in map(Path, paths):
-        how = f"numpy.savez('{path.name}', {', '.join(f'{key}=inputs' for key in keys.values())})"
-        if path.suffix.lower() != ".npz" or not path.is_file():
-            raise DataError(f"{path}: not an .npz file: a run trained with a Keras loss predicts for {how}")
-        with open_npz(path, how) as archive:
-            missing = [key for key in keys.values() if key not in archive.files]
-            if missing:
-                found = ", ".join(archive.files) or "none"
-                raise DataError(f"{path} has no array '{missing[0]}' (its arrays: {found}): save the inputs with {how}")
-            arrays = {name: read_array(archive, path, key, how) for name, key in keys.items()}
-        rows = {len(a) for a in arrays.values()}
-        for name, x in arrays.items():
-            spec = wanted[name]
-            if not _fits(x.shape, spec["shape"]) or x.dtype.kind not in "biuf":
-                raise DataError(
-                    f"{path}: '{keys[name]}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the "
-                    f"model takes {spec['dtype']} examples of shape {shape_text(spec['shape'])}"
-                )
-        if len(rows) != 1:
-            raise DataError(f"{path}: its arrays {', '.join(keys.values())} hold different numbers of examples")
-        names += [f"{path}[{i}]" for i in range(rows.pop())]
-        parts.append({name: convert(x.astype(wanted[name]["dtype"], copy=False)) for name, x in arrays.items()})
-    joined = {name: np.concatenate([part[name] for part in parts]) for name in wanted}
-    return names, joined.get(None, joined)
-
-
-def _fits(shape, wanted) -> bool:
-    """Whether examples of ``shape`` (the batch axis first) are of shape ``wanted`` (None: any size)."""
-    return len(shape) == len(wanted) + 1 and all(w is None or n == w for n, w in zip(shape[1:], wanted))
-
-
-def model_inputs(model, run_dir: Path) -> dict:
-    """What ``read_values`` checks inputs against (dataset.json's "stored" for a run of 'accum-train run'), from
-    the inputs of a Keras model: their shapes and dtypes, by name where there are several."""
-    inputs = getattr(model, "inputs", None)
-    if not inputs:
-        raise RunDirError(
-            f"the model of {run_dir} ({type(model).__name__}) declares no inputs to read .npz files for: call "
-            f"model.predict on accum_train.reload.load_fit_run({str(run_dir)!r}) in Python"
-        )
-    specs = {t.name: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for t in inputs}
-    return {"x": next(iter(specs.values())) if len(specs) == 1 else {"arrays": specs}}
-
-
-def outputs(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndarray:
-    """The run's model's outputs in inference mode (a Keras loss's run: the values the loss took)."""
-    import tensorflow as tf
-
-    spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
-
-    from .trainer.graphs import graph
-
-    def batch_outputs(inputs):
-        return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), run.model.forward(inputs, False))
-
-    batch_outputs = graph(batch_outputs, input_signature=[spec])  # traced as training traces the model
-
-    n = len(tf.nest.flatten(x)[0])
-    batches = [
-        batch_outputs(tf.nest.map_structure(lambda a, s=start: a[s : s + batch_size], x))
-        for start in range(0, n, batch_size)
-    ]
-    return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]), *batches)
-
-
-=======
->>>>>>> one-loader
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     """One {input, prediction, probabilities: {class: p}} per input row, in the order given; for a model of
     values (trained with a Keras loss, or by accum_train.fit), one {input, outputs: [...]} (its output values)."""
@@ -200,39 +108,6 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     ]
 
 
-<<<<<<< HEAD
-def predict_fit(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
-    """One {input, outputs} per input row of a run directory of accum_train.fit: what ``model.predict`` gives for
-    the arrays as they are (fit took them as they are)."""
-    import tensorflow as tf
-
-    from .from_config.build import output_names
-    from .reload import load_fit_run
-
-    model = bare(load_fit_run(run_dir, compile=False))  # before the inputs: their shapes are the model's
-    names, x = read_values(paths, model_inputs(model, run_dir), convert=np.asarray)
-    try:
-        values = model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0)
-    except (ValueError, tf.errors.InvalidArgumentError) as err:  # what the stored shapes allow and the model not
-        files = ", ".join(str(p) for p in paths)  # (a sequence longer than its position embedding)
-        raise DataError(
-            f"{files}: the model of {run_dir} cannot take these inputs ({traced_error_line(err)}): save them as it "
-            "took its training inputs"
-        ) from None
-    return value_rows(names, values, output_names(model))
-
-
-def bare(model):
-    """``model`` without a KerasHub task's preprocessor: the .npz arrays the commands read are the model's inputs
-    (model_inputs: token_ids, padding_mask, ...), which the task's predict and evaluate would send through its
-    tokenizer again. A task whose preprocessor is None takes them as they are (keras_hub's Task)."""
-    if getattr(model, "preprocessor", None) is not None:
-        model.preprocessor = None
-    return model
-
-
-=======
->>>>>>> one-loader
 def value_rows(names: list, values, outputs: list) -> list[dict]:
     """One {input, outputs: [...]} per row; a model with several outputs gives {output name: [...]}."""
     if isinstance(values, (list, tuple)):  # several outputs: by the model's output names

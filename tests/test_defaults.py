@@ -98,9 +98,10 @@ def _update_growth_steps():
 
 
 def _predict_batch():
-    from accum_train import predict
+    from accum_train import loader, predict
 
-    batches = {_signature_defaults(f)["batch_size"] for f in (predict.probabilities, predict.outputs)}
+    # the readers' model takes PREDICT_BATCH_SIZE examples at a time, as loader.py hands it on
+    batches = {_signature_defaults(predict.probabilities)["batch_size"], loader.PREDICT_BATCH_SIZE}
     return batches, {defaults.PREDICT_BATCH_SIZE}
 
 
