@@ -150,7 +150,7 @@ def outputs(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> np.ndar
 
     spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
 
-    from .trainer.graphs import graph
+    from .backends.tensorflow.graphs import graph
 
     def batch_outputs(inputs):
         return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), run.model.forward(inputs, False))

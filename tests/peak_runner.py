@@ -14,8 +14,8 @@ import sys
 
 import accum_train.trainer.memory as memory
 from accum_train import worker
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.cli.main import main
-from accum_train.trainer.engine import Accumulator
 
 MiB = 2**20
 SCALE = 2 if os.environ.get("ACCUM_TRAIN_WORKER") == "1" else 1

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError, keras_private
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.errors import OutOfMemory, TrainingStopped
-from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
 from helpers import max_difference
 

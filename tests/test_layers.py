@@ -22,7 +22,7 @@ MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
-    """The import name of a source file: accum/trainer/engine.py is accum_train.trainer.engine, accum/__init__.py
+    """The import name of a source file: accum/trainer/loop.py is accum_train.trainer.loop, accum/__init__.py
     the package root accum_train itself."""
     relative = path.relative_to(ROOT)
     parts = [*FOLDERS[relative.parts[0]].split("."), *relative.with_suffix("").parts[1:]]

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..backends.tensorflow.engine_for import accumulator_for
 from ..errors import too_many_bad_updates
 from .batching import k_for_micro_batch, largest_share
-from .engine_for import accumulator_for
 from .loop import Loop
 from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
 from .rundir import CheckpointPolicy

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import keras
 
-from ..keras_private import loops_over_time, storage
+from ...keras_private import loops_over_time, storage
 from .engine import Accumulator
 
 

@@ -1,0 +1,1 @@
+"""What speaks a framework to run an update, one folder per backend (tensorflow/)."""
