@@ -42,9 +42,9 @@ from pathlib import Path
 
 import accum_train  # noqa: F401
 import provenance  # benchmarks/ is on sys.path: this script runs from there
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
 from accum_train.config import StrategyConfig
 from accum_train.from_config.startup import make_strategy
-from accum_train.trainer.runtime import CountingCrossDeviceOps
 
 
 class LoggingCrossDeviceOps(CountingCrossDeviceOps):

@@ -20,7 +20,7 @@ if mode == "mirrored":
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from accum_train.trainer.runtime import CountingCrossDeviceOps  # noqa: E402
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps  # noqa: E402
 
 ops = CountingCrossDeviceOps()
 if mode == "mirrored":

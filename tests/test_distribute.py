@@ -450,7 +450,7 @@ import json, sys
 import tensorflow as tf
 from accum_train.config import StrategyConfig
 from accum_train.from_config.startup import make_strategy
-from accum_train.trainer.runtime import CountingCrossDeviceOps
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
