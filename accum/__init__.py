@@ -1,10 +1,11 @@
 """accum-train: exact gradient accumulation ("subdivisions") for TensorFlow.
 
 The core package. ``config`` turns YAML into typed, validated objects; ``trainer`` is what both doors train
-with (the accumulator in ``trainer.engine``, the loop, the feed, the run directory); ``from_config`` is the
-CLI's front end, which resolves a config into data, a model with its objective and settings for the trainer
-(``run`` is its Python entry); ``keras_fit`` is ``accum_train.fit``, model.fit with exact accumulation for any
-compiled Keras model. The CLI (``accum_train.cli``) sits on top and is never imported from here.
+with (the loop, the memory guard, the feed, the run directory); ``backends`` runs its updates behind one seam (the
+accumulator in ``backends.tensorflow.engine``); ``from_config`` is the CLI's front end, which resolves a config
+into data, a model with its objective and settings for the trainer (``run`` is its Python entry); ``keras_fit``
+is ``accum_train.fit``, model.fit with exact accumulation for any compiled Keras model. The CLI
+(``accum_train.cli``) sits on top and is never imported from here.
 """
 
 import os

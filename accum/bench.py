@@ -36,12 +36,14 @@ from .trainer.rundir import check_output_dir, pyplot, save_figure, write_result
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
+    from .backends import active
     from .from_config.build import build_run
-    from .trainer.memory import allocator_peak_bytes, peak_rss_bytes, reset_allocator_peak
+    from .trainer.memory import peak_rss_bytes
 
     # The updates a run makes, pulled from its feed as training pulls them: the peak holds what a run holds (the
     # training set, stored, in host memory; the micro-batches in flight; the update's activations and cache).
     run = build_run(cfg, data)
+    backend = active()
     reader = run.reader()
 
     def update(i):
@@ -49,7 +51,7 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
 
     for i in range(warmup):
         update(i)
-    reset_allocator_peak()
+    backend.reset_allocator_peak()
     wall, cpu_start = [], time.process_time()
     for i in range(warmup, warmup + steps):
         start = time.perf_counter()
@@ -65,7 +67,7 @@ def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
         "median_s_per_update": median,
         "examples_per_s": cfg.batch_size / median,
         "cpu_s_per_example": cpu / (steps * cfg.batch_size),
-        "peak_memory_bytes": allocator_peak_bytes(),
+        "peak_memory_bytes": backend.allocator_peak_bytes(),
         "peak_rss_bytes": peak_rss_bytes(),
     }
 

@@ -37,10 +37,10 @@ def gradient_check(cfg: Config, data) -> dict:
     applied."""
     import tensorflow as tf
 
+    from .backends.tensorflow.engine_for import accumulator_for
+    from .backends.tensorflow.gradient_cache import dense
     from .from_config.build import build_with_loss
     from .trainer.data import first_batch
-    from .trainer.engine_for import accumulator_for
-    from .trainer.gradient_cache import dense
     from .trainer.objective import TOTAL, combine
     from .trainer.scoring import as_data
 

@@ -47,7 +47,7 @@ class Trained:
         numpy (a Keras loss's run: the values the loss took)."""
         import tensorflow as tf
 
-        from .trainer.graphs import graph
+        from .backends.tensorflow.graphs import graph
 
         spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
 

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import accum_train  # noqa: F401
 import provenance  # benchmarks/ is on sys.path: this script runs from there
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
 from accum_train.config import StrategyConfig
 from accum_train.from_config.startup import make_strategy
-from accum_train.trainer.runtime import CountingCrossDeviceOps
 
 
 class LoggingCrossDeviceOps(CountingCrossDeviceOps):
@@ -149,10 +149,10 @@ def main():
     ops.watch(strategy)
     import numpy as np
     import tensorflow as tf
+    from accum_train.backends.tensorflow.engine import Accumulator
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.models import build_model
     from accum_train.trainer.batching import micro_bounds
-    from accum_train.trainer.engine import Accumulator
     from accum_train.trainer.objective import sparse_softmax_loss
     from accum_train.trainer.optim import make_optimizer
 

@@ -33,8 +33,9 @@ def serve(args) -> None:
     import keras
     import keras_hub
     import numpy as np
+    from accum_train.backends.tensorflow.backend import peak_during
     from accum_train.keras_fit.fit import _ENGINES
-    from accum_train.trainer.memory import peak_during, rematerialiser
+    from accum_train.trainer.memory import rematerialiser
 
     keras.utils.set_random_seed(0)
     backbone = keras_hub.models.GPT2Backbone(

@@ -14,8 +14,8 @@ import json
 import sys
 
 from accum_train import worker
+from accum_train.backends.tensorflow.update import Update
 from accum_train.cli.main import main
-from accum_train.trainer.update import Update
 from helpers import GraphCalls
 
 graph, engines = GraphCalls(setattr), []

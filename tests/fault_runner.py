@@ -24,8 +24,8 @@ from pathlib import Path
 
 import tensorflow as tf
 from accum_train import worker
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.cli.main import main
-from accum_train.trainer.engine import Accumulator
 
 
 def die():

@@ -20,7 +20,7 @@ if mode == "mirrored":
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from accum_train.trainer.runtime import CountingCrossDeviceOps  # noqa: E402
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps  # noqa: E402
 
 ops = CountingCrossDeviceOps()
 if mode == "mirrored":
@@ -33,7 +33,7 @@ else:
 import accum_train  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from accum_train.trainer.engine import Accumulator  # noqa: E402
+from accum_train.backends.tensorflow.engine import Accumulator  # noqa: E402
 from tensorflow.python.eager.polymorphic_function import atomic_function  # noqa: E402
 
 N, BATCH, VOCABULARY, STEPS = 40, 16, 20, 7

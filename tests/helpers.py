@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.from_config.run_parts import Run
 from accum_train.progress import Progress
-from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import MetricsLog
 from accum_train.trainer.rundir import RunDirectory
 from tensorflow.python.eager.polymorphic_function import atomic_function

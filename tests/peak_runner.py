@@ -12,10 +12,10 @@ import math
 import os
 import sys
 
-import accum_train.trainer.memory as memory
+import accum_train.backends.tensorflow.backend as tf_backend
 from accum_train import worker
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.cli.main import main
-from accum_train.trainer.engine import Accumulator
 
 MiB = 2**20
 SCALE = 2 if os.environ.get("ACCUM_TRAIN_WORKER") == "1" else 1
@@ -35,6 +35,6 @@ def accumulate_from(self, iterator, n, pulls, size=None):
 
 
 Accumulator.accumulate, Accumulator.accumulate_from = accumulate, accumulate_from
-memory.allocator_peak_bytes = lambda: peak[0]
+tf_backend.allocator_peak_bytes = lambda: peak[0]
 if __name__ == "__main__":
     sys.exit(worker.main(sys.argv[2:]) if sys.argv[1] == "worker" else main(sys.argv[1:]))

@@ -11,12 +11,12 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.config import AugmentConfig, load_config
 from accum_train.datasets import load
 from accum_train.from_config.augment import Augment
 from accum_train.from_config.run import train
 from accum_train.trainer.data import epoch_order
-from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
 from accum_train.trainer.rundir import RunDirectory
 from helpers import max_difference, records

@@ -7,16 +7,17 @@ exactly which k must be chosen and that no batch is lost or applied twice.
 
 import json
 
+import accum_train.backends.tensorflow.backend as tf_backend
 import accum_train.trainer.memory as memory_module
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import OutOfMemory
 from accum_train.from_config.run import train
 from accum_train.progress import Progress
-from accum_train.trainer.engine import Accumulator
 from click.testing import CliRunner
 from helpers import max_difference, update_records
 
@@ -52,7 +53,7 @@ def fake_peak(monkeypatch):
         self.accumulate = accumulate
 
     monkeypatch.setattr(Accumulator, "__init__", init)
-    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    monkeypatch.setattr(tf_backend, "allocator_peak_bytes", lambda: peak[0])
     return peak
 
 
@@ -160,7 +161,7 @@ def test_a_first_update_over_the_limit_doubles_k_and_retries_the_same_batch(
         self.accumulate, self.accumulate_from = accumulate, accumulate_from
 
     monkeypatch.setattr(Accumulator, "__init__", init)
-    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    monkeypatch.setattr(tf_backend, "allocator_peak_bytes", lambda: peak[0])
     messages = Messages()
     limit = ["subdivisions=auto", f"memory_limit={batch}MiB"]
     summary = train(load_config(repo_root / "configs" / "smoke.yaml", overrides + limit), tmp_path / "auto", messages)
@@ -303,7 +304,7 @@ def test_a_keras_file_model_tries_rematerialisation_before_giving_up(tmp_path, r
         self.accumulate = accumulate
 
     monkeypatch.setattr(Accumulator, "__init__", init)
-    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    monkeypatch.setattr(tf_backend, "allocator_peak_bytes", lambda: peak[0])
     overrides = [
         f"model.path={tmp_path / 'model.keras'}",
         f"data.path={tmp_path / 'data.npz'}",

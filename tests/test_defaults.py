@@ -92,7 +92,7 @@ def _warned_batchnorm():
 
 
 def _update_growth_steps():
-    from accum_train.trainer.update import Update
+    from accum_train.backends.tensorflow.update import Update
 
     return _signature_defaults(Update)["growth_steps"], defaults.LOSS_SCALE_GROWTH_STEPS
 

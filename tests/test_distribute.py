@@ -450,11 +450,11 @@ import json, sys
 import tensorflow as tf
 from accum_train.config import StrategyConfig
 from accum_train.from_config.startup import make_strategy
-from accum_train.trainer.runtime import CountingCrossDeviceOps
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.trainer.engine import Accumulator
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.trainer.optim import make_optimizer
@@ -485,7 +485,7 @@ from accum_train.config import StrategyConfig
 from accum_train.from_config.startup import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
-from accum_train.trainer.engine import Accumulator
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.trainer.optim import make_optimizer
@@ -692,7 +692,7 @@ from accum_train.config import ModelConfig, StrategyConfig
 from accum_train.from_config.startup import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
-from accum_train.trainer.engine import Accumulator
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
 SCALE = 3.0  # not a power of two: multiplying by it, and by 1/3, rounds

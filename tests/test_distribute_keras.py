@@ -275,11 +275,11 @@ import numpy as np
 import tensorflow as tf
 from accum_train.config import ModelConfig, OptimizerConfig, StrategyConfig
 from accum_train.from_config.startup import make_strategy
-from accum_train.trainer.runtime import CountingCrossDeviceOps
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
 ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 import keras
-from accum_train.trainer.engine import Accumulator
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.trainer.optim import make_optimizer

@@ -603,7 +603,7 @@ def test_jit_compile_trains_each_micro_step_and_validation_with_xla_to_the_weigh
 def test_under_xla_the_micro_steps_run_one_at_a_time(jit_compile, monkeypatch):
     """XLA's compiled micro-step uses the cores itself: one in flight (two cost more CPU and wall time, measured).
     Without it, two on a CPU with cores to share out (as auto chooses: threads.auto_parallel)."""
-    from accum_train.trainer.engine import Accumulator
+    from accum_train.backends.tensorflow.engine import Accumulator
     from accum_train.trainer.runtime import auto_parallel
 
     seen, real = [], Accumulator.__init__

@@ -8,14 +8,14 @@ subdivisions: auto does."""
 import re
 
 import accum_train
-import accum_train.trainer.memory as memory_module
+import accum_train.backends.tensorflow.backend as tf_backend
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train import UserError, keras_private
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.errors import OutOfMemory, TrainingStopped
-from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.metrics_log import read_metrics
 from helpers import max_difference
 
@@ -118,7 +118,7 @@ def fake_peak(monkeypatch):
         return original(self, x, y, n)
 
     monkeypatch.setattr(Accumulator, "accumulate", accumulate)
-    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    monkeypatch.setattr(tf_backend, "allocator_peak_bytes", lambda: peak[0])
     return peak
 
 
@@ -202,7 +202,7 @@ def test_auto_tries_rematerialisation_before_giving_up_at_one_example_per_micro_
         return original(self, x, y, n)
 
     monkeypatch.setattr(Accumulator, "accumulate", accumulate)
-    monkeypatch.setattr(memory_module, "allocator_peak_bytes", lambda: peak[0])
+    monkeypatch.setattr(tf_backend, "allocator_peak_bytes", lambda: peak[0])
     fit(built, X, batch_size=2, subdivisions=None, micro_batch_size="auto", memory_limit="512KiB", verbose=1)
     fit(fixed, X, batch_size=2, subdivisions=2)
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith('micro_batch_size="auto"')]

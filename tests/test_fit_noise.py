@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.trainer.engine import Accumulator
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.noise import one_update
 from helpers import records
 
@@ -208,7 +208,7 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     ],
 )
 def test_a_model_that_loops_over_time_is_traced_for_its_micro_batch_size(monkeypatch, layers, batch_size, expected):
-    from accum_train.trainer import engine as engine_module
+    from accum_train.backends.tensorflow import engine as engine_module
 
     seen, real = [], engine_module.sized
     monkeypatch.setattr(engine_module, "sized", lambda element, size: seen.append(size) or real(element, size))

@@ -12,11 +12,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.defaults import TRIM_MULTIPLE
 from accum_train.keras_fit.array_feed import ArrayFeed
 from accum_train.keras_fit.stream_feed import DatasetFeed
 from accum_train.trainer.batching import Cut
-from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.trim import check_trimmable
 from helpers import max_difference
 

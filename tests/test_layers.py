@@ -4,6 +4,10 @@
 - the dataset loaders (datasets/) import only the leaves of the core: config, defaults, errors, text, imports, files;
 - the wings import downwards: the trainer never imports a front end (from_config/, keras_fit/) or a command, the
   models never import the trainer or a front end, and the two front ends never import each other;
+- the seam (accum/backends/__init__.py) imports only the leaves, and reaches its backends when asked, never by an
+  import statement; a backend's folder (accum/backends/tensorflow/) imports only the leaves, Keras' internals, its
+  own folder and the pieces of an update still in trainer/, never the run machinery, a front end or a command
+  (tests/test_backends.py: which modules speak TensorFlow, and that the trainer reaches its backend through the seam);
 - no two modules import each other, directly or around a circle, even through imports inside functions;
 - no module of accum/, cli/ or datasets/ is over 400 lines.
 """
@@ -18,11 +22,18 @@ PACKAGE = "accum_train"
 FOLDERS = {"accum": PACKAGE, "cli": f"{PACKAGE}.cli", "datasets": f"{PACKAGE}.datasets"}  # setup.cfg's package_dir
 LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "defaults", "errors", "text", "imports", "files")}
 CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
+SEAM = f"{PACKAGE}.backends"
+# What a backend's folder may import besides its own: the leaves, Keras' internals (keras_private), and the pieces of
+# an update that still live in trainer/ and speak TensorFlow (the objective's sums and totals, the noise terms, the
+# feed's held batch), the next to move into the folder.
+BACKEND_MAY_IMPORT = (
+    LEAVES | {f"{PACKAGE}.keras_private"} | {f"{PACKAGE}.trainer.{m}" for m in ("objective", "noise", "feed")}
+)
 MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
-    """The import name of a source file: accum/trainer/engine.py is accum_train.trainer.engine, accum/__init__.py
+    """The import name of a source file: accum/trainer/loop.py is accum_train.trainer.loop, accum/__init__.py
     the package root accum_train itself."""
     relative = path.relative_to(ROOT)
     parts = [*FOLDERS[relative.parts[0]].split("."), *relative.with_suffix("").parts[1:]]
@@ -35,10 +46,27 @@ def sources() -> dict:
     return {module_name(path): path for folder in FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))}
 
 
+def statements(path: Path, top_level_only: bool = False) -> list:
+    """The import statements of ``path`` (``ast.Import``, ``ast.ImportFrom``), inside functions too unless
+    ``top_level_only`` (those run when the function is called, after every module loaded)."""
+    found = []
+
+    def visit(node):
+        if top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
 def imports(path: Path, name: str, modules: dict, top_level_only: bool = False) -> set:
     """The package's modules that ``path`` (module ``name``) imports: relative (``from .x import y``) and absolute
     (``from accum_train.x import y``, ``import accum_train.x``) imports, inside functions too unless
-    ``top_level_only`` (those run when the function is called, after every module loaded)."""
+    ``top_level_only``."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
 
@@ -47,22 +75,29 @@ def imports(path: Path, name: str, modules: dict, top_level_only: bool = False) 
             target = ".".join([*base, alias])
             found.add(target if target in modules else ".".join(base))
 
-    def visit(node):
-        if top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return
+    for node in statements(path, top_level_only):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])
                 targets(base, [alias.name for alias in node.names])
             elif node.module and node.module.split(".")[0] == PACKAGE:
                 targets(node.module.split("."), [alias.name for alias in node.names])
-        elif isinstance(node, ast.Import):
+        else:
             found.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
     return {target for target in found if target in modules and target != name}
+
+
+def outside_imports(path: Path) -> set:
+    """The top-level names of the packages outside this one that ``path`` imports (``import tensorflow as tf``,
+    ``from tensorflow.python import x``: tensorflow), inside functions too."""
+    found = set()
+    for node in statements(path):
+        if isinstance(node, ast.ImportFrom):
+            if not node.level and node.module:
+                found.add(node.module.split(".")[0])
+        else:
+            found.update(alias.name.split(".")[0] for alias in node.names)
+    return found - {PACKAGE}
 
 
 def circles(graph: dict) -> list:
@@ -155,6 +190,28 @@ def test_the_wings_import_downwards(wing, forbidden):
         name: sorted(t for t in imports(path, name, modules) if any(t == f or t.startswith(f"{f}.") for f in forbidden))
         for name, path in modules.items()
         if name == wing or name.startswith(f"{wing}.")
+    }
+    assert {name: found for name, found in wrong.items() if found} == {}
+
+
+def test_the_seam_imports_only_the_leaves():
+    modules = sources()
+    assert imports(modules[SEAM], SEAM, modules) - LEAVES == set()
+
+
+def test_a_backend_imports_only_its_folder_the_leaves_and_the_update_s_pieces():
+    modules = sources()
+
+    def own(module):  # the backend folder a module is in (accum_train.backends.NAME), or None
+        parts = module.split(".")
+        return ".".join(parts[:3]) if module.startswith(f"{SEAM}.") else None
+
+    backends = {name.split(".")[2] for name in modules if name.startswith(f"{SEAM}.")}
+    assert backends == {"tensorflow"}  # the folders there are to check
+    wrong = {
+        name: sorted(t for t in imports(path, name, modules) if t not in BACKEND_MAY_IMPORT and own(t) != own(name))
+        for name, path in modules.items()
+        if name.startswith(f"{SEAM}.")
     }
     assert {name: found for name, found in wrong.items() if found} == {}
 

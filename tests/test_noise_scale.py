@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.defaults import NOISE_DECAY
 from accum_train.trainer.batching import micro_bounds
-from accum_train.trainer.engine import Accumulator
 from accum_train.trainer.noise import NoiseScale, grown_batch, one_update
 from helpers import max_difference
 

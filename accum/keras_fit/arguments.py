@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ..backends.tensorflow.update import local_replica_ids
 from ..config.wording import parse_size
 from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FIT_SUBDIVISIONS
 from ..errors import Refused, UserError
@@ -18,7 +19,6 @@ from ..keras_private import storage
 from ..models.precision import float8_scales
 from ..trainer.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
-from ..trainer.update import local_replica_ids
 
 WHERE = "accum_train.fit"
 

@@ -23,18 +23,18 @@ import keras
 import tensorflow as tf
 
 from .. import keras_private
+from ..backends.tensorflow.gradient_cache import cache_line
+from ..backends.tensorflow.update import local_replica_ids
 from ..defaults import FIT, FIT_SUBDIVISIONS, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
 from ..trainer.batching import Cut, k_for_micro_batch
-from ..trainer.gradient_cache import cache_line
 from ..trainer.keras_objective import KerasObjective
 from ..trainer.scoring import Evaluation, KerasMetrics
 from ..trainer.trainer import Trainer, build_engine
 from ..trainer.trim import check_trim, check_trimmable, trim_multiple
-from ..trainer.update import local_replica_ids
 from . import checks
 from .arguments import (
     WHERE,

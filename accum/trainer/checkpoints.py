@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..backends import active
 from ..errors import RunDirError
 from ..files import atomic_write
 from ..text import first_line
@@ -110,23 +111,17 @@ def _rewrite_checkpoint_list(directory: Path, latest: int) -> None:
 class Checkpoints:
     """A run directory's checkpoints/ for both doors: the one tf.train.CheckpointManager, keeping the newest
     ``keep``. It holds the door's ``tracked`` (its model's variables, optimizer, ...), and what every run keeps:
-    the update count (``step``), the accumulator's counters (``engine``) and the noise scale's averages
-    (``noise``). ``optional``, with the averages: what an older release's checkpoints lack, restored where
-    present, else left as it starts. ``resume_hint`` ends the line a failed save raises: how to continue."""
+    the update count (``step``), the accumulator's counters (``engine``, by the names of the backend's
+    ``engine_state``) and the noise scale's averages (``noise``). ``optional``, with the averages: what an older
+    release's checkpoints lack, restored where present, else left as it starts. ``resume_hint`` ends the line a
+    failed save raises: how to continue."""
 
     def __init__(self, tracked: dict, directory: Path, keep: int, resume_hint: str, engine, noise, optional=None):
         import tensorflow as tf
 
         self.engine, self.noise = engine, noise
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.tracked = {
-            **tracked,
-            "step": self.step,
-            "bad_updates_in_a_row": engine.bad_updates_in_a_row,
-            "skipped_updates": engine.skipped_updates,
-        }
-        if engine.dynamic:
-            self.tracked.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
+        self.tracked = {**tracked, "step": self.step, **active().engine_state(engine)}
         self.optional = {**(optional or {}), **noise.variables()}
         self.directory, self.keep, self.resume_hint = Path(directory), keep, resume_hint
         self.manager = self._manager()

@@ -32,7 +32,7 @@ checkpoints, progress and callbacks. The hooks:
 ``epoch_end(epoch, step)``, ``stopping``
     after each epoch; whether the door asked to stop (model.stop_training).
 ``failed(source, step, err)``
-    an update failed with a TensorFlow error (a broken file is named there).
+    an update failed with the backend's ``OP_ERROR`` (a broken file is named there).
 
 The errors that end the call, ``too_many_bad(bad, updates_done)`` and
 ``interrupted(signum)``, come from ``ends`` (the Trainer, trainer.py): they
@@ -41,7 +41,7 @@ read the run directory, not the door.
 
 from __future__ import annotations
 
-import tensorflow as tf
+from ..backends import active
 
 
 class Loop:
@@ -54,6 +54,7 @@ class Loop:
         self.engine, self.guard, self.noise, self.stop, self.ends = engine, guard, noise, stop, ends
         self.max_bad_steps = max_bad_steps
         self.updates_done = 0  # by this call
+        self.backend = active()  # the errors an update raises: OUT_OF_MEMORY, then any other OP_ERROR
 
     def run(self, hooks, first_epoch: int, resumed_at: int, epochs: int) -> None:
         """Epochs ``first_epoch`` to ``epochs`` (0-based, end excluded), the first from step ``resumed_at``."""
@@ -96,8 +97,8 @@ class Loop:
             if self.guard.needed:
                 return self.guard.update(source, step, signum)
             return source.update(step, signum)
-        except tf.errors.ResourceExhaustedError as err:  # a fixed k that does not fit (auto adapts in the guard)
+        except self.backend.OUT_OF_MEMORY as err:  # a fixed k that does not fit (auto adapts in the guard)
             raise self.guard.out_of_memory(step, err) from None
-        except tf.errors.OpError as err:
+        except self.backend.OP_ERROR as err:
             hooks.failed(source, step, err)
             raise

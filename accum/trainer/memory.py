@@ -1,13 +1,12 @@
-"""Memory: what TensorFlow's allocator and the process peaked at, and keeping
-a run within memory.
+"""Memory: what the process peaked at, and keeping a run within memory.
 
-``peak_during`` is the one probe: it runs a piece of work on the first batch
-and reads the allocator peak over it. Automatic micro-batches (the CLI's
+The allocator's peak and ``peak_during``, the one probe (a piece of work run on the first batch, the allocator
+peak read over it), are the backend's (accum/backends/: TensorFlow's allocator). Automatic micro-batches (the CLI's
 ``subdivisions: auto``, fit's ``micro_batch_size="auto"``) mean one thing in
 both doors: the fewest micro-batches per replica share, 1, 2, 4, ..., that
 fit. Under a memory limit one micro-step per candidate is measured before
 training (``choose_subdivisions``); during training, an update that runs out
-of memory, or whose first one peaks over the limit, is retried from the same
+of memory (the backend's ``OUT_OF_MEMORY``), or whose first one peaks over the limit, is retried from the same
 data at twice the micro-batches (``MemoryGuard``). Without a limit only the
 device's running out of memory says what does not fit (``UNMEASURED``).
 ``MemoryGuard`` also probes the first update of a process under a limit
@@ -16,12 +15,10 @@ before applying it; bench reads the same peak over its timed updates.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
-import tensorflow as tf
-
 from .. import keras_private
+from ..backends import active
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import OutOfMemory
 from ..text import counted, first_line, size_text
@@ -41,32 +38,6 @@ def peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def memory_device() -> str:
-    return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
-
-
-def reset_allocator_peak() -> None:
-    with contextlib.suppress(ValueError, RuntimeError):  # an allocator that keeps no statistics
-        tf.config.experimental.reset_memory_stats(memory_device())
-
-
-def allocator_peak_bytes() -> int | None:
-    """TensorFlow's allocator peak since start (or the last reset); None if not kept."""
-    try:
-        return int(tf.config.experimental.get_memory_info(memory_device())["peak"])
-    except (ValueError, RuntimeError):
-        return None
-
-
-def peak_during(work: Callable[[], tf.Tensor]):
-    """(result, allocator peak while ``work`` ran, None if not kept)."""
-    reset_allocator_peak()
-    result = work()
-    for tensor in tf.nest.flatten(result):
-        tensor.numpy()  # wait for the work, then read its peak
-    return result, allocator_peak_bytes()
 
 
 # The last rung of automatic micro-batches, in both doors: one example per micro-batch did not fit.
@@ -125,14 +96,15 @@ def choose_subdivisions(
     one example per micro-batch is too much, ``remat()`` (``rematerialiser``:
     True the one time it changes the model) turns on rematerialisation and
     the probe runs again."""
+    backend = active()
     share, k = largest_share(batch, engine.replicas), 1
     while True:
         micro = largest_micro_batch(batch, engine.replicas, k)
         try:
             x, y = take(micro)
-            _, peak = peak_during(lambda x=x, y=y: engine.accumulate(x, y, batch))
+            _, peak = backend.peak_during(lambda x=x, y=y: engine.accumulate(x, y, batch))
             fits = peak is None or peak <= limit_bytes
-        except tf.errors.ResourceExhaustedError:
+        except backend.OUT_OF_MEMORY:
             peak, fits = None, False
         x = y = None  # the probe's micro-batch goes before the next is made
         engine.reset()
@@ -167,7 +139,7 @@ class MemoryGuard:
     allocator peak read, and only then applied (the baseline, which computes
     and applies in one call, is stopped after it). With subdivisions=auto every
     update goes through ``update``: too much memory (that peak over
-    memory_limit, or a ResourceExhaustedError) doubles k and retries the same
+    memory_limit, or the backend's OUT_OF_MEMORY) doubles k and retries the same
     batch from a cleared cache; nothing of the batch was applied, so none of it
     is lost or applied twice. With a fixed k, too much memory ends the run
     (OutOfMemory, exit 3; ``out_of_memory`` words it for an update the loop ran
@@ -191,6 +163,7 @@ class MemoryGuard:
         self, engine, say: Callable[[str], None], *, largest: int, adapts: bool, more: str, limit=None, remat=None
     ):
         self.engine, self.say, self.largest, self.more = engine, say, largest, more
+        self.backend = active()  # its peak_during and OUT_OF_MEMORY
         self.remat = remat  # automatic micro-batches' last rung (rematerialiser), as choose_subdivisions'
         self.limit, self.limit_text = (None, None) if limit is None else limit
         self.accumulating = not engine.one_pass  # the baseline has no cache to look into
@@ -254,9 +227,9 @@ class MemoryGuard:
         problem = detail = ""
         try:
             if separate:
-                _, peak = peak_during(lambda: self.engine.accumulate_from(iterator, n, pulls, size))
+                _, peak = self.backend.peak_during(lambda: self.engine.accumulate_from(iterator, n, pulls, size))
             elif self.check_peak:
-                out, peak = peak_during(lambda: self.engine.update_from(iterator, n, pulls, stop, size))
+                out, peak = self.backend.peak_during(lambda: self.engine.update_from(iterator, n, pulls, stop, size))
             else:  # auto on one process: only an error can say
                 return self.engine.update_from(iterator, n, pulls, stop, size), None, ""
             if self.check_peak and peak is not None and peak > self.limit:
@@ -264,7 +237,7 @@ class MemoryGuard:
                     f"peaked at {size_text(peak)} of TensorFlow memory with {self._how(k)}, "
                     f"over memory_limit={self.limit_text}"
                 )
-        except tf.errors.ResourceExhaustedError as err:
+        except self.backend.OUT_OF_MEMORY as err:
             problem, detail = f"ran out of memory with {self._how(k)}", f" ({first_line(err)})"
         if separate:
             out = self.engine.finish(retry=bool(problem), stop=stop)  # under a strategy: the workers agree here
@@ -272,7 +245,7 @@ class MemoryGuard:
                 problem = f"ran out of memory or over memory_limit on another worker with {self._how(k)}"
         return (None, problem, detail) if problem else (out, None, "")
 
-    def out_of_memory(self, step: int, err: tf.errors.ResourceExhaustedError) -> OutOfMemory:
+    def out_of_memory(self, step: int, err: Exception) -> OutOfMemory:
         """The end of a run whose update ``step`` (0-based), run by the loop itself, ran out of memory."""
         return OutOfMemory(
             f"update {step + 1} ran out of memory with {self._how(self.subdivisions)} ({first_line(err)}): {self.more}"

@@ -203,12 +203,13 @@ HISTORY = "history.jsonl"
 def run_figures(engine, noise, started: tuple) -> dict:
     """What summary.json says of a run in either door: its time since ``started`` ((wall, CPU) seconds), memory
     peaks, skipped updates, loss scale (mixed_float16) and last noise-scale estimate."""
-    from .memory import allocator_peak_bytes, peak_rss_bytes
+    from ..backends import active
+    from .memory import peak_rss_bytes
 
     return {
         "wall_time_s": time.time() - started[0],
         "cpu_time_s": time.process_time() - started[1],
-        "peak_memory_bytes": allocator_peak_bytes(),
+        "peak_memory_bytes": active().allocator_peak_bytes(),
         "peak_rss_bytes": peak_rss_bytes(),
         "skipped_updates": int(engine.skipped_updates.numpy()),
         "loss_scale": float(engine.loss_scale.numpy()) if engine.dynamic else None,

@@ -1,6 +1,7 @@
-"""What the TensorFlow runtime is and is given, for either door: the micro-steps in flight ``auto`` chooses and
-the thread pools that go with them, the cluster this process is in and who writes the run, and a strategy's name.
-A config's own set-up of the runtime (its pools, its strategy) is the CLI's: from_config/startup.py.
+"""What the runtime is and is given, for either door: the micro-steps in flight ``auto`` chooses and the thread
+pools that go with them, the cluster this process is in and who writes the run, and a strategy's name; what only
+the framework knows (a GPU, a strategy's kind) the backend says (accum/backends/). A config's own set-up of the
+runtime (its pools, its strategy) is the CLI's: from_config/startup.py.
 
 Threads, measured on the 2-core development machine (README, "Where the time
 goes"): a micro-batch of 32 is too small for TensorFlow's intra-op threads to
@@ -10,7 +11,7 @@ engine's loop-carried accumulation, ``parallel_iterations``), keeps both cores
 busy on useful work instead. With a GPU the device is the bottleneck and
 memory is what accumulation is for, so micro-steps stay one at a time there.
 
-The engine itself (accum/trainer/engine.py) is the same on every strategy.
+The engine itself (accum/backends/tensorflow/engine.py) is the same on every strategy.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-import tensorflow as tf
-
+from ..backends import active
 from ..defaults import AUTO_PARALLEL
 
 
@@ -36,7 +36,7 @@ def auto_parallel(limit: int, memory_limited: bool = False, replicas: int = 1) -
     is the bottleneck, memory what accumulation is for), under a memory limit (memory is what the run is short
     of) or over several local replicas (they already share the cores out); else as many as measured to help on
     a CPU with cores to share out, never more than ``limit``, the micro-batches of an update."""
-    if memory_limited or replicas > 1 or tf.config.list_physical_devices("GPU"):
+    if memory_limited or replicas > 1 or active().has_gpu():
         return 1
     return max(1, min(AUTO_PARALLEL, cpu_cores(), limit))
 
@@ -68,45 +68,11 @@ def cluster_workers() -> int:
     return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
 
 
-def strategy_name(strategy: tf.distribute.Strategy | None) -> str:
-    """The config's name for a strategy (``strategy.name``), as history.jsonl records it; else its class's name."""
-    for name, kind in (
-        ("multi_worker", tf.distribute.MultiWorkerMirroredStrategy),
-        ("mirrored", tf.distribute.MirroredStrategy),
-    ):
-        if isinstance(strategy, kind):
-            return name
-    # what tf.distribute.get_strategy() is outside any scope: TensorFlow's one-device default
-    default = strategy is None or type(strategy).__name__ == "_DefaultDistributionStrategy"
-    return "default" if default else type(strategy).__name__
+def strategy_name(strategy) -> str:
+    """The config's name for a strategy (``strategy.name``), as history.jsonl records it: the backend's."""
+    return active().strategy_name(strategy)
 
 
-def is_chief(strategy: tf.distribute.Strategy | None) -> bool:
-    """The chief (task 'chief', or worker 0 when there is none) writes the run directory."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return True
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    task = config.get("task", {})
-    if "chief" in config.get("cluster", {}):
-        return task.get("type") == "chief"
-    return int(task.get("index", 0)) == 0
-
-
-class CountingCrossDeviceOps(tf.distribute.ReductionToOneDevice):
-    """Counts the collective reductions traced into graphs (tests and benchmarks).
-
-    The public ``reduce``/``batch_reduce`` are counted: one call is one
-    collective, however many tensors it carries."""
-
-    def __init__(self):
-        super().__init__()
-        self.reduce_calls = 0
-        self.batch_reduce_calls = 0
-
-    def reduce(self, reduce_op, per_replica_value, destinations, options=None):
-        self.reduce_calls += 1
-        return super().reduce(reduce_op, per_replica_value, destinations, options)
-
-    def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
-        self.batch_reduce_calls += 1
-        return super().batch_reduce(reduce_op, value_destination_pairs, options)
+def is_chief(strategy) -> bool:
+    """Whether this process writes the run directory (the chief: task 'chief', or worker 0 when there is none)."""
+    return active().is_chief(strategy)

@@ -20,11 +20,11 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from .gradient_cache import REPLICA_LOCAL
-from .graphs import graph, in_turn
+from ..backends.tensorflow.gradient_cache import REPLICA_LOCAL
+from ..backends.tensorflow.graphs import graph, in_turn
+from ..backends.tensorflow.update import _first
 from .objective import Parts, Totals, as_data, combine, output_values, scale_of
 from .trim import uncut
-from .update import _first
 
 
 class KerasMetrics:

@@ -17,9 +17,9 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..backends import active
 from ..errors import too_many_bad_updates
 from .batching import k_for_micro_batch, largest_share
-from .engine_for import accumulator_for
 from .loop import Loop
 from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
 from .rundir import CheckpointPolicy
@@ -71,20 +71,19 @@ class TrainSpec:
 
 
 def build_engine(spec: TrainSpec, model, objective, optimizer, batch_size: int, strategy, parallel=None, **options):
-    """The Accumulator (engine.Accumulator, through engine_for.accumulator_for) of a run as ``spec`` says, for a
+    """The Accumulator (the active backend's ``accumulator_for``: accum/backends/) of a run as ``spec`` says, for a
     first batch of ``batch_size`` under ``strategy`` (None: the one in scope): its micro-batches (automatic ones
     start at one, which the probe or the guard raise), the baseline's one pass, and the micro-steps in flight:
     ``parallel`` where the door fixed its thread pools for a number, else runtime.auto_parallel's rule (one under
     XLA, whose compiled micro-step spreads over the cores on its own: two in flight cost about 4% more CPU and
     wall time on a 2-core CPU, the masked tagger of peers_masked.py). ``options``: the Accumulator's others."""
-    import tensorflow as tf
-
-    replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
+    backend = active()
+    replicas = backend.replicas(strategy)
     k = spec.micro.k_for(batch_size, replicas) or 1
     if parallel is None:
         in_flight = 2 if spec.micro.auto else k  # auto may come to two or more
         parallel = 1 if options.get("jit") else auto_parallel(in_flight, spec.memory_limit is not None, replicas)
-    return accumulator_for(
+    return backend.accumulator_for(
         model,
         objective,
         optimizer,

@@ -16,9 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
+from ..backends.tensorflow.graphs import graph
 from ..defaults import TRIM_MULTIPLE
 from ..errors import Refused, UserError
-from .graphs import graph
 
 
 def sequence_lengths(arrays, where: str):

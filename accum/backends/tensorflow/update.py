@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from .. import keras_private
-from ..defaults import LOSS_SCALE_GROWTH_STEPS
+from ... import keras_private
+from ...defaults import LOSS_SCALE_GROWTH_STEPS
 from .gradient_cache import all_finite
 
 NAN = float("nan")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from ..text import size_text
+from ...text import size_text
 
 REPLICA_LOCAL = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
 

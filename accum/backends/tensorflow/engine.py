@@ -25,7 +25,7 @@ check) becomes such a pipeline first (feed.held), cut as every feed cuts. Two lo
 time (``parallel`` 1) adds each to the cache variables as it is done: the least memory. ``parallel`` > 1 carries
 the sums as tensors through a ``tf.while_loop`` with ``parallel_iterations`` and writes them once, so that
 micro-steps overlap: on a few CPU cores small micro-batches keep the cores busier that way than with threads inside
-each op (runtime.py). Both add in micro-batch order: they give the same bits. A replica cannot pull from a
+each op (trainer/runtime.py). Both add in micro-batch order: they give the same bits. A replica cannot pull from a
 distributed iterator, so pulled micro-steps overlap only on one device. ``one_pass`` is the baseline: each
 replica's share in one micro-step, its gradients straight to the all-reduce, no cache. A pulled update of one
 micro-batch in all (k=1 on one replica) takes the baseline's route too: a round trip through the caches would add
@@ -43,13 +43,13 @@ import contextlib
 
 import tensorflow as tf
 
-from .. import keras_private
-from . import noise
-from .feed import held, sized
+from ... import keras_private
+from ...trainer import noise
+from ...trainer.feed import held, sized
+from ...trainer.objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
-from .objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
 from .update import _first, _size
 
 

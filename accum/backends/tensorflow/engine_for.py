@@ -2,15 +2,15 @@
 
 What the model decides is read from it here: the variables the engine writes (Keras' own storage, as the
 optimizer and checkpoints see it), and whether micro-steps are traced for their size (a model that loops over
-time runs leaner so, engine.py). What a door decides is passed in: k, the micro-steps in flight (runtime.py's
-policy), the loss scale, the optimizer, and how a pulled element becomes a batch (``prepare``).
+time runs leaner so, engine.py). What a door decides is passed in: k, the micro-steps in flight
+(trainer/runtime.py's policy), the loss scale, the optimizer, and how a pulled element becomes a batch (``prepare``).
 """
 
 from __future__ import annotations
 
 import keras
 
-from ..keras_private import loops_over_time, storage
+from ...keras_private import loops_over_time, storage
 from .engine import Accumulator
 
 

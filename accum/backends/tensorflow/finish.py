@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from . import noise
+from ...trainer import noise
+from ...trainer.objective import combine, output_values
 from .gradient_cache import dense
-from .objective import combine, output_values
 from .update import STOP_REQUESTS, Update
 
 

@@ -1,0 +1,89 @@
+"""The seam between the trainer and the framework that runs an update: one folder per backend (tensorflow/), each
+answering the same few calls (``Backend``), and ``active()``, the one Keras runs on.
+
+Keras splits its own trainer so (keras/src/trainers/trainer.py, backend/tensorflow/trainer.py, backend/jax/
+trainer.py): the base ``Trainer`` holds what every backend shares (compile, callbacks, the epoch loop, the data
+adapters) and each backend adds only its step, ``TensorFlowTrainer`` a ``tf.function`` over the model's variables,
+``JAXTrainer`` a jitted pure function over the state that ``stateless_call`` and ``optimizer.stateless_apply`` take
+and return, written back to the variables only where Python reads them. Ours is split the same way: the Trainer,
+its loop and memory guard, the run directory and the front ends name no framework and reach the update through
+``active()``. A backend's accumulator (``accumulator_for``) owns its state, the gradient caches, the totals, the
+loss scale and the skip counters, and answers the calls ``Engine`` lists: a JAX accumulator can keep that state as
+arrays and make its update one jitted function, and the trainer does not see the difference. tf.data stays the
+data layer (the feed, datasets/): Keras reads it on every backend.
+
+This module imports no backend: ``active()`` imports the one in use when it is first asked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import UserError
+
+# keras.config.backend()'s names of the backends that have a folder here (accum/backends/NAME/backend.py).
+BACKENDS = ("tensorflow",)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the trainer (its loop, memory guard, probe and run directory) asks of a backend's accumulator: a
+    batch's update, pulled from the feed's iterator in one call or accumulated and finished in two, its
+    micro-batches, and the counters a run reports."""
+
+    replicas: int  # the replicas an update spans, in every process
+    replica_ids: list  # this process's replicas
+    one_pass: bool  # the baseline: each replica's share in one micro-step, no cache
+    norm_layers: list  # the pooled BatchNorm layers, whose statistics move once per update
+    dynamic: bool  # a dynamic loss scale (mixed_float16)
+
+    @property
+    def k(self) -> int: ...  # the micro-batches of a replica's share
+
+    @property
+    def one_process(self) -> bool: ...
+
+    def set_subdivisions(self, k: int) -> None: ...
+    def update_from(self, iterator, n: int, pulls: int, stop=0, size=None, held=False) -> dict: ...
+    def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False): ...
+    def accumulate(self, x, y, n): ...
+    def finish(self, retry=False, stop=0) -> dict: ...
+    def reset(self) -> None: ...
+    def retrace(self) -> None: ...
+    def restored(self) -> None: ...
+    def largest_over_workers(self, value: int) -> int: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend's folder answers, in its module ``backend`` (tensorflow/backend.py). ``strategy``: the
+    backend's distribution of the replicas (a tf.distribute strategy; None: the one in scope)."""
+
+    NAME: str  # keras.config.backend()'s name for it
+    OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
+    OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
+
+    def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
+    def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
+    def replicas(self, strategy) -> int: ...
+    def strategy_name(self, strategy) -> str: ...  # the config's name for it, as history.jsonl records it
+    def is_chief(self, strategy) -> bool: ...  # whether this process writes the run directory
+    def has_gpu(self) -> bool: ...
+    def reset_allocator_peak(self) -> None: ...
+    def allocator_peak_bytes(self) -> int | None: ...  # since start or the last reset; None if not kept
+    def peak_during(self, work: Callable[[], Any]) -> tuple: ...  # (work's result, the peak while it ran)
+
+
+def active() -> Backend:
+    """The backend Keras runs on (keras.config.backend(), which KERAS_BACKEND sets), imported on first use."""
+    import keras
+
+    name = keras.config.backend()
+    if name not in BACKENDS:
+        raise UserError(
+            f"Keras runs on {name!r} (KERAS_BACKEND or ~/.keras/keras.json), which accum-train has no engine for: "
+            f"set KERAS_BACKEND to one of {', '.join(BACKENDS)}"
+        )
+    return importlib.import_module(f".{name}.backend", __name__)

@@ -1,0 +1,229 @@
+"""The seam for a second backend (accum/backends/, docs/design.md): what speaks TensorFlow to run an update lives in
+accum/backends/tensorflow/; the trainer's loop, the Trainer, its memory guard, the run directory and the runtime's
+policy import no TensorFlow and reach the backend only through the seam (``accum_train.backends.active``), which
+Keras' own backend chooses; the TensorFlow backend answers the seam's calls.
+
+Still speaking TensorFlow outside accum/backends/, the feed (tf.data stays the data layer: Keras reads it on every
+backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what the sources import):
+- trainer/: objective and noise (the sums, totals and noise terms as replica-local variables, in the graph),
+  keras_objective (a compiled loss taken apart in the graph), scoring (the evaluation graph), trim (the trim cut),
+  optim (schedules as tensors), checkpoints (tf.train.Checkpoint: a JAX engine's arrays need Keras' own saving);
+- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision;
+- from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
+- keras_fit/: fit, arguments, checks, fit_hooks, rundir;
+- the commands and leaves: compare, evaluate, export, predict, reload, keras_private, quiet.
+"""
+
+import ast
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from accum_train.backends import BACKENDS, Backend, Engine, active
+from accum_train.errors import OutOfMemory, UserError
+from accum_train.trainer.loop import Loop
+from test_layers import FOLDERS, PACKAGE, ROOT, SEAM, imports, outside_imports, sources
+
+# The modules that must not speak TensorFlow: they import none, directly or inside a function.
+CLEAN = [
+    "accum/trainer/loop.py",
+    "accum/trainer/trainer.py",
+    "accum/trainer/rundir.py",
+    "accum/trainer/memory.py",
+    "accum/trainer/runtime.py",
+    "accum/trainer/batching.py",
+    "accum/trainer/data.py",
+    "accum/trainer/timeline.py",
+    "accum/trainer/metrics_log.py",
+    "accum/trainer/lock.py",
+    "accum/trainer/stopping.py",
+    "accum/backends/__init__.py",
+]
+# Where tf.data may stay: the feed and the loaders.
+DATA_LAYER = {
+    f"{PACKAGE}.trainer.feed",
+    *(f"{PACKAGE}.keras_fit.{name}" for name in ("inputs", "array_feed", "stream_feed", "pipeline", "conversion")),
+}
+# The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
+STILL_SPEAKING = {
+    *(f"{PACKAGE}.trainer.{m}" for m in ("objective", "noise", "keras_objective", "scoring", "trim", "optim")),
+    f"{PACKAGE}.trainer.checkpoints",
+    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision")),
+    *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
+    *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
+    *(f"{PACKAGE}.{m}" for m in ("compare", "evaluate", "export", "predict", "reload", "keras_private", "quiet")),
+}
+
+
+def module_of(path: str) -> str:
+    parts = path.removesuffix(".py").split("/")
+    name = ".".join([FOLDERS[parts[0]], *parts[1:]])
+    return name.removesuffix(".__init__")
+
+
+@pytest.mark.parametrize("path", CLEAN)
+def test_a_module_that_must_not_speak_tensorflow_imports_none(path):
+    assert "tensorflow" not in outside_imports(ROOT / path)
+
+
+@pytest.mark.parametrize("path", CLEAN)
+def test_a_module_that_must_not_speak_tensorflow_reaches_the_backend_through_the_seam(path):
+    modules, name = sources(), module_of(path)
+    assert name in modules
+    assert sorted(t for t in imports(ROOT / path, name, modules) if t.startswith(f"{SEAM}.")) == []
+
+
+def test_what_still_speaks_tensorflow_outside_the_backends_the_feed_and_the_loaders_is_the_list():
+    """Nothing new speaks TensorFlow outside accum/backends/, and the list of what is left to move stays true."""
+    speaking = {
+        name
+        for name, path in sources().items()
+        if "tensorflow" in outside_imports(path)
+        and not name.startswith((f"{SEAM}.", f"{FOLDERS['datasets']}."))
+        and name not in DATA_LAYER
+    }
+    assert speaking == STILL_SPEAKING
+    assert not STILL_SPEAKING & {module_of(path) for path in CLEAN}
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("import tensorflow as tf", {"tensorflow"}),
+        ("import tensorflow.compat.v1", {"tensorflow"}),
+        ("from tensorflow.python.framework import errors", {"tensorflow"}),
+        ("def f():\n    import tensorflow as tf\n", {"tensorflow"}),  # inside a function
+        ("from .backends import active\nimport keras", {"keras"}),  # relative imports are the package's
+        ("x = 'import tensorflow'", set()),
+    ],
+)
+def test_the_reader_sees_every_way_to_import_tensorflow(tmp_path, source, found):
+    """The premise: a reader that saw no import would pass every module as clean."""
+    path = tmp_path / "module.py"
+    path.write_text(source)
+    assert outside_imports(path) == found
+
+
+def test_the_seam_names_the_backends_it_has_and_each_has_its_folder():
+    assert BACKENDS == ("tensorflow",)
+    for name in BACKENDS:
+        assert (ROOT / "accum" / "backends" / name / "backend.py").is_file()
+    setup = (ROOT / "setup.cfg").read_text()  # installed, not only importable from the checkout
+    assert all(f"    {SEAM}.{name}\n" in setup for name in BACKENDS) and f"    {SEAM}\n" in setup
+
+
+@pytest.mark.parametrize(
+    "keras_backend, chosen, error",
+    [
+        ("tensorflow", f"{SEAM}.tensorflow.backend", None),
+        (
+            "jax",
+            None,
+            "Keras runs on 'jax' (KERAS_BACKEND or ~/.keras/keras.json), which accum-train has no engine for: set "
+            "KERAS_BACKEND to one of tensorflow",
+        ),
+        (
+            "torch",
+            None,
+            "Keras runs on 'torch' (KERAS_BACKEND or ~/.keras/keras.json), which accum-train has no engine for: set "
+            "KERAS_BACKEND to one of tensorflow",
+        ),
+    ],
+)
+def test_keras_backend_chooses_the_backend(monkeypatch, keras_backend, chosen, error):
+    monkeypatch.setattr(keras.config, "backend", lambda: keras_backend)
+    if error is None:
+        assert active().__name__ == chosen
+    else:
+        with pytest.raises(UserError) as raised:
+            active()
+        assert str(raised.value) == error
+
+
+def engine(loss_scale=None):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    loss = lambda x, y: tf.reduce_sum(tf.square(model(x) - y), axis=-1)  # noqa: E731  (per example)
+    return active().accumulator_for(model, loss, keras.optimizers.SGD(0.1), subdivisions=2, loss_scale=loss_scale)
+
+
+def test_the_tensorflow_backend_answers_the_seam():
+    backend = active()
+    assert isinstance(backend, Backend) and backend.NAME == keras.config.backend() == "tensorflow"
+    built = engine()
+    assert isinstance(built, Engine)
+    assert backend.OUT_OF_MEMORY is tf.errors.ResourceExhaustedError and backend.OP_ERROR is tf.errors.OpError
+    assert issubclass(backend.OUT_OF_MEMORY, backend.OP_ERROR)  # why the loop catches OUT_OF_MEMORY first
+    assert (backend.replicas(None), backend.strategy_name(None), backend.is_chief(None)) == (1, "default", True)
+    x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
+    out, peak = backend.peak_during(lambda: built.update(x, y))
+    assert int(built.optimizer.iterations.numpy()) == 1 and float(out["examples"]) == 4
+    assert peak is None or peak > 0
+
+
+@pytest.mark.parametrize(
+    "loss_scale, names",
+    [
+        (None, ["bad_updates_in_a_row", "skipped_updates"]),
+        (1024.0, ["bad_updates_in_a_row", "skipped_updates", "loss_scale", "good_updates"]),
+    ],
+)
+def test_a_checkpoint_holds_the_engine_s_counters_by_their_names(loss_scale, names):
+    """The names older checkpoints hold them by: a resume of a run saved before the seam restores them."""
+    built = engine(loss_scale)
+    state = active().engine_state(built)
+    assert list(state) == names
+    assert all(state[name] is getattr(built, name) for name in names)
+
+
+class Hooks:
+    def __init__(self):
+        self.failures = []
+
+    def failed(self, source, step, err):
+        self.failures.append((step, type(err)))
+
+
+class Guard:
+    needed = False
+
+    def out_of_memory(self, step, err):
+        return OutOfMemory(f"update {step + 1} ran out of memory ({err.message})")
+
+
+class Raising:
+    def __init__(self, error):
+        self.error = error
+
+    def update(self, step, stop):
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error, raised, message, failures",
+    [
+        (tf.errors.ResourceExhaustedError(None, None, "OOM"), OutOfMemory, "update 4 ran out of memory (OOM)", []),
+        (tf.errors.DataLossError(None, None, "corrupted record"), tf.errors.DataLossError, "corrupted record", [3]),
+        (ValueError("a bug"), ValueError, "a bug", []),  # not an op's: no door names it
+    ],
+)
+def test_the_loop_sorts_an_update_s_errors_by_the_backend_s_classes(error, raised, message, failures):
+    hooks = Hooks()
+    loop = Loop(engine=None, guard=Guard(), noise=None, stop=None, max_bad_steps=None, ends=None)
+    with pytest.raises(raised) as caught:
+        loop.update(hooks, Raising(error), 3)
+    assert str(caught.value) == message
+    assert hooks.failures == [(step, raised) for step in failures]
+
+
+def test_the_seam_s_interface_is_what_the_backend_s_module_defines():
+    """Every name of ``Backend`` is in the TensorFlow backend's ``__all__``, and nothing else: the module is the
+    interface answered, which a JAX folder copies."""
+    tree = ast.parse((ROOT / "accum" / "backends" / "tensorflow" / "backend.py").read_text())
+    listed = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+    )
+    protocol = {name for name in vars(Backend) if not name.startswith("_")} | set(Backend.__annotations__)
+    assert sorted(listed) == sorted(protocol)
