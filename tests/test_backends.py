@@ -8,10 +8,10 @@ backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
 - trainer/: objective and noise (the sums, totals and noise terms as replica-local variables, in the graph),
   keras_objective (a compiled loss taken apart in the graph), scoring (the evaluation graph), trim (the trim cut),
   optim (schedules as tensors), checkpoints (tf.train.Checkpoint: a JAX engine's arrays need Keras' own saving);
-- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision;
+- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
 - keras_fit/: fit, arguments, checks, fit_hooks, rundir;
-- the commands and leaves: compare, evaluate, export, predict, reload, keras_private, quiet.
+- the commands and leaves: compare, loader, predict, reload, keras_private, quiet.
 """
 
 import ast
@@ -49,10 +49,10 @@ DATA_LAYER = {
 STILL_SPEAKING = {
     *(f"{PACKAGE}.trainer.{m}" for m in ("objective", "noise", "keras_objective", "scoring", "trim", "optim")),
     f"{PACKAGE}.trainer.checkpoints",
-    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision")),
+    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
     *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
-    *(f"{PACKAGE}.{m}" for m in ("compare", "evaluate", "export", "predict", "reload", "keras_private", "quiet")),
+    *(f"{PACKAGE}.{m}" for m in ("compare", "loader", "predict", "reload", "keras_private", "quiet")),
 }
 
 
