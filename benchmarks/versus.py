@@ -18,9 +18,9 @@ per-round ratios with a distribution-free 95% interval (benchmarks/paired.py: 6 
 for which one reaches 95%). --better says which way is better for the figures (lower: times, the default); the
 new tree is "no worse" when the median is on the better side of 1 or the interval contains 1.
 
-    python benchmarks/versus.py v0.2.0 --figure bench.json:rows.1.cpu_s_per_example -- \\
+    python benchmarks/versus.py REV --figure bench.json:rows.1.cpu_s_per_example -- \\
         accum-train bench configs/fmnist.yaml --subdivisions 1,8 --steps 10 --output-dir {out}
-    python benchmarks/versus.py v0.2.0 --figure 'peers.json:time.(a) accum-train.cpu_s_per_example' -- \\
+    python benchmarks/versus.py REV --figure 'peers.json:time.(a) accum-train.cpu_s_per_example' -- \\
         python benchmarks/peers.py --output {out}/peers.json
 """
 
