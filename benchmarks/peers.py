@@ -35,13 +35,21 @@ micro-steps // k). Every method is warmed up with one untimed round
 --mem-batch, each in a fresh process (accum_train.bench), TF allocator peak
 over the timed updates.
 
+Paired rounds: every timed ratio is also taken round by round (round r of
+one method against round r of the other: they ran in the same round, one
+after the other) and reported as the median of those per-round ratios with a
+distribution-free 95% interval for it (benchmarks/paired.py; --rounds
+defaults to 6, the fewest whose interval reaches 95%). A target is met when
+that median meets it; a parity target (>= 1.00) also when the interval
+contains 1. The memory ratios are single measurements.
+
 Ratios are kept at full precision in the JSON (--output) and printed with 3
 decimals rounded against accum-train (down where higher is better for it, up
 where lower is better), so the display never flatters it. The a/b ratios are
 taken against the fastest of (b), (b'), (b'') and (b''').
 
     python benchmarks/peers.py --output docs/peers.json   # the README's figures
-    python benchmarks/peers.py --rounds 3 --updates 5 --mem-batch 1024   # quicker
+    python benchmarks/peers.py --rounds 3 --updates 5 --mem-batch 1024   # quicker, no 95% interval
 
 peers_keras.py runs (a), (a1) and the Keras variants on the user's own model
 (a keras_file) with this machinery.
@@ -64,6 +72,7 @@ from pathlib import Path
 import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow loads)
 import keras
 import numpy as np
+import paired
 import provenance  # benchmarks/ is on sys.path: this script runs from there
 import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
@@ -74,7 +83,7 @@ from accum_train.trainer.feed import held
 from accum_train.trainer.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer
 from accum_train.trainer.runtime import child_environment, thread_pools
-from tables import fastest
+from tables import fastest, interval
 
 LR = 0.001
 INPUT_SHAPE, NUM_CLASSES = (28, 28, 1), 10  # Fashion-MNIST; the Keras and TF1 twins hard-code them too
@@ -442,9 +451,34 @@ def against_keras(times):
     return headline, details, (best_cpu, best_wall), one
 
 
-def print_details(details):
+def paired_against_keras(times, against, one):
+    """against_keras' ratios (the same keys and methods: ``against`` the fastest Keras variants (cpu, wall),
+    ``one`` the faster one-at-a-time by each measure), each taken round by round (paired.py)."""
+    best_cpu, best_wall = against
+    headline = {
+        "a/b examples per CPU-second": paired.per_round(times, A, best_cpu, "cpu"),
+        "a/b examples per wall-second": paired.per_round(times, A, best_wall, "wall"),
+    }
+    variants = {"(b) compile defaults": B, "(b') spe=k": B_SPE, "(b'') spe=k, threads": B_SPE_T}
+    variants["(b''') spe=k, XLA"] = B_XLA
+    details = {
+        f"a/b examples per {unit}-second, {variant}": paired.per_round(times, A, name, measure)
+        for measure, unit in (("cpu", "CPU"), ("wall", "wall"))
+        for variant, name in variants.items()
+    }
+    details["a1/b examples per wall-second (one micro-step at a time)"] = paired.per_round(
+        times, one["wall"], best_wall, "wall"
+    )
+    details["a1/b examples per CPU-second (one micro-step at a time)"] = paired.per_round(
+        times, one["cpu"], best_cpu, "cpu"
+    )
+    return headline, details
+
+
+def print_details(details, paired_details):
+    """One line per ratio: rounded against accum-train, the paired rounds' median [95% interval], full precision."""
     for name, value in details.items():
-        print(f"  {name:<58} {shown(value, True):>9}  {value!r}")
+        print(f"  {name:<58} {shown(value, True):>9}  {interval(paired_details[name], True):<24} {value!r}")
 
 
 def environment(load_before, timing_s, keras_jit):
@@ -465,7 +499,9 @@ def main():
     parser.add_argument("--width", type=float, default=0.125)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--micro", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=paired.ROUNDS, help="interleaved timed rounds (6: the fewest for a 95%% interval)"
+    )
     parser.add_argument(
         "--updates", type=int, default=20, help="updates per method per round (for (b): one fit over this many updates)"
     )
@@ -492,6 +528,11 @@ def main():
     ratios, details, (best_cpu, best_wall), one = against_keras(times)
     ratios["a/c examples per second"] = a["examples_per_s"] / times[C]["examples_per_s"]
     ratios["a/d CPU time per example"] = a["cpu_s_per_example"] / times[D]["cpu_s_per_example"]
+    paired_ratios, paired_details = paired_against_keras(times, (best_cpu, best_wall), one)
+    paired_ratios["a/c examples per second"] = paired.per_round(times, A, C, "wall")
+    paired_ratios["a/d CPU time per example"] = paired.paired_ratio(
+        a["rounds_cpu_s_per_example"], times[D]["rounds_cpu_s_per_example"]
+    )
     timing_s = time.perf_counter() - started
     mem = memory(args)
     ratios["a1/e TF allocator peak"] = mem[A1]["peak_memory_bytes"] / mem[E]["peak_memory_bytes"]
@@ -502,15 +543,25 @@ def main():
             f"{name:<31} TF allocator peak {r['peak_memory_bytes'] / 2**20:>7.0f} MiB, "
             f"peak RSS {r['peak_rss_bytes'] / 2**20:>6.0f} MiB"
         )
+    met = {}
+    for name, value in ratios.items():  # a memory ratio is one measurement: its own median and bounds
+        target = TARGETS[name][0]
+        if target:
+            met[name] = paired.reaches(target, paired_ratios.get(name, {"median": value, "low": value, "high": value}))
+    confidence = paired_ratios["a/b examples per CPU-second"]["confidence"]
     print(
         f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
-        f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}"
+        f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}. Each: the ratio of the medians above, then "
+        f"the median of the {args.rounds} per-round ratios [its interval, {100 * confidence:.2f}% coverage]"
     )
-    print(f"  {'ratio':<32} {'target':>8} {'measured':>9}  full precision")
+    print(f"  {'ratio':<32} {'target':>8} {'medians':>9}  {'paired rounds':<24} {'verdict':<8} full precision")
     for name, value in ratios.items():
         target, higher = TARGETS[name]
-        print(f"  {name:<32} {target or '-':>8} {shown(value, higher):>9}  {value!r}")
-    print_details(details)
+        rounds = interval(paired_ratios[name], higher) if name in paired_ratios else "- (one measurement)"
+        verdict = ("met" if met[name] else "NOT met") if name in met else "-"
+        print(f"  {name:<32} {target or '-':>8} {shown(value, higher):>9}  {rounds:<24} {verdict:<8} {value!r}")
+    print(f"  (verdict: {paired.RULE})")
+    print_details(details, paired_details)
     if args.output:
         args.output.write_text(
             json.dumps(
@@ -524,6 +575,11 @@ def main():
                     "a_b_against": {"cpu": best_cpu, "wall": best_wall},
                     "a1_best": one,
                     "targets": {name: {"target": t, "higher_is_better": h} for name, (t, h) in TARGETS.items()},
+                    # each timed ratio round by round: median, 95% interval, per-round ratios (paired.py)
+                    "paired_ratios": paired_ratios,
+                    "paired_ratios_a_b_per_keras_variant": paired_details,
+                    "met": met,
+                    "met_rule": paired.RULE,
                 },
                 indent=2,
             )

@@ -51,7 +51,13 @@ separately, each side in its best use of its options): "with trim_padding",
 the faster of (c) and (c') against Keras' best, the faster of (b') and (b'');
 "without", the faster of (a) and (a') against the same. Printed with 3 decimals
 rounded against accum-train (down: higher is better for it), full precision in
-the JSON (--output).
+the JSON (--output). Each ratio is also taken round by round, between the same
+two methods (round r of one against round r of the other: they ran in the same
+round, one after the other), and reported as the median of those per-round
+ratios with a distribution-free 95% interval for it (benchmarks/paired.py;
+--rounds defaults to 6, the fewest whose interval reaches 95%). A target is met
+when that median meets it; a parity target (>= 1.0) also when the interval
+contains 1. The peaks are single measurements, met by their value.
 
 Memory: (a), (c) and (e), each in a fresh process: the model compiled as for
 timing (Adam, no XLA), one batch of k x micro examples (the timing data's
@@ -92,8 +98,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import paired
 import provenance  # benchmarks/ is on sys.path: this script runs from there
-from tables import MIB, against, caption, fastest, two_figures
+from tables import MIB, against, caption, fastest, interval, two_figures
 
 A, A_XLA = "(a) accum-train", "(a') accum-train, XLA"
 C, C_XLA = "(c) accum-train, trim_padding", "(c') accum-train, trim_padding, XLA"
@@ -496,21 +503,25 @@ def time_methods(args):
 
 
 def ratios_of(times):
-    """Each side's best by each measure, and the two ratios the targets are about."""
+    """Each side's best by each measure, the ratios the targets are about (of the medians), and the same ratios
+    between the same methods taken round by round (paired.py: median, 95% interval, per-round ratios)."""
     best = {"trimmed": fastest(times, TRIMMED), "untrimmed": fastest(times, UNTRIMMED), "keras": fastest(times, KERAS)}
-    ratios = {}
+    ratios, paired_ratios = {}, {}
     for side, words in (("trimmed", "with"), ("untrimmed", "without")):
         for measure, unit in (("cpu", "CPU"), ("wall", "wall")):
             key = f"examples_per_{measure}_s"
-            ratios[f"{words} trim_padding, examples per {unit}-second"] = (
-                times[best[side][measure]][key] / times[best["keras"][measure]][key]
-            )
-    return best, ratios
+            ours, theirs = best[side][measure], best["keras"][measure]
+            name = f"{words} trim_padding, examples per {unit}-second"
+            ratios[name] = times[ours][key] / times[theirs][key]
+            paired_ratios[name] = paired.per_round(times, ours, theirs, measure)
+    return best, ratios, paired_ratios
 
 
-def verdict(value, target) -> str:
-    bound = float(target.split()[1])
-    return "met" if (value >= bound if target.startswith(">=") else value <= bound) else "NOT met"
+def verdict(target, figure) -> str:
+    """ "met" or "NOT met": a paired ratio (a dict) by paired.reaches' rule, a single measurement by its value."""
+    if not isinstance(figure, dict):
+        figure = {"median": figure, "low": figure, "high": figure}
+    return "met" if paired.reaches(target, figure) else "NOT met"
 
 
 def command_line(args) -> str:
@@ -554,9 +565,16 @@ def markdown_table(report) -> str:
         for measure, unit in (("cpu", "CPU"), ("wall", "wall")):
             key = f"{words} trim_padding, examples per {unit}-second"
             target = report["targets"][key]["target"]
+            measured = f"{against(report['ratios'][key], True)} ({verdict(target, report['ratios'][key])})"
+            if "paired_ratios" in report:  # written since the rounds were paired: the verdict is theirs
+                rounds = report["paired_ratios"][key]
+                measured = (
+                    f"{against(report['ratios'][key], True)} (paired rounds {interval(rounds, True)}: "
+                    f"{verdict(target, rounds)})"
+                )
             lines.append(
                 f"| {key} | {best[side][measure].split(' ', 1)[0]} | {best['keras'][measure].split(' ', 1)[0]} | "
-                f"{target} | {against(report['ratios'][key], True)} ({verdict(report['ratios'][key], target)}) |"
+                f"{target} | {measured} |"
             )
     whole = peaks[E]["peak_memory_bytes"]
     for name in (A, C):
@@ -566,7 +584,7 @@ def markdown_table(report) -> str:
         lines.append(
             f"| {key}, k={args['k']}, batch {args['k'] * args['micro']} "
             f"({peaks[name]['peak_memory_bytes'] / MIB:.1f} vs {whole / MIB:.1f} MiB) | {name.split(' ', 1)[0]} | "
-            f"(e) | {target} | {against(value, False)} ({verdict(value, target)}) |"
+            f"(e) | {target} | {against(value, False)} ({verdict(target, value)}) |"
         )
     lines += [
         "",
@@ -596,7 +614,9 @@ def main():
     parser.add_argument("--T", type=int, default=128, help="sequence length")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--micro", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=paired.ROUNDS, help="interleaved timed rounds (6: the fewest for a 95%% interval)"
+    )
     parser.add_argument(
         "--updates", type=int, default=50, help="updates per method per round (one training call per round)"
     )
@@ -652,7 +672,7 @@ def main():
             f"{r['examples_per_wall_s']:>11.1f} {r['examples_per_cpu_s']:>15.1f} {r['optimizer_updates']:>8} "
             f"{r['warmup_wall_s']:>10.1f} {jit[name]!s:>6}"
         )
-    best, ratios = ratios_of(times)
+    best, ratios, paired_ratios = ratios_of(times)
     peak_ratios = {
         f"{name.split(' ', 1)[0]}/(e) TF allocator peak": peaks[name]["peak_memory_bytes"]
         / peaks[E]["peak_memory_bytes"]
@@ -662,11 +682,19 @@ def main():
         "\nratios, 3 decimals rounded against accum-train (full precision in the JSON); each side's fastest by each "
         f"measure: with trim_padding CPU {best['trimmed']['cpu']}, wall {best['trimmed']['wall']}; without "
         f"CPU {best['untrimmed']['cpu']}, wall {best['untrimmed']['wall']}; Keras CPU {best['keras']['cpu']}, wall "
-        f"{best['keras']['wall']}"
+        f"{best['keras']['wall']}. Each: the ratio of the medians above, the median of the {args.rounds} per-round "
+        f"ratios [its interval, {100 * next(iter(paired_ratios.values()))['confidence']:.2f}% coverage], full "
+        "precision, the verdict"
     )
+    # the verdict: the paired rounds' for a timed ratio, the value's for a peak (one measurement)
+    figures = {**paired_ratios, **peak_ratios}
+    met = {key: verdict(TARGETS[key][0], figure) == "met" for key, figure in figures.items()}
     for key, value in {**ratios, **peak_ratios}.items():
         target, higher = TARGETS[key]
-        print(f"  {key:<50} {against(value, higher)}  {value!r}  target {target}: {verdict(value, target)}")
+        rounds = interval(paired_ratios[key], higher) if key in paired_ratios else "- (one measurement)"
+        said = "met" if met[key] else "NOT met"
+        print(f"  {key:<50} {against(value, higher)}  {rounds:<24} {value!r}  target {target}: {said}")
+    print(f"  (verdict: {paired.RULE})")
     print(f"\nTF allocator peak of one update, batch {args.k * args.micro}:")
     for name, r in peaks.items():
         print(
@@ -710,7 +738,6 @@ def main():
         for key in ("serve", "markdown"):
             args_json.pop(key)
         targets = {key: {"target": target, "higher_is_better": higher} for key, (target, higher) in TARGETS.items()}
-        met = {key: verdict(value, TARGETS[key][0]) == "met" for key, value in {**ratios, **peak_ratios}.items()}
         args.output.write_text(
             json.dumps(
                 {
@@ -722,10 +749,13 @@ def main():
                     "time": times,
                     "best": best,
                     "ratios": ratios,
+                    # each timed ratio round by round: median, 95% interval, per-round ratios (paired.py)
+                    "paired_ratios": paired_ratios,
                     "peaks": peaks,
                     "peak_ratios": peak_ratios,
                     "targets": targets,
                     "met": met,
+                    "met_rule": paired.RULE,
                     "distance": dist,
                 },
                 indent=2,

@@ -25,7 +25,9 @@ batch, micro-batch, k and Adam learning rate for every method:
        without micro-batches, for reference (not a Keras variant)
 
 Every method in its own process, warmed up with one untimed round, then
---rounds interleaved timed rounds; medians of CPU and wall time per example.
+--rounds interleaved timed rounds; medians of CPU and wall time per example,
+and each ratio also round by round: the median of the per-round ratios with
+its 95% interval (benchmarks/paired.py; peers.py's docstring).
 Keras' optimizer.iterations is checked against the updates asked for. The a/b
 ratios are against the fastest Keras variant, by CPU and by wall time
 separately; printed with 3 decimals rounded against accum-train, full
@@ -47,6 +49,7 @@ from pathlib import Path
 
 import accum_train  # noqa: F401  (allocator statistics on, before TensorFlow loads)
 import keras
+import paired
 import peers  # benchmarks/ is on sys.path: this script runs from there, and so do its timing children
 from accum_train.config import ModelConfig
 from peers import KERAS, A, B, E
@@ -87,7 +90,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--micro", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=paired.ROUNDS, help="interleaved timed rounds (6: the fewest for a 95%% interval)"
+    )
     parser.add_argument(
         "--updates", type=int, default=20, help="updates per method per round (for (b): one fit over this many updates)"
     )
@@ -117,13 +122,14 @@ def main():
     )
     peers.print_times(times)
     ratios, details, (best_cpu, best_wall), one = peers.against_keras(times)
+    paired_ratios, paired_details = peers.paired_against_keras(times, (best_cpu, best_wall), one)
     print(
         f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
-        f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}"
+        f"a/b against the faster Keras: CPU {best_cpu}, wall {best_wall}. Each: the ratio of the medians above, the "
+        f"median of the {args.rounds} per-round ratios [its interval, "
+        f"{100 * paired_ratios['a/b examples per CPU-second']['confidence']:.2f}% coverage], full precision"
     )
-    for name, value in ratios.items():
-        print(f"  {name:<58} {peers.shown(value, True):>9}  {value!r}")
-    peers.print_details(details)
+    peers.print_details({**ratios, **details}, {**paired_ratios, **paired_details})
     if args.output:
         args.output.write_text(
             json.dumps(
@@ -136,6 +142,9 @@ def main():
                     "ratios_a_b_per_keras_variant": details,
                     "a_b_against": {"cpu": best_cpu, "wall": best_wall},
                     "a1_best": one,
+                    # each ratio round by round: median, 95% interval, per-round ratios (paired.py)
+                    "paired_ratios": paired_ratios,
+                    "paired_ratios_a_b_per_keras_variant": paired_details,
                 },
                 indent=2,
             )

@@ -63,7 +63,12 @@ fastest of (a), (a'), (c) and (c') against the fastest of (b), (b') and (b''),
 by CPU and by wall time separately (each side in its best use of its options);
 also without trim_padding (the faster of (a) and (a')), and against (g);
 printed with 3 decimals rounded against accum-train (down: higher is better for
-it), full precision in the JSON (--output).
+it), full precision in the JSON (--output). Each ratio is also taken round by
+round, between the same two methods (round r of one against round r of the
+other: they ran in the same round, one after the other), and reported as the
+median of those per-round ratios with a distribution-free 95% interval for it
+(benchmarks/paired.py; --rounds defaults to 6, the fewest whose interval
+reaches 95%), in the JSON's paired_* keys.
 
 Distance from whole-batch training (the exactness part, not timed, in its own
 process before the timing ones start): from the same initial weights and data
@@ -82,7 +87,7 @@ valid tokens and its last the fewest: Keras' accumulation averages the k
 micro-batch means, which is then not the whole batch's mean over tokens.
 
     python benchmarks/peers_masked.py --output docs/peers-masked.json
-    python benchmarks/peers_masked.py --rounds 3 --updates 5   # quicker
+    python benchmarks/peers_masked.py --rounds 3 --updates 5   # quicker, no 95% interval
 """
 
 from __future__ import annotations
@@ -98,8 +103,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import paired
 import provenance  # benchmarks/ is on sys.path: this script runs from there
-from tables import against, caption, fastest, two_figures
+from tables import against, caption, fastest, interval, two_figures
 
 A, A_XLA = "(a) accum-train", "(a') accum-train, XLA"
 C, C_XLA = "(c) accum-train, trim_padding", "(c') accum-train, trim_padding, XLA"
@@ -528,7 +534,9 @@ def main():
     parser.add_argument("--C", type=int, default=16, help="classes per token")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--micro", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=paired.ROUNDS, help="interleaved timed rounds (6: the fewest for a 95%% interval)"
+    )
     parser.add_argument(
         "--updates", type=int, default=20, help="updates per method per round (one training call per round)"
     )
@@ -603,23 +611,36 @@ def main():
         }
         for side in ("ours", "keras")
     }
+    # the same ratios, each between the same two methods, taken round by round (paired.py)
+    paired_ratios = {m: paired.per_round(times, best["ours"][m], best["keras"][m], m) for m in ("cpu", "wall")}
+    paired_untrimmed = {m: paired.per_round(times, best["untrimmed"][m], best["keras"][m], m) for m in ("cpu", "wall")}
+    paired_bucketed = {m: paired.per_round(times, best["ours"][m], G, m) for m in ("cpu", "wall")}
+    paired_plain = {
+        side: {m: paired.per_round(times, best[side][m], D, m) for m in ("cpu", "wall")} for side in ("ours", "keras")
+    }
     print(
         f"\nratios, 3 decimals rounded against accum-train (full precision in the JSON); "
         f"a/b: the faster accum-train against the faster Keras: CPU {best['ours']['cpu']} against {best_cpu}, "
-        f"wall {best['ours']['wall']} against {best_wall}"
+        f"wall {best['ours']['wall']} against {best_wall}. Each: the ratio of the medians above, the median of the "
+        f"{args.rounds} per-round ratios [its interval, {100 * paired_ratios['cpu']['confidence']:.2f}% coverage], "
+        "full precision"
     )
-    print(f"  a/b examples per CPU-second  {against(ratios['cpu'], True)}  {ratios['cpu']!r}")
-    print(f"  a/b examples per wall-second  {against(ratios['wall'], True)}  {ratios['wall']!r}")
-    for measure in ("cpu", "wall"):
-        value = untrimmed[measure]
-        print(f"  a/b without trim_padding, examples per {measure}-second  {against(value, True)}  {value!r}")
-    for measure in ("cpu", "wall"):
-        value = bucketed[measure]
-        print(f"  ours/g examples per {measure}-second  {against(value, True)}  {value!r}")
-    for side in ("ours", "keras"):
-        for measure in ("cpu", "wall"):
-            value = plain[side][measure]
-            print(f"  {side}/d examples per {measure}-second  {against(value, side == 'ours')}  {value!r}")
+    lines = [
+        (f"a/b examples per {u}-second", ratios[m], paired_ratios[m], True)
+        for m, u in (("cpu", "CPU"), ("wall", "wall"))
+    ]
+    lines += [
+        (f"a/b without trim_padding, examples per {m}-second", untrimmed[m], paired_untrimmed[m], True)
+        for m in ("cpu", "wall")
+    ]
+    lines += [(f"ours/g examples per {m}-second", bucketed[m], paired_bucketed[m], True) for m in ("cpu", "wall")]
+    lines += [
+        (f"{side}/d examples per {m}-second", plain[side][m], paired_plain[side][m], side == "ours")
+        for side in ("ours", "keras")
+        for m in ("cpu", "wall")
+    ]
+    for label, value, rounds, higher in lines:
+        print(f"  {label:<50} {against(value, higher):>7}  {interval(rounds, higher):<24} {value!r}")
 
     print(
         f"\ndistance from whole-batch training: SGD lr {args.distance_lr}, {args.distance_updates} updates of "
@@ -666,6 +687,11 @@ def main():
                     "against_bucketed": bucketed,
                     "against_plain_micro_batch": plain,
                     "distance": dist,
+                    # each ratio above round by round: median, 95% interval, per-round ratios (paired.py)
+                    "paired_ratios": paired_ratios,
+                    "paired_untrimmed": paired_untrimmed,
+                    "paired_against_bucketed": paired_bucketed,
+                    "paired_against_plain_micro_batch": paired_plain,
                 },
                 indent=2,
             )

@@ -37,6 +37,12 @@ def against(value: float, higher_is_better: bool, places: str = "0.001") -> str:
     return str(Decimal(repr(value)).quantize(Decimal(places), rounding=rounding))
 
 
+def interval(paired: dict, higher_is_better: bool) -> str:
+    """A paired ratio (benchmarks/paired.py) as "median [low, high]", each rounded against accum-train."""
+    low, median, high = (against(paired[key], higher_is_better) for key in ("low", "median", "high"))
+    return f"{median} [{low}, {high}]"
+
+
 def caption(machine: str, commit: str | None, command: str, note: str = "") -> str:
     """The one line above a table that names where and from what it was measured."""
     return f"Measured on {machine}, {f'commit {commit}' if commit else 'commit not recorded'}: `{command}`{note}"

@@ -9,8 +9,13 @@ import statistics
 import subprocess
 import sys
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+from helpers import load_file
+
+paired = load_file(Path(__file__).resolve().parent.parent / "benchmarks" / "paired.py", "paired")
+tables = load_file(Path(__file__).resolve().parent.parent / "benchmarks" / "tables.py", "paired_tables")
 
 UNTRIMMED = ["(a) accum-train", "(a') accum-train, XLA"]
 TRIMMED = ["(c) accum-train, trim_padding", "(c') accum-train, trim_padding, XLA"]
@@ -29,8 +34,8 @@ def test_peers_causal_lm_json_ratios_updates_peaks_and_distance(tmp_path, repo_r
     result = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
-    keys = {"args", "model", "environment", "data", "distance_data", "time", "best", "ratios", "peaks"}
-    assert set(data) == keys | {"peak_ratios", "targets", "met", "distance"}
+    keys = {"args", "model", "environment", "data", "distance_data", "time", "best", "ratios", "paired_ratios"}
+    assert set(data) == keys | {"peaks", "peak_ratios", "targets", "met", "met_rule", "distance"}
     assert data["args"]["arrange"] == "uneven"
     assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
     assert data["environment"]["keras_hub"]
@@ -67,19 +72,33 @@ def test_peers_causal_lm_json_ratios_updates_peaks_and_distance(tmp_path, repo_r
             ours, keras = times[best[side][m]], times[best["keras"][m]]
             key = f"{words} trim_padding, examples per {unit}-second"
             assert ratios[key] == pytest.approx(keras[f"{m}_s_per_example"] / ours[f"{m}_s_per_example"])
-            assert data["met"][key] == (ratios[key] >= float(data["targets"][key]["target"].split()[1]))
-    # "  KEY   SHOWN  FULL  target >= 1.5: met"
-    printed = {
-        found[1]: (found[2], found[3])
-        for found in (re.match(r"  (\S.*?) +(\d+\.\d{3})  (\S+)  target ", line) for line in result.stdout.splitlines())
-        if found
-    }
+            # the same two methods round by round: round r of Keras' time over round r of ours
+            per_round = [
+                k_r / o_r for o_r, k_r in zip(ours[f"rounds_{m}_s_per_example"], keras[f"rounds_{m}_s_per_example"])
+            ]
+            assert data["paired_ratios"][key] == {**paired.median_interval(per_round), "per_round": per_round}
+            # the verdict is the paired rounds': the median, or for parity (1.0) an interval that holds 1
+            target = data["targets"][key]["target"]
+            assert data["met"][key] == paired.reaches(target, data["paired_ratios"][key])
+    for key, value in data["peak_ratios"].items():  # one measurement each: met by its value
+        assert data["met"][key] == (value <= float(data["targets"][key]["target"].split()[1]))
+    # "  KEY   SHOWN  MEDIAN [LOW, HIGH]  FULL  target >= 1.5: met"
+    line = re.compile(r"  (\S.*?) +(\d+\.\d{3})  (.*?) +(\S+)  target (.*): (met|NOT met)$")
+    printed = {found[1]: found.groups()[1:] for found in map(line.match, result.stdout.splitlines()) if found}
     assert set(printed) == set(data["targets"])
-    for key, value in ratios.items():
-        shown, full = printed[key]
-        assert float(full) == value
-        # 3 decimals, rounded down (higher is better for accum-train): never above the measured ratio
-        assert Decimal(shown) <= Decimal(repr(value)) < Decimal(shown) + Decimal("0.001")
+    for key, value in {**ratios, **data["peak_ratios"]}.items():
+        shown, rounds_text, full, target, said = printed[key]
+        assert float(full) == value and target == data["targets"][key]["target"]
+        assert said == ("met" if data["met"][key] else "NOT met")
+        # 3 decimals, rounded against accum-train (down where higher is better for it): never in its favour
+        higher = data["targets"][key]["higher_is_better"]
+        assert (Decimal(shown) <= Decimal(repr(value))) is higher or Decimal(shown) == Decimal(repr(value))
+        if key in ratios:
+            rounds_r = data["paired_ratios"][key]
+            expected = [tables.against(rounds_r[end], True) for end in ("median", "low", "high")]
+            assert rounds_text == "{} [{}, {}]".format(*expected)
+        else:
+            assert rounds_text == "- (one measurement)"
 
     peaks = data["peaks"]
     assert list(peaks) == ["(a) accum-train", "(c) accum-train, trim_padding", WHOLE]
@@ -111,3 +130,6 @@ def test_peers_causal_lm_json_ratios_updates_peaks_and_distance(tmp_path, repo_r
         assert f"| {name} |" in page.stdout
     for key in data["targets"]:
         assert f"| {key}" in page.stdout
+    for key, rounds_r in data["paired_ratios"].items():  # the verdict with the interval it came from
+        said = "met" if data["met"][key] else "NOT met"
+        assert f"(paired rounds {tables.interval(rounds_r, True)}: {said}) |" in page.stdout

@@ -5,7 +5,7 @@ import json
 import statistics
 import subprocess
 import sys
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 
 import pytest
 
@@ -36,7 +36,7 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     keys = {"args", "model", "environment", "time", "ratios", "ratios_a_b_per_keras_variant", "a_b_against", "a1_best"}
-    assert set(data) == keys
+    assert set(data) == keys | {"paired_ratios", "paired_ratios_a_b_per_keras_variant"}
     times = data["time"]
     assert list(times) == METHODS
     for name, r in times.items():
@@ -68,9 +68,24 @@ def test_peers_keras_json_ratios_and_keras_updates(tmp_path, repo_root):
         unit = "CPU" if m == "cpu" else "wall"
         measured = times[best][f"{m}_s_per_example"] / times[one[m]][f"{m}_s_per_example"]
         assert details[f"a1/b examples per {unit}-second (one micro-step at a time)"] == pytest.approx(measured)
+    # each ratio also round by round, between the same methods: (a) against the same Keras variant
+    for unit, m, best in (("CPU", "cpu", best_cpu), ("wall", "wall", best_wall)):
+        got = data["paired_ratios"][f"a/b examples per {unit}-second"]
+        key = f"rounds_{m}_s_per_example"
+        assert got["per_round"] == pytest.approx([b / o for o, b in zip(a[key], times[best][key])])
+        assert got["rounds"] == rounds and got["low"] <= got["median"] <= got["high"]
+    assert set(data["paired_ratios_a_b_per_keras_variant"]) == set(data["ratios_a_b_per_keras_variant"])
+    # "  NAME   SHOWN  MEDIAN [LOW, HIGH]  FULL"
     printed = {line[:60].strip(): line[60:].split() for line in result.stdout.splitlines() if line.startswith("  a")}
+    every_paired = {**data["paired_ratios"], **data["paired_ratios_a_b_per_keras_variant"]}
     for name, value in {**ratios, **data["ratios_a_b_per_keras_variant"]}.items():
-        shown, full = printed[name]
+        shown, median, low, high, full = printed[name]
         assert float(full) == value
         # 3 decimals, rounded down (higher is better for accum-train): never above the measured ratio
         assert Decimal(shown) <= Decimal(repr(value)) < Decimal(shown) + Decimal("0.001")
+        rounds_r = every_paired[name]
+        floor = [
+            str(Decimal(repr(rounds_r[end])).quantize(Decimal("0.001"), ROUND_FLOOR))
+            for end in ("median", "low", "high")
+        ]
+        assert (median, low, high) == (floor[0], f"[{floor[1]},", f"{floor[2]}]")

@@ -3,12 +3,17 @@ what the rounds give (never displayed in accum-train's favour), the number of up
 and the distance from whole-batch training: accum-train's none, Keras' accumulation's clear."""
 
 import json
+import re
 import statistics
 import subprocess
 import sys
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+from helpers import load_file
+
+paired = load_file(Path(__file__).resolve().parent.parent / "benchmarks" / "paired.py", "paired")
 
 UNTRIMMED = ["(a) accum-train", "(a') accum-train, XLA"]
 OURS = [*UNTRIMMED, "(c) accum-train, trim_padding", "(c') accum-train, trim_padding, XLA"]
@@ -33,7 +38,8 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     keys = {"args", "model", "environment", "time", "ratios", "a_b_against", "a_b_ours", "distance"}
-    assert set(data) == keys | {"against_plain_micro_batch", "untrimmed", "against_bucketed"}
+    paired_keys = {"paired_ratios", "paired_untrimmed", "paired_against_bucketed", "paired_against_plain_micro_batch"}
+    assert set(data) == keys | {"against_plain_micro_batch", "untrimmed", "against_bucketed"} | paired_keys
     assert data["args"]["arrange"] == "uneven"
     assert data["environment"]["thread_pools"].startswith("TensorFlow's default thread pools for every method")
 
@@ -80,15 +86,35 @@ def test_peers_masked_json_ratios_updates_and_distance(tmp_path, repo_root):
         for m in ("cpu", "wall"):
             measured = times[PLAIN][f"{m}_s_per_example"] / times[best[side][m]][f"{m}_s_per_example"]
             assert data["against_plain_micro_batch"][side][m] == pytest.approx(measured)
-    printed = {
-        line.strip().rsplit(maxsplit=2)[0]: line.split()[-2:] for line in result.stdout.splitlines() if "  a/b " in line
-    }
+
+    # the same ratios between the same methods, round by round: round r of one against round r of the other
+    def per_round(ours, theirs, m):
+        key = f"rounds_{m}_s_per_example"
+        return [t / o for o, t in zip(times[ours][key], times[theirs][key])]
+
+    for m in ("cpu", "wall"):
+        for got, ours, theirs in (
+            (data["paired_ratios"][m], best["ours"][m], best["keras"][m]),
+            (data["paired_untrimmed"][m], best["untrimmed"][m], best["keras"][m]),
+            (data["paired_against_bucketed"][m], best["ours"][m], BUCKETED),
+            (data["paired_against_plain_micro_batch"]["ours"][m], best["ours"][m], PLAIN),
+            (data["paired_against_plain_micro_batch"]["keras"][m], best["keras"][m], PLAIN),
+        ):
+            ratios_r = per_round(ours, theirs, m)
+            assert got == {**paired.median_interval(ratios_r), "per_round": ratios_r}
+            assert got["rounds"] == rounds
+    # "  LABEL   SHOWN  MEDIAN [LOW, HIGH]  FULL"
+    line = re.compile(r"  (a/b examples per \S+) +(\d+\.\d{3})  (\S+) \[(\S+), (\S+)\] +(\S+)$")
+    printed = {found[1]: found.groups()[1:] for found in map(line.match, result.stdout.splitlines()) if found}
     for key, name in (("cpu", "a/b examples per CPU-second"), ("wall", "a/b examples per wall-second")):
-        shown, full = printed[name]
+        shown, median, low, high, full = printed[name]
         assert float(full) == ratios[key]
         # 3 decimals, rounded down (higher is better for accum-train): never above the measured ratio
         assert Decimal(shown) <= Decimal(repr(ratios[key])) < Decimal(shown) + Decimal("0.001")
         assert len(shown.split(".")[1]) == 3
+        rounds_r = data["paired_ratios"][key]
+        for text, value in ((median, rounds_r["median"]), (low, rounds_r["low"]), (high, rounds_r["high"])):
+            assert Decimal(text) <= Decimal(repr(value)) < Decimal(text) + Decimal("0.001")
 
     distance = data["distance"]
     assert distance["moved"] > 0
