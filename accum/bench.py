@@ -32,7 +32,7 @@ from .errors import WorkerFailed
 from .files import atomic_write
 from .processes import run_child
 from .progress import Progress
-from .trainer.rundir import check_output_dir, pyplot, save_figure, write_result
+from .trainer.store.rundir import check_output_dir, pyplot, save_figure, write_result
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:

@@ -23,8 +23,8 @@ from .errors import OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
 from .processes import error_message, run_child, training_process
 from .progress import Progress
-from .trainer.metrics_log import is_epoch_record, read_metrics
-from .trainer.rundir import check_output_dir, pyplot, save_figure, write_result
+from .trainer.store.metrics_log import is_epoch_record, read_metrics
+from .trainer.store.rundir import check_output_dir, pyplot, save_figure, write_result
 
 COST_KEYS = ("wall_time_s", "cpu_time_s", "examples_per_s", "peak_memory_bytes", "peak_rss_bytes")
 
@@ -40,9 +40,9 @@ def gradient_check(cfg: Config, data) -> dict:
     from .backends.tensorflow.engine_for import accumulator_for
     from .backends.tensorflow.gradient_cache import dense
     from .from_config.build import build_with_loss
-    from .trainer.data import first_batch
-    from .trainer.objective import TOTAL, combine
-    from .trainer.scoring import as_data
+    from .trainer.data.order import first_batch
+    from .trainer.loss.objective import TOTAL, combine
+    from .trainer.loss.scoring import as_data
 
     model, objective = build_with_loss(cfg, data)
     x, y, weights = as_data(first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle))

@@ -13,10 +13,10 @@ import math
 from pathlib import Path
 
 from .loader import json_or_none, read_run, records
-from .trainer.checkpoints import checkpoint_numbers
-from .trainer.lock import lock_holder
-from .trainer.metrics_log import is_epoch_record
-from .trainer.rundir import MODEL_COPY
+from .trainer.store.checkpoints import checkpoint_numbers
+from .trainer.store.lock import lock_holder
+from .trainer.store.metrics_log import is_epoch_record
+from .trainer.store.rundir import MODEL_COPY
 
 
 def describe(run_dir: Path) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import RunDirError
 from .loader import read_run
-from .trainer.rundir import check_output_dir, pyplot, save_figure, write_json, write_result
+from .trainer.store.rundir import check_output_dir, pyplot, save_figure, write_json, write_result
 
 # Past this many classes the cells are too small to print counts in (evaluate.json has them all),
 # and the figure stops growing so that it stays an image one can open.

@@ -28,8 +28,8 @@ from .errors import ConfigError, DataError, RunDirError
 from .npz_values import DATA_HOW, read_targets, read_values
 from .reload import describe_run, load_fit_run, load_run
 from .text import shape_text, traced_error_line
-from .trainer.metrics_log import read_metrics
-from .trainer.rundir import FIT_RECORD, HISTORY, is_fit_run_dir, is_run_dir, other_output
+from .trainer.store.metrics_log import read_metrics
+from .trainer.store.rundir import FIT_RECORD, HISTORY, is_fit_run_dir, is_run_dir, other_output
 
 
 def read_run(run_dir: Path, for_model: bool = True) -> ConfigRun | FitRun:

@@ -19,8 +19,8 @@ from collections import Counter
 from .config import Config
 from .from_config.advice import split_warnings
 from .from_config.startup import parallel_micro_steps
-from .trainer.batching import largest_micro_batch
-from .trainer.timeline import Timeline
+from .trainer.data.batching import largest_micro_batch
+from .trainer.data.timeline import Timeline
 
 
 def micro_split(n: int, subdivisions: int) -> list[list[int]]:
@@ -28,7 +28,7 @@ def micro_split(n: int, subdivisions: int) -> list[list[int]]:
 
     The engine cuts a batch into ``min(subdivisions, n)`` pieces with
     ``micro_bounds`` (sizes differ by at most one); this counts them."""
-    from .trainer.batching import micro_bounds
+    from .trainer.data.batching import micro_bounds
 
     k = min(subdivisions, n)
     sizes = Counter(end - start for start, end in (micro_bounds(i, n, k) for i in range(k)))
@@ -59,7 +59,7 @@ def plan(cfg: Config, data=None) -> dict:
 
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
     from .from_config.build import build_with_loss, describe_loss
-    from .trainer.keras_objective import is_keras_loss
+    from .trainer.loss.keras_objective import is_keras_loss
 
     model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
     groups = len(loss.groups)  # the loss's normalisers: one gradient cache each

@@ -24,7 +24,7 @@ import numpy as np
 from .config import LossScaleConfig, load_run_config
 from .errors import RunDirError
 from .text import first_line
-from .trainer.rundir import FIT_RECORD, MODEL_COPY, require_run_dir
+from .trainer.store.rundir import FIT_RECORD, MODEL_COPY, require_run_dir
 
 
 class Trained:
@@ -34,8 +34,8 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .trainer.keras_objective import is_keras_loss
-        from .trainer.scoring import Scorer, eval_batch_size
+        from .trainer.loss.keras_objective import is_keras_loss
+        from .trainer.loss.scoring import Scorer, eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
         self.keras_loss = is_keras_loss(objective)
@@ -79,7 +79,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     from .datasets.base import ArraySplit, Dataset
     from .from_config.build import build_with_loss
     from .from_config.source import model_source
-    from .trainer.checkpoints import latest_intact
+    from .trainer.store.checkpoints import latest_intact
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
@@ -162,7 +162,7 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
 def _fit_checkpoint(run_dir: Path, say) -> tuple:
     """``latest_intact`` of a fit run directory. None yet (a call killed before its first): the way on is fit's,
     not the CLI's new run."""
-    from .trainer.checkpoints import checkpoint_numbers, latest_intact
+    from .trainer.store.checkpoints import checkpoint_numbers, latest_intact
 
     if not checkpoint_numbers(run_dir / "checkpoints"):
         raise RunDirError(

@@ -26,7 +26,7 @@ from ..from_config.source import default_output_dir
 from ..outcome import ending, epoch_line, last_line
 from ..quiet import quiet_tensorflow
 from ..text import mib_text
-from ..trainer.batching import k_for_micro_batch
+from ..trainer.data.batching import k_for_micro_batch
 from .common import count_option, output_dir_option, set_option, verbose_option
 from .describe import describe
 from .export import export

@@ -62,7 +62,7 @@ def arm(point, n):
 
         Accumulator.__init__ = init
     elif point == "pause_checkpoint":
-        from accum_train.trainer.rundir import RunDirectory
+        from accum_train.trainer.store.rundir import RunDirectory
 
         real_save = RunDirectory.save
 
@@ -76,7 +76,7 @@ def arm(point, n):
 
         RunDirectory.save = save
     elif point in ("checkpoint", "partial", "after_checkpoint"):
-        from accum_train.trainer.rundir import RunDirectory
+        from accum_train.trainer.store.rundir import RunDirectory
 
         real_save = RunDirectory.save
 
@@ -96,7 +96,7 @@ def arm(point, n):
 
         RunDirectory.save = save
     elif point == "metrics":
-        from accum_train.trainer.metrics_log import MetricsLog
+        from accum_train.trainer.store.metrics_log import MetricsLog
 
         real_write = MetricsLog.write
 
@@ -109,7 +109,7 @@ def arm(point, n):
 
         MetricsLog.write = write
     elif point == "weights":
-        import accum_train.trainer.rundir as rundir
+        import accum_train.trainer.store.rundir as rundir
 
         real_atomic_write = rundir.atomic_write
 

@@ -18,8 +18,8 @@ import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.from_config.run_parts import Run
 from accum_train.progress import Progress
-from accum_train.trainer.metrics_log import MetricsLog
-from accum_train.trainer.rundir import RunDirectory
+from accum_train.trainer.store.metrics_log import MetricsLog
+from accum_train.trainer.store.rundir import RunDirectory
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
 

@@ -16,9 +16,9 @@ from accum_train.config import AugmentConfig, load_config
 from accum_train.datasets import load
 from accum_train.from_config.augment import Augment
 from accum_train.from_config.run import train
-from accum_train.trainer.data import epoch_order
-from accum_train.trainer.metrics_log import read_metrics
-from accum_train.trainer.rundir import RunDirectory
+from accum_train.trainer.data.order import epoch_order
+from accum_train.trainer.store.metrics_log import read_metrics
+from accum_train.trainer.store.rundir import RunDirectory
 from helpers import max_difference, records
 
 N, SIZE = 64, 12

@@ -5,9 +5,10 @@ Keras' own backend chooses; the TensorFlow backend answers the seam's calls.
 
 Still speaking TensorFlow outside accum/backends/, the feed (tf.data stays the data layer: Keras reads it on every
 backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what the sources import):
-- trainer/: objective and noise (the sums, totals and noise terms as replica-local variables, in the graph),
-  keras_objective (a compiled loss taken apart in the graph), scoring (the evaluation graph), trim (the trim cut),
-  optim (schedules as tensors), checkpoints (tf.train.Checkpoint: a JAX engine's arrays need Keras' own saving);
+- trainer/: loss/objective and noise (the sums, totals and noise terms as replica-local variables, in the graph),
+  loss/keras_objective (a compiled loss taken apart in the graph), loss/scoring (the evaluation graph), data/trim
+  (the trim cut), optim (schedules as tensors), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need
+  Keras' own saving);
 - models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
 - keras_fit/: fit, arguments, checks, fit_hooks, rundir;
@@ -29,26 +30,28 @@ from test_layers import FOLDERS, PACKAGE, ROOT, SEAM, imports, outside_imports, 
 CLEAN = [
     "accum/trainer/loop.py",
     "accum/trainer/trainer.py",
-    "accum/trainer/rundir.py",
+    "accum/trainer/store/rundir.py",
     "accum/trainer/memory.py",
     "accum/trainer/runtime.py",
-    "accum/trainer/batching.py",
-    "accum/trainer/data.py",
-    "accum/trainer/timeline.py",
-    "accum/trainer/metrics_log.py",
-    "accum/trainer/lock.py",
-    "accum/trainer/stopping.py",
+    "accum/trainer/data/batching.py",
+    "accum/trainer/data/order.py",
+    "accum/trainer/data/timeline.py",
+    "accum/trainer/store/metrics_log.py",
+    "accum/trainer/store/lock.py",
+    "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
 ]
 # Where tf.data may stay: the feed and the loaders.
 DATA_LAYER = {
-    f"{PACKAGE}.trainer.feed",
+    f"{PACKAGE}.trainer.data.feed",
     *(f"{PACKAGE}.keras_fit.{name}" for name in ("inputs", "array_feed", "stream_feed", "pipeline", "conversion")),
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {
-    *(f"{PACKAGE}.trainer.{m}" for m in ("objective", "noise", "keras_objective", "scoring", "trim", "optim")),
-    f"{PACKAGE}.trainer.checkpoints",
+    *(f"{PACKAGE}.trainer.{m}" for m in ("noise", "optim")),
+    *(f"{PACKAGE}.trainer.loss.{m}" for m in ("objective", "keras_objective", "scoring")),
+    f"{PACKAGE}.trainer.data.trim",
+    f"{PACKAGE}.trainer.store.checkpoints",
     *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
     *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),

@@ -291,7 +291,7 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
 
 def test_unwritable_output_parent(tmp_path, repo_root, monkeypatch):
     # Tests run as root, for whom chmod changes nothing: the permission check is what is exercised.
-    import accum_train.trainer.rundir as rundir_module
+    import accum_train.trainer.store.rundir as rundir_module
 
     real_access = rundir_module.os.access
     monkeypatch.setattr(
@@ -378,8 +378,8 @@ def test_describe_tells_a_cli_run_directory_as_it_stands(smoke_run, tmp_path, mo
     """describe reads config.yaml, metrics.jsonl, checkpoints/ and summary.json back: finished, then the same
     directory without its summary (a run stopped before its end, which says how to go on), then while a process
     holds its lock (training)."""
-    from accum_train.trainer.lock import LOCK_HELD, writing
-    from accum_train.trainer.rundir import RunDirectory
+    from accum_train.trainer.store.lock import LOCK_HELD, writing
+    from accum_train.trainer.store.rundir import RunDirectory
 
     out, _, _ = smoke_run
     last = [r for r in records(out) if "loss" in r][-1]
@@ -444,7 +444,7 @@ NOT_RUNS = [
 def test_describe_and_evaluate_refuse_what_is_not_a_run_directory(tmp_path, command, held, line):
     if held:
         (tmp_path / held).write_text("{}")
-    if command == "evaluate" and not held:  # evaluate's words (trainer/rundir.require_run_dir)
+    if command == "evaluate" and not held:  # evaluate's words (trainer/store/rundir.require_run_dir)
         line = "{d} is not a run directory (no config.yaml and checkpoints/): pass a directory written by 'accum-train "
         line += "run'"
     result = CliRunner().invoke(main, [command, str(tmp_path)])

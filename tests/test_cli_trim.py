@@ -1,6 +1,6 @@
 """data.trim_padding: the CLI's run of a keras_file sequence model from an .npz, each batch's examples ordered by
-length and each micro-batch cut after its longest sequence (accum/trainer/trim.py, the cut accum_train.fit makes). The
-oracle is model.fit on whole, uncut batches: 50 examples in batches of 16 (a short one of 2), k=3, two epochs, SGD;
+length and each micro-batch cut after its longest sequence (accum/trainer/data/trim.py, the cut accum_train.fit makes).
+The oracle is model.fit on whole, uncut batches: 50 examples in batches of 16 (a short one of 2), k=3, two epochs, SGD;
 sequences of 1 to 24 tokens of which the shortest are cut to a multiple of 8. Every refusal is one line."""
 
 import accum_train
@@ -12,10 +12,10 @@ from accum_train.cli.plan_text import format_plan
 from accum_train.config.parse import config_from_dict
 from accum_train.datasets.base import TaskSplit
 from accum_train.plan import plan
-from accum_train.trainer import trim
-from accum_train.trainer.feed import Feed
-from accum_train.trainer.timeline import Segment
-from accum_train.trainer.trim import TrimmedSplit
+from accum_train.trainer.data import trim
+from accum_train.trainer.data.feed import Feed
+from accum_train.trainer.data.timeline import Segment
+from accum_train.trainer.data.trim import TrimmedSplit
 from helpers import max_difference
 
 N, STEPS, VOCABULARY, BATCH, K, EPOCHS, RATE, MULTIPLE = 50, 24, 30, 16, 3, 2, 0.5, 8

@@ -15,7 +15,12 @@ import shutil
 import numpy as np
 import pytest
 from accum_train.cli.main import main
-from accum_train.trainer.checkpoints import DAMAGED, checkpoint_numbers, newest_intact_checkpoint, pass_over_damaged
+from accum_train.trainer.store.checkpoints import (
+    DAMAGED,
+    checkpoint_numbers,
+    newest_intact_checkpoint,
+    pass_over_damaged,
+)
 from click.testing import CliRunner
 from helpers import records, update_records
 

@@ -79,13 +79,13 @@ def _fit_schedule_before_its_first_entry():
 
 
 def _trim_padding_true():
-    from accum_train.trainer.trim import trim_multiple
+    from accum_train.trainer.data.trim import trim_multiple
 
     return trim_multiple(True, "accum_train.fit"), defaults.TRIM_MULTIPLE
 
 
 def _warned_batchnorm():
-    from accum_train.trainer.data import noisy_batchnorm
+    from accum_train.trainer.data.order import noisy_batchnorm
 
     least = defaults.MIN_BATCHNORM_MICRO_BATCH
     return (noisy_batchnorm(4 * (least - 1), 4), noisy_batchnorm(4 * least, 4)), (least - 1, 0)

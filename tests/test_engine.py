@@ -19,8 +19,8 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.gradient_cache import GradientCache
 from accum_train.config import ModelConfig, OptimizerConfig, ScheduleConfig
 from accum_train.models import build_model
-from accum_train.trainer.batching import micro_bounds
-from accum_train.trainer.objective import sparse_softmax_loss
+from accum_train.trainer.data.batching import micro_bounds
+from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer, make_schedule
 from helpers import max_difference
 
@@ -272,7 +272,7 @@ def test_a_skipped_update_leaves_batchnorm_statistics_and_everything_else_unchan
 def test_one_replica_of_a_strategy_trains_as_the_default_strategy_does():
     """MirroredStrategy on one device (a machine with one GPU, or `strategy.name: mirrored` on a CPU): its
     replica-local variables are written in replica context, pulled micro-batches too; the same bits."""
-    from accum_train.trainer.feed import distribute
+    from accum_train.trainer.data.feed import distribute
 
     def trained(strategy):
         with strategy.scope():

@@ -167,7 +167,7 @@ def test_a_run_opens_no_listening_socket(tmp_path, repo_root):
 def test_the_checkpoint_list_after_a_damaged_latest_is_what_tensorflow_reads(tmp_path, monkeypatch):
     """A resume past a damaged checkpoint rewrites the 'checkpoint' file (the intact ones, the chosen one last)
     itself: TensorFlow's deprecated writer for it printed a warning into the run's output."""
-    from accum_train.trainer import checkpoints
+    from accum_train.trainer.store import checkpoints
 
     def deprecated(*args, **kwargs):
         raise AssertionError("tf.compat.v1.train.update_checkpoint_state is deprecated: not to be called")

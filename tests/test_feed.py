@@ -1,4 +1,4 @@
-"""The run's feed (accum/trainer/feed.py): the update pulls its micro-batches from the input pipeline, stored as
+"""The run's feed (accum/trainer/data/feed.py): the update pulls its micro-batches from the input pipeline, stored as
 they are (uint8) until its micro-step converts them, and gets the bits it got from the batch held whole; the memory
 of an update follows the micro-batch, not the batch."""
 
@@ -12,11 +12,11 @@ import pytest
 import tensorflow as tf
 from accum_train.config import load_config
 from accum_train.from_config.build import build_run, load_data
-from accum_train.trainer.batching import micro_bounds
-from accum_train.trainer.data import epoch_order
-from accum_train.trainer.feed import plan
-from accum_train.trainer.rundir import CheckpointPolicy, RunDirectory
-from accum_train.trainer.timeline import Segment
+from accum_train.trainer.data.batching import micro_bounds
+from accum_train.trainer.data.feed import plan
+from accum_train.trainer.data.order import epoch_order
+from accum_train.trainer.data.timeline import Segment
+from accum_train.trainer.store.rundir import CheckpointPolicy, RunDirectory
 from helpers import iterated_autotuning
 
 
@@ -295,7 +295,7 @@ def test_fit_cuts_a_stream_s_batch_chunk_first_as_the_cli_does():
     """A batch read from accum_train.fit's stream: micro-step i takes the i-th chunk of the batch, shared by the
     replicas (the CLI's stream cut, ``plan(chunk_first=True)``), not each replica's share cut in k."""
     from accum_train.keras_fit.stream_feed import DatasetFeed
-    from accum_train.trainer.batching import Cut
+    from accum_train.trainer.data.batching import Cut
 
     rows = tf.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.float32)[:, None]).batch(8)
     feed = DatasetFeed(rows, batch_size=None, class_weight=None, steps_per_epoch=None)

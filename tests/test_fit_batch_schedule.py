@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from accum_train import UserError
 from accum_train.errors import Interrupted
-from accum_train.trainer.metrics_log import is_epoch_record, read_metrics
+from accum_train.trainer.store.metrics_log import is_epoch_record, read_metrics
 from helpers import max_difference, signal_after
 
 N = 48  # batches of 8: 6 updates an epoch; of 16: 3; of 20: 2 full and a short one of 8

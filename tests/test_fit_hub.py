@@ -16,7 +16,7 @@ import tensorflow as tf
 from accum_train.keras_fit.fit import _ENGINES
 from accum_train.keras_fit.pipeline import preprocessed
 from accum_train.keras_fit.stream_feed import DatasetFeed
-from accum_train.trainer.batching import Cut
+from accum_train.trainer.data.batching import Cut
 from helpers import max_difference
 from hub_tasks import causal_lm, text_classifier, texts
 

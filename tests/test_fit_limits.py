@@ -16,7 +16,7 @@ import tensorflow as tf
 from accum_train import UserError, keras_private
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.errors import OutOfMemory, TrainingStopped
-from accum_train.trainer.metrics_log import read_metrics
+from accum_train.trainer.store.metrics_log import read_metrics
 from helpers import max_difference
 
 N, BATCH, K = 48, 8, 3  # six updates an epoch, each of micro-batches of 3, 3 and 2

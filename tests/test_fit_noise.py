@@ -181,7 +181,7 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     skips the caches, in a graph of its own."""
     from accum_train.keras_fit.fit import _ENGINES
     from accum_train.keras_fit.inputs import make_feed
-    from accum_train.trainer.batching import Cut
+    from accum_train.trainer.data.batching import Cut
 
     x, y = regression(np.random.default_rng(5))
     model = linear()

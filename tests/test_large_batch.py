@@ -1,6 +1,6 @@
 """Large batches: micro_batch_size, learning-rate scaling and batch-size schedules.
 
-The layout of updates (accum/trainer/timeline.py) and the rates are checked as tables; a
+The layout of updates (accum/trainer/data/timeline.py) and the rates are checked as tables; a
 few short runs (BN-free, in this process) check that a schedule's batches, k and
 rates are the ones trained with, and that a growing batch with a fixed
 micro-batch gives the update of each whole batch. The kill across a change of
@@ -20,8 +20,8 @@ import pytest
 from accum_train import UserError, run
 from accum_train.cli.main import main
 from accum_train.config import ConfigError, as_config, load_config
+from accum_train.trainer.data.timeline import Timeline
 from accum_train.trainer.optim import learning_rate_at, run_schedule
-from accum_train.trainer.timeline import Timeline
 from click.testing import CliRunner
 from helpers import load_file, max_difference, update_records
 
@@ -443,7 +443,7 @@ def test_killed_across_a_change_of_phase_resumes_to_the_uninterrupted_weights(re
         env={**os.environ, "ACCUM_FAULT": "update:10"},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    from accum_train.trainer.checkpoints import checkpoint_numbers
+    from accum_train.trainer.store.checkpoints import checkpoint_numbers
 
     # the premise: the resume starts inside the segment, before the change (a late kill would test nothing)
     assert checkpoint_numbers(cut / "checkpoints")[0] == 7

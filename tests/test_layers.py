@@ -2,17 +2,21 @@
 
 - the CLI (cli/) sits on top: nothing under accum/ or datasets/ imports it;
 - the dataset loaders (datasets/) import only the leaves of the core: config, defaults, errors, text, imports, files;
-- the wings import downwards: the trainer never imports a front end (from_config/, keras_fit/) or a command, the
-  models never import the trainer or a front end, and the two front ends never import each other;
+- the wings import downwards: the trainer (trainer/ and its rooms data/, store/, loss/) never imports a front end
+  (from_config/, keras_fit/) or a command, the models never import the trainer or a front end, and the two front
+  ends never import each other;
 - the seam (accum/backends/__init__.py) imports only the leaves, and reaches its backends when asked, never by an
   import statement; a backend's folder (accum/backends/tensorflow/) imports only the leaves, Keras' internals, its
   own folder and the pieces of an update still in trainer/, never the run machinery, a front end or a command
   (tests/test_backends.py: which modules speak TensorFlow, and that the trainer reaches its backend through the seam);
 - no two modules import each other, directly or around a circle, even through imports inside functions;
-- no module of accum/, cli/ or datasets/ is over 400 lines.
+- no module of accum/, cli/ or datasets/ is over 400 lines;
+- every package folder (an ``__init__.py``, sub-rooms such as trainer/store/ too) is one setup.cfg installs, and
+  every import of the package, from its own modules, the tests, benchmarks/ and scripts/, names a module it has.
 """
 
 import ast
+import configparser
 from pathlib import Path
 
 import pytest
@@ -27,7 +31,7 @@ SEAM = f"{PACKAGE}.backends"
 # an update that still live in trainer/ and speak TensorFlow (the objective's sums and totals, the noise terms, the
 # feed's held batch), the next to move into the folder.
 BACKEND_MAY_IMPORT = (
-    LEAVES | {f"{PACKAGE}.keras_private"} | {f"{PACKAGE}.trainer.{m}" for m in ("objective", "noise", "feed")}
+    LEAVES | {f"{PACKAGE}.keras_private"} | {f"{PACKAGE}.trainer.{m}" for m in ("loss.objective", "noise", "data.feed")}
 )
 MAX_LINES = 400
 
@@ -60,6 +64,23 @@ def statements(path: Path, top_level_only: bool = False) -> list:
             visit(child)
 
     visit(ast.parse(path.read_text()))
+    return found
+
+
+def import_bases(path: Path, name: str) -> list:
+    """(line, module) for each import of the package in ``path`` (module ``name``): the module a ``from`` imports
+    from, relative ones resolved, and each ``import accum_train.x`` (inside functions too)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for node in statements(path):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])
+                found.append((node.lineno, ".".join(base)))
+            elif node.module and node.module.split(".")[0] == PACKAGE:
+                found.append((node.lineno, node.module))
+        else:
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == PACKAGE]
     return found
 
 
@@ -234,7 +255,37 @@ def test_no_room_is_over_400_lines(folder):
     assert long == {}
 
 
-def test_the_checks_see_what_they_check():
+def test_every_package_folder_is_installed():
+    """setup.cfg lists its packages one by one: a folder left off is still importable from the checkout (the editable
+    install maps the top folders), and missing from a wheel."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    folders = {name for name, path in sources().items() if path.name == "__init__.py"}
+    assert set(setup["options"]["packages"].split()) == folders
+
+
+def test_every_import_of_the_package_names_a_module_it_has():
+    """The readers above pass over an import of a module that is not there (a room moved, an import left behind):
+    this finds it, inside a function too, where importing the module would not."""
+    modules = sources()
+    importers = {**modules}
+    importers.update(
+        {
+            str(path.relative_to(ROOT)): path
+            for folder in ("tests", "benchmarks", "scripts")
+            for path in (ROOT / folder).rglob("*.py")
+        }
+    )
+    missing = [
+        f"{path.relative_to(ROOT)}:{line} {target}"
+        for name, path in sorted(importers.items())
+        for line, target in import_bases(path, name)
+        if target not in modules
+    ]
+    assert missing == []
+
+
+def test_the_checks_see_what_they_check(tmp_path):
     """The premise: the import reader finds the package's own imports, relative, absolute and inside functions,
     the package root's too, and the circle finder finds a circle (a reader that found none would pass)."""
     modules = sources()
@@ -248,4 +299,14 @@ def test_the_checks_see_what_they_check():
     assert f"{PACKAGE}.from_config.run" not in of(f"{PACKAGE}.from_config.api", True)
     assert f"{PACKAGE}.from_config.api" in of(PACKAGE)  # the root's own imports are read
     assert f"{PACKAGE}.cli.main" in imports(ROOT / "tests" / "test_worker.py", "tests.test_worker", modules)
+    # a room's sub-rooms are read too (trainer/store/), their ``...`` and ``..`` resolved from their depth
+    assert {f"{PACKAGE}.errors", f"{PACKAGE}.trainer.memory"} <= of(f"{PACKAGE}.trainer.store.rundir")
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]
+    moved = tmp_path / "feed.py"  # an import left behind by a move, as the check above would see it
+    moved.write_text("def f():\n    from ..trainer.feed import Feed\n")
+    assert import_bases(moved, f"{PACKAGE}.cli.feed") == [(2, f"{PACKAGE}.trainer.feed")]
+    assert f"{PACKAGE}.trainer.feed" not in modules
+    rundir = f"{PACKAGE}.trainer.store.rundir"  # inside functions, two levels up and three
+    assert {f"{PACKAGE}.trainer.runtime", f"{PACKAGE}.backends"} <= {
+        t for _, t in import_bases(modules[rundir], rundir)
+    }

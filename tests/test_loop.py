@@ -13,7 +13,7 @@ from accum_train.errors import Interrupted, TrainingStopped
 from accum_train.from_config.run import train
 from accum_train.from_config.source import resume_config
 from accum_train.progress import Progress
-from accum_train.trainer.rundir import RunDirectory
+from accum_train.trainer.store.rundir import RunDirectory
 from helpers import GraphCalls, InterruptAt, poison, update_records
 
 # What these tests assert is the loop's bookkeeping, the same for any model and any length of run: smoke.yaml

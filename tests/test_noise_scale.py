@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.defaults import NOISE_DECAY
-from accum_train.trainer.batching import micro_bounds
+from accum_train.trainer.data.batching import micro_bounds
 from accum_train.trainer.noise import NoiseScale, grown_batch, one_update
 from helpers import max_difference
 
@@ -353,7 +353,7 @@ def test_killed_after_the_batch_grew_resumes_to_the_uninterrupted_weights(data_d
     from pathlib import Path
 
     import yaml
-    from accum_train.trainer.checkpoints import checkpoint_numbers
+    from accum_train.trainer.store.checkpoints import checkpoint_numbers
 
     path = tmp_path / "c.yaml"
     rule = {"rule": "noise_scale", "max_batch_size": 192}

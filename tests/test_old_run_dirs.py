@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 from accum_train.cli.main import main
-from accum_train.trainer.checkpoints import checkpoint_numbers
-from accum_train.trainer.metrics_log import is_epoch_record, read_metrics
+from accum_train.trainer.store.checkpoints import checkpoint_numbers
+from accum_train.trainer.store.metrics_log import is_epoch_record, read_metrics
 from click.testing import CliRunner
 from helpers import load_file, max_difference
 

@@ -18,7 +18,7 @@ import time
 import pytest
 from accum_train.cli.main import main
 from accum_train.errors import RunDirError
-from accum_train.trainer.lock import LOCK, LOCK_HELD, lock_holder, writing
+from accum_train.trainer.store.lock import LOCK, LOCK_HELD, lock_holder, writing
 from click.testing import CliRunner
 
 # The cases with a live writer (a real process and a whole run) are in the slow suite with the other kill and

@@ -14,7 +14,7 @@ from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.from_config import startup
 from accum_train.models import build_model
 from accum_train.trainer import runtime
-from accum_train.trainer.objective import sparse_softmax_loss
+from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(99)

@@ -14,9 +14,9 @@ from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.from_config.run import train
 from accum_train.models import build_model
-from accum_train.trainer.metrics_log import read_metrics
-from accum_train.trainer.objective import sparse_softmax_loss
+from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer
+from accum_train.trainer.store.metrics_log import read_metrics
 from click.testing import CliRunner
 
 RNG = np.random.default_rng(5)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from accum_train.trainer.checkpoints import checkpoint_numbers
+from accum_train.trainer.store.checkpoints import checkpoint_numbers
 from helpers import max_difference
 from test_distribute import CLI, SMALL, private_network, run, same_thread_pools, weights  # noqa: F401
 

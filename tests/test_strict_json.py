@@ -16,7 +16,7 @@ from accum_train.cli.main import main
 from accum_train.compare import _curves
 from accum_train.files import strict_json
 from accum_train.outcome import final_scores, scores_text
-from accum_train.trainer.metrics_log import is_epoch_record
+from accum_train.trainer.store.metrics_log import is_epoch_record
 from click.testing import CliRunner
 from helpers import records, run_keras_file
 

@@ -13,7 +13,7 @@ import yaml
 
 from ..defaults import AUTO_PARALLEL, CLI, CLI_SUBDIVISIONS, PRECISIONS
 from ..errors import ConfigError
-from ..trainer.batching import k_for_micro_batch, largest_micro_batch
+from ..trainer.data.batching import k_for_micro_batch, largest_micro_batch
 from .sections import (
     ALL,
     MAX_BATCH_SIZE,

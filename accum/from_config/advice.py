@@ -4,7 +4,7 @@ them as it starts (lifecycle.py). The trainer's own lines (trainer/) name no key
 
 from __future__ import annotations
 
-from ..trainer.data import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
+from ..trainer.data.order import MIN_BATCHNORM_MICRO_BATCH, noisy_batchnorm
 
 
 def split_warnings(cfg, k: int | None, n_train: int, batchnorm_layers: int, total_updates: int) -> list[str]:

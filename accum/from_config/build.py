@@ -30,11 +30,11 @@ from ..models.containers import KerasModel
 from ..models.keras_file import accumulating_clone, load_keras_file, outputs_logits
 from ..models.precision import set_precision
 from ..text import first_line, shape_text, traced_error_line
-from ..trainer.keras_objective import KerasObjective
-from ..trainer.objective import as_data, classifier
-from ..trainer.rundir import CheckpointPolicy
+from ..trainer.data.trim import TrimmedSplit, check_trimmable
+from ..trainer.loss.keras_objective import KerasObjective
+from ..trainer.loss.objective import as_data, classifier
+from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
-from ..trainer.trim import TrimmedSplit, check_trimmable
 from .source import compile_config, model_source
 from .startup import parallel_micro_steps
 

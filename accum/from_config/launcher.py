@@ -45,9 +45,9 @@ from ..processes import (
     run_child,
     training_process,
 )
-from ..trainer.checkpoints import checkpoint_numbers
-from ..trainer.lock import writing
-from ..trainer.rundir import check_output_dir
+from ..trainer.store.checkpoints import checkpoint_numbers
+from ..trainer.store.lock import writing
+from ..trainer.store.rundir import check_output_dir
 from .source import model_source
 
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)

@@ -21,10 +21,10 @@ from ..errors import RunDirError
 from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
 from ..progress import Progress
-from ..trainer.batching import k_for_micro_batch
-from ..trainer.checkpoints import newest_intact_checkpoint
-from ..trainer.data import describe_split, first_batch, largest_micro_batch
-from ..trainer.rundir import MODEL_COPY, RunDirectory, save_weights
+from ..trainer.data.batching import k_for_micro_batch
+from ..trainer.data.order import describe_split, first_batch, largest_micro_batch
+from ..trainer.store.checkpoints import newest_intact_checkpoint
+from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights
 from ..trainer.trainer import Trainer
 from .advice import split_warnings
 from .run_hooks import RunHooks

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..progress import Progress
-from ..trainer.rundir import check_output_dir
+from ..trainer.store.rundir import check_output_dir
 from . import lifecycle
 from .source import model_source
 

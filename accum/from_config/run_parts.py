@@ -10,15 +10,15 @@ import json
 import tensorflow as tf
 
 from ..config import BatchChange, Config
-from ..trainer.data import epoch_order
-from ..trainer.feed import Feed, Reader
-from ..trainer.keras_objective import is_keras_loss
+from ..trainer.data.feed import Feed, Reader
+from ..trainer.data.order import epoch_order
+from ..trainer.data.timeline import Timeline
+from ..trainer.data.trim import TrimmedSplit, check_trim
+from ..trainer.loss.keras_objective import is_keras_loss
+from ..trainer.loss.objective import as_data
+from ..trainer.loss.scoring import Scorer, eval_batch_size
 from ..trainer.noise import NoiseScale, rule_change
-from ..trainer.objective import as_data
-from ..trainer.scoring import Scorer, eval_batch_size
-from ..trainer.timeline import Timeline
 from ..trainer.trainer import build_engine
-from ..trainer.trim import TrimmedSplit, check_trim
 
 
 class Run:
@@ -96,7 +96,7 @@ class Run:
     def _check_trim(self, split) -> None:
         """data.trim_padding refused in one line where the cut would change the update: the first batch's shortest
         micro-batch is measured whole and cut (trim.check_trim)."""
-        from ..trainer.batching import Cut
+        from ..trainer.data.batching import Cut
 
         first = split.split.gather(tf.range(min(self.cfg.batch_size, len(split)), dtype=tf.int64))
         cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
@@ -176,8 +176,8 @@ class Run:
         return Reader(self.engine, open, follow=self.follow_batch, k=lambda: self.subdivisions)
 
     def prepare(self, element, n):
-        """Inside a micro-step: a feed's element (accum/trainer/feed.py: stored values and where they sit) as the loss
-        takes it, (x, y, sample weights or None), converted (uint8 to float) and augmented there, so the
+        """Inside a micro-step: a feed's element (accum/trainer/data/feed.py: stored values and where they sit) as the
+        loss takes it, (x, y, sample weights or None), converted (uint8 to float) and augmented there, so the
         pipeline holds no float batch."""
         stored, where = element
         x, y, weights = as_data(self.data.train.convert(stored))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import Config, as_config, load_run_config
 from ..errors import RunDirError
-from ..trainer.rundir import MODEL_COPY, require_run_dir
+from ..trainer.store.rundir import MODEL_COPY, require_run_dir
 
 
 def default_output_dir(config_path, prefix: str = "") -> Path:

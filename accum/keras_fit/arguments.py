@@ -17,7 +17,7 @@ from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FI
 from ..errors import Refused, UserError
 from ..keras_private import storage
 from ..models.precision import float8_scales
-from ..trainer.rundir import CheckpointPolicy
+from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 
 WHERE = "accum_train.fit"

@@ -1,7 +1,7 @@
 """Arrays in memory as accum_train.fit's feed: stored once and never copied per epoch, each element gathering its
 own examples from them (the run's ``feed.gathered``) in an order that is a pure function of the seed and the pass,
 so a resumed fit sees the same batches; cut into this process's micro-batches as batching.Cut says, and with
-``trim_padding`` each micro-batch's time axis cut after its longest sequence (accum/trainer/trim.py)."""
+``trim_padding`` each micro-batch's time axis cut after its longest sequence (accum/trainer/data/trim.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import tensorflow as tf
 
 from ..datasets.base import stored
 from ..errors import UserError
-from ..trainer.batching import Cut
-from ..trainer.data import epoch_order
-from ..trainer.feed import endless, gathered, lay_out
-from ..trainer.trim import Held, any_length
+from ..trainer.data.batching import Cut
+from ..trainer.data.feed import endless, gathered, lay_out
+from ..trainer.data.order import epoch_order
+from ..trainer.data.trim import Held, any_length
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
 

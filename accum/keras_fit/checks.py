@@ -23,7 +23,7 @@ from .. import keras_private
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import Refused, UserError
 from ..text import traced_error_line
-from ..trainer.data import noisy_batchnorm
+from ..trainer.data.order import noisy_batchnorm
 from .arguments import WHERE
 from .inputs import streamed_source
 

@@ -30,11 +30,11 @@ from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
-from ..trainer.batching import Cut, k_for_micro_batch
-from ..trainer.keras_objective import KerasObjective
-from ..trainer.scoring import Evaluation, KerasMetrics
+from ..trainer.data.batching import Cut, k_for_micro_batch
+from ..trainer.data.trim import check_trim, check_trimmable, trim_multiple
+from ..trainer.loss.keras_objective import KerasObjective
+from ..trainer.loss.scoring import Evaluation, KerasMetrics
 from ..trainer.trainer import Trainer, build_engine
-from ..trainer.trim import check_trim, check_trimmable, trim_multiple
 from . import checks
 from .arguments import (
     WHERE,

@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import keras_private
-from ..trainer.batching import Cut, same_size
-from ..trainer.feed import Planned, Reader, distribute, empty_like, endless
+from ..trainer.data.batching import Cut, same_size
+from ..trainer.data.feed import Planned, Reader, distribute, empty_like, endless
 from ..trainer.noise import NoiseScale, rule_change
 
 

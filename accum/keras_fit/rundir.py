@@ -22,7 +22,7 @@ reads back whole and continues from its update: the same model and data give
 the weights an uninterrupted call ends at (the data order is a function of the
 seed and the update; a dataset must give the same batches each time it is
 read). The lock, the checkpoints, metrics.jsonl and the workers' scratch
-folders are the CLI's (trainer/rundir.RunDirectory); what is fit's is here.
+folders are the CLI's (trainer/store/rundir.RunDirectory); what is fit's is here.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from ..defaults import FLUSH_SECONDS
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
 from ..keras_private import lora_layers, storage
-from ..trainer.checkpoints import checkpoint_numbers
-from ..trainer.lock import LOCK
-from ..trainer.metrics_log import update_figures
-from ..trainer.rundir import (
+from ..trainer.runtime import is_chief, strategy_name
+from ..trainer.store.checkpoints import checkpoint_numbers
+from ..trainer.store.lock import LOCK
+from ..trainer.store.metrics_log import update_figures
+from ..trainer.store.rundir import (
     FIT_RECORD,
     MODEL_COPY,
     RunDirectory,
@@ -50,7 +51,6 @@ from ..trainer.rundir import (
     is_fit_run_dir,
     write_json,
 )
-from ..trainer.runtime import is_chief, strategy_name
 
 
 def recorded_seed(run_dir: Path):

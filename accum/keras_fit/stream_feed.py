@@ -1,7 +1,7 @@
 """Streamed sources as accum_train.fit's feed: a tf.data.Dataset, a keras.utils.PyDataset or a Python generator,
 read batch by batch as the updates pull them, never into memory; each batch cut into this process's elements in
 pull order (batching.Cut), class weights made sample weights on the way, and with ``trim_padding`` each element's
-time axis cut after its longest sequence (accum/trainer/trim.py)."""
+time axis cut after its longest sequence (accum/trainer/data/trim.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from .. import keras_private
 from ..errors import UserError
-from ..trainer.batching import Cut
-from ..trainer.feed import endless
-from ..trainer.trim import any_length, by_length, cut_after, stream_timed, uncut_steps
+from ..trainer.data.batching import Cut
+from ..trainer.data.feed import endless
+from ..trainer.data.trim import any_length, by_length, cut_after, stream_timed, uncut_steps
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
 

@@ -22,8 +22,8 @@ from ..backends import active
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import OutOfMemory
 from ..text import counted, first_line, size_text
-from .batching import largest_micro_batch, largest_share
-from .data import noisy_batchnorm
+from .data.batching import largest_micro_batch, largest_share
+from .data.order import noisy_batchnorm
 
 
 def peak_rss_bytes() -> int:
@@ -212,7 +212,7 @@ class MemoryGuard:
             self.say(retry + self._batchnorm_note(planned.n))
 
     def _batchnorm_note(self, n: int) -> str:
-        """What a grown k does to BatchNorm, as ``plan`` and fit warn of it at the start (trainer/data.py)."""
+        """What a grown k does to BatchNorm, as ``plan`` and fit warn of it at the start (trainer/data/order.py)."""
         micro = noisy_batchnorm(n // self.engine.replicas, self.subdivisions)
         if not self.engine.norm_layers or not micro:
             return ""

@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras import ops
 
 from ..config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
-from .timeline import Phase
+from .data.timeline import Phase
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):

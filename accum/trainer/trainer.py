@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from ..backends import active
 from ..errors import too_many_bad_updates
-from .batching import k_for_micro_batch, largest_share
+from .data.batching import k_for_micro_batch, largest_share
 from .loop import Loop
 from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
-from .rundir import CheckpointPolicy
 from .runtime import auto_parallel
+from .store.rundir import CheckpointPolicy
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ import tensorflow as tf
 
 from ... import keras_private
 from ...trainer import noise
-from ...trainer.feed import held, sized
-from ...trainer.objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
+from ...trainer.data.feed import held, sized
+from ...trainer.loss.objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn

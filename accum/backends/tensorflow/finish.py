@@ -8,7 +8,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ...trainer import noise
-from ...trainer.objective import combine, output_values
+from ...trainer.loss.objective import combine, output_values
 from .gradient_cache import dense
 from .update import STOP_REQUESTS, Update
 

@@ -30,9 +30,9 @@ import copy
 import keras
 import tensorflow as tf
 
-from .. import keras_private
-from ..backends.tensorflow.graphs import graph
-from ..errors import Refused
+from ... import keras_private
+from ...backends.tensorflow.graphs import graph
+from ...errors import Refused
 from .objective import EXAMPLES, TOTAL, Parts
 
 

@@ -11,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-from ..files import atomic_write, strict_json
+from ...files import atomic_write, strict_json
 
 # An epoch's record as TensorBoard scalars (epoch/KEY): these, and every test_ and validation_ score (a Keras
 # loss's run has its metrics there).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from ..processes import STOP_SIGNALS
+from ...processes import STOP_SIGNALS
 
 
 class StopFlag:

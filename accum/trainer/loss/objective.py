@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from ..backends.tensorflow.gradient_cache import REPLICA_LOCAL
+from ...backends.tensorflow.gradient_cache import REPLICA_LOCAL
 
 EXAMPLES, TOTAL = "examples", "total"
 

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import Interrupted, RunDirError
-from ..files import atomic_write, strict_json
+from ...errors import Interrupted, RunDirError
+from ...files import atomic_write, strict_json
 from .checkpoints import Checkpoints, checkpoint_numbers
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
 from .metrics_log import MetricsLog
@@ -179,7 +179,7 @@ class RunDirectory:
     def log_start(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
         """history.jsonl's line for a start or a resume at ``step``: where, on which strategy and workers, how the
         batch is cut (informational; appended)."""
-        from .runtime import cluster_workers
+        from ..runtime import cluster_workers
 
         entry = {
             "step": step,
@@ -203,8 +203,8 @@ HISTORY = "history.jsonl"
 def run_figures(engine, noise, started: tuple) -> dict:
     """What summary.json says of a run in either door: its time since ``started`` ((wall, CPU) seconds), memory
     peaks, skipped updates, loss scale (mixed_float16) and last noise-scale estimate."""
-    from ..backends import active
-    from .memory import peak_rss_bytes
+    from ...backends import active
+    from ..memory import peak_rss_bytes
 
     return {
         "wall_time_s": time.time() - started[0],

@@ -1,6 +1,6 @@
 """Which examples each update takes: batch_size, batch_schedule and the epochs laid out as updates.
 
-Every epoch reads its permutation of the training set (``data.epoch_order``)
+Every epoch reads its permutation of the training set (``order.epoch_order``)
 front to back; an update takes the next ``batch`` examples of it, the batch in
 force at that update, and the last update of an epoch takes what is left (a
 short batch). With ``batch_schedule`` keyed by epoch the batch changes where

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from ..datasets.base import as_is, untuned
+from ...datasets.base import as_is, untuned
 from .batching import Cut, same_size, share
 
 

@@ -7,8 +7,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from ..errors import RunDirError
-from ..files import _UMASK
+from ...errors import RunDirError
+from ...files import _UMASK
 
 # The lock file in a run directory: an exclusive flock on it while a process writes the directory. The kernel
 # drops the lock when its holder dies, even by kill -9, so a stale file never blocks; it holds the pid to name.

@@ -15,10 +15,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import keras_private
-from ..backends.tensorflow.graphs import graph
-from ..defaults import TRIM_MULTIPLE
-from ..errors import Refused, UserError
+from ... import keras_private
+from ...backends.tensorflow.graphs import graph
+from ...defaults import TRIM_MULTIPLE
+from ...errors import Refused, UserError
 
 
 def sequence_lengths(arrays, where: str):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..backends import active
-from ..errors import RunDirError
-from ..files import atomic_write
-from ..text import first_line
+from ...backends import active
+from ...errors import RunDirError
+from ...files import atomic_write
+from ...text import first_line
 
 # Where a resume moves a damaged checkpoint's files (kept, never deleted), inside checkpoints/.
 DAMAGED = "damaged"

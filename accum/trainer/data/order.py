@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..defaults import MIN_BATCHNORM_MICRO_BATCH
-from ..text import counted
+from ...defaults import MIN_BATCHNORM_MICRO_BATCH
+from ...text import counted
 from .batching import largest_micro_batch, largest_share
 
 
