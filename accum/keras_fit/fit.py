@@ -25,12 +25,12 @@ import tensorflow as tf
 from .. import keras_private
 from ..backends.tensorflow.gradient_cache import cache_line
 from ..backends.tensorflow.update import local_replica_ids
-from ..defaults import FIT, FIT_SUBDIVISIONS, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
+from ..defaults import FIT, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
-from ..trainer.data.batching import Cut, k_for_micro_batch
+from ..trainer.data.batching import Cut
 from ..trainer.data.trim import check_trim, check_trimmable, trim_multiple
 from ..trainer.loss.keras_objective import KerasObjective
 from ..trainer.loss.scoring import Evaluation, KerasMetrics
@@ -191,13 +191,12 @@ def fit(
             f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
         )
 
-    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size
-        return subdivisions or (
-            k_for_micro_batch(size, micro_batch_size, replicas) if micro_batch_size else FIT_SUBDIVISIONS
-        )
+    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
+
+    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size (the trainer's one rule)
+        return spec.micro.k_for(size, replicas)
 
     k = 1 if auto else k_for(nominal)
-    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
     cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
