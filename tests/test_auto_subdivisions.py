@@ -118,6 +118,31 @@ def test_the_probe_makes_only_the_micro_batch_it_measures(fake_peak):
     assert taken == [64, 32] and engine.k == 2
 
 
+@pytest.mark.parametrize(
+    ("batch", "replicas", "limit_mib", "tried", "chosen"),
+    [
+        # k doubles, but never past the share: a batch of 6 goes 1, 2, 4, then 6 micro-batches, not 8
+        (6, 1, 1, [6, 3, 2, 1], 6),
+        (6, 1, 2, [6, 3, 2], 4),
+        # two replicas: each share is 3 (its largest micro-batch is what is probed), so k stops at 3
+        (6, 2, 1, [3, 2, 1], 3),
+        (64, 1, 40, [64, 32], 2),
+    ],
+)
+def test_the_probe_doubles_k_up_to_a_replica_share(fake_peak, batch, replicas, limit_mib, tried, chosen):
+    taken = []
+
+    def take(m):
+        taken.append(m)
+        return tf.zeros([m, 2]), tf.zeros([m], tf.int32)
+
+    engine = ProbedEngine(fake_peak)
+    engine.replicas = replicas
+    limit = f"{limit_mib}MiB"
+    assert memory_module.choose_subdivisions(engine, take, batch, limit, limit_mib * MiB, lambda line: None) == chosen
+    assert taken == tried and engine.k == chosen
+
+
 def test_auto_with_nothing_that_fits(tmp_path, repo_root, fake_peak):
     cfg = load_config(repo_root / "configs" / "smoke.yaml", [*SHORT, "subdivisions=auto", "memory_limit=512KiB"])
     with pytest.raises(OutOfMemory) as err:
