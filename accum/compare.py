@@ -35,8 +35,7 @@ def gradient_check(cfg: Config, data) -> dict:
     The accumulated side is the accumulator's own: it fills its caches with the
     k micro-batches of the batch, which are then read and cleared, never
     applied."""
-    import tensorflow as tf
-
+    from .backends import active
     from .backends.tensorflow.engine_for import accumulator_for
     from .backends.tensorflow.gradient_cache import dense
     from .from_config.build import build_with_loss
@@ -53,12 +52,13 @@ def gradient_check(cfg: Config, data) -> dict:
 
     def check(training: bool) -> dict:
         inference = objective if training else InferenceMode(objective)
-        with tf.GradientTape() as tape:
-            # the whole batch's loss as the objective normalises it (without the weight regularizers)
+
+        def full_loss():  # the whole batch's loss as the objective normalises it (without the weight regularizers)
             parts, _ = inference.evaluate(x, y, weights, training, groups)
             counts = [parts.counts[g] for g in groups if g != TOTAL]
-            full_loss = combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
-        full = tape.gradient(full_loss, variables)
+            return combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
+
+        full = active().gradients(full_loss, variables)
         engine = accumulator_for(model, inference, None, subdivisions=k, norm_layers=model.norm_layers)
         engine.accumulate_batch(x, y, sample_weight=weights)
         accumulated = engine.accumulated()

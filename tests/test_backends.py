@@ -9,10 +9,13 @@ backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
   loss/keras_objective (a compiled loss taken apart in the graph), loss/scoring (the evaluation graph), data/trim
   (the trim cut), optim (schedules as tensors), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need
   Keras' own saving);
-- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
+- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer, which only TensorFlow
+  runs: it moves beside norm once norm is in the backend's folder), precision;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
-- keras_fit/: fit, arguments, checks, fit_hooks, rundir;
-- the commands and leaves: compare, loader, predict, reload, keras_private, quiet.
+- keras_fit/: fit, arguments, checks, fit_hooks, rundir.
+The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
+gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
+TensorFlow's environment before Keras loads it.
 """
 
 import ast
@@ -40,6 +43,7 @@ CLEAN = [
     "accum/trainer/store/lock.py",
     "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
+    *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
 ]
 # Where tf.data may stay: the feed and the loaders.
 DATA_LAYER = {
@@ -52,10 +56,9 @@ STILL_SPEAKING = {
     *(f"{PACKAGE}.trainer.loss.{m}" for m in ("objective", "keras_objective", "scoring")),
     f"{PACKAGE}.trainer.data.trim",
     f"{PACKAGE}.trainer.store.checkpoints",
-    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
+    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
     *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
-    *(f"{PACKAGE}.{m}" for m in ("compare", "loader", "predict", "reload", "keras_private", "quiet")),
 }
 
 
