@@ -60,7 +60,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     one line to ``say`` (default: stderr), and left where it is: a reader
     changes nothing in the run directory. Only the weights are read."""
     from .backends import active
-    from .datasets.base import ArraySplit, Dataset
+    from .datasets.base import ArraySplit, Dataset, TaskSplit
     from .from_config.build import build_with_loss
     from .from_config.source import model_source
     from .trainer.store.checkpoints import latest_intact
@@ -70,16 +70,12 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     cfg = load_run_config(run_dir)
     if float32:
         cfg = dataclasses.replace(cfg, precision="float32", loss_scale=LossScaleConfig())
-    if data is None and info.get("task") == "keras_loss":  # arrays of the stored dtypes and shapes, no examples
-        from .datasets.base import TaskSplit
-
-        empty = TaskSplit.empty(info["stored"])
-        data = Dataset(
-            train=empty, test=empty, input_shape=tuple(info["input_shape"]), class_names=(), source=info["source"]
-        )
-    if data is None:
+    if data is None:  # no examples: a Keras loss's arrays of the stored dtypes and shapes, or images and labels
         shape = tuple(info["input_shape"])
-        empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))
+        if info.get("task") == "keras_loss":
+            empty = TaskSplit.empty(info["stored"])
+        else:
+            empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))
         data = Dataset(
             train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
         )

@@ -75,11 +75,8 @@ def load_task(path: Path) -> Dataset:
         raise DataError(f"{path}: x_train holds no examples: it needs at least one")
     train_arrays, test_arrays = dict(flats["train"]), dict(flats["test"])
     for key in sorted(set(train_arrays) ^ {k.replace("_test", "_train", 1) for k in test_arrays}):
-        there, missing = (
-            (key, key.replace("_train", "_test", 1))
-            if key in train_arrays
-            else (key.replace("_train", "_test", 1), key)
-        )
+        test_key = key.replace("_train", "_test", 1)
+        there, missing = (key, test_key) if key in train_arrays else (test_key, key)
         raise DataError(f"{path} has {there} but no {missing}: give both splits the same arrays")
     for key, train in train_arrays.items():
         test_key = key.replace("_train", "_test", 1)
