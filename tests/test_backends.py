@@ -159,6 +159,7 @@ def test_the_tensorflow_backend_answers_the_seam():
     built = engine()
     assert isinstance(built, Engine)
     assert backend.OUT_OF_MEMORY is tf.errors.ResourceExhaustedError and backend.OP_ERROR is tf.errors.OpError
+    assert backend.BAD_INPUT is tf.errors.InvalidArgumentError  # what predict and evaluate name the data for
     assert issubclass(backend.OUT_OF_MEMORY, backend.OP_ERROR)  # why the loop catches OUT_OF_MEMORY first
     assert (backend.replicas(None), backend.strategy_name(None), backend.is_chief(None)) == (1, "default", True)
     x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
@@ -233,3 +234,27 @@ def test_the_seam_s_interface_is_what_the_backend_s_module_defines():
     )
     protocol = {name for name in vars(Backend) if not name.startswith("_")} | set(Backend.__annotations__)
     assert sorted(listed) == sorted(protocol)
+
+
+def test_the_backend_reads_a_checkpoint_back_for_the_commands(tmp_path):
+    """The commands' calls (reload, loader, predict, compare): a checkpoint's weights, one of its variables and the
+    weights' shapes read back; outputs in batches; a gradient; a batch's spec."""
+    backend = active()
+    saved = [tf.Variable(np.arange(6, dtype=np.float32).reshape(3, 2)), tf.Variable(np.ones(2, np.float32))]
+    prefix = tf.train.Checkpoint(weights=saved, subdivisions=tf.Variable(4)).save(str(tmp_path / "ckpt"))
+    assert backend.saved_value(prefix, "subdivisions") == 4 and backend.saved_value(prefix, "nothing") is None
+    assert backend.saved_weight_shapes(prefix) == [(3, 2), (2,)]
+    restored = [tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros(2))]
+    backend.restore_weights(prefix, restored)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(saved, restored))
+    with pytest.raises(ValueError):  # variables that do not fit what is saved
+        backend.restore_weights(prefix, [tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros(2))])
+    x = np.arange(10, dtype=np.float64).reshape(5, 2)
+    seen = []
+    out = backend.outputs_in_batches(lambda inputs, training: seen.append(training) or inputs * 2, x, 2)
+    assert out.dtype == np.float32 and np.array_equal(out, 2 * x) and seen == [False]  # one trace, in inference
+    v = tf.Variable(3.0)
+    assert [float(g) for g in backend.gradients(lambda: v * v, [v])] == [6.0]
+    assert backend.gradients(lambda: tf.constant(1.0), [v]) == [None]  # a variable the loss does not reach
+    spec = backend.batch_spec((x, {"y": np.zeros((5,), np.int32)}))
+    assert spec == (tf.TensorSpec((None, 2), tf.float64), {"y": tf.TensorSpec((None,), tf.int32)})
