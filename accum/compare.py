@@ -220,12 +220,9 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     ax = axes[3]
-    labels, allocator, rss = [], [], []
-    for side, _, _, _ in sides:
-        labels.append(side)
-        summary = result[side].get("summary") or {}
-        allocator.append((summary.get("peak_memory_bytes") or 0) / 2**20)
-        rss.append((summary.get("peak_rss_bytes") or 0) / 2**20)
+    labels = [side for side, *_ in sides]
+    summaries = [result[side].get("summary") or {} for side in labels]
+    allocator, rss = ([(s.get(key) or 0) / 2**20 for s in summaries] for key in ("peak_memory_bytes", "peak_rss_bytes"))
     pos = np.arange(len(labels))
     ax.bar(pos - 0.2, allocator, 0.4, label="TensorFlow allocator peak", color="tab:green")
     ax.bar(pos + 0.2, rss, 0.4, label="process peak RSS", color="tab:gray")
