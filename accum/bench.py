@@ -171,13 +171,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     mem = ax.twinx()
-    mem.plot(
-        ks,
-        [(r["peak_memory_bytes"] or 0) / 2**20 for r in rows],
-        "s--",
-        color="tab:green",
-        label="TensorFlow allocator peak",
-    )
+    allocator = [(r["peak_memory_bytes"] or 0) / 2**20 for r in rows]
+    mem.plot(ks, allocator, "s--", color="tab:green", label="TensorFlow allocator peak")
     mem.plot(ks, [r["peak_rss_bytes"] / 2**20 for r in rows], "^:", color="tab:gray", label="process peak RSS")
     mem.set_ylabel("MiB")
     mem.set_ylim(bottom=0)

@@ -35,8 +35,7 @@ def gradient_check(cfg: Config, data) -> dict:
     The accumulated side is the accumulator's own: it fills its caches with the
     k micro-batches of the batch, which are then read and cleared, never
     applied."""
-    import tensorflow as tf
-
+    from .backends import active
     from .backends.tensorflow.engine_for import accumulator_for
     from .backends.tensorflow.gradient_cache import dense
     from .from_config.build import build_with_loss
@@ -53,12 +52,13 @@ def gradient_check(cfg: Config, data) -> dict:
 
     def check(training: bool) -> dict:
         inference = objective if training else InferenceMode(objective)
-        with tf.GradientTape() as tape:
-            # the whole batch's loss as the objective normalises it (without the weight regularizers)
+
+        def full_loss():  # the whole batch's loss as the objective normalises it (without the weight regularizers)
             parts, _ = inference.evaluate(x, y, weights, training, groups)
             counts = [parts.counts[g] for g in groups if g != TOTAL]
-            full_loss = combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
-        full = tape.gradient(full_loss, variables)
+            return combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
+
+        full = active().gradients(full_loss, variables)
         engine = accumulator_for(model, inference, None, subdivisions=k, norm_layers=model.norm_layers)
         engine.accumulate_batch(x, y, sample_weight=weights)
         accumulated = engine.accumulated()
@@ -220,12 +220,9 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     ax = axes[3]
-    labels, allocator, rss = [], [], []
-    for side, _, _, _ in sides:
-        labels.append(side)
-        summary = result[side].get("summary") or {}
-        allocator.append((summary.get("peak_memory_bytes") or 0) / 2**20)
-        rss.append((summary.get("peak_rss_bytes") or 0) / 2**20)
+    labels = [side for side, *_ in sides]
+    summaries = [result[side].get("summary") or {} for side in labels]
+    allocator, rss = ([(s.get(key) or 0) / 2**20 for s in summaries] for key in ("peak_memory_bytes", "peak_rss_bytes"))
     pos = np.arange(len(labels))
     ax.bar(pos - 0.2, allocator, 0.4, label="TensorFlow allocator peak", color="tab:green")
     ax.bar(pos + 0.2, rss, 0.4, label="process peak RSS", color="tab:gray")

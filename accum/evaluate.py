@@ -126,16 +126,10 @@ def plot_confusion(result: dict, path: Path) -> None:
     # Dark text on light cells, light on dark, so every count stays readable.
     threshold = confusion.max() / 2 if confusion.size else 0
     if len(names) <= MAX_CLASSES_WITH_COUNTS:
+        fontsize = 7 if len(names) > 12 else 9
         for (row, col), count in np.ndenumerate(confusion):
-            ax.text(
-                col,
-                row,
-                str(count),
-                ha="center",
-                va="center",
-                fontsize=7 if len(names) > 12 else 9,
-                color="white" if count > threshold else "black",
-            )
+            color = "white" if count > threshold else "black"
+            ax.text(col, row, str(count), ha="center", va="center", fontsize=fontsize, color=color)
     ax.set_title(
         f"test accuracy {result['test_accuracy']:.4f} on {result['test_examples']} examples\n{result['run_dir']}",
         fontsize=9,

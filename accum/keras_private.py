@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 
 import keras
-import tensorflow as tf
 from keras.src.backend import get_keras_mask, set_keras_mask
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  (re-exported)
 from keras.src.trainers.compile_utils import CompileLoss
@@ -34,12 +33,12 @@ def storage(variable):
 def masks_of(outputs) -> list:
     """The Keras masks of a model's ``outputs`` (flattened; None where unmasked): a mask is an attribute of its
     tensor, lost where the tensor leaves a function compiled with XLA unless it leaves beside it."""
-    return [get_keras_mask(t) for t in tf.nest.flatten(outputs)]
+    return [get_keras_mask(t) for t in keras.tree.flatten(outputs)]
 
 
 def masked(outputs, masks: list):
     """``outputs`` with the ``masks`` that ``masks_of`` took off them set again."""
-    for tensor, mask in zip(tf.nest.flatten(outputs), masks):
+    for tensor, mask in zip(keras.tree.flatten(outputs), masks):
         if mask is not None:
             set_keras_mask(tensor, mask)
     return outputs

@@ -181,11 +181,11 @@ class FitRun:
         return model_inputs(self.model, self.run_dir)
 
     def outputs(self, x, files: Sequence[Path]):
-        import tensorflow as tf
+        from .backends import active
 
         try:
             return self.model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0)
-        except (ValueError, tf.errors.InvalidArgumentError) as err:  # what the stored shapes allow and the model not
+        except (ValueError, active().BAD_INPUT) as err:  # what the stored shapes allow and the model not
             names = ", ".join(str(p) for p in files)  # (a sequence longer than its position embedding)
             raise DataError(
                 f"{names}: the model of {self.run_dir} cannot take these inputs ({traced_error_line(err)}): save them "
@@ -218,22 +218,21 @@ class FitRun:
     def test(self, data_file: Path) -> Evaluated:
         """``model.evaluate`` of the model compiled as fit trained it (its loss and metrics are what is measured), at
         the batch size the run trained with (Keras' default where it had none)."""
-        import tensorflow as tf
-
         from . import keras_private
+        from .backends import active
         from .keras_fit.checks import check_targets
 
         model = bare(load_fit_run(self.run_dir, compile=True))
         rows, x = read_values([data_file], model_inputs(model, self.run_dir), convert=self.convert)
         y, weights = read_targets(data_file, len(rows))
         batch_size = self.record.get("batch_size")
-        spec = tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype), (x, y))
+        spec = active().batch_spec((x, y))
         try:
             keras_private.symbolic_build(model, spec)  # the compiled loss's entries, which the check reads
             # labels out of range in one line, as fit says it, where TensorFlow's graph error has fifty
             check_targets(model, spec[0], None, [("y", y)], where=f"--data {data_file}")
             scores = model.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0, return_dict=True)
-        except (ValueError, tf.errors.InvalidArgumentError) as err:  # targets that do not fit the outputs or the loss
+        except (ValueError, active().BAD_INPUT) as err:  # targets that do not fit the outputs or the loss
             raise DataError(
                 f"--data {data_file}: the model of {self.run_dir} cannot evaluate it ({traced_error_line(err)}): save "
                 f"x as the model takes it and y as its loss takes it"

@@ -80,12 +80,14 @@ def probabilities(run, x: np.ndarray, batch_size: int = PREDICT_BATCH_SIZE) -> n
     """softmax(logits) of ``run``'s model (the loader's ``model``: reload.Trained) in inference mode, [N, classes]
     float32. A model trained with its own loss on class labels gives its outputs as they are when it ends in a
     softmax (they are probabilities)."""
-    import tensorflow as tf
+    import keras
 
     from .models.keras_file import ends_in_softmax
 
     values = run.outputs(x, batch_size)
-    return values if run.keras_loss and ends_in_softmax(run.model.network) else tf.nn.softmax(values).numpy()
+    if run.keras_loss and ends_in_softmax(run.model.network):
+        return values
+    return keras.ops.convert_to_numpy(keras.ops.softmax(values))
 
 
 def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 import warnings
 import zipfile
@@ -45,23 +44,9 @@ class Trained:
     def outputs(self, x, batch_size: int):
         """The model's outputs for the inputs ``x`` in inference mode, ``batch_size`` examples at a time, as float32
         numpy (a Keras loss's run: the values the loss took)."""
-        import tensorflow as tf
+        from .backends import active
 
-        from .backends.tensorflow.graphs import graph
-
-        spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
-
-        def batch_outputs(inputs):
-            return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), self.model.forward(inputs, False))
-
-        batch_outputs = graph(batch_outputs, input_signature=[spec])  # traced as training traces the model
-
-        n = len(tf.nest.flatten(x)[0])
-        batches = [
-            batch_outputs(tf.nest.map_structure(lambda a, s=start: a[s : s + batch_size], x))
-            for start in range(0, n, batch_size)
-        ]
-        return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]), *batches)
+        return active().outputs_in_batches(self.model.forward, x, batch_size)
 
 
 def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Trained:
@@ -74,9 +59,8 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     A damaged latest checkpoint is passed over for the newest intact one, in
     one line to ``say`` (default: stderr), and left where it is: a reader
     changes nothing in the run directory. Only the weights are read."""
-    import tensorflow as tf
-
-    from .datasets.base import ArraySplit, Dataset
+    from .backends import active
+    from .datasets.base import ArraySplit, Dataset, TaskSplit
     from .from_config.build import build_with_loss
     from .from_config.source import model_source
     from .trainer.store.checkpoints import latest_intact
@@ -86,16 +70,12 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     cfg = load_run_config(run_dir)
     if float32:
         cfg = dataclasses.replace(cfg, precision="float32", loss_scale=LossScaleConfig())
-    if data is None and info.get("task") == "keras_loss":  # arrays of the stored dtypes and shapes, no examples
-        from .datasets.base import TaskSplit
-
-        empty = TaskSplit.empty(info["stored"])
-        data = Dataset(
-            train=empty, test=empty, input_shape=tuple(info["input_shape"]), class_names=(), source=info["source"]
-        )
-    if data is None:
+    if data is None:  # no examples: a Keras loss's arrays of the stored dtypes and shapes, or images and labels
         shape = tuple(info["input_shape"])
-        empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))
+        if info.get("task") == "keras_loss":
+            empty = TaskSplit.empty(info["stored"])
+        else:
+            empty = ArraySplit(np.zeros((0, *shape), np.float32), np.zeros((0,), np.int32))
         data = Dataset(
             train=empty, test=empty, input_shape=shape, class_names=tuple(info["class_names"]), source=info["source"]
         )
@@ -104,10 +84,9 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
         data = dataclasses.replace(data, for_model=model_source(cfg, run_dir))
     model, objective = build_with_loss(cfg, data, cfg.precision)
     # the run's checkpoint holds the weights under "weights" (run_parts.Run): read those, nothing else
-    tf.train.Checkpoint(weights=model.variables).restore(intact).expect_partial().assert_existing_objects_matched()
-    reader = tf.train.load_checkpoint(intact)
-    key = "subdivisions/.ATTRIBUTES/VARIABLE_VALUE"
-    subdivisions = int(reader.get_tensor(key)) if reader.has_tensor(key) else 1  # the baseline keeps none
+    active().restore_weights(intact, model.variables)
+    subdivisions = active().saved_value(intact, "subdivisions")
+    subdivisions = 1 if subdivisions is None else int(subdivisions)  # the baseline keeps none
     return Trained(cfg, data, model, objective, subdivisions)
 
 
@@ -122,8 +101,8 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     (``_enable_recorded_lora``). ``model``: the model object to give the weights in place of the one the file
     rebuilds (built as fit's was: for a model the file cannot rebuild)."""
     import keras
-    import tensorflow as tf
 
+    from .backends import active
     from .keras_private import storage
 
     run_dir = Path(run_dir)
@@ -145,13 +124,12 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
             ) from None
     source = f"the model rebuilt from {path.name}" if path else "the model passed"
     _enable_recorded_lora(model, run_dir)
-    _check_shapes(model, _saved_shapes(intact), run_dir, source)
+    _check_shapes(model, active().saved_weight_shapes(intact), run_dir, source)
     # fit's checkpoint holds the model's variables under "weights" (keras_fit/rundir.py), by position: read those,
     # nothing else. The shapes were matched above, so what fails here is a damaged or foreign file.
-    weights = tf.train.Checkpoint(weights=[storage(v) for v in model.variables])
     try:
-        weights.restore(intact).expect_partial().assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as err:
+        active().restore_weights(intact, [storage(v) for v in model.variables])
+    except (AssertionError, ValueError, active().OP_ERROR) as err:
         raise RunDirError(
             f"cannot restore the checkpoint {intact} into the model of {run_dir} ({first_line(err)[:200]}): "
             f"{_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
@@ -176,18 +154,6 @@ def _fit_checkpoint(run_dir: Path, say) -> tuple:
 _PASS_THE_MODEL = (
     "build the model in Python as fit trained it and pass it: accum_train.reload.load_fit_run({run_dir!r}, model=model)"
 )
-
-
-def _saved_shapes(prefix: str) -> list:
-    """The shapes of the model's variables in fit's checkpoint ``prefix``, in their order (model.variables')."""
-    import tensorflow as tf
-
-    found = {}
-    for name, shape in tf.train.list_variables(prefix):
-        match = re.fullmatch(r"weights/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE", name)
-        if match:
-            found[int(match.group(1))] = tuple(shape)
-    return [found[i] for i in sorted(found)]
 
 
 def _compiled_as_saved(model, path: Path) -> None:

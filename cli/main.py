@@ -23,7 +23,7 @@ import click
 from ..config import load_config
 from ..errors import UserError
 from ..from_config.source import default_output_dir
-from ..outcome import ending, epoch_line, last_line
+from ..outcome import EpochLines, ending, last_line
 from ..quiet import quiet_tensorflow
 from ..text import mib_text
 from ..trainer.data.batching import k_for_micro_batch
@@ -33,8 +33,8 @@ from .export import export
 from .use import evaluate, plan, predict
 
 
-class BarProgress:
-    """Progress bars (progressbar2) on a terminal, one line per epoch always."""
+class BarProgress(EpochLines):
+    """Progress bars (progressbar2) on a terminal; one line per epoch and every message always (EpochLines')."""
 
     def __init__(self, show_bar: bool, stream=None):
         self.show_bar = show_bar
@@ -42,7 +42,7 @@ class BarProgress:
         self.bar = None
 
     def epoch_start(self, epoch, epochs, micro_batches, done):
-        self.epoch, self.epochs = epoch, epochs
+        super().epoch_start(epoch, epochs, micro_batches, done)
         if not self.show_bar:
             return
         import progressbar
@@ -77,10 +77,7 @@ class BarProgress:
         if self.bar is not None:
             self.bar.finish()
             self.bar = None
-        click.echo(epoch_line(record, self.epochs))
-
-    def message(self, text):
-        click.echo(text)
+        super().epoch_end(record)
 
 
 class OneLineErrors(click.Group):

@@ -61,29 +61,26 @@ def format_plan(result: dict) -> str:
         ),
     ]
     full, last = result["full_batch"], result["last_batch"]
+
+    def add(label: str, text: str) -> None:
+        lines.append(_row(label, text))
+
     if result["baseline"]:
-        lines.append(_row("micro-batches", "none: baseline=true runs each batch whole, no gradient cache"))
+        add("micro-batches", "none: baseline=true runs each batch whole, no gradient cache")
     elif full["micro_batches"] is None:
-        lines.append(
-            _row(
-                "micro-batches",
-                f"chosen when the run starts (subdivisions=auto, memory_limit={result['memory_limit']})",
-            )
-        )
+        add("micro-batches", f"chosen when the run starts (subdivisions=auto, memory_limit={result['memory_limit']})")
     else:
         given = (
             f"micro_batch_size={result['micro_batch_size']}: subdivisions={result['subdivisions']}"
             if result["micro_batch_size"]
             else f"subdivisions={result['subdivisions']}"
         )
-        lines.append(_row("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} ({given})"))
+        add("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} ({given})")
     if not result["baseline"] and result["parallel_micro_steps"] > 1:
-        lines.append(
-            _row(
-                "in flight",
-                f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
-                f"memory holds {result['parallel_micro_steps']})",
-            )
+        add(
+            "in flight",
+            f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
+            f"memory holds {result['parallel_micro_steps']})",
         )
     augment = [
         text
@@ -94,45 +91,35 @@ def format_plan(result: dict) -> str:
         if on
     ]
     if augment:
-        lines.append(_row("augment", ", ".join(augment) + " (training images, drawn from seed and update)"))
+        add("augment", ", ".join(augment) + " (training images, drawn from seed and update)")
     if data["trim_padding"]:
-        lines.append(
-            _row(
-                "trim_padding",
-                f"each batch ordered by length, each micro-batch cut after its longest sequence (a multiple of "
-                f"{data['trim_padding']} steps)",
-            )
+        add(
+            "trim_padding",
+            f"each batch ordered by length, each micro-batch cut after its longest sequence (a multiple of "
+            f"{data['trim_padding']} steps)",
         )
     if result["phases"]:
-        lines.append(_row("updates", f"{result['total_updates']} in {counted(result['epochs'], 'epoch')}"))
+        add("updates", f"{result['total_updates']} in {counted(result['epochs'], 'epoch')}")
         for phase in result["phases"]:
             micro = "one pass" if result["baseline"] else f"k={phase['subdivisions']} of <={phase['micro_batch']}"
-            lines.append(
-                _row(
-                    "batch phase",
-                    f"from update {phase['update']} (epoch {phase['epoch']}): batch_size {phase['batch_size']} "
-                    f"({micro}), {phase['updates_per_epoch']} updates per epoch, "
-                    + (f"the last of {phase['last_batch']} examples, " if phase["last_batch"] else "")
-                    + f"learning rate {_rate(phase['learning_rate'])}",
-                )
+            add(
+                "batch phase",
+                f"from update {phase['update']} (epoch {phase['epoch']}): batch_size {phase['batch_size']} "
+                f"({micro}), {phase['updates_per_epoch']} updates per epoch, "
+                + (f"the last of {phase['last_batch']} examples, " if phase["last_batch"] else "")
+                + f"learning rate {_rate(phase['learning_rate'])}",
             )
     else:
         rule = result["noise_scale"]["rule"]
-        lines.append(
-            _row(
-                "updates",
-                f"{result['updates_per_epoch']} per epoch x {counted(result['epochs'], 'epoch')} = "
-                f"{result['total_updates']}" + (" at most (fewer as the batch grows)" if rule else ""),
-            )
+        add(
+            "updates",
+            f"{result['updates_per_epoch']} per epoch x {counted(result['epochs'], 'epoch')} = "
+            f"{result['total_updates']}" + (" at most (fewer as the batch grows)" if rule else ""),
         )
     if result["phases"]:
         pass  # each phase's line says its last batch
     elif last is None:
-        lines.append(
-            _row(
-                "last batch", f"none: every batch is full ({data['train_examples']} = {full['count']} x {full['size']})"
-            )
-        )
+        add("last batch", f"none: every batch is full ({data['train_examples']} = {full['count']} x {full['size']})")
     else:
         split = (
             f": {_split_text(last['size'], last['micro_batches'])}"
@@ -140,41 +127,34 @@ def format_plan(result: dict) -> str:
             else ""
         )
         only = " (the only batch)" if not full["count"] else ""
-        lines.append(_row("last batch", f"{last['size']} examples{only}{split}"))
+        add("last batch", f"{last['size']} examples{only}{split}")
     schedule = rate["schedule"]
     settings = [f"{key}={rate[key]}" for key in ("warmup_steps", "decay_steps") if rate[key]]
     scaled = rate["scaled"]
-    lines.append(
-        _row(
-            "optimizer",
-            f"{rate['optimizer']}, learning_rate {rate['peak']:g}"
-            + (
-                f" at batch {scaled['base_batch_size']}, {_rate(scaled['peak'])} at batch_size "
-                f"{result['batch_size']} ({scaled['rule']} rule)"
-                if scaled
-                else ""
-            )
-            + f", schedule {schedule}"
-            + (f" ({', '.join(settings)})" if settings else ""),
+    add(
+        "optimizer",
+        f"{rate['optimizer']}, learning_rate {rate['peak']:g}"
+        + (
+            f" at batch {scaled['base_batch_size']}, {_rate(scaled['peak'])} at batch_size "
+            f"{result['batch_size']} ({scaled['rule']} rule)"
+            if scaled
+            else ""
         )
+        + f", schedule {schedule}"
+        + (f" ({', '.join(settings)})" if settings else ""),
     )
     if result["noise_scale"]["rule"]:  # the batches, and so the scaled rates, come as the run measures
         first = rate["first"]
         grows = f"scaled by the {scaled['rule']} rule to the batch in force" if scaled else "whatever the batch"
-        lines.append(_row("learning rate", f"{_rate(first['value'])} at update 1 (first), then {grows}"))
+        add("learning rate", f"{_rate(first['value'])} at update 1 (first), then {grows}")
     elif schedule == "constant" and not rate["warmup_steps"] and not result["phases"]:
-        lines.append(_row("learning rate", f"{_rate(rate['first']['value'])} throughout"))
+        add("learning rate", f"{_rate(rate['first']['value'])} throughout")
     else:
         points = [(rate["first"], "first")]
         if rate["warmup_end"]:
             points.append((rate["warmup_end"], "end of warm-up"))
         points.append((rate["last"], "last"))
-        lines.append(
-            _row(
-                "learning rate",
-                ", ".join(f"{_rate(p['value'])} at update {p['update']} ({what})" for p, what in points),
-            )
-        )
+        add("learning rate", ", ".join(f"{_rate(p['value'])} at update {p['update']} ({what})" for p, what in points))
     lines += _noise_lines(result)
     lines += [f"warning: {text}" for text in result["warnings"]]
     return "\n".join(lines)

@@ -156,17 +156,20 @@ class ArraySplit:
         return to_inputs(*stored)
 
     def batches(self, order: np.ndarray, batch_size: int):
-        """Batches in ``order``, gathered and converted on the tf.data side from one copy in TF memory."""
-        import tensorflow as tf
+        return gathered_batches(self, order, batch_size)
 
-        images, labels = self.tensors()
-        indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-        # One batch made at a time and one waiting: a whole batch is the one input the update holds that
-        # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
-        # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
-        batches = indices.map(as_is(lambda idx: to_inputs(tf.gather(images, idx), tf.gather(labels, idx))))
-        batches = batches.prefetch(1)
-        return untuned(batches)
+
+def gathered_batches(split, order: np.ndarray, batch_size: int):
+    """The batches of a split held in memory (ArraySplit, TaskSplit) in ``order``: gathered and converted on the
+    tf.data side from one copy in TF memory (``tensors``)."""
+    import tensorflow as tf
+
+    split.tensors()  # made here, eagerly: not inside the map's graph
+    indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
+    # One batch made at a time and one waiting: a whole batch is the one input the update holds that
+    # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
+    # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
+    return untuned(indices.map(as_is(lambda idx: split.convert(split.gather(idx)))).prefetch(1))
 
 
 def to_values(x):
@@ -271,12 +274,7 @@ class TaskSplit:
         return convert_task(*stored)
 
     def batches(self, order: np.ndarray, batch_size: int):
-        """Batches in ``order``, gathered on the tf.data side from one copy in TF memory (as ArraySplit's)."""
-        import tensorflow as tf
-
-        self.tensors()  # made here, eagerly: not inside the map's graph
-        indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-        return untuned(indices.map(as_is(lambda idx: self.convert(self.gather(idx)))).prefetch(1))
+        return gathered_batches(self, order, batch_size)
 
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (dataset.json keeps them: a run is rebuilt

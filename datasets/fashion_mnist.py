@@ -61,7 +61,7 @@ def candidate_dirs(configured: str | None) -> list:
 def find_data_dir(configured: str | None, allow_download: bool = True) -> Path:
     candidates = candidate_dirs(configured)
     for label, folder in candidates:
-        if _has_all(folder):
+        if not _missing(folder):
             return folder
         if label in ("data.dir", f"${ENV_VAR}"):
             _explain_missing(label, folder)
@@ -70,8 +70,8 @@ def find_data_dir(configured: str | None, allow_download: bool = True) -> Path:
     raise DataError(f"Fashion-MNIST not found in {DEBIAN_DIR} or {cache_dir()}: {HOW_TO_GET}")
 
 
-def _has_all(folder: Path) -> bool:
-    return all((folder / f"{name}.gz").is_file() or (folder / name).is_file() for name in FILES)
+def _missing(folder: Path) -> list:
+    return [name for name in FILES if not ((folder / f"{name}.gz").is_file() or (folder / name).is_file())]
 
 
 def _explain_missing(label: str, folder: Path) -> None:
@@ -81,7 +81,7 @@ def _explain_missing(label: str, folder: Path) -> None:
         raise DataError(f"{label}={folder} is not a directory: {HOW_TO_GET}")
     if not os.access(folder, os.R_OK | os.X_OK):
         raise DataError(f"{label}={folder} is not readable: check its permissions")
-    missing = [n for n in FILES if not ((folder / f"{n}.gz").is_file() or (folder / n).is_file())]
+    missing = _missing(folder)
     raise DataError(
         f"{label}={folder} has no {missing[0]}.gz"
         + (f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else "")

@@ -51,9 +51,7 @@ FIELDS = ("path", "size", "mtime_ns", "checked_ns", "height", "width")
 
 def cache_dir() -> Path:
     """Where the per-folder memories live: $ACCUM_TRAIN_CACHE, else the XDG cache folder."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return user_cache()
+    return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else user_cache()
 
 
 def cache_file(root: Path, channels: int) -> Path:

@@ -367,7 +367,7 @@ class StreamedBatches:
     def dataset(self):
         split = self.split
         # decoded in chunks (in_chunks), then cut into the caller's batches; one batch waiting, no more (see
-        # ArraySplit.batches)
+        # base.gathered_batches)
         chunks = in_chunks(split.paths[self.order], split.labels[self.order], split.input_shape)
         return untuned(chunks.rebatch(self.batch_size).prefetch(1))
 

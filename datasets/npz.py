@@ -75,11 +75,8 @@ def load_task(path: Path) -> Dataset:
         raise DataError(f"{path}: x_train holds no examples: it needs at least one")
     train_arrays, test_arrays = dict(flats["train"]), dict(flats["test"])
     for key in sorted(set(train_arrays) ^ {k.replace("_test", "_train", 1) for k in test_arrays}):
-        there, missing = (
-            (key, key.replace("_train", "_test", 1))
-            if key in train_arrays
-            else (key.replace("_train", "_test", 1), key)
-        )
+        test_key = key.replace("_train", "_test", 1)
+        there, missing = (key, test_key) if key in train_arrays else (test_key, key)
         raise DataError(f"{path} has {there} but no {missing}: give both splits the same arrays")
     for key, train in train_arrays.items():
         test_key = key.replace("_train", "_test", 1)
@@ -247,18 +244,13 @@ def read_array(archive, path: Path, key: str, how: str = HOW_TO_SAVE) -> np.ndar
     """One array of an open .npz; a damaged member or an object array (never unpickled) as one line."""
     try:
         return archive[key]
-    except ValueError as err:
-        if "allow_pickle" in str(err):  # numpy's refusal of an object array (pickled Python objects)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        if isinstance(err, ValueError) and "allow_pickle" in str(err):  # numpy's refusal of an object array
             raise DataError(
                 f"{path}: {key} is an object array (pickled Python objects), which is never "
                 f"loaded (allow_pickle=False: loading it could run code); save plain numeric "
                 f"arrays, e.g. {key}=numpy.asarray({key}, dtype='uint8')"
             ) from None
-        raise DataError(
-            f"{path}: cannot read {key} ({first_line(err)}): the file is truncated or damaged; "
-            f"write it again with {how}"
-        ) from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise DataError(
             f"{path}: cannot read {key} ({first_line(err)}): the file is truncated or damaged; "
             f"write it again with {how}"
@@ -330,14 +322,13 @@ def _class_names(
                 f"{path}: class_names lists {str(unique[np.argmax(counts)])!r} more than once: "
                 f"each class needs its own name"
             )
+    # the class count the file or the config gives (None: neither, the labels' largest + 1)
+    limit, because = (
+        (len(names), f"class_names lists {len(names)} names")
+        if names is not None
+        else (num_classes, f"data.num_classes={num_classes}")
+    )
     for key, y in (("y_train", y_train), ("y_test", y_test)):
-        limit, because = (
-            (len(names), f"class_names lists {len(names)} names")
-            if names is not None
-            else (num_classes, f"data.num_classes={num_classes}")
-            if num_classes is not None
-            else (None, "")
-        )
         if limit is not None and len(y) and y.max() >= limit:
             index = int(np.argmax(y))
             fix = "add names to class_names" if names is not None else "raise data.num_classes"
@@ -345,13 +336,7 @@ def _class_names(
                 f"{path}: {key}[{index}] is {int(y[index])}, but {because}: labels must be "
                 f"0..{limit - 1}; {fix} or fix the label"
             )
-    count = (
-        len(names)
-        if names is not None
-        else num_classes
-        if num_classes is not None
-        else int(max(y_train.max(), y_test.max())) + 1
-    )
+    count = limit if limit is not None else int(max(y_train.max(), y_test.max())) + 1
     if count < 2:
         raise DataError(
             f"{path}: every label is 0, so there is only one class: a classifier needs at least "

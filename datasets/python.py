@@ -116,10 +116,8 @@ class StreamSplit:
         return int(made.reduce(np.int64(0), lambda count, _: count + 1))  # one pass, nothing kept
 
     def _batched(self, dataset, batch_size: int):
-        def convert(*element):
-            return convert_task(element[0], element[1], element[2] if len(element) > 2 else None)
-
-        return untuned(dataset.batch(batch_size).map(convert, num_parallel_calls=1).prefetch(1))
+        batches = dataset.batch(batch_size).map(lambda *element: self.convert(element), num_parallel_calls=1)
+        return untuned(batches.prefetch(1))
 
     def batches(self, order: np.ndarray, batch_size: int):
         """The split in its own order (evaluation reads it front to back; ``order`` must be that order)."""

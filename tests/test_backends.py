@@ -9,10 +9,13 @@ backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
   loss/keras_objective (a compiled loss taken apart in the graph), loss/scoring (the evaluation graph), data/trim
   (the trim cut), optim (schedules as tensors), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need
   Keras' own saving);
-- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
+- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer, which only TensorFlow
+  runs: it moves beside norm once norm is in the backend's folder), precision;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
-- keras_fit/: fit, arguments, checks, fit_hooks, rundir;
-- the commands and leaves: compare, loader, predict, reload, keras_private, quiet.
+- keras_fit/: fit, arguments, checks, fit_hooks, rundir.
+The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
+gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
+TensorFlow's environment before Keras loads it.
 """
 
 import ast
@@ -40,6 +43,7 @@ CLEAN = [
     "accum/trainer/store/lock.py",
     "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
+    *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
 ]
 # Where tf.data may stay: the feed and the loaders.
 DATA_LAYER = {
@@ -52,10 +56,9 @@ STILL_SPEAKING = {
     *(f"{PACKAGE}.trainer.loss.{m}" for m in ("objective", "keras_objective", "scoring")),
     f"{PACKAGE}.trainer.data.trim",
     f"{PACKAGE}.trainer.store.checkpoints",
-    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
+    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
     *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
-    *(f"{PACKAGE}.{m}" for m in ("compare", "loader", "predict", "reload", "keras_private", "quiet")),
 }
 
 
@@ -156,6 +159,7 @@ def test_the_tensorflow_backend_answers_the_seam():
     built = engine()
     assert isinstance(built, Engine)
     assert backend.OUT_OF_MEMORY is tf.errors.ResourceExhaustedError and backend.OP_ERROR is tf.errors.OpError
+    assert backend.BAD_INPUT is tf.errors.InvalidArgumentError  # what predict and evaluate name the data for
     assert issubclass(backend.OUT_OF_MEMORY, backend.OP_ERROR)  # why the loop catches OUT_OF_MEMORY first
     assert (backend.replicas(None), backend.strategy_name(None), backend.is_chief(None)) == (1, "default", True)
     x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
@@ -230,3 +234,27 @@ def test_the_seam_s_interface_is_what_the_backend_s_module_defines():
     )
     protocol = {name for name in vars(Backend) if not name.startswith("_")} | set(Backend.__annotations__)
     assert sorted(listed) == sorted(protocol)
+
+
+def test_the_backend_reads_a_checkpoint_back_for_the_commands(tmp_path):
+    """The commands' calls (reload, loader, predict, compare): a checkpoint's weights, one of its variables and the
+    weights' shapes read back; outputs in batches; a gradient; a batch's spec."""
+    backend = active()
+    saved = [tf.Variable(np.arange(6, dtype=np.float32).reshape(3, 2)), tf.Variable(np.ones(2, np.float32))]
+    prefix = tf.train.Checkpoint(weights=saved, subdivisions=tf.Variable(4)).save(str(tmp_path / "ckpt"))
+    assert backend.saved_value(prefix, "subdivisions") == 4 and backend.saved_value(prefix, "nothing") is None
+    assert backend.saved_weight_shapes(prefix) == [(3, 2), (2,)]
+    restored = [tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros(2))]
+    backend.restore_weights(prefix, restored)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(saved, restored))
+    with pytest.raises(ValueError):  # variables that do not fit what is saved
+        backend.restore_weights(prefix, [tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros(2))])
+    x = np.arange(10, dtype=np.float64).reshape(5, 2)
+    seen = []
+    out = backend.outputs_in_batches(lambda inputs, training: seen.append(training) or inputs * 2, x, 2)
+    assert out.dtype == np.float32 and np.array_equal(out, 2 * x) and seen == [False]  # one trace, in inference
+    v = tf.Variable(3.0)
+    assert [float(g) for g in backend.gradients(lambda: v * v, [v])] == [6.0]
+    assert backend.gradients(lambda: tf.constant(1.0), [v]) == [None]  # a variable the loss does not reach
+    spec = backend.batch_spec((x, {"y": np.zeros((5,), np.int32)}))
+    assert spec == (tf.TensorSpec((None, 2), tf.float64), {"y": tf.TensorSpec((None,), tf.int32)})

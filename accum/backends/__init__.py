@@ -64,6 +64,7 @@ class Backend(Protocol):
     NAME: str  # keras.config.backend()'s name for it
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
+    BAD_INPUT: type[Exception]  # an op refused the values or shapes given (the commands' data): they name the data
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
@@ -74,6 +75,13 @@ class Backend(Protocol):
     def reset_allocator_peak(self) -> None: ...
     def allocator_peak_bytes(self) -> int | None: ...  # since start or the last reset; None if not kept
     def peak_during(self, work: Callable[[], Any]) -> tuple: ...  # (work's result, the peak while it ran)
+    # the commands' (reload, loader, predict, compare): a checkpoint read back, outputs, a gradient
+    def restore_weights(self, prefix: str, weights: list) -> None: ...  # its "weights" into these, nothing else
+    def saved_value(self, prefix: str, name: str) -> Any: ...  # one of its variables' value; None: not held
+    def saved_weight_shapes(self, prefix: str) -> list: ...  # the shapes of its "weights", in their order
+    def outputs_in_batches(self, forward: Callable, x, batch_size: int) -> Any: ...  # inference, float32 numpy
+    def gradients(self, loss: Callable[[], Any], variables: list) -> list: ...  # None where loss() does not reach
+    def batch_spec(self, arrays) -> Any: ...  # a batch of any size of these, as fit's checks and Keras' build read
 
 
 def active() -> Backend:

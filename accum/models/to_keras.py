@@ -52,21 +52,17 @@ def _keras_file_model(model):
 def _activation(fn, name):
     """The Keras layer of a TL layer's fused activation (none: [])."""
     import keras
-    import tensorflow as tf
 
     if fn is None:
         return []
-    from .builtin import leaky_relu
-
-    leaky = lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")  # noqa: E731
+    # by name: the built-ins' leaky_relu (builtin.py's, slope 0.2, as TF's own leaky_relu) and TF's relu
     layers = {
-        leaky_relu: leaky,
-        tf.nn.leaky_relu: leaky,  # TF's leaky_relu slope is 0.2, as the built-ins'
-        tf.nn.relu: lambda: keras.layers.ReLU(name=f"{name}_relu"),
+        "leaky_relu": lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu"),
+        "relu": lambda: keras.layers.ReLU(name=f"{name}_relu"),
     }
-    if fn not in layers:
+    if getattr(fn, "__name__", None) not in layers:
         raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
-    return [layers[fn]()]
+    return [layers[fn.__name__]()]
 
 
 def _converters():

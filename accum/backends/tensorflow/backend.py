@@ -3,10 +3,12 @@
 The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute
 strategy (distribute.py answers the questions about one). An update that runs out of memory raises
 ``tf.errors.ResourceExhaustedError``, a failed op (a broken file read inside the graph) ``tf.errors.OpError``, its
-parent, which the loop catches second. A checkpoint holds the engine's counters as tf.Variables, by the names
-``engine_state`` gives them. The allocator's peak is read here: ``peak_during`` is the one probe, which runs a
-piece of work and reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and
-summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a peak).
+parent, which the loop catches second; inputs a model cannot take, ``tf.errors.InvalidArgumentError``. The commands'
+calls (a checkpoint read back, outputs in batches, compare's gradient) are commands.py's. A checkpoint holds the
+engine's counters as tf.Variables, by the names ``engine_state`` gives them. The allocator's peak is read here:
+``peak_during`` is the one probe, which runs a piece of work and reads the peak over it (the memory guard,
+``subdivisions: auto``'s probe, bench and summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a
+peak).
 """
 
 from __future__ import annotations
@@ -16,28 +18,37 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from .commands import batch_spec, gradients, outputs_in_batches, restore_weights, saved_value, saved_weight_shapes
 from .distribute import has_gpu, is_chief, replicas, strategy_name
 from .engine_for import accumulator_for
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
 __all__ = [
+    "BAD_INPUT",
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
     "accumulator_for",
     "allocator_peak_bytes",
+    "batch_spec",
     "engine_state",
+    "gradients",
     "has_gpu",
     "is_chief",
+    "outputs_in_batches",
     "peak_during",
     "replicas",
     "reset_allocator_peak",
+    "restore_weights",
+    "saved_value",
+    "saved_weight_shapes",
     "strategy_name",
 ]
 
 NAME = "tensorflow"
 OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
 OP_ERROR = tf.errors.OpError
+BAD_INPUT = tf.errors.InvalidArgumentError
 
 
 def engine_state(engine) -> dict:
