@@ -11,7 +11,6 @@ backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
   Keras' own saving);
 - models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
-- keras_fit/: fit, arguments, checks, fit_hooks, rundir;
 - the commands and leaves: compare, loader, predict, reload, keras_private, quiet.
 """
 
@@ -40,6 +39,9 @@ CLEAN = [
     "accum/trainer/store/lock.py",
     "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
+    "accum/keras_fit/checks.py",
+    "accum/keras_fit/fit_hooks.py",
+    "accum/keras_fit/rundir.py",
 ]
 # Where tf.data may stay: the feed and the loaders.
 DATA_LAYER = {
@@ -54,7 +56,6 @@ STILL_SPEAKING = {
     f"{PACKAGE}.trainer.store.checkpoints",
     *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
-    *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
     *(f"{PACKAGE}.{m}" for m in ("compare", "loader", "predict", "reload", "keras_private", "quiet")),
 }
 
@@ -157,6 +158,12 @@ def test_the_tensorflow_backend_answers_the_seam():
     assert isinstance(built, Engine)
     assert backend.OUT_OF_MEMORY is tf.errors.ResourceExhaustedError and backend.OP_ERROR is tf.errors.OpError
     assert issubclass(backend.OUT_OF_MEMORY, backend.OP_ERROR)  # why the loop catches OUT_OF_MEMORY first
+    assert backend.BAD_INPUT is tf.errors.InvalidArgumentError and backend.STRATEGY is tf.distribute.Strategy
+    changes = backend.state_variable("[]", "string", "rule_changes")  # what older checkpoints hold
+    assert (changes.dtype, changes.trainable, changes.numpy()) == (tf.string, False, b"[]")
+    with backend.eagerly():
+        assert tf.config.functions_run_eagerly()
+    assert not tf.config.functions_run_eagerly()  # as it was
     assert (backend.replicas(None), backend.strategy_name(None), backend.is_chief(None)) == (1, "default", True)
     x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
     out, peak = backend.peak_during(lambda: built.update(x, y))

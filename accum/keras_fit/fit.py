@@ -20,9 +20,9 @@ import weakref
 from pathlib import Path
 
 import keras
-import tensorflow as tf
 
 from .. import keras_private
+from ..backends import active
 from ..backends.tensorflow.gradient_cache import cache_line
 from ..backends.tensorflow.update import local_replica_ids
 from ..defaults import FIT, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
@@ -176,7 +176,7 @@ def fit(
         schedule=schedule,
     )
     replicas = strategy.num_replicas_in_sync
-    nominal = feed.batch_size if feed.batch_size is not None else _first_batch_size(feed)
+    nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
     smallest = min([size for _, size in schedule] or [feed.batch_size or 0])
     if subdivisions is not None and feed.batch_size is not None and subdivisions > smallest:
         raise UserError(
@@ -209,8 +209,8 @@ def fit(
             )
         validation = validation_feed(validation_data, validation_batch_size or feed.batch_size, trim)
     with contextlib.ExitStack() as restore:
-        if getattr(model, "run_eagerly", False):
-            restore.enter_context(_eagerly())
+        if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
+            restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
         check_examples_are_batched(model, feed, batch_size)
         names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
@@ -296,28 +296,11 @@ def fit(
     return history
 
 
-@contextlib.contextmanager
-def _eagerly():
-    """compile(run_eagerly=True), as model.fit honours it: every micro-step, the finish and the evaluation run
-    op by op in Python (to debug with print and pdb), with the same results; the setting as it was after."""
-    before = tf.config.functions_run_eagerly()
-    tf.config.run_functions_eagerly(True)
-    try:
-        yield
-    finally:
-        tf.config.run_functions_eagerly(before)
-
-
 def _first_examples(feed):
     """``take(m)`` for memory.choose_subdivisions: the first batch's first m examples, as (x, y) (sample weights
     are left out: the probe measures a micro-step's memory, not its loss)."""
     x, y, _ = keras.utils.unpack_x_y_sample_weight(feed.first_batch())
-    return lambda m: tf.nest.map_structure(lambda t: t[:m], (x, y))
-
-
-def _first_batch_size(feed) -> int:
-    first = feed.first_batch()
-    return int(tf.shape(tf.nest.flatten(first)[0])[0])
+    return lambda m: keras.tree.map_structure(lambda t: t[:m], (x, y))
 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes

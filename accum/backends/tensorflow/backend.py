@@ -21,23 +21,45 @@ from .engine_for import accumulator_for
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
 __all__ = [
+    "BAD_INPUT",
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
+    "STRATEGY",
     "accumulator_for",
     "allocator_peak_bytes",
+    "eagerly",
     "engine_state",
     "has_gpu",
     "is_chief",
     "peak_during",
     "replicas",
     "reset_allocator_peak",
+    "state_variable",
     "strategy_name",
 ]
 
 NAME = "tensorflow"
 OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
 OP_ERROR = tf.errors.OpError
+BAD_INPUT = tf.errors.InvalidArgumentError
+STRATEGY = tf.distribute.Strategy
+
+
+def state_variable(value, dtype: str, name: str) -> tf.Variable:
+    """Run state a checkpoint holds by ``name`` (an epoch count, a rule's changes as JSON), as it always has."""
+    return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+
+@contextlib.contextmanager
+def eagerly():
+    """Every graph of the engine run op by op for the while (compile(run_eagerly=True)), as it was after."""
+    before = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(True)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(before)
 
 
 def engine_state(engine) -> dict:
