@@ -12,7 +12,6 @@ backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
 - models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer, which only TensorFlow
   runs: it moves beside norm once norm is in the backend's folder), precision;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
-- keras_fit/: fit, arguments, checks, fit_hooks, rundir.
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
 gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
 TensorFlow's environment before Keras loads it.
@@ -44,6 +43,9 @@ CLEAN = [
     "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
     *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
+    "accum/keras_fit/checks.py",
+    "accum/keras_fit/fit_hooks.py",
+    "accum/keras_fit/rundir.py",
 ]
 # Where tf.data may stay: the feed and the loaders.
 DATA_LAYER = {
@@ -58,7 +60,6 @@ STILL_SPEAKING = {
     f"{PACKAGE}.trainer.store.checkpoints",
     *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
-    *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
 }
 
 
@@ -161,6 +162,12 @@ def test_the_tensorflow_backend_answers_the_seam():
     assert backend.OUT_OF_MEMORY is tf.errors.ResourceExhaustedError and backend.OP_ERROR is tf.errors.OpError
     assert backend.BAD_INPUT is tf.errors.InvalidArgumentError  # what predict and evaluate name the data for
     assert issubclass(backend.OUT_OF_MEMORY, backend.OP_ERROR)  # why the loop catches OUT_OF_MEMORY first
+    assert backend.STRATEGY is tf.distribute.Strategy
+    changes = backend.state_variable("[]", "string", "rule_changes")  # what older checkpoints hold
+    assert (changes.dtype, changes.trainable, changes.numpy()) == (tf.string, False, b"[]")
+    with backend.eagerly():
+        assert tf.config.functions_run_eagerly()
+    assert not tf.config.functions_run_eagerly()  # as it was
     assert (backend.replicas(None), backend.strategy_name(None), backend.is_chief(None)) == (1, "default", True)
     x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
     out, peak = backend.peak_during(lambda: built.update(x, y))

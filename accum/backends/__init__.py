@@ -65,9 +65,12 @@ class Backend(Protocol):
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
     BAD_INPUT: type[Exception]  # an op refused the values or shapes given (the commands' data): they name the data
+    STRATEGY: type  # what accum_train.fit's strategy= takes: the backend's distribution of the replicas
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
+    def state_variable(self, value, dtype: str, name: str): ...  # run state a checkpoint holds by name (.numpy())
+    def eagerly(self): ...  # a context in which the engine's compiled functions run op by op (run_eagerly=True)
     def replicas(self, strategy) -> int: ...
     def strategy_name(self, strategy) -> str: ...  # the config's name for it, as history.jsonl records it
     def is_chief(self, strategy) -> bool: ...  # whether this process writes the run directory

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from ..backends import active
 from ..backends.tensorflow.update import local_replica_ids
 from ..config.wording import parse_size
 from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FIT_SUBDIVISIONS
@@ -86,7 +86,7 @@ def strategy_of(model, strategy):
     model's own (model.fit's rule)."""
     if strategy is None:
         return model.distribute_strategy
-    if not isinstance(strategy, tf.distribute.Strategy):
+    if not isinstance(strategy, active().STRATEGY):
         raise UserError(f"{WHERE}: strategy is a {type(strategy).__name__}, not a tf.distribute.Strategy")
     inside = [strategy.extended.variable_created_in_scope(storage(v)) for v in model.variables]
     if model.variables and not all(inside):

@@ -17,9 +17,9 @@ from numbers import Integral
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from .. import keras_private
+from ..backends import active
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import Refused, UserError
 from ..text import traced_error_line
@@ -72,7 +72,7 @@ def _pairs(model, x, name: str):
                 f"{_names(structure)}"
             )
         return [(f"{name}[{key!r}]", x[key], structure[key]) for key in structure]  # Keras ignores other keys
-    given, wanted = tf.nest.flatten(x), tf.nest.flatten(structure)
+    given, wanted = keras.tree.flatten(x), keras.tree.flatten(structure)
     if len(given) != len(wanted):
         return f"{name} holds {len(given)} input arrays, and model {model.name!r} takes {len(wanted)}"
     labels = [name] if len(given) == 1 else [f"{name}[{i}]" for i in range(len(given))]
@@ -92,7 +92,7 @@ def check_input_kinds(model, feed, validation, names) -> None:
         pairs = _pairs(model, inputs_of(source.element_spec), name)
         for label, spec, tensor in pairs if not isinstance(pairs, str) else ():
             wanted = keras.backend.standardize_dtype(tensor.dtype)
-            if (spec.dtype == tf.string) != (wanted == "string"):
+            if (spec.dtype.name == "string") != (wanted == "string"):
                 raise UserError(
                     f"{WHERE}: {label} holds {spec.dtype.name} values, and model {model.name!r} takes {wanted}"
                 )
@@ -103,7 +103,7 @@ def input_problem(model, x, name: str) -> str | None:
     the model takes them (a failure to build or trace is then the targets'). Asked only once building or tracing
     failed: the model is called on symbolic inputs alone."""
     try:
-        symbolic = tf.nest.map_structure(_symbolic, x)
+        symbolic = keras.tree.map_structure(_symbolic, x)
     except (ValueError, TypeError, AttributeError):
         return None  # inputs no KerasTensor describes (ragged, of unknown rank): nothing to tell them by
     try:
@@ -156,7 +156,7 @@ def _outputs(model, x):
     structure = keras_private.output_structure(model)
     if structure is not None:
         return structure
-    return keras_private.symbolic_call(model, tf.nest.map_structure(_symbolic, x))
+    return keras_private.symbolic_call(model, keras.tree.map_structure(_symbolic, x))
 
 
 def _at(structure, path):
@@ -192,7 +192,7 @@ def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
     fifty lines on a CPU, in a NaN loss on a GPU. ``where`` begins the line of a label out of range."""
     entries = keras_private.flat_losses(model) if keras_private.compile_loss(model) is not None else []
     for name, targets in labelled if entries else ():  # a Keras loss casts them: a graph error of seventy lines
-        if any(np.asarray(leaf).dtype.kind in "SU" for leaf in tf.nest.flatten(targets)):
+        if any(np.asarray(leaf).dtype.kind in "SU" for leaf in keras.tree.flatten(targets)):
             raise UserError(
                 f"{where}: {name} holds strings, and the loss model {model.name!r} is compiled with takes numbers: "
                 "turn them into numbers first (class ids, e.g. np.unique(labels, return_inverse=True)[1])"
@@ -203,7 +203,7 @@ def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
         return
     outputs = _outputs(model, x)
     if class_weight:
-        width = _width(tf.nest.flatten(outputs)[0])  # one output: fit refuses class_weight for more
+        width = _width(keras.tree.flatten(outputs)[0])  # one output: fit refuses class_weight for more
         classes = None if width is None else max(width, 2)  # one unit: the two classes of a sigmoid
         unknown = [key for key in class_weight if classes is not None and key >= classes]
         if unknown:
@@ -269,7 +269,7 @@ def as_user_error(model, spec, names, function, *args):
     except UserError:
         raise
     # AttributeError: a compiled metric that reads the targets' shape where there are none (y missing)
-    except (ValueError, TypeError, KeyError, AttributeError, tf.errors.InvalidArgumentError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError, active().BAD_INPUT) as err:
         problem = input_problem(model, inputs_of(spec), names[0])
         if problem is None and not (isinstance(spec, tuple) and len(spec) > 1):  # inputs alone: no targets
             missing = "y is missing" if names[1] == "y" else f"{names[0]} gives no targets"
@@ -287,7 +287,7 @@ def _weights_or_targets(spec, names, function, args) -> str:
         return names[1]
     try:
         function(*[spec[:2] if arg is spec else arg for arg in args])
-    except (ValueError, TypeError, KeyError, tf.errors.InvalidArgumentError):
+    except (ValueError, TypeError, KeyError, active().BAD_INPUT):
         return names[1]
     return names[2]
 

@@ -20,9 +20,9 @@ import weakref
 from pathlib import Path
 
 import keras
-import tensorflow as tf
 
 from .. import keras_private
+from ..backends import active
 from ..backends.tensorflow.gradient_cache import cache_line
 from ..backends.tensorflow.update import local_replica_ids
 from ..defaults import FIT, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
@@ -176,7 +176,7 @@ def fit(
         schedule=schedule,
     )
     replicas = strategy.num_replicas_in_sync
-    nominal = feed.batch_size if feed.batch_size is not None else _first_batch_size(feed)
+    nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
     smallest = min([size for _, size in schedule] or [feed.batch_size or 0])
     if subdivisions is not None and feed.batch_size is not None and subdivisions > smallest:
         raise UserError(
@@ -190,14 +190,6 @@ def fit(
             f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
             f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
         )
-
-    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
-
-    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size (the trainer's one rule)
-        return spec.micro.k_for(size, replicas)
-
-    k = 1 if auto else k_for(nominal)
-    cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
         if type(model).test_step is not keras.Model.test_step:
@@ -208,9 +200,17 @@ def fit(
                 f"model.evaluate, or train with model.fit",
             )
         validation = validation_feed(validation_data, validation_batch_size or feed.batch_size, trim)
+
+    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
+
+    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size (the trainer's one rule)
+        return spec.micro.k_for(size, replicas)
+
+    k = 1 if auto else k_for(nominal)
+    cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
     with contextlib.ExitStack() as restore:
-        if getattr(model, "run_eagerly", False):
-            restore.enter_context(_eagerly())
+        if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
+            restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
         check_examples_are_batched(model, feed, batch_size)
         names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
@@ -224,25 +224,7 @@ def fit(
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
-            if keras_private.compile_loss(model) is None:  # the key of limitations.md's row, as _probe's
-                raise Refused(
-                    "no-compiled-loss",
-                    f"{WHERE}: model {model.name!r} is compiled without a loss (compile(loss=None); add_loss alone): "
-                    f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
-                    f"compile(loss=...), or train with model.fit",
-                )
-            objective = KerasObjective(model, steps=feed.steps)
-            groups = _probe(objective, feed.element_spec, strategy, names)
-            # the validation data as its own uncut length counts (trim_padding): the same loss
-            scored = objective if validation is None else objective.with_steps(validation.steps)
-            validated = checks.DATA_NAMES["validation_data"]
-            eval_groups = _probe(scored, validation.element_spec, strategy, validated) if validation is not None else ()
-            sources = [(objective, groups, feed, WHERE), (scored, eval_groups, validation, f"{WHERE}: validation_data")]
-            for taken, found, source, where in sources if trim else ():  # the validation's loss is reported too
-                if source is not None:
-                    first, element_spec = source.first_batch(), source.element_spec
-                    check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
-            built = _engine(model, objective, scored, adapters, spec, nominal, strategy, groups, eval_groups)
+            built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
             checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
@@ -292,32 +274,11 @@ def fit(
                 start=directory.start if directory is not None else (0, 0),
             )
 
-        loop.trainer.run(directory, drive, _first_examples(feed))
+        # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the
+        # probe measures a micro-step's memory, not its loss)
+        first = keras.utils.unpack_x_y_sample_weight(feed.first_batch())[:2]
+        loop.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
     return history
-
-
-@contextlib.contextmanager
-def _eagerly():
-    """compile(run_eagerly=True), as model.fit honours it: every micro-step, the finish and the evaluation run
-    op by op in Python (to debug with print and pdb), with the same results; the setting as it was after."""
-    before = tf.config.functions_run_eagerly()
-    tf.config.run_functions_eagerly(True)
-    try:
-        yield
-    finally:
-        tf.config.run_functions_eagerly(before)
-
-
-def _first_examples(feed):
-    """``take(m)`` for memory.choose_subdivisions: the first batch's first m examples, as (x, y) (sample weights
-    are left out: the probe measures a micro-step's memory, not its loss)."""
-    x, y, _ = keras.utils.unpack_x_y_sample_weight(feed.first_batch())
-    return lambda m: tf.nest.map_structure(lambda t: t[:m], (x, y))
-
-
-def _first_batch_size(feed) -> int:
-    first = feed.first_batch()
-    return int(tf.shape(tf.nest.flatten(first)[0])[0])
 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes
@@ -342,21 +303,34 @@ def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tup
     )
 
 
-def _probe(objective, element_spec, strategy, names) -> tuple:
-    """The normalisers of a data source (Objective.probe); data that does not fit, in one line."""
-    groups = checks.as_user_error(objective.model, element_spec, names, objective.probe, element_spec, strategy)
-    if not groups and objective.regularization() is None:
+def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names, cut):
+    """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart for ``feed`` and ``validation``
+    (or None), as ``spec`` (trainer.TrainSpec) says for batches of ``nominal``; ``cut``: trim_padding's (or None)."""
+    if keras_private.compile_loss(model) is None:  # the key of limitations.md's row, as the probe's below
         raise Refused(
             "no-compiled-loss",
-            f"{WHERE}: model {objective.model.name!r} has no loss: compile it with compile(loss=...)",
+            f"{WHERE}: model {model.name!r} is compiled without a loss (compile(loss=None); add_loss alone): "
+            f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
+            f"compile(loss=...), or train with model.fit",
         )
-    return groups
-
-
-def _engine(model, objective, scored, norm_layers, spec, nominal, strategy, groups, eval_groups):
-    """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart as ``objective`` (``scored``:
-    as the validation data's evaluation takes it), as ``spec`` (trainer.TrainSpec) says for batches of
-    ``nominal``."""
+    objective = KerasObjective(model, steps=feed.steps)
+    # the validation data as its own uncut length counts (trim_padding): the same loss
+    scored = objective if validation is None else objective.with_steps(validation.steps)
+    sources = [(objective, feed, names, WHERE)]
+    if validation is not None:
+        sources.append((scored, validation, checks.DATA_NAMES["validation_data"], f"{WHERE}: validation_data"))
+    groups = []  # each source's normalisers (Objective.probe); data that does not fit, in one line
+    for taken, source, named, _ in sources:
+        element_spec = source.element_spec
+        groups.append(checks.as_user_error(model, element_spec, named, taken.probe, element_spec, strategy))
+        if not groups[-1] and taken.regularization() is None:
+            raise Refused(
+                "no-compiled-loss", f"{WHERE}: model {model.name!r} has no loss: compile it with compile(loss=...)"
+            )
+    for (taken, source, _, where), found in zip(sources, groups) if cut is not None else ():  # validation's too
+        first, element_spec = source.first_batch(), source.element_spec
+        check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
+    groups, eval_groups = groups[0], (groups[1] if validation is not None else ())
     optimizer = model.optimizer
     loss_scale, growth = None, LOSS_SCALE_GROWTH_STEPS
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

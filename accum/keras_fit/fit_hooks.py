@@ -25,9 +25,9 @@ from typing import NamedTuple
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from .. import keras_private
+from ..backends import active
 from ..trainer.data.batching import Cut, same_size
 from ..trainer.data.feed import Planned, Reader, distribute, empty_like, endless
 from ..trainer.noise import NoiseScale, rule_change
@@ -36,7 +36,7 @@ from ..trainer.noise import NoiseScale, rule_change
 def as_python(logs: dict) -> dict:
     """Logs as model.fit hands them to callbacks after a step (Keras' own conversion): Python floats where a value
     converts to one (F1Score's per-class array stays one), a metric's dict of results flattened into its keys."""
-    return keras_private.pythonify_logs(tf.nest.map_structure(np.asarray, logs))
+    return keras_private.pythonify_logs(keras.tree.map_structure(np.asarray, logs))
 
 
 class FitHooks:
@@ -56,7 +56,7 @@ class FitHooks:
         # batch_schedule's noise-scale rule (config.BatchRule) and its changes so far, checkpointed as JSON
         # [[1-based epoch, batch size], ...] (the CLI's form)
         self.rule, self.micro_batch_size, self.say = None, None, say
-        self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
+        self.rule_changes = active().state_variable("[]", "string", "rule_changes")
         # trim_padding's micro-batches are sequences of like length, not the random draws the estimate assumes
         self.noise = NoiseScale(measured=not getattr(feed, "trim", 0))
         self.checkpoints = self.stop = None

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
+from ..backends import active
 from ..defaults import FLUSH_SECONDS
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
@@ -72,8 +72,8 @@ class FitRunDir(RunDirectory):
         hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
         super().__init__(run_dir, is_chief(engine.strategy), "output_dir ", hint)
         self.model, self.engine, self.noise, self.described, self.say = model, engine, noise, described, say
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.update_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_in_epoch")
+        counter = active().state_variable
+        self.epoch, self.update_in_epoch = counter(0, "int64", "epoch"), counter(0, "int64", "update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
         self.tracked = {
@@ -152,7 +152,7 @@ class FitRunDir(RunDirectory):
     def restore(self, say, found=None) -> int:
         try:
             return super().restore(say, found)
-        except (AssertionError, ValueError, tf.errors.OpError) as err:
+        except (AssertionError, ValueError, active().OP_ERROR) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.path} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"

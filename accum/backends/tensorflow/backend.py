@@ -28,9 +28,11 @@ __all__ = [
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
+    "STRATEGY",
     "accumulator_for",
     "allocator_peak_bytes",
     "batch_spec",
+    "eagerly",
     "engine_state",
     "gradients",
     "has_gpu",
@@ -42,6 +44,7 @@ __all__ = [
     "restore_weights",
     "saved_value",
     "saved_weight_shapes",
+    "state_variable",
     "strategy_name",
 ]
 
@@ -49,6 +52,23 @@ NAME = "tensorflow"
 OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
 OP_ERROR = tf.errors.OpError
 BAD_INPUT = tf.errors.InvalidArgumentError
+STRATEGY = tf.distribute.Strategy
+
+
+def state_variable(value, dtype: str, name: str) -> tf.Variable:
+    """Run state a checkpoint holds by ``name`` (an epoch count, a rule's changes as JSON), as it always has."""
+    return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+
+@contextlib.contextmanager
+def eagerly():
+    """Every graph of the engine run op by op for the while (compile(run_eagerly=True)), as it was after."""
+    before = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(True)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(before)
 
 
 def engine_state(engine) -> dict:
