@@ -34,27 +34,27 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .trainer.loss.keras_objective import is_keras_loss
-        from .trainer.loss.scoring import Scorer, eval_batch_size
+        from .backends import active
+        from .trainer.data.batching import eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
-        self.keras_loss = is_keras_loss(objective)
+        self.keras_loss = active().is_keras_loss(objective)
         size = eval_batch_size(cfg.batch_size, subdivisions, cfg.micro_batch_size)
-        self.scorer = Scorer(model, objective, data, lambda: size)
+        self.scorer = active().Scorer(model, objective, data, lambda: size)
 
     def outputs(self, x, batch_size: int):
         """The model's outputs for the inputs ``x`` in inference mode, ``batch_size`` examples at a time, as float32
         numpy (a Keras loss's run: the values the loss took)."""
         import tensorflow as tf
 
-        from .backends.tensorflow.graphs import graph
+        from .backends import active
 
         spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
 
         def batch_outputs(inputs):
             return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), self.model.forward(inputs, False))
 
-        batch_outputs = graph(batch_outputs, input_signature=[spec])  # traced as training traces the model
+        batch_outputs = active().graph(batch_outputs, input_signature=[spec])  # traced as training traces the model
 
         n = len(tf.nest.flatten(x)[0])
         batches = [

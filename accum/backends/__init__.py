@@ -65,7 +65,20 @@ class Backend(Protocol):
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
 
+    TOTAL: str  # the objective's normaliser of a sum loss, which no count divides
+    KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers: KerasObjective(model, ...)
+    Evaluation: type  # the objective's loss and a model's metrics over data in inference mode, one all-reduce
+    KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them
+    Scorer: type  # a run's test and validation scores over its splits held in memory
+
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
+    def classifier(self, forward: Callable) -> Any: ...  # the built-in objective: cross-entropy of forward's logits
+    def is_keras_loss(self, objective) -> bool: ...  # a KerasObjective, not the built-in classifier
+    def combine(self, totals: dict, groups, n) -> tuple: ...  # (factor per normaliser, the loss) of summed parts
+    def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature
+    def dense(self, gradient) -> Any: ...  # a gradient as one dense array (an Embedding's come as slices)
+    def cache_line(self, engine: Engine, frozen: int) -> str: ...  # what its gradient caches hold, as fit says it
+    def local_replica_ids(self, strategy) -> list: ...  # the global ids of this process's replicas
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
     def replicas(self, strategy) -> int: ...
     def strategy_name(self, strategy) -> str: ...  # the config's name for it, as history.jsonl records it

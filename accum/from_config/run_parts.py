@@ -9,14 +9,13 @@ import json
 
 import tensorflow as tf
 
+from ..backends import active
 from ..config import BatchChange, Config
+from ..trainer.data.batching import as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
 from ..trainer.data.order import epoch_order
 from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit, check_trim
-from ..trainer.loss.keras_objective import is_keras_loss
-from ..trainer.loss.objective import as_data
-from ..trainer.loss.scoring import Scorer, eval_batch_size
 from ..trainer.noise import NoiseScale, rule_change
 from ..trainer.trainer import build_engine
 
@@ -56,7 +55,7 @@ class Run:
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        self.keras_loss = is_keras_loss(objective)
+        self.keras_loss = active().is_keras_loss(objective)
         self.engine = build_engine(
             spec,
             self.model,
@@ -73,7 +72,7 @@ class Run:
         )
         if isinstance(data.train, TrimmedSplit):
             self._check_trim(data.train)
-        self.scorer = Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
+        self.scorer = active().Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
         from .augment import Augment
 
         self.augment = Augment(cfg.data.augment, cfg.seed)

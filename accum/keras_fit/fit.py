@@ -23,8 +23,7 @@ import keras
 import tensorflow as tf
 
 from .. import keras_private
-from ..backends.tensorflow.gradient_cache import cache_line
-from ..backends.tensorflow.update import local_replica_ids
+from ..backends import active
 from ..defaults import FIT, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
 from ..keras_private import all_layers
@@ -32,8 +31,6 @@ from ..models.norm import pooled
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
 from ..trainer.data.trim import check_trim, check_trimmable, trim_multiple
-from ..trainer.loss.keras_objective import KerasObjective
-from ..trainer.loss.scoring import Evaluation, KerasMetrics
 from ..trainer.trainer import Trainer, build_engine
 from . import checks
 from .arguments import (
@@ -197,7 +194,7 @@ def fit(
         return spec.micro.k_for(size, replicas)
 
     k = 1 if auto else k_for(nominal)
-    cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
+    cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
     validation = None
     if validation_data is not None:
         if type(model).test_step is not keras.Model.test_step:
@@ -231,7 +228,7 @@ def fit(
                     f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
                     f"compile(loss=...), or train with model.fit",
                 )
-            objective = KerasObjective(model, steps=feed.steps)
+            objective = active().KerasObjective(model, steps=feed.steps)
             groups = _probe(objective, feed.element_spec, strategy, names)
             # the validation data as its own uncut length counts (trim_padding): the same loss
             scored = objective if validation is None else objective.with_steps(validation.steps)
@@ -246,7 +243,7 @@ def fit(
             checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
-                print(f"{WHERE}: {cache_line(getattr(built[0], 'caches', []), len(model.non_trainable_weights))}")
+                print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
         else:
             restore.enter_context(pooled(model, strategy, built[0].norm_layers))
             built[0].hold()
@@ -364,7 +361,7 @@ def _engine(model, objective, scored, norm_layers, spec, nominal, strategy, grou
         optimizer = optimizer.inner_optimizer
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in all_layers(model)):
         loss_scale = LOSS_SCALE_INITIAL
-    metrics = KerasMetrics(model, strategy)
+    metrics = active().KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
     engine = build_engine(
         spec,
@@ -381,7 +378,7 @@ def _engine(model, objective, scored, norm_layers, spec, nominal, strategy, grou
         loss_scale=loss_scale,
         growth_steps=growth,
     )
-    evaluation = Evaluation(scored, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
+    evaluation = active().Evaluation(scored, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
     return engine, evaluation
 
 

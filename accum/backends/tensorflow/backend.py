@@ -18,17 +18,35 @@ import tensorflow as tf
 
 from .distribute import has_gpu, is_chief, replicas, strategy_name
 from .engine_for import accumulator_for
+from .gradient_cache import cache_line, dense
+from .graphs import graph
+from .keras_objective import KerasObjective, is_keras_loss
+from .objective import TOTAL, classifier, combine
+from .scoring import Evaluation, KerasMetrics, Scorer
+from .update import local_replica_ids
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
 __all__ = [
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
+    "TOTAL",
+    "Evaluation",
+    "KerasMetrics",
+    "KerasObjective",
+    "Scorer",
     "accumulator_for",
     "allocator_peak_bytes",
+    "cache_line",
+    "classifier",
+    "combine",
+    "dense",
     "engine_state",
+    "graph",
     "has_gpu",
     "is_chief",
+    "is_keras_loss",
+    "local_replica_ids",
     "peak_during",
     "replicas",
     "reset_allocator_peak",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ...trainer import noise
-from ...trainer.loss.objective import combine, output_values
 from .gradient_cache import dense
+from .objective import combine, output_values
 from .update import STOP_REQUESTS, Update
 
 

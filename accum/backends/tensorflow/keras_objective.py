@@ -31,8 +31,8 @@ import keras
 import tensorflow as tf
 
 from ... import keras_private
-from ...backends.tensorflow.graphs import graph
 from ...errors import Refused
+from .graphs import graph
 from .objective import EXAMPLES, TOTAL, Parts
 
 
