@@ -48,7 +48,7 @@ DATA_LAYER = {
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {
-    *(f"{PACKAGE}.trainer.{m}" for m in ("noise", "optim")),
+    f"{PACKAGE}.trainer.optim",
     f"{PACKAGE}.trainer.data.trim",
     f"{PACKAGE}.trainer.store.checkpoints",
     *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),

@@ -31,7 +31,9 @@ SEAM = f"{PACKAGE}.backends"
 # an update that still live in trainer/ and speak TensorFlow (the objective's sums and totals, the noise terms, the
 # feed's held batch), the next to move into the folder.
 BACKEND_MAY_IMPORT = (
-    LEAVES | {f"{PACKAGE}.keras_private"} | {f"{PACKAGE}.trainer.{m}" for m in ("noise", "data.feed", "data.batching", "data.trim")}
+    LEAVES
+    | {f"{PACKAGE}.keras_private"}
+    | {f"{PACKAGE}.trainer.{m}" for m in ("noise", "data.feed", "data.batching", "data.trim")}
 )
 MAX_LINES = 400
 

@@ -69,6 +69,7 @@ class Backend(Protocol):
     KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers: KerasObjective(model, ...)
     Evaluation: type  # the objective's loss and a model's metrics over data in inference mode, one all-reduce
     KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them
+    NoiseScale: type  # the gradient noise scale's running estimate, its averages as a checkpoint holds them
     Scorer: type  # a run's test and validation scores over its splits held in memory
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...

@@ -16,7 +16,7 @@ from ..trainer.data.feed import Feed, Reader
 from ..trainer.data.order import epoch_order
 from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit, check_trim
-from ..trainer.noise import NoiseScale, rule_change
+from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
 
 
@@ -47,7 +47,7 @@ class Run:
             factor = cfg.optimizer.scale_learning_rate.factor(cfg.batch_size)
             self.rate_factor = tf.Variable(factor, dtype=tf.float32, trainable=False, name="rate_factor")
         # trim_padding's micro-batches are sequences of like length, not the random draws the noise scale assumes
-        self.noise = NoiseScale(measured=cfg.data.trim_padding is None)
+        self.noise = active().NoiseScale(measured=cfg.data.trim_padding is None)
         self.schedule = schedule = run_schedule(
             cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), self.timeline, self.rate_factor
         )

@@ -21,6 +21,7 @@ from .engine_for import accumulator_for
 from .gradient_cache import cache_line, dense
 from .graphs import graph
 from .keras_objective import KerasObjective, is_keras_loss
+from .noise import NoiseScale
 from .objective import TOTAL, classifier, combine
 from .scoring import Evaluation, KerasMetrics, Scorer
 from .update import local_replica_ids
@@ -34,6 +35,7 @@ __all__ = [
     "Evaluation",
     "KerasMetrics",
     "KerasObjective",
+    "NoiseScale",
     "Scorer",
     "accumulator_for",
     "allocator_peak_bytes",

@@ -44,9 +44,9 @@ import contextlib
 import tensorflow as tf
 
 from ... import keras_private
-from ...trainer import noise
 from ...trainer.data.batching import as_data, held_data
 from ...trainer.data.feed import held, sized
+from . import noise
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ...trainer import noise
+from . import noise
 from .gradient_cache import dense
 from .objective import combine, output_values
 from .update import STOP_REQUESTS, Update
