@@ -41,15 +41,14 @@ CLEAN = [
     "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
 ]
-# Where tf.data may stay: the feed and the loaders.
+# Where tf.data may stay: the feed, trim_padding's cut in its pipeline, and the loaders.
 DATA_LAYER = {
-    f"{PACKAGE}.trainer.data.feed",
+    *(f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "trim")),
     *(f"{PACKAGE}.keras_fit.{name}" for name in ("inputs", "array_feed", "stream_feed", "pipeline", "conversion")),
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {
     f"{PACKAGE}.trainer.optim",
-    f"{PACKAGE}.trainer.data.trim",
     f"{PACKAGE}.trainer.store.checkpoints",
     *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),

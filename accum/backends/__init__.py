@@ -74,6 +74,8 @@ class Backend(Protocol):
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
     def classifier(self, forward: Callable) -> Any: ...  # the built-in objective: cross-entropy of forward's logits
+    # refuses trim_padding where the cut changes the update (its first batch's shortest micro-batch, whole and cut)
+    def check_trim(self, objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None): ...
     def is_keras_loss(self, objective) -> bool: ...  # a KerasObjective, not the built-in classifier
     def combine(self, totals: dict, groups, n) -> tuple: ...  # (factor per normaliser, the loss) of summed parts
     def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature

@@ -15,7 +15,7 @@ from ..trainer.data.batching import as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
 from ..trainer.data.order import epoch_order
 from ..trainer.data.timeline import Timeline
-from ..trainer.data.trim import TrimmedSplit, check_trim
+from ..trainer.data.trim import TrimmedSplit
 from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
 
@@ -100,7 +100,7 @@ class Run:
         first = split.split.gather(tf.range(min(self.cfg.batch_size, len(split)), dtype=tf.int64))
         cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
         unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731
-        check_trim(
+        active().check_trim(
             self.objective,
             self.objective.groups,
             first,

@@ -30,7 +30,7 @@ from ..keras_private import all_layers
 from ..models.norm import pooled
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
-from ..trainer.data.trim import check_trim, check_trimmable, trim_multiple
+from ..trainer.data.trim import check_trimmable, trim_multiple
 from ..trainer.trainer import Trainer, build_engine
 from . import checks
 from .arguments import (
@@ -238,7 +238,7 @@ def fit(
             for taken, found, source, where in sources if trim else ():  # the validation's loss is reported too
                 if source is not None:
                     first, element_spec = source.first_batch(), source.element_spec
-                    check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
+                    active().check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
             built = _engine(model, objective, scored, adapters, spec, nominal, strategy, groups, eval_groups)
             checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}

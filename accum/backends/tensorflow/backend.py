@@ -24,6 +24,7 @@ from .keras_objective import KerasObjective, is_keras_loss
 from .noise import NoiseScale
 from .objective import TOTAL, classifier, combine
 from .scoring import Evaluation, KerasMetrics, Scorer
+from .trim import check_trim
 from .update import local_replica_ids
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
@@ -40,6 +41,7 @@ __all__ = [
     "accumulator_for",
     "allocator_peak_bytes",
     "cache_line",
+    "check_trim",
     "classifier",
     "combine",
     "dense",

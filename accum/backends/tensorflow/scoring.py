@@ -21,10 +21,10 @@ import tensorflow as tf
 
 from ... import keras_private
 from ...trainer.data.batching import as_data
-from ...trainer.data.trim import uncut
 from .gradient_cache import REPLICA_LOCAL
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, combine, output_values, scale_of
+from .trim import uncut
 from .update import _first
 
 
