@@ -69,6 +69,7 @@ class Backend(Protocol):
     KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers: KerasObjective(model, ...)
     Evaluation: type  # the objective's loss and a model's metrics over data in inference mode, one all-reduce
     KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them
+    Checkpoints: type  # a run directory's checkpoints/: what it tracks saved, the newest kept, restored
     NoiseScale: type  # the gradient noise scale's running estimate, its averages as a checkpoint holds them
     Scorer: type  # a run's test and validation scores over its splits held in memory
 
@@ -76,6 +77,7 @@ class Backend(Protocol):
     def classifier(self, forward: Callable) -> Any: ...  # the built-in objective: cross-entropy of forward's logits
     # refuses trim_padding where the cut changes the update (its first batch's shortest micro-batch, whole and cut)
     def check_trim(self, objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None): ...
+    def checkpoint_problem(self, prefix: str) -> str | None: ...  # why it cannot be restored; None: intact
     def is_keras_loss(self, objective) -> bool: ...  # a KerasObjective, not the built-in classifier
     def combine(self, totals: dict, groups, n) -> tuple: ...  # (factor per normaliser, the loss) of summed parts
     def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature

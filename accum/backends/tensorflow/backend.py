@@ -1,11 +1,11 @@
 """The TensorFlow backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered.
 
-The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute
-strategy (distribute.py answers the questions about one). An update that runs out of memory raises
+The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute strategy
+(distribute.py answers the questions about one). An update that runs out of memory raises
 ``tf.errors.ResourceExhaustedError``, a failed op (a broken file read inside the graph) ``tf.errors.OpError``, its
-parent, which the loop catches second. A checkpoint holds the engine's counters as tf.Variables, by the names
-``engine_state`` gives them. The allocator's peak is read here: ``peak_during`` is the one probe, which runs a
-piece of work and reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and
+parent, which the loop catches second. A checkpoint (checkpoints.py) holds the engine's counters as tf.Variables, by
+the names ``engine_state`` gives them. The allocator's peak is read here: ``peak_during`` is the one probe, which
+runs a piece of work and reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and
 summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a peak).
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from .checkpoints import Checkpoints, checkpoint_problem, engine_state
 from .distribute import has_gpu, is_chief, replicas, strategy_name
 from .engine_for import accumulator_for
 from .gradient_cache import cache_line, dense
@@ -33,6 +34,7 @@ __all__ = [
     "OP_ERROR",
     "OUT_OF_MEMORY",
     "TOTAL",
+    "Checkpoints",
     "Evaluation",
     "KerasMetrics",
     "KerasObjective",
@@ -42,6 +44,7 @@ __all__ = [
     "allocator_peak_bytes",
     "cache_line",
     "check_trim",
+    "checkpoint_problem",
     "classifier",
     "combine",
     "dense",
@@ -60,16 +63,6 @@ __all__ = [
 NAME = "tensorflow"
 OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
 OP_ERROR = tf.errors.OpError
-
-
-def engine_state(engine) -> dict:
-    """The engine's variables a checkpoint holds, by name: the bad and skipped updates, and under a dynamic loss
-    scale the scale and the applied updates since it last grew (the update count and the door's own variables
-    are the run directory's and the door's)."""
-    state = {"bad_updates_in_a_row": engine.bad_updates_in_a_row, "skipped_updates": engine.skipped_updates}
-    if engine.dynamic:
-        state.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
-    return state
 
 
 def memory_device() -> str:
