@@ -71,6 +71,8 @@ class Backend(Protocol):
     KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them
     Checkpoints: type  # a run directory's checkpoints/: what it tracks saved, the newest kept, restored
     NoiseScale: type  # the gradient noise scale's running estimate, its averages as a checkpoint holds them
+    AccumBatchNorm: type  # the TensorLayer nets' BatchNorm, its statistics moved once per update (pooled)
+    GroupNorm: type  # the TensorLayer nets' group normalisation
     Scorer: type  # a run's test and validation scores over its splits held in memory
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
@@ -83,6 +85,8 @@ class Backend(Protocol):
     def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature
     def dense(self, gradient) -> Any: ...  # a gradient as one dense array (an Embedding's come as slices)
     def cache_line(self, engine: Engine, frozen: int) -> str: ...  # what its gradient caches hold, as fit says it
+    def pool(self, model, where: str, error=..., adapters=None) -> list: ...  # its BatchNormalization layers pooling
+    def pooled(self, model, strategy=None, adapters=None, where: str = ...): ...  # ``pool`` within, Keras' own after
     def local_replica_ids(self, strategy) -> list: ...  # the global ids of this process's replicas
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
     def replicas(self, strategy) -> int: ...

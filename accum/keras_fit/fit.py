@@ -27,7 +27,6 @@ from ..backends import active
 from ..defaults import FIT, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
 from ..keras_private import all_layers
-from ..models.norm import pooled
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
 from ..trainer.data.trim import check_trimmable, trim_multiple
@@ -220,7 +219,7 @@ def fit(
         key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
-            adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
+            adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
             if keras_private.compile_loss(model) is None:  # the key of limitations.md's row, as _probe's
                 raise Refused(
                     "no-compiled-loss",
@@ -245,7 +244,7 @@ def fit(
             if verbose:  # what training holds beyond the model, said once per built engine
                 print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
         else:
-            restore.enter_context(pooled(model, strategy, built[0].norm_layers))
+            restore.enter_context(active().pooled(model, strategy, built[0].norm_layers))
             built[0].hold()
         engine, evaluation = built
         engine.set_subdivisions(k)

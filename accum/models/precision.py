@@ -13,8 +13,8 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from ..backends import active
 from .containers import KerasModel, Model, leaves
-from .norm import AccumBatchNorm, GroupNorm
 
 
 def float8_scales(model: keras.Model) -> list[str]:
@@ -66,8 +66,8 @@ def set_precision(model: Model, precision: str) -> Model:
                 layer.dtype_policy = keras.DTypePolicy(precision)  # a global policy does nothing to a file's layers
     else:
         for layer in model.network.all_layers:
-            if not isinstance(layer, AccumBatchNorm):  # the fused op takes 16-bit activations as they come
-                layer.forward = (_float32_forward if isinstance(layer, GroupNorm) else _cast_weights_forward)(
+            if not isinstance(layer, active().AccumBatchNorm):  # the fused op takes 16-bit activations as they come
+                layer.forward = (_float32_forward if isinstance(layer, active().GroupNorm) else _cast_weights_forward)(
                     layer, dtype
                 )
     forward = model.forward

@@ -23,6 +23,7 @@ from .gradient_cache import cache_line, dense
 from .graphs import graph
 from .keras_objective import KerasObjective, is_keras_loss
 from .noise import NoiseScale
+from .norm import AccumBatchNorm, GroupNorm, pool, pooled
 from .objective import TOTAL, classifier, combine
 from .scoring import Evaluation, KerasMetrics, Scorer
 from .trim import check_trim
@@ -34,8 +35,10 @@ __all__ = [
     "OP_ERROR",
     "OUT_OF_MEMORY",
     "TOTAL",
+    "AccumBatchNorm",
     "Checkpoints",
     "Evaluation",
+    "GroupNorm",
     "KerasMetrics",
     "KerasObjective",
     "NoiseScale",
@@ -55,6 +58,8 @@ __all__ = [
     "is_keras_loss",
     "local_replica_ids",
     "peak_during",
+    "pool",
+    "pooled",
     "replicas",
     "reset_allocator_peak",
     "strategy_name",
