@@ -10,7 +10,7 @@ Still speaking TensorFlow outside accum/backends/, the feed and trim_padding's c
 data layer: Keras reads it on every backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
 the sources import):
 - trainer/: optim (schedules as tensors);
-- models/: builtin (TensorLayer), precision (its casts of the TensorLayer nets), to_keras;
+- models/: builtin (TensorLayer), to_keras;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
 - keras_fit/: fit, arguments, checks, fit_hooks, rundir;
 - the commands and leaves: compare, loader, predict, reload, keras_private, quiet.
@@ -50,7 +50,7 @@ DATA_LAYER = {
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {
     f"{PACKAGE}.trainer.optim",
-    *(f"{PACKAGE}.models.{m}" for m in ("builtin", "precision", "to_keras")),
+    *(f"{PACKAGE}.models.{m}" for m in ("builtin", "to_keras")),
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
     *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
     *(f"{PACKAGE}.{m}" for m in ("compare", "loader", "predict", "reload", "keras_private", "quiet")),
