@@ -63,7 +63,7 @@ def plan(cfg: Config, data=None) -> dict:
 
     model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
     groups = len(loss.groups)  # the loss's normalisers: one gradient cache each
-    objective = describe_loss(loss) if active().is_keras_loss(loss) else BUILT_IN_OBJECTIVE
+    objective = describe_loss(loss) if isinstance(loss, active().KerasObjective) else BUILT_IN_OBJECTIVE
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)

@@ -38,7 +38,7 @@ class Trained:
         from .trainer.data.batching import eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
-        self.keras_loss = active().is_keras_loss(objective)
+        self.keras_loss = isinstance(objective, active().KerasObjective)
         size = eval_batch_size(cfg.batch_size, subdivisions, cfg.micro_batch_size)
         self.scorer = active().Scorer(model, objective, data, lambda: size)
 

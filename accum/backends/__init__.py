@@ -64,9 +64,8 @@ class Backend(Protocol):
     NAME: str  # keras.config.backend()'s name for it
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
-
     TOTAL: str  # the objective's normaliser of a sum loss, which no count divides
-    KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers: KerasObjective(model, ...)
+    KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers (else the built-in classifier)
     Evaluation: type  # the objective's loss and a model's metrics over data in inference mode, one all-reduce
     KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them
     Checkpoints: type  # a run directory's checkpoints/: what it tracks saved, the newest kept, restored
@@ -80,7 +79,6 @@ class Backend(Protocol):
     # refuses trim_padding where the cut changes the update (its first batch's shortest micro-batch, whole and cut)
     def check_trim(self, objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None): ...
     def checkpoint_problem(self, prefix: str) -> str | None: ...  # why it cannot be restored; None: intact
-    def is_keras_loss(self, objective) -> bool: ...  # a KerasObjective, not the built-in classifier
     def combine(self, totals: dict, groups, n) -> tuple: ...  # (factor per normaliser, the loss) of summed parts
     def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature
     def dense(self, gradient) -> Any: ...  # a gradient as one dense array (an Embedding's come as slices)

@@ -55,7 +55,7 @@ class Run:
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        self.keras_loss = active().is_keras_loss(objective)
+        self.keras_loss = isinstance(objective, active().KerasObjective)
         self.engine = build_engine(
             spec,
             self.model,

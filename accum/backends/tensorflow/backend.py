@@ -21,7 +21,7 @@ from .distribute import has_gpu, is_chief, replicas, strategy_name
 from .engine_for import accumulator_for
 from .gradient_cache import cache_line, dense
 from .graphs import graph
-from .keras_objective import KerasObjective, is_keras_loss
+from .keras_objective import KerasObjective
 from .noise import NoiseScale
 from .norm import AccumBatchNorm, GroupNorm, pool, pooled
 from .objective import TOTAL, classifier, combine
@@ -55,7 +55,6 @@ __all__ = [
     "graph",
     "has_gpu",
     "is_chief",
-    "is_keras_loss",
     "local_replica_ids",
     "peak_during",
     "pool",

@@ -102,11 +102,6 @@ def _take_apart(loss, y_true, y_pred, sample_weight, steps=None):
     return total, elements, "data"
 
 
-def is_keras_loss(objective) -> bool:
-    """Whether a run's objective is a Keras loss (its loss and compiled metrics) rather than the built-in one."""
-    return isinstance(objective, KerasObjective)
-
-
 class KerasObjective:
     """The model's compiled loss (and the losses its layers add) as normalisers and sums.
 
