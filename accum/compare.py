@@ -55,7 +55,7 @@ def gradient_check(cfg: Config, data) -> dict:
         with tf.GradientTape() as tape:
             # the whole batch's loss as the objective normalises it (without the weight regularizers)
             parts, _ = inference.evaluate(x, y, weights, training, groups)
-            counts = [parts.counts[g] for g in groups if g != backend.TOTAL]
+            counts = [parts.counts[g] for g in groups if g in parts.counts]  # every normaliser but a sum's
             full_loss = backend.combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
         full = tape.gradient(full_loss, variables)
         engine = backend.accumulator_for(model, inference, None, subdivisions=k, norm_layers=model.norm_layers)

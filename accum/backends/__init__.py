@@ -64,7 +64,6 @@ class Backend(Protocol):
     NAME: str  # keras.config.backend()'s name for it
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
-    TOTAL: str  # the objective's normaliser of a sum loss, which no count divides
     KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers (else the built-in classifier)
     Evaluation: type  # the objective's loss and a model's metrics over data in inference mode, one all-reduce
     KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them

@@ -24,7 +24,7 @@ from .graphs import graph
 from .keras_objective import KerasObjective
 from .noise import NoiseScale
 from .norm import AccumBatchNorm, GroupNorm, pool, pooled
-from .objective import TOTAL, classifier, combine
+from .objective import classifier, combine
 from .scoring import Evaluation, KerasMetrics, Scorer
 from .trim import check_trim
 from .update import local_replica_ids
@@ -34,7 +34,6 @@ __all__ = [
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
-    "TOTAL",
     "AccumBatchNorm",
     "Checkpoints",
     "Evaluation",
