@@ -36,13 +36,11 @@ def gradient_check(cfg: Config, data) -> dict:
     k micro-batches of the batch, which are then read and cleared, never
     applied."""
     from .backends import active
-    from .backends.tensorflow.engine_for import accumulator_for
-    from .backends.tensorflow.gradient_cache import dense
     from .from_config.build import build_with_loss
+    from .trainer.data.batching import as_data
     from .trainer.data.order import first_batch
-    from .trainer.loss.objective import TOTAL, combine
-    from .trainer.loss.scoring import as_data
 
+    backend = active()
     model, objective = build_with_loss(cfg, data)
     x, y, weights = as_data(first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle))
     variables = model.trainable_variables
@@ -55,18 +53,18 @@ def gradient_check(cfg: Config, data) -> dict:
 
         def full_loss():  # the whole batch's loss as the objective normalises it (without the weight regularizers)
             parts, _ = inference.evaluate(x, y, weights, training, groups)
-            counts = [parts.counts[g] for g in groups if g != TOTAL]
-            return combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
+            counts = [parts.counts[g] for g in groups if g in parts.counts]  # every normaliser but a sum's
+            return backend.combine({"sums": [parts.sums[g] for g in groups], "counts": counts}, groups, 1)[1]
 
-        full = active().gradients(full_loss, variables)
-        engine = accumulator_for(model, inference, None, subdivisions=k, norm_layers=model.norm_layers)
+        full = backend.gradients(full_loss, variables)
+        engine = backend.accumulator_for(model, inference, None, subdivisions=k, norm_layers=model.norm_layers)
         engine.accumulate_batch(x, y, sample_weight=weights)
         accumulated = engine.accumulated()
         engine.reset()  # nothing is applied, no statistic moves
         per_variable = {}
         for name, acc, ref in zip(names, accumulated, full):
             # an Embedding's gradient comes as tf.IndexedSlices; a variable the loss does not reach has none
-            reference = np.zeros(acc.shape) if ref is None else dense(ref).numpy().astype(np.float64)
+            reference = np.zeros(acc.shape) if ref is None else backend.dense(ref).numpy().astype(np.float64)
             diff = acc.numpy().astype(np.float64) - reference
             per_variable[name] = {
                 "max_abs_diff": float(np.max(np.abs(diff))),

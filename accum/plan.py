@@ -58,12 +58,12 @@ def plan(cfg: Config, data=None) -> dict:
     from .trainer.optim import run_schedule
 
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
+    from .backends import active
     from .from_config.build import build_with_loss, describe_loss
-    from .trainer.loss.keras_objective import is_keras_loss
 
     model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
     groups = len(loss.groups)  # the loss's normalisers: one gradient cache each
-    objective = describe_loss(loss) if is_keras_loss(loss) else BUILT_IN_OBJECTIVE
+    objective = describe_loss(loss) if isinstance(loss, active().KerasObjective) else BUILT_IN_OBJECTIVE
 
     # The baseline runs the whole batch in one pass: one "micro-batch".
     subdivisions = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)

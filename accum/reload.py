@@ -33,13 +33,13 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .trainer.loss.keras_objective import is_keras_loss
-        from .trainer.loss.scoring import Scorer, eval_batch_size
+        from .backends import active
+        from .trainer.data.batching import eval_batch_size
 
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
-        self.keras_loss = is_keras_loss(objective)
+        self.keras_loss = isinstance(objective, active().KerasObjective)
         size = eval_batch_size(cfg.batch_size, subdivisions, cfg.micro_batch_size)
-        self.scorer = Scorer(model, objective, data, lambda: size)
+        self.scorer = active().Scorer(model, objective, data, lambda: size)
 
     def outputs(self, x, batch_size: int):
         """The model's outputs for the inputs ``x`` in inference mode, ``batch_size`` examples at a time, as float32

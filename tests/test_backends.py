@@ -1,16 +1,16 @@
 """The seam for a second backend (accum/backends/, docs/design.md): what speaks TensorFlow to run an update lives in
 accum/backends/tensorflow/; the trainer's loop, the Trainer, its memory guard, the run directory and the runtime's
 policy import no TensorFlow and reach the backend only through the seam (``accum_train.backends.active``), which
-Keras' own backend chooses; the TensorFlow backend answers the seam's calls.
+Keras' own backend chooses; the TensorFlow backend answers the seam's calls. No module outside accum/backends/
+imports a backend's folder: the objective, the Keras objective, the evaluation, the noise terms and averages, the
+trim check, BatchNorm pooling (and the TensorLayer nets' norm layers) and the checkpoint manager are the backend's,
+reached through ``active()``.
 
-Still speaking TensorFlow outside accum/backends/, the feed (tf.data stays the data layer: Keras reads it on every
-backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what the sources import):
-- trainer/: loss/objective and noise (the sums, totals and noise terms as replica-local variables, in the graph),
-  loss/keras_objective (a compiled loss taken apart in the graph), loss/scoring (the evaluation graph), data/trim
-  (the trim cut), optim (schedules as tensors), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need
-  Keras' own saving);
-- models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer, which only TensorFlow
-  runs: it moves beside norm once norm is in the backend's folder), precision;
+Still speaking TensorFlow outside accum/backends/, the feed and trim_padding's cut in its pipeline (tf.data stays the
+data layer: Keras reads it on every backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
+the sources import):
+- trainer/: optim (schedules as tensors);
+- models/: builtin (TensorLayer, which only TensorFlow runs);
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
 gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
@@ -47,18 +47,15 @@ CLEAN = [
     "accum/keras_fit/fit_hooks.py",
     "accum/keras_fit/rundir.py",
 ]
-# Where tf.data may stay: the feed and the loaders.
+# Where tf.data may stay: the feed, trim_padding's cut in its pipeline, and the loaders.
 DATA_LAYER = {
-    f"{PACKAGE}.trainer.data.feed",
+    *(f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "trim")),
     *(f"{PACKAGE}.keras_fit.{name}" for name in ("inputs", "array_feed", "stream_feed", "pipeline", "conversion")),
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {
-    *(f"{PACKAGE}.trainer.{m}" for m in ("noise", "optim")),
-    *(f"{PACKAGE}.trainer.loss.{m}" for m in ("objective", "keras_objective", "scoring")),
-    f"{PACKAGE}.trainer.data.trim",
-    f"{PACKAGE}.trainer.store.checkpoints",
-    *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision")),
+    f"{PACKAGE}.trainer.optim",
+    f"{PACKAGE}.models.builtin",
     *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
 }
 
@@ -79,6 +76,18 @@ def test_a_module_that_must_not_speak_tensorflow_reaches_the_backend_through_the
     modules, name = sources(), module_of(path)
     assert name in modules
     assert sorted(t for t in imports(ROOT / path, name, modules) if t.startswith(f"{SEAM}.")) == []
+
+
+def test_no_module_outside_the_backends_imports_a_backend_s_folder():
+    """Everything outside accum/backends/ reaches a backend through the seam (``active()``), never by importing
+    accum_train.backends.tensorflow (or a later backend's folder), at top level or inside a function."""
+    modules = sources()
+    direct = {
+        name: sorted(t for t in imports(path, name, modules) if t.startswith(f"{SEAM}."))
+        for name, path in modules.items()
+        if name != SEAM and not name.startswith(f"{SEAM}.")
+    }
+    assert {name: found for name, found in direct.items() if found} == {}
 
 
 def test_what_still_speaks_tensorflow_outside_the_backends_the_feed_and_the_loaders_is_the_list():

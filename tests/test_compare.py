@@ -62,7 +62,7 @@ def test_gradient_check_cuts_the_batch_as_micro_batch_size_says(repo_root, small
 def test_gradient_check_measures_the_engine_itself(repo_root, small_data, monkeypatch):
     """Break the engine (each micro-batch counted twice) and the check must see it."""
     from accum_train.backends.tensorflow.engine import Accumulator
-    from accum_train.trainer.loss.objective import as_data
+    from accum_train.trainer.data.batching import as_data
 
     real = Accumulator._micro
     monkeypatch.setattr(Accumulator, "_micro", lambda self, data, n, prepare=as_data: real(self, data, n // 2, prepare))

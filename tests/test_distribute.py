@@ -455,7 +455,7 @@ ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.backends.tensorflow.engine import Accumulator
-from accum_train.trainer.loss.objective import sparse_softmax_loss
+from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.trainer.optim import make_optimizer
 with strategy.scope():
@@ -486,7 +486,7 @@ from accum_train.from_config.startup import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.backends.tensorflow.engine import Accumulator
-from accum_train.trainer.loss.objective import sparse_softmax_loss
+from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.trainer.optim import make_optimizer
 with strategy.scope():
@@ -693,7 +693,7 @@ from accum_train.from_config.startup import make_strategy
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
 import keras
 from accum_train.backends.tensorflow.engine import Accumulator
-from accum_train.trainer.loss.objective import sparse_softmax_loss
+from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
 SCALE = 3.0  # not a power of two: multiplying by it, and by 1/3, rounds
 with strategy.scope():

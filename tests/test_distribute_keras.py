@@ -280,7 +280,7 @@ ops = CountingCrossDeviceOps()
 strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
 import keras
 from accum_train.backends.tensorflow.engine import Accumulator
-from accum_train.trainer.loss.objective import sparse_softmax_loss
+from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
 from accum_train.trainer.optim import make_optimizer
 path, kind = sys.argv[1], sys.argv[2]

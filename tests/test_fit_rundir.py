@@ -90,7 +90,7 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
 def test_a_run_directory_of_the_previous_release_resumes(tmp_path, monkeypatch, uninterrupted):
     """0.1.0 checkpointed neither the noise scale's averages nor k: such a directory resumes at the uninterrupted
     weights, its estimate starting afresh."""
-    from accum_train.trainer.store.checkpoints import Checkpoints
+    from accum_train.backends.tensorflow.checkpoints import Checkpoints
 
     def tracked_alone(self):  # what 0.1.0 saved: none of the optional variables
         return tf.train.CheckpointManager(tf.train.Checkpoint(**self.tracked), str(self.directory), self.keep)

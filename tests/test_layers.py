@@ -7,8 +7,9 @@
   ends never import each other;
 - the seam (accum/backends/__init__.py) imports only the leaves, and reaches its backends when asked, never by an
   import statement; a backend's folder (accum/backends/tensorflow/) imports only the leaves, Keras' internals, its
-  own folder and the pieces of an update still in trainer/, never the run machinery, a front end or a command
-  (tests/test_backends.py: which modules speak TensorFlow, and that the trainer reaches its backend through the seam);
+  own folder, the rooms of trainer/ every backend shares and models/containers, never the run machinery, a front end
+  or a command (tests/test_backends.py: which modules speak TensorFlow, and that nothing outside reaches a backend
+  but through the seam);
 - no two modules import each other, directly or around a circle, even through imports inside functions;
 - no module of accum/, cli/ or datasets/ is over 400 lines;
 - every package folder (an ``__init__.py``, sub-rooms such as trainer/store/ too) is one setup.cfg installs, and
@@ -27,11 +28,13 @@ FOLDERS = {"accum": PACKAGE, "cli": f"{PACKAGE}.cli", "datasets": f"{PACKAGE}.da
 LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "defaults", "errors", "text", "imports", "files")}
 CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
 SEAM = f"{PACKAGE}.backends"
-# What a backend's folder may import besides its own: the leaves, Keras' internals (keras_private), and the pieces of
-# an update that still live in trainer/ and speak TensorFlow (the objective's sums and totals, the noise terms, the
-# feed's held batch), the next to move into the folder.
+# What a backend's folder may import besides its own: the leaves, Keras' internals (keras_private), and the rooms of
+# trainer/ that every backend shares: the noise scale's estimate, the feed's held batch, the batch arithmetic and
+# trim_padding's cut in the data pipeline; and what the accumulator needs of a network (models/containers).
 BACKEND_MAY_IMPORT = (
-    LEAVES | {f"{PACKAGE}.keras_private"} | {f"{PACKAGE}.trainer.{m}" for m in ("loss.objective", "noise", "data.feed")}
+    LEAVES
+    | {f"{PACKAGE}.keras_private", f"{PACKAGE}.models.containers"}
+    | {f"{PACKAGE}.trainer.{m}" for m in ("noise", "data.feed", "data.batching", "data.trim")}
 )
 MAX_LINES = 400
 

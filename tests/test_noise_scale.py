@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
+from accum_train.backends.tensorflow.noise import NoiseScale
 from accum_train.defaults import NOISE_DECAY
 from accum_train.trainer.data.batching import micro_bounds
-from accum_train.trainer.noise import NoiseScale, grown_batch, one_update
+from accum_train.trainer.noise import grown_batch, one_update
 from helpers import max_difference
 
 IN, OUT = 5, 3

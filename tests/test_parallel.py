@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
+from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.from_config import startup
 from accum_train.models import build_model
 from accum_train.trainer import runtime
-from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(99)

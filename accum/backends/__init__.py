@@ -66,8 +66,27 @@ class Backend(Protocol):
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
     BAD_INPUT: type[Exception]  # an op refused the values or shapes given (the commands' data): they name the data
     STRATEGY: type  # what accum_train.fit's strategy= takes: the backend's distribution of the replicas
+    KerasObjective: type  # a compiled Keras loss taken apart into sums and normalisers (else the built-in classifier)
+    Evaluation: type  # the objective's loss and a model's metrics over data in inference mode, one all-reduce
+    KerasMetrics: type  # a Keras model's compiled metrics and loss trackers, kept as model.fit keeps them
+    Checkpoints: type  # a run directory's checkpoints/: what it tracks saved, the newest kept, restored
+    NoiseScale: type  # the gradient noise scale's running estimate, its averages as a checkpoint holds them
+    AccumBatchNorm: type  # the TensorLayer nets' BatchNorm, its statistics moved once per update (pooled)
+    GroupNorm: type  # the TensorLayer nets' group normalisation
+    Scorer: type  # a run's test and validation scores over its splits held in memory
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
+    def classifier(self, forward: Callable) -> Any: ...  # the built-in objective: cross-entropy of forward's logits
+    # refuses trim_padding where the cut changes the update (its first batch's shortest micro-batch, whole and cut)
+    def check_trim(self, objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None): ...
+    def checkpoint_problem(self, prefix: str) -> str | None: ...  # why it cannot be restored; None: intact
+    def combine(self, totals: dict, groups, n) -> tuple: ...  # (factor per normaliser, the loss) of summed parts
+    def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature
+    def dense(self, gradient) -> Any: ...  # a gradient as one dense array (an Embedding's come as slices)
+    def cache_line(self, engine: Engine, frozen: int) -> str: ...  # what its gradient caches hold, as fit says it
+    def pool(self, model, where: str, error=..., adapters=None) -> list: ...  # its BatchNormalization layers pooling
+    def pooled(self, model, strategy=None, adapters=None, where: str = ...): ...  # ``pool`` within, Keras' own after
+    def local_replica_ids(self, strategy) -> list: ...  # the global ids of this process's replicas
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
     def state_variable(self, value, dtype: str, name: str): ...  # run state a checkpoint holds by name (.numpy())
     def eagerly(self): ...  # a context in which the engine's compiled functions run op by op (run_eagerly=True)

@@ -24,15 +24,15 @@ import keras
 import tensorflow as tf
 
 from .. import keras_private
+from ..backends import active
 from ..errors import ConfigError
 from ..imports import import_function
 from ..models.containers import KerasModel
 from ..models.keras_file import accumulating_clone, load_keras_file, outputs_logits
 from ..models.precision import set_precision
 from ..text import first_line, shape_text, traced_error_line
+from ..trainer.data.batching import as_data
 from ..trainer.data.trim import TrimmedSplit, check_trimmable
-from ..trainer.loss.keras_objective import KerasObjective
-from ..trainer.loss.objective import as_data, classifier
 from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 from .source import compile_config, model_source
@@ -71,7 +71,7 @@ def build_with_loss(cfg, data, precision: str = "float32"):
     from ..models import build_model
 
     model = build_model(cfg.model, cfg.seed, data.input_shape, data.num_classes, precision)
-    return model, classifier(model.forward)
+    return model, active().classifier(model.forward)
 
 
 def build_run(cfg, data, strategy=None):
@@ -153,7 +153,7 @@ def build_keras_loss_model(cfg, data, precision: str = "float32") -> KerasModel:
     return set_precision(model, precision)
 
 
-def keras_objective(network, signature, path: str) -> KerasObjective:
+def keras_objective(network, signature, path: str):
     """The compiled loss of ``network`` taken apart for data of ``signature`` ((x, y) or (x, (y, weights)) of a
     batch): its normalisers found by tracing one micro-step. Targets the loss cannot take fail here, in one line."""
     element = as_data(signature)  # (x, y, sample weights or None)
@@ -161,7 +161,7 @@ def keras_objective(network, signature, path: str) -> KerasObjective:
     _check_class_targets(network.loss, targets)
     try:
         keras_private.symbolic_build(network, element)  # the compiled loss's entries exist after it
-        objective = KerasObjective(network, where=f"the loss of model.path={path}")
+        objective = active().KerasObjective(network, where=f"the loss of model.path={path}")
         objective.probe(element, tf.distribute.get_strategy())
     except ConfigError:
         raise
@@ -175,7 +175,7 @@ def keras_objective(network, signature, path: str) -> KerasObjective:
     return objective
 
 
-def describe_loss(objective: KerasObjective) -> dict:
+def describe_loss(objective) -> dict:
     """The loss per output (name, loss, weight) and the metrics' names, as plan shows them."""
     losses = [
         {"output": entry.name, "loss": _loss_name(entry.loss), "weight": entry.loss_weights}

@@ -9,15 +9,14 @@ import json
 
 import tensorflow as tf
 
+from ..backends import active
 from ..config import BatchChange, Config
+from ..trainer.data.batching import as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
 from ..trainer.data.order import epoch_order
 from ..trainer.data.timeline import Timeline
-from ..trainer.data.trim import TrimmedSplit, check_trim
-from ..trainer.loss.keras_objective import is_keras_loss
-from ..trainer.loss.objective import as_data
-from ..trainer.loss.scoring import Scorer, eval_batch_size
-from ..trainer.noise import NoiseScale, rule_change
+from ..trainer.data.trim import TrimmedSplit
+from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
 
 
@@ -48,7 +47,7 @@ class Run:
             factor = cfg.optimizer.scale_learning_rate.factor(cfg.batch_size)
             self.rate_factor = tf.Variable(factor, dtype=tf.float32, trainable=False, name="rate_factor")
         # trim_padding's micro-batches are sequences of like length, not the random draws the noise scale assumes
-        self.noise = NoiseScale(measured=cfg.data.trim_padding is None)
+        self.noise = active().NoiseScale(measured=cfg.data.trim_padding is None)
         self.schedule = schedule = run_schedule(
             cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), self.timeline, self.rate_factor
         )
@@ -56,7 +55,7 @@ class Run:
         self.replicas = in_scope.num_replicas_in_sync
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        self.keras_loss = is_keras_loss(objective)
+        self.keras_loss = isinstance(objective, active().KerasObjective)
         self.engine = build_engine(
             spec,
             self.model,
@@ -73,7 +72,7 @@ class Run:
         )
         if isinstance(data.train, TrimmedSplit):
             self._check_trim(data.train)
-        self.scorer = Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
+        self.scorer = active().Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
         from .augment import Augment
 
         self.augment = Augment(cfg.data.augment, cfg.seed)
@@ -101,7 +100,7 @@ class Run:
         first = split.split.gather(tf.range(min(self.cfg.batch_size, len(split)), dtype=tf.int64))
         cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
         unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731
-        check_trim(
+        active().check_trim(
             self.objective,
             self.objective.groups,
             first,

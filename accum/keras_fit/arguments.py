@@ -11,7 +11,6 @@ import keras
 import numpy as np
 
 from ..backends import active
-from ..backends.tensorflow.update import local_replica_ids
 from ..config.wording import parse_size
 from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FIT_SUBDIVISIONS
 from ..errors import Refused, UserError
@@ -37,7 +36,7 @@ def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
             return recorded
     if not shuffled:
         return 0
-    if len(local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
+    if len(active().local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
         raise UserError(
             f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
             f"seed=<int>, the same on every worker"

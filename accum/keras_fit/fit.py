@@ -23,17 +23,12 @@ import keras
 
 from .. import keras_private
 from ..backends import active
-from ..backends.tensorflow.gradient_cache import cache_line
-from ..backends.tensorflow.update import local_replica_ids
 from ..defaults import FIT, LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
 from ..keras_private import all_layers
-from ..models.norm import pooled
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
-from ..trainer.data.trim import check_trim, check_trimmable, trim_multiple
-from ..trainer.loss.keras_objective import KerasObjective
-from ..trainer.loss.scoring import Evaluation, KerasMetrics
+from ..trainer.data.trim import check_trimmable, trim_multiple
 from ..trainer.trainer import Trainer, build_engine
 from . import checks
 from .arguments import (
@@ -207,7 +202,7 @@ def fit(
         return spec.micro.k_for(size, replicas)
 
     k = 1 if auto else k_for(nominal)
-    cut = Cut(k, replicas, tuple(local_replica_ids(strategy)))
+    cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
             restore.enter_context(active().eagerly())
@@ -223,14 +218,14 @@ def fit(
         key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
-            adapters = restore.enter_context(pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
+            adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
             built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
             checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
-                print(f"{WHERE}: {cache_line(getattr(built[0], 'caches', []), len(model.non_trainable_weights))}")
+                print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
         else:
-            restore.enter_context(pooled(model, strategy, built[0].norm_layers))
+            restore.enter_context(active().pooled(model, strategy, built[0].norm_layers))
             built[0].hold()
         engine, evaluation = built
         engine.set_subdivisions(k)
@@ -313,7 +308,7 @@ def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names
             f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
             f"compile(loss=...), or train with model.fit",
         )
-    objective = KerasObjective(model, steps=feed.steps)
+    objective = active().KerasObjective(model, steps=feed.steps)
     # the validation data as its own uncut length counts (trim_padding): the same loss
     scored = objective if validation is None else objective.with_steps(validation.steps)
     sources = [(objective, feed, names, WHERE)]
@@ -329,7 +324,7 @@ def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names
             )
     for (taken, source, _, where), found in zip(sources, groups) if cut is not None else ():  # validation's too
         first, element_spec = source.first_batch(), source.element_spec
-        check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
+        active().check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
     groups, eval_groups = groups[0], (groups[1] if validation is not None else ())
     optimizer = model.optimizer
     loss_scale, growth = None, LOSS_SCALE_GROWTH_STEPS
@@ -338,7 +333,7 @@ def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names
         optimizer = optimizer.inner_optimizer
     elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in all_layers(model)):
         loss_scale = LOSS_SCALE_INITIAL
-    metrics = KerasMetrics(model, strategy)
+    metrics = active().KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
     engine = build_engine(
         spec,
@@ -355,7 +350,7 @@ def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names
         loss_scale=loss_scale,
         growth_steps=growth,
     )
-    evaluation = Evaluation(scored, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
+    evaluation = active().Evaluation(scored, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
     return engine, evaluation
 
 

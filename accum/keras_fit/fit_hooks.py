@@ -30,7 +30,7 @@ from .. import keras_private
 from ..backends import active
 from ..trainer.data.batching import Cut, same_size
 from ..trainer.data.feed import Planned, Reader, distribute, empty_like, endless
-from ..trainer.noise import NoiseScale, rule_change
+from ..trainer.noise import rule_change
 
 
 def as_python(logs: dict) -> dict:
@@ -58,7 +58,7 @@ class FitHooks:
         self.rule, self.micro_batch_size, self.say = None, None, say
         self.rule_changes = active().state_variable("[]", "string", "rule_changes")
         # trim_padding's micro-batches are sequences of like length, not the random draws the estimate assumes
-        self.noise = NoiseScale(measured=not getattr(feed, "trim", 0))
+        self.noise = active().NoiseScale(measured=not getattr(feed, "trim", 0))
         self.checkpoints = self.stop = None
         self.ran_out_before = False
         # the updates as the loop and the guard read them (feed.Reader, the CLI's too): the epoch's stream, cut for

@@ -1,13 +1,11 @@
 """Models: the seed's conv net and a small MLP (TensorLayer), or your own Keras 3
 model from a .keras file, each as a ``Model`` the engine can train.
 
-``build_model(cfg, ...)`` returns a ``Model``: the network, a
-``forward(x, training)`` that gives logits, the variables to train and to
-checkpoint, and the norm layers whose moving statistics the engine moves
-once per update. One module per job: ``norm`` (the normalisation layers and
-their pending statistics), ``containers`` (``Model``, ``KerasModel``),
-``builtin`` (the TensorLayer networks), ``keras_file`` (loading and checking
-your file), ``precision`` (mixed-precision compute).
+``build_model(cfg, ...)`` returns a ``Model``: the network, a ``forward(x, training)`` that gives logits, the
+variables to train and to checkpoint, and the norm layers whose moving statistics the engine moves once per update
+(the backend's ``AccumBatchNorm`` and ``pool``). One module per job: ``containers`` (``Model``, ``KerasModel``),
+``builtin`` (the TensorLayer networks), ``keras_file`` (loading and checking your file), ``precision``
+(mixed-precision compute).
 """
 
 from __future__ import annotations
@@ -18,18 +16,14 @@ from ..config import MODEL_NAMES, SEED_CHANNELS, ModelConfig
 from .builtin import SEED_STRIDES, mlp, seed_convnet, tensorlayer_model
 from .containers import KerasModel, Model
 from .keras_file import keras_file
-from .norm import AccumBatchNorm, GroupNorm, PooledBatchNorm
 from .precision import set_precision
 
 __all__ = [
     "BUILDERS",
     "SEED_CHANNELS",
     "SEED_STRIDES",
-    "AccumBatchNorm",
-    "GroupNorm",
     "KerasModel",
     "Model",
-    "PooledBatchNorm",
     "build_model",
 ]
 

@@ -13,9 +13,9 @@ import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d, Input
 
+from ..backends import active
 from ..config import NORM_NAMES, ModelConfig
 from .containers import Model
-from .norm import AccumBatchNorm, GroupNorm
 
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
@@ -42,8 +42,8 @@ def leaky_relu(features):
 
 # model.norm -> the normalisation layer after a conv (or the MLP's hidden layer), its activation fused in
 NORM_LAYERS = {
-    "batchnorm": lambda cfg, act, index: AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
-    "groupnorm": lambda cfg, act, index: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
+    "batchnorm": lambda cfg, act, index: active().AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
+    "groupnorm": lambda cfg, act, index: active().GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
     "none": None,
 }
 if tuple(NORM_LAYERS) != NORM_NAMES:  # a registry out of step with the config is a bug
@@ -89,7 +89,7 @@ def tensorlayer_model(builder) -> Callable:
 
     def build(cfg: ModelConfig, input_shape, num_classes: int) -> Model:
         network = builder(cfg, input_shape, num_classes)
-        norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
+        norm_layers = [layer for layer in network.all_layers if isinstance(layer, active().AccumBatchNorm)]
 
         def forward(images, training: bool):
             # TL fixes train/eval mode at trace time: the engine traces training and

@@ -3,7 +3,7 @@
 The file is loaded with ``safe_mode=True`` (no Python code from the file runs)
 and checked against the dataset's input shape and class count. Its
 ``BatchNormalization`` layers pool their statistics over the micro-batches of
-an update (models/norm.py ``pooled``: each keeps its class, config and
+an update (the backend's ``pooled``: each keeps its class, config and
 weights). Built inside a tf.distribute strategy's scope (as train.Run builds
 every model), the loaded and cloned weights are mirrored variables and the
 layers' pending statistics replica-local ones, so the model trains on every
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import keras
 
+from ..backends import active
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..text import shape_text
 from .containers import KerasModel
-from .norm import pool
 from .precision import float8_scales
 
 
@@ -200,7 +200,7 @@ def accumulating_clone(loaded: keras.Model, path: str, softmax=None) -> KerasMod
     network = keras.models.clone_model(loaded, clone_function=swap, recursive=True)
     for new, old in peeled:  # clone_model builds the new layer; the weights are the file's
         new.set_weights(old.get_weights())
-    norm_layers = pool(network, f"model.path={path}", ConfigError)
+    norm_layers = active().pool(network, f"model.path={path}", ConfigError)
 
     def forward(x, training: bool):
         return network(x, training=training)

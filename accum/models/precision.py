@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 
 import keras
-import tensorflow as tf
+from keras import ops
 
+from ..backends import active
 from .containers import KerasModel, Model, leaves
-from .norm import AccumBatchNorm, GroupNorm
 
 
 def float8_scales(model: keras.Model) -> list[str]:
@@ -24,23 +24,21 @@ def float8_scales(model: keras.Model) -> list[str]:
     return [v.name for v in model.trainable_variables if getattr(v, "overwrite_with_gradient", False)]
 
 
-def _compute_dtype(precision: str):
-    return {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}[precision]
-
-
 def _cast_weights_forward(layer, dtype):
     """layer.forward in ``dtype``: its input and its float32 weights cast for the call (their gradients come
     back float32 through the cast). TL keeps the weights as attributes (self.W, self.b) apart from its
     weight lists, so swapping the attributes for the length of one call changes nothing else."""
     original = layer.forward
-    names = [k for k, v in vars(layer).items() if isinstance(v, tf.Variable) and v.dtype == tf.float32]
+    # its float32 variables (TL's are tf.Variables: what has ``assign`` and a dtype)
+    names = [k for k, v in vars(layer).items() if hasattr(v, "assign") and getattr(v, "dtype", None) == "float32"]
 
     def forward(inputs, *args, **kwargs):
         saved = {k: layer.__dict__[k] for k in names}
         try:
             for k, v in saved.items():
-                layer.__dict__[k] = tf.cast(v, dtype)
-            return original(tf.cast(inputs, dtype) if inputs.dtype.is_floating else inputs, *args, **kwargs)
+                layer.__dict__[k] = ops.cast(v, dtype)
+            floating = keras.backend.is_float_dtype(inputs.dtype)
+            return original(ops.cast(inputs, dtype) if floating else inputs, *args, **kwargs)
         finally:
             layer.__dict__.update(saved)
 
@@ -50,7 +48,7 @@ def _cast_weights_forward(layer, dtype):
 def _float32_forward(layer, dtype):
     """layer.forward in float32 (GroupNorm: no fused op), its output back in ``dtype``."""
     original = layer.forward
-    return lambda inputs, *args, **kwargs: tf.cast(original(tf.cast(inputs, tf.float32), *args, **kwargs), dtype)
+    return lambda inputs, *args, **kwargs: ops.cast(original(ops.cast(inputs, "float32"), *args, **kwargs), dtype)
 
 
 def set_precision(model: Model, precision: str) -> Model:
@@ -59,19 +57,19 @@ def set_precision(model: Model, precision: str) -> Model:
     Weights, their gradients, BatchNorm statistics and everything the engine keeps stay float32."""
     if precision == "float32":
         return model
-    dtype = _compute_dtype(precision)
+    dtype = keras.DTypePolicy(precision).compute_dtype
     if isinstance(model, KerasModel):
         for layer in leaves(model.network):
             if not isinstance(layer, keras.layers.InputLayer):
                 layer.dtype_policy = keras.DTypePolicy(precision)  # a global policy does nothing to a file's layers
     else:
         for layer in model.network.all_layers:
-            if not isinstance(layer, AccumBatchNorm):  # the fused op takes 16-bit activations as they come
-                layer.forward = (_float32_forward if isinstance(layer, GroupNorm) else _cast_weights_forward)(
+            if not isinstance(layer, active().AccumBatchNorm):  # the fused op takes 16-bit activations as they come
+                layer.forward = (_float32_forward if isinstance(layer, active().GroupNorm) else _cast_weights_forward)(
                     layer, dtype
                 )
     forward = model.forward
-    model.forward = lambda images, training: tf.cast(forward(images, training), tf.float32)
+    model.forward = lambda images, training: ops.cast(forward(images, training), "float32")
     return model
 
 

@@ -23,7 +23,7 @@ def to_keras(model, input_shape):
 
 def _keras_file_model(model):
     """The trained network as a model of its own: fresh BatchNormalization layers (the trained ones pool their
-    statistics, models/norm.py) and the peeled softmax back."""
+    statistics, the backend's norm.py) and the peeled softmax back."""
     import keras
 
     originals = {id(trained): original for trained, original in model.peeled}
@@ -70,7 +70,7 @@ def _converters():
     import keras
     from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d
 
-    from .norm import AccumBatchNorm, GroupNorm
+    from ..backends import active
 
     def present(*variables):
         return [v for v in variables if v is not None]
@@ -92,13 +92,13 @@ def _converters():
             keras.layers.Dense(t.n_units, use_bias=t.b_init is not None, name=t.name),
             present(t.W, getattr(t, "b", None) if t.b_init is not None else None),
         ),
-        AccumBatchNorm: lambda t: (
+        active().AccumBatchNorm: lambda t: (
             keras.layers.BatchNormalization(
                 momentum=t.decay, epsilon=t.epsilon, scale=t.gamma is not None, center=t.beta is not None, name=t.name
             ),
             present(t.gamma, t.beta, t.moving_mean, t.moving_var),
         ),
-        GroupNorm: lambda t: (
+        active().GroupNorm: lambda t: (
             keras.layers.GroupNormalization(t.groups, epsilon=t.epsilon, name=t.name),
             [t.gamma, t.beta],
         ),

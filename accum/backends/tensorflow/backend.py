@@ -1,14 +1,14 @@
 """The TensorFlow backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered.
 
-The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute
-strategy (distribute.py answers the questions about one). An update that runs out of memory raises
+The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute strategy
+(distribute.py answers the questions about one). An update that runs out of memory raises
 ``tf.errors.ResourceExhaustedError``, a failed op (a broken file read inside the graph) ``tf.errors.OpError``, its
 parent, which the loop catches second; inputs a model cannot take, ``tf.errors.InvalidArgumentError``. The commands'
-calls (a checkpoint read back, outputs in batches, compare's gradient) are commands.py's. A checkpoint holds the
-engine's counters as tf.Variables, by the names ``engine_state`` gives them. The allocator's peak is read here:
-``peak_during`` is the one probe, which runs a piece of work and reads the peak over it (the memory guard,
-``subdivisions: auto``'s probe, bench and summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a
-peak).
+calls (a checkpoint read back, outputs in batches, compare's gradient) are commands.py's. A checkpoint
+(checkpoints.py) holds the engine's counters as tf.Variables, by the names ``engine_state`` gives them. The
+allocator's peak is read here: ``peak_during`` is the one probe, which runs a piece of work and reads the peak over
+it (the memory guard, ``subdivisions: auto``'s probe, bench and summary.json use it; tests replace
+``allocator_peak_bytes`` here to fake a peak).
 """
 
 from __future__ import annotations
@@ -18,9 +18,19 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from .checkpoints import Checkpoints, checkpoint_problem, engine_state
 from .commands import batch_spec, gradients, outputs_in_batches, restore_weights, saved_value, saved_weight_shapes
 from .distribute import has_gpu, is_chief, replicas, strategy_name
 from .engine_for import accumulator_for
+from .gradient_cache import cache_line, dense
+from .graphs import graph
+from .keras_objective import KerasObjective
+from .noise import NoiseScale
+from .norm import AccumBatchNorm, GroupNorm, pool, pooled
+from .objective import classifier, combine
+from .scoring import Evaluation, KerasMetrics, Scorer
+from .trim import check_trim
+from .update import local_replica_ids
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
 __all__ = [
@@ -29,16 +39,34 @@ __all__ = [
     "OP_ERROR",
     "OUT_OF_MEMORY",
     "STRATEGY",
+    "AccumBatchNorm",
+    "Checkpoints",
+    "Evaluation",
+    "GroupNorm",
+    "KerasMetrics",
+    "KerasObjective",
+    "NoiseScale",
+    "Scorer",
     "accumulator_for",
     "allocator_peak_bytes",
     "batch_spec",
+    "cache_line",
+    "check_trim",
+    "checkpoint_problem",
+    "classifier",
+    "combine",
+    "dense",
     "eagerly",
     "engine_state",
     "gradients",
+    "graph",
     "has_gpu",
     "is_chief",
+    "local_replica_ids",
     "outputs_in_batches",
     "peak_during",
+    "pool",
+    "pooled",
     "replicas",
     "reset_allocator_peak",
     "restore_weights",
@@ -69,16 +97,6 @@ def eagerly():
         yield
     finally:
         tf.config.run_functions_eagerly(before)
-
-
-def engine_state(engine) -> dict:
-    """The engine's variables a checkpoint holds, by name: the bad and skipped updates, and under a dynamic loss
-    scale the scale and the applied updates since it last grew (the update count and the door's own variables
-    are the run directory's and the door's)."""
-    state = {"bad_updates_in_a_row": engine.bad_updates_in_a_row, "skipped_updates": engine.skipped_updates}
-    if engine.dynamic:
-        state.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
-    return state
 
 
 def memory_device() -> str:

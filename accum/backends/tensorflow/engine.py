@@ -44,12 +44,13 @@ import contextlib
 import tensorflow as tf
 
 from ... import keras_private
-from ...trainer import noise
+from ...trainer.data.batching import as_data, held_data
 from ...trainer.data.feed import held, sized
-from ...trainer.loss.objective import Parts, Totals, as_data, as_objective, combine, held_data, scale_of, units
+from . import noise
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
+from .objective import Parts, Totals, as_objective, combine, scale_of, units
 from .update import _first, _size
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ...trainer import noise
-from ...trainer.loss.objective import combine, output_values
+from . import noise
 from .gradient_cache import dense
+from .objective import combine, output_values
 from .update import STOP_REQUESTS, Update
 
 

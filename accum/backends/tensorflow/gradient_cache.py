@@ -44,9 +44,10 @@ class GradientCache:
         return [slot.read_value() for slot in self.slots]
 
 
-def cache_line(caches, frozen: int) -> str:
-    """What the gradient caches hold, as the first line of a verbose fit says it: their size (float32 whatever the
-    weights' dtype), and the variables that are not held (frozen: LoRA's base weights, for one)."""
+def cache_line(engine, frozen: int) -> str:
+    """What the gradient caches of ``engine`` hold, as the first line of a verbose fit says it: their size (float32
+    whatever the weights' dtype), and the variables that are not held (frozen: LoRA's base weights, for one)."""
+    caches = getattr(engine, "caches", [])
     size = sum(slot.shape.num_elements() * 4 for cache in caches for slot in cache.slots)
     variables = len(caches[0].slots) if caches else 0
     return (

@@ -46,7 +46,7 @@ def _size(n):
 class Update:
     """After the all-reduce: one clipped apply per update, or a skip.
 
-    ``norm_layers`` are objects with ``deferred``, ``pending`` (models/norm.py PendingStats), ``fold(values)``
+    ``norm_layers`` are objects with ``deferred``, ``pending`` (norm.py PendingStats), ``fold(values)``
     and ``discard()`` (AccumBatchNorm, PooledBatchNorm): their moving statistics are deferred and folded in once
     per applied update, from the sums of every micro-batch on every replica. ``strategy`` None is one device."""
 

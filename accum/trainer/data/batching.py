@@ -87,3 +87,23 @@ class Cut:
         order; ``stream``: chunk first."""
         pulls = self.pulls(n) if isinstance(n, int) else self.k
         return pieces(n, pulls, self.replicas, self.local, chunk_first=stream)
+
+
+def as_data(element, n=None):
+    """A batch as the objective takes it, (x, y, sample weights or None), from (x, y), (x, y, sample_weight) or
+    a dataset's (x, (y, sample_weight)) (whose targets are one array, or a dict by output: never a pair)."""
+    x, y, *weights = element
+    if not weights and isinstance(y, tuple) and len(y) == 2:
+        y, weights = y[0], [y[1]]
+    return x, y, (weights[0] if weights else None)
+
+
+def held_data(element, n=None):
+    """An element of a held batch's pipeline (feed.held: (data, where)) as ``as_data`` gives it."""
+    return as_data(element[0])
+
+
+def eval_batch_size(batch_size: int, subdivisions: int, micro_batch_size: int | None = None) -> int:
+    """Evaluation holds no gradients: twice a training micro-batch fits where one did (at least 100)."""
+    micro = micro_batch_size or largest_micro_batch(batch_size, 1, subdivisions)
+    return max(2 * micro, 100)

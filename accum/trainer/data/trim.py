@@ -1,6 +1,6 @@
 """``trim_padding``, through either door (accum_train.fit's argument, the CLI's ``data.trim_padding``): which steps
-of each example are padding, what the option asks of the model, the check that cutting the padding changes nothing
-the update computes, and the cut itself.
+of each example are padding, what the option asks of the model, and the cut itself, in the data pipeline that every
+backend reads (the check that the cut changes nothing the update computes: the backend's ``check_trim``).
 
 A batch's examples are put in order of length and each micro-batch is cut after its longest sequence (arrays held
 in memory by index, ``Held``: fit's arrays and the CLI's npz; fit's streams in their pipeline, stream_feed.py): the
@@ -11,12 +11,9 @@ unmasked convolution or mean over time do not. ``where`` begins every refusal: t
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from ... import keras_private
-from ...backends.tensorflow.graphs import graph
 from ...defaults import TRIM_MULTIPLE
 from ...errors import Refused, UserError
 
@@ -91,73 +88,6 @@ def check_trimmable(model, replicas: int, where: str) -> None:
             )
 
 
-def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None) -> None:
-    """Refuse trim_padding where cutting the padding changes the update: compare the normalisers, loss sums and
-    gradients of the first batch's shortest micro-batch, whole and cut right after its longest sequence (no
-    padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes).
-    ``first_batch`` is as the feed stores it, ``timed`` its leaves with the time axis, ``spec`` the feed's elements',
-    ``cut`` (batching.Cut) how a batch becomes micro-batches; ``unpack`` makes (x, y, sample_weight) of it (Keras'
-    own by default)."""
-    model = objective.model
-    variables = model.trainable_variables
-    unpack = unpack or keras.utils.unpack_x_y_sample_weight
-    rows, lengths = by_length(tf.nest.map_structure(tf.convert_to_tensor, first_batch))
-    start, end = [b for b in cut.bounds(int(tf.shape(tf.nest.flatten(rows)[0])[0])) if b[1] > b[0]][-1]
-    whole = tf.nest.map_structure(lambda t: t[start:end], rows)  # the shortest micro-batch of the first batch
-    trimmed = cut_after(whole, timed, lengths[start:end], 1)  # right after its longest: the most it can lose
-
-    def steps(data):
-        return next(t.shape[1] for t, cut in zip(tf.nest.flatten(data), tf.nest.flatten(timed)) if cut)
-
-    length, time_steps = steps(trimmed), steps(whole)
-    if length == time_steps:
-        return  # nothing cut here: nothing to compare
-
-    def measure(data):
-        x, y, sample_weight = unpack(data)
-        with tf.GradientTape() as tape:
-            parts, _ = objective.evaluate(x, y, sample_weight, training=False, groups=groups)
-            total = tf.add_n([parts.sums[g] for g in groups])
-        grads = tape.gradient(total, model.trainable_variables)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-        return parts.sums, parts.counts, grads
-
-    with strategy.scope():  # traced for the feed's elements, as the probe that found ``groups`` was
-        measured = graph(measure).get_concrete_function(spec)
-        (sums, counts, grads), (cut_sums, cut_counts, cut_grads) = measured(whole), measured(trimmed)
-    named = [("the number of values the loss averages", counts[g], cut_counts[g], 0.0) for g in counts]
-    named += [("the loss summed", sums[g], cut_sums[g], 0.0) for g in groups]
-    # A gradient that is zero in exact arithmetic (a key bias under a softmax, which cancels it) is rounding noise
-    # of the size of the others: each gradient is held to its own size or a thousandth of the largest, if more.
-    largest = max((float(np.max(np.abs(g), initial=0.0)) for g in grads), default=0.0)
-    named += [(f"the gradient of {v.path}", g, c, 1e-3 * largest) for v, g, c in zip(variables, grads, cut_grads)]
-    if objective.steps is None and any(_differ(counts[g], cut_counts[g]) for g in counts):
-        raise Refused(
-            "trim-divisor",
-            f"{where}: trim_padding changes the number of values the loss of model {model.name!r} averages (a "
-            f"micro-batch cut from {time_steps} to {length} steps): it divides by every position, padding included "
-            f"(reduction 'sum_over_batch_size'), and the batches' length before the cut is not fixed: pad every "
-            f"batch to one length, or leave trim_padding out",
-        )
-    for what, whole_value, cut_value, floor in named:
-        if _differ(whole_value, cut_value, floor):
-            raise Refused(
-                "trim-changes-result",
-                f"{where}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
-                f"{time_steps} to {length} steps): padding must change nothing, so mask it "
-                f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
-                f"trim_padding out",
-            )
-
-
-def _differ(whole, cut, floor: float = 0.0) -> bool:
-    """Whether two values of one micro-batch differ by more than the rounding of a sum taken over other lengths:
-    1e-4 of their own size, or of ``floor`` where that is larger (and of 1e-6 at least)."""
-    whole, cut = np.asarray(whole, np.float64), np.asarray(cut, np.float64)
-    size = max(np.max(np.abs(whole), initial=0.0), floor, 1e-6)
-    return bool(np.max(np.abs(whole - cut), initial=0.0) > 1e-4 * size)
-
-
 def stream_timed(spec, where: str):
     """For batches read from a stream (their ``spec``): which leaves are cut on axis 1, the inputs of x with two
     axes or more and every leaf whose axis 1 is theirs (of unknown size where theirs is: padded_batch)."""
@@ -214,37 +144,6 @@ def cut_after(data, timed, lengths, multiple):
     longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.cast(lengths, tf.int64)], 0))
     end = tf.minimum((longest + multiple - 1) // multiple * multiple, steps)
     return tf.nest.map_structure(lambda t, cut: t[:, :end] if cut else t, data, timed)
-
-
-def uncut(y, y_pred, sample_weight, steps: int):
-    """A cut micro-batch's targets, outputs and sample weights as the compiled metrics take them: every leaf whose
-    time axis was cut (of unknown length where traced) padded back to ``steps``, the steps cut away masked. Keras'
-    mean metrics average each example over its time axis, and count it by its weights' mean over that axis: two
-    micro-batches of different lengths would weigh their steps differently, where model.fit's uncut batch weighs
-    every step alike."""
-
-    def cut(t):
-        return t is not None and t.shape.rank is not None and t.shape.rank >= 2 and t.shape[1] is None
-
-    def pad(t):
-        return tf.pad(t, [[0, 0], [0, steps - tf.shape(t)[1]]] + [[0, 0]] * (t.shape.rank - 2))
-
-    def output(t):
-        if not cut(t):
-            return t
-        mask = keras_private.get_keras_mask(t)
-        padded = pad(t)
-        keras_private.set_keras_mask(padded, pad(tf.ones(tf.shape(t)[:2], tf.bool) if mask is None else mask))
-        return padded
-
-    def other(t):
-        return pad(t) if cut(t) else t
-
-    return (
-        tf.nest.map_structure(other, y),
-        tf.nest.map_structure(output, y_pred),
-        tf.nest.map_structure(other, sample_weight),
-    )
 
 
 class Held:

@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...backends import active
 from ...errors import Interrupted, RunDirError
 from ...files import atomic_write, strict_json
-from .checkpoints import Checkpoints, checkpoint_numbers
+from .checkpoints import checkpoint_numbers, latest_intact
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
 from .metrics_log import MetricsLog
 from .stopping import StopFlag
@@ -133,7 +134,7 @@ class RunDirectory:
         """Checkpoint ``tracked`` with what every run keeps (``Checkpoints``: ``engine``'s counters, ``noise``'s
         averages, ``optional`` where a checkpoint holds it) as ``policy`` says; and open metrics.jsonl."""
         self.policy, self.engine, self.noise = policy, engine, noise
-        self.checkpoints = Checkpoints(
+        self.checkpoints = active().Checkpoints(
             tracked, self.local / "checkpoints", policy.keep, self.resume_hint, engine, noise, optional=optional
         )
         self.log = MetricsLog(self.local)
@@ -143,9 +144,10 @@ class RunDirectory:
         return self.policy.due(step, self.saved_at)
 
     def restore(self, say, found=None) -> int:
-        """Restore the newest intact checkpoint of ``path`` (``Checkpoints.restore_newest``; the writer moves
-        damaged newer ones aside); its update."""
-        self.step = self.checkpoints.restore_newest(self.path, say, self.writer, self.flag, found)
+        """Restore the newest intact checkpoint of ``path`` (``latest_intact``: the writer moves damaged newer ones
+        aside); its update."""
+        intact, damaged = latest_intact(self.path, say, self.writer, self.flag, found)
+        self.step = self.checkpoints.restore_newest(intact, self.writer and bool(damaged))
         return self.step
 
     def save(self, step: int) -> None:
@@ -203,7 +205,6 @@ HISTORY = "history.jsonl"
 def run_figures(engine, noise, started: tuple) -> dict:
     """What summary.json says of a run in either door: its time since ``started`` ((wall, CPU) seconds), memory
     peaks, skipped updates, loss scale (mixed_float16) and last noise-scale estimate."""
-    from ...backends import active
     from ..memory import peak_rss_bytes
 
     return {

@@ -24,9 +24,9 @@ import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import BatchNorm
 
-from .. import keras_private
-from ..errors import UserError
-from .containers import leaves
+from ... import keras_private
+from ...errors import UserError
+from ...models.containers import leaves
 
 
 class PendingStats:

@@ -20,11 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 from ... import keras_private
-from ...backends.tensorflow.gradient_cache import REPLICA_LOCAL
-from ...backends.tensorflow.graphs import graph, in_turn
-from ...backends.tensorflow.update import _first
-from ..data.trim import uncut
-from .objective import Parts, Totals, as_data, combine, output_values, scale_of
+from ...trainer.data.batching import as_data
+from .gradient_cache import REPLICA_LOCAL
+from .graphs import graph, in_turn
+from .objective import Parts, Totals, combine, output_values, scale_of
+from .trim import uncut
+from .update import _first
 
 
 class KerasMetrics:
@@ -241,11 +242,3 @@ class Scorer:
             else:
                 scores[f"{prefix}_loss"], scores[f"{prefix}_accuracy"] = self.evaluate(split)
         return scores
-
-
-def eval_batch_size(batch_size: int, subdivisions: int, micro_batch_size: int | None = None) -> int:
-    """Evaluation holds no gradients: twice a training micro-batch fits where one did (at least 100)."""
-    from ..data.batching import largest_micro_batch
-
-    micro = micro_batch_size or largest_micro_batch(batch_size, 1, subdivisions)
-    return max(2 * micro, 100)

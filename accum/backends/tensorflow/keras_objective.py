@@ -31,8 +31,8 @@ import keras
 import tensorflow as tf
 
 from ... import keras_private
-from ...backends.tensorflow.graphs import graph
 from ...errors import Refused
+from .graphs import graph
 from .objective import EXAMPLES, TOTAL, Parts
 
 
@@ -100,11 +100,6 @@ def _take_apart(loss, y_true, y_pred, sample_weight, steps=None):
     if per_example.is_fully_defined():
         return total, elements, ("examples", per_example.num_elements())
     return total, elements, "data"
-
-
-def is_keras_loss(objective) -> bool:
-    """Whether a run's objective is a Keras loss (its loss and compiled metrics) rather than the built-in one."""
-    return isinstance(objective, KerasObjective)
 
 
 class KerasObjective:

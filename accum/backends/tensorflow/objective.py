@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from ...backends.tensorflow.gradient_cache import REPLICA_LOCAL
+from .gradient_cache import REPLICA_LOCAL
 
 EXAMPLES, TOTAL = "examples", "total"
 
@@ -94,20 +94,6 @@ def sparse_softmax_loss(forward: Callable, training: bool = True) -> Callable:
 def as_objective(objective):
     """An objective, or a per-example ``loss_fn(x, y)`` (in training mode) made one."""
     return objective if hasattr(objective, "evaluate") else PerExample(lambda x, y, _: (objective(x, y), None))
-
-
-def as_data(element, n=None):
-    """A batch as the objective takes it, (x, y, sample weights or None), from (x, y), (x, y, sample_weight) or
-    a dataset's (x, (y, sample_weight)) (whose targets are one array, or a dict by output: never a pair)."""
-    x, y, *weights = element
-    if not weights and isinstance(y, tuple) and len(y) == 2:
-        y, weights = y[0], [y[1]]
-    return x, y, (weights[0] if weights else None)
-
-
-def held_data(element, n=None):
-    """An element of a held batch's pipeline (feed.held: (data, where)) as ``as_data`` gives it."""
-    return as_data(element[0])
 
 
 def scale_of(group, n):
