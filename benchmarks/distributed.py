@@ -151,10 +151,10 @@ def main():
     import tensorflow as tf
     from accum_train.backends.tensorflow.engine import Accumulator
     from accum_train.config import ModelConfig, OptimizerConfig
+    from accum_train.from_config.optim import make_optimizer
     from accum_train.models import build_model
     from accum_train.trainer.data.batching import micro_bounds
     from accum_train.trainer.loss.objective import sparse_softmax_loss
-    from accum_train.trainer.optim import make_optimizer
 
     def setup():
         with strategy.scope():

@@ -7,8 +7,7 @@ Still speaking TensorFlow outside accum/backends/, the feed (tf.data stays the d
 backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what the sources import):
 - trainer/: loss/objective and noise (the sums, totals and noise terms as replica-local variables, in the graph),
   loss/keras_objective (a compiled loss taken apart in the graph), loss/scoring (the evaluation graph), data/trim
-  (the trim cut), optim (schedules as tensors), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need
-  Keras' own saving);
+  (the trim cut), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need Keras' own saving);
 - models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
 - from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
 - keras_fit/: fit, arguments, checks, fit_hooks, rundir;
@@ -28,6 +27,7 @@ from test_layers import FOLDERS, PACKAGE, ROOT, SEAM, imports, outside_imports, 
 
 # The modules that must not speak TensorFlow: they import none, directly or inside a function.
 CLEAN = [
+    "accum/trainer/optim.py",
     "accum/trainer/loop.py",
     "accum/trainer/trainer.py",
     "accum/trainer/store/rundir.py",
@@ -48,7 +48,7 @@ DATA_LAYER = {
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {
-    *(f"{PACKAGE}.trainer.{m}" for m in ("noise", "optim")),
+    f"{PACKAGE}.trainer.noise",
     *(f"{PACKAGE}.trainer.loss.{m}" for m in ("objective", "keras_objective", "scoring")),
     f"{PACKAGE}.trainer.data.trim",
     f"{PACKAGE}.trainer.store.checkpoints",

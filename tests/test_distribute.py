@@ -457,7 +457,7 @@ from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
+from accum_train.from_config.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
@@ -488,7 +488,7 @@ from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
+from accum_train.from_config.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="adam", learning_rate=0.01), 0.01, model.trainable_variables)

@@ -282,7 +282,7 @@ import keras
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.loss.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
+from accum_train.from_config.optim import make_optimizer
 path, kind = sys.argv[1], sys.argv[2]
 with strategy.scope():  # as Run builds it: load_model, clone_model and set_weights all inside the scope
     model = build_model(ModelConfig(name="keras_file", path=path), 0, (28, 28, 1), 10)

@@ -11,9 +11,9 @@ import tensorlayer as tl
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.errors import ConfigError
+from accum_train.from_config.optim import make_optimizer
 from accum_train.models import GroupNorm, build_model
 from accum_train.trainer.loss.objective import sparse_softmax_loss
-from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(8)
 

@@ -13,9 +13,9 @@ import tensorflow as tf
 import tensorlayer as tl
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.config import MODEL_NAMES, ModelConfig, OptimizerConfig
+from accum_train.from_config.optim import make_optimizer
 from accum_train.models import BUILDERS, AccumBatchNorm, build_model
 from accum_train.trainer.loss.objective import sparse_softmax_loss
-from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(5)
 

@@ -31,7 +31,7 @@ class Run:
         self.spec = spec
         # Late imports: TensorLayer's import runs TensorFlow ops, and a
         # multi-worker strategy must exist before any op does.
-        from ..trainer.optim import make_optimizer, run_schedule
+        from .optim import make_optimizer, run_schedule
 
         self.data = data
         self.n_train = len(data.train)
