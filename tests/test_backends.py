@@ -9,7 +9,6 @@ backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
   loss/keras_objective (a compiled loss taken apart in the graph), loss/scoring (the evaluation graph), data/trim
   (the trim cut), store/checkpoints (tf.train.Checkpoint: a JAX engine's arrays need Keras' own saving);
 - models/: norm (BatchNorm pooling: its pending sums as variables), builtin (TensorLayer), precision, to_keras;
-- from_config/: startup (tf.config's thread pools, tf.distribute's strategies), build, run_parts, lifecycle, augment;
 - keras_fit/: fit, arguments, checks, fit_hooks, rundir;
 - the commands and leaves: compare, loader, predict, reload, keras_private, quiet.
 """
@@ -53,7 +52,6 @@ STILL_SPEAKING = {
     f"{PACKAGE}.trainer.data.trim",
     f"{PACKAGE}.trainer.store.checkpoints",
     *(f"{PACKAGE}.models.{m}" for m in ("norm", "builtin", "precision", "to_keras")),
-    *(f"{PACKAGE}.from_config.{m}" for m in ("startup", "build", "run_parts", "lifecycle", "augment")),
     *(f"{PACKAGE}.keras_fit.{m}" for m in ("fit", "arguments", "checks", "fit_hooks", "rundir")),
     *(f"{PACKAGE}.{m}" for m in ("compare", "loader", "predict", "reload", "keras_private", "quiet")),
 }

@@ -273,11 +273,10 @@ SCOPE_SCRIPT = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-from accum_train.config import ModelConfig, OptimizerConfig, StrategyConfig
-from accum_train.from_config.startup import make_strategy
-from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
+from accum_train.config import ModelConfig, OptimizerConfig
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
-strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
+strategy = make_strategy("mirrored", 2, cross_device_ops=ops)
 import keras
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.trainer.loss.objective import sparse_softmax_loss

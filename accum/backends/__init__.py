@@ -64,9 +64,14 @@ class Backend(Protocol):
     NAME: str  # keras.config.backend()'s name for it
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
+    Augment: Callable[..., Any]  # Augment(flip, crop, seed): data.augment's draws inside the micro-step
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
+    def state_variable(self, value, dtype: str, name: str) -> Any: ...  # a door's run state a checkpoint holds
+    def make_strategy(self, name: str, cpu_devices: int | None = None) -> Any: ...  # strategy.name's; None: default
+    def strategy_in_scope(self, strategy=None) -> Any: ...  # ``strategy``, or (None) the one in scope
+    def set_thread_pools(self, pools: dict) -> dict: ...  # before the runtime starts; the threads each pool has
     def replicas(self, strategy) -> int: ...
     def strategy_name(self, strategy) -> str: ...  # the config's name for it, as history.jsonl records it
     def is_chief(self, strategy) -> bool: ...  # whether this process writes the run directory

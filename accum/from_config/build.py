@@ -21,9 +21,9 @@ import difflib
 import inspect
 
 import keras
-import tensorflow as tf
 
 from .. import keras_private
+from ..backends import active
 from ..errors import ConfigError
 from ..imports import import_function
 from ..models.containers import KerasModel
@@ -82,7 +82,7 @@ def build_run(cfg, data, strategy=None):
 
     cfg = cfg.for_data(len(data.train))
     parallel = parallel_micro_steps(cfg)
-    in_scope = strategy or tf.distribute.get_strategy()
+    in_scope = active().strategy_in_scope(strategy)
     with in_scope.scope():
         # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains on
         # that loss
@@ -123,7 +123,7 @@ def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:
             f"{where}: it cuts the sequences a Keras loss trains on, and model.path={cfg.model.path} trains "
             f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
         )
-    check_trimmable(model.network, strategy.num_replicas_in_sync, where)
+    check_trimmable(model.network, active().replicas(strategy), where)
     split = TrimmedSplit(data.train, multiple, where)
     objective.steps = split.trim.steps  # a mean over every position still counts them uncut
     objective.probe(as_data(split.signature()), strategy)
@@ -162,11 +162,11 @@ def keras_objective(network, signature, path: str) -> KerasObjective:
     try:
         keras_private.symbolic_build(network, element)  # the compiled loss's entries exist after it
         objective = KerasObjective(network, where=f"the loss of model.path={path}")
-        objective.probe(element, tf.distribute.get_strategy())
+        objective.probe(element, active().strategy_in_scope())
     except ConfigError:
         raise
     except Exception as err:  # Keras' own word on targets its loss cannot take
-        targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), targets)
+        targets = keras.tree.map_structure(lambda s: shape_text(tuple(s.shape[1:])), targets)
         outputs = [shape_text(tuple(t.shape[1:])) for t in network.outputs]
         raise ConfigError(
             f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
@@ -195,11 +195,10 @@ def _loss_name(loss) -> str:
 
 def _check_class_targets(losses, y_spec) -> None:
     """A sparse cross-entropy takes class indices: float targets (a regression's) would be cast to them."""
-    specs = tf.nest.flatten(y_spec)
+    specs = keras.tree.flatten(y_spec)
     # one loss per output (a dict or list, in the targets' order), or one loss for every output
-    pairs = (
-        zip(tf.nest.flatten(losses), specs) if isinstance(losses, (dict, list, tuple)) else [(losses, s) for s in specs]
-    )
+    several = isinstance(losses, (dict, list, tuple))
+    pairs = zip(keras.tree.flatten(losses), specs) if several else [(losses, s) for s in specs]
     for loss, spec in pairs:
         function = getattr(loss, "fn", loss)
         name = getattr(function, "__name__", type(loss).__name__)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tensorflow as tf
-
+from ..backends import active
 from ..errors import RunDirError
 from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
@@ -162,7 +161,7 @@ def _say_split(run: Run, trainer: Trainer, resumed: bool, progress: Progress) ->
         progress.message(NO_NOISE_SCALE)
     elif cfg.data.trim_padding is not None:
         progress.message(TRIMMED_NOISE_SCALE)
-    if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+    if cfg.precision == "mixed_float16" and not active().has_gpu():
         progress.message(
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"

@@ -1,12 +1,14 @@
 """The TensorFlow backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered.
 
 The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute
-strategy (distribute.py answers the questions about one). An update that runs out of memory raises
+strategy (distribute.py makes one and answers the questions about it, and sets the thread pools); augment.py
+draws data.augment's crops and flips inside the micro-step. An update that runs out of memory raises
 ``tf.errors.ResourceExhaustedError``, a failed op (a broken file read inside the graph) ``tf.errors.OpError``, its
 parent, which the loop catches second. A checkpoint holds the engine's counters as tf.Variables, by the names
-``engine_state`` gives them. The allocator's peak is read here: ``peak_during`` is the one probe, which runs a
-piece of work and reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and
-summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a peak).
+``engine_state`` gives them, and a door's own run state as a ``state_variable``. The allocator's peak is read
+here: ``peak_during`` is the one probe, which runs a piece of work and reads the peak over it (the memory guard,
+``subdivisions: auto``'s probe, bench and summary.json use it; tests replace ``allocator_peak_bytes`` here to fake
+a peak).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from .distribute import has_gpu, is_chief, replicas, strategy_name
+from .augment import Augment
+from .distribute import has_gpu, is_chief, make_strategy, replicas, set_thread_pools, strategy_in_scope, strategy_name
 from .engine_for import accumulator_for
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
@@ -24,14 +27,19 @@ __all__ = [
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
+    "Augment",
     "accumulator_for",
     "allocator_peak_bytes",
     "engine_state",
     "has_gpu",
     "is_chief",
+    "make_strategy",
     "peak_during",
     "replicas",
     "reset_allocator_peak",
+    "set_thread_pools",
+    "state_variable",
+    "strategy_in_scope",
     "strategy_name",
 ]
 
@@ -48,6 +56,11 @@ def engine_state(engine) -> dict:
     if engine.dynamic:
         state.update(loss_scale=engine.loss_scale, good_updates=engine.good_updates)
     return state
+
+
+def state_variable(value, dtype: str, name: str) -> tf.Variable:
+    """A value of the run's state a checkpoint holds by ``name`` (a front end's, beside the engine's)."""
+    return tf.Variable(value, dtype=dtype, trainable=False, name=name)
 
 
 def memory_device() -> str:

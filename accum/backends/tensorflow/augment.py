@@ -1,4 +1,5 @@
-"""Random crops and flips of the training images (data.augment), reproducible.
+"""Random crops and flips of the training images (data.augment), reproducible, drawn inside the micro-step's graph
+(a JAX backend would draw them with jax.random inside its jitted step).
 
 Every draw is a stateless function of (seed, update, position in the global
 batch): a resumed run, a retried update (subdivisions: auto) and a worker that
@@ -11,12 +12,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ..config import AugmentConfig
-
 
 class Augment:
-    def __init__(self, cfg: AugmentConfig, seed: int):
-        self.flip, self.crop, self.seed = cfg.flip, cfg.crop, seed
+    def __init__(self, flip: bool, crop: int, seed: int):
+        self.flip, self.crop, self.seed = flip, crop, seed
         self._apply = tf.function(self._augment, reduce_retracing=True)
 
     @property
