@@ -25,8 +25,9 @@ N, SIZE = 64, 12
 ROW, COL = 5, 3  # one bright pixel per image, away from the border by more than the crop
 
 
-def augmenter(cfg: AugmentConfig, seed: int) -> Augment:
-    return Augment(cfg.flip, cfg.crop, seed)
+def augmenter(cfg: AugmentConfig, seed: int):
+    """data.augment's draws, called eagerly as the micro-step calls them in its graph."""
+    return Augment(cfg.flip, cfg.crop, seed).rows
 
 
 def dots():

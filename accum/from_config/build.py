@@ -81,6 +81,7 @@ def build_run(cfg, data, strategy=None):
     from .run_parts import Run
 
     cfg = cfg.for_data(len(data.train))
+    spec = train_spec(cfg)
     parallel = parallel_micro_steps(cfg)
     in_scope = active().strategy_in_scope(strategy)
     with in_scope.scope():
@@ -89,7 +90,7 @@ def build_run(cfg, data, strategy=None):
         model, objective = build_with_loss(cfg, data, cfg.precision)
         if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
             data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
-    return Run(cfg, data, model, objective, strategy, parallel, spec=train_spec(cfg))
+    return Run(cfg, data, model, objective, strategy, parallel, spec=spec)
 
 
 # What a run of the CLI's tells its user to change, in the config's own keys.
@@ -123,7 +124,7 @@ def _trimmed(cfg, data, model, objective, strategy) -> TrimmedSplit:
             f"{where}: it cuts the sequences a Keras loss trains on, and model.path={cfg.model.path} trains "
             f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove data.trim_padding"
         )
-    check_trimmable(model.network, active().replicas(strategy), where)
+    check_trimmable(model.network, strategy.num_replicas_in_sync, where)
     split = TrimmedSplit(data.train, multiple, where)
     objective.steps = split.trim.steps  # a mean over every position still counts them uncut
     objective.probe(as_data(split.signature()), strategy)
@@ -167,10 +168,12 @@ def keras_objective(network, signature, path: str) -> KerasObjective:
         raise
     except Exception as err:  # Keras' own word on targets its loss cannot take
         targets = keras.tree.map_structure(lambda s: shape_text(tuple(s.shape[1:])), targets)
+        if isinstance(targets, dict):  # 'price 1, kind 4' for several outputs by name
+            targets = ", ".join(f"{name} {text}" for name, text in targets.items())
         outputs = [shape_text(tuple(t.shape[1:])) for t in network.outputs]
         raise ConfigError(
             f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
-            f"{_listed(targets)}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
+            f"{targets}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
         ) from None
     return objective
 
@@ -181,7 +184,8 @@ def describe_loss(objective: KerasObjective) -> dict:
         {"output": entry.name, "loss": _loss_name(entry.loss), "weight": entry.loss_weights}
         for entry in objective.entries
     ]
-    return {"loss": losses, "metrics": _metric_names(objective.model)}
+    metrics = keras_private.compile_metrics(objective.model)
+    return {"loss": losses, "metrics": [] if metrics is None or not metrics.built else list(metrics.result().keys())}
 
 
 def _loss_name(loss) -> str:
@@ -208,18 +212,6 @@ def _check_class_targets(losses, y_spec) -> None:
                 f"are {spec.dtype.name}: save them as integers (y_train.astype('int64')), or choose a loss for "
                 f"values, e.g. loss: mse"
             )
-
-
-def _listed(structure) -> str:
-    """'3', or 'price 1, kind 4' for several outputs by name."""
-    if isinstance(structure, dict):
-        return ", ".join(f"{name} {text}" for name, text in structure.items())
-    return str(structure)
-
-
-def _metric_names(network) -> list[str]:
-    metrics = keras_private.compile_metrics(network)
-    return [] if metrics is None or not metrics.built else list(metrics.result().keys())
 
 
 def _check_inputs(model: keras.Model, path: str, data) -> None:

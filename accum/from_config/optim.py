@@ -1,14 +1,68 @@
-"""The optimizer and learning-rate schedule a config's optimizer section names, built from trainer/optim.py's pieces:
-the schedule registry (schedule.name), the rate a run applies at each update (scale_learning_rate, batch_schedule)
-and the optimizer with the section's settings."""
+"""The optimizer section as the trainer takes it: the learning rate of each update (the schedule's warm-up and decay,
+scale_learning_rate's factor for the batch in force), in keras.ops, and trainer/optim.py's optimizer."""
 
 from __future__ import annotations
 
 import keras
+from keras import ops
 
 from ..config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
 from ..trainer.data.timeline import Phase
-from ..trainer.optim import OPTIMIZERS, BatchScaled, Followed, WarmupSchedule, new_optimizer
+from ..trainer.optim import OPTIMIZERS, new_optimizer
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from 0 to the peak over ``warmup_steps`` updates, then ``after``."""
+
+    def __init__(self, peak, warmup_steps, after):
+        self.peak, self.warmup_steps, self.after = float(peak), int(warmup_steps), after
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        decayed = ops.cast(self.after(step - self.warmup_steps) if callable(self.after) else self.after, "float32")
+        if self.warmup_steps == 0:
+            return decayed
+        ramp = self.peak * (step + 1.0) / self.warmup_steps
+        return ops.where(step < self.warmup_steps, ramp, decayed)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
+
+
+class BatchScaled(keras.optimizers.schedules.LearningRateSchedule):
+    """``base`` (a schedule or a constant) times the factor of the batch in force: ``factors[i]`` from update
+    ``starts[i]`` (0-based) on. What optimizer.scale_learning_rate gives under a batch_schedule."""
+
+    def __init__(self, base, starts, factors):
+        self.base, self.starts, self.factors = base, [int(s) for s in starts], [float(f) for f in factors]
+
+    def __call__(self, step):
+        step = ops.cast(step, "int64")
+        starts = ops.convert_to_tensor(self.starts, "int64")
+        index = ops.searchsorted(starts, ops.reshape(step, [1]), side="right")[0] - 1
+        factor = ops.take(ops.convert_to_tensor(self.factors, "float32"), index)
+        rate = self.base(step) if callable(self.base) else self.base
+        return ops.cast(rate, "float32") * factor
+
+    def get_config(self):
+        return {"starts": self.starts, "factors": self.factors}
+
+
+class Followed(keras.optimizers.schedules.LearningRateSchedule):
+    """``base`` times ``factor``, a variable (the backend's ``state_variable``) the run sets to scale_learning_rate's
+    factor for the batch in force: what batch_schedule's rule gives, whose batches are not known before the run
+    makes them."""
+
+    def __init__(self, base, factor):
+        self.base, self.factor = base, factor
+
+    def __call__(self, step):
+        rate = self.base(step) if callable(self.base) else self.base
+        return ops.cast(rate, "float32") * ops.cast(self.factor, "float32")
+
+    def get_config(self):
+        return {"factor": float(ops.convert_to_numpy(self.factor))}
+
 
 # schedule.name -> what follows the warm-up: the decay from the peak ``lr`` over ``length`` updates
 # (decay_steps, or the run after warm-up), or None for the constant peak.
@@ -44,20 +98,20 @@ def run_schedule(optimizer: OptimizerConfig, batch_size: int, scheduled: bool, t
     depends on the config alone, not on the timeline: a constant rate is an optimizer variable and a schedule is
     not, so a run rebuilt without its training set (evaluate, export) must choose as training did."""
     scale = optimizer.scale_learning_rate
+    folded = factor is None and (scale.rule == "none" or not scheduled)
+    rate = optimizer.learning_rate * scale.factor(batch_size) if folded else optimizer.learning_rate
+    base = make_schedule(rate, optimizer.schedule, timeline.total_steps)
+    if folded:
+        return base
     if factor is not None:
-        return Followed(make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps), factor)
-    if scale.rule == "none" or not scheduled:
-        rate = optimizer.learning_rate * scale.factor(batch_size)
-        return make_schedule(rate, optimizer.schedule, timeline.total_steps)
-    base = make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps)
+        return Followed(base, factor)
     phases = timeline.phases or [Phase(0, 0, batch_size)]
     return BatchScaled(base, [p.step for p in phases], [scale.factor(p.batch_size) for p in phases])
 
 
 def make_optimizer(cfg: OptimizerConfig, schedule, variables) -> keras.optimizers.Optimizer:
     """The optimizer ``cfg`` names at ``schedule``, built (slots created now, outside any tf.function)."""
-    optimizer = new_optimizer(
-        cfg.name, schedule, cfg.momentum, cfg.weight_decay, cfg.trust_coefficient, cfg.exclude_from_adaptation
-    )
+    keys = ("momentum", "weight_decay", "trust_coefficient", "exclude_from_adaptation")
+    optimizer = new_optimizer(cfg.name, schedule, **{key: getattr(cfg, key) for key in keys})
     optimizer.build(variables)
     return optimizer

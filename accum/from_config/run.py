@@ -34,13 +34,12 @@ def train(
     ``run_dir``, the others write their (required) checkpoints to a scratch folder
     (rundir.RunDirectory)."""
     from ..backends import active
-    from ..trainer.runtime import is_chief
     from .startup import configure
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
         strategy = active().make_strategy(cfg.strategy.name, cfg.strategy.cpu_devices)  # before any other op
-    chief = is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
+    chief = active().is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
     progress = progress or Progress()
     if data is None or data.for_model is None:
         # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)

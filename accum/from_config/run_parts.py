@@ -20,6 +20,7 @@ from ..trainer.loss.objective import as_data
 from ..trainer.loss.scoring import Scorer, eval_batch_size
 from ..trainer.noise import NoiseScale, rule_change
 from ..trainer.trainer import build_engine
+from .optim import make_optimizer, run_schedule
 
 
 class Run:
@@ -30,10 +31,6 @@ class Run:
         ``strategy`` for that data, as the front end builds them (from_config.build_run); ``parallel`` micro-steps
         in flight; ``spec``: what the trainer takes of the config (trainer.TrainSpec)."""
         self.spec = spec
-        # Late imports: TensorLayer's import runs TensorFlow ops, and a
-        # multi-worker strategy must exist before any op does.
-        from .optim import make_optimizer, run_schedule
-
         self.data = data
         self.n_train = len(data.train)
         self.cfg = cfg
@@ -44,18 +41,17 @@ class Run:
         # batch_schedule's rule: the changes it made ([[1-based epoch, batch size], ...] as JSON, checkpointed:
         # a resume lays out the epochs before it as they ran) and the learning-rate factor of the batch in force
         self.rule_changes = self.rate_factor = None
-        backend = active()
         if cfg.batch_rule is not None:
-            self.rule_changes = backend.state_variable("[]", "string", "rule_changes")
+            self.rule_changes = active().state_variable("[]", "string", "rule_changes")
             factor = cfg.optimizer.scale_learning_rate.factor(cfg.batch_size)
-            self.rate_factor = backend.state_variable(factor, "float32", "rate_factor")
+            self.rate_factor = active().state_variable(factor, "float32", "rate_factor")
         # trim_padding's micro-batches are sequences of like length, not the random draws the noise scale assumes
         self.noise = NoiseScale(measured=cfg.data.trim_padding is None)
         self.schedule = schedule = run_schedule(
             cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), self.timeline, self.rate_factor
         )
-        in_scope = backend.strategy_in_scope(strategy)
-        self.replicas = backend.replicas(in_scope)
+        in_scope = active().strategy_in_scope(strategy)
+        self.replicas = active().replicas(in_scope)
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         self.keras_loss = is_keras_loss(objective)
@@ -76,7 +72,7 @@ class Run:
         if isinstance(data.train, TrimmedSplit):
             self._check_trim(data.train)
         self.scorer = Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
-        self.augment = backend.Augment(cfg.data.augment.flip, cfg.data.augment.crop, cfg.seed)
+        self.augment = active().Augment(cfg.data.augment.flip, cfg.data.augment.crop, cfg.seed)
 
         # What a checkpoint holds (with what every run keeps: rundir.RunDirectory.keep). ``optional``: what 0.1.0's
         # checkpoints lack, saved always and restored where a checkpoint holds it: such a run resumes with the
@@ -88,7 +84,7 @@ class Run:
             # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
             # (``adapt_subdivisions``).
             with in_scope.scope():
-                self.saved_replicas = backend.state_variable(self.replicas, "int64", "replicas")
+                self.saved_replicas = active().state_variable(self.replicas, "int64", "replicas")
             self.optional = {"replicas": self.saved_replicas}
         if self.rule_changes is not None:
             self.tracked["rule_changes"] = self.rule_changes

@@ -1,10 +1,9 @@
 """A config's runtime, set up before the process's first op: the micro-steps in flight its keys ask for and the
 thread pools that go with them (trainer/runtime.py has how many and why), which the backend sets.
 
-The pools are fixed once the runtime starts: ``configure`` runs before any other op, as the backend's
-``make_strategy`` does after it (from_config/run.py). A process that has already started it (a
-test, a notebook) keeps its threads; the run still works, only slower. TF_NUM_INTRAOP_THREADS /
-TF_NUM_INTEROP_THREADS, if set, are left to rule.
+The pools are fixed once the runtime starts: ``configure`` runs before any other op, the backend's ``make_strategy``
+after it (from_config/run.py). A process that has already started it (a test, a notebook) keeps its threads; the
+run still works, only slower. TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
 """
 
 from __future__ import annotations
@@ -34,18 +33,11 @@ def parallel_micro_steps(cfg: Config) -> int:
 
 
 def configure(cfg: Config) -> dict:
-    """Set this process's thread pools for the run's micro-steps (before any op); what is in effect."""
+    """Set this process's thread pools for the run's micro-steps (before any op); what is in effect: the threads set
+    in this process, else TF_NUM_*'s (which the runtime reads when nothing is set), else 0 (as many as cores)."""
     parallel = parallel_micro_steps(cfg)
     pools = None if active().has_gpu() else thread_pools(parallel)
-    wanted = {pool: threads for pool, threads in (pools or {}).items() if not os.environ.get(ENV[pool])}
-    configured = active().set_thread_pools(wanted)
-    return {"parallel_micro_steps": parallel, **{f"{pool}_op_threads": _in_effect(pool, configured) for pool in ENV}}
-
-
-def _in_effect(pool: str, configured: dict) -> int:
-    """The threads of a pool as the runtime has them: set in this process (``configured``), else TF_NUM_*'s value
-    (which the runtime reads when nothing is set), else 0 (the default: as many as cores)."""
-    if configured[pool]:
-        return configured[pool]
-    value = os.environ.get(ENV[pool], "")
-    return int(value) if value.isdigit() else 0
+    given = {pool: os.environ.get(name, "") for pool, name in ENV.items()}
+    threads = active().set_thread_pools({pool: n for pool, n in (pools or {}).items() if not given[pool]})
+    env = {pool: int(value) if value.isdigit() else 0 for pool, value in given.items()}
+    return {"parallel_micro_steps": parallel, **{f"{pool}_op_threads": threads[pool] or env[pool] for pool in ENV}}

@@ -1,9 +1,7 @@
-"""The optimizers by name and the learning-rate schedules a run's rate follows, in keras.ops (any backend); which
-the config asks for is from_config/optim.py's.
+"""The optimizers by name, LARS and LAMB among them, in keras.ops; the config's choice is from_config/optim.py's.
 
-Keras 3 optimizers apply cleanly to TensorLayer variables. The schedule is fed
-``optimizer.iterations``, which the engine advances once per update (one
-``apply_gradients`` per batch), so schedules and Adam's bias correction count
+Keras 3 optimizers apply cleanly to TensorLayer variables. The schedule is fed ``optimizer.iterations``, which the
+engine advances once per update (one ``apply_gradients`` per batch), so schedules and Adam's bias correction count
 updates, never micro-batches.
 """
 
@@ -15,26 +13,6 @@ import keras
 from keras import ops
 
 from ..defaults import CLI
-
-
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from 0 to the peak over ``warmup_steps`` updates, then ``after``."""
-
-    def __init__(self, peak, warmup_steps, after):
-        self.peak = float(peak)
-        self.warmup_steps = int(warmup_steps)
-        self.after = after
-
-    def __call__(self, step):
-        step = ops.cast(step, "float32")
-        decayed = ops.cast(self.after(step - self.warmup_steps) if callable(self.after) else self.after, "float32")
-        if self.warmup_steps == 0:
-            return decayed
-        ramp = self.peak * (step + 1.0) / self.warmup_steps
-        return ops.where(step < self.warmup_steps, ramp, decayed)
-
-    def get_config(self):
-        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
 
 
 class _LayerWise(keras.optimizers.Optimizer):
@@ -151,65 +129,24 @@ class LAMB(_LayerWise):
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
-class BatchScaled(keras.optimizers.schedules.LearningRateSchedule):
-    """``base`` (a schedule or a constant) times the factor of the batch in force: ``factors[i]`` from update
-    ``starts[i]`` (0-based) on. What optimizer.scale_learning_rate gives under a batch_schedule."""
-
-    def __init__(self, base, starts, factors):
-        self.base, self.starts, self.factors = base, [int(s) for s in starts], [float(f) for f in factors]
-
-    def __call__(self, step):
-        step = ops.cast(step, "int64")
-        starts = ops.convert_to_tensor(self.starts, "int64")
-        index = ops.searchsorted(starts, ops.reshape(step, [1]), side="right")[0] - 1
-        factor = ops.take(ops.convert_to_tensor(self.factors, "float32"), index)
-        rate = self.base(step) if callable(self.base) else self.base
-        return ops.cast(rate, "float32") * factor
-
-    def get_config(self):
-        return {"starts": self.starts, "factors": self.factors}
-
-
-class Followed(keras.optimizers.schedules.LearningRateSchedule):
-    """``base`` times ``factor``, a variable (the backend's ``state_variable``) the run sets to scale_learning_rate's
-    factor for the batch in force: what batch_schedule's rule gives, whose batches are not known before the run
-    makes them."""
-
-    def __init__(self, base, factor):
-        self.base, self.factor = base, factor
-
-    def __call__(self, step):
-        rate = self.base(step) if callable(self.base) else self.base
-        return ops.cast(rate, "float32") * ops.cast(self.factor, "float32")
-
-    def get_config(self):
-        return {"factor": float(ops.convert_to_numpy(self.factor))}
-
-
 # The optimizers by name (config.OPTIMIZER_NAMES: from_config/optim.py checks the two agree) at a rate or a schedule,
-# with the settings the config's optimizer section names.
+# with ``s(key)``, the optimizer section's setting ``key``.
 OPTIMIZERS = {
-    "adam": lambda lr, **_: keras.optimizers.Adam(learning_rate=lr),
-    "sgd": lambda lr, **_: keras.optimizers.SGD(learning_rate=lr),
-    "momentum": lambda lr, momentum, **_: keras.optimizers.SGD(learning_rate=lr, momentum=momentum),
-    "rmsprop": lambda lr, momentum, **_: keras.optimizers.RMSprop(learning_rate=lr, rho=momentum),
-    "lars": LARS,
-    "lamb": lambda lr, weight_decay, exclude, **_: LAMB(lr, weight_decay, exclude),
+    "adam": lambda lr, s: keras.optimizers.Adam(learning_rate=lr),
+    "sgd": lambda lr, s: keras.optimizers.SGD(learning_rate=lr),
+    "momentum": lambda lr, s: keras.optimizers.SGD(learning_rate=lr, momentum=s("momentum")),
+    "rmsprop": lambda lr, s: keras.optimizers.RMSprop(learning_rate=lr, rho=s("momentum")),
+    "lars": lambda lr, s: LARS(
+        lr, s("momentum"), s("weight_decay"), s("trust_coefficient"), s("exclude_from_adaptation")
+    ),
+    "lamb": lambda lr, s: LAMB(lr, s("weight_decay"), s("exclude_from_adaptation")),
 }
 
 
-def new_optimizer(
-    name: str,
-    schedule,
-    momentum: float = CLI["optimizer.momentum"],
-    weight_decay: float = CLI["optimizer.weight_decay"],
-    trust_coefficient: float = CLI["optimizer.trust_coefficient"],
-    exclude=CLI["optimizer.exclude_from_adaptation"],
-) -> keras.optimizers.Optimizer:
-    """The optimizer ``name`` at ``schedule`` (a rate or a LearningRateSchedule), not built yet; a setting left out
-    is the config's default."""
-    settings = dict(momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient, exclude=exclude)
-    return OPTIMIZERS[name](schedule, **settings)
+def new_optimizer(name: str, schedule, **settings) -> keras.optimizers.Optimizer:
+    """The optimizer ``name`` at ``schedule`` (a rate or a LearningRateSchedule), not built yet; ``settings`` by the
+    optimizer section's names (momentum, weight_decay, ...), the config's default where one is left out."""
+    return OPTIMIZERS[name](schedule, lambda key: settings.get(key, CLI[f"optimizer.{key}"]))
 
 
 def learning_rate_at(schedule, step: int) -> float:

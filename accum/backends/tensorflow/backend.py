@@ -1,8 +1,8 @@
 """The TensorFlow backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered.
 
 The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute
-strategy (distribute.py makes one and answers the questions about it, and sets the thread pools); augment.py
-draws data.augment's crops and flips inside the micro-step. An update that runs out of memory raises
+strategy (distribute.py makes one and answers the questions about it); augment.py draws data.augment's crops
+and flips inside the micro-step. An update that runs out of memory raises
 ``tf.errors.ResourceExhaustedError``, a failed op (a broken file read inside the graph) ``tf.errors.OpError``, its
 parent, which the loop catches second. A checkpoint holds the engine's counters as tf.Variables, by the names
 ``engine_state`` gives them, and a door's own run state as a ``state_variable``. The allocator's peak is read

@@ -1,11 +1,7 @@
-"""tf.distribute and tf.config as the trainer and a front end ask about them: a strategy made from its name (the
-backend's distribution of replicas), the one in scope, the replicas an update spans, a strategy's name in the
-config's words, who writes the run (the chief), whether there is a GPU, the thread pools; and
-``CountingCrossDeviceOps``, which counts the collectives traced into graphs (tests and benchmarks: one all-reduce
-per update).
-
-A strategy and the thread pools are fixed once the runtime starts: ``make_strategy`` and ``set_thread_pools`` run
-before any other op (MultiWorkerMirroredStrategy and logical devices require it)."""
+"""tf.distribute as the trainer and a front end ask about it: a strategy by its config name (made, like the thread
+pools, before any other op), the one in scope, the replicas an update spans, a strategy's name in the config's
+words, who writes the run (the chief), whether there is a GPU; and ``CountingCrossDeviceOps``, which counts the
+collectives traced into graphs (tests and benchmarks: one all-reduce per update)."""
 
 from __future__ import annotations
 
@@ -22,14 +18,11 @@ def make_strategy(name: str, cpu_devices: int | None = None, cross_device_ops=No
     if name == "default":
         return None
     if name == "mirrored":
-        if cpu_devices:
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cpu_devices)]
-            )
-            devices = [f"/cpu:{i}" for i in range(cpu_devices)]
-            return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
-        return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
+        devices = [f"/cpu:{i}" for i in range(cpu_devices)] if cpu_devices else None
+        if devices:
+            split = [tf.config.LogicalDeviceConfiguration() for _ in devices]
+            tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], split)
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
     if name == "multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     raise ValueError(f"unknown strategy {name!r}")  # the config module lets only known names through
