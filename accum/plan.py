@@ -55,7 +55,7 @@ def plan(cfg: Config, data=None) -> dict:
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
     total_updates = timeline.total_steps
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
-    from .trainer.optim import run_schedule
+    from .from_config.optim import run_schedule
 
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
     from .backends import active

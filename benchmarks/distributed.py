@@ -42,9 +42,7 @@ from pathlib import Path
 
 import accum_train  # noqa: F401
 import provenance  # benchmarks/ is on sys.path: this script runs from there
-from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
-from accum_train.config import StrategyConfig
-from accum_train.from_config.startup import make_strategy
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps, make_strategy
 
 
 class LoggingCrossDeviceOps(CountingCrossDeviceOps):
@@ -145,16 +143,16 @@ def main():
     load_before = os.getloadavg()
 
     ops = LoggingCrossDeviceOps()
-    strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=args.devices), cross_device_ops=ops)
+    strategy = make_strategy("mirrored", args.devices, cross_device_ops=ops)
     ops.watch(strategy)
     import numpy as np
     import tensorflow as tf
     from accum_train.backends.tensorflow.engine import Accumulator
     from accum_train.backends.tensorflow.objective import sparse_softmax_loss
     from accum_train.config import ModelConfig, OptimizerConfig
+    from accum_train.from_config.optim import make_optimizer
     from accum_train.models import build_model
     from accum_train.trainer.data.batching import micro_bounds
-    from accum_train.trainer.optim import make_optimizer
 
     def setup():
         with strategy.scope():

@@ -19,8 +19,8 @@ def main():
     from accum_train.backends.tensorflow.objective import sparse_softmax_loss
     from accum_train.config import DataConfig, ModelConfig, OptimizerConfig
     from accum_train.datasets import load
+    from accum_train.from_config.optim import make_optimizer
     from accum_train.models import build_model
-    from accum_train.trainer.optim import make_optimizer
 
     data = load(DataConfig(train_limit=640, test_limit=1))
     batches = list(data.train.batches(np.arange(640), 64))

@@ -103,8 +103,8 @@ def measure(k: int, parallel: int, updates: int) -> dict:
     from accum_train.backends.tensorflow.objective import sparse_softmax_loss
     from accum_train.config import ModelConfig, OptimizerConfig
     from accum_train.datasets import fashion_mnist
+    from accum_train.from_config.optim import make_optimizer
     from accum_train.models import build_model
-    from accum_train.trainer.optim import make_optimizer
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     data = fashion_mnist.load(train_limit=256)

@@ -448,16 +448,15 @@ def test_auto_subdivisions_agree_on_every_replica_and_worker(
 COUNT_SCRIPT = """
 import json, sys
 import tensorflow as tf
-from accum_train.config import StrategyConfig
-from accum_train.from_config.startup import make_strategy
-from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
+
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
-strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
+strategy = make_strategy("mirrored", 2, cross_device_ops=ops)
 from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
+from accum_train.from_config.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1), 0.1, model.trainable_variables)
@@ -481,14 +480,14 @@ SKIP_SCRIPT = """
 import json
 import numpy as np
 import tensorflow as tf
-from accum_train.config import StrategyConfig
-from accum_train.from_config.startup import make_strategy
-strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
+
+from accum_train.backends.tensorflow.distribute import make_strategy
+strategy = make_strategy("mirrored", 2)
 from accum_train.config import ModelConfig, OptimizerConfig
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
+from accum_train.from_config.optim import make_optimizer
 with strategy.scope():
     model = build_model(ModelConfig(name="mlp", norm="batchnorm", hidden=16), 0, (28, 28, 1), 10)
     opt = make_optimizer(OptimizerConfig(name="adam", learning_rate=0.01), 0.01, model.trainable_variables)
@@ -688,9 +687,9 @@ MIXED_SCRIPT = """
 import json
 import numpy as np
 import tensorflow as tf
-from accum_train.config import ModelConfig, StrategyConfig
-from accum_train.from_config.startup import make_strategy
-strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2))
+from accum_train.config import ModelConfig
+from accum_train.backends.tensorflow.distribute import make_strategy
+strategy = make_strategy("mirrored", 2)
 import keras
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss

@@ -273,16 +273,15 @@ SCOPE_SCRIPT = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-from accum_train.config import ModelConfig, OptimizerConfig, StrategyConfig
-from accum_train.from_config.startup import make_strategy
-from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps
+from accum_train.config import ModelConfig, OptimizerConfig
+from accum_train.backends.tensorflow.distribute import CountingCrossDeviceOps, make_strategy
 ops = CountingCrossDeviceOps()
-strategy = make_strategy(StrategyConfig(name="mirrored", cpu_devices=2), cross_device_ops=ops)
+strategy = make_strategy("mirrored", 2, cross_device_ops=ops)
 import keras
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
+from accum_train.from_config.optim import make_optimizer
 path, kind = sys.argv[1], sys.argv[2]
 with strategy.scope():  # as Run builds it: load_model, clone_model and set_weights all inside the scope
     model = build_model(ModelConfig(name="keras_file", path=path), 0, (28, 28, 1), 10)

@@ -19,9 +19,9 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.gradient_cache import GradientCache
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import ModelConfig, OptimizerConfig, ScheduleConfig
+from accum_train.from_config.optim import make_optimizer, make_schedule
 from accum_train.models import build_model
 from accum_train.trainer.data.batching import micro_bounds
-from accum_train.trainer.optim import make_optimizer, make_schedule
 from helpers import max_difference
 
 RNG = np.random.default_rng(1234)

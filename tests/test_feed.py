@@ -90,7 +90,7 @@ def _updates_from_batches(cfg, data, steps):
     order = epoch_order(cfg.seed, 0, len(data.train), cfg.data.shuffle)
     for step in range(steps):
         x, y = data.train.take(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])
-        run.engine.update(run.augment(x, step, len(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])), y)
+        run.engine.update(run.augment.rows(x, step, len(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])), y)
     return _weights(run)
 
 

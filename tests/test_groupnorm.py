@@ -13,8 +13,8 @@ from accum_train.backends.tensorflow.norm import GroupNorm
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.errors import ConfigError
+from accum_train.from_config.optim import make_optimizer
 from accum_train.models import build_model
-from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(8)
 

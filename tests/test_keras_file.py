@@ -28,10 +28,10 @@ from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.datasets import load
 from accum_train.errors import ConfigError, Interrupted
+from accum_train.from_config.optim import make_optimizer
 from accum_train.from_config.run import train
 from accum_train.models import KerasModel, build_model
 from accum_train.trainer.data.order import epoch_order
-from accum_train.trainer.optim import make_optimizer
 from click.testing import CliRunner
 from helpers import InterruptAt, max_difference
 

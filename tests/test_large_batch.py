@@ -20,8 +20,9 @@ import pytest
 from accum_train import UserError, run
 from accum_train.cli.main import main
 from accum_train.config import ConfigError, as_config, load_config
+from accum_train.from_config.optim import run_schedule
 from accum_train.trainer.data.timeline import Timeline
-from accum_train.trainer.optim import learning_rate_at, run_schedule
+from accum_train.trainer.optim import learning_rate_at
 from click.testing import CliRunner
 from helpers import load_file, max_difference, update_records
 

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.config import as_config
-from accum_train.trainer.optim import LAMB, LARS, make_optimizer
+from accum_train.from_config.optim import make_optimizer
+from accum_train.trainer.optim import LAMB, LARS
 
 STEPS = 5
 TOLERANCE = 1e-6

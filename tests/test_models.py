@@ -15,8 +15,8 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.norm import AccumBatchNorm
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import MODEL_NAMES, ModelConfig, OptimizerConfig
+from accum_train.from_config.optim import make_optimizer
 from accum_train.models import BUILDERS, build_model
-from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(5)
 

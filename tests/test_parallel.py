@@ -13,9 +13,9 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
 from accum_train.from_config import startup
+from accum_train.from_config.optim import make_optimizer
 from accum_train.models import build_model
 from accum_train.trainer import runtime
-from accum_train.trainer.optim import make_optimizer
 
 RNG = np.random.default_rng(99)
 X = RNG.random((70, 28, 28, 1), dtype=np.float32)

@@ -74,6 +74,7 @@ class Backend(Protocol):
     AccumBatchNorm: type  # the TensorLayer nets' BatchNorm, its statistics moved once per update (pooled)
     GroupNorm: type  # the TensorLayer nets' group normalisation
     Scorer: type  # a run's test and validation scores over its splits held in memory
+    Augment: Callable[..., Any]  # Augment(flip, crop, seed): data.augment's draws inside the micro-step
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
     def classifier(self, forward: Callable) -> Any: ...  # the built-in objective: cross-entropy of forward's logits
@@ -88,8 +89,11 @@ class Backend(Protocol):
     def pooled(self, model, strategy=None, adapters=None, where: str = ...): ...  # ``pool`` within, Keras' own after
     def local_replica_ids(self, strategy) -> list: ...  # the global ids of this process's replicas
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
-    def state_variable(self, value, dtype: str, name: str): ...  # run state a checkpoint holds by name (.numpy())
+    def state_variable(self, value, dtype: str, name: str) -> Any: ...  # a door's run state a checkpoint holds
     def eagerly(self): ...  # a context in which the engine's compiled functions run op by op (run_eagerly=True)
+    def make_strategy(self, name: str, cpu_devices: int | None = None) -> Any: ...  # strategy.name's; None: default
+    def strategy_in_scope(self, strategy=None) -> Any: ...  # ``strategy``, or (None) the one in scope
+    def set_thread_pools(self, pools: dict) -> dict: ...  # before the runtime starts; the threads each pool has
     def replicas(self, strategy) -> int: ...
     def strategy_name(self, strategy) -> str: ...  # the config's name for it, as history.jsonl records it
     def is_chief(self, strategy) -> bool: ...  # whether this process writes the run directory

@@ -21,7 +21,6 @@ import difflib
 import inspect
 
 import keras
-import tensorflow as tf
 
 from .. import keras_private
 from ..backends import active
@@ -81,15 +80,16 @@ def build_run(cfg, data, strategy=None):
     from .run_parts import Run
 
     cfg = cfg.for_data(len(data.train))
+    spec = train_spec(cfg)
     parallel = parallel_micro_steps(cfg)
-    in_scope = strategy or tf.distribute.get_strategy()
+    in_scope = active().strategy_in_scope(strategy)
     with in_scope.scope():
         # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains on
         # that loss
         model, objective = build_with_loss(cfg, data, cfg.precision)
         if cfg.data.trim_padding is not None and len(data.train):  # none to cut in a run rebuilt without them
             data = dataclasses.replace(data, train=_trimmed(cfg, data, model, objective, in_scope))
-    return Run(cfg, data, model, objective, strategy, parallel, spec=train_spec(cfg))
+    return Run(cfg, data, model, objective, strategy, parallel, spec=spec)
 
 
 # What a run of the CLI's tells its user to change, in the config's own keys.
@@ -162,15 +162,17 @@ def keras_objective(network, signature, path: str):
     try:
         keras_private.symbolic_build(network, element)  # the compiled loss's entries exist after it
         objective = active().KerasObjective(network, where=f"the loss of model.path={path}")
-        objective.probe(element, tf.distribute.get_strategy())
+        objective.probe(element, active().strategy_in_scope())
     except ConfigError:
         raise
     except Exception as err:  # Keras' own word on targets its loss cannot take
-        targets = tf.nest.map_structure(lambda s: shape_text(tuple(s.shape[1:])), targets)
+        targets = keras.tree.map_structure(lambda s: shape_text(tuple(s.shape[1:])), targets)
+        if isinstance(targets, dict):  # 'price 1, kind 4' for several outputs by name
+            targets = ", ".join(f"{name} {text}" for name, text in targets.items())
         outputs = [shape_text(tuple(t.shape[1:])) for t in network.outputs]
         raise ConfigError(
             f"the loss of model.path={path} cannot take the data's targets (y_train holds examples of "
-            f"{_listed(targets)}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
+            f"{targets}, the model outputs {', '.join(outputs)} per example): {traced_error_line(err)}"
         ) from None
     return objective
 
@@ -181,7 +183,8 @@ def describe_loss(objective) -> dict:
         {"output": entry.name, "loss": _loss_name(entry.loss), "weight": entry.loss_weights}
         for entry in objective.entries
     ]
-    return {"loss": losses, "metrics": _metric_names(objective.model)}
+    metrics = keras_private.compile_metrics(objective.model)
+    return {"loss": losses, "metrics": [] if metrics is None or not metrics.built else list(metrics.result().keys())}
 
 
 def _loss_name(loss) -> str:
@@ -195,11 +198,10 @@ def _loss_name(loss) -> str:
 
 def _check_class_targets(losses, y_spec) -> None:
     """A sparse cross-entropy takes class indices: float targets (a regression's) would be cast to them."""
-    specs = tf.nest.flatten(y_spec)
+    specs = keras.tree.flatten(y_spec)
     # one loss per output (a dict or list, in the targets' order), or one loss for every output
-    pairs = (
-        zip(tf.nest.flatten(losses), specs) if isinstance(losses, (dict, list, tuple)) else [(losses, s) for s in specs]
-    )
+    several = isinstance(losses, (dict, list, tuple))
+    pairs = zip(keras.tree.flatten(losses), specs) if several else [(losses, s) for s in specs]
     for loss, spec in pairs:
         function = getattr(loss, "fn", loss)
         name = getattr(function, "__name__", type(loss).__name__)
@@ -209,18 +211,6 @@ def _check_class_targets(losses, y_spec) -> None:
                 f"are {spec.dtype.name}: save them as integers (y_train.astype('int64')), or choose a loss for "
                 f"values, e.g. loss: mse"
             )
-
-
-def _listed(structure) -> str:
-    """'3', or 'price 1, kind 4' for several outputs by name."""
-    if isinstance(structure, dict):
-        return ", ".join(f"{name} {text}" for name, text in structure.items())
-    return str(structure)
-
-
-def _metric_names(network) -> list[str]:
-    metrics = keras_private.compile_metrics(network)
-    return [] if metrics is None or not metrics.built else list(metrics.result().keys())
 
 
 def _check_inputs(model: keras.Model, path: str, data) -> None:

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tensorflow as tf
-
+from ..backends import active
 from ..errors import RunDirError
 from ..files import atomic_write, strict_json
 from ..processes import announce_started, restarts
@@ -38,10 +37,11 @@ def train(
     directory (the chief; holding its writer lock from before its first write to its return), another worker
     writes a scratch folder (rundir.RunDirectory); ``threads``: what startup.configure set up, for the summary;
     ``started``: (wall, CPU) time the run began at."""
-    directory = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started)
-    trainer = Trainer(run.spec, run.engine, _network(run), run.noise, run.cfg.batch_size, progress.message)
+    directory, take = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started), _first_examples(run)
+    network = getattr(run.model, "network", None)  # a keras_file's Keras model (rematerialised); None: TensorLayer
+    trainer = Trainer(run.spec, run.engine, network, run.noise, run.cfg.batch_size, progress.message)
     directory.hooks = RunHooks(run, directory, progress, trainer)
-    return trainer.run(directory, lambda stop: directory.hooks.train(directory.first_step, stop), _first_examples(run))
+    return trainer.run(directory, lambda stop: directory.hooks.train(directory.first_step, stop), take)
 
 
 class ConfigRunDir(RunDirectory):
@@ -162,7 +162,7 @@ def _say_split(run: Run, trainer: Trainer, resumed: bool, progress: Progress) ->
         progress.message(NO_NOISE_SCALE)
     elif cfg.data.trim_padding is not None:
         progress.message(TRIMMED_NOISE_SCALE)
-    if cfg.precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+    if cfg.precision == "mixed_float16" and not active().has_gpu():
         progress.message(
             "note: mixed_float16 is slow on a CPU (no float16 kernels: 7-10x the time of float32, "
             "measured); mixed_bfloat16 is a CPU's 16-bit precision"
@@ -233,11 +233,6 @@ def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: in
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
         f"learning-rate schedule and update count unchanged"
     )
-
-
-def _network(run):
-    """The Keras model a keras_file run trains (rematerialisation's); None for a built-in TensorLayer net."""
-    return getattr(run.model, "network", None)
 
 
 def keep_model_file(run_dir: Path, model_cfg) -> None:

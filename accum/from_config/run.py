@@ -1,7 +1,7 @@
 """The CLI's run of a config: ``train(cfg, run_dir)`` resolves the config into what the trainer takes and hands
 it over (lifecycle.py trains it to its summary).
 
-Before anything is written, it sets up the runtime (thread pools, the tf.distribute strategy), loads and
+Before anything is written, it sets up the runtime (thread pools, the backend's strategy), loads and
 checks the data for the model the run builds (a resume's, and a worker's, from the run directory's copy),
 checks the output directory and builds the run (build.build_run: the model and its objective, the
 optimizer and the accumulator): bad input leaves nothing behind. ``resume=True`` continues the run directory.
@@ -33,13 +33,13 @@ def train(
     Under a multi-worker strategy every worker calls this; only the chief writes
     ``run_dir``, the others write their (required) checkpoints to a scratch folder
     (rundir.RunDirectory)."""
-    from ..trainer.runtime import is_chief
-    from .startup import configure, make_strategy
+    from ..backends import active
+    from .startup import configure
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
-        strategy = make_strategy(cfg.strategy)  # before any other op: see startup.py
-    chief = is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
+        strategy = active().make_strategy(cfg.strategy.name, cfg.strategy.cpu_devices)  # before any other op
+    chief = active().is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
     progress = progress or Progress()
     if data is None or data.for_model is None:
         # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)

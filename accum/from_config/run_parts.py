@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-import tensorflow as tf
+import numpy as np
 
 from ..backends import active
 from ..config import BatchChange, Config
@@ -18,6 +18,7 @@ from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit
 from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
+from .optim import make_optimizer, run_schedule
 
 
 class Run:
@@ -28,10 +29,6 @@ class Run:
         ``strategy`` for that data, as the front end builds them (from_config.build_run); ``parallel`` micro-steps
         in flight; ``spec``: what the trainer takes of the config (trainer.TrainSpec)."""
         self.spec = spec
-        # Late imports: TensorLayer's import runs TensorFlow ops, and a
-        # multi-worker strategy must exist before any op does.
-        from ..trainer.optim import make_optimizer, run_schedule
-
         self.data = data
         self.n_train = len(data.train)
         self.cfg = cfg
@@ -43,16 +40,16 @@ class Run:
         # a resume lays out the epochs before it as they ran) and the learning-rate factor of the batch in force
         self.rule_changes = self.rate_factor = None
         if cfg.batch_rule is not None:
-            self.rule_changes = tf.Variable("[]", dtype=tf.string, trainable=False, name="rule_changes")
+            self.rule_changes = active().state_variable("[]", "string", "rule_changes")
             factor = cfg.optimizer.scale_learning_rate.factor(cfg.batch_size)
-            self.rate_factor = tf.Variable(factor, dtype=tf.float32, trainable=False, name="rate_factor")
+            self.rate_factor = active().state_variable(factor, "float32", "rate_factor")
         # trim_padding's micro-batches are sequences of like length, not the random draws the noise scale assumes
         self.noise = active().NoiseScale(measured=cfg.data.trim_padding is None)
         self.schedule = schedule = run_schedule(
             cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), self.timeline, self.rate_factor
         )
-        in_scope = strategy or tf.distribute.get_strategy()
-        self.replicas = in_scope.num_replicas_in_sync
+        in_scope = active().strategy_in_scope(strategy)
+        self.replicas = active().replicas(in_scope)
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
         self.keras_loss = isinstance(objective, active().KerasObjective)
@@ -73,9 +70,7 @@ class Run:
         if isinstance(data.train, TrimmedSplit):
             self._check_trim(data.train)
         self.scorer = active().Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
-        from .augment import Augment
-
-        self.augment = Augment(cfg.data.augment, cfg.seed)
+        self.augment = active().Augment(cfg.data.augment.flip, cfg.data.augment.crop, cfg.seed)
 
         # What a checkpoint holds (with what every run keeps: rundir.RunDirectory.keep). ``optional``: what 0.1.0's
         # checkpoints lack, saved always and restored where a checkpoint holds it: such a run resumes with the
@@ -87,7 +82,7 @@ class Run:
             # The replicas the checkpointed k was chosen for: a resume on other replicas adapts k to it
             # (``adapt_subdivisions``).
             with in_scope.scope():
-                self.saved_replicas = tf.Variable(self.replicas, dtype=tf.int64, trainable=False, name="replicas")
+                self.saved_replicas = active().state_variable(self.replicas, "int64", "replicas")
             self.optional = {"replicas": self.saved_replicas}
         if self.rule_changes is not None:
             self.tracked["rule_changes"] = self.rule_changes
@@ -97,7 +92,7 @@ class Run:
         micro-batch is measured whole and cut (trim.check_trim)."""
         from ..trainer.data.batching import Cut
 
-        first = split.split.gather(tf.range(min(self.cfg.batch_size, len(split)), dtype=tf.int64))
+        first = split.split.gather(np.arange(min(self.cfg.batch_size, len(split)), dtype=np.int64))
         cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
         unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731
         active().check_trim(
@@ -181,7 +176,7 @@ class Run:
         stored, where = element
         x, y, weights = as_data(self.data.train.convert(stored))
         if self.augment.active:  # the draws of these rows of update where[0]'s global batch of n
-            x = self.augment.rows(x, where[0], n, tf.cast(where[1], tf.int32))
+            x = self.augment.rows(x, where[0], n, where[1])
         return x, y, weights
 
     @property

@@ -211,7 +211,7 @@ def compile_if_needed(model, strategy, optimizer, learning_rate, labelled=()) ->
         section = {key: value for key, value in given.items() if value is not None}
         cfg = config_from_dict({"optimizer": section}, WHERE).optimizer
         with strategy.scope():
-            optimizer = new_optimizer(cfg, cfg.learning_rate)
+            optimizer = new_optimizer(cfg.name, cfg.learning_rate)
     elif not isinstance(optimizer, keras.optimizers.Optimizer):
         raise UserError(
             f"{WHERE}: optimizer is a {type(optimizer).__name__}: pass a name or a keras.optimizers.Optimizer"

@@ -1,8 +1,7 @@
-"""Optimizer and learning-rate schedule registries.
+"""The optimizers by name, LARS and LAMB among them, in keras.ops; the config's choice is from_config/optim.py's.
 
-Keras 3 optimizers apply cleanly to TensorLayer variables. The schedule is fed
-``optimizer.iterations``, which the engine advances once per update (one
-``apply_gradients`` per batch), so schedules and Adam's bias correction count
+Keras 3 optimizers apply cleanly to TensorLayer variables. The schedule is fed ``optimizer.iterations``, which the
+engine advances once per update (one ``apply_gradients`` per batch), so schedules and Adam's bias correction count
 updates, never micro-batches.
 """
 
@@ -11,59 +10,9 @@ from __future__ import annotations
 import re
 
 import keras
-import tensorflow as tf
 from keras import ops
 
-from ..config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimizerConfig, ScheduleConfig
-from .data.timeline import Phase
-
-
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from 0 to the peak over ``warmup_steps`` updates, then ``after``."""
-
-    def __init__(self, peak, warmup_steps, after):
-        self.peak = float(peak)
-        self.warmup_steps = int(warmup_steps)
-        self.after = after
-
-    def __call__(self, step):
-        step = tf.cast(step, tf.float32)
-        decayed = (
-            tf.cast(self.after(step - self.warmup_steps), tf.float32)
-            if callable(self.after)
-            else tf.constant(self.after, tf.float32)
-        )
-        if self.warmup_steps == 0:
-            return decayed
-        ramp = self.peak * (step + 1.0) / self.warmup_steps
-        return tf.where(step < self.warmup_steps, ramp, decayed)
-
-    def get_config(self):
-        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
-
-
-# schedule.name -> what follows the warm-up: the decay from the peak ``lr`` over ``length`` updates
-# (decay_steps, or the run after warm-up), or None for the constant peak.
-_DECAYS = {
-    "constant": None,
-    "cosine": lambda lr, cfg, length: keras.optimizers.schedules.CosineDecay(
-        lr, decay_steps=length, alpha=cfg.min_ratio
-    ),
-    "exponential": lambda lr, cfg, length: keras.optimizers.schedules.ExponentialDecay(
-        lr, decay_steps=length, decay_rate=cfg.decay_rate
-    ),
-}
-if tuple(_DECAYS) != SCHEDULE_NAMES:  # a registry out of step with the config is a bug
-    raise ImportError(f"schedule registry {tuple(_DECAYS)} != config.SCHEDULE_NAMES {SCHEDULE_NAMES}")
-
-
-def make_schedule(lr: float, cfg: ScheduleConfig, total_steps: int):
-    """The learning rate as a function of the update count (or a constant)."""
-    decay = _DECAYS[cfg.name]
-    if decay is None and cfg.warmup_steps == 0:
-        return lr
-    after = lr if decay is None else decay(lr, cfg, cfg.decay_steps or max(1, total_steps - cfg.warmup_steps))
-    return WarmupSchedule(lr, cfg.warmup_steps, after)
+from ..defaults import CLI
 
 
 class _LayerWise(keras.optimizers.Optimizer):
@@ -180,81 +129,24 @@ class LAMB(_LayerWise):
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
-class BatchScaled(keras.optimizers.schedules.LearningRateSchedule):
-    """``base`` (a schedule or a constant) times the factor of the batch in force: ``factors[i]`` from update
-    ``starts[i]`` (0-based) on. What optimizer.scale_learning_rate gives under a batch_schedule."""
-
-    def __init__(self, base, starts, factors):
-        self.base, self.starts, self.factors = base, [int(s) for s in starts], [float(f) for f in factors]
-
-    def __call__(self, step):
-        step = tf.cast(step, tf.int64)
-        index = tf.searchsorted(tf.constant(self.starts, tf.int64), tf.reshape(step, [1]), side="right")[0] - 1
-        factor = tf.gather(tf.constant(self.factors, tf.float32), index)
-        rate = self.base(step) if callable(self.base) else tf.constant(self.base, tf.float32)
-        return tf.cast(rate, tf.float32) * factor
-
-    def get_config(self):
-        return {"starts": self.starts, "factors": self.factors}
-
-
-class Followed(keras.optimizers.schedules.LearningRateSchedule):
-    """``base`` times ``factor``, a tf.Variable the run sets to scale_learning_rate's factor for the batch in
-    force: what batch_schedule's rule gives, whose batches are not known before the run makes them."""
-
-    def __init__(self, base, factor: tf.Variable):
-        self.base, self.factor = base, factor
-
-    def __call__(self, step):
-        rate = self.base(step) if callable(self.base) else tf.constant(self.base, tf.float32)
-        return tf.cast(rate, tf.float32) * tf.cast(self.factor, tf.float32)
-
-    def get_config(self):
-        return {"factor": float(self.factor.numpy())}
-
-
-def run_schedule(
-    optimizer: OptimizerConfig, batch_size: int, scheduled: bool, timeline, factor: tf.Variable | None = None
-):
-    """The learning rate a run applies at each update: the schedule of optimizer.schedule, times
-    scale_learning_rate's factor for the batch in force (``timeline``: accum.timeline.Timeline).
-    One batch size folds the factor into the rate; a batch_schedule's changes (``scheduled``) multiply phase by
-    phase; a batch_schedule rule multiplies by ``factor``, the variable the run keeps at the batch in force. Which
-    depends on the config alone, not on the timeline: a constant rate is an optimizer variable and a schedule is
-    not, so a run rebuilt without its training set (evaluate, export) must choose as training did."""
-    scale = optimizer.scale_learning_rate
-    if factor is not None:
-        return Followed(make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps), factor)
-    if scale.rule == "none" or not scheduled:
-        rate = optimizer.learning_rate * scale.factor(batch_size)
-        return make_schedule(rate, optimizer.schedule, timeline.total_steps)
-    base = make_schedule(optimizer.learning_rate, optimizer.schedule, timeline.total_steps)
-    phases = timeline.phases or [Phase(0, 0, batch_size)]
-    return BatchScaled(base, [p.step for p in phases], [scale.factor(p.batch_size) for p in phases])
-
-
-_OPTIMIZERS = {
-    "adam": lambda lr, c: keras.optimizers.Adam(learning_rate=lr),
-    "sgd": lambda lr, c: keras.optimizers.SGD(learning_rate=lr),
-    "momentum": lambda lr, c: keras.optimizers.SGD(learning_rate=lr, momentum=c.momentum),
-    "rmsprop": lambda lr, c: keras.optimizers.RMSprop(learning_rate=lr, rho=c.momentum),
-    "lars": lambda lr, c: LARS(lr, c.momentum, c.weight_decay, c.trust_coefficient, c.exclude_from_adaptation),
-    "lamb": lambda lr, c: LAMB(lr, c.weight_decay, c.exclude_from_adaptation),
+# The optimizers by name (config.OPTIMIZER_NAMES: from_config/optim.py checks the two agree) at a rate or a schedule,
+# with ``s(key)``, the optimizer section's setting ``key``.
+OPTIMIZERS = {
+    "adam": lambda lr, s: keras.optimizers.Adam(learning_rate=lr),
+    "sgd": lambda lr, s: keras.optimizers.SGD(learning_rate=lr),
+    "momentum": lambda lr, s: keras.optimizers.SGD(learning_rate=lr, momentum=s("momentum")),
+    "rmsprop": lambda lr, s: keras.optimizers.RMSprop(learning_rate=lr, rho=s("momentum")),
+    "lars": lambda lr, s: LARS(
+        lr, s("momentum"), s("weight_decay"), s("trust_coefficient"), s("exclude_from_adaptation")
+    ),
+    "lamb": lambda lr, s: LAMB(lr, s("weight_decay"), s("exclude_from_adaptation")),
 }
-if tuple(_OPTIMIZERS) != OPTIMIZER_NAMES:  # a registry out of step with the config is a bug
-    raise ImportError(f"optimizer registry {tuple(_OPTIMIZERS)} != config.OPTIMIZER_NAMES {OPTIMIZER_NAMES}")
 
 
-def new_optimizer(cfg: OptimizerConfig, schedule) -> keras.optimizers.Optimizer:
-    """The optimizer ``cfg`` names, at ``schedule`` (a rate or a LearningRateSchedule), not built yet."""
-    return _OPTIMIZERS[cfg.name](schedule, cfg)
-
-
-def make_optimizer(cfg: OptimizerConfig, schedule, variables) -> keras.optimizers.Optimizer:
-    """A built optimizer (slots created now, outside any tf.function)."""
-    optimizer = new_optimizer(cfg, schedule)
-    optimizer.build(variables)
-    return optimizer
+def new_optimizer(name: str, schedule, **settings) -> keras.optimizers.Optimizer:
+    """The optimizer ``name`` at ``schedule`` (a rate or a LearningRateSchedule), not built yet; ``settings`` by the
+    optimizer section's names (momentum, weight_decay, ...), the config's default where one is left out."""
+    return OPTIMIZERS[name](schedule, lambda key: settings.get(key, CLI[f"optimizer.{key}"]))
 
 
 def learning_rate_at(schedule, step: int) -> float:

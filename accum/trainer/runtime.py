@@ -1,7 +1,7 @@
 """What the runtime is and is given, for either door: the micro-steps in flight ``auto`` chooses and the thread
 pools that go with them, the cluster this process is in and who writes the run, and a strategy's name; what only
 the framework knows (a GPU, a strategy's kind) the backend says (accum/backends/). A config's own set-up of the
-runtime (its pools, its strategy) is the CLI's: from_config/startup.py.
+runtime (its pools, its strategy) is the CLI's: from_config/startup.py and run.py, through the backend.
 
 Threads, measured on the 2-core development machine (README, "Where the time
 goes"): a micro-batch of 32 is too small for TensorFlow's intra-op threads to

@@ -1,14 +1,15 @@
 """The TensorFlow backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered.
 
 The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute strategy
-(distribute.py answers the questions about one). An update that runs out of memory raises
-``tf.errors.ResourceExhaustedError``, a failed op (a broken file read inside the graph) ``tf.errors.OpError``, its
-parent, which the loop catches second; inputs a model cannot take, ``tf.errors.InvalidArgumentError``. The commands'
-calls (a checkpoint read back, outputs in batches, compare's gradient) are commands.py's. A checkpoint
-(checkpoints.py) holds the engine's counters as tf.Variables, by the names ``engine_state`` gives them. The
-allocator's peak is read here: ``peak_during`` is the one probe, which runs a piece of work and reads the peak over
-it (the memory guard, ``subdivisions: auto``'s probe, bench and summary.json use it; tests replace
-``allocator_peak_bytes`` here to fake a peak).
+(distribute.py makes one and answers the questions about it); augment.py draws data.augment's crops and flips inside
+the micro-step. An update that runs out of memory raises ``tf.errors.ResourceExhaustedError``, a failed op (a broken
+file read inside the graph) ``tf.errors.OpError``, its parent, which the loop catches second; inputs a model cannot
+take, ``tf.errors.InvalidArgumentError``. The commands' calls (a checkpoint read back, outputs in batches, compare's
+gradient) are commands.py's. A checkpoint (checkpoints.py) holds the engine's counters as tf.Variables, by the names
+``engine_state`` gives them, and a door's own run state as a ``state_variable``. The allocator's peak is read here:
+``peak_during`` is the one probe, which runs a piece of work and reads the peak over it (the memory guard,
+``subdivisions: auto``'s probe, bench and summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a
+peak).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from .augment import Augment
 from .checkpoints import Checkpoints, checkpoint_problem, engine_state
 from .commands import batch_spec, gradients, outputs_in_batches, restore_weights, saved_value, saved_weight_shapes
-from .distribute import has_gpu, is_chief, replicas, strategy_name
+from .distribute import has_gpu, is_chief, make_strategy, replicas, set_thread_pools, strategy_in_scope, strategy_name
 from .engine_for import accumulator_for
 from .gradient_cache import cache_line, dense
 from .graphs import graph
@@ -40,6 +42,7 @@ __all__ = [
     "OUT_OF_MEMORY",
     "STRATEGY",
     "AccumBatchNorm",
+    "Augment",
     "Checkpoints",
     "Evaluation",
     "GroupNorm",
@@ -63,6 +66,7 @@ __all__ = [
     "has_gpu",
     "is_chief",
     "local_replica_ids",
+    "make_strategy",
     "outputs_in_batches",
     "peak_during",
     "pool",
@@ -72,7 +76,9 @@ __all__ = [
     "restore_weights",
     "saved_value",
     "saved_weight_shapes",
+    "set_thread_pools",
     "state_variable",
+    "strategy_in_scope",
     "strategy_name",
 ]
 

@@ -1,13 +1,45 @@
-"""tf.distribute as the trainer asks about it: the replicas an update spans, a strategy's name in the config's
+"""tf.distribute as the trainer and a front end ask about it: a strategy by its config name (made, like the thread
+pools, before any other op), the one in scope, the replicas an update spans, a strategy's name in the config's
 words, who writes the run (the chief), whether there is a GPU; and ``CountingCrossDeviceOps``, which counts the
 collectives traced into graphs (tests and benchmarks: one all-reduce per update)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
 import tensorflow as tf
+
+
+def make_strategy(name: str, cpu_devices: int | None = None, cross_device_ops=None) -> tf.distribute.Strategy | None:
+    """The strategy a config's strategy.name names (None for "default": the one in scope); ``cpu_devices``: a
+    mirrored strategy over that many logical devices of the CPU."""
+    if name == "default":
+        return None
+    if name == "mirrored":
+        devices = [f"/cpu:{i}" for i in range(cpu_devices)] if cpu_devices else None
+        if devices:
+            split = [tf.config.LogicalDeviceConfiguration() for _ in devices]
+            tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], split)
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise ValueError(f"unknown strategy {name!r}")  # the config module lets only known names through
+
+
+def strategy_in_scope(strategy: tf.distribute.Strategy | None = None) -> tf.distribute.Strategy:
+    """``strategy``, or (None) the one in scope: TensorFlow's one-device default outside any."""
+    return strategy or tf.distribute.get_strategy()
+
+
+def set_thread_pools(pools: dict) -> dict:
+    """Set this process's op thread pools ({"intra": threads, "inter": threads}, each optional) unless its runtime
+    has started (it then keeps its own); the threads each pool is set to, 0 where none is (as many as cores)."""
+    for pool, threads in pools.items():
+        with contextlib.suppress(RuntimeError):  # the runtime already started in this process
+            getattr(tf.config.threading, f"set_{pool}_op_parallelism_threads")(threads)
+    return {pool: getattr(tf.config.threading, f"get_{pool}_op_parallelism_threads")() for pool in ("intra", "inter")}
 
 
 def replicas(strategy: tf.distribute.Strategy | None) -> int:

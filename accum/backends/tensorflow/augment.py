@@ -1,36 +1,28 @@
-"""Random crops and flips of the training images (data.augment), reproducible.
+"""Random crops and flips of the training images (data.augment), reproducible, drawn inside the micro-step's graph
+(a JAX backend would draw them with jax.random inside its jitted step).
 
-Every draw is a stateless function of (seed, update, position in the global
-batch): a resumed run, a retried update (subdivisions: auto) and a worker that
-holds only its part of the batch all see exactly the images one uninterrupted
-single-device run sees. The draws are made for the whole global batch and each
-process keeps its own rows, so the split across workers changes nothing.
+Every draw is a stateless function of (seed, update, position in the global batch): a resumed run, a retried
+update (subdivisions: auto) and a worker that holds only its part of the batch all see exactly the images one
+uninterrupted single-device run sees. The draws are made for the whole global batch and each process keeps its own
+rows, so the split across workers changes nothing.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ..config import AugmentConfig
-
 
 class Augment:
-    def __init__(self, cfg: AugmentConfig, seed: int):
-        self.flip, self.crop, self.seed = cfg.flip, cfg.crop, seed
-        self._apply = tf.function(self._augment, reduce_retracing=True)
+    def __init__(self, flip: bool, crop: int, seed: int):
+        self.flip, self.crop, self.seed = flip, crop, seed
 
     @property
     def active(self) -> bool:
         return self.flip or self.crop > 0
 
-    def __call__(self, x, step: int, n: int, begin: int = 0):
-        """``x``: rows [begin, begin + len(x)) of the global batch of ``n`` that update ``step`` trains on."""
-        if not self.active:
-            return x
-        return self._apply(x, tf.constant(step, tf.int64), tf.constant(n, tf.int32), tf.constant(begin, tf.int32))
-
-    def rows(self, x, step, n, begin):
-        """Inside a graph: ``x``, rows [begin, begin + len(x)) of update ``step``'s global batch of ``n``."""
+    def rows(self, x, step, n, begin=0):
+        """``x``, rows [begin, begin + len(x)) of update ``step``'s global batch of ``n`` (in a graph: the
+        micro-step's, or eagerly)."""
         return self._augment(x, tf.cast(step, tf.int64), tf.cast(n, tf.int32), tf.cast(begin, tf.int32))
 
     def _augment(self, x, step, n, begin):
