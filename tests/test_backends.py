@@ -16,6 +16,8 @@ TensorFlow's environment before Keras loads it.
 """
 
 import ast
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -271,3 +273,15 @@ def test_the_backend_reads_a_checkpoint_back_for_the_commands(tmp_path):
     assert backend.gradients(lambda: tf.constant(1.0), [v]) == [None]  # a variable the loss does not reach
     spec = backend.batch_spec((x, {"y": np.zeros((5,), np.int32)}))
     assert spec == (tf.TensorSpec((None, 2), tf.float64), {"y": tf.TensorSpec((None,), tf.int32)})
+
+
+def test_the_backend_can_still_split_the_cpu_once_every_name_is_imported():
+    """``strategy.cpu_devices`` splits the CPU into devices, which TensorFlow allows only before its runtime starts:
+    asking the seam for the backend (which a run does first) must not start it (TensorLayer's import does)."""
+    code = (
+        "from accum_train.backends import active\n"
+        "backend = active()\n"
+        "print(backend.make_strategy('mirrored', 2).num_replicas_in_sync, backend.AccumBatchNorm.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "AccumBatchNorm"], done.stderr[-2000:]

@@ -15,6 +15,7 @@ peak).
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -28,7 +29,6 @@ from .gradient_cache import cache_line, dense
 from .graphs import graph
 from .keras_objective import KerasObjective
 from .noise import NoiseScale
-from .norm import AccumBatchNorm, GroupNorm, pool, pooled
 from .objective import classifier, combine
 from .scoring import Evaluation, KerasMetrics, Scorer
 from .trim import check_trim
@@ -41,11 +41,11 @@ __all__ = [
     "OP_ERROR",
     "OUT_OF_MEMORY",
     "STRATEGY",
-    "AccumBatchNorm",
+    "AccumBatchNorm",  # noqa: F822 (LATER)
     "Augment",
     "Checkpoints",
     "Evaluation",
-    "GroupNorm",
+    "GroupNorm",  # noqa: F822 (LATER)
     "KerasMetrics",
     "KerasObjective",
     "NoiseScale",
@@ -69,8 +69,8 @@ __all__ = [
     "make_strategy",
     "outputs_in_batches",
     "peak_during",
-    "pool",
-    "pooled",
+    "pool",  # noqa: F822 (LATER)
+    "pooled",  # noqa: F822 (LATER)
     "replicas",
     "reset_allocator_peak",
     "restore_weights",
@@ -81,6 +81,17 @@ __all__ = [
     "strategy_in_scope",
     "strategy_name",
 ]
+
+# norm.py imports TensorLayer, which starts TensorFlow's runtime: once it runs, no strategy can split the CPU into
+# devices (make_strategy, strategy.cpu_devices), so norm's names load when first asked for
+LATER = dict.fromkeys(("AccumBatchNorm", "GroupNorm", "pool", "pooled"), ".norm")
+
+
+def __getattr__(name: str):
+    if name in LATER:
+        return getattr(importlib.import_module(LATER[name], __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 NAME = "tensorflow"
 OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
