@@ -15,7 +15,6 @@ import dataclasses
 from ..backends import active
 from ..errors import ConfigError
 from ..trainer.data.batching import as_data
-from ..trainer.data.trim import TrimmedSplit, check_trimmable
 from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 from .source import model_source
@@ -58,7 +57,7 @@ def build_with_loss(cfg, data, precision: str = "float32"):
 def build_run(cfg, data, strategy=None):
     """The trainer of a run of ``cfg`` on ``data`` (run_parts.Run), set up from what the config resolves to: the
     config checked against the training set, the model and its objective built under ``strategy`` (``None``: the
-    one in scope), and the training split cut by data.trim_padding."""
+    one in scope); the Run cuts the training split by data.trim_padding."""
     from .run_parts import Run
 
     cfg = cfg.for_data(len(data.train))
@@ -69,22 +68,6 @@ def build_run(cfg, data, strategy=None):
         # the model the data was loaded for: a keras_file with the YAML's loss or its file's compile() trains on
         # that loss
         model, objective = build_with_loss(cfg, data, cfg.precision)
-        multiple = cfg.data.trim_padding
-        if multiple is not None and len(data.train):  # none to cut in a run rebuilt without them
-            # the training split read in like lengths (trim.TrimmedSplit), the loss probed again for sequences of
-            # any length; refused in one line for a model it cannot cut
-            where = f"data.trim_padding={multiple}"
-            if data.classification:
-                raise ConfigError(
-                    f"{where}: it cuts the sequences a Keras loss trains on, and model.path={cfg.model.path} trains "
-                    f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove "
-                    f"data.trim_padding"
-                )
-            check_trimmable(model.network, in_scope.num_replicas_in_sync, where)
-            split = TrimmedSplit(data.train, multiple, where)
-            objective.steps = split.trim.steps  # a mean over every position still counts them uncut
-            objective.probe(as_data(split.signature()), in_scope)
-            data = dataclasses.replace(data, train=split)
     return Run(cfg, data, model, objective, strategy, parallel, spec=spec)
 
 

@@ -12,7 +12,7 @@ import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import Config, as_config, load_run_config
+from ..config import Config, as_config, load_run_config, override_key
 from ..errors import RunDirError
 from ..trainer.store.rundir import MODEL_COPY, require_run_dir
 
@@ -108,3 +108,12 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
             f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change"
         )
     return wanted
+
+
+def names_strategy(config, overrides) -> bool:
+    """Whether this call itself names a strategy (then --workers must agree with it)."""
+    keys = overrides.keys() if isinstance(overrides, dict) else [override_key(o) for o in overrides]
+    named = any(key == "strategy" or key.startswith("strategy.") for key in keys)
+    if isinstance(config, dict):
+        return named or "strategy" in config
+    return named
