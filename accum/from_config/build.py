@@ -2,11 +2,9 @@
 (``build_with_loss``: a built-in net with the built-in cross-entropy, or a keras_file with a Keras loss, the YAML's
 ``loss`` and ``metrics`` or its file's compile(), models/keras_loss.py) and the run (``build_run``).
 
-A keras_file model trains with the built-in loss (sparse cross-entropy on class
-labels) unless the YAML names a ``loss`` or the file was saved compiled with
-one; then it trains with that loss, per output with the file's
-``loss_weights``, and is scored with the YAML's (or the file's) metrics.
-"""
+A keras_file model trains with the built-in loss (sparse cross-entropy on class labels) unless the YAML names a
+``loss`` or the file was saved compiled with one; then it trains with that loss, per output with the file's
+``loss_weights``, and is scored with the YAML's (or the file's) metrics."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """A keras_file model that trains with a Keras loss (``keras_loss_model``): loaded and checked against the data
 (keras_file.py), compiled with the YAML's ``loss`` and ``metrics`` or its file's compile() (per output with the
-file's ``loss_weights``), and that loss taken apart for the data.
-
-The loss is taken apart as accum_train.fit takes it (keras_objective.py), and
-the accumulator is the same: every normaliser a compiled loss divides by (the
-examples, the valid entries under a mask, the sample weights, or none for
-``reduction="sum"``), per output, is summed over the whole batch and divided
-once, and the weight regularizers count once per update.
-"""
+file's ``loss_weights``), and that loss taken apart as accum_train.fit takes it (keras_objective.py): every
+normaliser a compiled loss divides by (the examples, the valid entries under a mask, the sample weights, or none for
+``reduction="sum"``), per output, is summed over the whole batch and divided once, and the weight regularizers
+count once per update."""
 
 from __future__ import annotations
 
