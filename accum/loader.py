@@ -113,7 +113,7 @@ class ConfigRun:
         return self.model.outputs(x, PREDICT_BATCH_SIZE)
 
     def output_names(self) -> list:
-        from .from_config.build import output_names
+        from .models.keras_file import output_names
 
         return output_names(self.model.model.network)
 
@@ -193,7 +193,7 @@ class FitRun:
             ) from None
 
     def output_names(self) -> list:
-        from .from_config.build import output_names
+        from .models.keras_file import output_names
 
         return output_names(self.model)
 

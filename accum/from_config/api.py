@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import as_config, override_key, with_overrides
+from ..config import as_config, with_overrides
 from ..errors import UserError
 from ..progress import Progress
-from .source import default_output_dir, resume_config
+from .source import default_output_dir, names_strategy, resume_config
 
 
 def run(
@@ -61,7 +61,7 @@ def run(
                 "a resumed run stays in its own directory; drop --output-dir"
             )
         cfg, run_dir = resume_config(resume, config, overrides), Path(resume)
-        if workers and not _names_strategy(config, overrides) and cfg.strategy.name != "multi_worker":
+        if workers and not names_strategy(config, overrides) and cfg.strategy.name != "multi_worker":
             # the run goes on over workers, whatever the strategy it ran under before
             cfg = with_overrides(cfg, {"strategy.name": "multi_worker", "strategy.cpu_devices": None}, "--workers")
     else:
@@ -80,12 +80,3 @@ def run(
     from .run import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)
-
-
-def _names_strategy(config, overrides) -> bool:
-    """Whether this call itself names a strategy (then --workers must agree with it)."""
-    keys = overrides.keys() if isinstance(overrides, dict) else [override_key(o) for o in overrides]
-    named = any(key == "strategy" or key.startswith("strategy.") for key in keys)
-    if isinstance(config, dict):
-        return named or "strategy" in config
-    return named

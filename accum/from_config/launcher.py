@@ -207,19 +207,6 @@ def _stopped_together(pool: list, timeout_s: float) -> str:
     return "; ".join([line, *odd])
 
 
-def _check_data(config_path: Path, task: bool) -> None:
-    """Load and check the data in a child process (python -m accum_train.datasets): one line if bad. ``task``:
-    the run has a Keras loss (its .npz holds that loss's targets)."""
-    child = run_child(
-        [sys.executable, "-m", "accum_train.datasets", str(config_path), *(["--task"] if task else [])],
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    if child.code == DataError.exit_code and child.error.startswith("error: "):
-        raise DataError(error_message(child.error))
-    if child.code != 0:
-        raise WorkerFailed(f"the data check failed with exit code {child.code}: {child.error}")
-
-
 def launch_workers(
     cfg: Config, run_dir: Path, resume: bool, workers: int, say: Callable[[str], None], max_restarts: int = 0
 ) -> dict:
@@ -237,11 +224,20 @@ def launch_workers(
     )  # the multi-worker limits, checked before any process starts
     if not resume:
         check_output_dir(run_dir)
+    task = model_source(cfg, run_dir if resume else None).keras_loss  # a resume reads its copy of the file
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
         config_path = Path(scratch) / "config.yaml"
         atomic_write(config_path, resolved.to_yaml().encode())
-        task = model_source(cfg, run_dir if resume else None).keras_loss  # a resume reads its copy of the file
-        _check_data(config_path, task)  # bad data is reported here, once, not by every worker
+        # bad data is reported here, once, not by every worker: loaded and checked in a child process (python -m
+        # accum_train.datasets), ``--task`` where the run has a Keras loss (its .npz holds that loss's targets)
+        child = run_child(
+            [sys.executable, "-m", "accum_train.datasets", str(config_path), *(["--task"] if task else [])],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        )
+        if child.code == DataError.exit_code and child.error.startswith("error: "):
+            raise DataError(error_message(child.error))
+        if child.code != 0:
+            raise WorkerFailed(f"the data check failed with exit code {child.code}: {child.error}")
         # The supervisor is the run directory's one writer, its chief writing under its lock.
         with writing(run_dir, "--resume " if resume else "--output-dir ", for_children=True):
             restarts = 0

@@ -37,11 +37,12 @@ def train(
     directory (the chief; holding its writer lock from before its first write to its return), another worker
     writes a scratch folder (rundir.RunDirectory); ``threads``: what startup.configure set up, for the summary;
     ``started``: (wall, CPU) time the run began at."""
-    directory, take = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started), _first_examples(run)
+    directory = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started)
+    directory.hooks = hooks = RunHooks(run, directory, progress)
+    take = _first_examples(run)
     network = getattr(run.model, "network", None)  # a keras_file's Keras model (rematerialised); None: TensorLayer
-    trainer = Trainer(run.spec, run.engine, network, run.noise, run.cfg.batch_size, progress.message)
-    directory.hooks = RunHooks(run, directory, progress, trainer)
-    return trainer.run(directory, lambda stop: directory.hooks.train(directory.first_step, stop), take)
+    trainer = hooks.trainer = Trainer(run.spec, run.engine, network, run.noise, run.cfg.batch_size, progress.message)
+    return trainer.run(directory, lambda stop: hooks.train(directory.first_step, stop), take)
 
 
 class ConfigRunDir(RunDirectory):

@@ -39,9 +39,9 @@ class RunHooks:
 
     stopping = False  # a run ends at its last epoch, or by an error
 
-    def __init__(self, run, directory, progress, trainer):
+    def __init__(self, run, directory, progress):
         self.run, self.directory, self.progress = run, directory, progress
-        self.trainer = trainer  # trainer.Trainer: the loop, the guard, the errors that end a run
+        self.trainer = None  # trainer.Trainer (set once built): the loop, the guard, the errors that end a run
         self.state = None
         self.step = 0
 

@@ -5,17 +5,19 @@ first update and then driven by the loop (loop.py, run_hooks.py); lifecycle.py k
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 
 from ..backends import active
 from ..config import BatchChange, Config
+from ..errors import ConfigError
 from ..trainer.data.batching import as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
 from ..trainer.data.order import epoch_order
 from ..trainer.data.timeline import Timeline
-from ..trainer.data.trim import TrimmedSplit
+from ..trainer.data.trim import TrimmedSplit, check_trimmable
 from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
 from .optim import make_optimizer, run_schedule
@@ -25,15 +27,34 @@ class Run:
     """Everything set up for training: built once, then driven by ``train``."""
 
     def __init__(self, cfg: Config, data, model, objective, strategy=None, parallel: int = 1, *, spec):
-        """``cfg`` checked against ``data`` (``Config.for_data``); ``model`` and its ``objective`` built under
-        ``strategy`` for that data, as the front end builds them (from_config.build_run); ``parallel`` micro-steps
-        in flight; ``spec``: what the trainer takes of the config (trainer.TrainSpec)."""
+        """``cfg`` checked against ``data`` (``Config.for_data``), whose training split it cuts by data.trim_padding;
+        ``model`` and its ``objective`` built under ``strategy`` for that data, as the front end builds them
+        (from_config.build_run); ``parallel`` micro-steps in flight; ``spec``: what the trainer takes of the config
+        (trainer.TrainSpec)."""
         self.spec = spec
-        self.data = data
         self.n_train = len(data.train)
         self.cfg = cfg
         self.model, self.objective = model, objective
         self._lay_out(())
+        in_scope = active().strategy_in_scope(strategy)
+        multiple = cfg.data.trim_padding
+        if multiple is not None and self.n_train:  # none to cut in a run rebuilt without them
+            # the training split read in like lengths (trim.TrimmedSplit), the loss probed again for sequences of
+            # any length; refused in one line for a model it cannot cut
+            where = f"data.trim_padding={multiple}"
+            if data.classification:
+                raise ConfigError(
+                    f"{where}: it cuts the sequences a Keras loss trains on, and model.path={cfg.model.path} trains "
+                    f"with the built-in cross-entropy on class labels: give loss: in the YAML, or remove "
+                    f"data.trim_padding"
+                )
+            with in_scope.scope():
+                check_trimmable(model.network, in_scope.num_replicas_in_sync, where)
+                split = TrimmedSplit(data.train, multiple, where)
+                objective.steps = split.trim.steps  # a mean over every position still counts them uncut
+                objective.probe(as_data(split.signature()), in_scope)
+            data = dataclasses.replace(data, train=split)
+        self.data = data
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
 
         # batch_schedule's rule: the changes it made ([[1-based epoch, batch size], ...] as JSON, checkpointed:
@@ -48,7 +69,6 @@ class Run:
         self.schedule = schedule = run_schedule(
             cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), self.timeline, self.rate_factor
         )
-        in_scope = active().strategy_in_scope(strategy)
         self.replicas = active().replicas(in_scope)
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)

@@ -12,7 +12,7 @@ import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import Config, as_config, load_run_config
+from ..config import Config, as_config, load_run_config, override_key
 from ..errors import RunDirError
 from ..trainer.store.rundir import MODEL_COPY, require_run_dir
 
@@ -35,30 +35,27 @@ def compile_config(path: str) -> dict:
         return {}
 
 
-def uses_keras_loss(model_cfg, loss) -> bool:
-    """Whether a model config trains with a Keras loss (``loss``, the YAML's, or its keras_file's compile())
-    rather than the built-in classification loss."""
-    if model_cfg.name != "keras_file":
-        return False
-    return loss is not None or bool(compile_config(model_cfg.path).get("loss"))
-
-
 @dataclass(frozen=True)
 class ModelSource:
     """What a run builds its model from, decided once (``model_source``)."""
 
     config: object  # the config's ModelConfig; a keras_file's path the run directory's copy where it has one
     keras_loss: bool  # trains with a Keras loss (the YAML's loss or the file's compile()), not the built-in one
+    compiled: dict  # a keras_file's compile_config ({}: none, or no keras_file)
 
 
 def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
     """The model a run of ``cfg`` builds, read from ``run_dir``'s copy of a keras_file when there is one (a
-    resume, evaluate, a worker beside the chief), and whether it trains with a Keras loss: the file is opened
-    here, once, and every stage after takes this."""
+    resume, evaluate, a worker beside the chief), and whether it trains with a Keras loss (the YAML's ``loss``, or
+    the file's compile()) rather than the built-in classification loss: the file is opened here, once, and every
+    stage after takes this."""
     model = cfg.model
-    if model.name == "keras_file" and run_dir is not None and (Path(run_dir) / MODEL_COPY).is_file():
+    if model.name != "keras_file":
+        return ModelSource(model, False, {})
+    if run_dir is not None and (Path(run_dir) / MODEL_COPY).is_file():
         model = replace(model, path=str(Path(run_dir) / MODEL_COPY))
-    return ModelSource(model, uses_keras_loss(model, cfg.loss))
+    compiled = compile_config(model.path)
+    return ModelSource(model, cfg.loss is not None or bool(compiled.get("loss")), compiled)
 
 
 # ----------------------------------------------------------------------------
@@ -111,3 +108,12 @@ def resume_config(run_dir: Path, config_path=None, overrides=()) -> Config:
             f"which the run cannot continue with; only {', '.join(RESUMABLE_CHANGES)} may change"
         )
     return wanted
+
+
+def names_strategy(config, overrides) -> bool:
+    """Whether this call itself names a strategy (then --workers must agree with it)."""
+    keys = overrides.keys() if isinstance(overrides, dict) else [override_key(o) for o in overrides]
+    named = any(key == "strategy" or key.startswith("strategy.") for key in keys)
+    if isinstance(config, dict):
+        return named or "strategy" in config
+    return named

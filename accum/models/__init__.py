@@ -4,8 +4,8 @@ model from a .keras file, each as a ``Model`` the engine can train.
 ``build_model(cfg, ...)`` returns a ``Model``: the network, a ``forward(x, training)`` that gives logits, the
 variables to train and to checkpoint, and the norm layers whose moving statistics the engine moves once per update
 (the backend's ``AccumBatchNorm`` and ``pool``). One module per job: ``containers`` (``Model``, ``KerasModel``),
-``builtin`` (the TensorLayer networks), ``keras_file`` (loading and checking your file), ``precision``
-(mixed-precision compute).
+``builtin`` (the TensorLayer networks), ``keras_file`` (loading and checking your file), ``keras_loss`` (it
+compiled with a Keras loss, taken apart), ``precision`` (mixed-precision compute).
 """
 
 from __future__ import annotations

@@ -125,6 +125,47 @@ def _check_interface(model: keras.Model, path: str, input_shape, num_classes: in
         )
 
 
+def check_data(model: keras.Model, path: str, x_spec, y_spec) -> None:
+    """The data's inputs (``x_spec``) are the model's (by name when several) with the model's shapes per example,
+    and its targets (``y_spec``) one per output (by name when several)."""
+    inputs = {tensor.name: tensor for tensor in model.inputs}
+    _check_names(path, "inputs", "x_train", list(inputs), x_spec)
+    _check_names(path, "outputs", "y_train", output_names(model), y_spec)
+    for name, spec in x_spec.items() if isinstance(x_spec, dict) else [(None, x_spec)]:
+        given = tuple((inputs[name] if name else model.inputs[0]).shape[1:])
+        shape = tuple(spec.shape[1:])
+        if len(given) != len(shape) or any(g is not None and g != d for g, d in zip(given, shape)):
+            key = f"x_train_{name}" if name else "x_train"
+            raise ConfigError(
+                f"model.path={path} takes inputs of shape {shape_text(given)} per example but {key} holds "
+                f"{shape_text(shape)}: build the model on keras.Input(shape={shape}) or reshape {key}"
+            )
+
+
+def output_names(model: keras.Model) -> list:
+    """The names a model's outputs go by: a functional model's ``output_names``; a Sequential model (which has
+    none, and one output) its last layer's name, as the same model made functional would call it."""
+    names = getattr(model, "output_names", None)
+    return list(names) if names else [model.layers[-1].name]
+
+
+def _check_names(path: str, what: str, key: str, names: list, spec) -> None:
+    """One array ``key`` for a model with one of ``what``, else one ``key_<name>`` per name."""
+    if not isinstance(spec, dict):
+        if len(names) != 1:
+            raise ConfigError(
+                f"model.path={path} has {len(names)} {what} ({', '.join(names)}) but the data gives one {key}: "
+                f"save one array per name, {', '.join(f'{key}_{name}' for name in names)}"
+            )
+        return
+    if sorted(spec) != sorted(names):
+        given = ", ".join(f"{key}_{name}" for name in sorted(spec))
+        raise ConfigError(
+            f"model.path={path} has {what} {', '.join(names)} but the data gives {given}: name the arrays "
+            f"{', '.join(f'{key}_{name}' for name in names)}"
+        )
+
+
 def _output_layer(model: keras.Model, index: int = 0):
     """The innermost layer that computes the model's output (its ``index``-th)."""
     layer = model.outputs[index]._keras_history.operation
