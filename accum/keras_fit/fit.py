@@ -203,13 +203,14 @@ def fit(
 
     k = 1 if auto else k_for(nominal)
     cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
+    check_examples_are_batched(model, feed, batch_size)
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
             restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
-        check_examples_are_batched(model, feed, batch_size)
+        structure = keras_private.built_structures(model)[0]  # what the input checks need of the model
         names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
-        checks.check_input_kinds(model, feed, validation, names)
+        checks.check_input_kinds(structure, model.name, feed, validation, names)
         with strategy.scope():
             checks.as_user_error(
                 model, feed.element_spec, names, keras_private.symbolic_build, model, feed.element_spec
