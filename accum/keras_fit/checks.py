@@ -291,17 +291,18 @@ def _weights_or_targets(spec, names, function, args) -> str:
     return names[2]
 
 
-def warn_small_batchnorm(model, norm_layers, batch_size: int, k: int, replicas: int) -> None:
-    """A warning (as plan's and the CLI's) where BatchNorm layers normalise micro-batches of too few examples:
-    each normalises with its own micro-batch's statistics (docs/limitations.md). Not for k=1 (model.fit's own
-    batches) or for micro_batch_size='auto' (``k`` None), whose k grows only where memory makes it."""
+def warn_small_batchnorm(name: str, norm_layers, batch_size: int, micro, replicas: int) -> None:
+    """A warning (as plan's and the CLI's) where BatchNorm layers of model ``name`` normalise micro-batches of too
+    few examples, each with its own statistics (docs/limitations.md). Not where ``micro`` (trainer.MicroBatches)
+    gives k=1 (model.fit's own batches) or none (micro_batch_size='auto', whose k grows only where memory makes it)."""
+    k = micro.k_for(batch_size, replicas)
     if not norm_layers or k is None or k == 1:
         return
     smallest = noisy_batchnorm(batch_size // replicas, k)
     if smallest:
         warnings.warn(
             f"{WHERE}: micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
-            f"statistics: replace model {model.name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "
+            f"statistics: replace model {name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "
             "or pass a larger micro_batch_size",
-            stacklevel=3,
+            stacklevel=4,  # the line that called accum_train.fit (through fit's _engine)
         )

@@ -221,7 +221,6 @@ def fit(
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
             built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
-            checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
                 print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
@@ -235,6 +234,7 @@ def fit(
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
+        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
         directory = None
         if output_dir is not None:
             described = dict(
@@ -250,7 +250,6 @@ def fit(
                 )
             directory = FitRunDir(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
             loop.checkpoints = directory
-        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
         history = FitHistory()
 
         def drive(stop):
@@ -336,6 +335,7 @@ def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names
         loss_scale = LOSS_SCALE_INITIAL
     metrics = active().KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
+    checks.warn_small_batchnorm(model.name, norm_layers, nominal, spec.micro, strategy.num_replicas_in_sync)
     engine = build_engine(
         spec,
         model,
