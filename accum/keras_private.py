@@ -79,20 +79,12 @@ def symbolic_call(model, x):
     return backend.compute_output_spec(model, x, training=False)
 
 
-def input_structure(model):
-    """The structure of a functional (or Sequential) model's inputs as it was built (a dict by name, a list, one
-    KerasTensor), or None for a subclassed model, which has none until called."""
-    return _built_structure(model, "_inputs_struct")
-
-
-def output_structure(model):
-    """The structure of a functional (or Sequential) model's outputs as ``input_structure`` has its inputs."""
-    return _built_structure(model, "_outputs_struct")
-
-
-def _built_structure(model, name: str):
+def built_structures(model) -> tuple:
+    """(inputs, outputs): the structures of a functional (or Sequential) model's inputs and outputs as it was built (a
+    dict by name, a list, one KerasTensor); (None, None) for a subclassed model, which has none until called."""
     functional = getattr(model, "_functional", None)  # a Sequential's, once it has its input
-    return getattr(functional if functional is not None else model, name, None)
+    built = functional if functional is not None else model
+    return getattr(built, "_inputs_struct", None), getattr(built, "_outputs_struct", None)
 
 
 def sparse_labels(loss) -> tuple[bool, int | None]:

@@ -57,24 +57,23 @@ def _names(keys) -> str:
     return ", ".join(repr(k) for k in keys)
 
 
-def _pairs(model, x, name: str):
-    """(label, spec, the model's input) for each input ``x`` gives, paired as Keras pairs them; or a message
-    when the structure does not pair (a name missing, another number of inputs); or () when the model has no
-    inputs to compare with (a subclassed model)."""
-    structure = keras_private.input_structure(model)
+def _pairs(structure, model_name: str, x, name: str):
+    """(label, spec, the model's input) for each input ``x`` gives, paired as Keras pairs them with the model's
+    input ``structure`` (keras_private.built_structures); or a message when the structure does not pair (a name
+    missing, another number of inputs); or () when the model has no inputs to compare with (a subclassed model)."""
     if structure is None:
         return ()
     if isinstance(structure, dict) and isinstance(x, dict):
         missing = [key for key in structure if key not in x]
         if missing:
             return (
-                f"{name} has no input {missing[0]!r} (it has {_names(x)}): model {model.name!r} takes "
+                f"{name} has no input {missing[0]!r} (it has {_names(x)}): model {model_name!r} takes "
                 f"{_names(structure)}"
             )
         return [(f"{name}[{key!r}]", x[key], structure[key]) for key in structure]  # Keras ignores other keys
     given, wanted = keras.tree.flatten(x), keras.tree.flatten(structure)
     if len(given) != len(wanted):
-        return f"{name} holds {len(given)} input arrays, and model {model.name!r} takes {len(wanted)}"
+        return f"{name} holds {len(given)} input arrays, and model {model_name!r} takes {len(wanted)}"
     labels = [name] if len(given) == 1 else [f"{name}[{i}]" for i in range(len(given))]
     return list(zip(labels, given, wanted))
 
@@ -83,18 +82,18 @@ def _shape(shape) -> str:
     return str(tuple(None if d is None else int(d) for d in shape))
 
 
-def check_input_kinds(model, feed, validation, names) -> None:
-    """Text where the model takes numbers, or numbers where it takes text, in the inputs of the training ``feed``
-    (named ``names[0]``) or the ``validation`` one (or None): what TensorFlow would only meet when the first
-    micro-step runs (a graph error of fifty lines)."""
+def check_input_kinds(structure, model_name: str, feed, validation, names) -> None:
+    """Text where the model (its inputs' ``structure``) takes numbers, or numbers where it takes text, in the inputs
+    of the training ``feed`` (named ``names[0]``) or the ``validation`` one (or None): what TensorFlow would only
+    meet when the first micro-step runs (a graph error of fifty lines)."""
     sources = [(feed, names[0])] + ([(validation, DATA_NAMES["validation_data"][0])] if validation is not None else [])
     for source, name in sources:
-        pairs = _pairs(model, inputs_of(source.element_spec), name)
+        pairs = _pairs(structure, model_name, inputs_of(source.element_spec), name)
         for label, spec, tensor in pairs if not isinstance(pairs, str) else ():
             wanted = keras.backend.standardize_dtype(tensor.dtype)
             if (spec.dtype.name == "string") != (wanted == "string"):
                 raise UserError(
-                    f"{WHERE}: {label} holds {spec.dtype.name} values, and model {model.name!r} takes {wanted}"
+                    f"{WHERE}: {label} holds {spec.dtype.name} values, and model {model_name!r} takes {wanted}"
                 )
 
 
@@ -111,7 +110,7 @@ def input_problem(model, x, name: str) -> str | None:
         return None
     except Exception as err:  # whatever the call alone raises is the inputs' (or the model's own) failure
         said = _keras_said(err)
-    pairs = _pairs(model, x, name)
+    pairs = _pairs(keras_private.built_structures(model)[0], model.name, x, name)
     if isinstance(pairs, str):
         return pairs
     for label, spec, tensor in pairs:
@@ -153,7 +152,7 @@ def check_class_weight(class_weight, sample_weight=None) -> None:
 
 def _outputs(model, x):
     """The model's outputs as a structure of specs (their shapes), for the inputs ``x`` (TensorSpecs)."""
-    structure = keras_private.output_structure(model)
+    structure = keras_private.built_structures(model)[1]
     if structure is not None:
         return structure
     return keras_private.symbolic_call(model, keras.tree.map_structure(_symbolic, x))
@@ -292,17 +291,18 @@ def _weights_or_targets(spec, names, function, args) -> str:
     return names[2]
 
 
-def warn_small_batchnorm(model, norm_layers, batch_size: int, k: int, replicas: int) -> None:
-    """A warning (as plan's and the CLI's) where BatchNorm layers normalise micro-batches of too few examples:
-    each normalises with its own micro-batch's statistics (docs/limitations.md). Not for k=1 (model.fit's own
-    batches) or for micro_batch_size='auto' (``k`` None), whose k grows only where memory makes it."""
+def warn_small_batchnorm(name: str, norm_layers, batch_size: int, micro, replicas: int) -> None:
+    """A warning (as plan's and the CLI's) where BatchNorm layers of model ``name`` normalise micro-batches of too
+    few examples, each with its own statistics (docs/limitations.md). Not where ``micro`` (trainer.MicroBatches)
+    gives k=1 (model.fit's own batches) or none (micro_batch_size='auto', whose k grows only where memory makes it)."""
+    k = micro.k_for(batch_size, replicas)
     if not norm_layers or k is None or k == 1:
         return
     smallest = noisy_batchnorm(batch_size // replicas, k)
     if smallest:
         warnings.warn(
             f"{WHERE}: micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
-            f"statistics: replace model {model.name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "
+            f"statistics: replace model {name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "
             "or pass a larger micro_batch_size",
-            stacklevel=3,
+            stacklevel=4,  # the line that called accum_train.fit (through fit's _engine)
         )

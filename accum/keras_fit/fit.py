@@ -203,13 +203,14 @@ def fit(
 
     k = 1 if auto else k_for(nominal)
     cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
+    check_examples_are_batched(model, feed, batch_size)
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
             restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
-        check_examples_are_batched(model, feed, batch_size)
+        structure = keras_private.built_structures(model)[0]  # what the input checks need of the model
         names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
-        checks.check_input_kinds(model, feed, validation, names)
+        checks.check_input_kinds(structure, model.name, feed, validation, names)
         with strategy.scope():
             checks.as_user_error(
                 model, feed.element_spec, names, keras_private.symbolic_build, model, feed.element_spec
@@ -220,7 +221,6 @@ def fit(
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
             built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
-            checks.warn_small_batchnorm(model, adapters, nominal, None if auto else k, replicas)
             _ENGINES[model] = {key: built}
             if verbose:  # what training holds beyond the model, said once per built engine
                 print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
@@ -234,6 +234,7 @@ def fit(
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
+        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
         directory = None
         if output_dir is not None:
             described = dict(
@@ -249,7 +250,6 @@ def fit(
                 )
             directory = FitRunDir(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
             loop.checkpoints = directory
-        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
         history = FitHistory()
 
         def drive(stop):
@@ -335,6 +335,7 @@ def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names
         loss_scale = LOSS_SCALE_INITIAL
     metrics = active().KerasMetrics(model, strategy)
     jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
+    checks.warn_small_batchnorm(model.name, norm_layers, nominal, spec.micro, strategy.num_replicas_in_sync)
     engine = build_engine(
         spec,
         model,
