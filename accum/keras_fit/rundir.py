@@ -51,7 +51,7 @@ def recorded_seed(run_dir: Path):
 
 
 class FitRunDir(RunDirectory):
-    """The run directory of one accum_train.fit call, with what is fit's (trainer.Trainer.run keeps it): fit.json's
+    """The run directory of one accum_train.fit call, with what is fit's (trainer.Trainer.run keeps it): run.json's
     check, the epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every
     ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``described``: what run.json records
     of the call; ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by

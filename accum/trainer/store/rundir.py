@@ -233,7 +233,7 @@ def read_record(path: Path) -> dict | None:
         return json.loads((path / RECORD).read_text())
     if (path / FIT_RECORD).is_file():
         return {"door": "fit", "spec": None, "data": None, "fit": json.loads((path / FIT_RECORD).read_text())}
-    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+    if is_run_dir(path):
         data = path / "dataset.json"  # written before the first update: without it, no complete run
         return {"door": "config", "spec": None, "data": json.loads(data.read_text()) if data.is_file() else None}
     return None
