@@ -1,12 +1,12 @@
 """The one loader of the readers (describe, evaluate, predict, export): a run directory of either door read back.
 
-``read_run(run_dir)`` reads the record the directory keeps once (fit.json: accum_train.fit; config.yaml with
-checkpoints/ and its dataset.json: 'accum-train run') and returns one object with the same interface for both
-doors: what the run is (``door``, ``settings()``, ``go_on()``: what describe prints), its model with the newest
-intact checkpoint's weights (``model``, loaded when first used; ``keras_model()``, the plain Keras model export
-writes), what predict reads and gives (``class_names`` and ``input_shape`` of a classifier, else ``input_spec()``,
-``convert``, ``outputs()`` and ``output_names()``), and what evaluate measures (``test_source()`` checks --set and
---data as the door takes them: its config's test data, or the .npz of --data where the directory keeps no data;
+``read_run(run_dir)`` reads the record the directory keeps once (run.json, or an earlier release's:
+rundir.read_record) and returns for the door it names one object with the same interface for both doors: what the
+run is (``door``, ``settings()``, ``go_on()``: what describe prints), its model with the newest intact checkpoint's
+weights (``model``, loaded when first used; ``keras_model()``, the plain Keras model export writes), what predict
+reads and gives (``class_names`` and ``input_shape`` of a classifier, else ``input_spec()``, ``convert``,
+``outputs()`` and ``output_names()``), and what evaluate measures (``test_source()`` checks --set and --data as the
+door takes them: its config's test data, or the .npz of --data where the directory keeps no data;
 ``test()`` loads it and the model that scores it, as an ``Evaluated``). What differs between the doors is here,
 as the two classes' data and methods, and nowhere in the readers. Reading the records needs no TensorFlow:
 describe answers at once, also while a run trains.
@@ -29,26 +29,25 @@ from .npz_values import DATA_HOW, read_targets, read_values
 from .reload import describe_run, load_fit_run, load_run
 from .text import shape_text, traced_error_line
 from .trainer.store.metrics_log import read_metrics
-from .trainer.store.rundir import FIT_RECORD, HISTORY, is_fit_run_dir, is_run_dir, other_output
+from .trainer.store.rundir import FIT_RECORD, HISTORY, other_output, read_record
 
 
 def read_run(run_dir: Path, for_model: bool = True) -> ConfigRun | FitRun:
     """The run directory ``run_dir`` of either door. ``for_model``: the reader rebuilds its model (evaluate,
-    predict, export), so a run of 'accum-train run' must hold the dataset.json the model is built for, and a
+    predict, export), so a run of 'accum-train run' must hold the data description the model is built for, and a
     directory that is no run is refused in ``require_run_dir``'s words; describe reads the records alone and
     refuses in words that name both doors."""
     run_dir = Path(run_dir)
-    if is_fit_run_dir(run_dir):
-        return FitRun(run_dir)
-    if for_model:
-        return ConfigRun(run_dir, describe_run(run_dir))  # refuses a directory that is not a complete run
-    if is_run_dir(run_dir):
-        return ConfigRun(run_dir, None)
-    raise RunDirError(
-        other_output(run_dir)
-        or f"{run_dir} is not a run directory (no config.yaml with checkpoints/, nor {FIT_RECORD}): pass a directory "
-        f"written by 'accum-train run' or by accum_train.fit(output_dir=...)"
-    )
+    record = read_record(run_dir)
+    if for_model and (record or {}).get("door") != "fit":  # refuses a directory that is not a complete run
+        record = {**(record or {}), "door": "config", "data": describe_run(run_dir)}
+    if record is None:
+        raise RunDirError(
+            other_output(run_dir)
+            or f"{run_dir} is not a run directory (no config.yaml with checkpoints/, nor {FIT_RECORD}): pass a "
+            f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)"
+        )
+    return DOORS[record["door"]](run_dir, record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,15 +65,15 @@ class Evaluated:
 
 class ConfigRun:
     """A run directory of 'accum-train run': config.yaml rebuilds its model for the inputs and classes of its
-    dataset.json (``record``; None where describe reads the records alone), and names the data evaluate
+    run.json's data (``record``; None where describe reads the records alone), and names the data evaluate
     measures."""
 
     door = "accum-train run"
     export_name = "model.keras"
     convert = None  # read_values' own: the arrays converted as training converted them
 
-    def __init__(self, run_dir: Path, record: dict | None):
-        self.run_dir, self.record = run_dir, record
+    def __init__(self, run_dir: Path, record: dict):
+        self.run_dir, self.record = run_dir, record["data"]
 
     def settings(self) -> dict:
         cfg = load_run_config(self.run_dir)
@@ -142,8 +141,9 @@ class ConfigRun:
 
 
 class FitRun:
-    """A run directory of accum_train.fit: fit.json (``record``) and the Keras file fit saved as the run began. It
-    keeps no data: evaluate takes the arrays of an .npz, and its model gives values, as model.predict does."""
+    """A run directory of accum_train.fit: its arguments in run.json (``record``) and the Keras file fit saved as the
+    run began. It keeps no data: evaluate takes the arrays of an .npz, and its model gives values, as model.predict
+    does."""
 
     door = "accum_train.fit"
     # fit writes model.keras itself each time a call returns: that name is taken on every finished directory, and
@@ -153,9 +153,8 @@ class FitRun:
     input_shape = None
     convert = staticmethod(np.asarray)  # the arrays as they are, as they went to fit
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.record = json_or_none(run_dir / FIT_RECORD) or {}
+    def __init__(self, run_dir: Path, record: dict):
+        self.run_dir, self.record = run_dir, record["fit"]
 
     def settings(self) -> dict:
         record = self.record
@@ -242,6 +241,10 @@ class FitRun:
         return Evaluated(len(rows), lambda: scores, None, {"batch_size": batch_size}, evaluated_on)
 
 
+# The reader of each door, by the door run.json names.
+DOORS = {"config": ConfigRun, "fit": FitRun}
+
+
 def bare(model):
     """``model`` without a KerasHub task's preprocessor: the .npz arrays the commands read are the model's inputs
     (model_inputs: token_ids, padding_mask, ...), which the task's predict and evaluate would send through its
@@ -252,7 +255,7 @@ def bare(model):
 
 
 def model_inputs(model, run_dir: Path) -> dict:
-    """What ``read_values`` checks inputs against (dataset.json's "stored" for a run of 'accum-train run'), from
+    """What ``read_values`` checks inputs against (run.json's data "stored" for a run of 'accum-train run'), from
     the inputs of a Keras model: their shapes and dtypes, by name where there are several."""
     inputs = getattr(model, "inputs", None)
     if not inputs:

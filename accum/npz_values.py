@@ -1,7 +1,7 @@
 """The arrays of an .npz as a model of values takes them (``accum-train predict`` and ``evaluate --data``).
 
 ``read_values`` reads the inputs: ``x``, or ``x_<input name>`` per input of a model with several, checked against
-the shapes and dtypes the model takes (a run's dataset.json "stored", or a Keras model's inputs) before they are
+the shapes and dtypes the model takes (a run's run.json data "stored", or a Keras model's inputs) before they are
 converted; ``read_targets`` the targets evaluate scores them against: ``y``, or ``y_<output name>`` per output, and
 an optional ``sample_weight``, one row per example each. A bad file is one line naming it and how to save it.
 """

@@ -1,8 +1,8 @@
 """A run directory's model loaded back with its newest intact checkpoint's weights, for either door.
 
 The model of a run of 'accum-train run' is rebuilt from config.yaml for the
-input shape and classes in dataset.json, so a trained run can be used without
-its training data (``load_run``). One of accum_train.fit(output_dir=...) has neither file:
+input shape and classes of run.json's data, so a trained run can be used without
+its training data (``load_run``). One of accum_train.fit(output_dir=...) has neither:
 its model is the Keras file that fit saved as the run began
 (initial_model.keras), given the checkpoint's weights (``load_fit_run``).
 The readers (describe, evaluate, predict, export) call neither directly: accum/loader.py picks the one the
@@ -23,7 +23,7 @@ import numpy as np
 from .config import LossScaleConfig, load_run_config
 from .errors import RunDirError
 from .text import first_line
-from .trainer.store.rundir import FIT_RECORD, MODEL_COPY, require_run_dir
+from .trainer.store.rundir import MODEL_COPY, read_record, require_run_dir
 
 
 class Trained:
@@ -97,7 +97,7 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     weights are read: the optimizer's state, the metrics' and the update count stay in the checkpoint.
 
     LoRA that the model file does not rebuild (a KerasHub backbone's ``enable_lora(rank)``: its config has no
-    layer configs, so the LoRA kernels are gone) is enabled again where fit.json records it, at its rank and alpha
+    layer configs, so the LoRA kernels are gone) is enabled again where run.json records it, at its rank and alpha
     (``_enable_recorded_lora``). ``model``: the model object to give the weights in place of the one the file
     rebuilds (built as fit's was: for a model the file cannot rebuild)."""
     import keras
@@ -170,11 +170,11 @@ def _compiled_as_saved(model, path: Path) -> None:
 
 
 def _enable_recorded_lora(model, run_dir: Path) -> None:
-    """LoRA on the layers fit.json records it on (rank and alpha), where the model file did not rebuild it: a
+    """LoRA on the layers run.json records it on (rank and alpha), where the model file did not rebuild it: a
     KerasHub backbone's config has no layer configs, so its ``enable_lora(rank)`` is lost in the file."""
     from .keras_private import all_layers
 
-    record = json.loads((run_dir / FIT_RECORD).read_text()) if (run_dir / FIT_RECORD).is_file() else {}
+    record = (read_record(run_dir) or {}).get("fit") or {}
     layers = {layer.path: layer for layer in all_layers(model)}
     for path, rank, alpha in record.get("lora", []):
         layer = layers.get(path)
@@ -213,12 +213,12 @@ def _to_stderr(line: str) -> None:
 
 
 def describe_run(run_dir: Path) -> dict:
-    """dataset.json of a run: input_shape, class_names, source, split sizes."""
-    run_dir = require_run_dir(run_dir)
-    try:
-        return json.loads((run_dir / "dataset.json").read_text())
-    except FileNotFoundError:
+    """The data a run of 'accum-train run' recorded (run.json's, an earlier release's dataset.json): input_shape,
+    class_names, source, split sizes."""
+    data = (read_record(require_run_dir(run_dir)) or {}).get("data")
+    if data is None:
         raise RunDirError(
-            f"{run_dir} has no dataset.json, which every run writes before its first update: it is not a "
-            f"complete run directory (pass the folder a run wrote)"
-        ) from None
+            f"{run_dir} has no run.json, which every run writes before its first update: it is not a complete run "
+            f"directory (pass the folder a run wrote)"
+        )
+    return data

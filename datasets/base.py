@@ -277,7 +277,7 @@ class TaskSplit:
         return gathered_batches(self, order, batch_size)
 
     def stored(self) -> dict:
-        """The arrays' dtypes and shapes per example, as stored (dataset.json keeps them: a run is rebuilt
+        """The arrays' dtypes and shapes per example, as stored (run.json's data keeps them: a run is rebuilt
         from them without its data)."""
         return {"x": _described(self.x), "y": _described(self.y), "weights": self.weights is not None}
 
@@ -356,7 +356,7 @@ class Dataset:
         )
 
     def describe(self) -> dict:
-        """What a trained model needs to know of its data (a run's dataset.json)."""
+        """What a trained model needs to know of its data (a run's data in run.json)."""
         described = {
             "source": self.source,
             "input_shape": list(self.input_shape),

@@ -115,7 +115,7 @@ def in_chunks(paths: np.ndarray, labels: np.ndarray, input_shape, as_stored: boo
 def read_image(path, input_shape) -> np.ndarray:
     """One image file decoded as training decodes it: float32 [H, W, C] in [0, 1].
 
-    ``input_shape`` is the run's (H, W, C) (dataset.json); any image size is
+    ``input_shape`` is the run's (H, W, C) (run.json's data); any image size is
     resized to H x W, C must be 1 or 3. Raises DataError naming the path."""
     import tensorflow as tf
 

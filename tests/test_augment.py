@@ -132,7 +132,7 @@ def test_augmented_run_killed_and_resumed_reaches_the_uninterrupted_weights(tmp_
     assert [e["validation_accuracy"] for e in epochs] == [
         e["validation_accuracy"] for e in read_metrics(tmp_path / "whole" / "metrics.jsonl") if "test_accuracy" in e
     ]
-    assert json.loads((tmp_path / "cut" / "dataset.json").read_text())["validation_examples"] == 300
+    assert json.loads((tmp_path / "cut" / "run.json").read_text())["data"]["validation_examples"] == 300
 
 
 def by_hand(raw: np.ndarray, seed: int, step: int, crop: int) -> np.ndarray:

@@ -357,7 +357,7 @@ def test_a_keras_file_model_tries_rematerialisation_before_giving_up(tmp_path, r
 @pytest.mark.parametrize("existing", [False, True], ids=["a new directory", "an empty one"])
 def test_a_probe_that_finds_nothing_that_fits_leaves_the_directory_as_it_was(tmp_path, repo_root, existing):
     """subdivisions: auto under a memory_limit that not even one example fits: exit 3 before anything trained,
-    and the output directory is as it was found (config.yaml and dataset.json, written before the probe, go
+    and the output directory is as it was found (config.yaml and run.json, written before the probe, go
     again; an empty one keeps the lock file, which marks no run), so a command runs again in it."""
     out = tmp_path / "run"
     if existing:

@@ -180,9 +180,9 @@ def test_two_workers_equal_single_device_and_only_the_chief_writes(tmp_path, rep
     assert sorted(p.name for p in d.iterdir()) == [
         "checkpoints",
         "config.yaml",
-        "dataset.json",
         "history.jsonl",
         "metrics.jsonl",
+        "run.json",
         "summary.json",
         "tensorboard",
         "weights.npz",

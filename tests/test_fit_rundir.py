@@ -38,11 +38,11 @@ def test_a_second_call_continues_the_run_directory(tmp_path, uninterrupted):
     fit(small_regressor(), 2, run_dir)
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "checkpoints",
-        "fit.json",
         "history.jsonl",
         "initial_model.keras",
         "metrics.jsonl",
         "model.keras",
+        "run.json",
         "summary.json",
         "tensorboard",
         "writer.lock",
@@ -163,7 +163,7 @@ def test_a_second_signal_stops_at_once_and_names_the_newest_checkpoint(tmp_path)
             {"batch_size": 16, "shuffle": False},
             "shuffle=True, not False: a resume continues the same batches; pass shuffle=True",
         ),
-        # fit.json's k named as the argument that gives it
+        # run.json's k named as the argument that gives it
         (
             {"batch_size": 16, "subdivisions": 2},
             "subdivisions=3, not 2: a resume continues the same batches; pass subdivisions=3",
@@ -189,11 +189,11 @@ def test_a_resume_with_other_batches_is_refused_before_anything_changes(changed,
 
 
 def test_a_resume_on_other_data_is_refused_before_anything_changes(tmp_path):
-    """fit.json records the examples an array call trains on (after validation_split): a resume on fewer would
+    """run.json records the examples an array call trains on (after validation_split): a resume on fewer would
     go on from a position past its epoch's end."""
     run_dir = tmp_path / "run"
     fit(small_regressor(), 1, run_dir)
-    assert json.loads((run_dir / "fit.json").read_text())["examples"] == N
+    assert json.loads((run_dir / "run.json").read_text())["fit"]["examples"] == N
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     with pytest.raises(UserError) as caught:
         fit(small_regressor(), 2, run_dir, validation_split=0.2)
@@ -236,19 +236,19 @@ class FailsAtTrainBegin(keras.callbacks.Callback):
     [
         # refused before the directory is entered
         (UserError, {"sample_weight": np.ones((N, 3), np.float32)}),
-        # the directory entered (fit.json written, the checkpoint of update 0 taken), then no update
+        # the directory entered (run.json written, the checkpoint of update 0 taken), then no update
         (RuntimeError, {"callbacks": [FailsAtTrainBegin()]}),
     ],
 )
 def test_a_call_that_fails_before_anything_trained_leaves_no_run_directory(tmp_path, failure, keywords):
-    """Nothing trained, so the output_dir is not left half begun (fit.json would refuse another batch_size on the
+    """Nothing trained, so the output_dir is not left half begun (run.json would refuse another batch_size on the
     next call), and a corrected call trains in it."""
     run_dir = tmp_path / "run"
     with pytest.raises(failure):
         fit(small_regressor(), 1, run_dir, **keywords)
     assert not run_dir.exists()
     accum_train.fit(small_regressor(), X, Y, batch_size=10, subdivisions=2, verbose=0, output_dir=run_dir)
-    assert json.loads((run_dir / "fit.json").read_text())["batch_size"] == 10
+    assert json.loads((run_dir / "run.json").read_text())["fit"]["batch_size"] == 10
 
 
 @pytest.mark.slow  # six fit calls

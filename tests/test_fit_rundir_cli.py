@@ -59,10 +59,10 @@ def test_fit_saves_its_model_as_the_run_begins_and_a_resume_keeps_it(runs, tmp_p
     names = sorted(p.name for p in run_dir.iterdir())
     assert names == [
         "checkpoints",
-        "fit.json",
         "history.jsonl",
         "initial_model.keras",
         "metrics.jsonl",
+        "run.json",
         "tensorboard",
         "writer.lock",
     ]
@@ -378,7 +378,7 @@ def test_a_model_keras_cannot_rebuild_is_one_line(tmp_path):
 
 
 def test_describe_gives_the_batch_and_k_a_fit_run_came_to(tmp_path):
-    """A batch schedule with a fixed micro-batch: fit.json keeps the first batch and k, each update's record the
+    """A batch schedule with a fixed micro-batch: run.json keeps the first batch and k, each update's record the
     batch and k it ran at, and describe those in force at the newest update."""
     run_dir = tmp_path / "run"
     schedule = [{"epoch": 2, "batch_size": 16}]
@@ -396,7 +396,7 @@ def test_describe_gives_the_batch_and_k_a_fit_run_came_to(tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_describe_tells_a_fit_run_directory_as_it_stands(runs, kind):
-    """The same command on fit's directory: fit.json's batch, metrics.jsonl's updates, the checkpoints kept,
+    """The same command on fit's directory: run.json's batch, metrics.jsonl's updates, the checkpoints kept,
     and for the stopped call how to go on with it."""
     run_dir, _ = runs[kind]
     result = CliRunner().invoke(main, ["describe", str(run_dir), "--json"])

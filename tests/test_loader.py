@@ -8,6 +8,7 @@ import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import accum_train
 import numpy as np
@@ -135,3 +136,38 @@ def test_describe_reads_either_door_without_tensorflow(runs, door):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [door, False, False]
+
+
+def test_both_doors_record_the_run_in_one_run_json_of_one_shape(runs):
+    """One record for either door (rundir.write_record): the door, the TrainSpec's values, the data (the CLI's; fit
+    keeps none), and fit's arguments, which its resume checks; the CLI's config stays in config.yaml."""
+    cli, fit = (json.loads((runs[door][0] / "run.json").read_text()) for door in ("accum-train run", "accum_train.fit"))
+    assert (sorted(cli), sorted(fit)) == (["data", "door", "spec"], ["data", "door", "fit", "spec"])
+    assert (cli["door"], fit["door"], fit["data"], cli["data"]["input_shape"]) == ("config", "fit", None, [6])
+    assert (
+        sorted(cli["spec"])
+        == sorted(fit["spec"])
+        == ["baseline", "checkpoints", "max_bad_steps", "memory_limit", "micro"]
+    )
+    assert cli["spec"]["micro"] == fit["spec"]["micro"] == {"count": K, "size": None, "auto": False}
+    assert (fit["fit"]["batch_size"], fit["fit"]["k"], fit["fit"]["seed"]) == (BATCH, K, SEED)
+    assert not any((runs[door][0] / name).exists() for door in runs for name in ("dataset.json", "fit.json"))
+
+
+OLD = Path(__file__).resolve().parent / "data" / "old_runs"
+
+
+# Run directories of earlier releases (tests/data/old_runs), recorded before run.json: fit.json, or config.yaml with
+# dataset.json. The loader reads them as it reads run.json (rundir.read_record); test_old_run_dirs.py resumes them.
+@pytest.mark.parametrize(
+    ("name", "door", "recorded", "settings"),
+    [
+        ("cli-0.1.0", "accum-train run", "dataset.json", {"model": "mlp", "batch_size": 64, "subdivisions": 4}),
+        ("cli-0.2.0", "accum-train run", "dataset.json", {"model": "mlp", "batch_size": 64, "subdivisions": 4}),
+        ("fit-0.2.0", "accum_train.fit", "fit.json", {"model": "keras", "batch_size": 8, "subdivisions": 2}),
+    ],
+)
+def test_a_run_directory_of_an_earlier_layout_is_read_as_today(name, door, recorded, settings):
+    run = read_run(OLD / name)
+    assert (run.door, run.settings()) == (door, {**settings, "seed": 0})
+    assert run.record == json.loads((OLD / name / recorded).read_text())

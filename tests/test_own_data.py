@@ -118,7 +118,7 @@ def test_image_folder_run_learns(folder_run):
     # 10 classes: chance is 0.1; 96 updates of the smoke net reach 0.644 (deterministic on CPU)
     assert (summary["steps"], summary["examples_seen"]) == (96, 6000)
     assert summary["test_accuracy"] >= 0.55
-    described = json.loads((folder_run / "dataset.json").read_text())
+    described = json.loads((folder_run / "run.json").read_text())["data"]
     assert (described["input_shape"], described["train_examples"], described["test_examples"]) == (
         [28, 28, 1],
         2000,
@@ -145,7 +145,7 @@ def test_npz_uint8_trains_to_the_image_folder_weights(tmp_path, repo_root, own_d
     # the same bits: the folder's images at their size are converted as the .npz's uint8 arrays are
     assert summary["test_accuracy"] == folder_summary["test_accuracy"]
     assert max_difference(weights(tmp_path / "npz"), weights(folder_run)) == 0
-    assert json.loads((tmp_path / "npz" / "dataset.json").read_text())["class_names"] == list(folder.class_names)
+    assert json.loads((tmp_path / "npz" / "run.json").read_text())["data"]["class_names"] == list(folder.class_names)
 
 
 def test_npz_float_rgb_32x32_with_the_mlp(tmp_path, repo_root, own_data):
@@ -159,7 +159,7 @@ def test_npz_float_rgb_32x32_with_the_mlp(tmp_path, repo_root, own_data):
     out = tmp_path / "run"
     result = run(repo_root, out, ["data.name=npz", f"data.path={tmp_path / 'rgb.npz'}", "model.name=mlp", *WHOLE_SLICE])
     assert result.exit_code == 0, result.output
-    described = json.loads((out / "dataset.json").read_text())
+    described = json.loads((out / "run.json").read_text())["data"]
     assert (described["input_shape"], described["class_names"][0]) == ([32, 32, 3], "T-shirt_top")
     assert weights(out)["hidden/weights"].shape == (32 * 32 * 3, 256)
     # chance is 0.1; measured 0.830

@@ -82,7 +82,7 @@ def epoch_end(rows):
 DOORS = [
     (
         "cli_run",
-        ["dataset.json", "history.jsonl", "metrics.jsonl", "summary.json"],
+        ["history.jsonl", "metrics.jsonl", "run.json", "summary.json"],
         [
             ("metrics.jsonl", first_update, "noise_scale"),
             ("metrics.jsonl", epoch_end, "noise_scale"),
@@ -92,7 +92,7 @@ DOORS = [
     ),
     (
         "fit_run",
-        ["fit.json", "history.jsonl", "metrics.jsonl", "summary.json"],
+        ["history.jsonl", "metrics.jsonl", "run.json", "summary.json"],
         [
             ("metrics.jsonl", first_update, "noise_scale"),
             ("metrics.jsonl", epoch_end, "noise_scale"),

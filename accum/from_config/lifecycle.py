@@ -4,7 +4,7 @@ The Trainer (trainer/trainer.py) runs its course, as it runs fit's: the run
 directory locked, the newest intact checkpoint restored or the automatic
 micro-batches probed, the loop, summary.json. What is the CLI's is here, in
 ``ConfigRunDir``: ``--resume`` (k adapted to other replicas), config.yaml and
-dataset.json, the lines a run starts with, weights.npz; run_hooks.RunHooks is
+run.json's fields, the lines a run starts with, weights.npz; run_hooks.RunHooks is
 its side of the loop. The front end (from_config/run.py) has built the run
 before: bad input has left nothing behind. A resume continues from the latest
 checkpoint with the same data order, reaching the weights an uninterrupted run
@@ -17,13 +17,13 @@ from pathlib import Path
 
 from ..backends import active
 from ..errors import RunDirError
-from ..files import atomic_write, strict_json
+from ..files import atomic_write
 from ..processes import announce_started, restarts
 from ..progress import Progress
 from ..trainer.data.batching import k_for_micro_batch
 from ..trainer.data.order import describe_split, first_batch, largest_micro_batch
 from ..trainer.store.checkpoints import newest_intact_checkpoint
-from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights
+from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights, write_record
 from ..trainer.trainer import Trainer
 from .advice import split_warnings
 from .run_hooks import RunHooks
@@ -47,8 +47,8 @@ def train(
 
 class ConfigRunDir(RunDirectory):
     """The run directory of a config's run, with what is the CLI's: ``--resume`` (which must find an intact
-    checkpoint), config.yaml, dataset.json and the model file's copy, the lines a run starts with, weights.npz and
-    summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
+    checkpoint), config.yaml, run.json's data and the model file's copy, the lines a run starts with, weights.npz
+    and summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
     of the loop (run_hooks.RunHooks)."""
 
     def __init__(self, run, run_dir, writer, progress, resume, threads, started):
@@ -89,17 +89,15 @@ class ConfigRunDir(RunDirectory):
         if not cfg.baseline:
             _adapt_to_replicas(run, trainer, self.progress, run.timeline.batch_size(step))
 
-    def write_records(self) -> None:
-        run, cfg, data = self.run, self.run.cfg, self.run.data
-        local = self.local
+    def write_records(self, spec) -> None:
+        run, data, local = self.run, self.run.data, self.local
         local.mkdir(parents=True, exist_ok=True)
         keep_model_file(local, data.for_model.config)  # a worker copies the run directory's copy
-        for name, text in (
-            ("config.yaml", cfg.to_yaml() + scaled_rate_note(run)),
-            ("dataset.json", strict_json(data.describe(), indent=2)),
-        ):
-            if not (local / name).is_file() or (local / name).read_text() != text:
-                atomic_write(local / name, text.encode())
+        # not in run.json: the user's file of the config as resolved (docs/configuration.md), which --resume reads
+        text = run.cfg.to_yaml() + scaled_rate_note(run)
+        if not (local / "config.yaml").is_file() or (local / "config.yaml").read_text() != text:
+            atomic_write(local / "config.yaml", text.encode())
+        write_record(local, "config", spec, data.describe())
         if self.writer and data.file_checks is not None:  # an image folder: what its check found, for a resume
             data.file_checks.save(local)
             self.progress.message(data.file_checks.line())

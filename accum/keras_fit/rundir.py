@@ -1,8 +1,8 @@
 """accum_train.fit's ``output_dir``: a run directory kept as training goes, and resumed by the next call.
 
 What it holds:
-- ``fit.json``: what the training's data order depends on (batch size, k, seed, shuffle, steps per epoch),
-  checked by a resume;
+- ``run.json`` (rundir.write_record, as the CLI's): under ``"fit"`` what the data order depends on (batch size, k,
+  seed, shuffle, steps per epoch, examples), checked by a resume, and the layers LoRA is on (earlier: fit.json);
 - ``initial_model.keras``: the model as the first call began it, saved before its first update (a resume keeps
   it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
   of a call that never returned (accum/reload.py);
@@ -27,7 +27,6 @@ folders are the CLI's (trainer/store/rundir.RunDirectory); what is fit's is here
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -43,28 +42,18 @@ from ..trainer.runtime import is_chief, strategy_name
 from ..trainer.store.checkpoints import checkpoint_numbers
 from ..trainer.store.lock import LOCK
 from ..trainer.store.metrics_log import update_figures
-from ..trainer.store.rundir import (
-    FIT_RECORD,
-    MODEL_COPY,
-    RunDirectory,
-    check_place,
-    is_fit_run_dir,
-    write_json,
-)
+from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_place, read_record, write_record
 
 
 def recorded_seed(run_dir: Path):
     """The data order's seed a run directory recorded (None: no run there yet)."""
-    try:
-        return json.loads((run_dir / FIT_RECORD).read_text()).get("seed")
-    except (OSError, ValueError):
-        return None
+    return ((read_record(run_dir) or {}).get("fit") or {}).get("seed")
 
 
 class FitRunDir(RunDirectory):
-    """The run directory of one accum_train.fit call, with what is fit's (trainer.Trainer.run keeps it): fit.json's
+    """The run directory of one accum_train.fit call, with what is fit's (trainer.Trainer.run keeps it): run.json's
     check, the epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every
-    ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``described``: what fit.json records
+    ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``described``: what run.json records
     of the call; ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by
     name). ``start`` is (epoch, update) to go on from; ``done`` the updates done."""
 
@@ -97,10 +86,10 @@ class FitRunDir(RunDirectory):
     def begun(self) -> None:
         if self.writer:  # a call killed before its first checkpoint left records that this one writes again
             self.log.truncate_after(0, 0)
-            # with the layers LoRA is enabled on, which the model file may not rebuild (accum/reload.py)
-            write_json(self.path / FIT_RECORD, {**self.described, **lora_layers(self.model)})
 
-    def write_records(self) -> None:
+    def write_records(self, spec) -> None:
+        if self.writer:  # with the layers LoRA is on, which the model file may not rebuild (accum/reload.py)
+            write_record(self.path, "fit", spec, None, fit={**self.described, **lora_layers(self.model)})
         # the model before its first update, for the readers: a resume keeps the first (an older directory gains one)
         if self.writer and not (self.path / MODEL_COPY).is_file():
             self._save_model(MODEL_COPY)
@@ -123,12 +112,12 @@ class FitRunDir(RunDirectory):
         check_place(path, "accum_train.fit: output_dir ")
         if not path.is_dir() or not any(p.name != LOCK for p in path.iterdir()):
             return
-        if not is_fit_run_dir(path):
+        before = (read_record(path) or {}).get("fit")
+        if before is None:
             raise RunDirError(
                 f"accum_train.fit: output_dir {path} is not empty and was not written by accum_train.fit: "
                 f"choose an empty or new directory"
             )
-        before = json.loads((path / FIT_RECORD).read_text())
         # examples: what a directory of 0.2.0 did not record (its resume is not checked for it)
         changed = [k for k in described if before.get(k) != described[k] and (k in before or k != "examples")]
         if not changed:
@@ -215,8 +204,8 @@ class FitRunDir(RunDirectory):
 
 
 def _argument(key: str, value) -> str:
-    """The argument of fit that gives a fit.json entry: its k is subdivisions (or micro_batch_size, "auto"), its
-    steps steps_per_epoch."""
+    """The argument of fit that gives an entry of run.json's "fit": its k is subdivisions (or micro_batch_size,
+    "auto"), its steps steps_per_epoch."""
     if key == "k":
         return "micro_batch_size" if value == "auto" else "subdivisions"
     return "steps_per_epoch" if key == "steps" else key

@@ -142,7 +142,7 @@ class Trainer:
                 directory.restored(directory.restore(self.say, directory.found), self)
             else:
                 directory.begun()
-            directory.write_records()
+            directory.write_records(self.spec)
             if not resumed:
                 self.probe(take, self.batch_size)
                 if self.spec.checkpoints.at_start:

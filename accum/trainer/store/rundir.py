@@ -14,7 +14,9 @@ configs can be checked (and the ``--workers`` supervisor can run) without it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -30,9 +32,9 @@ from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
 from .metrics_log import MetricsLog
 from .stopping import StopFlag
 
-# What accum_train.fit's output_dir holds first (keras_fit/rundir.py): how a reader tells the two doors' run
-# directories apart.
-FIT_RECORD = "fit.json"
+# What a run directory of either door is (``write_record``; an earlier release's fit.json, or config.yaml and
+# dataset.json: ``read_record``), and its record of its starts and resumes, one JSON line each.
+RECORD, FIT_RECORD, HISTORY = "run.json", "fit.json", "history.jsonl"
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,10 @@ class CheckpointPolicy:
 class RunDirectory:
     """A run directory as a run of either door trains into it: one writer at a time (lock.writing), the one
     checkpoint manager (checkpoints.Checkpoints), the one metrics.jsonl writer (metrics_log.MetricsLog) and the
-    stop a signal asks for (stopping.StopFlag). What a door writes beside them (the CLI's config.yaml, fit's
-    fit.json) is the door's. Only the ``writer`` (the chief) writes ``path``; another worker writes the same
-    files to a scratch folder (``local``), removed when it ends, and restores from ``path``, the chief's.
+    stop a signal asks for (stopping.StopFlag). The door gives run.json its fields (``write_record``) and writes its
+    files beside it (the CLI's config.yaml, fit's model files). Only the ``writer`` (the chief) writes ``path``;
+    another worker writes the same files to a scratch folder (``local``), removed when it ends, and restores from
+    ``path``, the chief's.
     ``flag`` starts the lines that name the directory ("--resume ", "output_dir "); ``resume_hint`` ends a
     failed save's line: how to go on.
 
@@ -91,8 +94,8 @@ class RunDirectory:
     def begun(self) -> None:
         """A start from nothing, before any record is written."""
 
-    def write_records(self) -> None:
-        """The door's own files: what a resume must repeat, the model's copy."""
+    def write_records(self, spec) -> None:
+        """run.json of the run's trainer.TrainSpec ``spec`` (``write_record``) and the door's files beside it."""
 
     def started(self, trainer, resumed: bool) -> None:
         """After the probe (a start) or the restore (a resume), before the first update: the door's lines and
@@ -198,10 +201,6 @@ class RunDirectory:
             handle.write(strict_json(entry) + "\n")
 
 
-# A run directory's record of its starts and resumes, one JSON line each.
-HISTORY = "history.jsonl"
-
-
 def run_figures(engine, noise, started: tuple) -> dict:
     """What summary.json says of a run in either door: its time since ``started`` ((wall, CPU) seconds), memory
     peaks, skipped updates, loss scale (mixed_float16) and last noise-scale estimate."""
@@ -218,12 +217,30 @@ def run_figures(engine, noise, started: tuple) -> dict:
     }
 
 
+def write_record(path: Path, door: str, spec, data: dict | None, **door_fields) -> None:
+    """run.json, both doors' one writer, atomically (a reader or a resume never finds half of it): the ``door``
+    ("config": 'accum-train run', whose config.yaml beside it holds the config; "fit": accum_train.fit), the
+    trainer.TrainSpec ``spec``'s values but its wording, the ``data`` description (None: the door keeps no data) and
+    what the door's resume checks and its readers need (fit's ``fit``: its arguments and LoRA layers)."""
+    values = {key: value for key, value in dataclasses.asdict(spec).items() if key != "words"}
+    write_json(Path(path) / RECORD, {"door": door, "spec": values, "data": data, **door_fields})
+
+
+def read_record(path: Path) -> dict | None:
+    """run.json of ``path``, or in its shape what an earlier release recorded (``spec`` None); None: no run's."""
+    path = Path(path)
+    if (path / RECORD).is_file():
+        return json.loads((path / RECORD).read_text())
+    if (path / FIT_RECORD).is_file():
+        return {"door": "fit", "spec": None, "data": None, "fit": json.loads((path / FIT_RECORD).read_text())}
+    if is_run_dir(path):
+        data = path / "dataset.json"  # written before the first update: without it, no complete run
+        return {"door": "config", "spec": None, "data": json.loads(data.read_text()) if data.is_file() else None}
+    return None
+
+
 def is_run_dir(path: Path) -> bool:
     return (Path(path) / "config.yaml").is_file() and (Path(path) / "checkpoints").is_dir()
-
-
-def is_fit_run_dir(path: Path) -> bool:
-    return (Path(path) / FIT_RECORD).is_file()
 
 
 def other_output(path: Path) -> str | None:
@@ -243,9 +260,9 @@ def other_output(path: Path) -> str | None:
 def require_run_dir(path: Path, flag: str = "") -> Path:
     """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it). One
     written by accum_train.fit is refused: only that call has the model's code and data to go on with it (the
-    readers' one loader, accum/loader.py, tells it apart first: ``is_fit_run_dir``)."""
+    readers' one loader, accum/loader.py, tells it apart first: ``read_record``)."""
     path = Path(path)
-    if is_fit_run_dir(path):
+    if (read_record(path) or {}).get("door") == "fit":
         raise RunDirError(
             f"{flag + ' ' if flag else ''}{path} was written by accum_train.fit: continue it by calling "
             f"accum_train.fit(model, ..., output_dir={str(path)!r}) again (the command line has neither the model's "
@@ -284,18 +301,11 @@ def check_output_dir(path: Path) -> None:
 
 def check_place(path: Path, flag: str) -> None:
     """A run directory can be made at ``path`` or written in: its nearest existing folder is one, and writable."""
-    parent = path if path.is_dir() else _existing_parent(path)
+    parent = path if path.is_dir() else next((p for p in path.absolute().parents if p.exists()), Path("/"))
     if not parent.is_dir():
         raise RunDirError(f"{flag}{path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"{flag}{path}: {parent} is not writable: choose another directory")
-
-
-def _existing_parent(path: Path) -> Path:
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return parent
-    return Path("/")
 
 
 def write_json(path: Path, data) -> None:
