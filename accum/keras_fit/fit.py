@@ -127,7 +127,7 @@ def fit(
     strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
-    seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and fit.json take these
+    seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and run.json take these
     # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
     labelled = checks.held_targets(x, y, validation_data)  # before the split too: y's tail is validated on
     if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
