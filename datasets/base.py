@@ -113,52 +113,6 @@ def to_inputs(images, labels):
     return x, tf.cast(labels, tf.int32)
 
 
-class ArraySplit:
-    """A split held in memory as numpy arrays."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray):
-        if len(images) != len(labels):  # loaders check this with a user-facing message first
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        # in place once here: ``tensors`` then reads these very arrays (a read-only or unaligned array, as a loader's
-        # np.frombuffer gives, would be copied there and held twice)
-        self.images, self.labels = in_place(images), in_place(labels)
-        self._tensors = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def head(self, n: int) -> ArraySplit:
-        return ArraySplit(self.images[:n], self.labels[:n])
-
-    def subset(self, indices: np.ndarray) -> ArraySplit:
-        return ArraySplit(self.images[indices], self.labels[indices])
-
-    def take(self, indices: np.ndarray):
-        return to_inputs(self.images[indices], self.labels[indices])
-
-    def tensors(self):
-        """The split's arrays as they are stored, once, in host memory (what tf.data gathers from)."""
-
-        if self._tensors is None:
-            self._tensors = stored(self.images), stored(self.labels)
-        return self._tensors
-
-    def gather(self, indices):
-        """Examples ``indices`` (a tensor) as stored: uint8 images stay uint8 (``convert`` makes the inputs)."""
-        import tensorflow as tf
-
-        images, labels = self.tensors()
-        return tf.gather(images, indices), tf.gather(labels, indices)
-
-    @staticmethod
-    def convert(stored):
-        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
-        return to_inputs(*stored)
-
-    def batches(self, order: np.ndarray, batch_size: int):
-        return gathered_batches(self, order, batch_size)
-
-
 def gathered_batches(split, order: np.ndarray, batch_size: int):
     """The batches of a split held in memory (ArraySplit, TaskSplit) in ``order``: gathered and converted on the
     tf.data side from one copy in TF memory (``tensors``)."""
@@ -232,7 +186,8 @@ class TaskSplit:
     targets_as_given = True  # the loss takes the targets as they come (not class labels)
 
     def __init__(self, x, y, weights: np.ndarray | None = None):
-        # in place once here, as ArraySplit's: ``tensors`` then reads these very arrays
+        # in place once here: ``tensors`` then reads these very arrays (a read-only or unaligned array, as a
+        # loader's np.frombuffer gives, would be copied there and held twice)
         self.x, self.y, self.weights = _numbers_in_place(x), _numbers_in_place(y), _numbers_in_place(weights)
         self._tensors = None
 
@@ -253,20 +208,19 @@ class TaskSplit:
         return convert_task(part.x, part.y, part.weights)
 
     def tensors(self):
-        """(x, y, weights or None) as stored, once, in host memory (what tf.data gathers from)."""
+        """(x, y) or (x, y, weights) as stored, once, in host memory (what tf.data gathers from)."""
         import tensorflow as tf
 
         if self._tensors is None:
-            weights = None if self.weights is None else stored(self.weights)
-            self._tensors = (*tf.nest.map_structure(stored, (self.x, self.y)), weights)
+            parts = (self.x, self.y) if self.weights is None else (self.x, self.y, self.weights)
+            self._tensors = tf.nest.map_structure(stored, parts)
         return self._tensors
 
     def gather(self, indices):
         """Examples ``indices`` (a tensor) as stored: (x, y) or (x, y, weights); ``convert`` makes the batch."""
         import tensorflow as tf
 
-        parts = tuple(part for part in self.tensors() if part is not None)
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), parts)
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.tensors())
 
     @staticmethod
     def convert(stored):
@@ -293,6 +247,32 @@ class TaskSplit:
 
         x, y = self.take(np.arange(0))
         return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), (x, y))
+
+
+class ArraySplit(TaskSplit):
+    """Images and their class labels held in memory: a TaskSplit of x images and y labels whose batches are
+    converted as ``to_inputs`` converts them (float32 images in [0, 1], int32 labels)."""
+
+    targets_as_given = False  # class labels, for the built-in loss
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        if len(images) != len(labels):  # loaders check this with a user-facing message first
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        super().__init__(images, labels)
+
+    images = property(lambda self: self.x)
+    labels = property(lambda self: self.y)
+
+    def _part(self, pick) -> ArraySplit:
+        return ArraySplit(self.x[pick], self.y[pick])
+
+    def take(self, indices: np.ndarray):
+        return to_inputs(self.x[indices], self.y[indices])
+
+    @staticmethod
+    def convert(stored):
+        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
+        return to_inputs(*stored)
 
 
 @dataclass(frozen=True)

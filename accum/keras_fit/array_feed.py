@@ -1,5 +1,5 @@
 """Arrays in memory as accum_train.fit's feed: stored once and never copied per epoch, each element gathering its
-own examples from them (the run's ``feed.gathered``) in an order that is a pure function of the seed and the pass,
+own examples from them (the run's ``feed.by_plan``) in an order that is a pure function of the seed and the pass,
 so a resumed fit sees the same batches; cut into this process's micro-batches as batching.Cut says, and with
 ``trim_padding`` each micro-batch's time axis cut after its longest sequence (accum/trainer/data/trim.py)."""
 
@@ -13,8 +13,9 @@ import tensorflow as tf
 from ..datasets.base import stored
 from ..errors import UserError
 from ..trainer.data.batching import Cut
-from ..trainer.data.feed import endless, gathered, lay_out
+from ..trainer.data.feed import by_plan, endless
 from ..trainer.data.order import epoch_order
+from ..trainer.data.timeline import Segment
 from ..trainer.data.trim import Held, any_length
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
@@ -69,6 +70,8 @@ class ArrayFeed:
         self.held = Held(arrays, self.trim, WHERE) if self.trim else None
         self.timed = self.held.timed if self.trim else None
         self.steps = self.held.steps if self.trim else None
+        if self.trim:  # each batch's examples longest first (feed.by_plan asks for it)
+            self.by_length = self.held.by_length
 
     @property
     def element_spec(self):
@@ -84,10 +87,6 @@ class ArrayFeed:
         cut after the longest of them, rounded up to a multiple of ``trim``."""
         rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
         return self.held.cut(rows, indices) if self.trim else rows
-
-    def by_length(self, batch: np.ndarray) -> np.ndarray:
-        """A batch's examples, longest first with ``trim`` (trim.Held), else as they are."""
-        return self.held.by_length(batch) if self.trim else batch
 
     def _pass_order(self, p: int) -> np.ndarray:
         if self.shuffle == "batch":  # whole batches in a new order, each batch's examples as stored
@@ -118,20 +117,19 @@ class ArrayFeed:
         """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
         empty ones)."""
         if self.schedule:  # the epoch is one pass, cut at the batch in force
-            size, order = self.batch_size_of(epoch), self._pass_order(epoch)
-            batches = [self.by_length(order[u * size : (u + 1) * size]) for u in range(first, self.updates(epoch))]
-        else:  # steps_per_epoch may end an epoch inside a pass, or run over into the next
-            batches, orders = [], {}
-            for u in range(epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch):
-                p, b = divmod(u, self.batches_per_pass)
-                if p not in orders:
-                    orders[p] = self._pass_order(p)
-                batches.append(self.by_length(orders[p][b * self.batch_size : (b + 1) * self.batch_size]))
-        offsets = np.concatenate([[0], np.cumsum([len(batch) for batch in batches], dtype=np.int64)])
-        # each batch's elements, at its place in the epoch's order
-        layout = lay_out((first + u, int(offsets[u]), cut.bounds(len(b))) for u, b in enumerate(batches))
-        order = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-        elements = gathered(self, order, layout)
+            size = self.batch_size_of(epoch)
+            order, segments = self._pass_order(epoch), [Segment(epoch, first, first * size, self.examples, size)]
+        else:  # steps_per_epoch may end an epoch inside a pass, or run over into the next: a segment per pass
+            size, per_pass = self.batch_size, self.batches_per_pass
+            start, end = epoch * self.steps_per_epoch + first, (epoch + 1) * self.steps_per_epoch
+            passes = range(start // per_pass, (end - 1) // per_pass + 1)
+            order = np.concatenate([np.zeros(0, np.int64)] + [self._pass_order(p) for p in passes])
+            segments = []
+            for i, p in enumerate(passes):  # its updates [u0, u1), at the pass's place in ``order``
+                u0, u1 = max(start, p * per_pass) - p * per_pass, min(end, (p + 1) * per_pass) - p * per_pass
+                at, step = i * self.examples, p * per_pass + u0 - epoch * self.steps_per_epoch
+                segments.append(Segment(epoch, step, at + u0 * size, at + min(u1 * size, self.examples), size))
+        elements = by_plan(self, order, epoch, segments, lambda _: cut.k, cut.replicas, cut.local)[0]
         return endless(elements) if pad else elements
 
 

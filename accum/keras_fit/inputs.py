@@ -18,7 +18,7 @@ element is (data, where), as the run's feed gives them (``prepare`` unpacks
 the data inside the micro-step).
 
 Arrays are stored once and never copied per epoch (array_feed.py): each element gathers its
-own examples from them (the run's ``feed.gathered``; the epoch's order is a
+own examples from them (the run's ``feed.by_plan``; the epoch's order is a
 pure function of the seed and the pass, so a resumed fit sees the same
 batches). A dataset is streamed (stream_feed.py): it is read batch by
 batch as the updates pull it, never into memory. When a stream's length is
@@ -67,10 +67,9 @@ def make_feed(
             f"{WHERE}: batch_schedule makes each epoch one pass over the arrays at the batch in force, which "
             f"{what} would change: leave {what.split('=')[0]} out",
         )
+    own = (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size))  # what a source of batches has
     if isinstance(x, keras.utils.PyDataset):
-        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
-            if value is not None:
-                raise UserError(f"{WHERE}: {name} is a PyDataset, which gives its own batches: leave {what} out")
+        _leave_out(own, f"{name} is a PyDataset, which gives its own batches")
         batches, adapter = keras_private.py_dataset_batches(x, shuffle=bool(shuffle))
         return DatasetFeed(
             batches,
@@ -81,9 +80,7 @@ def make_feed(
             trim=trim,
         )
     if is_dataset(x):
-        for what, value in (("y", y), ("sample_weight", sample_weight)):
-            if value is not None:
-                raise UserError(f"{WHERE}: {name} is a tf.data.Dataset: leave {what} out (put it in its elements)")
+        _leave_out(own[:2], f"{name} is a tf.data.Dataset", " (put it in its elements)")
         first = tf.nest.flatten(x.element_spec)
         if batch_size is not None and any(s.shape.rank and s.shape[0] is None for s in first):
             raise UserError(
@@ -95,9 +92,7 @@ def make_feed(
             x, batch_size=batch_size, class_weight=class_weight, steps_per_epoch=steps_per_epoch, trim=trim
         )
     if isinstance(x, collections.abc.Iterator):  # a generator, or any iterator of batches
-        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
-            if value is not None:
-                raise UserError(f"{WHERE}: {name} is a generator, which gives its own batches: leave {what} out")
+        _leave_out(own, f"{name} is a generator, which gives its own batches")
         return GeneratorFeed(x, class_weight=class_weight, steps_per_epoch=steps_per_epoch, name=name, trim=trim)
     if x is None:
         raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")
@@ -118,6 +113,13 @@ def make_feed(
     )
 
 
+def _leave_out(given, source: str, why: str = "") -> None:
+    """Refuse the first of ``given`` ((name, value) of model.fit's arguments) that is not None for ``source``."""
+    for what, value in given:
+        if value is not None:
+            raise UserError(f"{WHERE}: {source}: leave {what} out{why}")
+
+
 def split_validation(x, y, sample_weight, validation_data, validation_split):
     """model.fit's validation_split: the last fraction of the arrays (before any shuffling)."""
     if not validation_split:
@@ -132,16 +134,12 @@ def split_validation(x, y, sample_weight, validation_data, validation_split):
             f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
             f"pass validation_data for a dataset"
         )
-    count = len(tf.nest.flatten(x)[0])
-    at = int(count * (1.0 - validation_split))
+    at = int(len(tf.nest.flatten(x)[0]) * (1.0 - validation_split))
 
-    def head(s):
-        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[:at], s)
+    def rows(s, pick):
+        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[pick], s)
 
-    def tail(s):
-        return None if s is None else tf.nest.map_structure(lambda a: np.asarray(a)[at:], s)
-
-    return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))
+    return tuple(tuple(rows(s, pick) for s in (x, y, sample_weight)) for pick in (slice(None, at), slice(at, None)))
 
 
 def streamed_source(x) -> bool:

@@ -88,10 +88,13 @@ class DatasetFeed:
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
         ``again``: the stream ran out before this epoch and starts over, as model.fit's does)."""
+        elements = _batched_split(self._batches(epoch, first, again), cut, self.trim, self.timed)
+        return endless(elements) if pad else elements
+
+    def _batches(self, epoch: int, first: int, again: bool) -> tf.data.Dataset:
         if self.continues and not again:  # one stream from epoch to epoch: the epochs before read from it too
             first += epoch * self.steps_per_epoch
-        elements = _batched_split(self.batches.skip(first) if first else self.batches, cut, self.trim, self.timed)
-        return endless(elements) if pad else elements
+        return self.batches.skip(first) if first else self.batches
 
     def end_of_epoch(self) -> None:
         if self.py_adapter is not None:
@@ -132,7 +135,7 @@ class GeneratorFeed(DatasetFeed):
         first = tf.nest.map_structure(tf.constant, self.first)
         return first if self.class_weight is None else _with_class_weights(first, self.class_weight)
 
-    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+    def _batches(self, epoch: int, first: int, again: bool) -> tf.data.Dataset:
         """The stream from where it stands: ``steps_per_epoch - first`` batches, or to its end. Opened first at
         update ``first`` of ``epoch`` (a resume), it passes over the batches before."""
         batches = self.batches
@@ -140,10 +143,7 @@ class GeneratorFeed(DatasetFeed):
             self.opened = True
             read = first + (epoch * self.steps_per_epoch if self.steps_per_epoch else 0)
             batches = batches.skip(read) if read else batches
-        if self.steps_per_epoch is not None:
-            batches = batches.take(self.steps_per_epoch - first)
-        elements = _batched_split(batches, cut, self.trim, self.timed)
-        return endless(elements) if pad else elements
+        return batches if self.steps_per_epoch is None else batches.take(self.steps_per_epoch - first)
 
 
 def _batch_as_arrays(batch, name: str):

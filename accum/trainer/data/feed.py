@@ -208,24 +208,32 @@ def held(engine, data, n=None, updates: int = 1):
     return distribute(engine.strategy, elements), n, pulls, same_size(n, pulls, engine.replicas)
 
 
+def by_plan(split, order, epoch: int, segments, k_for, replicas: int, local):
+    """(elements, Layout, the order read) of ``segments`` (timeline.Segment) of ``epoch``, cut as ``plan`` lays them
+    out: read front to back from a stream (``streamed``), else by index in ``order`` (``gathered``: the CLI's
+    splits, accum_train.fit's arrays), each batch's examples longest first where the split orders them
+    (``by_length``: trim_padding, trim.Held)."""
+    if hasattr(split, "by_length"):
+        order = np.array(order, copy=True)
+        for segment in segments:
+            for first in range(segment.start, segment.end, segment.batch_size):
+                end = min(first + segment.batch_size, segment.end)
+                order[first:end] = split.by_length(order[first:end])
+    stream = getattr(split, "streamed", False)
+    layout = plan(segments, k_for, replicas, local, chunk_first=stream)
+    return (streamed(split, epoch, layout) if stream else gathered(split, order, layout)), layout, order
+
+
 class Feed:
-    """This process's elements for the rest of an epoch, and the updates they make.
+    """This process's elements for the rest of an epoch (``by_plan``), and the updates they make.
 
     ``iterator`` is what the engine pulls from; ``updates`` the plan, in order."""
 
     def __init__(self, split, order, epoch: int, segments, k_for, strategy, replica_ids):
-        replicas = strategy.num_replicas_in_sync
-        if hasattr(split, "by_length"):  # trim_padding: each batch's examples longest first (trim.Held)
-            order = np.array(order, copy=True)
-            for segment in segments:
-                for first in range(segment.start, segment.end, segment.batch_size):
-                    end = min(first + segment.batch_size, segment.end)
-                    order[first:end] = split.by_length(order[first:end])
-        self.order = order
         self.stream = getattr(split, "streamed", False)
-        self.layout = plan(segments, k_for, replicas, replica_ids, chunk_first=self.stream)
+        replicas = strategy.num_replicas_in_sync
+        elements, self.layout, self.order = by_plan(split, order, epoch, segments, k_for, replicas, replica_ids)
         self.updates = self.layout.updates
-        elements = streamed(split, epoch, self.layout) if self.stream else gathered(split, order, self.layout)
         self.iterator = distribute(strategy, endless(elements.prefetch(1)))
 
     def planned(self, step: int) -> Planned | None:

@@ -177,7 +177,7 @@ class TrimmedSplit:
         self.split, self.where = split, where
         self.trim = Held(tuple(p for p in (split.x, split.y, split.weights) if p is not None), multiple, where)
         self.timed, self.by_length = self.trim.timed, self.trim.by_length
-        stored = tuple(part for part in split.tensors() if part is not None)
+        stored = split.tensors()
         self.spec = any_length(  # of what ``gather`` gives
             tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), stored), self.timed
         )
