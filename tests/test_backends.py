@@ -121,7 +121,7 @@ def test_the_reader_sees_every_way_to_import_tensorflow(tmp_path, source, found)
 
 
 def test_the_seam_names_the_backends_it_has_and_each_has_its_folder():
-    assert BACKENDS == ("tensorflow",)
+    assert BACKENDS == ("tensorflow", "jax")
     for name in BACKENDS:
         assert (ROOT / "accum" / "backends" / name / "backend.py").is_file()
     setup = (ROOT / "setup.cfg").read_text()  # installed, not only importable from the checkout
@@ -132,21 +132,18 @@ def test_the_seam_names_the_backends_it_has_and_each_has_its_folder():
     "keras_backend, chosen, error",
     [
         ("tensorflow", f"{SEAM}.tensorflow.backend", None),
-        (
-            "jax",
-            None,
-            "Keras runs on 'jax' (KERAS_BACKEND or ~/.keras/keras.json), which accum-train has no engine for: set "
-            "KERAS_BACKEND to one of tensorflow",
-        ),
+        ("jax", f"{SEAM}.jax.backend", None),  # the plain case of accum_train.fit (test_jax_backend.py)
         (
             "torch",
             None,
             "Keras runs on 'torch' (KERAS_BACKEND or ~/.keras/keras.json), which accum-train has no engine for: set "
-            "KERAS_BACKEND to one of tensorflow",
+            "KERAS_BACKEND to one of tensorflow, jax",
         ),
     ],
 )
 def test_keras_backend_chooses_the_backend(monkeypatch, keras_backend, chosen, error):
+    if keras_backend == "jax":
+        pytest.importorskip("jax")  # the `jax` extra
     monkeypatch.setattr(keras.config, "backend", lambda: keras_backend)
     if error is None:
         assert active().__name__ == chosen

@@ -1,16 +1,14 @@
-"""The seam between the trainer and the framework that runs an update: one folder per backend (tensorflow/), each
-answering the same few calls (``Backend``), and ``active()``, the one Keras runs on.
+"""The seam between the trainer and the framework that runs an update: one folder per backend (tensorflow/, jax/),
+each answering the same few calls (``Backend``), and ``active()``, the one Keras runs on.
 
 Keras splits its own trainer so (keras/src/trainers/trainer.py, backend/tensorflow/trainer.py, backend/jax/
 trainer.py): the base ``Trainer`` holds what every backend shares (compile, callbacks, the epoch loop, the data
 adapters) and each backend adds only its step, ``TensorFlowTrainer`` a ``tf.function`` over the model's variables,
 ``JAXTrainer`` a jitted pure function over the state that ``stateless_call`` and ``optimizer.stateless_apply`` take
-and return, written back to the variables only where Python reads them. Ours is split the same way: the Trainer,
-its loop and memory guard, the run directory and the front ends name no framework and reach the update through
-``active()``. A backend's accumulator (``accumulator_for``) owns its state, the gradient caches, the totals, the
-loss scale and the skip counters, and answers the calls ``Engine`` lists: a JAX accumulator can keep that state as
-arrays and make its update one jitted function, and the trainer does not see the difference. tf.data stays the
-data layer (the feed, datasets/): Keras reads it on every backend.
+and return. Ours is split the same way: the Trainer, its loop and memory guard, the run directory and the front
+ends name no framework and reach the update through ``active()``. A backend's accumulator (``accumulator_for``)
+owns its state and answers the calls ``Engine`` lists: jax/'s keeps it as arrays, an update one jitted function
+(so far for accum_train.fit's plain case, jax/backend.py's ``fit``). tf.data stays the data layer: Keras reads it.
 
 This module imports no backend: ``active()`` imports the one in use when it is first asked.
 """
@@ -24,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import UserError
 
 # keras.config.backend()'s names of the backends that have a folder here (accum/backends/NAME/backend.py).
-BACKENDS = ("tensorflow",)
+BACKENDS = ("tensorflow", "jax")
 
 
 @runtime_checkable

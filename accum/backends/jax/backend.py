@@ -1,0 +1,113 @@
+"""Keras' JAX backend as the trainer calls it: the first step of issue 76, accum/backends/__init__.py's
+``Backend`` answered for the plain case only.
+
+``accumulator_for`` gives the accumulator (engine.py) for a compiled Keras model with one built-in mean loss
+(objective.py), and ``fit`` is accum_train.fit's door for it: arrays, ``subdivisions`` or ``micro_batch_size``
+micro-batches per update, each update the whole batch's. What the TensorFlow backend answers beyond that (the
+run directory's checkpoints, BatchNorm pooling, strategies, evaluation, the commands) is not here yet: asking for
+any of it raises one line that says so, rather than training something else.
+"""
+
+from __future__ import annotations
+
+import jax
+import keras
+import numpy as np
+
+from ... import keras_private
+from ...defaults import ARRAY_BATCH_SIZE, FIT
+from ...errors import UserError
+from ...trainer.data.batching import k_for_micro_batch, micro_bounds
+from .engine import Accumulator
+from .objective import LATER, KerasObjective, refused
+
+NAME = "jax"
+OUT_OF_MEMORY = jax.errors.JaxRuntimeError  # XLA's RESOURCE_EXHAUSTED comes as this; no retry on it yet
+OP_ERROR = jax.errors.JaxRuntimeError
+BAD_INPUT = (TypeError, ValueError)
+WHERE = "accum_train.fit"
+# accum_train.fit's arguments this door takes; any other given unlike its default is refused in one line
+TAKEN = (
+    "x",
+    "y",
+    "batch_size",
+    "epochs",
+    "verbose",
+    "shuffle",
+    "sample_weight",
+    "subdivisions",
+    "micro_batch_size",
+    "seed",
+)
+
+
+def __getattr__(name: str):
+    """The rest of ``Backend``'s names: not here yet, in one line (a module attribute that is absent otherwise)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise UserError(f"accum-train's {name!r} {LATER}")
+
+
+def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options) -> Accumulator:
+    """The Accumulator training ``model`` (a compiled Keras model) on ``objective`` (objective.py's)."""
+    if options:
+        raise refused(f"the accumulator's {', '.join(sorted(options))}", WHERE)
+    return Accumulator(model, objective, optimizer, subdivisions=subdivisions)
+
+
+def fit(model, given: dict) -> keras.callbacks.History:
+    """accum_train.fit's plain case on JAX; ``given``: its arguments by name (fit.py's)."""
+    for name, value in given.items():
+        if name not in TAKEN and not _default(value, FIT[name]):
+            raise refused(f"{name}={value!r}", WHERE)
+    if given["shuffle"] is not False:  # TensorFlow's door draws the order with trainer/data/order.py, not here yet
+        raise refused(f"shuffle={given['shuffle']!r} (pass shuffle=False)", WHERE)
+    if given["seed"] is not None:  # Keras' random state, as on TensorFlow (the order is not drawn: shuffle=False)
+        keras.utils.set_random_seed(int(given["seed"]))
+    if not isinstance(model, keras.Model):
+        raise UserError(f"{WHERE}: model must be a keras.Model (got {type(model).__name__})")
+    arrays = (given["x"], given["y"], given["sample_weight"])
+    if given["y"] is None or not all(isinstance(a, np.ndarray) for a in keras.tree.flatten(arrays) if a is not None):
+        raise refused("data other than numpy arrays x, y (and sample_weight)", WHERE)
+    examples = len(keras.tree.flatten(given["x"])[0])
+    batch_size = int(given["batch_size"] or ARRAY_BATCH_SIZE)
+    micro, k = given["micro_batch_size"], given["subdivisions"]
+    if micro is not None and not isinstance(micro, str):
+        k = k_for_micro_batch(batch_size, int(micro))
+    elif micro is not None:
+        raise refused(f"micro_batch_size={micro!r}", WHERE)
+    k = int(k or 1)
+    if k > batch_size:
+        raise UserError(
+            f"{WHERE}: subdivisions={k} must be <= batch_size={batch_size} (a micro-batch holds at least one example)"
+        )
+    if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
+        keras_private.symbolic_build(model, _rows(arrays, 0, batch_size))
+    engine = accumulator_for(model, KerasObjective(model, WHERE), model.optimizer, subdivisions=k)
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.on_train_begin()
+    for epoch in range(int(given["epochs"])):
+        summed = 0.0
+        for start in range(0, examples, batch_size):
+            batch = _rows(arrays, start, start + batch_size)
+            n = len(keras.tree.flatten(batch[0])[0])
+            pieces = [micro_bounds(i, n, k) for i in range(k)]
+            cut = (_rows(batch, s, e) for s, e in pieces)
+            done = engine.update_from(cut, n, k)
+            summed += float(done["loss"]) * n  # Keras' loss tracker: batch losses weighted by their examples
+        logs = {"loss": summed / examples}
+        if given["verbose"]:
+            print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
+        history.on_epoch_end(epoch, logs)
+    return history
+
+
+def _default(value, default) -> bool:
+    """Whether an argument was left at its default (or given equal to it; an array never is)."""
+    return value is default or (type(value) in (bool, int, float, str) and value == default)
+
+
+def _rows(arrays, start: int, end: int):
+    """Rows [start, end) of each array (None, no sample weights, stays None)."""
+    return keras.tree.map_structure(lambda a: None if a is None else a[start:end], arrays)

@@ -1,0 +1,159 @@
+"""The accumulator on JAX: an update is one jitted function over the model's state, as Keras' ``JAXTrainer`` runs
+its train_step (keras/src/backend/jax/trainer.py): ``stateless_call`` for each micro-step's forward pass,
+``optimizer.stateless_apply`` once for the update, the new state written back to the Keras variables after it.
+
+A batch of ``n`` examples is cut into ``k`` contiguous micro-batches whose sizes differ by at most one
+(batching.py, as on TensorFlow). ``lax.scan`` runs the micro-steps inside the update's one jitted call, so the
+micro-batches are stacked on a leading axis of ``k``: each padded to the largest, its padding marked invalid
+(objective.py counts it nowhere). Each micro-step adds the gradient of its loss sum ``S``, divided by ``n`` (the
+magnitude of a batch mean), to a float32 cache, and its normaliser ``D`` to the totals; the cache is multiplied
+by ``n / D`` once (exactly 1 for a per-example mean) and the optimizer applied once. An update whose gradient is
+not finite is skipped, as accum_train.fit skips it on TensorFlow (state kept, the optimizer's step count too).
+
+``accumulate``/``finish`` are the same pieces called apart (one jitted micro-step into the cache, one jitted
+apply); ``update_from`` pulls an update's micro-batches from an iterator of ``(x, y, sample_weight)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+
+def stacked(micro_batches: list):
+    """``(x, y, sample_weight, valid)`` with a leading axis of ``k``: each micro-batch padded with zeros to the
+    largest; ``valid`` 1 for its rows, 0 for the padding."""
+    rows = [len(keras.tree.flatten(batch[0])[0]) for batch in micro_batches]
+    largest = max(*rows, 1)
+
+    def stack(*parts):
+        out = np.zeros((len(parts), largest, *np.shape(parts[0])[1:]), dtype=np.asarray(parts[0]).dtype)
+        for i, part in enumerate(parts):
+            out[i, : len(part)] = part
+        return out
+
+    data = [
+        None if parts[0] is None else keras.tree.map_structure(stack, *parts)  # no sample weights: None
+        for parts in zip(*[tuple(batch) for batch in micro_batches])
+    ]
+    valid = np.zeros((len(rows), largest), dtype="float32")
+    for i, size in enumerate(rows):
+        valid[i, :size] = 1.0
+    return (*data, valid)
+
+
+class Accumulator:
+    """``objective`` (objective.py) trained by ``optimizer`` over ``subdivisions`` micro-batches per update, on one
+    device: the ``Engine`` of accum/backends/__init__.py."""
+
+    replicas, replica_ids, one_pass, norm_layers, dynamic = 1, [0], False, [], False
+
+    def __init__(self, model, objective, optimizer, *, subdivisions: int):
+        self.model, self.objective, self.optimizer = model, objective, optimizer
+        optimizer.build(model.trainable_variables)
+        self._k = int(subdivisions)
+        self.retrace()
+        self.reset()
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def one_process(self) -> bool:
+        return True
+
+    def set_subdivisions(self, k: int) -> None:
+        self._k = int(k)
+
+    def retrace(self) -> None:
+        self._update = jax.jit(self._update_fn)
+        self._micro = jax.jit(self._micro_fn)
+        self._apply = jax.jit(self._apply_fn)
+
+    def restored(self) -> None:
+        """Nothing held apart from the Keras variables: the state is read from them at each call."""
+
+    def largest_over_workers(self, value: int) -> int:
+        return value
+
+    def reset(self) -> None:
+        """The cache and totals cleared: nothing accumulated."""
+        self._cache = [jnp.zeros(v.shape, "float32") for v in self.model.trainable_variables]
+        self._totals, self._n = jnp.zeros(2, "float32"), 0
+
+    def _state(self):
+        model = self.model
+        return (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in self.optimizer.variables],
+        )
+
+    def _write(self, trainable, optimizer_values) -> None:
+        for variable, value in zip(self.model.trainable_variables, trainable):
+            variable.assign(value)
+        for variable, value in zip(self.optimizer.variables, optimizer_values):
+            variable.assign(value)
+
+    def _micro_fn(self, trainable, non_trainable, cache, totals, batch, n):
+        def scaled(values):
+            total, count = self.objective.parts(values, non_trainable, *batch)
+            return total / n, (total, count)
+
+        grads, (total, count) = jax.grad(scaled, has_aux=True)(trainable)
+        cache = [c + g.astype("float32") for c, g in zip(cache, grads)]
+        return cache, totals + jnp.stack([total, count])
+
+    def _apply_fn(self, trainable, optimizer_values, cache, totals, n):
+        factor = n / totals[1]  # the whole batch's normaliser, once: D/n micro-batch means would be biased
+        grads = [(c * factor).astype(v.dtype) for c, v in zip(cache, trainable)]
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
+        new_trainable, new_optimizer = self.optimizer.stateless_apply(optimizer_values, grads, trainable)
+        kept = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        return (
+            jax.tree.map(kept, list(new_trainable), list(trainable)),
+            jax.tree.map(kept, list(new_optimizer), list(optimizer_values)),
+            totals[0] / totals[1],
+            finite,
+        )
+
+    def _update_fn(self, trainable, non_trainable, optimizer_values, batches, n):
+        def step(carry, batch):
+            return self._micro_fn(trainable, non_trainable, *carry, batch, n), None
+
+        start = ([jnp.zeros(v.shape, "float32") for v in trainable], jnp.zeros(2, "float32"))
+        (cache, totals), _ = jax.lax.scan(step, start, batches)
+        return self._apply_fn(trainable, optimizer_values, cache, totals, n)
+
+    def update_from(self, iterator, n: int, pulls: int, stop=0, size=None, held=False) -> dict:
+        """The update of a batch of ``n`` examples whose ``pulls`` micro-batches ``iterator`` yields, in one call."""
+        batches = stacked([next(iterator) for _ in range(pulls)])
+        trainable, non_trainable, optimizer_values = self._state()
+        new, optimizer_new, loss, finite = self._update(
+            trainable, non_trainable, optimizer_values, batches, jnp.float32(n)
+        )
+        self._write(new, optimizer_new)
+        return {"loss": loss, "applied": finite, "examples": n}
+
+    def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
+        for _ in range(pulls):
+            self.accumulate(*next(iterator), n=n)
+
+    def accumulate(self, x, y, n, sample_weight=None):
+        """One micro-batch into the cache, nothing applied."""
+        trainable, non_trainable, _ = self._state()
+        batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))  # one micro-batch, unstacked
+        self._cache, self._totals = self._micro(trainable, non_trainable, self._cache, self._totals, batch, n)
+        self._n = n
+
+    def finish(self, retry=False, stop=0) -> dict:
+        """The accumulated update applied once (skipped where not finite), the cache cleared."""
+        trainable, _, optimizer_values = self._state()
+        n = jnp.float32(self._n)
+        new, optimizer_new, loss, finite = self._apply(trainable, optimizer_values, self._cache, self._totals, n)
+        self._write(new, optimizer_new)
+        self.reset()
+        return {"loss": loss, "applied": finite, "examples": int(n)}
