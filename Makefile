@@ -36,7 +36,9 @@ data:
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv==0.13.9 || true
-	$(UV) -e ".[cpu,hub,jax,test]" || $(BIN)/pip install -q --no-compile -e ".[cpu,hub,jax,test]"
+	$(UV) -e ".[cpu,hub,test]" || $(BIN)/pip install -q --no-compile -e ".[cpu,hub,test]"
+	@# Keras' JAX backend for tests/test_jax_backend.py, on its own line: the one above is README's develop line
+	$(UV) -e ".[jax]" || $(BIN)/pip install -q --no-compile -e ".[jax]"
 	$(UV) --no-deps $(HUB) || $(BIN)/pip install -q --no-compile --no-deps $(HUB)
 	@# uv byte-compiles nothing; the tests' processes would each compile what they import (where nothing writes
 	@# .pyc files). compileall uses every core and, as pip does, skips a file that does not compile (templates,
