@@ -15,7 +15,7 @@ from ..config import BatchChange, Config
 from ..errors import ConfigError
 from ..trainer.data.batching import as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
-from ..trainer.data.order import epoch_order
+from ..trainer.data.order import epoch_order, first_batch
 from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit, check_trimmable
 from ..trainer.noise import rule_change
@@ -188,6 +188,10 @@ class Run:
             return Feed(self.data.train, order, epoch, segments, self.k_for, engine.strategy, engine.replica_ids)
 
         return Reader(self.engine, open, follow=self.follow_batch, k=lambda: self.subdivisions)
+
+    def first_examples(self, m: int):
+        """``take(m)`` for the auto probe (trainer.Trainer.probe): the first m examples of the first update's batch."""
+        return first_batch(self.data, self.cfg.seed, m, self.cfg.data.shuffle)
 
     def prepare(self, element, n):
         """Inside a micro-step: a feed's element (accum/trainer/data/feed.py: stored values and where they sit) as the
