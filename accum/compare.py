@@ -37,10 +37,12 @@ def gradient_check(cfg: Config, data) -> dict:
     applied."""
     from .backends import active
     from .from_config.build import build_with_loss
+    from .from_config.source import with_model_source
     from .trainer.data.batching import as_data
     from .trainer.data.order import first_batch
 
     backend = active()
+    data = with_model_source(data, cfg)
     model, objective = build_with_loss(cfg, data)
     x, y, weights = as_data(first_batch(data, cfg.seed, cfg.batch_size, cfg.data.shuffle))
     variables = model.trainable_variables

@@ -60,8 +60,10 @@ def plan(cfg: Config, data=None) -> dict:
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
     from .backends import active
     from .from_config.build import build_with_loss
+    from .from_config.source import with_model_source
     from .models.keras_loss import describe_loss
 
+    data = with_model_source(data, cfg)  # data given without its model: cfg's
     model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
     groups = len(loss.groups)  # the loss's normalisers: one gradient cache each
     objective = describe_loss(loss) if isinstance(loss, active().KerasObjective) else BUILT_IN_OBJECTIVE

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..config import as_config, with_overrides
 from ..errors import UserError
 from ..progress import Progress
-from .source import default_output_dir, names_strategy, resume_config
+from .source import default_output_dir, model_source, names_strategy, resume_config
 
 
 def run(
@@ -76,7 +76,9 @@ def run(
     if workers:
         from .launcher import launch_workers
 
-        return launch_workers(cfg, run_dir, resume is not None, workers, progress.message, max_restarts or 0)
+        # whether the workers' data check takes targets for a Keras loss; a resume reads its copy of the model file
+        task = model_source(cfg, run_dir if resume is not None else None).keras_loss
+        return launch_workers(cfg, run_dir, resume is not None, workers, progress.message, max_restarts or 0, task)
     from .run import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)

@@ -39,8 +39,8 @@ def load_data(cfg, run_dir=None, source=None):
 def build_with_loss(cfg, data, precision: str = "float32"):
     """(model, objective): the model a run of ``cfg`` trains and what it trains on (objective.py), the built-in
     cross-entropy (``objective.classifier``) or its Keras loss, taken apart for the data (a KerasObjective).
-    The model is the one the data was loaded for (``data.for_model``; data made without one: ``cfg``'s)."""
-    source = data.for_model or model_source(cfg)
+    The model is the one the data was loaded for (``data.for_model``, source.ModelSource)."""
+    source = data.for_model
     if not source.keras_loss:
         from ..models import build_model
 

@@ -48,7 +48,6 @@ from ..processes import (
 from ..trainer.store.checkpoints import checkpoint_numbers
 from ..trainer.store.lock import writing
 from ..trainer.store.rundir import check_output_dir
-from .source import model_source
 
 # stderr lines a worker keeps for its failure's one line (a traceback's last lines are what matter)
 KEPT_ERROR_LINES = 200
@@ -208,9 +207,10 @@ def _stopped_together(pool: list, timeout_s: float) -> str:
 
 
 def launch_workers(
-    cfg: Config, run_dir: Path, resume: bool, workers: int, say: Callable[[str], None], max_restarts: int = 0
+    cfg: Config, run_dir: Path, resume: bool, workers: int, say: Callable[[str], None], max_restarts: int, task: bool
 ) -> dict:
     """``run --workers N``: check once, start N workers on one resolved config, supervise; the chief's summary.
+    ``task``: the run trains with a Keras loss (source.ModelSource.keras_loss), so its .npz holds its targets.
 
     A worker that fails (dies, exits non-zero, or does not start within
     strategy.worker_timeout_s) stops all of them; with ``max_restarts`` R all
@@ -224,7 +224,6 @@ def launch_workers(
     )  # the multi-worker limits, checked before any process starts
     if not resume:
         check_output_dir(run_dir)
-    task = model_source(cfg, run_dir if resume else None).keras_loss  # a resume reads its copy of the file
     with tempfile.TemporaryDirectory(prefix="accum-train-workers-") as scratch:
         config_path = Path(scratch) / "config.yaml"
         atomic_write(config_path, resolved.to_yaml().encode())

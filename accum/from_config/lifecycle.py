@@ -21,7 +21,7 @@ from ..files import atomic_write
 from ..processes import announce_started, restarts
 from ..progress import Progress
 from ..trainer.data.batching import k_for_micro_batch
-from ..trainer.data.order import describe_split, first_batch, largest_micro_batch
+from ..trainer.data.order import describe_split, largest_micro_batch
 from ..trainer.store.checkpoints import newest_intact_checkpoint
 from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights, write_record
 from ..trainer.trainer import Trainer
@@ -39,10 +39,9 @@ def train(
     ``started``: (wall, CPU) time the run began at."""
     directory = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started)
     directory.hooks = hooks = RunHooks(run, directory, progress)
-    take = _first_examples(run)
     network = getattr(run.model, "network", None)  # a keras_file's Keras model (rematerialised); None: TensorLayer
     trainer = hooks.trainer = Trainer(run.spec, run.engine, network, run.noise, run.cfg.batch_size, progress.message)
-    return trainer.run(directory, lambda stop: hooks.train(directory.first_step, stop), take)
+    return trainer.run(directory, lambda stop: hooks.train(directory.first_step, stop), run.first_examples)
 
 
 class ConfigRunDir(RunDirectory):
@@ -206,11 +205,6 @@ def describe_phases(run: Run) -> str:
     return "; ".join(parts)
 
 
-def _first_examples(run: Run):
-    """``take(m)`` for the auto probe: the first m examples of the first update's batch."""
-    return lambda m: first_batch(run.data, run.cfg.seed, m, run.cfg.data.shuffle)
-
-
 def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
     """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
     ``batch``: the batch size in force."""
@@ -222,7 +216,7 @@ def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: in
         run.follow_batch(batch)
     elif cfg.auto_subdivisions and cfg.memory_limit is not None:
         run.engine.set_subdivisions(1)
-        trainer.probe(_first_examples(run), batch)
+        trainer.probe(run.first_examples, batch)
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)

@@ -13,9 +13,9 @@ import numpy as np
 from ..backends import active
 from ..config import BatchChange, Config
 from ..errors import ConfigError
-from ..trainer.data.batching import as_data, eval_batch_size
+from ..trainer.data.batching import Cut, as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
-from ..trainer.data.order import epoch_order
+from ..trainer.data.order import epoch_order, first_batch
 from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit, check_trimmable
 from ..trainer.noise import rule_change
@@ -53,6 +53,13 @@ class Run:
                 split = TrimmedSplit(data.train, multiple, where)
                 objective.steps = split.trim.steps  # a mean over every position still counts them uncut
                 objective.probe(as_data(split.signature()), in_scope)
+            # refused in one line where the cut would change the update: the first batch's shortest micro-batch,
+            # cut into the k it starts with, measured whole and cut (trim.check_trim)
+            first = split.split.gather(np.arange(min(cfg.batch_size, len(split)), dtype=np.int64))
+            k = 1 if cfg.baseline else spec.micro.k_for(cfg.batch_size, in_scope.num_replicas_in_sync) or 1
+            unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731
+            cut, groups = Cut(k, 1, (0,)), objective.groups
+            active().check_trim(objective, groups, first, split.timed, split.spec, cut, in_scope, where, unpack)
             data = dataclasses.replace(data, train=split)
         self.data = data
         self.cfg = cfg = cfg.resolved(self.total_steps)  # what config.yaml records
@@ -87,8 +94,6 @@ class Run:
             loss_scale=cfg.loss_scale.initial if cfg.precision == "mixed_float16" else None,
             growth_steps=cfg.loss_scale.growth_steps,
         )
-        if isinstance(data.train, TrimmedSplit):
-            self._check_trim(data.train)
         self.scorer = active().Scorer(self.model, self.objective, data, lambda: self.eval_batch_size)
         self.augment = active().Augment(cfg.data.augment.flip, cfg.data.augment.crop, cfg.seed)
 
@@ -106,26 +111,6 @@ class Run:
             self.optional = {"replicas": self.saved_replicas}
         if self.rule_changes is not None:
             self.tracked["rule_changes"] = self.rule_changes
-
-    def _check_trim(self, split) -> None:
-        """data.trim_padding refused in one line where the cut would change the update: the first batch's shortest
-        micro-batch is measured whole and cut (trim.check_trim)."""
-        from ..trainer.data.batching import Cut
-
-        first = split.split.gather(np.arange(min(self.cfg.batch_size, len(split)), dtype=np.int64))
-        cut = Cut(self.k_for(self.cfg.batch_size), 1, (0,))
-        unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731
-        active().check_trim(
-            self.objective,
-            self.objective.groups,
-            first,
-            split.timed,
-            split.spec,
-            cut,
-            self.engine.strategy,
-            split.where,
-            unpack,
-        )
 
     def _lay_out(self, grown: tuple) -> None:
         """The timeline of the run's updates, with batch_schedule rule's changes ``grown`` so far."""
@@ -188,6 +173,10 @@ class Run:
             return Feed(self.data.train, order, epoch, segments, self.k_for, engine.strategy, engine.replica_ids)
 
         return Reader(self.engine, open, follow=self.follow_batch, k=lambda: self.subdivisions)
+
+    def first_examples(self, m: int):
+        """``take(m)`` for the auto probe (trainer.Trainer.probe): the first m examples of the first update's batch."""
+        return first_batch(self.data, self.cfg.seed, m, self.cfg.data.shuffle)
 
     def prepare(self, element, n):
         """Inside a micro-step: a feed's element (accum/trainer/data/feed.py: stored values and where they sit) as the

@@ -58,6 +58,12 @@ def model_source(cfg, run_dir: Path | None = None) -> ModelSource:
     return ModelSource(model, cfg.loss is not None or bool(compiled.get("loss")), compiled)
 
 
+def with_model_source(data, cfg):
+    """``data`` with the model it is for (``for_model``): its own, or ``cfg``'s for data made without one (a
+    caller's own arrays, given to plan or compare's gradient check)."""
+    return data if data.for_model is not None else replace(data, for_model=model_source(cfg))
+
+
 # ----------------------------------------------------------------------------
 # Resuming
 

@@ -102,8 +102,8 @@ class Trainer:
     ``run`` keeps the run directory."""
 
     def __init__(self, spec: TrainSpec, engine, network, noise, batch_size: int, say: Callable[[str], None]):
-        self.spec, self.engine, self.noise, self.say = spec, engine, noise, say
-        self.batch_size, self.directory = batch_size, None
+        self.spec, self.engine, self.noise = spec, engine, noise
+        self.say, self.batch_size, self.directory = say, batch_size, None
         self.remat = rematerialiser(network, engine)  # automatic micro-batches' last rung
         self.guard = MemoryGuard(
             engine,
