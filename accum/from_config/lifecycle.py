@@ -22,6 +22,7 @@ from ..processes import announce_started, restarts
 from ..progress import Progress
 from ..trainer.data.batching import k_for_micro_batch
 from ..trainer.data.order import describe_split, largest_micro_batch
+from ..trainer.memory import probe
 from ..trainer.store.checkpoints import newest_intact_checkpoint
 from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights, write_record
 from ..trainer.trainer import Trainer
@@ -216,7 +217,7 @@ def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: in
         run.follow_batch(batch)
     elif cfg.auto_subdivisions and cfg.memory_limit is not None:
         run.engine.set_subdivisions(1)
-        trainer.probe(run.first_examples, batch)
+        probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)

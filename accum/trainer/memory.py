@@ -73,6 +73,19 @@ UNMEASURED = (
 )
 
 
+def probe(engine, spec, take: Callable, batch: int, say: Callable[[str], None], remat=None) -> None:
+    """Automatic micro-batches' k before the first update of a run that starts afresh (or whose replicas changed):
+    measured under ``spec``'s memory limit (trainer.TrainSpec) on ``take(m)``, the first m examples of the first
+    batch (``choose_subdivisions``), or said to be unmeasured without one. Nothing for other micro-batches."""
+    if not spec.micro.auto or spec.baseline:
+        return
+    if spec.memory_limit is None:
+        say(UNMEASURED.format(name=spec.words.auto, first="one micro-batch per replica"))
+        return
+    limit_bytes, limit = spec.memory_limit
+    choose_subdivisions(engine, take, batch, limit, limit_bytes, say, spec.words.auto, remat)
+
+
 def choose_subdivisions(
     engine,
     take: Callable,

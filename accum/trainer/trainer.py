@@ -21,7 +21,7 @@ from ..backends import active
 from ..errors import too_many_bad_updates
 from .data.batching import k_for_micro_batch, largest_share
 from .loop import Loop
-from .memory import UNMEASURED, MemoryGuard, choose_subdivisions, rematerialiser
+from .memory import MemoryGuard, probe, rematerialiser
 from .runtime import auto_parallel
 from .store.rundir import CheckpointPolicy
 
@@ -115,38 +115,25 @@ class Trainer:
             remat=self.remat,
         )
 
-    @property
-    def auto(self) -> bool:
-        return self.spec.micro.auto and not self.spec.baseline
-
     def run(self, directory, drive: Callable, take: Callable) -> dict | None:
         """A run from its start or resume to its summary, kept in ``directory`` (a door's rundir.RunDirectory, or
         None: nothing kept); summary.json's content, or None where none was written.
 
         Under the writer lock: the newest intact checkpoint restored where the door resumes, the door's records
-        written; on a start, the automatic micro-batches probed on ``take(m)`` (``probe``) and, where the policy
+        written; on a start, the automatic micro-batches probed on ``take(m)`` (memory.probe) and, where the policy
         says, a first checkpoint saved, so that a run is resumable from its first moment. ``drive(stop)`` runs the
         door's loop (``train``), ``stop`` the signal flag (stopping.StopFlag; None without a directory); then the
         door's last files and summary.json, with the figures of every run (RunDirectory.write_summary)."""
         self.directory = directory
-        if directory is None:
-            self.probe(take, self.batch_size)
-            drive(None)
-            return None
         with contextlib.ExitStack() as held:
-            directory.check()  # before the lock: a refused start leaves the directory as it was
-            directory.enter(held)
-            directory.keep(directory.tracked, self.spec.checkpoints, self.engine, self.noise, directory.optional)
-            resumed = directory.resumes()
-            if resumed:  # a resume goes on at the k it had come to
-                directory.restored(directory.restore(self.say, directory.found), self)
-            else:
-                directory.begun()
-            directory.write_records(self.spec)
+            resumed = directory is not None and self._open(directory, held)
             if not resumed:
-                self.probe(take, self.batch_size)
-                if self.spec.checkpoints.at_start:
-                    directory.save(0)
+                probe(self.engine, self.spec, take, self.batch_size, self.say, self.remat)
+            if directory is None:
+                drive(None)
+                return None
+            if not resumed and self.spec.checkpoints.at_start:
+                directory.save(0)
             directory.started(self, resumed)
             held.callback(directory.flush)  # what the run logged, also when it ends in an exception
             drive(held.enter_context(directory.stop_flag()))
@@ -154,18 +141,19 @@ class Trainer:
             finished = directory.finish()
             return None if finished is None else directory.write_summary(finished[0], directory.began, finished[1])
 
-    def probe(self, take: Callable, batch_size: int) -> None:
-        """Automatic micro-batches' k before the first update of a run that starts afresh: measured under the memory
-        limit on ``take(m)``, the first m examples of the first batch (memory.choose_subdivisions), or said to be
-        unmeasured without one. Nothing for other micro-batches."""
-        if not self.auto:
-            return
-        if self.spec.memory_limit is None:
-            self.say(UNMEASURED.format(name=self.spec.words.auto, first="one micro-batch per replica"))
-            return
-        limit_bytes, limit = self.spec.memory_limit
-        words = self.spec.words
-        choose_subdivisions(self.engine, take, batch_size, limit, limit_bytes, self.say, words.auto, self.remat)
+    def _open(self, directory, held: contextlib.ExitStack) -> bool:
+        """``directory`` checked, locked (until ``held`` closes), its checkpoint manager kept, the newest intact
+        checkpoint restored where the door resumes, and the door's records written; whether it resumed."""
+        directory.check()  # before the lock: a refused start leaves the directory as it was
+        directory.enter(held)
+        directory.keep(directory.tracked, self.spec.checkpoints, self.engine, self.noise, directory.optional)
+        resumed = directory.resumes()
+        if resumed:  # a resume goes on at the k it had come to
+            directory.restored(directory.restore(self.say, directory.found), self)
+        else:
+            directory.begun()
+        directory.write_records(self.spec)
+        return resumed
 
     def follow_batch(self, batch_size: int) -> None:
         """A batch of ``batch_size`` from here on (a batch schedule's): the most micro-batches the guard may reach."""
