@@ -320,11 +320,7 @@ def _names_text(names, shown: int = 4) -> str:
 def records(run_dir: Path, name: str) -> list:
     """The records of the JSON Lines file ``name`` of ``run_dir`` (none where it is missing)."""
     path = run_dir / name
-    try:
-        return read_metrics(path) if path.is_file() else []
-    except json.JSONDecodeError:  # the last line cut by a kill -9: the lines before it
-        lines = path.read_text().splitlines()
-        return [json.loads(line) for line in lines[:-1] if line.strip()]
+    return read_metrics(path) if path.is_file() else []
 
 
 def json_or_none(path: Path):

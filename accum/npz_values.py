@@ -26,7 +26,7 @@ def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list
     inputs) holds examples of the stored shapes (a dimension None: any size), of the stored dtypes, then
     ``convert``ed (default: as training converts them, a run trained with a Keras loss)."""
     from .datasets.base import to_values
-    from .datasets.npz import open_npz, read_array
+    from .datasets.npz import open_npz
 
     convert = convert or (lambda x: to_values(x).numpy())
     wanted = stored["x"].get("arrays") or {None: stored["x"]}
@@ -37,11 +37,8 @@ def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list
         if path.suffix.lower() != ".npz" or not path.is_file():
             raise DataError(f"{path}: not an .npz file: a run trained with a Keras loss predicts for {how}")
         with open_npz(path, how) as archive:
-            missing = [key for key in keys.values() if key not in archive.files]
-            if missing:
-                found = ", ".join(archive.files) or "none"
-                raise DataError(f"{path} has no array '{missing[0]}' (its arrays: {found}): save the inputs with {how}")
-            arrays = {name: read_array(archive, path, key, how) for name, key in keys.items()}
+            found = read_named(archive, path, keys.values(), "inputs", how)
+        arrays = {name: found[key] for name, key in keys.items()}
         rows = {len(a) for a in arrays.values()}
         for name, x in arrays.items():
             spec = wanted[name]
@@ -58,6 +55,18 @@ def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list
     return names, joined.get(None, joined)
 
 
+def read_named(archive, path: Path, keys, what: str, how: str) -> dict:
+    """The arrays ``keys`` of the open .npz ``archive`` by key; the first one missing is refused in one line that
+    names the arrays it holds and how to save the ``what``."""
+    from .datasets.npz import read_array
+
+    missing = [key for key in keys if key not in archive.files]
+    if missing:
+        found = ", ".join(archive.files) or "none"
+        raise DataError(f"{path} has no array '{missing[0]}' (its arrays: {found}): save the {what} with {how}")
+    return {key: read_array(archive, path, key, how) for key in keys}
+
+
 def _fits(shape, wanted) -> bool:
     """Whether examples of ``shape`` (the batch axis first) are of shape ``wanted`` (None: any size)."""
     return len(shape) == len(wanted) + 1 and all(w is None or n == w for n, w in zip(shape[1:], wanted))
@@ -65,20 +74,16 @@ def _fits(shape, wanted) -> bool:
 
 def read_targets(path: Path, n: int) -> tuple:
     """(y, or {output name: y} from y_<name>; sample_weight or None) of the .npz ``path``, ``n`` rows each."""
-    from .datasets.npz import open_npz, read_array
+    from .datasets.npz import open_npz
 
     with open_npz(path, DATA_HOW) as archive:
-        keys = [key for key in archive.files if key == "y" or key.startswith("y_")]
-        if not keys:
-            found = ", ".join(archive.files) or "none"
-            raise DataError(f"{path} has no array 'y' (its arrays: {found}): save the data with {DATA_HOW}")
+        keys = [key for key in archive.files if key == "y" or key.startswith("y_")] or ["y"]  # none: 'y' missing
         if "y" in keys and len(keys) > 1:
             raise DataError(
                 f"{path} has {', '.join(keys)}: give one array y, or one per output name (y_<name>), not both"
             )
-        arrays = {key: read_array(archive, path, key, DATA_HOW) for key in keys}
-        if "sample_weight" in archive.files:
-            arrays["sample_weight"] = read_array(archive, path, "sample_weight", DATA_HOW)
+        optional = [key for key in ("sample_weight",) if key in archive.files]
+        arrays = read_named(archive, path, [*keys, *optional], "data", DATA_HOW)
     for key, array in arrays.items():
         if array.ndim == 0 or len(array) != n:
             raise DataError(

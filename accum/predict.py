@@ -25,21 +25,18 @@ import numpy as np
 from .defaults import PREDICT_BATCH_SIZE
 from .errors import DataError, UserError
 from .loader import read_run
-from .npz_values import NPZ_KEY, read_values
+from .npz_values import NPZ_KEY, read_named, read_values
 from .text import shape_text
 
 
 def read_npz(path: Path, input_shape) -> np.ndarray:
     """The images of an .npz's ``x`` as float32 [N,H,W,C], checked and converted as training's are."""
     from .datasets.base import to_inputs
-    from .datasets.npz import check_images, open_npz, read_array
+    from .datasets.npz import check_images, open_npz
 
     how = f"numpy.savez('{path.name}', {NPZ_KEY}=images)"
     with open_npz(path, how) as archive:
-        if NPZ_KEY not in archive.files:
-            keys = ", ".join(archive.files) or "none"
-            raise DataError(f"{path} has no array '{NPZ_KEY}' (its arrays: {keys}): save the images with {how}")
-        images = read_array(archive, path, NPZ_KEY, how)
+        images = read_named(archive, path, [NPZ_KEY], "images", how)[NPZ_KEY]
     check_images(path, NPZ_KEY, images)
     shape = images.shape[1:] if images.ndim == 4 else (*images.shape[1:], 1)
     if tuple(shape) != tuple(input_shape):

@@ -31,12 +31,7 @@ def load_config(
         raw = _read_yaml(Path(path))
         if written_by_us:
             raw = _renamed(raw)
-    overridden: set = set()
-    for item in overrides:
-        key, value = _parse_override(item)
-        _set_dotted(raw, key, value, source)
-        overridden.add(key)
-    cfg = config_from_dict(raw, source, overridden)
+    cfg = with_overrides(raw, overrides, source)
     folder = Path(path).parent if path is not None else None
     if not written_by_us:
         cfg = anchored_paths(cfg, folder)
@@ -95,9 +90,9 @@ def with_overrides(base: Config | dict, overrides, source: str = "config") -> Co
     """A Config (or a dict in the YAML's shape) with overrides applied, checked: ``overrides`` as --set takes
     them ("KEY=VALUE" strings, the value read as YAML) or a dict {KEY: value}."""
     raw = copy.deepcopy(base.to_dict() if isinstance(base, Config) else base)
-    if not isinstance(raw, dict):
-        return config_from_dict(raw, source)
     items = overrides.items() if isinstance(overrides, dict) else [_parse_override(item) for item in overrides]
+    if not isinstance(raw, dict):  # (a file of a YAML list) refused in config_from_dict's words
+        return config_from_dict(raw, source)
     overridden: set = set()
     for key, value in items:
         _set_dotted(raw, key, value, source)

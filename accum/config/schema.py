@@ -7,11 +7,10 @@ The help texts are the key reference (``docs/configuration.md`` is generated fro
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import yaml
 
-from ..defaults import AUTO_PARALLEL, CLI, CLI_SUBDIVISIONS, PRECISIONS
+from ..defaults import AUTO_PARALLEL, CLI_SUBDIVISIONS, PRECISIONS
 from ..errors import ConfigError
 from ..trainer.data.batching import k_for_micro_batch, largest_micro_batch
 from .sections import (
@@ -27,15 +26,15 @@ from .sections import (
     OptimizerConfig,
     StrategyConfig,
     _spec,
+    section,
 )
 from .wording import parse_size
 
 
-@dataclass(frozen=True)
+@section("")
 class Config:
     model: ModelConfig = _spec(default_factory=ModelConfig, help="the network")
     batch_size: int | str = _spec(
-        CLI["batch_size"],
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         choices="all",
@@ -43,7 +42,6 @@ class Config:
         "as one batch (batch gradient descent), resolved when the data are loaded",
     )
     subdivisions: int | str | None = _spec(
-        CLI["subdivisions"],
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         choices="auto",
@@ -52,34 +50,29 @@ class Config:
         f"({CLI_SUBDIVISIONS} when neither is given)",
     )
     micro_batch_size: int | None = _spec(
-        CLI["micro_batch_size"],
         minimum=1,
         maximum=MAX_BATCH_SIZE,
         help="instead of subdivisions: the most examples a device computes at once (what fits); "
         "k = ceil(batch_size / micro_batch_size) per device, and again at each batch_schedule change",
     )
     batch_schedule: tuple[BatchChange, ...] | BatchRule = _spec(
-        CLI["batch_schedule"],
         choices="schedule",
         help="batch sizes that change during the run, keyed by epoch or by step: "
         "[{epoch: 1, batch_size: 500}, {epoch: 6, batch_size: 2000}]; or a rule that grows the batch as "
         "training goes: {rule: noise_scale, max_batch_size: 16000} (needs micro_batch_size)",
     )
-    epochs: int = _spec(CLI["epochs"], minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
-    seed: int = _spec(CLI["seed"], minimum=0, maximum=2**31 - 1, help="weights and data order")
+    epochs: int = _spec(minimum=1, maximum=MAX_EPOCHS, help="passes over the training set")
+    seed: int = _spec(minimum=0, maximum=2**31 - 1, help="weights and data order")
     optimizer: OptimizerConfig = _spec(default_factory=OptimizerConfig, help="the optimizer")
     data: DataConfig = _spec(default_factory=DataConfig, help="the dataset")
-    baseline: bool = _spec(CLI["baseline"], help="true: plain optimizer on the whole batch, no cache")
-    log_every: int = _spec(CLI["log_every"], minimum=1, help="updates between progress and TensorBoard writes")
+    baseline: bool = _spec(help="true: plain optimizer on the whole batch, no cache")
+    log_every: int = _spec(minimum=1, help="updates between progress and TensorBoard writes")
     checkpoint: CheckpointConfig = _spec(default_factory=CheckpointConfig, help="checkpointing")
     strategy: StrategyConfig = _spec(default_factory=StrategyConfig, help="tf.distribute strategy")
     max_bad_steps: int = _spec(
-        CLI["max_bad_steps"],
-        minimum=1,
-        help="stop after this many updates in a row skipped for a non-finite loss or gradient",
+        minimum=1, help="stop after this many updates in a row skipped for a non-finite loss or gradient"
     )
     precision: str = _spec(
-        CLI["precision"],
         choices=PRECISIONS,
         help="float32 | mixed_bfloat16 | mixed_float16: compute in 16 bits, with weights, "
         "gradient cache and optimizer state in float32",
@@ -88,7 +81,6 @@ class Config:
         default_factory=LossScaleConfig, help="mixed_float16 only: one dynamic loss scale per update"
     )
     parallel_micro_steps: int | str = _spec(
-        CLI["parallel_micro_steps"],
         minimum=1,
         maximum=64,
         choices="auto",
@@ -97,20 +89,17 @@ class Config:
         "(measured faster there), else 1",
     )
     loss: str | dict | None = _spec(
-        CLI["loss"],
         choices="loss",
         help="keras_file only: the loss, as Keras names it (mse, huber, binary_crossentropy, ...) or "
         "package.module:function; per output a mapping {output name: loss}; null: the file's compile() loss, "
         "else sparse cross-entropy on class labels (the built-in nets always train with that)",
     )
     metrics: tuple[str, ...] | dict | None = _spec(
-        CLI["metrics"],
         choices="metrics",
         help="keras_file only: metrics as Keras names them ([mae], [accuracy, auc]); per output a mapping "
         "{output name: [metric, ...]}; null: the file's compile() metrics",
     )
     memory_limit: str | None = _spec(
-        CLI["memory_limit"],
         choices="size",
         help="stop a run whose TensorFlow allocator peak exceeds this (e.g. 2GiB): a smaller device, simulated",
     )

@@ -1,8 +1,8 @@
 """The config's sections: the registries of names its choices may take, the limits of its sizes and counts, and
-``_spec``, the field that carries a key's default (read from accum/defaults.py's ``CLI``), range, choices and help
-text; with them the keys of each nested section (model, optimizer and its schedule, batch_schedule's changes and
-rule, data and its augmentation, strategy, loss_scale, checkpoint) as frozen dataclasses, which schema.py's
-``Config`` holds.
+``_spec``, the field that carries a key's range, choices and help text, and ``section``, which gives each key its
+default from accum/defaults.py's ``CLI``; with them the keys of each nested section (model, optimizer and its
+schedule, batch_schedule's changes and rule, data and its augmentation, strategy, loss_scale, checkpoint) as frozen
+dataclasses, which schema.py's ``Config`` holds.
 
 The registries name what each choice may be, and their implementations check at import that they implement
 exactly these."""
@@ -34,7 +34,6 @@ MAX_EPOCHS = 100_000
 
 
 def _spec(
-    default=dataclasses.MISSING,
     *,
     help: str,
     minimum=None,
@@ -44,9 +43,22 @@ def _spec(
     default_factory=dataclasses.MISSING,
 ):
     meta = {"help": help, "min": minimum, "max": maximum, "choices": choices, "exclusive_min": exclusive_min}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
+    return field(default_factory=default_factory, metadata=meta)  # a key's default: ``section`` sets it
+
+
+def section(prefix: str):
+    """A frozen dataclass of the config's keys under ``prefix`` (``model.``; "" for the top level): each field that
+    is not a nested section takes its default from accum/defaults.py's ``CLI`` by its dotted key, so that the table
+    holds every default and no field spells one."""
+
+    def make(cls):
+        for name in cls.__annotations__:
+            spec = vars(cls)[name]
+            if spec.default_factory is dataclasses.MISSING:
+                spec.default = CLI[prefix + name]
+        return dataclass(frozen=True)(cls)
+
+    return make
 
 
 # seed_convnet's channels at width 1.0 (models/builtin.py builds from them; groupnorm's groups are checked
@@ -54,30 +66,26 @@ def _spec(
 SEED_CHANNELS = (128, 256, 384, 512, 640)
 
 
-@dataclass(frozen=True)
+@section("model.")
 class ModelConfig:
     name: str = _spec(
-        CLI["model.name"],
         choices=MODEL_NAMES,
         help="seed_convnet: the seed's 5-conv net; mlp: a small dense net; "
         "keras_file: your own Keras 3 model from model.path",
     )
     width: float = _spec(
-        CLI["model.width"],
         minimum=0.0,
         exclusive_min=True,
         maximum=8.0,
         help="channel multiplier of seed_convnet (1.0 = 128..640 channels)",
     )
     norm: str = _spec(
-        CLI["model.norm"],
         choices=NORM_NAMES,
         help="seed_convnet and mlp: batchnorm after each conv (hidden layer), groupnorm "
         "(per example: micro-batch independent), or none",
     )
-    hidden: int = _spec(CLI["model.hidden"], minimum=1, maximum=65536, help="hidden units of mlp")
+    hidden: int = _spec(minimum=1, maximum=65536, help="hidden units of mlp")
     bn_momentum: float = _spec(
-        CLI["model.bn_momentum"],
         minimum=0.0,
         maximum=1.0,
         help="norm=batchnorm: share of the moving statistics kept at each update (moving = moving * m + "
@@ -85,21 +93,16 @@ class ModelConfig:
         "e.g. 0.9 ** (batch_size / 500) keeps the horizon of 0.9 at batch 500",
     )
     groups: int = _spec(
-        CLI["model.groups"],
-        minimum=1,
-        maximum=65536,
-        help="norm=groupnorm: channel groups; must divide every normalised layer's channels",
+        minimum=1, maximum=65536, help="norm=groupnorm: channel groups; must divide every normalised layer's channels"
     )
     path: str | None = _spec(
-        CLI["model.path"],
         help="keras_file: a .keras file written by model.save() (loaded with "
         "safe_mode=True: no Lambda layers or custom code); a relative path is read from the working directory, "
-        "else from the config file's folder",
+        "else from the config file's folder"
     )
     from_logits: bool = _spec(
-        CLI["model.from_logits"],
         help="keras_file with the built-in loss: true if the model outputs logits, false if it ends "
-        "in a softmax (trained on the logits under it; export keeps it)",
+        "in a softmax (trained on the logits under it; export keeps it)"
     )
 
     @property
@@ -112,49 +115,26 @@ class ModelConfig:
         return ()
 
 
-@dataclass(frozen=True)
+@section("optimizer.schedule.")
 class ScheduleConfig:
-    name: str = _spec(
-        CLI["optimizer.schedule.name"],
-        choices=SCHEDULE_NAMES,
-        help="learning-rate schedule, counted in updates (steps)",
-    )
-    warmup_steps: int = _spec(
-        CLI["optimizer.schedule.warmup_steps"], minimum=0, help="linear warm-up from 0, in updates"
-    )
+    name: str = _spec(choices=SCHEDULE_NAMES, help="learning-rate schedule, counted in updates (steps)")
+    warmup_steps: int = _spec(minimum=0, help="linear warm-up from 0, in updates")
     decay_steps: int | None = _spec(
-        CLI["optimizer.schedule.decay_steps"],
-        minimum=1,
-        help="cosine: length (default: the whole run); exponential: updates per factor decay_rate",
+        minimum=1, help="cosine: length (default: the whole run); exponential: updates per factor decay_rate"
     )
-    decay_rate: float = _spec(
-        CLI["optimizer.schedule.decay_rate"],
-        minimum=0.0,
-        exclusive_min=True,
-        maximum=1.0,
-        help="exponential: factor per decay_steps",
-    )
-    min_ratio: float = _spec(
-        CLI["optimizer.schedule.min_ratio"],
-        minimum=0.0,
-        maximum=1.0,
-        help="cosine: final learning rate as a fraction of the peak",
-    )
+    decay_rate: float = _spec(minimum=0.0, exclusive_min=True, maximum=1.0, help="exponential: factor per decay_steps")
+    min_ratio: float = _spec(minimum=0.0, maximum=1.0, help="cosine: final learning rate as a fraction of the peak")
 
 
-@dataclass(frozen=True)
+@section("optimizer.scale_learning_rate.")
 class ScaleConfig:
     rule: str = _spec(
-        CLI["optimizer.scale_learning_rate.rule"],
         choices=SCALE_RULES,
         help="none: the rate as given; linear: rate x batch_size / base_batch_size (Goyal et al. 2017); "
         "sqrt: rate x (batch_size / base_batch_size) ** 0.5; with batch_schedule, the batch in force",
     )
     base_batch_size: int = _spec(
-        CLI["optimizer.scale_learning_rate.base_batch_size"],
-        minimum=1,
-        maximum=MAX_BATCH_SIZE,
-        help="the batch size optimizer.learning_rate is meant for",
+        minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size optimizer.learning_rate is meant for"
     )
 
     def factor(self, batch_size: int) -> float:
@@ -168,100 +148,70 @@ class ScaleConfig:
 ADAPTIVE_KEYS = ("weight_decay", "exclude_from_adaptation", "trust_coefficient")
 
 
-@dataclass(frozen=True)
+@section("optimizer.")
 class OptimizerConfig:
     name: str = _spec(
-        CLI["optimizer.name"],
         choices=OPTIMIZER_NAMES,
         help="adam | sgd | momentum | rmsprop; lars: momentum SGD with a layer-wise trust ratio (You et al. "
         "2017); lamb: Adam with a layer-wise trust ratio (You et al. 2019)",
     )
     learning_rate: float = _spec(
-        CLI["optimizer.learning_rate"],
         minimum=0.0,
         exclusive_min=True,
         maximum=100.0,
         help="peak learning rate (for scale_learning_rate.base_batch_size when scale_learning_rate.rule is set)",
     )
-    momentum: float = _spec(
-        CLI["optimizer.momentum"], minimum=0.0, maximum=1.0, help="momentum (momentum, lars) or rho (rmsprop)"
-    )
+    momentum: float = _spec(minimum=0.0, maximum=1.0, help="momentum (momentum, lars) or rho (rmsprop)")
     clip_norm: float | None = _spec(
-        CLI["optimizer.clip_norm"],
-        minimum=0.0,
-        exclusive_min=True,
-        help="clip the accumulated gradient to this global norm",
+        minimum=0.0, exclusive_min=True, help="clip the accumulated gradient to this global norm"
     )
     schedule: ScheduleConfig = _spec(default_factory=ScheduleConfig, help="learning-rate schedule")
     scale_learning_rate: ScaleConfig = _spec(
         default_factory=ScaleConfig, help="scale learning_rate with the batch size (linear or sqrt rule)"
     )
     weight_decay: float = _spec(
-        CLI["optimizer.weight_decay"],
         minimum=0.0,
         maximum=1.0,
         help="lars, lamb: weight decay added to the gradient (lars) or the update (lamb) before the trust "
         "ratio, as the papers do; not applied to the variables excluded from adaptation",
     )
     exclude_from_adaptation: tuple[str, ...] | None = _spec(
-        CLI["optimizer.exclude_from_adaptation"],
         help="lars, lamb: variables that get neither the trust ratio nor weight decay, as regular expressions "
         "searched in each variable's path; null: every variable with one axis (biases, normalisation scales "
-        "and offsets), as both papers exclude them; []: none",
+        "and offsets), as both papers exclude them; []: none"
     )
     trust_coefficient: float = _spec(
-        CLI["optimizer.trust_coefficient"],
-        minimum=0.0,
-        exclusive_min=True,
-        maximum=1.0,
-        help="lars: eta, the trust coefficient",
+        minimum=0.0, exclusive_min=True, maximum=1.0, help="lars: eta, the trust coefficient"
     )
 
 
-@dataclass(frozen=True)
+@section("batch_schedule[i].")
 class BatchChange:
-    epoch: int | None = _spec(
-        CLI["batch_schedule[i].epoch"], minimum=1, maximum=MAX_EPOCHS, help="the 1-based epoch it starts at"
-    )
-    step: int | None = _spec(
-        CLI["batch_schedule[i].step"], minimum=0, help="or: the updates done before it starts (0: from the first)"
-    )
-    batch_size: int | None = _spec(
-        CLI["batch_schedule[i].batch_size"], minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size from then on"
-    )
+    epoch: int | None = _spec(minimum=1, maximum=MAX_EPOCHS, help="the 1-based epoch it starts at")
+    step: int | None = _spec(minimum=0, help="or: the updates done before it starts (0: from the first)")
+    batch_size: int | None = _spec(minimum=1, maximum=MAX_BATCH_SIZE, help="the batch size from then on")
 
 
-@dataclass(frozen=True)
+@section("batch_schedule.")
 class BatchRule:
     rule: str | None = _spec(
-        CLI["batch_schedule.rule"],
         choices=BATCH_RULES,
         help="noise_scale: at each change the batch becomes the measured gradient noise scale "
         "(accum/trainer/noise.py), rounded to whole micro-batches, never smaller than the batch in force",
     )
-    max_batch_size: int | None = _spec(
-        CLI["batch_schedule.max_batch_size"],
-        minimum=1,
-        maximum=MAX_BATCH_SIZE,
-        help="the largest batch the rule may grow to",
-    )
+    max_batch_size: int | None = _spec(minimum=1, maximum=MAX_BATCH_SIZE, help="the largest batch the rule may grow to")
     every_epochs: int = _spec(
-        CLI["batch_schedule.every_epochs"],
-        minimum=1,
-        maximum=MAX_EPOCHS,
-        help="epochs between changes; each change comes at an epoch's end",
+        minimum=1, maximum=MAX_EPOCHS, help="epochs between changes; each change comes at an epoch's end"
     )
 
 
-@dataclass(frozen=True)
+@section("data.augment.")
 class AugmentConfig:
     flip: bool = _spec(
-        CLI["data.augment.flip"],
         help="mirror each training image left-right with probability 1/2 (only for "
-        "data whose mirror image keeps its class: clothes, not digits or text)",
+        "data whose mirror image keeps its class: clothes, not digits or text)"
     )
     crop: int = _spec(
-        CLI["data.augment.crop"],
         minimum=0,
         maximum=4096,
         help="pad each training image with this many zero pixels per side and cut a random "
@@ -269,55 +219,46 @@ class AugmentConfig:
     )
 
 
-@dataclass(frozen=True)
+@section("data.")
 class DataConfig:
     name: str = _spec(
-        CLI["data.name"],
         choices=DATASET_NAMES,
         help="fashion_mnist: the built-in set; npz: your arrays in one .npz file; "
         "image_folder: your PNG/JPEG files in class folders; python: your own tf.data pipeline (data.factory)",
     )
     dir: str | None = _spec(
-        CLI["data.dir"],
         help="fashion_mnist: folder with the IDX .gz files (default: $ACCUM_TRAIN_DATA, Debian's, the cache)",
     )
     path: str | None = _spec(
-        CLI["data.path"],
         help="npz: the .npz file (x_train, y_train, x_test, y_test, optional "
         "class_names); image_folder: the folder holding train/CLASS/*.png "
         "and test/CLASS/*.png (also .jpg, .jpeg); a relative path is read from the working directory, else from "
-        "the config file's folder",
+        "the config file's folder"
     )
     image_size: tuple[int, int] | None = _spec(
-        CLI["data.image_size"],
         minimum=1,
         help="image_folder: resize every image to [H, W] (bilinear); null: every image must already have one size",
     )
-    channels: int | None = _spec(
-        CLI["data.channels"],  # 1 or 3: checked with the other data keys
+    channels: int | None = _spec(  # 1 or 3: checked with the other data keys
         help="image_folder: decode every image to 1 (grayscale) or 3 (RGB) "
-        f"channels; null: {IMAGE_CHANNELS}, as keras.utils.image_dataset_from_directory",
+        f"channels; null: {IMAGE_CHANNELS}, as keras.utils.image_dataset_from_directory"
     )
     keep_decoded: bool | None = _spec(
-        CLI["data.keep_decoded"],
         help="image_folder: decode every image once when the data loads and train from memory; false: decode "
-        "each batch's files as it comes; null: keep them when they take at most a quarter of the memory available",
+        "each batch's files as it comes; null: keep them when they take at most a quarter of the memory available"
     )
     num_classes: int | None = _spec(
-        CLI["data.num_classes"],
         minimum=2,
         maximum=1_000_000,
         help="npz: the class count (null: the largest label + 1, or the "
         "length of class_names); a label >= num_classes is an error",
     )
     shuffle: bool = _spec(
-        CLI["data.shuffle"],
         help="false: every epoch reads the training examples in their stored order (as model.fit(shuffle=False))",
     )
-    train_limit: int | None = _spec(CLI["data.train_limit"], minimum=1, help="use only the first N training examples")
-    test_limit: int | None = _spec(CLI["data.test_limit"], minimum=1, help="use only the first N test examples")
+    train_limit: int | None = _spec(minimum=1, help="use only the first N training examples")
+    test_limit: int | None = _spec(minimum=1, help="use only the first N test examples")
     validation: int = _spec(
-        CLI["data.validation"],
         minimum=0,
         help="hold out this many training examples (the same random choice in every run) "
         "as a validation split, evaluated every epoch: choose settings on it and "
@@ -327,71 +268,52 @@ class DataConfig:
         default_factory=AugmentConfig, help="random changes to each training image, drawn from (seed, update)"
     )
     trim_padding: int | None = _spec(
-        CLI["data.trim_padding"],
         minimum=1,
         help="npz, for a keras_file model of sequences padded with zeros: each batch's examples ordered by length "
         "and each micro-batch's time axis cut after its longest sequence, rounded up to a multiple of this; the "
         "update stays the whole batch's (checked on the first batch, refused where the padding counts)",
     )
     factory: str | None = _spec(
-        CLI["data.factory"],
         help="python: module:function (a module in the working directory or the config file's folder, or "
         "installed); function(split, epoch, seed, **options) returns an unbatched tf.data.Dataset of (x, y) or "
-        "(x, y, sample_weight) for split 'train' and 'test', the same examples for the same arguments",
+        "(x, y, sample_weight) for split 'train' and 'test', the same examples for the same arguments"
     )
     shuffle_buffer: int | None = _spec(
-        CLI["data.shuffle_buffer"],
         minimum=1,
         help=f"python: with data.shuffle, the examples shuffled at once (tf.data's buffer; null: {SHUFFLE_BUFFER})",
     )
     options: dict | None = _spec(
-        CLI["data.options"],
-        choices="options",
-        help="python: keyword arguments for the factory (every other key under data: goes here)",
+        choices="options", help="python: keyword arguments for the factory (every other key under data: goes here)"
     )
 
 
-@dataclass(frozen=True)
+@section("strategy.")
 class StrategyConfig:
     name: str = _spec(
-        CLI["strategy.name"],
         choices=STRATEGY_NAMES,
         help="default: one device; mirrored: the visible devices of this machine; "
         "multi_worker: one process per machine, from TF_CONFIG or --workers",
     )
     cpu_devices: int | None = _spec(
-        CLI["strategy.cpu_devices"],
-        minimum=1,
-        maximum=64,
-        help="mirrored: split the CPU into this many logical devices",
+        minimum=1, maximum=64, help="mirrored: split the CPU into this many logical devices"
     )
     worker_timeout_s: float = _spec(
-        CLI["strategy.worker_timeout_s"],
         minimum=0.0,
         exclusive_min=True,
         help="--workers: how long a worker may take to start, and how long the others get to stop when one fails",
     )
 
 
-@dataclass(frozen=True)
+@section("loss_scale.")
 class LossScaleConfig:
     # Keras' LossScaleOptimizer's own defaults (defaults.LOSS_SCALE_INITIAL and _GROWTH_STEPS)
-    initial: float = _spec(
-        CLI["loss_scale.initial"],
-        minimum=1.0,
-        maximum=2.0**64,
-        help="mixed_float16: the loss scale of the first update",
-    )
+    initial: float = _spec(minimum=1.0, maximum=2.0**64, help="mixed_float16: the loss scale of the first update")
     growth_steps: int = _spec(
-        CLI["loss_scale.growth_steps"],
-        minimum=1,
-        help="mixed_float16: double the scale after this many applied updates in a row",
+        minimum=1, help="mixed_float16: double the scale after this many applied updates in a row"
     )
 
 
-@dataclass(frozen=True)
+@section("checkpoint.")
 class CheckpointConfig:
-    every_steps: int = _spec(
-        CLI["checkpoint.every_steps"], minimum=0, help="also checkpoint every N updates (0: epoch ends only)"
-    )
-    keep: int = _spec(CLI["checkpoint.keep"], minimum=1, maximum=1000, help="checkpoints kept")
+    every_steps: int = _spec(minimum=0, help="also checkpoint every N updates (0: epoch ends only)")
+    keep: int = _spec(minimum=1, maximum=1000, help="checkpoints kept")

@@ -51,8 +51,13 @@ def update_figures(out: dict) -> dict:
 
 
 def read_metrics(path: Path) -> list:
-    """The records of a metrics.jsonl."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a JSON Lines file of a run (metrics.jsonl, history.jsonl): a last line cut by a kill -9 is
+    left out, the lines before it read."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    try:
+        return [json.loads(line) for line in lines]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in lines[:-1]]
 
 
 class MetricsLog:

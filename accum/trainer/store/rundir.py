@@ -261,20 +261,18 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
     """``path``, if it is a directory written by 'accum-train run' (``flag``, e.g. '--resume', names it). One
     written by accum_train.fit is refused: only that call has the model's code and data to go on with it (the
     readers' one loader, accum/loader.py, tells it apart first: ``read_record``)."""
-    path = Path(path)
+    path, lead = Path(path), f"{flag} " if flag else ""
     if (read_record(path) or {}).get("door") == "fit":
         raise RunDirError(
-            f"{flag + ' ' if flag else ''}{path} was written by accum_train.fit: continue it by calling "
+            f"{lead}{path} was written by accum_train.fit: continue it by calling "
             f"accum_train.fit(model, ..., output_dir={str(path)!r}) again (the command line has neither the model's "
             f"code nor the data); accum-train export, predict and evaluate --data read it as it is"
         )
     if not path.exists():
-        raise RunDirError(
-            f"{flag + ' ' if flag else ''}{path} does not exist: pass a directory written by 'accum-train run'"
-        )
+        raise RunDirError(f"{lead}{path} does not exist: pass a directory written by 'accum-train run'")
     if not path.is_dir() or not is_run_dir(path):
         raise RunDirError(
-            f"{flag + ' ' if flag else ''}"
+            lead
             + (
                 other_output(path)
                 or f"{path} is not a run directory (no config.yaml and checkpoints/): pass a directory written by "
