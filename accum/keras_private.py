@@ -16,10 +16,14 @@ if any of them changes meaning.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import keras
-from keras.src.backend import get_keras_mask, set_keras_mask
+from keras.src.backend import compute_output_spec, get_keras_mask, set_keras_mask
+from keras.src.losses import ALL_OBJECTS_DICT as LOSSES
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  (re-exported)
+from keras.src.metrics import ALL_OBJECTS_DICT as METRICS
 from keras.src.trainers.compile_utils import CompileLoss
 from keras.src.utils.python_utils import pythonify_logs  # noqa: F401  (re-exported)
 
@@ -71,12 +75,15 @@ def symbolic_build(model, data_batch) -> None:
     model._symbolic_build(data_batch=data_batch)
 
 
+def symbolic(specs):
+    """A batch's TensorSpecs as the symbolic inputs (keras.KerasTensor) that ``symbolic_call`` takes."""
+    return keras.tree.map_structure(lambda spec: keras.KerasTensor(tuple(spec.shape.as_list()), spec.dtype.name), specs)
+
+
 def symbolic_call(model, x):
     """``model`` called on symbolic inputs ``x`` (keras.KerasTensor), nothing run: its outputs' specs, or the
     error a call on such a batch raises (what model.fit's build meets first)."""
-    from keras.src import backend
-
-    return backend.compute_output_spec(model, x, training=False)
+    return compute_output_spec(model, x, training=False)
 
 
 def built_structures(model) -> tuple:
@@ -87,13 +94,32 @@ def built_structures(model) -> tuple:
     return getattr(built, "_inputs_struct", None), getattr(built, "_outputs_struct", None)
 
 
-def sparse_labels(loss) -> tuple[bool, int | None]:
-    """(whether ``loss``, a compiled loss entry's, is a sparse categorical cross-entropy, its ignore_class): one
-    that takes class indices, each of which must be an index of the output's last axis."""
-    fn = getattr(loss, "fn", None)
-    if fn is not keras.losses.sparse_categorical_crossentropy:
-        return False, None
-    return True, getattr(loss, "_fn_kwargs", {}).get("ignore_class")
+@dataclass(frozen=True)
+class Built:
+    """What accum_train.fit reads of a built model (``built``), asked once and handed down in the model's place."""
+
+    weights: list  # the storage of its variables: what a checkpoint holds
+    lora: dict  # {"lora": [[layer path, rank, alpha], ...]} of the layers with LoRA enabled; {} for none
+    losses: int  # the compiled loss's entries (0: compiled without one)
+    sparse: list  # (path, ignore_class) of each entry that is a sparse categorical cross-entropy: takes class indices
+    outputs: Callable  # () -> the outputs' structure of specs (a subclassed model's: a symbolic call, when asked)
+
+
+def built(model, x, data_batch=None) -> Built:
+    """What accum_train.fit reads of ``model`` (``x``: its inputs' specs), built first from ``data_batch`` if given."""
+    if data_batch is not None:
+        symbolic_build(model, data_batch)
+    entries = flat_losses(model) if compile_loss(model) is not None else []
+    sparse = [e for e in entries if getattr(e.loss, "fn", None) is keras.losses.sparse_categorical_crossentropy]
+    lora = [layer for layer in all_layers(model) if getattr(layer, "lora_enabled", False)]
+    structure = built_structures(model)[1]
+    return Built(
+        [storage(v) for v in model.variables],
+        {"lora": [[layer.path, layer.lora_rank, layer.lora_alpha] for layer in lora]} if lora else {},
+        len(entries),
+        [(entry.path, getattr(entry.loss, "_fn_kwargs", {}).get("ignore_class")) for entry in sparse],
+        lambda: symbolic_call(model, symbolic(x)) if structure is None else structure,
+    )
 
 
 def flat_losses(model) -> list:
@@ -147,16 +173,6 @@ def all_layers(model) -> list:
     return list(model._flatten_layers())
 
 
-def lora_layers(model) -> dict:
-    """{"lora": [[layer path, rank, alpha], ...]} of the layers of ``model`` with LoRA enabled; {} for none."""
-    found = [
-        [layer.path, layer.lora_rank, layer.lora_alpha]
-        for layer in all_layers(model)
-        if getattr(layer, "lora_enabled", False)
-    ]
-    return {"lora": found} if found else {}
-
-
 def rematerialise_activations(model) -> int:
     """Each layer of ``model`` with an activation recomputes it in the backward pass instead of keeping its
     intermediates (``keras.RematScope(mode="activations")``, which Keras reads when a layer is created, set on
@@ -202,16 +218,12 @@ def release_all_reduce(optimizer) -> None:
 
 def loss_names() -> list[str]:
     """Every name keras.losses.get takes (its aliases too: mse, bce, ...), for a did-you-mean."""
-    from keras.src.losses import ALL_OBJECTS_DICT
-
-    return sorted(ALL_OBJECTS_DICT)
+    return sorted(LOSSES)
 
 
 def metric_names() -> list[str]:
     """Every name keras.metrics.get takes, for a did-you-mean."""
-    from keras.src.metrics import ALL_OBJECTS_DICT
-
-    return sorted(ALL_OBJECTS_DICT)
+    return sorted(METRICS)
 
 
 def initial_epoch(model, given: int) -> int:

@@ -70,14 +70,13 @@ def check_model(model) -> None:
             f"{WHERE}: model {model.name!r} is compiled with steps_per_execution={steps}: accum_train.fit runs "
             f"one update per graph call (its micro-steps inside it); compile with steps_per_execution=1",
         )
-    if getattr(model, "optimizer", None) is not None:
-        steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
-        if steps:
-            raise Refused(
-                "gradient-accumulation-steps",
-                f"{WHERE}: the model's optimizer has gradient_accumulation_steps={steps}: accum_train.fit "
-                f"accumulates exactly itself; compile without it",
-            )
+    steps = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    if steps:
+        raise Refused(
+            "gradient-accumulation-steps",
+            f"{WHERE}: the model's optimizer has gradient_accumulation_steps={steps}: accum_train.fit "
+            f"accumulates exactly itself; compile without it",
+        )
 
 
 def strategy_of(model, strategy):

@@ -28,10 +28,6 @@ from .arguments import WHERE
 from .inputs import streamed_source
 
 
-def _symbolic(spec):
-    return keras.KerasTensor(tuple(spec.shape.as_list()), spec.dtype.name)
-
-
 def _keras_said(err: BaseException) -> str:
     """What Keras said of a call that failed, in one line: its frame lines ("Exception encountered when calling",
     "Arguments received", each argument's bullet) and terminal colours left out."""
@@ -102,7 +98,7 @@ def input_problem(model, x, name: str) -> str | None:
     the model takes them (a failure to build or trace is then the targets'). Asked only once building or tracing
     failed: the model is called on symbolic inputs alone."""
     try:
-        symbolic = keras.tree.map_structure(_symbolic, x)
+        symbolic = keras_private.symbolic(x)
     except (ValueError, TypeError, AttributeError):
         return None  # inputs no KerasTensor describes (ragged, of unknown rank): nothing to tell them by
     try:
@@ -126,7 +122,7 @@ def input_problem(model, x, name: str) -> str | None:
 
 
 def check_class_weight(class_weight, sample_weight=None) -> None:
-    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_targets``),
+    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_labels``),
     and not beside sample_weight (model.fit refuses the pair)."""
     if class_weight is None:
         return
@@ -148,14 +144,6 @@ def check_class_weight(class_weight, sample_weight=None) -> None:
             raise UserError(f"{WHERE}: class_weight has the key {key!r}: its keys are class indices, integers >= 0")
         if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
             raise UserError(f"{WHERE}: class_weight[{key}] is {weight!r}: a weight is a number")
-
-
-def _outputs(model, x):
-    """The model's outputs as a structure of specs (their shapes), for the inputs ``x`` (TensorSpecs)."""
-    structure = keras_private.built_structures(model)[1]
-    if structure is not None:
-        return structure
-    return keras_private.symbolic_call(model, keras.tree.map_structure(_symbolic, x))
 
 
 def _at(structure, path):
@@ -185,35 +173,36 @@ def inputs_of(element_spec):
 
 
 def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
-    """Class weights and class labels against the model's outputs, after its build (its compiled loss is known
-    then). ``x``: the training inputs' TensorSpecs; ``labelled``: (name, targets) of each set of targets held in
-    memory (y, validation_data's y), read whole once: a label out of range ends in TensorFlow's graph error of
-    fifty lines on a CPU, in a NaN loss on a GPU. ``where`` begins the line of a label out of range."""
-    entries = keras_private.flat_losses(model) if keras_private.compile_loss(model) is not None else []
-    for name, targets in labelled if entries else ():  # a Keras loss casts them: a graph error of seventy lines
+    """``check_labels`` of a model built already, whose inputs are ``x`` (TensorSpecs): the loader's --data check."""
+    check_labels(model.name, keras_private.built(model, x), class_weight, labelled, where)
+
+
+def check_labels(model_name: str, built, class_weight, labelled, where: str = WHERE) -> None:
+    """Class weights and class labels against the outputs of model ``model_name`` as ``built`` (keras_private.Built)
+    says. ``labelled``: (name, targets) of each set of targets held in memory (y, validation_data's y), read whole
+    once: a label out of range ends in TensorFlow's graph error of fifty lines on a CPU, in a NaN loss on a GPU."""
+    for name, targets in labelled if built.losses else ():  # a Keras loss casts them: a graph error of seventy lines
         if any(np.asarray(leaf).dtype.kind in "SU" for leaf in keras.tree.flatten(targets)):
             raise UserError(
-                f"{where}: {name} holds strings, and the loss model {model.name!r} is compiled with takes numbers: "
+                f"{where}: {name} holds strings, and the loss model {model_name!r} is compiled with takes numbers: "
                 "turn them into numbers first (class ids, e.g. np.unique(labels, return_inverse=True)[1])"
             )
-    sparse = [(entry, *keras_private.sparse_labels(entry.loss)) for entry in entries]
-    sparse = [(entry, ignore) for entry, is_sparse, ignore in sparse if is_sparse]
-    if class_weight is None and not (sparse and labelled):
+    if class_weight is None and not (built.sparse and labelled):
         return
-    outputs = _outputs(model, x)
+    outputs = built.outputs()
     if class_weight:
         width = _width(keras.tree.flatten(outputs)[0])  # one output: fit refuses class_weight for more
         classes = None if width is None else max(width, 2)  # one unit: the two classes of a sigmoid
         unknown = [key for key in class_weight if classes is not None and key >= classes]
         if unknown:
             raise UserError(
-                f"{WHERE}: class_weight names class {unknown[0]!r}, and model {model.name!r} outputs {classes} "
+                f"{WHERE}: class_weight names class {unknown[0]!r}, and model {model_name!r} outputs {classes} "
                 f"classes: its keys are 0 to {classes - 1}"
             )
-    for entry, ignore in sparse:
-        classes = _width(_at(outputs, entry.path))
+    for path, ignore in built.sparse:
+        classes = _width(_at(outputs, path))
         for name, targets in labelled:
-            labels = _at(targets, entry.path)
+            labels = _at(targets, path)
             if classes is None or labels is None:
                 continue
             if isinstance(labels, (list, tuple)) and labels and np.ndim(labels[0]) > 0:
@@ -232,10 +221,10 @@ def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
             if bad.any():
                 row = int(np.argmax(bad.any(axis=1)))
                 value = int(values[row][bad[row]][0])
-                label = name + "".join(f"[{key!r}]" for key in entry.path)
+                label = name + "".join(f"[{key!r}]" for key in path)
                 also = f" (or ignore_class={ignore})" if ignore is not None else ""
                 raise UserError(
-                    f"{where}: {label}[{row}] holds class {value}, and model {model.name!r} outputs {classes} "
+                    f"{where}: {label}[{row}] holds class {value}, and model {model_name!r} outputs {classes} "
                     f"classes: its sparse categorical cross-entropy takes labels 0 to {classes - 1}{also}"
                 )
 

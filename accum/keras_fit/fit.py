@@ -210,14 +210,13 @@ def fit(
         if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
             restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
-        structure = keras_private.built_structures(model)[0]  # what the input checks need of the model
         names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
-        checks.check_input_kinds(structure, model.name, feed, validation, names)
-        with strategy.scope():
-            checks.as_user_error(
-                model, feed.element_spec, names, keras_private.symbolic_build, model, feed.element_spec
-            )
-        checks.check_targets(model, checks.inputs_of(feed.element_spec), class_weight, labelled)
+        checks.check_input_kinds(keras_private.built_structures(model)[0], model.name, feed, validation, names)
+        with strategy.scope():  # built, and what fit reads of the model built (its checks, its run directory)
+            specs = feed.element_spec
+            inputs = checks.inputs_of(specs)
+            facts = checks.as_user_error(model, specs, names, keras_private.built, model, inputs, specs)
+        checks.check_labels(model.name, facts, class_weight, labelled)
         key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
@@ -250,7 +249,7 @@ def fit(
                     if rule
                     else [[e + 1, size] for e, size in schedule]
                 )
-            directory = FitRunDir(Path(output_dir), model, engine, loop.noise, described, say, loop.rule_tracked)
+            directory = FitRunDir(Path(output_dir), model, facts, engine, loop.noise, described, say, loop.rule_tracked)
             loop.checkpoints = directory
         history = FitHistory()
 

@@ -37,7 +37,6 @@ from ..backends import active
 from ..defaults import FLUSH_SECONDS
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
-from ..keras_private import lora_layers, storage
 from ..trainer.runtime import is_chief, strategy_name
 from ..trainer.store.checkpoints import checkpoint_numbers
 from ..trainer.store.lock import LOCK
@@ -53,22 +52,23 @@ def recorded_seed(run_dir: Path):
 class FitRunDir(RunDirectory):
     """The run directory of one accum_train.fit call, with what is fit's (trainer.Trainer.run keeps it): run.json's
     check, the epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every
-    ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``described``: what run.json records
-    of the call; ``noise``: the run's noise.NoiseScale, checkpointed with it; ``extra``: more to checkpoint (by
-    name). ``start`` is (epoch, update) to go on from; ``done`` the updates done."""
+    ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``built``: keras_private.Built (its
+    variables, its LoRA layers); ``described``: what run.json records; ``noise``: the NoiseScale, checkpointed with
+    it; ``extra``: more to checkpoint, by name. ``start``: (epoch, update) to go on from; ``done``: updates so far."""
 
-    def __init__(self, run_dir: Path, model, engine, noise, described: dict, say=print, extra=None):
+    def __init__(self, run_dir: Path, model, built, engine, noise, described: dict, say=print, extra=None):
         hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
         super().__init__(run_dir, is_chief(engine.strategy), "output_dir ", hint)
         self.model, self.engine, self.noise, self.described, self.say = model, engine, noise, described, say
+        self.lora = built.lora  # run.json records it
         counter = active().state_variable
         self.epoch, self.update_in_epoch = counter(0, "int64", "epoch"), counter(0, "int64", "update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
         self.tracked = {
-            "weights": [storage(v) for v in model.variables],
+            "weights": built.weights,
             "optimizer": engine.optimizer,
-            "metrics": [storage(v) for v in model.metrics_variables],
+            "metrics": engine.metrics.variables,  # the storage of the model's metrics' variables
             "epoch": self.epoch,
             "update_in_epoch": self.update_in_epoch,
             **(extra or {}),
@@ -89,7 +89,7 @@ class FitRunDir(RunDirectory):
 
     def write_records(self, spec) -> None:
         if self.writer:  # with the layers LoRA is on, which the model file may not rebuild (accum/reload.py)
-            write_record(self.path, "fit", spec, None, fit={**self.described, **lora_layers(self.model)})
+            write_record(self.path, "fit", spec, None, fit={**self.described, **self.lora})
         # the model before its first update, for the readers: a resume keeps the first (an older directory gains one)
         if self.writer and not (self.path / MODEL_COPY).is_file():
             self._save_model(MODEL_COPY)
