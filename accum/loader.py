@@ -219,7 +219,7 @@ class FitRun:
         the batch size the run trained with (Keras' default where it had none)."""
         from . import keras_private
         from .backends import active
-        from .keras_fit.checks import check_targets
+        from .keras_fit.checks import check_labels
 
         model = bare(load_fit_run(self.run_dir, compile=True))
         rows, x = read_values([data_file], model_inputs(model, self.run_dir), convert=self.convert)
@@ -227,9 +227,10 @@ class FitRun:
         batch_size = self.record.get("batch_size")
         spec = active().batch_spec((x, y))
         try:
-            keras_private.symbolic_build(model, spec)  # the compiled loss's entries, which the check reads
-            # labels out of range in one line, as fit says it, where TensorFlow's graph error has fifty
-            check_targets(model, spec[0], None, [("y", y)], where=f"--data {data_file}")
+            # built first: the compiled loss's entries, which the check reads; labels out of range in one line, as
+            # fit says it, where TensorFlow's graph error has fifty
+            built = keras_private.built(model, spec[0], spec)
+            check_labels(model.name, built, None, [("y", y)], where=f"--data {data_file}")
             scores = model.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0, return_dict=True)
         except (ValueError, active().BAD_INPUT) as err:  # targets that do not fit the outputs or the loss
             raise DataError(

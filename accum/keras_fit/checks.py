@@ -172,11 +172,6 @@ def inputs_of(element_spec):
     return element_spec
 
 
-def check_targets(model, x, class_weight, labelled, where: str = WHERE) -> None:
-    """``check_labels`` of a model built already, whose inputs are ``x`` (TensorSpecs): the loader's --data check."""
-    check_labels(model.name, keras_private.built(model, x), class_weight, labelled, where)
-
-
 def check_labels(model_name: str, built, class_weight, labelled, where: str = WHERE) -> None:
     """Class weights and class labels against the outputs of model ``model_name`` as ``built`` (keras_private.Built)
     says. ``labelled``: (name, targets) of each set of targets held in memory (y, validation_data's y), read whole
@@ -239,7 +234,7 @@ DATA_NAMES = {
 
 
 def held_targets(x, y, validation_data) -> list:
-    """(name, targets) of the targets held in memory, whose class labels check_targets reads: y given with arrays,
+    """(name, targets) of the targets held in memory, whose class labels check_labels reads: y given with arrays,
     and validation_data's y given as arrays (not a stream's, which are read only as training goes)."""
     held = [("y", y)] if y is not None and not streamed_source(x) else []
     tupled = isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)
