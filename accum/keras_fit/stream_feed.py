@@ -1,7 +1,7 @@
 """Streamed sources as accum_train.fit's feed: a tf.data.Dataset, a keras.utils.PyDataset or a Python generator,
 read batch by batch as the updates pull them, never into memory; each batch cut into this process's elements in
-pull order (batching.Cut), class weights made sample weights on the way, and with ``trim_padding`` each element's
-time axis cut after its longest sequence (accum/trainer/data/trim.py)."""
+pull order by the run's one stream cutter (feed.cut_stream), class weights made sample weights on the way, and with
+``trim_padding`` each element's time axis cut after its longest sequence (accum/trainer/data/trim.py)."""
 
 from __future__ import annotations
 
@@ -12,32 +12,10 @@ import tensorflow as tf
 from .. import keras_private
 from ..errors import UserError
 from ..trainer.data.batching import Cut
-from ..trainer.data.feed import endless
-from ..trainer.data.trim import any_length, by_length, cut_after, stream_timed, uncut_steps
+from ..trainer.data.feed import cut_stream, endless
+from ..trainer.data.trim import any_length, stream_timed, uncut_steps
 from .arguments import WHERE
 from .conversion import _leaves_as_arrays, class_weights_tensor
-
-
-def _batched_split(dataset: tf.data.Dataset, cut: Cut, trim: int = 0, timed=None) -> tf.data.Dataset:
-    """Each element a batch: cut into this process's elements, in pull order, each (data, where) as the run's
-    feed gives them (where: unused here). ``trim``: each batch's rows ordered by length first, and each
-    element's ``timed`` leaves cut after its longest sequence (trim_padding)."""
-    nowhere = tf.zeros([2], tf.int64)
-
-    def split(*batch):
-        element = batch if len(batch) > 1 else batch[0]
-        n = tf.shape(tf.nest.flatten(element)[0])[0]
-        if trim:
-            element, lengths = by_length(element)
-        bounds = tf.stack([tf.stack([start, end]) for start, end in cut.bounds(n, stream=True)])
-
-        def piece(b):
-            data = tf.nest.map_structure(lambda t: t[b[0] : b[1]], element)
-            return (cut_after(data, timed, lengths[b[0] : b[1]], trim) if trim else data), nowhere
-
-        return tf.data.Dataset.from_tensor_slices(bounds).map(piece)
-
-    return dataset.flat_map(split)
 
 
 class DatasetFeed:
@@ -88,7 +66,7 @@ class DatasetFeed:
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
         ``again``: the stream ran out before this epoch and starts over, as model.fit's does)."""
-        elements = _batched_split(self._batches(epoch, first, again), cut, self.trim, self.timed)
+        elements = cut_stream(self._batches(epoch, first, again), cut, trim=self.trim, timed=self.timed)
         return endless(elements) if pad else elements
 
     def _batches(self, epoch: int, first: int, again: bool) -> tf.data.Dataset:

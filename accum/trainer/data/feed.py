@@ -14,7 +14,8 @@ share of the batch and cuts it into ``pulls = min(k, largest share)``
 micro-batches (one device: ``min(k, n)``, as the engine cut a batch it held).
 A stream (data.name: python) is read front to back, so there each micro-step
 takes a contiguous chunk of the batch and the replicas share the chunk: the
-same micro-batches on one replica, and elements in stream order on several.
+same micro-batches on one replica, and elements in stream order on several;
+its rows gathered a chunk at a time, cut by the cutter of fit's batches too.
 
 Where the data live: the split's arrays are one constant in host memory
 (``tf.device("CPU:0")``), the gathers run in tf.data's host threads, and the
@@ -33,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from ...datasets.base import as_is, untuned
-from .batching import Cut, same_size, share
+from .batching import Cut, pieces, same_size, share
+from .trim import by_length, cut_after
 
 
 def empty_like(spec):
@@ -144,34 +146,53 @@ def gathered(split, order: np.ndarray, layout: Layout) -> tf.data.Dataset:
     )
 
 
-def streamed(split, epoch: int, layout: Layout) -> tf.data.Dataset:
-    """Elements of a stream, read front to back: each example goes to the element holding its position (the
-    elements are in stream order: ``chunk_first``); positions no local element holds are skipped."""
-    lengths = layout.ends - layout.starts
-    batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), split.spec)
-    no_where = tf.zeros([2], tf.int64)
-    if not len(lengths):
-        return tf.data.Dataset.from_tensors((empty_like(batched), no_where)).take(0)
-    first, last = int(layout.starts.min()), int(layout.ends.max())
+def cut_stream(blocks: tf.data.Dataset, cut: Cut, wheres=None, trim: int = 0, timed=None) -> tf.data.Dataset:
+    """The one stream cutter, both doors': ``blocks`` read front to back (accum_train.fit's batches as the user gives
+    them; the CLI's stream a micro-step's chunk at a time, ``streamed``), each cut into this process's elements,
+    (data, where), in pull order, as ``cut`` cuts a batch known once read; ``wheres``: each block's [m, 2] where
+    (none by default). ``trim``: a block's rows longest first, each element's ``timed`` leaves cut after its
+    longest sequence (trim_padding)."""
+
+    def split(block, at):
+        n = tf.shape(tf.nest.flatten(block)[0])[0]
+        if trim:
+            block, lengths = by_length(block)
+        spans = tf.stack([tf.stack(span) for span in cut.bounds(n, stream=True)])
+
+        def piece(span, at):
+            data = tf.nest.map_structure(lambda t: t[span[0] : span[1]], block)
+            return (cut_after(data, timed, lengths[span[0] : span[1]], trim) if trim else data), at
+
+        return tf.data.Dataset.from_tensor_slices((spans, at)).map(piece)
+
+    if wheres is None:  # a block of one part is that part, as tf.data passes it
+        nowhere = tf.zeros([cut.k * len(cut.local), 2], tf.int64)
+        return blocks.flat_map(lambda *block: split(block if len(block) > 1 else block[0], nowhere))
+    return tf.data.Dataset.zip((blocks, wheres)).flat_map(split)
+
+
+def streamed(split, epoch: int, layout: Layout, replicas: int, local) -> tf.data.Dataset:
+    """Elements of a stream, read front to back: the layout's are chunk first (``plan``), a micro-step's chunk of
+    the batch shared by the replicas, so the rows are gathered a chunk at a time and each chunk cut in the replicas'
+    shares (``cut_stream``): a chunk is the most the pipeline holds, never a batch."""
+    if not len(layout.starts):
+        batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), split.spec)
+        return tf.data.Dataset.from_tensors((empty_like(batched), tf.zeros([2], tf.int64))).take(0)
+    at = np.cumsum([0] + [update.pulls * len(local) for update in layout.updates])[:-1]  # each update's first element
+    firsts = layout.starts[at] - layout.where[at, 1]  # and its batch's first position
+    chunks = lay_out([(0, f, pieces(u.n, u.pulls, 1, [0], True)) for u, f in zip(layout.updates, firsts)])
+    first, last, sizes = int(chunks.starts.min()), int(chunks.ends.max()), chunks.ends - chunks.starts
     owner = np.full(last - first, -1, np.int64)
-    ids = np.arange(len(lengths), dtype=np.int64)
-    owner[positions(layout) - first] = np.repeat(ids, lengths)
-    owner_t, sizes_t, where_t = tf.constant(owner), tf.constant(lengths), tf.constant(layout.where)
-    examples = split.dataset(epoch).skip(first).take(last - first).enumerate()
-    examples = examples.filter(lambda i, _: owner_t[i] >= 0)
-    full = examples.group_by_window(
+    owner[positions(chunks) - first] = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    owner_t, sizes_t = tf.constant(owner), tf.constant(sizes)
+    examples = split.dataset(epoch).skip(first).take(last - first).enumerate().filter(lambda i, _: owner_t[i] >= 0)
+    blocks = examples.group_by_window(
         key_func=lambda i, _: owner_t[i],
-        reduce_func=lambda key, window: window.batch(tf.gather(sizes_t, key)).map(
-            lambda i, element: (element, tf.gather(where_t, owner_t[i[0]]))
-        ),
+        reduce_func=lambda key, rows: rows.batch(tf.gather(sizes_t, key)).map(lambda i, rows: rows),
         window_size_func=lambda key: tf.gather(sizes_t, key),
     )
-    if lengths.min() > 0:
-        return full
-    # a short batch left some local micro-batches empty: they come in their places
-    empty = tf.data.Dataset.from_tensor_slices(layout.where[lengths == 0]).map(lambda w: (empty_like(batched), w))
-    choice = tf.data.Dataset.from_tensor_slices((lengths == 0).astype(np.int64))
-    return tf.data.Dataset.choose_from_datasets([full, empty], choice)
+    wheres = tf.data.Dataset.from_tensor_slices(layout.where.reshape(-1, len(local), 2))
+    return cut_stream(blocks, Cut(1, replicas, tuple(local)), wheres)
 
 
 def distribute(strategy, elements: tf.data.Dataset):
@@ -221,7 +242,8 @@ def by_plan(split, order, epoch: int, segments, k_for, replicas: int, local):
                 order[first:end] = split.by_length(order[first:end])
     stream = getattr(split, "streamed", False)
     layout = plan(segments, k_for, replicas, local, chunk_first=stream)
-    return (streamed(split, epoch, layout) if stream else gathered(split, order, layout)), layout, order
+    elements = streamed(split, epoch, layout, replicas, local) if stream else gathered(split, order, layout)
+    return elements, layout, order
 
 
 class Feed:
