@@ -6,9 +6,9 @@ imports a backend's folder: the objective, the Keras objective, the evaluation, 
 trim check, BatchNorm pooling (and the TensorLayer nets' norm layers) and the checkpoint manager are the backend's,
 reached through ``active()``.
 
-Still speaking TensorFlow outside accum/backends/, the feed and trim_padding's cut in its pipeline (tf.data stays the
-data layer: Keras reads it on every backend) and datasets/, the next to move (``STILL_SPEAKING``, held equal to what
-the sources import):
+Still speaking TensorFlow outside accum/backends/, the feed with its sources' feeds (trainer/data/) and trim_padding's
+cut (tf.data stays the data layer: Keras reads it on every backend) and datasets/, the next to move
+(``STILL_SPEAKING``, held equal to what the sources import):
 - models/: builtin (TensorLayer, which only TensorFlow runs);
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
 gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
@@ -46,12 +46,14 @@ CLEAN = [
     *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
     "accum/keras_fit/checks.py",
     "accum/keras_fit/fit_hooks.py",
+    "accum/keras_fit/inputs.py",
     "accum/keras_fit/rundir.py",
 ]
-# Where tf.data may stay: the feed, trim_padding's cut in its pipeline, and the loaders.
+# Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
+# in its pipeline, KerasHub's preprocessed batches (keras_fit/pipeline.py), and the loaders.
 DATA_LAYER = {
-    *(f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "trim")),
-    *(f"{PACKAGE}.keras_fit.{name}" for name in ("inputs", "array_feed", "stream_feed", "pipeline", "conversion")),
+    *(f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "trim", "sources", "array_feed", "stream_feed", "conversion")),
+    f"{PACKAGE}.keras_fit.pipeline",
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING = {

@@ -180,8 +180,8 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     of that size whatever its k, and the graph of an unknown size serves every k but 1: one micro-batch in all
     skips the caches, in a graph of its own."""
     from accum_train.keras_fit.fit import _ENGINES
-    from accum_train.keras_fit.inputs import make_feed
     from accum_train.trainer.data.batching import Cut
+    from accum_train.trainer.data.sources import feed_for
 
     x, y = regression(np.random.default_rng(5))
     model = linear()
@@ -190,7 +190,7 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     traces = engine._update_pulled.experimental_get_tracing_count
     assert traces() == 1 and not engine.sized  # a Dense model: traced for no size
     engine.sized = True  # as for a model that loops over time
-    feed = make_feed(x, y, None, None, batch_size=BATCH, shuffle=False, seed=0, steps_per_epoch=None)
+    feed = feed_for(x, y, None, None, batch_size=BATCH, shuffle=False, seed=0, steps_per_epoch=None)
     for k, size, after in [(3, None, 1), (4, None, 1), (1, None, 2), (1, None, 2), (2, 12, 3), (3, 8, 4), (3, 8, 4)]:
         out = engine.update_from(iter(feed.dataset(0, 0, Cut(k, 1, (0,)))), BATCH, k, 0, size)
         assert float(out["examples"]) == BATCH and bool(out["applied"])

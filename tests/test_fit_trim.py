@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.defaults import TRIM_MULTIPLE
-from accum_train.keras_fit.array_feed import ArrayFeed
-from accum_train.keras_fit.stream_feed import DatasetFeed
+from accum_train.trainer.data.array_feed import ArrayFeed
 from accum_train.trainer.data.batching import Cut
+from accum_train.trainer.data.stream_feed import DatasetFeed
 from accum_train.trainer.data.trim import check_trimmable
 from helpers import max_difference
 

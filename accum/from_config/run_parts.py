@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..trainer.data.batching import Cut, as_data, eval_batch_size
 from ..trainer.data.feed import Feed, Reader
 from ..trainer.data.order import epoch_order, first_batch
+from ..trainer.data.sources import feed_for
 from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit, check_trimmable
 from ..trainer.noise import rule_change
@@ -170,7 +171,7 @@ class Run:
             order = epoch_order(self.cfg.seed, epoch, self.n_train, self.cfg.data.shuffle)
             segments = self.timeline.rest_of_epoch(step)
             engine = self.engine
-            return Feed(self.data.train, order, epoch, segments, self.k_for, engine.strategy, engine.replica_ids)
+            return feed_for(self.data.train, order, epoch, segments, self.k_for, engine.strategy, engine.replica_ids)
 
         return Reader(self.engine, open, follow=self.follow_batch, k=lambda: self.subdivisions)
 

@@ -23,9 +23,9 @@ from ..backends import active
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import Refused, UserError
 from ..text import traced_error_line
+from ..trainer.data.feed import STREAMED, kind
 from ..trainer.data.order import noisy_batchnorm
 from .arguments import WHERE
-from .inputs import streamed_source
 
 
 def _keras_said(err: BaseException) -> str:
@@ -236,9 +236,9 @@ DATA_NAMES = {
 def held_targets(x, y, validation_data) -> list:
     """(name, targets) of the targets held in memory, whose class labels check_labels reads: y given with arrays,
     and validation_data's y given as arrays (not a stream's, which are read only as training goes)."""
-    held = [("y", y)] if y is not None and not streamed_source(x) else []
+    held = [("y", y)] if y is not None and kind(x) not in STREAMED else []
     tupled = isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)
-    if tupled and not streamed_source(validation_data[0]):
+    if tupled and kind(validation_data[0]) not in STREAMED:
         held.append(("validation_data's y", validation_data[1]))
     return held
 

@@ -28,6 +28,8 @@ from ..errors import Refused, UserError
 from ..keras_private import all_layers
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
+from ..trainer.data.feed import STREAMED, kind
+from ..trainer.data.sources import feed_for
 from ..trainer.data.trim import check_trimmable, trim_multiple
 from ..trainer.trainer import Trainer, build_engine
 from . import checks
@@ -45,7 +47,7 @@ from .arguments import (
 )
 from .fit_hooks import FitHooks
 from .history import FitHistory
-from .inputs import check_examples_are_batched, make_feed, split_validation, streamed_source, validation_feed
+from .inputs import check_examples_are_batched, split_validation, validation_feed
 from .pipeline import preprocesses, task_batches
 from .rundir import FitRunDir
 
@@ -150,7 +152,7 @@ def fit(
         raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and not streamed_source(x))
+    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and kind(x) not in STREAMED)
     compile_if_needed(model, strategy, optimizer, learning_rate, labelled)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise Refused(
@@ -160,7 +162,7 @@ def fit(
         )
     checks.check_class_weight(class_weight, sample_weight)
     (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
-    feed = make_feed(
+    feed = feed_for(
         x,
         y,
         sample_weight,
@@ -210,7 +212,7 @@ def fit(
         if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
             restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
-        names = checks.DATA_NAMES["x" if streamed_source(x) else "y"]  # the arguments the messages name
+        names = checks.DATA_NAMES["x" if kind(x) in STREAMED else "y"]  # the arguments the messages name
         checks.check_input_kinds(keras_private.built_structures(model)[0], model.name, feed, validation, names)
         with strategy.scope():  # built, and what fit reads of the model built (its checks, its run directory)
             specs = feed.element_spec

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from ..defaults import ARRAY_BATCH_SIZE
 from ..errors import Refused, UserError
+from ..trainer.data.feed import kind
 from .arguments import WHERE
 from .inputs import split_validation, validation_arrays
 
@@ -50,7 +51,7 @@ def task_batches(model, x, y, sample_weight, batch_size, validation_data, valida
 def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Dataset:
     """``x`` (with ``y`` and ``sample_weight``) as batches of ``batch_size`` with ``model.preprocess_samples``
     mapped over each; a ``tf.data.Dataset`` of raw batches is taken as it is, as task.fit takes it."""
-    if isinstance(x, tf.data.Dataset):
+    if kind(x) == "dataset":
         for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
             if value is not None:
                 raise UserError(
@@ -58,7 +59,7 @@ def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Da
                     f"leave {what} out (batch the dataset, and put targets and weights in its elements)"
                 )
         batches = x
-    elif isinstance(x, keras.utils.PyDataset) or (x is not None and hasattr(x, "__next__")):
+    elif kind(x) in ("pydataset", "generator"):
         raise Refused(
             "raw-generator",
             f"{WHERE}: {name} is a {type(x).__name__}, and model {model.name!r} preprocesses its inputs in fit: pass "
@@ -83,6 +84,6 @@ def preprocessed_validation(model, validation_data, batch_size):
     (x, y[, sample_weight]) batched by ``batch_size``."""
     if validation_data is None:
         return None
-    if isinstance(validation_data, tf.data.Dataset):
+    if kind(validation_data) == "dataset":
         return preprocessed(model, validation_data, None, None, None, "validation_data")
     return preprocessed(model, *validation_arrays(validation_data), batch_size, "validation_data")

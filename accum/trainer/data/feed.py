@@ -28,14 +28,34 @@ needs no collective per pull to learn whether one is left.
 
 from __future__ import annotations
 
+import collections.abc
 from dataclasses import dataclass
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from ...datasets.base import as_is, untuned
 from .batching import Cut, pieces, same_size, share
 from .trim import by_length, cut_after
+
+
+def kind(source) -> str | None:
+    """What ``source`` is, the one place either door asks (sources.feed_for): a keras.utils.PyDataset, a
+    tf.data.Dataset, a generator (any iterator of batches), a datasets/ split (its elements ``convert``ed in the
+    update) read front to back (a stream) or by index, arrays (anything else numpy reads), or None."""
+    if isinstance(source, keras.utils.PyDataset):
+        return "pydataset"
+    if isinstance(source, tf.data.Dataset):
+        return "dataset"
+    if isinstance(source, collections.abc.Iterator):
+        return "generator"
+    if hasattr(source, "convert"):
+        return "stream" if getattr(source, "streamed", False) else "split"
+    return None if source is None else "arrays"
+
+
+STREAMED = ("pydataset", "dataset", "generator", "stream")  # read batch by batch as they come, never held
 
 
 def empty_like(spec):
@@ -240,7 +260,7 @@ def by_plan(split, order, epoch: int, segments, k_for, replicas: int, local):
             for first in range(segment.start, segment.end, segment.batch_size):
                 end = min(first + segment.batch_size, segment.end)
                 order[first:end] = split.by_length(order[first:end])
-    stream = getattr(split, "streamed", False)
+    stream = kind(split) == "stream"
     layout = plan(segments, k_for, replicas, local, chunk_first=stream)
     elements = streamed(split, epoch, layout, replicas, local) if stream else gathered(split, order, layout)
     return elements, layout, order
@@ -252,7 +272,7 @@ class Feed:
     ``iterator`` is what the engine pulls from; ``updates`` the plan, in order."""
 
     def __init__(self, split, order, epoch: int, segments, k_for, strategy, replica_ids):
-        self.stream = getattr(split, "streamed", False)
+        self.stream = kind(split) == "stream"
         replicas = strategy.num_replicas_in_sync
         elements, self.layout, self.order = by_plan(split, order, epoch, segments, k_for, replicas, replica_ids)
         self.updates = self.layout.updates

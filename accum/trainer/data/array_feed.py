@@ -10,15 +10,14 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from ..datasets.base import stored
-from ..errors import UserError
-from ..trainer.data.batching import Cut
-from ..trainer.data.feed import by_plan, endless
-from ..trainer.data.order import epoch_order
-from ..trainer.data.timeline import Segment
-from ..trainer.data.trim import Held, any_length
-from .arguments import WHERE
-from .conversion import _leaves_as_arrays, class_weights_tensor
+from ...datasets.base import stored
+from ...errors import UserError
+from .batching import Cut
+from .conversion import WHERE, _leaves_as_arrays, class_weights_tensor
+from .feed import by_plan, endless
+from .order import epoch_order
+from .timeline import Segment
+from .trim import Held, any_length
 
 
 class ArrayFeed:

@@ -9,13 +9,12 @@ import itertools
 
 import tensorflow as tf
 
-from .. import keras_private
-from ..errors import UserError
-from ..trainer.data.batching import Cut
-from ..trainer.data.feed import cut_stream, endless
-from ..trainer.data.trim import any_length, stream_timed, uncut_steps
-from .arguments import WHERE
-from .conversion import _leaves_as_arrays, class_weights_tensor
+from ... import keras_private
+from ...errors import UserError
+from .batching import Cut
+from .conversion import WHERE, _leaves_as_arrays, class_weights_tensor
+from .feed import cut_stream, endless
+from .trim import any_length, stream_timed, uncut_steps
 
 
 class DatasetFeed:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from ..errors import UserError
-from .arguments import WHERE
+from ...errors import UserError
+
+WHERE = "accum_train.fit"  # these sources are accum_train.fit's arguments (the CLI's splits come from datasets/)
 
 
 def _leaves_as_arrays(structure, name: str):

@@ -1,0 +1,88 @@
+"""One dispatch from a data source to the feed that serves it, both doors': ``feed_for`` asks ``kind`` (feed.py) what
+a source is. A datasets/ split (the CLI's: Fashion-MNIST, npz, a task's arrays, image folders; a factory's stream)
+is fed an epoch at a time by ``Feed``; accum_train.fit's arrays (numpy or anything numpy reads, held tensors; dicts
+and lists of them for several inputs or outputs) by ``ArrayFeed``, a ``tf.data.Dataset`` (of batches, or of single
+examples with ``batch_size``; KerasHub's preprocessed batches too) or a ``keras.utils.PyDataset`` by
+``DatasetFeed``, a Python generator (any iterator) of batches by ``GeneratorFeed``; what a source gives itself
+(y, batch_size) is refused here, once.
+
+Every source becomes a ``tf.data`` pipeline (the data layer Keras reads on every backend) of this process's
+micro-batches in pull order, (data, where), cut as batching.Cut cuts a batch (a stream's, known once read, chunk
+first). Arrays are stored once and never copied per epoch: each element gathers its own examples (``feed.by_plan``)
+in an order that is a pure function of the seed and the pass, so a resumed fit sees the same batches. A stream is
+read batch by batch as the updates pull it, never into memory; where its length is not known, the loop learns it
+from the endless empty micro-batches after every source's end (an update that pulls one changes nothing; under
+several workers tf.distribute then needs no collective per pull to agree that one is left).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ... import keras_private
+from ...defaults import ARRAY_BATCH_SIZE
+from ...errors import Refused, UserError
+from .array_feed import ArrayFeed
+from .conversion import WHERE
+from .feed import STREAMED, Feed, kind
+from .stream_feed import DatasetFeed, GeneratorFeed
+
+
+def feed_for(source, *args, **settings):
+    """The feed that serves ``source``, chosen by its ``kind``: a datasets/ split's (the CLI's, ``args``: Feed's
+    order, epoch, segments, k_for, strategy, replica_ids), else the feed of model.fit's arguments (``fed``)."""
+    if kind(source) in ("split", "stream"):
+        return Feed(source, *args, **settings)
+    return fed(source, *args, **settings)
+
+
+def fed(x, y, weights, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0, schedule=()):
+    """The feed for ``x`` (with ``y`` and sample ``weights`` as model.fit takes them) by its ``kind``; bad input in
+    one line. ``trim``: cut each micro-batch's padding (trim_padding); ``schedule``: batch_schedule's (arrays only)."""
+    what = kind(x)
+    if schedule and what in STREAMED:
+        raise Refused(
+            "schedule-stream",
+            f"{WHERE}: batch_schedule cuts arrays into batches, and {name} is a {type(x).__name__} that gives "
+            f"its own: pass arrays, or call accum_train.fit once per batch size with initial_epoch",
+        )
+    if schedule and (steps_per_epoch is not None or shuffle == "batch"):
+        given = f"steps_per_epoch={steps_per_epoch}" if steps_per_epoch is not None else "shuffle='batch'"
+        raise Refused(
+            "schedule-fixed-steps",
+            f"{WHERE}: batch_schedule makes each epoch one pass over the arrays at the batch in force, which "
+            f"{given} would change: leave {given.split('=')[0]} out",
+        )
+    common = dict(class_weight=class_weight, steps_per_epoch=steps_per_epoch, trim=trim)
+    own = (("y", y), ("sample_weight", weights), ("batch_size", batch_size))  # what a source of batches has
+    if what == "pydataset":
+        _leave_out(own, f"{name} is a PyDataset, which gives its own batches")
+        batches, adapter = keras_private.py_dataset_batches(x, shuffle=bool(shuffle))
+        return DatasetFeed(batches, batch_size=None, py_adapter=adapter, **common)
+    if what == "dataset":
+        _leave_out(own[:2], f"{name} is a tf.data.Dataset", " (put it in its elements)")
+        first = tf.nest.flatten(x.element_spec)
+        if batch_size is not None and any(s.shape.rank and s.shape[0] is None for s in first):
+            raise UserError(
+                f"{WHERE}: {name} is a dataset of batches (its elements have a leading axis of unknown size) and "
+                f"batch_size={batch_size} is given: leave batch_size out to train on its batches, or pass "
+                f"dataset.unbatch()"
+            )
+        return DatasetFeed(x, batch_size=batch_size, **common)
+    if what == "generator":
+        _leave_out(own, f"{name} is a generator, which gives its own batches")
+        return GeneratorFeed(x, name=name, **common)
+    if what is None:
+        raise UserError(f"{WHERE}: x is missing: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset")
+    names = tuple(part if name == "x" else f"{name}'s {part}" for part in ("x", "y", "sample_weight"))
+    size = ARRAY_BATCH_SIZE if batch_size is None else batch_size
+    return ArrayFeed(
+        x, y, weights, batch_size=size, shuffle=shuffle, seed=seed, schedule=schedule, names=names, **common
+    )
+
+
+def _leave_out(given, source: str, why: str = "") -> None:
+    """Refuse the first of ``given`` ((name, value) of model.fit's arguments) that is not None for ``source``."""
+    for what, value in given:
+        if value is not None:
+            raise UserError(f"{WHERE}: {source}: leave {what} out{why}")
