@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from accum_train.config import load_config
+from accum_train.datasets.python import StreamSplit
 from accum_train.from_config.build import build_run, load_data
 from accum_train.trainer.data.batching import micro_bounds
-from accum_train.trainer.data.feed import plan
+from accum_train.trainer.data.feed import kind, plan
 from accum_train.trainer.data.order import epoch_order
 from accum_train.trainer.data.timeline import Segment
 from accum_train.trainer.store.rundir import CheckpointPolicy, RunDirectory
@@ -303,3 +305,46 @@ def test_fit_cuts_a_stream_s_batch_chunk_first_as_the_cli_does():
     layout = plan([Segment(0, 0, 0, 8, 8)], lambda batch: 2, 2, [0, 1], chunk_first=True)
     assert elements == [list(range(a, b)) for a, b in zip(layout.starts, layout.ends)]
     assert elements == [[0, 1], [2, 3], [4, 5], [6, 7]]  # share first would be [0, 1], [4, 5], [2, 3], [6, 7]
+
+
+class _LooksConverted:
+    """Not a split: it has a ``convert`` (as a PIL image has) but no ``batches``."""
+
+    def convert(self, mode):
+        return self
+
+
+class _Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        return np.zeros((2, 3)), np.zeros(2)
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        (None, None),
+        (np.zeros((4, 3)), "arrays"),
+        ({"a": np.zeros((4, 3))}, "arrays"),
+        (_LooksConverted(), "arrays"),
+        (tf.data.Dataset.from_tensor_slices(np.zeros(4)).batch(2), "dataset"),
+        (iter([(np.zeros((2, 3)), np.zeros(2))]), "generator"),
+        (_Batches(), "pydataset"),
+        ("split", "split"),
+        ("stream", "stream"),
+    ],
+    ids=["none", "array", "dict", "has-convert-only", "tf.data", "generator", "pydataset", "split", "stream"],
+)
+def test_one_dispatch_tells_each_kind_of_source(source, expected):
+    if expected in ("split", "stream"):  # a datasets/ split read by index, and a factory's split read as it comes
+        cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml", ["data.train_limit=64"])
+        source = load_data(cfg).train
+        if expected == "stream":
+
+            def make(split, epoch, seed):
+                return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), "float32"), np.zeros(4, "float32")))
+
+            source = StreamSplit(make, "test:make", "train", 0, {}, shuffle=False, buffer=1)
+    assert kind(source) == expected

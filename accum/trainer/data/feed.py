@@ -50,7 +50,7 @@ def kind(source) -> str | None:
         return "dataset"
     if isinstance(source, collections.abc.Iterator):
         return "generator"
-    if hasattr(source, "convert"):
+    if hasattr(source, "convert") and hasattr(source, "batches"):  # a split's two calls (a PIL image has a convert)
         return "stream" if getattr(source, "streamed", False) else "split"
     return None if source is None else "arrays"
 
