@@ -17,7 +17,7 @@ several workers tf.distribute then needs no collective per pull to agree that on
 
 from __future__ import annotations
 
-import tensorflow as tf
+import keras
 
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE
@@ -61,7 +61,7 @@ def fed(x, y, weights, class_weight, *, batch_size, shuffle, seed, steps_per_epo
         return DatasetFeed(batches, batch_size=None, py_adapter=adapter, **common)
     if what == "dataset":
         _leave_out(own[:2], f"{name} is a tf.data.Dataset", " (put it in its elements)")
-        first = tf.nest.flatten(x.element_spec)
+        first = keras.tree.flatten(x.element_spec)
         if batch_size is not None and any(s.shape.rank and s.shape[0] is None for s in first):
             raise UserError(
                 f"{WHERE}: {name} is a dataset of batches (its elements have a leading axis of unknown size) and "
