@@ -72,6 +72,7 @@ def refusal(name, make, **given):
 refusal("BatchNormalization", lambda: mlp(extra=[keras.layers.BatchNormalization()]), subdivisions=2)
 refusal("validation_split", mlp, validation_split=0.2)
 refusal("shuffle", mlp, shuffle=True)
+refusal("subdivisions=0", mlp, subdivisions=0)  # fit's own checks, as on TensorFlow
 try:
     active().Checkpoints
 except UserError as err:
@@ -105,6 +106,7 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
         ("BatchNormalization", f"accum_train.fit: a model with non-trainable variables (batch_normalization) {LATER}"),
         ("validation_split", f"accum_train.fit: validation_split=0.2 {LATER}"),
         ("shuffle", f"accum_train.fit: shuffle=True (pass shuffle=False) {LATER}"),
+        ("subdivisions=0", "accum_train.fit: subdivisions=0 must be an integer >= 1"),
         ("Checkpoints", f"accum-train's 'Checkpoints' {LATER}"),  # a name of the seam the backend has not yet
     ],
 )

@@ -125,12 +125,13 @@ def fit(
 
     Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
     ``accum_train.UserError`` with one line naming what is wrong and how to fix it, before anything trains."""
-    if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
-        return active().fit(model, {name: value for name, value in locals().items() if name != "model"})
+    given = {name: value for name, value in locals().items() if name != "model"}
     check_model(model)
-    strategy = strategy_of(model, strategy)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
+    if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
+        return active().fit(model, given)
+    strategy = strategy_of(model, strategy)
     seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and run.json take these
     # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
     labelled = checks.held_targets(x, y, validation_data)  # before the split too: y's tail is validated on

@@ -64,8 +64,6 @@ def fit(model, given: dict) -> keras.callbacks.History:
         raise refused(f"shuffle={given['shuffle']!r} (pass shuffle=False)", WHERE)
     if given["seed"] is not None:  # Keras' random state, as on TensorFlow (the order is not drawn: shuffle=False)
         keras.utils.set_random_seed(int(given["seed"]))
-    if not isinstance(model, keras.Model):
-        raise UserError(f"{WHERE}: model must be a keras.Model (got {type(model).__name__})")
     arrays = (given["x"], given["y"], given["sample_weight"])
     if given["y"] is None or not all(isinstance(a, np.ndarray) for a in keras.tree.flatten(arrays) if a is not None):
         raise refused("data other than numpy arrays x, y (and sample_weight)", WHERE)
