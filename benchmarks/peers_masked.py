@@ -486,6 +486,10 @@ def markdown_table(report, stated_commit=None):
         name = untrimmed["a_b_ours"][measure]
         return f"{times[name][f'examples_per_{measure}_s']:.0f}{mode[name]}"
 
+    def untrimmed_rounds(measure):  # the parity target's verdict is the paired rounds' (JSON written since)
+        rounds = report.get("paired_untrimmed", {}).get(measure)
+        return f"; paired rounds {interval(rounds, True)}" if rounds else ""
+
     def plain(side, ours):  # rounded against accum-train: its ratio down, Keras' up
         values = report["against_plain_micro_batch"][side]
         return f"{against(values['cpu'], ours)} (CPU), {against(values['wall'], ours)} (wall)"
@@ -507,8 +511,9 @@ def markdown_table(report, stated_commit=None):
             f"{times[D]['examples_per_wall_s']:.0f} per wall-second | {plain('ours', True)} | "
             f"{plain('keras', False)} |",
             f"| accum-train without `trim_padding` / Keras: {untrimmed_eps('cpu')} examples per CPU-second, "
-            f"{untrimmed_eps('wall')} per wall-second | {against(untrimmed['ratios']['cpu'], True)} (CPU), "
-            f"{against(untrimmed['ratios']['wall'], True)} (wall) | |",
+            f"{untrimmed_eps('wall')} per wall-second | {against(untrimmed['ratios']['cpu'], True)} (CPU"
+            f"{untrimmed_rounds('cpu')}), {against(untrimmed['ratios']['wall'], True)} (wall"
+            f"{untrimmed_rounds('wall')}) | |",
             "| accum-train / Keras' accumulation over micro-batches bucketed by length (`bucket_by_sequence_length`, "
             "16 steps wide; other updates: each holds sequences of like length from across the data, not a random "
             f"batch): {times[G]['examples_per_cpu_s']:.0f} examples per CPU-second, "
