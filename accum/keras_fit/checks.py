@@ -233,10 +233,10 @@ DATA_NAMES = {
 }
 
 
-def held_targets(x, y, validation_data) -> list:
-    """(name, targets) of the targets held in memory, whose class labels check_labels reads: y given with arrays,
-    and validation_data's y given as arrays (not a stream's, which are read only as training goes)."""
-    held = [("y", y)] if y is not None and kind(x) not in STREAMED else []
+def held_targets(what, y, validation_data) -> list:
+    """(name, targets) of the targets held in memory, whose class labels check_labels reads: y given with arrays
+    (``what``: x's kind), and validation_data's y given as arrays (not a stream's, read only as training goes)."""
+    held = [("y", y)] if y is not None and what not in STREAMED else []
     tupled = isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)
     if tupled and kind(validation_data[0]) not in STREAMED:
         held.append(("validation_data's y", validation_data[1]))

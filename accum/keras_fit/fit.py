@@ -133,12 +133,13 @@ def fit(
         return active().fit(model, given)
     strategy = strategy_of(model, strategy)
     seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and run.json take these
+    what = kind(x)  # what x is (arrays, a dataset, a generator...), asked once: the steps below are handed it
     # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
-    labelled = checks.held_targets(x, y, validation_data)  # before the split too: y's tail is validated on
+    labelled = checks.held_targets(what, y, validation_data)  # before the split too: y's tail is validated on
     if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
         raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
-        x, validation_data = task_batches(model, *raw)
-        y = sample_weight = batch_size = None
+        x, validation_data = task_batches(model, what, *raw)
+        what, y, sample_weight, batch_size = "dataset", None, None, None  # x: preprocessed batches, a tf.data.Dataset
         validation_split = 0.0
     limit = memory_limit_of(memory_limit)
     schedule, rule = schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
@@ -153,7 +154,10 @@ def fit(
         raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and kind(x) not in STREAMED)
+    (x, y, sample_weight), validation_data = split_validation(
+        x, y, sample_weight, validation_data, validation_split, what
+    )
+    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and what not in STREAMED)
     compile_if_needed(model, strategy, optimizer, learning_rate, labelled)
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise Refused(
@@ -162,19 +166,10 @@ def fit(
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
     checks.check_class_weight(class_weight, sample_weight)
-    (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
-    feed = feed_for(
-        x,
-        y,
-        sample_weight,
-        class_weight,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        steps_per_epoch=steps_per_epoch,
-        trim=trim,
-        schedule=schedule,
+    settings = dict(
+        batch_size=batch_size, shuffle=shuffle, seed=seed, steps_per_epoch=steps_per_epoch, schedule=schedule
     )
+    feed = feed_for(x, y, sample_weight, class_weight, trim=trim, **settings)
     replicas = strategy.num_replicas_in_sync
     nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
     smallest = min([size for _, size in schedule] or [feed.batch_size or 0])
@@ -208,12 +203,12 @@ def fit(
 
     k = 1 if auto else k_for(nominal)
     cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
-    check_examples_are_batched(model, feed, batch_size)
+    check_examples_are_batched(model, feed, batch_size, what)
     with contextlib.ExitStack() as restore:
         if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
             restore.enter_context(active().eagerly())
         restore.enter_context(call_precision(model, precision))
-        names = checks.DATA_NAMES["x" if kind(x) in STREAMED else "y"]  # the arguments the messages name
+        names = checks.DATA_NAMES["x" if what in STREAMED else "y"]  # the arguments the messages name
         checks.check_input_kinds(keras_private.built_structures(model)[0], model.name, feed, validation, names)
         with strategy.scope():  # built, and what fit reads of the model built (its checks, its run directory)
             specs = feed.element_spec

@@ -13,8 +13,8 @@ from ..trainer.data.sources import feed_for
 from .arguments import WHERE
 
 
-def split_validation(x, y, sample_weight, validation_data, validation_split):
-    """model.fit's validation_split: the last fraction of the arrays (before any shuffling)."""
+def split_validation(x, y, sample_weight, validation_data, validation_split, what):
+    """model.fit's validation_split: the last fraction of the arrays (before any shuffling); ``what``: x's kind."""
     if not validation_split:
         return (x, y, sample_weight), validation_data
     if validation_data is not None:
@@ -22,7 +22,7 @@ def split_validation(x, y, sample_weight, validation_data, validation_split):
     fraction = isinstance(validation_split, (float, int, np.floating, np.integer)) and not isinstance(
         validation_split, bool
     )
-    if kind(x) in STREAMED or not fraction or not 0 < validation_split < 1:
+    if what in STREAMED or not fraction or not 0 < validation_split < 1:
         raise UserError(
             f"{WHERE}: validation_split={validation_split!r} needs arrays and a fraction in (0, 1): "
             f"pass validation_data for a dataset"
@@ -37,13 +37,14 @@ def split_validation(x, y, sample_weight, validation_data, validation_split):
 
 def validation_feed(validation_data, batch_size, trim=0):
     """model.fit's validation data as a feed, cut as ``trim`` says (trim_padding)."""
-    if kind(validation_data) == "generator":
+    what = kind(validation_data)
+    if what == "generator":
         raise Refused(
             "generator-validation",
             f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
             f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
         )
-    if kind(validation_data) in ("dataset", "pydataset"):
+    if what in ("dataset", "pydataset"):
         x, y, weights, batch_size = validation_data, None, None, None  # it gives its own batches
     else:
         x, y, weights = validation_arrays(validation_data)
@@ -61,13 +62,11 @@ def validation_arrays(validation_data) -> tuple:
     return x, y, weights[0] if weights else None
 
 
-def check_examples_are_batched(model, feed, batch_size) -> None:
-    """A dataset without batch_size must give batches: its inputs one axis longer than an example's."""
-    if batch_size is not None or kind(getattr(feed, "batches", None)) != "dataset" or not model.inputs:
+def check_examples_are_batched(model, feed, batch_size, what) -> None:
+    """A stream (x's kind: ``what``) without batch_size must give batches: inputs one axis longer than an example's."""
+    if batch_size is not None or what not in STREAMED or not model.inputs:
         return
-    spec = feed.element_spec
-    x = spec[0] if isinstance(spec, tuple) else spec
-    given, wanted = keras.tree.flatten(x)[0], model.inputs[0]
+    given, wanted = keras.tree.flatten(feed.element_spec)[0], model.inputs[0]  # x leads the element: its first input
     if given.shape.rank is not None and given.shape.rank == len(wanted.shape) - 1:
         raise UserError(
             f"{WHERE}: x gives single examples (its inputs have shape {tuple(given.shape)}, the model takes "

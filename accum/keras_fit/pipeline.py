@@ -30,9 +30,9 @@ def preprocesses(model) -> bool:
     return getattr(model, "preprocessor", None) is not None and callable(getattr(model, "preprocess_samples", None))
 
 
-def task_batches(model, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
-    """(x, validation_data) for a model that ``preprocesses``: datasets of preprocessed batches, the validation
-    data split off the raw arrays first (model.fit's last fraction)."""
+def task_batches(model, what, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
+    """(x, validation_data) for a model that ``preprocesses`` (``x`` of kind ``what``): datasets of preprocessed
+    batches, the validation data split off the raw arrays first (model.fit's last fraction)."""
     if batch_schedule is not None:
         raise Refused(
             "schedule-preprocessor",
@@ -41,8 +41,8 @@ def task_batches(model, x, y, sample_weight, batch_size, validation_data, valida
             f"the model with preprocessor=None",
         )
     # a Python list of examples (strings) is one array to split and slice, not a structure of inputs
-    x, y, sample_weight = (np.asarray(a) if isinstance(a, list) else a for a in (x, y, sample_weight))
-    (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_data, validation_split)
+    arrays = (np.asarray(a) if isinstance(a, list) else a for a in (x, y, sample_weight))
+    (x, y, sample_weight), validation_data = split_validation(*arrays, validation_data, validation_split, what)
     return preprocessed(model, x, y, sample_weight, batch_size), preprocessed_validation(
         model, validation_data, batch_size
     )

@@ -29,17 +29,19 @@ from .stream_feed import DatasetFeed, GeneratorFeed
 
 
 def feed_for(source, *args, **settings):
-    """The feed that serves ``source``, chosen by its ``kind``: a datasets/ split's (the CLI's, ``args``: Feed's
-    order, epoch, segments, k_for, strategy, replica_ids), else the feed of model.fit's arguments (``fed``)."""
-    if kind(source) in ("split", "stream"):
+    """The feed that serves ``source``, chosen by its ``kind`` (asked here once): a datasets/ split's (the CLI's,
+    ``args``: Feed's order, epoch, segments, k_for, strategy, replica_ids), else the feed of model.fit's arguments."""
+    what = kind(source)
+    if what in ("split", "stream"):
         return Feed(source, *args, **settings)
-    return fed(source, *args, **settings)
+    return fed(what, source, *args, **settings)
 
 
-def fed(x, y, weights, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0, schedule=()):
-    """The feed for ``x`` (with ``y`` and sample ``weights`` as model.fit takes them) by its ``kind``; bad input in
+def fed(
+    what, x, y, weights, class_weight, *, batch_size, shuffle, seed, steps_per_epoch, name="x", trim=0, schedule=()
+):
+    """The feed for ``x`` of kind ``what`` (with ``y`` and sample ``weights`` as model.fit takes them); bad input in
     one line. ``trim``: cut each micro-batch's padding (trim_padding); ``schedule``: batch_schedule's (arrays only)."""
-    what = kind(x)
     if schedule and what in STREAMED:
         raise Refused(
             "schedule-stream",
