@@ -145,9 +145,10 @@ def test_same_seed_same_weights():
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
 def test_the_built_in_leaky_relu_has_tensorflow_s_values_and_gradient_bits_from_one_fused_op(dtype):
-    """builtin.leaky_relu's gradient reads its output: the bits of tf.nn.leaky_relu's own gradient (zero and
-    negative inputs included, in every compute precision), and one LeakyReluGrad op, no compare and select."""
-    from accum_train.models.builtin import leaky_relu
+    """builtin.leaky_relu's gradient (the TensorFlow backend's) reads its output: the bits of tf.nn.leaky_relu's own
+    gradient (zero and negative inputs included, in every compute precision), and one LeakyReluGrad op, no compare
+    and select."""
+    from accum_train.backends.tensorflow.builtin import leaky_relu
 
     x = tf.constant(np.concatenate([RNG.normal(size=997), [0.0, -0.0, 1e-30, -1e-30, 3.0]]), dtype)
     upstream = tf.constant(RNG.normal(size=1002), dtype)

@@ -1,4 +1,5 @@
-"""The built-in networks, in TensorLayer: the seed's conv net and a small MLP.
+"""The CLI's built-in networks, in TensorLayer, which only TensorFlow runs (hence here, in the TensorFlow backend):
+the seed's conv net and a small MLP, built by model.name through the seam's ``built_in``.
 
 Both adapt to the dataset's input shape and class count (the conv net through
 its global pooling, the MLP by flattening) and take their normalisation layer
@@ -7,15 +8,13 @@ from ``model.norm`` (``NORM_LAYERS``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d, Input
 
-from ..backends import active
-from ..config import NORM_NAMES, ModelConfig
-from .containers import Model
+from ...config import NORM_NAMES, ModelConfig
+from ...models.containers import Model
+from .norm import AccumBatchNorm, GroupNorm
 
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
@@ -42,8 +41,8 @@ def leaky_relu(features):
 
 # model.norm -> the normalisation layer after a conv (or the MLP's hidden layer), its activation fused in
 NORM_LAYERS = {
-    "batchnorm": lambda cfg, act, index: active().AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
-    "groupnorm": lambda cfg, act, index: active().GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
+    "batchnorm": lambda cfg, act, index: AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
+    "groupnorm": lambda cfg, act, index: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
     "none": None,
 }
 if tuple(NORM_LAYERS) != NORM_NAMES:  # a registry out of step with the config is a bug
@@ -84,18 +83,18 @@ def mlp(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
-def tensorlayer_model(builder) -> Callable:
-    """A registry entry: ``builder``'s TL network as a ``Model``."""
+# model.name -> its TensorLayer network (the registry's other entry, keras_file, is models/keras_file.py's)
+NETS = {"seed_convnet": seed_convnet, "mlp": mlp}
 
-    def build(cfg: ModelConfig, input_shape, num_classes: int) -> Model:
-        network = builder(cfg, input_shape, num_classes)
-        norm_layers = [layer for layer in network.all_layers if isinstance(layer, active().AccumBatchNorm)]
 
-        def forward(images, training: bool):
-            # TL fixes train/eval mode at trace time: the engine traces training and
-            # evaluation as separate tf.functions.
-            return network(images, is_train=training)
+def built_in(cfg: ModelConfig, input_shape, num_classes: int) -> Model:
+    """The built-in net ``cfg.name`` as a ``Model``."""
+    network = NETS[cfg.name](cfg, input_shape, num_classes)
+    norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
 
-        return Model(network=network, forward=forward, norm_layers=norm_layers)
+    def forward(images, training: bool):
+        # TL fixes train/eval mode at trace time: the engine traces training and
+        # evaluation as separate tf.functions.
+        return network(images, is_train=training)
 
-    return build
+    return Model(network=network, forward=forward, norm_layers=norm_layers)
