@@ -14,7 +14,7 @@ import keras
 
 from ..backends import active
 from ..config import MODEL_NAMES, SEED_CHANNELS, ModelConfig
-from .containers import KerasModel, Model
+from .containers import BuiltInNet, KerasModel, Model
 from .keras_file import keras_file
 from .precision import set_precision
 
@@ -34,5 +34,8 @@ def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int, prec
     Keras' layers draw their seed generators' seeds from Python's ``random``
     when the file is loaded, hence Keras' own seeding (it includes TensorFlow's)."""
     keras.utils.set_random_seed(seed)
-    build = BUILDERS[cfg.name] or active().built_in
-    return set_precision(build(cfg, tuple(input_shape), int(num_classes)), precision)
+    shape, classes = tuple(input_shape), int(num_classes)
+    if BUILDERS[cfg.name]:
+        return set_precision(BUILDERS[cfg.name](cfg, shape, classes), precision)
+    net = BuiltInNet(cfg.name, cfg.norm, cfg.norm_channels, cfg.hidden, cfg.bn_momentum, cfg.groups)
+    return set_precision(active().built_in(net, shape, classes), precision)

@@ -12,8 +12,7 @@ import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d, Input
 
-from ...config import NORM_NAMES, ModelConfig
-from ...models.containers import Model
+from ...models.containers import BuiltInNet, Model
 from .norm import AccumBatchNorm, GroupNorm
 
 SEED_STRIDES = (2, 2, 1, 1, 1)
@@ -41,19 +40,17 @@ def leaky_relu(features):
 
 # model.norm -> the normalisation layer after a conv (or the MLP's hidden layer), its activation fused in
 NORM_LAYERS = {
-    "batchnorm": lambda cfg, act, index: AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
-    "groupnorm": lambda cfg, act, index: GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
+    "batchnorm": lambda net, act, index: AccumBatchNorm(decay=net.bn_momentum, act=act, name=f"bn{index}"),
+    "groupnorm": lambda net, act, index: GroupNorm(net.groups, act=act, name=f"gn{index}"),
     "none": None,
 }
-if tuple(NORM_LAYERS) != NORM_NAMES:  # a registry out of step with the config is a bug
-    raise ImportError(f"norm layers {tuple(NORM_LAYERS)} != config.NORM_NAMES {NORM_NAMES}")
 
 
-def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
+def seed_convnet(spec: BuiltInNet, input_shape, num_classes: int) -> tl.models.Model:
     """The seed's network: 5 x (3x3 conv, no bias; norm; leaky ReLU), mean pool, dense."""
-    use_norm = cfg.norm != "none"
+    use_norm = spec.norm != "none"
     net = inputs = Input([None, *input_shape], name="images")
-    for i, (width, stride) in enumerate(zip(cfg.norm_channels, SEED_STRIDES), start=1):
+    for i, (width, stride) in enumerate(zip(spec.channels, SEED_STRIDES), start=1):
         net = Conv2d(
             width,
             (3, 3),
@@ -64,21 +61,21 @@ def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.M
             name=f"conv{i}",
         )(net)
         if use_norm:
-            net = NORM_LAYERS[cfg.norm](cfg, leaky_relu, i)(net)
+            net = NORM_LAYERS[spec.norm](spec, leaky_relu, i)(net)
     net = GlobalMeanPool2d(name="pool")(net)
     net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
-def mlp(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
+def mlp(spec: BuiltInNet, input_shape, num_classes: int) -> tl.models.Model:
     """Flattened input -> hidden (ReLU, optional norm) -> classes."""
     net = inputs = Input([None, *input_shape], name="images")
     net = Flatten(name="flatten")(net)
-    if cfg.norm != "none":
-        net = Dense(cfg.hidden, b_init=None, name="hidden")(net)
-        net = NORM_LAYERS[cfg.norm](cfg, tf.nn.relu, "_hidden")(net)
+    if spec.norm != "none":
+        net = Dense(spec.hidden, b_init=None, name="hidden")(net)
+        net = NORM_LAYERS[spec.norm](spec, tf.nn.relu, "_hidden")(net)
     else:
-        net = Dense(cfg.hidden, act=tf.nn.relu, name="hidden")(net)
+        net = Dense(spec.hidden, act=tf.nn.relu, name="hidden")(net)
     net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
@@ -87,9 +84,9 @@ def mlp(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
 NETS = {"seed_convnet": seed_convnet, "mlp": mlp}
 
 
-def built_in(cfg: ModelConfig, input_shape, num_classes: int) -> Model:
-    """The built-in net ``cfg.name`` as a ``Model``."""
-    network = NETS[cfg.name](cfg, input_shape, num_classes)
+def built_in(spec: BuiltInNet, input_shape, num_classes: int) -> Model:
+    """The built-in net ``spec.name`` as a ``Model``."""
+    network = NETS[spec.name](spec, input_shape, num_classes)
     norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
 
     def forward(images, training: bool):
