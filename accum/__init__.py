@@ -24,9 +24,9 @@ __all__ = ["Progress", "UserError", "__version__", "fit", "run"]
 
 
 def __getattr__(name):
-    # accum_train.fit imports TensorFlow and Keras: only when it is first used (the CLI starts without them)
+    # accum_train.fit imports Keras (and, past its door, TensorFlow): only when first used (the CLI starts without them)
     if name == "fit":
-        from .keras_fit import fit
+        from .keras_fit.fit import fit
 
         return fit
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

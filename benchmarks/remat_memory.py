@@ -34,7 +34,7 @@ def serve(args) -> None:
     import keras_hub
     import numpy as np
     from accum_train.backends.tensorflow.backend import peak_during
-    from accum_train.keras_fit.fit import _ENGINES
+    from accum_train.keras_fit.train import _ENGINES
     from accum_train.trainer.memory import rematerialiser
 
     keras.utils.set_random_seed(0)

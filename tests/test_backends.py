@@ -6,10 +6,11 @@ imports a backend's folder: the objective, the Keras objective, the evaluation, 
 trim check, BatchNorm pooling (and the TensorLayer nets' norm layers) and the checkpoint manager are the backend's,
 reached through ``active()``.
 
-Still speaking TensorFlow outside accum/backends/, the feed with its sources' feeds (trainer/data/) and trim_padding's
-cut (tf.data stays the data layer: Keras reads it on every backend) and datasets/, the next to move
-(``STILL_SPEAKING``, held equal to what the sources import):
-- models/: builtin (TensorLayer, which only TensorFlow runs);
+Nothing speaks TensorFlow outside accum/backends/, the feed with its sources' feeds (trainer/data/) and trim_padding's
+cut (tf.data stays the data layer: Keras reads it on every backend) and datasets/ (``STILL_SPEAKING``, held equal to
+what the sources import, is empty): the TensorLayer nets, which only TensorFlow runs, are its backend's (builtin.py,
+``active().built_in``), and accum_train.fit's door (keras_fit/fit.py) loads the Trainer's path, which reads tf.data,
+only on a backend that trains under the Trainer (test_jax_backend.py trains on JAX with TensorFlow unimportable).
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
 gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
 TensorFlow's environment before Keras loads it.
@@ -45,6 +46,8 @@ CLEAN = [
     "accum/backends/__init__.py",
     *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
     "accum/keras_fit/checks.py",
+    "accum/keras_fit/fit.py",
+    "accum/models/__init__.py",
     "accum/keras_fit/fit_hooks.py",
     "accum/keras_fit/inputs.py",
     "accum/keras_fit/rundir.py",
@@ -56,9 +59,7 @@ DATA_LAYER = {
     f"{PACKAGE}.keras_fit.pipeline",
 }
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
-STILL_SPEAKING = {
-    f"{PACKAGE}.models.builtin",
-}
+STILL_SPEAKING: set[str] = set()
 
 
 def module_of(path: str) -> str:

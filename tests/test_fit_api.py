@@ -619,7 +619,7 @@ def test_under_xla_the_micro_steps_run_one_at_a_time(jit_compile, monkeypatch):
 def test_under_xla_the_optimizers_apply_is_compiled_too(jit_compile):
     """As model.fit's jitted train step applies the optimizer inside its XLA cluster: one compiled apply per set of
     variables the loss reaches, traced once."""
-    from accum_train.keras_fit.fit import _ENGINES
+    from accum_train.keras_fit.train import _ENGINES
 
     model = jit_classifier(jit_compile, False)
     accum_train.fit(model, X, LABELS, BATCH, 2, subdivisions=4, verbose=0)
@@ -712,7 +712,7 @@ def test_a_mixed_float16_update_that_overflows_is_skipped_and_halves_the_scale()
     accum_train.fit(
         model, X, Y * 30, batch_size=BATCH, subdivisions=3, epochs=2, shuffle=False, verbose=0, callbacks=[Watch()]
     )
-    engine = next(iter(importlib.import_module("accum_train.keras_fit.fit")._ENGINES[model].values()))[0]
+    engine = next(iter(importlib.import_module("accum_train.keras_fit.train")._ENGINES[model].values()))[0]
     skipped = int(engine.skipped_updates.numpy())
     assert 1 <= skipped < 8 and int(model.optimizer.iterations.numpy()) == 8 - skipped
     assert float(engine.loss_scale.numpy()) == 2.0**15 / 2**skipped

@@ -179,7 +179,7 @@ def test_one_graph_per_micro_batch_size_and_one_for_every_unknown_size():
     """The pulls of an update are a tensor: the graph traced for a micro-batch size (feed.sized) serves every update
     of that size whatever its k, and the graph of an unknown size serves every k but 1: one micro-batch in all
     skips the caches, in a graph of its own."""
-    from accum_train.keras_fit.fit import _ENGINES
+    from accum_train.keras_fit.train import _ENGINES
     from accum_train.trainer.data.batching import Cut
     from accum_train.trainer.data.sources import feed_for
 

@@ -373,7 +373,7 @@ def test_more_than_one_replica_is_refused():
 
 
 def test_the_validation_arrays_are_cut_as_the_training_ones(monkeypatch):
-    fit_module = importlib.import_module("accum_train.keras_fit.fit")  # the package's ``fit`` is the function
+    fit_module = importlib.import_module("accum_train.keras_fit.train")  # where accum_train.fit trains
     made = []
 
     def recorded(*args, **kwargs):

@@ -81,13 +81,68 @@ print("CASES " + json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def cases():
+# issue 76's install without TensorFlow: a finder put in place before accum_train is imported refuses tensorflow and
+# tensorlayer as if neither were installed; accum_train.fit then trains on arrays, against Keras' own model.fit
+WITHOUT_TENSORFLOW = r"""
+import importlib.abc, json, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorlayer"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Absent())
+import numpy as np, keras, accum_train
+from accum_train.config import ModelConfig
+from accum_train.errors import UserError
+from accum_train.models import build_model
+
+def mlp():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).astype("float32")
+ours, keras_own = mlp(), mlp()
+accum_train.fit(ours, x, y, batch_size=10, subdivisions=3, epochs=2, shuffle=False, verbose=0)
+keras_own.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+out = {"arrays": [float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights())]}
+out["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), mlp().get_weights()))
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return x[10 * i : 10 * i + 10], y[10 * i : 10 * i + 10]
+
+sources = {"generator": lambda: iter([(x[:10], y[:10])]), "PyDataset": Batches, "built-in net": None}
+for name, source in sources.items():
+    try:
+        if source is None:
+            build_model(ModelConfig(name="mlp"), 0, (5,), 3)
+        else:
+            accum_train.fit(mlp(), source(), subdivisions=2, shuffle=False, verbose=0)
+    except UserError as err:
+        out[name] = str(err)
+out["tensorflow loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorlayer"))
+print("CASES " + json.dumps(out))
+"""
+
+
+def child(code):
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", CASES], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     line = next((line for line in done.stdout.splitlines() if line.startswith("CASES ")), None)
     assert line is not None, done.stderr[-3000:]
     return json.loads(line.removeprefix("CASES "))
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return child(CASES)
 
 
 @pytest.mark.parametrize("case", ["mse k=3", "weighted mean k=4", "micro_batch_size=4"])
@@ -120,3 +175,43 @@ def test_the_jax_accumulator_answers_the_engine_protocol(cases):
 
 def test_an_update_accumulated_and_finished_in_two_calls_is_the_one_call_s_bits(cases):
     assert cases["accumulate, finish"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def without_tensorflow():
+    return child(WITHOUT_TENSORFLOW)
+
+
+def test_fit_trains_on_jax_where_tensorflow_is_not_installed(without_tensorflow):
+    """Two epochs of three updates on arrays, each of 3 micro-batches: Keras' own whole-batch model.fit's weights."""
+    assert max(without_tensorflow["arrays"]) < 1e-5 and without_tensorflow["moved"] > 1e-2
+    assert without_tensorflow["tensorflow loaded"] == []
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("generator", f"accum_train.fit: data other than numpy arrays x, y (and sample_weight) {LATER}"),
+        ("PyDataset", f"accum_train.fit: data other than numpy arrays x, y (and sample_weight) {LATER}"),
+        (
+            "built-in net",
+            "model.name=mlp is a TensorLayer net, which only TensorFlow runs: train it with KERAS_BACKEND=tensorflow",
+        ),
+    ],
+)
+def test_what_needs_more_than_the_jax_door_is_refused_in_one_line_without_tensorflow(without_tensorflow, case, message):
+    assert without_tensorflow[case] == message
+
+
+def test_the_cli_on_jax_is_refused_in_one_line(tmp_path, repo_root):
+    """`KERAS_BACKEND=jax accum-train run configs/smoke.yaml` (the built-in seed_convnet): the CLI has no door on JAX
+    yet, and the first call it makes of the seam says so, exit 2, no traceback. The lines TensorFlow prints as it loads
+    may come first: the CLI's feed loads it, which Keras' quiet import does not on JAX."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    command = ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(tmp_path / "run"), "--quiet"]
+    done = subprocess.run(
+        [sys.executable, "-m", "accum_train.cli.main", *command], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert (done.returncode, done.stdout, "Traceback" in done.stderr) == (2, "", False)
+    assert done.stderr.splitlines()[-1] == f"error: accum-train's 'has_gpu' {LATER}"
+    assert not (tmp_path / "run").exists()

@@ -240,6 +240,24 @@ def test_a_backend_imports_only_its_folder_the_leaves_and_the_update_s_pieces():
     assert {name: found for name, found in wrong.items() if found} == {}
 
 
+def test_the_config_stops_at_the_front_ends():
+    """Issue 75: the front ends turn the config into door-neutral values; nothing of the Trainer (trainer/) or of
+    a backend imports config/ or takes a ``cfg``."""
+    modules = sources()
+    inside = {name: path for name, path in modules.items() if name.startswith((f"{PACKAGE}.trainer", f"{SEAM}."))}
+    config = f"{PACKAGE}.config"
+    importing = sorted(name for name, path in inside.items() if config in imports(path, name, modules))
+    taking = sorted(
+        f"{name}:{getattr(node, 'name', 'lambda')}"
+        for name, path in inside.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        and "cfg" in {argument.arg for argument in (*node.args.args, *node.args.kwonlyargs)}
+    )
+    assert len(inside) > 40  # trainer/ and the backends are there to check
+    assert (importing, taking) == ([], [])
+
+
 def test_no_import_circle():
     """Not at module level, and not through the imports inside functions either: a function-level import that
     closes a circle still drags one layer's modules into the other's processes (the training process into the

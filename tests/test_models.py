@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorlayer as tl
+from accum_train.backends.tensorflow.builtin import NORM_LAYERS
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.norm import AccumBatchNorm
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
-from accum_train.config import MODEL_NAMES, ModelConfig, OptimizerConfig
+from accum_train.config import MODEL_NAMES, NORM_NAMES, ModelConfig, OptimizerConfig
 from accum_train.from_config.optim import make_optimizer
 from accum_train.models import BUILDERS, build_model
 
@@ -145,9 +146,10 @@ def test_same_seed_same_weights():
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
 def test_the_built_in_leaky_relu_has_tensorflow_s_values_and_gradient_bits_from_one_fused_op(dtype):
-    """builtin.leaky_relu's gradient reads its output: the bits of tf.nn.leaky_relu's own gradient (zero and
-    negative inputs included, in every compute precision), and one LeakyReluGrad op, no compare and select."""
-    from accum_train.models.builtin import leaky_relu
+    """builtin.leaky_relu's gradient (the TensorFlow backend's) reads its output: the bits of tf.nn.leaky_relu's own
+    gradient (zero and negative inputs included, in every compute precision), and one LeakyReluGrad op, no compare
+    and select."""
+    from accum_train.backends.tensorflow.builtin import leaky_relu
 
     x = tf.constant(np.concatenate([RNG.normal(size=997), [0.0, -0.0, 1e-30, -1e-30, 3.0]]), dtype)
     upstream = tf.constant(RNG.normal(size=1002), dtype)
@@ -168,3 +170,8 @@ def test_the_built_in_leaky_relu_has_tensorflow_s_values_and_gradient_bits_from_
     graph = ours.get_concrete_function(x, upstream).graph.as_graph_def()
     ops = [node.op for f in graph.library.function for node in f.node_def] + [node.op for node in graph.node]
     assert "LeakyReluGrad" in ops and "Greater" not in ops and "SelectV2" not in ops
+
+
+def test_the_backend_builds_every_norm_the_config_names():
+    # the registry check that stood beside the nets: the backend takes no config, so the test holds the two together
+    assert tuple(NORM_LAYERS) == NORM_NAMES

@@ -277,7 +277,7 @@ def test_bfloat16_weights_accumulate_in_float32_and_land_closer_to_float32_than_
         gradient_accumulation_steps=k,
     )
     assert ours.trainable_variables[0].dtype == "bfloat16"
-    from accum_train.keras_fit.fit import _ENGINES
+    from accum_train.keras_fit.train import _ENGINES
 
     (engine, _), *_ = _ENGINES[ours].values()
     assert [slot.dtype for cache in engine.caches for slot in cache.slots] == [tf.float32]

@@ -75,6 +75,7 @@ class Backend(Protocol):
     Augment: Callable[..., Any]  # Augment(flip, crop, seed): data.augment's draws inside the micro-step
 
     def accumulator_for(self, model, objective, optimizer, *, subdivisions: int, **options) -> Engine: ...
+    def built_in(self, spec, input_shape, num_classes: int) -> Any: ...  # a BuiltInNet's TensorLayer net, as a Model
     def classifier(self, forward: Callable) -> Any: ...  # the built-in objective: cross-entropy of forward's logits
     # refuses trim_padding where the cut changes the update (its first batch's shortest micro-batch, whole and cut)
     def check_trim(self, objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None): ...

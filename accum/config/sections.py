@@ -61,8 +61,8 @@ def section(prefix: str):
     return make
 
 
-# seed_convnet's channels at width 1.0 (models/builtin.py builds from them; groupnorm's groups are checked
-# against them).
+# seed_convnet's channels at width 1.0 (the TensorFlow backend's builtin.py builds from them; groupnorm's groups
+# are checked against them).
 SEED_CHANNELS = (128, 256, 384, 512, 640)
 
 

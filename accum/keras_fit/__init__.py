@@ -1,5 +1,1 @@
-"""accum_train.fit: model.fit with exact gradient accumulation, for any Keras 3 model, loss and data."""
-
-from .fit import fit
-
-__all__ = ["fit"]
+"""accum_train.fit: model.fit with exact gradient accumulation, for any Keras 3 model, loss and data (fit.py)."""

@@ -242,7 +242,7 @@ def _ran_out() -> None:
     warnings.warn(  # model.fit's words
         "Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
         "generate at least `steps_per_epoch * epochs` batches.",
-        stacklevel=5,  # the line of keras_fit/fit.py that runs the loop, as before the loop was shared
+        stacklevel=5,  # the line of keras_fit/train.py that runs the loop, as before the loop was shared
     )
 
 

@@ -1,33 +1,27 @@
-"""Models: the seed's conv net and a small MLP (TensorLayer), or your own Keras 3
-model from a .keras file, each as a ``Model`` the engine can train.
+"""Models: the seed's conv net and a small MLP (TensorLayer, which only TensorFlow runs: the backend builds them,
+``active().built_in``), or your own Keras 3 model from a .keras file, each as a ``Model`` the engine can train.
 
 ``build_model(cfg, ...)`` returns a ``Model``: the network, a ``forward(x, training)`` that gives logits, the
 variables to train and to checkpoint, and the norm layers whose moving statistics the engine moves once per update
 (the backend's ``AccumBatchNorm`` and ``pool``). One module per job: ``containers`` (``Model``, ``KerasModel``),
-``builtin`` (the TensorLayer networks), ``keras_file`` (loading and checking your file), ``keras_loss`` (it
-compiled with a Keras loss, taken apart), ``precision`` (mixed-precision compute).
+``keras_file`` (loading and checking your file), ``keras_loss`` (it compiled with a Keras loss, taken apart),
+``precision`` (mixed-precision compute).
 """
 
 from __future__ import annotations
 
 import keras
 
+from ..backends import active
 from ..config import MODEL_NAMES, SEED_CHANNELS, ModelConfig
-from .builtin import SEED_STRIDES, mlp, seed_convnet, tensorlayer_model
-from .containers import KerasModel, Model
+from .containers import BuiltInNet, KerasModel, Model
 from .keras_file import keras_file
 from .precision import set_precision
 
-__all__ = [
-    "BUILDERS",
-    "SEED_CHANNELS",
-    "SEED_STRIDES",
-    "KerasModel",
-    "Model",
-    "build_model",
-]
+__all__ = ["BUILDERS", "SEED_CHANNELS", "KerasModel", "Model", "build_model"]
 
-BUILDERS = {"seed_convnet": tensorlayer_model(seed_convnet), "mlp": tensorlayer_model(mlp), "keras_file": keras_file}
+# None: a built-in net, which the backend builds (TensorLayer's, which only TensorFlow runs: JAX's refuses it)
+BUILDERS = {"seed_convnet": None, "mlp": None, "keras_file": keras_file}
 if tuple(BUILDERS) != MODEL_NAMES:  # a registry out of step with the config is a bug
     raise ImportError(f"model registry {tuple(BUILDERS)} != config.MODEL_NAMES {MODEL_NAMES}")
 
@@ -40,4 +34,8 @@ def build_model(cfg: ModelConfig, seed: int, input_shape, num_classes: int, prec
     Keras' layers draw their seed generators' seeds from Python's ``random``
     when the file is loaded, hence Keras' own seeding (it includes TensorFlow's)."""
     keras.utils.set_random_seed(seed)
-    return set_precision(BUILDERS[cfg.name](cfg, tuple(input_shape), int(num_classes)), precision)
+    shape, classes = tuple(input_shape), int(num_classes)
+    if BUILDERS[cfg.name]:
+        return set_precision(BUILDERS[cfg.name](cfg, shape, classes), precision)
+    net = BuiltInNet(cfg.name, cfg.norm, cfg.norm_channels, cfg.hidden, cfg.bn_momentum, cfg.groups)
+    return set_precision(active().built_in(net, shape, classes), precision)

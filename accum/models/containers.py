@@ -16,6 +16,18 @@ import keras
 from ..keras_private import storage
 
 
+@dataclass(frozen=True)
+class BuiltInNet:
+    """What the backend builds a built-in net from: model.* of the config, read once by the front end."""
+
+    name: str  # seed_convnet or mlp
+    norm: str  # batchnorm, groupnorm or none
+    channels: tuple[int, ...]  # of each normalised layer (model.norm_channels)
+    hidden: int  # the MLP's hidden units
+    bn_momentum: float
+    groups: int
+
+
 @dataclass
 class Model:
     """A TensorLayer network and what the engine needs to train it."""

@@ -55,6 +55,12 @@ def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options
     return Accumulator(model, objective, optimizer, subdivisions=subdivisions)
 
 
+def built_in(spec, *_):
+    """The CLI's built-in nets are TensorLayer's, which only TensorFlow runs: not a later step, never here."""
+    tensorflow = "train it with KERAS_BACKEND=tensorflow"
+    raise UserError(f"model.name={spec.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}")
+
+
 def fit(model, given: dict) -> keras.callbacks.History:
     """accum_train.fit's plain case on JAX; ``given``: its arguments by name (fit.py's)."""
     for name, value in given.items():

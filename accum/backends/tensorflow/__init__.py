@@ -3,4 +3,4 @@
 all-reduce; ``update``: the apply or skip, loss scale, skip counters), its ``gradient_cache`` and ``graphs`` run the
 update on the objective's sums (``objective``, ``keras_objective``), with the noise terms (``noise``); ``scoring``
 evaluates, ``trim`` checks trim_padding's cut, ``checkpoints`` saves and restores, ``distribute`` answers what the
-trainer asks of a strategy. Nothing is imported here."""
+trainer asks of a strategy; ``builtin`` holds the CLI's TensorLayer nets. Nothing is imported here."""

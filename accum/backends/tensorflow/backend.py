@@ -53,6 +53,7 @@ __all__ = [
     "accumulator_for",
     "allocator_peak_bytes",
     "batch_spec",
+    "built_in",  # noqa: F822 (LATER)
     "cache_line",
     "check_trim",
     "checkpoint_problem",
@@ -82,9 +83,9 @@ __all__ = [
     "strategy_name",
 ]
 
-# norm.py imports TensorLayer, which starts TensorFlow's runtime: once it runs, no strategy can split the CPU into
-# devices (make_strategy, strategy.cpu_devices), so norm's names load when first asked for
-LATER = dict.fromkeys(("AccumBatchNorm", "GroupNorm", "pool", "pooled"), ".norm")
+# norm.py and builtin.py import TensorLayer, which starts TensorFlow's runtime: once it runs, no strategy can split
+# the CPU into devices (make_strategy, strategy.cpu_devices), so their names load when first asked for
+LATER = {**dict.fromkeys(("AccumBatchNorm", "GroupNorm", "pool", "pooled"), ".norm"), "built_in": ".builtin"}
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""The built-in networks, in TensorLayer: the seed's conv net and a small MLP.
+"""The CLI's built-in networks, in TensorLayer, which only TensorFlow runs (hence here, in the TensorFlow backend):
+the seed's conv net and a small MLP, built by model.name through the seam's ``built_in``.
 
 Both adapt to the dataset's input shape and class count (the conv net through
 its global pooling, the MLP by flattening) and take their normalisation layer
@@ -7,15 +8,12 @@ from ``model.norm`` (``NORM_LAYERS``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import tensorflow as tf
 import tensorlayer as tl
 from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d, Input
 
-from ..backends import active
-from ..config import NORM_NAMES, ModelConfig
-from .containers import Model
+from ...models.containers import BuiltInNet, Model
+from .norm import AccumBatchNorm, GroupNorm
 
 SEED_STRIDES = (2, 2, 1, 1, 1)
 
@@ -42,19 +40,17 @@ def leaky_relu(features):
 
 # model.norm -> the normalisation layer after a conv (or the MLP's hidden layer), its activation fused in
 NORM_LAYERS = {
-    "batchnorm": lambda cfg, act, index: active().AccumBatchNorm(decay=cfg.bn_momentum, act=act, name=f"bn{index}"),
-    "groupnorm": lambda cfg, act, index: active().GroupNorm(cfg.groups, act=act, name=f"gn{index}"),
+    "batchnorm": lambda net, act, index: AccumBatchNorm(decay=net.bn_momentum, act=act, name=f"bn{index}"),
+    "groupnorm": lambda net, act, index: GroupNorm(net.groups, act=act, name=f"gn{index}"),
     "none": None,
 }
-if tuple(NORM_LAYERS) != NORM_NAMES:  # a registry out of step with the config is a bug
-    raise ImportError(f"norm layers {tuple(NORM_LAYERS)} != config.NORM_NAMES {NORM_NAMES}")
 
 
-def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
+def seed_convnet(spec: BuiltInNet, input_shape, num_classes: int) -> tl.models.Model:
     """The seed's network: 5 x (3x3 conv, no bias; norm; leaky ReLU), mean pool, dense."""
-    use_norm = cfg.norm != "none"
+    use_norm = spec.norm != "none"
     net = inputs = Input([None, *input_shape], name="images")
-    for i, (width, stride) in enumerate(zip(cfg.norm_channels, SEED_STRIDES), start=1):
+    for i, (width, stride) in enumerate(zip(spec.channels, SEED_STRIDES), start=1):
         net = Conv2d(
             width,
             (3, 3),
@@ -65,37 +61,37 @@ def seed_convnet(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.M
             name=f"conv{i}",
         )(net)
         if use_norm:
-            net = NORM_LAYERS[cfg.norm](cfg, leaky_relu, i)(net)
+            net = NORM_LAYERS[spec.norm](spec, leaky_relu, i)(net)
     net = GlobalMeanPool2d(name="pool")(net)
     net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
-def mlp(cfg: ModelConfig, input_shape, num_classes: int) -> tl.models.Model:
+def mlp(spec: BuiltInNet, input_shape, num_classes: int) -> tl.models.Model:
     """Flattened input -> hidden (ReLU, optional norm) -> classes."""
     net = inputs = Input([None, *input_shape], name="images")
     net = Flatten(name="flatten")(net)
-    if cfg.norm != "none":
-        net = Dense(cfg.hidden, b_init=None, name="hidden")(net)
-        net = NORM_LAYERS[cfg.norm](cfg, tf.nn.relu, "_hidden")(net)
+    if spec.norm != "none":
+        net = Dense(spec.hidden, b_init=None, name="hidden")(net)
+        net = NORM_LAYERS[spec.norm](spec, tf.nn.relu, "_hidden")(net)
     else:
-        net = Dense(cfg.hidden, act=tf.nn.relu, name="hidden")(net)
+        net = Dense(spec.hidden, act=tf.nn.relu, name="hidden")(net)
     net = Dense(num_classes, name="logits")(net)
     return tl.models.Model(inputs=inputs, outputs=net)
 
 
-def tensorlayer_model(builder) -> Callable:
-    """A registry entry: ``builder``'s TL network as a ``Model``."""
+# model.name -> its TensorLayer network (the registry's other entry, keras_file, is models/keras_file.py's)
+NETS = {"seed_convnet": seed_convnet, "mlp": mlp}
 
-    def build(cfg: ModelConfig, input_shape, num_classes: int) -> Model:
-        network = builder(cfg, input_shape, num_classes)
-        norm_layers = [layer for layer in network.all_layers if isinstance(layer, active().AccumBatchNorm)]
 
-        def forward(images, training: bool):
-            # TL fixes train/eval mode at trace time: the engine traces training and
-            # evaluation as separate tf.functions.
-            return network(images, is_train=training)
+def built_in(spec: BuiltInNet, input_shape, num_classes: int) -> Model:
+    """The built-in net ``spec.name`` as a ``Model``."""
+    network = NETS[spec.name](spec, input_shape, num_classes)
+    norm_layers = [layer for layer in network.all_layers if isinstance(layer, AccumBatchNorm)]
 
-        return Model(network=network, forward=forward, norm_layers=norm_layers)
+    def forward(images, training: bool):
+        # TL fixes train/eval mode at trace time: the engine traces training and
+        # evaluation as separate tf.functions.
+        return network(images, is_train=training)
 
-    return build
+    return Model(network=network, forward=forward, norm_layers=norm_layers)

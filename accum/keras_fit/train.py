@@ -1,0 +1,262 @@
+"""accum_train.fit on the Trainer, past its door (fit.py): the arguments resolved into a feed (trainer/data/, tf.data),
+the compiled loss taken apart into an engine built once per model and setting, hooks and a run directory."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from pathlib import Path
+
+import keras
+
+from .. import keras_private
+from ..backends import active
+from ..defaults import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
+from ..errors import Refused, UserError
+from ..keras_private import all_layers
+from ..models.precision import call_precision
+from ..trainer.data.batching import Cut
+from ..trainer.data.feed import STREAMED, kind
+from ..trainer.data.sources import feed_for
+from ..trainer.data.trim import check_trimmable, trim_multiple
+from ..trainer.trainer import Trainer, build_engine
+from . import checks
+from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, schedule_of, strategy_of, train_spec
+from .fit_hooks import FitHooks
+from .history import FitHistory
+from .inputs import check_examples_are_batched, split_validation, validation_feed
+from .pipeline import preprocesses, task_batches
+from .rundir import FitRunDir
+
+
+def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
+          class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size,
+          validation_freq, subdivisions, micro_batch_size, trim_padding, seed, precision, strategy, output_dir,
+          max_bad_steps, memory_limit, batch_schedule, optimizer, learning_rate):  # fmt: skip
+    """accum_train.fit's arguments (fit.py's, checked there), trained on ``model``; model.fit's History."""
+    strategy = strategy_of(model, strategy)
+    seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and run.json take these
+    what = kind(x)  # what x is (arrays, a dataset, a generator...), asked once: the steps below are handed it
+    # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
+    labelled = checks.held_targets(what, y, validation_data)  # before the split too: y's tail is validated on
+    if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
+        raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
+        x, validation_data = task_batches(model, what, *raw)
+        what, y, sample_weight, batch_size = "dataset", None, None, None  # x: preprocessed batches, a tf.data.Dataset
+        validation_split = 0.0
+    limit = memory_limit_of(memory_limit)
+    schedule, rule = schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
+    if schedule:
+        batch_size = schedule[0][1]
+    trim = trim_multiple(trim_padding, WHERE)
+    if trim:
+        check_trimmable(model, strategy.num_replicas_in_sync, WHERE)
+    if precision is not None and precision not in PRECISIONS:
+        raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
+    if shuffle not in (True, False, "batch"):
+        raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    (x, y, sample_weight), validation_data = split_validation(
+        x, y, sample_weight, validation_data, validation_split, what
+    )
+    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and what not in STREAMED)
+    compile_if_needed(model, strategy, optimizer, learning_rate, labelled)
+    if class_weight is not None and len(model.outputs or [None]) > 1:
+        raise Refused(
+            "class-weight-outputs",
+            f"{WHERE}: class_weight is only supported for a model with one output (this one has "
+            f"{len(model.outputs)}): pass sample_weight per output instead",
+        )
+    checks.check_class_weight(class_weight, sample_weight)
+    settings = dict(
+        batch_size=batch_size, shuffle=shuffle, seed=seed, steps_per_epoch=steps_per_epoch, schedule=schedule
+    )
+    feed = feed_for(x, y, sample_weight, class_weight, trim=trim, **settings)
+    replicas = strategy.num_replicas_in_sync
+    nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
+    smallest = min([size for _, size in schedule] or [feed.batch_size or 0])
+    if subdivisions is not None and feed.batch_size is not None and subdivisions > smallest:
+        raise UserError(
+            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={smallest} "
+            f"(a micro-batch holds at least one example)"
+        )
+    auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
+    if auto and feed.once:
+        raise Refused(
+            "auto-generator",
+            f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
+            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
+        )
+    validation = None
+    if validation_data is not None:
+        if type(model).test_step is not keras.Model.test_step:
+            raise Refused(
+                "own-test-step",
+                f"{WHERE}: model {model.name!r} overrides test_step, which accum_train.fit's validation does not "
+                f"call (it evaluates the compiled loss and metrics itself): leave validation out and call "
+                f"model.evaluate, or train with model.fit",
+            )
+        validation = validation_feed(validation_data, validation_batch_size or feed.batch_size, trim)
+
+    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
+
+    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size (the trainer's one rule)
+        return spec.micro.k_for(size, replicas)
+
+    k = 1 if auto else k_for(nominal)
+    cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
+    check_examples_are_batched(model, feed, batch_size, what)
+    with contextlib.ExitStack() as restore:
+        if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
+            restore.enter_context(active().eagerly())
+        restore.enter_context(call_precision(model, precision))
+        names = checks.DATA_NAMES["x" if what in STREAMED else "y"]  # the arguments the messages name
+        checks.check_input_kinds(keras_private.built_structures(model)[0], model.name, feed, validation, names)
+        with strategy.scope():  # built, and what fit reads of the model built (its checks, its run directory)
+            specs = feed.element_spec
+            inputs = checks.inputs_of(specs)
+            facts = checks.as_user_error(model, specs, names, keras_private.built, model, inputs, specs)
+        checks.check_labels(model.name, facts, class_weight, labelled)
+        key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
+        built = _ENGINES.get(model, {}).get(key)
+        if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
+            adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
+            built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
+            _ENGINES[model] = {key: built}
+            if verbose:  # what training holds beyond the model, said once per built engine
+                print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
+        else:
+            restore.enter_context(active().pooled(model, strategy, built[0].norm_layers))
+            built[0].hold()
+        engine, evaluation = built
+        engine.set_subdivisions(k)
+        restore.callback(engine.release)
+        say = print if verbose else (lambda line: None)
+        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
+        if schedule:  # k for each batch in force
+            loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
+        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
+        directory = None
+        if output_dir is not None:
+            described = dict(
+                batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
+            )
+            if getattr(feed, "examples", None) is not None:  # arrays: the order and the epoch's updates follow them
+                described["examples"] = feed.examples
+            if schedule:  # a directory of a call without one records no such key
+                described["batch_schedule"] = (
+                    {"max_batch_size": rule.max_batch_size, "every_epochs": rule.every_epochs}
+                    if rule
+                    else [[e + 1, size] for e, size in schedule]
+                )
+            directory = FitRunDir(Path(output_dir), model, facts, engine, loop.noise, described, say, loop.rule_tracked)
+            loop.checkpoints = directory
+        history = FitHistory()
+
+        def drive(stop):
+            loop.stop = stop
+            if directory is not None:
+                loop.follow_restored_rule()
+                history.earlier = directory.earlier_epochs()
+            if auto:  # the k the probe chose, or a resume had come to
+                loop.cut = Cut(engine.k, replicas, cut.local)
+            loop.run(
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
+                verbose=verbose,
+                validation_freq=validation_freq,
+                validation_steps=validation_steps,
+                start=directory.start if directory is not None else (0, 0),
+            )
+
+        # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the
+        # probe measures a micro-step's memory, not its loss)
+        first = keras.utils.unpack_x_y_sample_weight(feed.first_batch())[:2]
+        loop.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
+    return history
+
+
+# model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tuple:
+    """What a built engine depends on: a later call that matches all of it reuses the engine and its traced
+    graphs (a compile() makes a new optimizer and loss, a trainable flag another variable list)."""
+    return (
+        id(strategy),
+        id(model.optimizer),
+        id(keras_private.compile_loss(model)),
+        id(keras_private.compile_metrics(model)),
+        k,
+        nominal,
+        precision,
+        repr(feed.element_spec),
+        feed.steps,  # trim_padding's uncut length, which the loss may divide by
+        None if validation is None else (repr(validation.element_spec), validation.steps),
+        tuple(id(v) for v in model.trainable_variables),
+    )
+
+
+def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names, cut):
+    """(accumulator, evaluation or None) for ``model``, its compiled loss taken apart for ``feed`` and ``validation``
+    (or None), as ``spec`` (trainer.TrainSpec) says for batches of ``nominal``; ``cut``: trim_padding's (or None)."""
+    if keras_private.compile_loss(model) is None:  # the key of limitations.md's row, as the probe's below
+        raise Refused(
+            "no-compiled-loss",
+            f"{WHERE}: model {model.name!r} is compiled without a loss (compile(loss=None); add_loss alone): "
+            f"accum_train.fit divides the compiled loss into micro-batch sums; compile it with "
+            f"compile(loss=...), or train with model.fit",
+        )
+    objective = active().KerasObjective(model, steps=feed.steps)
+    # the validation data as its own uncut length counts (trim_padding): the same loss
+    scored = objective if validation is None else objective.with_steps(validation.steps)
+    sources = [(objective, feed, names, WHERE)]
+    if validation is not None:
+        sources.append((scored, validation, checks.DATA_NAMES["validation_data"], f"{WHERE}: validation_data"))
+    groups = []  # each source's normalisers (Objective.probe); data that does not fit, in one line
+    for taken, source, named, _ in sources:
+        element_spec = source.element_spec
+        groups.append(checks.as_user_error(model, element_spec, named, taken.probe, element_spec, strategy))
+        if not groups[-1] and taken.regularization() is None:
+            raise Refused(
+                "no-compiled-loss", f"{WHERE}: model {model.name!r} has no loss: compile it with compile(loss=...)"
+            )
+    for (taken, source, _, where), found in zip(sources, groups) if cut is not None else ():  # validation's too
+        first, element_spec = source.first_batch(), source.element_spec
+        active().check_trim(taken, found, first, source.timed, element_spec, cut, strategy, where)
+    groups, eval_groups = groups[0], (groups[1] if validation is not None else ())
+    optimizer = model.optimizer
+    loss_scale, growth = None, LOSS_SCALE_GROWTH_STEPS
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        loss_scale, growth = float(optimizer.initial_scale), int(optimizer.dynamic_growth_steps)
+        optimizer = optimizer.inner_optimizer
+    elif any(getattr(layer.dtype_policy, "compute_dtype", None) == "float16" for layer in all_layers(model)):
+        loss_scale = LOSS_SCALE_INITIAL
+    metrics = active().KerasMetrics(model, strategy)
+    jit = bool(model.jit_compile)  # as compile() resolved it ("auto": on a GPU, when the model supports XLA)
+    checks.warn_small_batchnorm(model.name, norm_layers, nominal, spec.micro, strategy.num_replicas_in_sync)
+    engine = build_engine(
+        spec,
+        model,
+        objective,
+        optimizer,
+        nominal,
+        strategy,
+        groups=groups,
+        metrics=metrics,
+        prepare=_unpacked,
+        norm_layers=norm_layers,
+        jit=jit,
+        loss_scale=loss_scale,
+        growth_steps=growth,
+    )
+    evaluation = active().Evaluation(scored, metrics, eval_groups, strategy, _unpacked, jit) if eval_groups else None
+    return engine, evaluation
+
+
+def _unpacked(element, n):
+    """An element of accum_train.fit's pipeline (inputs.py: (data, where)) as (x, y, sample_weight)."""
+    return keras.utils.unpack_x_y_sample_weight(element[0])
