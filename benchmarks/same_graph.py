@@ -45,8 +45,12 @@ def child(method: str, updates: int, out: Path) -> None:
     import accum_train  # noqa: F401  (before TensorFlow: the allocator it sets)
     import peers_causal_lm as peers
     import tensorflow as tf
-    from accum_train.keras_fit.fit import _ENGINES  # the engine fit built for a model, in either tree
     from tensorflow.python.data.ops import dataset_ops
+
+    try:  # the engine fit built for a model: in train.py since fit's door and its Trainer path came apart
+        from accum_train.keras_fit.train import _ENGINES
+    except ImportError:  # an earlier tree: in fit.py
+        from accum_train.keras_fit.fit import _ENGINES
 
     datasets, iterated = [], dataset_ops.DatasetV2.__iter__
 
