@@ -38,6 +38,9 @@ import versus  # benchmarks/ is on sys.path: this script runs from there
 # the uids TensorFlow puts in names (a suffix) and in a tf.data function's argument names (a bare number): new in
 # every process, and shifted by any graph built before
 UID = re.compile(r'_\d{3,}\b|(?<=s: ")\d{3,}(?=")')
+# a name scope's counter inside a node's name ("cond_adam_3_cast" and "cond_adam_1_cast"), blanked only to say
+# whether two graphs that differ differ in names alone
+COUNTER = re.compile(r"_\d+(?=[_\"/:])")
 
 
 def child(method: str, updates: int, out: Path) -> None:
@@ -96,12 +99,26 @@ def child(method: str, updates: int, out: Path) -> None:
 
 
 def compare(old: Path, new: Path) -> dict:
-    """What must be equal, and each side's CPU split."""
-    same = {name: (old / name).read_text() == (new / name).read_text() for name in ("graphs.txt", "pipeline.txt")}
+    """What must be equal, and each side's CPU split; where graphs.txt differs, the differing lines' count and
+    first pair, and whether the graphs match op for op once every name scope's counter is blanked (``name_counters``:
+    a scope Keras entered more often before the trace, as ``adam_3`` for ``adam_1``, renames nodes and nothing else)."""
+    texts = {name: ((old / name).read_text(), (new / name).read_text()) for name in ("graphs.txt", "pipeline.txt")}
+    same = {name: a == b for name, (a, b) in texts.items()}
     with np.load(old / "weights.npz") as a, np.load(new / "weights.npz") as b:
         same["weights"] = a.files == b.files and all(a[n].tobytes() == b[n].tobytes() for n in a.files)
     cpu = {name: json.loads((side / "record.json").read_text()) for name, side in (("old", old), ("new", new))}
-    return {"same": same, "cpu": cpu}
+    report = {"same": same, "cpu": cpu}
+    if not same["graphs.txt"]:
+        a, b = (text.splitlines() for text in texts["graphs.txt"])
+        pairs = [(x, y) for x, y in zip(a, b) if x != y]
+        blank = [COUNTER.sub("_N", text) for text in texts["graphs.txt"]]
+        report["graphs"] = {
+            "lines": [len(a), len(b)],
+            "differing_lines": len(pairs) + abs(len(a) - len(b)),
+            "first": [line.strip() for line in pairs[0]] if pairs else None,
+            "equal_but_name_counters": blank[0] == blank[1],
+        }
+    return report
 
 
 def main():
@@ -148,6 +165,10 @@ def main():
                         )
                 result = report["methods"][method] = compare(outs["old"], outs["new"])
                 said = ", ".join(f"{name} {'equal' if same else 'DIFFERENT'}" for name, same in result["same"].items())
+                if "graphs" in result:
+                    found = result["graphs"]
+                    alone = "in name-scope counters alone" if found["equal_but_name_counters"] else "in ops"
+                    said += f" ({found['differing_lines']} lines, {alone}; first: {found['first']})"
                 cpu = {side: f"{r['graph_cpu_s']:.3f} + {r['host_cpu_s']:.3f}" for side, r in result["cpu"].items()}
                 print(
                     f"{method}: {said}; CPU s of a call of {args.updates} updates, graph + host: old {cpu['old']}, "
