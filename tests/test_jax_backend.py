@@ -135,6 +135,13 @@ MATRIX = {  # name: (model, x, y, fit's arguments, counterfactual: "averaged" or
     "clipvalue": (net(optimizer=adam(clipvalue=0.002)), x, y, {"sample_weight": weights}, plain),
     "global_clipnorm": (net(optimizer=adam(global_clipnorm=0.05)), x, y, {"sample_weight": weights}, plain),
     "schedule": (net(optimizer=adam(decay(1))), x, y, {}, net(optimizer=adam(decay(1 / 4)))),  # in micro-steps
+    "sum": (net(keras.losses.MeanSquaredError(reduction="sum"), lambda: keras.optimizers.SGD(0.01)), x, y,
+            {"sample_weight": weights}, "averaged"),
+    "outputs": (net(two, head="both", loss_weights={"a": 0.3, "b": 2.0}), x, {"a": y, "b": labels},
+                {"sample_weight": weights}, "averaged"),
+    "mask": (tagger(sce("sum_over_batch_size")), tokens, tags, {}, "averaged"),
+    "mask mean_with_sample_weight": (tagger(sce("mean_with_sample_weight")), tokens, tags,
+                                     {"sample_weight": token_weights}, "averaged"),
 }
 apart = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 without = {}
@@ -261,6 +268,10 @@ MATRIX_CASES = [
     "clipvalue",
     "global_clipnorm",
     "schedule",
+    "sum",
+    "outputs",
+    "mask",
+    "mask mean_with_sample_weight",
 ]
 
 
