@@ -73,6 +73,7 @@ refusal("BatchNormalization", lambda: mlp(extra=[keras.layers.BatchNormalization
 refusal("validation_split", mlp, validation_split=0.2)
 refusal("shuffle", mlp, shuffle=True)
 refusal("subdivisions=0", mlp, subdivisions=0)  # fit's own checks, as on TensorFlow
+refusal("class_weight, sample_weight", mlp, class_weight={0: 2.0}, sample_weight=weights)
 try:
     active().Checkpoints
 except UserError as err:
@@ -137,6 +138,7 @@ MATRIX = {  # name: (model, x, y, fit's arguments, counterfactual: "averaged" or
     "schedule": (net(optimizer=adam(decay(1))), x, y, {}, net(optimizer=adam(decay(1 / 4)))),  # in micro-steps
     "sum": (net(keras.losses.MeanSquaredError(reduction="sum"), lambda: keras.optimizers.SGD(0.01)), x, y,
             {"sample_weight": weights}, "averaged"),
+    "class_weight": (net(sce("mean_with_sample_weight"), head="b"), x, labels, by_class, "averaged"),
     "outputs": (net(two, head="both", loss_weights={"a": 0.3, "b": 2.0}), x, {"a": y, "b": labels},
                 {"sample_weight": weights}, "averaged"),
     "mask": (tagger(sce("sum_over_batch_size")), tokens, tags, {}, "averaged"),
@@ -248,6 +250,11 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
         ("validation_split", f"accum_train.fit: validation_split=0.2 {LATER}"),
         ("shuffle", f"accum_train.fit: shuffle=True (pass shuffle=False) {LATER}"),
         ("subdivisions=0", "accum_train.fit: subdivisions=0 must be an integer >= 1"),
+        (
+            "class_weight, sample_weight",  # model.fit refuses the pair: TensorFlow's door's line
+            "accum_train.fit: class_weight and sample_weight together, which model.fit refuses: pass sample_weight "
+            "alone, each example's weight times its class's",
+        ),
         ("Checkpoints", f"accum-train's 'Checkpoints' {LATER}"),  # a name of the seam the backend has not yet
     ],
 )
@@ -269,6 +276,7 @@ MATRIX_CASES = [
     "global_clipnorm",
     "schedule",
     "sum",
+    "class_weight",
     "outputs",
     "mask",
     "mask mean_with_sample_weight",
