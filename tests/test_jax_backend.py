@@ -1,9 +1,10 @@
-"""accum_train.fit on Keras' JAX backend (accum/backends/jax/, issue 76's first step): the plain case exact against
-Keras' own whole-batch model.fit on JAX, and what is not covered yet refused in one line.
+"""accum_train.fit on Keras' JAX backend (accum/backends/jax/, issue 76): the oracle matrix it covers so far exact
+against Keras' own whole-batch model.fit on JAX (each case's counterfactual, in the slow suite, shows it can fail),
+and what is not covered yet refused in one line.
 
 Keras fixes its backend when it is first imported, and this suite's processes run TensorFlow: the cases run in one
-child process with KERAS_BACKEND=jax (one start of TensorFlow and JAX for all of them, a few seconds), which prints
-each case's outcome as JSON for the tests to read.
+child process with KERAS_BACKEND=jax (one start of TensorFlow and JAX for all of them, a few seconds), which leaves
+each case's outcome in ``out``, printed as JSON for the tests to read.
 """
 
 import json
@@ -32,7 +33,6 @@ x = rng.normal(size=(23, 5)).astype("float32")  # 3 updates of 10, 10, 3: a ragg
 y = rng.normal(size=(23, 3)).astype("float32")
 labels = rng.integers(0, 4, size=(23,))
 weights = rng.uniform(0.1, 3.0, size=(23,)).astype("float32")
-out = {}
 
 def oracle(name, make, targets, **cut):
     ours, keras_own = make(), make()
@@ -73,11 +73,99 @@ refusal("BatchNormalization", lambda: mlp(extra=[keras.layers.BatchNormalization
 refusal("validation_split", mlp, validation_split=0.2)
 refusal("shuffle", mlp, shuffle=True)
 refusal("subdivisions=0", mlp, subdivisions=0)  # fit's own checks, as on TensorFlow
+refusal("class_weight, sample_weight", mlp, class_weight={0: 2.0}, sample_weight=weights)
 try:
     active().Checkpoints
 except UserError as err:
     out["Checkpoints"] = str(err)
-print("CASES " + json.dumps(out))
+"""
+
+
+# issue 76's oracle matrix, each case two updates (batches of 10 and 9, each in 4 micro-batches: 2, 3, 2, 3 and 2, 2,
+# 2, 3, stacked to one shape, so one trace serves both) against Keras' own whole-batch model.fit on JAX. With the
+# argument "counterfactual" each case is trained a second time the way that should fail it: without the option it
+# tests (one model serves the three clippings), or under Keras' own accumulation (each micro-batch's mean, averaged:
+# the objective below), which must land more than 1e-5 from model.fit.
+MATRIX = r"""
+import json, sys, jax.numpy as jnp, numpy as np, keras, accum_train
+from accum_train.backends.jax import backend as door
+
+rng = np.random.default_rng(2)
+x = rng.normal(size=(19, 5)).astype("float32")
+y = rng.normal(size=(19, 3)).astype("float32")
+labels = rng.integers(0, 4, size=(19,))
+weights = rng.uniform(0.1, 3.0, size=(19,)).astype("float32")
+tokens = rng.integers(1, 7, size=(19, 6)) * (np.arange(6) < rng.integers(1, 7, size=(19, 1)))  # 1 to 6 tokens, 0 pads
+tags = rng.integers(0, 3, size=(19, 6))
+token_weights = rng.uniform(0.1, 3.0, size=(19, 6)).astype("float32")
+sce = lambda reduction: keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+adam = lambda rate=0.05, **options: (lambda: keras.optimizers.Adam(rate, **options))
+decay = lambda steps: keras.optimizers.schedules.ExponentialDecay(0.05, steps, 0.5)
+
+def net(loss="mse", optimizer=adam(), head="a", **compiled):
+    def make():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((5,))
+        hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+        heads = {"a": keras.layers.Dense(3, name="a")(hidden), "b": keras.layers.Dense(4, name="b")(hidden)}
+        model = keras.Model(inputs, heads if head == "both" else heads[head])
+        model.compile(optimizer=optimizer(), loss=loss, **compiled)
+        return model
+    return make
+
+def tagger(loss):  # an Embedding with mask_zero feeding a per-token Dense: Keras carries the mask to the loss
+    def make():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((6,), dtype="int32")
+        hidden = keras.layers.Dense(8, activation="tanh")(keras.layers.Embedding(7, 8, mask_zero=True)(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
+        model.compile(optimizer=adam()(), loss=loss)
+        return model
+    return make
+
+class Averaged(door.KerasObjective):
+    def parts(self, *args):
+        sums, counts = super().parts(*args)
+        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1)
+
+plain = net()
+by_class = {"class_weight": {0: 0.2, 1: 3.0, 3: 0.5}}
+two = {"a": "mse", "b": sce("mean_with_sample_weight")}
+MATRIX = {  # name: (model, x, y, fit's arguments, counterfactual: "averaged" or a model without the case)
+    "clipnorm": (net(optimizer=adam(clipnorm=0.05)), x, y, {"sample_weight": weights}, plain),
+    "clipvalue": (net(optimizer=adam(clipvalue=0.002)), x, y, {"sample_weight": weights}, plain),
+    "global_clipnorm": (net(optimizer=adam(global_clipnorm=0.05)), x, y, {"sample_weight": weights}, plain),
+    "schedule": (net(optimizer=adam(decay(1))), x, y, {}, net(optimizer=adam(decay(1 / 4)))),  # in micro-steps
+    "sum": (net(keras.losses.MeanSquaredError(reduction="sum"), lambda: keras.optimizers.SGD(0.01)), x, y,
+            {"sample_weight": weights}, "averaged"),
+    "class_weight": (net(sce("mean_with_sample_weight"), head="b"), x, labels, by_class, "averaged"),
+    "outputs": (net(two, head="both", loss_weights={"a": 0.3, "b": 2.0}), x, {"a": y, "b": labels},
+                {"sample_weight": weights}, "averaged"),
+    "mask": (tagger(sce("sum_over_batch_size")), tokens, tags, {}, "averaged"),
+    "mask mean_with_sample_weight": (tagger(sce("mean_with_sample_weight")), tokens, tags,
+                                     {"sample_weight": token_weights}, "averaged"),
+}
+apart = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
+without = {}
+for name, (make, data, targets, given, counter) in MATRIX.items():
+    runs = ["exact", "counterfactual"] if sys.argv[1:] == ["counterfactual"] else ["exact"]
+    keras_own = make()
+    keras_own.fit(data, targets, batch_size=10, shuffle=False, verbose=0, **given)
+    for run in runs:
+        if run == "counterfactual" and counter in without:
+            out[name].append(apart(without[counter], keras_own.get_weights()))
+            continue
+        model = make() if run == "exact" or counter == "averaged" else counter()
+        start = model.get_weights()
+        door.KerasObjective = Averaged if run == "counterfactual" and counter == "averaged" else Averaged.__base__
+        accum_train.fit(model, data, targets, batch_size=10, subdivisions=4, shuffle=False, verbose=0, **given)
+        if run == "exact":  # to Keras' weights, moved from the start, in 2 optimizer steps
+            out[name] = [apart(model.get_weights(), keras_own.get_weights()), apart(model.get_weights(), start),
+                         int(model.optimizer.iterations)]
+        else:
+            if counter != "averaged":
+                without[counter] = model.get_weights()
+            out[name].append(apart(model.get_weights(), keras_own.get_weights()))
 """
 
 
@@ -108,7 +196,7 @@ x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).asty
 ours, keras_own = mlp(), mlp()
 accum_train.fit(ours, x, y, batch_size=10, subdivisions=3, epochs=2, shuffle=False, verbose=0)
 keras_own.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
-out = {"arrays": [float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights())]}
+out["arrays"] = [float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights())]
 out["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), mlp().get_weights()))
 
 class Batches(keras.utils.PyDataset):
@@ -128,13 +216,13 @@ for name, source in sources.items():
     except UserError as err:
         out[name] = str(err)
 out["tensorflow loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorlayer"))
-print("CASES " + json.dumps(out))
 """
 
 
-def child(code):
+def child(code, *args):
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    code = f'out = {{}}\n{code}\nprint("CASES " + json.dumps(out))'  # what the code leaves in ``out``, as JSON
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env)
     line = next((line for line in done.stdout.splitlines() if line.startswith("CASES ")), None)
     assert line is not None, done.stderr[-3000:]
     return json.loads(line.removeprefix("CASES "))
@@ -142,7 +230,7 @@ def child(code):
 
 @pytest.fixture(scope="module")
 def cases():
-    return child(CASES)
+    return child(CASES + MATRIX)  # one process: each start of one costs seconds
 
 
 @pytest.mark.parametrize("case", ["mse k=3", "weighted mean k=4", "micro_batch_size=4"])
@@ -162,6 +250,11 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
         ("validation_split", f"accum_train.fit: validation_split=0.2 {LATER}"),
         ("shuffle", f"accum_train.fit: shuffle=True (pass shuffle=False) {LATER}"),
         ("subdivisions=0", "accum_train.fit: subdivisions=0 must be an integer >= 1"),
+        (
+            "class_weight, sample_weight",  # model.fit refuses the pair: TensorFlow's door's line
+            "accum_train.fit: class_weight and sample_weight together, which model.fit refuses: pass sample_weight "
+            "alone, each example's weight times its class's",
+        ),
         ("Checkpoints", f"accum-train's 'Checkpoints' {LATER}"),  # a name of the seam the backend has not yet
     ],
 )
@@ -175,6 +268,40 @@ def test_the_jax_accumulator_answers_the_engine_protocol(cases):
 
 def test_an_update_accumulated_and_finished_in_two_calls_is_the_one_call_s_bits(cases):
     assert cases["accumulate, finish"] == 0.0
+
+
+MATRIX_CASES = [
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "schedule",
+    "sum",
+    "class_weight",
+    "outputs",
+    "mask",
+    "mask mean_with_sample_weight",
+]
+
+
+@pytest.mark.parametrize("case", MATRIX_CASES)
+def test_the_oracle_matrix_on_jax_equals_keras_whole_batch_fit(cases, case):
+    """Optimizer options on the accumulated gradient, a schedule counted in updates, the sum reduction, class
+    weights, several outputs with loss weights, masks: two ragged updates, each Keras' whole-batch update."""
+    apart, moved, steps = cases[case]
+    assert apart < 1e-5 and moved > 1e-2 and steps == 2
+
+
+@pytest.fixture(scope="module")
+def counterfactuals():
+    return child(MATRIX, "counterfactual")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", MATRIX_CASES)
+def test_each_oracle_case_on_jax_fails_when_trained_the_way_it_guards_against(counterfactuals, case):
+    """The counterfactual of each case (see MATRIX): the same comparison, more than 1e-5 off, so the matrix can fail."""
+    apart, _, _, counterfactual = counterfactuals[case]
+    assert apart < 1e-5 and counterfactual > 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
 """Keras' JAX backend as the trainer calls it: the first step of issue 76, accum/backends/__init__.py's
 ``Backend`` answered for the plain case only.
 
-``accumulator_for`` gives the accumulator (engine.py) for a compiled Keras model with one built-in mean loss
-(objective.py), and ``fit`` is accum_train.fit's door for it: arrays, ``subdivisions`` or ``micro_batch_size``
-micro-batches per update, each update the whole batch's. What the TensorFlow backend answers beyond that (the
-run directory's checkpoints, BatchNorm pooling, strategies, evaluation, the commands) is not here yet: asking for
-any of it raises one line that says so, rather than training something else.
+``accumulator_for`` gives the accumulator (engine.py) for a compiled Keras model and its loss (objective.py: the
+reductions, masks, sample weights and outputs Keras' compiled loss takes), and ``fit`` is accum_train.fit's door for
+it: arrays (``class_weight`` made per-example weights, as Keras' data adapters make them), ``subdivisions`` or
+``micro_batch_size`` micro-batches per update, each update the whole batch's. What the TensorFlow backend answers
+beyond that (the run directory's checkpoints, BatchNorm pooling, strategies, evaluation, the commands) is not here
+yet: asking for any of it raises one line that says so, rather than training something else.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ TAKEN = (
     "verbose",
     "shuffle",
     "sample_weight",
+    "class_weight",
     "subdivisions",
     "micro_batch_size",
     "seed",
@@ -71,6 +73,18 @@ def fit(model, given: dict) -> keras.callbacks.History:
     if given["seed"] is not None:  # Keras' random state, as on TensorFlow (the order is not drawn: shuffle=False)
         keras.utils.set_random_seed(int(given["seed"]))
     arrays = (given["x"], given["y"], given["sample_weight"])
+    if given["class_weight"] is not None:  # refused as the TensorFlow door refuses it (keras_fit/train.py, checks.py)
+        if keras.tree.is_nested(given["y"]):
+            raise UserError(
+                f"{WHERE}: class_weight is only supported for a model with one output (this one has "
+                f"{len(keras.tree.flatten(given['y']))}): pass sample_weight per output instead"
+            )
+        if given["sample_weight"] is not None:
+            raise UserError(
+                f"{WHERE}: class_weight and sample_weight together, which model.fit refuses: pass sample_weight "
+                f"alone, each example's weight times its class's"
+            )
+        arrays = (given["x"], given["y"], _class_weights(given["y"], given["class_weight"]))
     if given["y"] is None or not all(isinstance(a, np.ndarray) for a in keras.tree.flatten(arrays) if a is not None):
         raise refused("data other than numpy arrays x, y (and sample_weight)", WHERE)
     examples = len(keras.tree.flatten(given["x"])[0])
@@ -110,6 +124,17 @@ def fit(model, given: dict) -> keras.callbacks.History:
 def _default(value, default) -> bool:
     """Whether an argument was left at its default (or given equal to it; an array never is)."""
     return value is default or (type(value) in (bool, int, float, str) and value == default)
+
+
+def _class_weights(y, class_weight: dict) -> np.ndarray:
+    """Each example's weight from its class's, as Keras' data adapters derive it (data_adapter_utils'
+    class_weight_to_sample_weights): one-hot targets by their argmax, [N, 1] squeezed, rounded; a class not named
+    weighs 1."""
+    labels = np.asarray(y)
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
+    labels = np.round(labels).astype("int32")
+    return np.array([class_weight.get(int(label), 1.0) for label in labels], dtype=keras.backend.floatx())
 
 
 def _rows(arrays, start: int, end: int):

@@ -5,9 +5,12 @@ its train_step (keras/src/backend/jax/trainer.py): ``stateless_call`` for each m
 A batch of ``n`` examples is cut into ``k`` contiguous micro-batches whose sizes differ by at most one
 (batching.py, as on TensorFlow). ``lax.scan`` runs the micro-steps inside the update's one jitted call, so the
 micro-batches are stacked on a leading axis of ``k``: each padded to the largest, its padding marked invalid
-(objective.py counts it nowhere). Each micro-step adds the gradient of its loss sum ``S``, divided by ``n`` (the
-magnitude of a batch mean), to a float32 cache, and its normaliser ``D`` to the totals; the cache is multiplied
-by ``n / D`` once (exactly 1 for a per-example mean) and the optimizer applied once. An update whose gradient is
+(objective.py counts it nowhere). The objective gives a micro-batch's loss sums ``S`` and normalisers ``D``, one
+per normaliser group; each micro-step adds the gradient of each group's ``S``, divided by ``n`` (the magnitude of
+a batch mean), to that group's float32 cache (one backward pass per group: a group's ``D`` is known only once the
+whole batch is seen), and the ``D`` to the totals. Once per update each group's cache is multiplied by ``n / D``
+(a ``D`` of 0 read as 1, as objective.py says), the groups added, and the optimizer applied once: its clipping,
+its learning-rate schedule and its step count see the whole batch's gradient, once. An update whose gradient is
 not finite is skipped, as accum_train.fit skips it on TensorFlow (state kept, the optimizer's step count too).
 
 ``accumulate``/``finish`` are the same pieces called apart (one jitted micro-step into the cache, one jitted
@@ -80,9 +83,15 @@ class Accumulator:
         return value
 
     def reset(self) -> None:
-        """The cache and totals cleared: nothing accumulated."""
-        self._cache = [jnp.zeros(v.shape, "float32") for v in self.model.trainable_variables]
-        self._totals, self._n = jnp.zeros(2, "float32"), 0
+        """The cache and totals cleared: nothing accumulated (created at the first micro-batch, which tells the
+        objective's groups)."""
+        self._cache, self._totals, self._n = None, None, 0
+
+    def _empty(self, trainable, non_trainable, batch):
+        """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run)."""
+        sums, _ = jax.eval_shape(self.objective.parts, trainable, non_trainable, *batch)
+        groups = sums.shape[0]
+        return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], jnp.zeros((2, groups), "float32")
 
     def _state(self):
         model = self.model
@@ -100,23 +109,27 @@ class Accumulator:
 
     def _micro_fn(self, trainable, non_trainable, cache, totals, batch, n):
         def scaled(values):
-            total, count = self.objective.parts(values, non_trainable, *batch)
-            return total / n, (total, count)
+            sums, counts = self.objective.parts(values, non_trainable, *batch)
+            return sums / n, (sums, counts)
 
-        grads, (total, count) = jax.grad(scaled, has_aux=True)(trainable)
-        cache = [c + g.astype("float32") for c, g in zip(cache, grads)]
-        return cache, totals + jnp.stack([total, count])
+        scaled_sums, pull, (sums, counts) = jax.vjp(scaled, trainable, has_aux=True)
+        one_hot = jnp.eye(scaled_sums.shape[0], dtype=scaled_sums.dtype)
+        grads = [pull(one_hot[g])[0] for g in range(scaled_sums.shape[0])]  # each group's gradient, apart
+        cache = [c + jnp.stack([g[i] for g in grads]).astype("float32") for i, c in enumerate(cache)]
+        return cache, totals + jnp.stack([sums, counts])
 
     def _apply_fn(self, trainable, optimizer_values, cache, totals, n):
-        factor = n / totals[1]  # the whole batch's normaliser, once: D/n micro-batch means would be biased
-        grads = [(c * factor).astype(v.dtype) for c, v in zip(cache, trainable)]
+        sums, counts = totals
+        counts = jnp.where(counts == 0, 1.0, counts)  # a sum's D, or a mean over nothing (divide_no_nan's 0)
+        factor = n / counts  # each group's whole-batch normaliser, once: D/n micro-batch means would be biased
+        grads = [jnp.tensordot(factor, c, axes=1).astype(v.dtype) for c, v in zip(cache, trainable)]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
         new_trainable, new_optimizer = self.optimizer.stateless_apply(optimizer_values, grads, trainable)
         kept = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         return (
             jax.tree.map(kept, list(new_trainable), list(trainable)),
             jax.tree.map(kept, list(new_optimizer), list(optimizer_values)),
-            totals[0] / totals[1],
+            jnp.sum(sums / counts),
             finite,
         )
 
@@ -124,7 +137,7 @@ class Accumulator:
         def step(carry, batch):
             return self._micro_fn(trainable, non_trainable, *carry, batch, n), None
 
-        start = ([jnp.zeros(v.shape, "float32") for v in trainable], jnp.zeros(2, "float32"))
+        start = self._empty(trainable, non_trainable, jax.tree.map(lambda a: a[0], batches))
         (cache, totals), _ = jax.lax.scan(step, start, batches)
         return self._apply_fn(trainable, optimizer_values, cache, totals, n)
 
@@ -146,6 +159,8 @@ class Accumulator:
         """One micro-batch into the cache, nothing applied."""
         trainable, non_trainable, _ = self._state()
         batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))  # one micro-batch, unstacked
+        if self._cache is None:
+            self._cache, self._totals = self._empty(trainable, non_trainable, batch)
         self._cache, self._totals = self._micro(trainable, non_trainable, self._cache, self._totals, batch, n)
         self._n = n
 

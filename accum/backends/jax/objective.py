@@ -1,11 +1,19 @@
-"""A compiled Keras loss as a micro-batch's sum and normaliser, on JAX's arrays: the plain case of the TensorFlow
-backend's keras_objective.py (read its docstring for why a batch's loss is ``S / D`` and why accumulation adds the
+"""A compiled Keras loss as a micro-batch's sums and normalisers, on JAX's arrays: the TensorFlow backend's
+keras_objective.py on jnp (read its docstring for why a batch's loss is ``S / D`` and why accumulation adds the
 ``S`` and the ``D`` apart).
 
-One output, one loss of Keras' mean reductions (``sum_over_batch_size``, or ``mean_with_sample_weight``), no mask,
-no loss the layers add, no weight regularizer: what this step of issue 76 covers. ``check`` refuses the rest
-before anything is traced, and ``parts`` what only a trace shows (a mask, a layer's loss). Rows a micro-batch was
+``parts`` gives a micro-batch's ``S`` and ``D`` as two vectors, one entry per normaliser group, so that the whole
+batch's loss is ``sum(S_g / D_g)`` over the groups, each ``S_g`` and ``D_g`` summed over the micro-batches first.
+The groups: ``total`` holds the ``sum`` losses, whose whole-batch loss is ``S`` itself (``D`` = 0, read as 1);
+``examples`` the losses whose ``D`` is a fixed count per example (a mean with no sample-weighted divisor, no mask),
+each ``S`` divided by that count so that they share ``D`` = the examples; and each output whose ``D`` depends on the
+data (a mean divided by its sample weights, a mask) a group of its own. A ``D`` that sums to 0 (every weight 0, no
+valid token) is read as 1, as Keras' ``divide_no_nan`` reads it. Loss weights are in ``S``. Rows a micro-batch was
 padded with (engine.py stacks micro-batches of unequal size) carry ``valid`` 0: they add nothing to ``S`` or ``D``.
+
+Not covered yet, refused in one line: losses the layers add, weight regularizers, metrics, non-trainable
+variables, a LossScaleOptimizer. ``check`` refuses them before anything is traced, ``parts`` what only a trace
+shows (a layer's loss).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import keras
 from ... import keras_private
 from ...errors import UserError
 
-MEANS = ("sum_over_batch_size", "mean_with_sample_weight")
+REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
 LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEND=tensorflow"
 
 
@@ -30,18 +38,15 @@ class KerasObjective:
     def __init__(self, model: keras.Model, where: str = "accum_train.fit"):
         self.model, self.where = model, where
         self.check()
-        (self.entry,) = keras_private.flat_losses(model)
+        self.entries = keras_private.flat_losses(model)
 
     def check(self) -> None:
         model, where = self.model, self.where
         if keras_private.compile_loss(model) is None or model.optimizer is None:
             raise refused(f"model {model.name!r} uncompiled or compiled without a loss", where)
-        entries = keras_private.flat_losses(model)
-        if len(entries) != 1:
-            raise refused(f"a compiled loss over {len(entries)} outputs (model {model.name!r})", where)
-        reduction = entries[0].loss.reduction
-        if reduction not in MEANS:
-            raise refused(f"loss {entries[0].loss.name!r} with reduction={reduction!r}", where)
+        for entry in keras_private.flat_losses(model):
+            if entry.loss.reduction not in REDUCTIONS:
+                raise refused(f"loss {entry.loss.name!r} with reduction={entry.loss.reduction!r}", where)
         if keras_private.compile_metrics(model) is not None:
             raise refused(f"model {model.name!r} compiled with metrics", where)
         if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -53,51 +58,77 @@ class KerasObjective:
             raise refused(f"a weight regularizer (model {model.name!r})", where)
 
     def parts(self, trainable, non_trainable, x, y, sample_weight, valid):
-        """(S, D) of one micro-batch (``valid``: 1 for its rows, 0 for padding), as jnp scalars, float32."""
+        """(S, D) of one micro-batch (``valid``: 1 for its rows, 0 for padding): float32 vectors, one entry per
+        normaliser group, in the same order for every micro-batch of the same shapes."""
         y_pred, _, losses = self.model.stateless_call(trainable, non_trainable, x, training=True, return_losses=True)
         if losses:
             added = f"a loss that model {self.model.name!r}'s layers add (add_loss, an activity regularizer)"
             raise refused(added, self.where)
-        if keras_private.get_keras_mask(y_pred) is not None:
-            raise refused(f"a masked output (model {self.model.name!r})", self.where)
-        taken = []
+        taken = [None] * len(self.entries)
 
         def take(index, entry):
             def apart(y_true, y_out, weights):
-                taken.append(self._apart(entry.loss, y_true, y_out, weights, valid))
+                taken[index] = self._apart(entry.loss, y_true, y_out, weights, valid)
                 return jnp.zeros(())
 
             return apart
 
         with keras_private.each_output_loss(self.model, take) as compiled:
             compiled.call(y, y_pred, sample_weight)
-        total, count = taken[0]
-        weight = 1.0 if self.entry.loss_weights is None else self.entry.loss_weights
-        return (total * weight).astype("float32"), count.astype("float32")
+        groups = {}  # name: [S, D]; "total" and "examples" shared, one group per output whose D is the data's
+
+        def add(name, total, count):
+            if name in groups:
+                groups[name][0] = groups[name][0] + total
+            else:
+                groups[name] = [total, count]
+
+        for i, (entry, (total, count, per_example)) in enumerate(zip(self.entries, taken)):
+            weighted = total * (1.0 if entry.loss_weights is None else entry.loss_weights)
+            if entry.loss.reduction == "sum":
+                add("total", weighted, jnp.zeros(()))
+            elif per_example is not None:  # D = examples * per_example: the sum over per_example, the count once
+                add("examples", weighted / per_example, jnp.sum(valid))
+            else:
+                add(f"output_{i}", weighted, count)
+        parts = [groups[name] for name in sorted(groups)]
+        return tuple(jnp.stack([part[j] for part in parts]).astype("float32") for j in (0, 1))
 
     @staticmethod
     def _apart(loss, y_true, y_pred, sample_weight, valid):
-        """(S, D): ``loss(y_true, y_pred, sample_weight) == S / D`` over the valid rows, as Loss.__call__ and
-        reduce_weighted_values reduce (the weights brought to the values' rank first, D their sum under
-        mean_with_sample_weight)."""
+        """(S, D, per_example): ``loss(y_true, y_pred, sample_weight) == S / D`` over the valid rows, as
+        Loss.__call__, apply_mask and reduce_weighted_values reduce (the mask merged into the weights, which are
+        brought to the values' rank first). ``per_example``: the values per example where ``D`` is the valid rows
+        times it (no mask, no sample-weighted divisor), else None."""
+        in_mask = keras_private.get_keras_mask(y_pred)
         y_pred = keras.ops.convert_to_tensor(y_pred, dtype=loss.dtype)
         y_true = keras.ops.convert_to_tensor(y_true, dtype=loss.dtype)
-        values = keras.ops.convert_to_tensor(loss.call(y_true, y_pred), dtype=loss.dtype)
+        values = loss.call(y_true, y_pred)
+        masks = [m for m in (in_mask, keras_private.get_keras_mask(values)) if m is not None]
+        values = keras.ops.convert_to_tensor(values, dtype=loss.dtype)
         if values.ndim == 0:
             raise refused(f"loss {loss.name!r}, which reduces the batch itself", "accum_train.fit")
-        weights = valid.astype(values.dtype)
+        rows = lambda like: jnp.reshape(valid, valid.shape + (1,) * (like.ndim - 1)).astype(values.dtype)  # noqa: E731
+        mask = weights = None
+        if masks:  # 0 or 1 per entry, the padding rows' 0 whatever the layers made of their zeros
+            mask = jnp.logical_and(*masks) if len(masks) == 2 else masks[0]
+            weights = mask = mask.astype(values.dtype) * rows(mask)
         if sample_weight is not None:
-            weights = (
-                weights
-                * keras_private.squeeze_or_expand_to_same_rank(
-                    keras.ops.convert_to_tensor(sample_weight, dtype=values.dtype), weights
-                )[0]
-            )
-        values, weights = keras_private.squeeze_or_expand_to_same_rank(values, weights)
+            given = keras.ops.convert_to_tensor(sample_weight, dtype=values.dtype)
+            if mask is not None:
+                mask, given = keras_private.squeeze_or_expand_to_same_rank(mask, given)
+            weights = given if mask is None else given * mask
+        if weights is None:
+            weights = rows(values)
+        else:
+            values, weights = keras_private.squeeze_or_expand_to_same_rank(values, weights)
+            weights = weights * rows(weights)
         total = jnp.sum(values * weights)
-        if loss.reduction == "mean_with_sample_weight" and sample_weight is not None:
-            return total, jnp.sum(weights)
+        if loss.reduction == "mean_with_sample_weight" and (sample_weight is not None or mask is not None):
+            return total, jnp.sum(weights), None
+        if mask is not None:  # Keras weighs each valid entry size(mask) / valid: D is the valid entries per element
+            return total, jnp.sum(mask) * (values.size / mask.size), None
         per_example = 1
         for size in values.shape[1:]:
             per_example *= size
-        return total, jnp.sum(valid) * per_example
+        return total, None, per_example
