@@ -74,6 +74,7 @@ refusal("validation_split", mlp, validation_split=0.2)
 refusal("shuffle", mlp, shuffle=True)
 refusal("subdivisions=0", mlp, subdivisions=0)  # fit's own checks, as on TensorFlow
 refusal("class_weight, sample_weight", mlp, class_weight={0: 2.0}, sample_weight=weights)
+refusal("class_weight list", mlp, class_weight=[2.0, 1.0])
 try:
     active().Checkpoints
 except UserError as err:
@@ -254,6 +255,10 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
             "class_weight, sample_weight",  # model.fit refuses the pair: TensorFlow's door's line
             "accum_train.fit: class_weight and sample_weight together, which model.fit refuses: pass sample_weight "
             "alone, each example's weight times its class's",
+        ),
+        (
+            "class_weight list",  # fit's door checks it before either backend's
+            "accum_train.fit: class_weight is a list: pass a dict of class index to weight, such as {0: 1.0, 1: 5.0}",
         ),
         ("Checkpoints", f"accum-train's 'Checkpoints' {LATER}"),  # a name of the seam the backend has not yet
     ],

@@ -5,6 +5,7 @@ model's loss and optimizer (the config's defaults, accum/defaults.py's ``CLI``).
 from __future__ import annotations
 
 import os
+from numbers import Integral
 from pathlib import Path
 
 import keras
@@ -293,3 +294,28 @@ def train_spec(subdivisions, micro_batch_size, memory_limit, max_bad_steps) -> T
         max_bad_steps=max_bad_steps,
         checkpoints=FIT_CHECKPOINTS,
     )
+
+
+def check_class_weight(class_weight, sample_weight=None) -> None:
+    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_labels``),
+    and not beside sample_weight (model.fit refuses the pair)."""
+    if class_weight is None:
+        return
+    if sample_weight is not None:
+        raise Refused(
+            "class-and-sample-weight",
+            f"{WHERE}: class_weight and sample_weight together, which model.fit refuses: pass sample_weight alone, "
+            f"each example's weight times its class's",
+        )
+    if not isinstance(class_weight, dict):
+        raise UserError(
+            f"{WHERE}: class_weight is a {type(class_weight).__name__}: pass a dict of class index to weight, such "
+            f"as {{0: 1.0, 1: 5.0}}"
+        )
+    for key, weight in class_weight.items():
+        # model.fit takes int(key): 1.0 is class 1
+        whole = isinstance(key, Integral) or (isinstance(key, float) and key.is_integer())
+        if isinstance(key, bool) or not whole or key < 0:
+            raise UserError(f"{WHERE}: class_weight has the key {key!r}: its keys are class indices, integers >= 0")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
+            raise UserError(f"{WHERE}: class_weight[{key}] is {weight!r}: a weight is a number")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import warnings
-from numbers import Integral
 
 import keras
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from .. import keras_private
 from ..backends import active
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
-from ..errors import Refused, UserError
+from ..errors import UserError
 from ..text import traced_error_line
 from ..trainer.data.feed import STREAMED, kind
 from ..trainer.data.order import noisy_batchnorm
@@ -119,31 +118,6 @@ def input_problem(model, x, name: str) -> str | None:
                 f"{_shape(wanted)}"
             )
     return f"{name} does not fit model {model.name!r}: {said}"
-
-
-def check_class_weight(class_weight, sample_weight=None) -> None:
-    """model.fit's class_weight: a dict of class index to weight (what it is checked against: ``check_labels``),
-    and not beside sample_weight (model.fit refuses the pair)."""
-    if class_weight is None:
-        return
-    if sample_weight is not None:
-        raise Refused(
-            "class-and-sample-weight",
-            f"{WHERE}: class_weight and sample_weight together, which model.fit refuses: pass sample_weight alone, "
-            f"each example's weight times its class's",
-        )
-    if not isinstance(class_weight, dict):
-        raise UserError(
-            f"{WHERE}: class_weight is a {type(class_weight).__name__}: pass a dict of class index to weight, such "
-            f"as {{0: 1.0, 1: 5.0}}"
-        )
-    for key, weight in class_weight.items():
-        # model.fit takes int(key): 1.0 is class 1
-        whole = isinstance(key, Integral) or (isinstance(key, float) and key.is_integer())
-        if isinstance(key, bool) or not whole or key < 0:
-            raise UserError(f"{WHERE}: class_weight has the key {key!r}: its keys are class indices, integers >= 0")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)):
-            raise UserError(f"{WHERE}: class_weight[{key}] is {weight!r}: a weight is a number")
 
 
 def _at(structure, path):

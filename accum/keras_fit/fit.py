@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..backends import active
 from ..defaults import FIT
-from .arguments import check_keywords, check_model, check_numbers
+from .arguments import check_class_weight, check_keywords, check_model, check_numbers
 
 
 def fit(
@@ -95,6 +95,7 @@ def fit(
     check_model(model)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
+    check_class_weight(class_weight, sample_weight)
     if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
         return active().fit(model, given)
     # the Trainer's path reads its data through tf.data (trainer/data/): loaded here, not with this module, so that

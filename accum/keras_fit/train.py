@@ -68,7 +68,6 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
-    checks.check_class_weight(class_weight, sample_weight)
     settings = dict(
         batch_size=batch_size, shuffle=shuffle, seed=seed, steps_per_epoch=steps_per_epoch, schedule=schedule
     )

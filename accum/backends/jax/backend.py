@@ -17,7 +17,7 @@ import numpy as np
 
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
-from ...errors import UserError
+from ...errors import Refused, UserError
 from ...trainer.data.batching import k_for_micro_batch, micro_bounds
 from .engine import Accumulator
 from .objective import LATER, KerasObjective, refused
@@ -73,16 +73,12 @@ def fit(model, given: dict) -> keras.callbacks.History:
     if given["seed"] is not None:  # Keras' random state, as on TensorFlow (the order is not drawn: shuffle=False)
         keras.utils.set_random_seed(int(given["seed"]))
     arrays = (given["x"], given["y"], given["sample_weight"])
-    if given["class_weight"] is not None:  # refused as the TensorFlow door refuses it (keras_fit/train.py, checks.py)
+    if given["class_weight"] is not None:  # checked by fit's door (arguments.check_class_weight); as train.py
         if keras.tree.is_nested(given["y"]):
-            raise UserError(
+            raise Refused(
+                "class-weight-outputs",
                 f"{WHERE}: class_weight is only supported for a model with one output (this one has "
-                f"{len(keras.tree.flatten(given['y']))}): pass sample_weight per output instead"
-            )
-        if given["sample_weight"] is not None:
-            raise UserError(
-                f"{WHERE}: class_weight and sample_weight together, which model.fit refuses: pass sample_weight "
-                f"alone, each example's weight times its class's"
+                f"{len(keras.tree.flatten(given['y']))}): pass sample_weight per output instead",
             )
         arrays = (given["x"], given["y"], _class_weights(given["y"], given["class_weight"]))
     if given["y"] is None or not all(isinstance(a, np.ndarray) for a in keras.tree.flatten(arrays) if a is not None):
