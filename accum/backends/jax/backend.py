@@ -18,7 +18,8 @@ import numpy as np
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
 from ...errors import Refused, UserError
-from ...trainer.data.batching import k_for_micro_batch, micro_bounds
+from ...trainer.data.batching import k_for_micro_batch, pieces
+from .devices import DataParallelAccumulator, mesh
 from .engine import Accumulator
 from .objective import LATER, KerasObjective, refused
 
@@ -51,9 +52,12 @@ def __getattr__(name: str):
 
 
 def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options) -> Accumulator:
-    """The Accumulator training ``model`` (a compiled Keras model) on ``objective`` (objective.py's)."""
+    """The Accumulator training ``model`` (a compiled Keras model) on ``objective`` (objective.py's), over the
+    devices of the Keras distribution in force (devices.py), else on one."""
     if options:
         raise refused(f"the accumulator's {', '.join(sorted(options))}", WHERE)
+    if (devices := mesh(WHERE)) is not None:
+        return DataParallelAccumulator(model, objective, optimizer, subdivisions=subdivisions, mesh=devices)
     return Accumulator(model, objective, optimizer, subdivisions=subdivisions)
 
 
@@ -86,8 +90,8 @@ def fit(model, given: dict) -> keras.callbacks.History:
     examples = len(keras.tree.flatten(given["x"])[0])
     batch_size = int(given["batch_size"] or ARRAY_BATCH_SIZE)
     micro, k = given["micro_batch_size"], given["subdivisions"]
-    if micro is not None and not isinstance(micro, str):
-        k = k_for_micro_batch(batch_size, int(micro))
+    if micro is not None and not isinstance(micro, str):  # per device's share, as on TensorFlow's replicas
+        k = k_for_micro_batch(batch_size, int(micro), getattr(mesh(WHERE), "size", 1))
     elif micro is not None:
         raise refused(f"micro_batch_size={micro!r}", WHERE)
     k = int(k or 1)
@@ -106,8 +110,7 @@ def fit(model, given: dict) -> keras.callbacks.History:
         for start in range(0, examples, batch_size):
             batch = _rows(arrays, start, start + batch_size)
             n = len(keras.tree.flatten(batch[0])[0])
-            pieces = [micro_bounds(i, n, k) for i in range(k)]
-            cut = (_rows(batch, s, e) for s, e in pieces)
+            cut = (_rows(batch, s, e) for s, e in pieces(n, k, engine.replicas, engine.replica_ids))
             done = engine.update_from(cut, n, k)
             summed += float(done["loss"]) * n  # Keras' loss tracker: batch losses weighted by their examples
         logs = {"loss": summed / examples}

@@ -139,11 +139,17 @@ class Accumulator:
 
         start = self._empty(trainable, non_trainable, jax.tree.map(lambda a: a[0], batches))
         (cache, totals), _ = jax.lax.scan(step, start, batches)
-        return self._apply_fn(trainable, optimizer_values, cache, totals, n)
+        return self._apply_fn(trainable, optimizer_values, *self.summed(cache, totals), n)
+
+    def summed(self, cache, totals):
+        """The cache and totals over the update's devices: one device's are the batch's (devices.py sums them)."""
+        return cache, totals
 
     def update_from(self, iterator, n: int, pulls: int, stop=0, size=None, held=False) -> dict:
-        """The update of a batch of ``n`` examples whose ``pulls`` micro-batches ``iterator`` yields, in one call."""
-        batches = stacked([next(iterator) for _ in range(pulls)])
+        """The update of a batch of ``n`` examples whose ``pulls`` micro-batches per replica ``iterator`` yields (in
+        batching.py's ``pieces`` order), in one call; stacked replica by replica, each replica's in a row."""
+        pulled = [next(iterator) for _ in range(pulls * self.replicas)]
+        batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
         trainable, non_trainable, optimizer_values = self._state()
         new, optimizer_new, loss, finite = self._update(
             trainable, non_trainable, optimizer_values, batches, jnp.float32(n)

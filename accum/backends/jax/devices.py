@@ -1,0 +1,57 @@
+"""The accumulator over the devices of ``keras.distribution.DataParallel``: its mesh as JAX's, and the update's one
+jitted call mapped over it with ``jax.shard_map``.
+
+Each device takes its contiguous share of the batch cut into ``k`` micro-batches (batching.py's ``pieces``, the
+TensorFlow backend's cut over replicas): whole micro-batches, so that a micro-step's forward pass sees the rows it
+sees on one device and every row counts once in ``S`` and ``D``; only the order of the additions differs. Each
+device scans its micro-batches into its own float32 cache, one ``psum`` adds the caches and totals once per update,
+and every device applies the optimizer to that sum alike: the variables stay replicated (DataParallel's layout). A
+share with no rows (a batch smaller than the mesh) is all padding and adds nothing. ``accumulate``/``finish`` run
+replicated, unshared. ``check_vma=False``: with it, JAX would psum the replicated weights' gradient inside every
+micro-step (the transpose of its implicit ``pvary``), an all-reduce per micro-batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import keras
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from ...errors import UserError
+from .engine import Accumulator
+
+
+def mesh(where: str) -> jax.sharding.Mesh | None:
+    """The devices of the Keras distribution in force as a JAX mesh (None: no distribution, one device)."""
+    given = keras.distribution.distribution()
+    if given is None:
+        return None
+    kind, processes = type(given).__name__, given.num_processes
+    if kind != "DataParallel" or processes > 1:  # a model cut over devices, or a batch fed from several hosts
+        one = "keras.distribution.DataParallel in one process"
+        raise UserError(f"{where}: keras.distribution.{kind} over {processes} process(es) is not supported: use {one}")
+    named = {f"{device.platform}:{device.id}": device for device in jax.devices()}
+    devices = np.vectorize(named.__getitem__, otypes=[object])(given.device_mesh.devices)
+    return jax.sharding.Mesh(devices, given.device_mesh.axis_names)
+
+
+class DataParallelAccumulator(Accumulator):
+    """engine.py's Accumulator with each update's micro-batches shared over ``mesh``'s devices."""
+
+    def __init__(self, model, objective, optimizer, *, subdivisions: int, mesh: jax.sharding.Mesh):
+        self.mesh, (self.axis,) = mesh, mesh.axis_names
+        self.replicas, self.replica_ids = mesh.size, list(range(mesh.size))
+        super().__init__(model, objective, optimizer, subdivisions=subdivisions)
+
+    def retrace(self) -> None:
+        super().retrace()
+        # state and n replicated, the stacked micro-batches cut on their leading axis: each device's k in a row
+        specs = (PartitionSpec(),) * 3 + (PartitionSpec(self.axis), PartitionSpec())
+        mapped = jax.shard_map(
+            self._update_fn, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False
+        )
+        self._update = jax.jit(mapped)
+
+    def summed(self, cache, totals):
+        return jax.lax.psum((cache, totals), self.axis)

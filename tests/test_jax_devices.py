@@ -1,0 +1,124 @@
+"""accum_train.fit on Keras' JAX backend over several devices (accum/backends/jax/devices.py, issue 76's item 5):
+under ``keras.distribution.DataParallel`` on 2 host CPU devices, the same weights as on one device and as Keras'
+own whole-batch model.fit, to 1e-5, with one all-reduce per update, found in the compiled update's HLO.
+
+JAX fixes its devices when it is first imported, and Keras its backend: the cases run in one child process with
+KERAS_BACKEND=jax and XLA_FLAGS=--xla_force_host_platform_device_count=2, which prints each case's outcome as JSON.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+
+CASES = r"""
+import json, re, numpy as np, jax, keras, accum_train
+from accum_train.backends import active
+from accum_train.backends.jax.engine import stacked
+from accum_train.errors import UserError
+
+def mlp(loss):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss=loss)
+    return model
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(22, 5)).astype("float32")  # batches of 7, 7, 7, 1: odd, and the last smaller than the mesh
+targets = {"mse": rng.normal(size=(22, 4)).astype("float32"), "weighted mean": rng.integers(0, 4, size=(22,))}
+weights = rng.uniform(0.1, 3.0, size=(22,)).astype("float32")
+losses = {
+    "mse": "mse",
+    "weighted mean": keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+}
+# a batch of 7 is 3 + 4 rows on 2 devices, cut 1, 1, 1 and 1, 1, 2 (k=3) or 1, 2 and 2, 2 (micro-batches of <= 2)
+cuts = {"mse": {"subdivisions": 3}, "weighted mean": {"micro_batch_size": 2}}
+apart = lambda a, b: max(float(np.max(np.abs(p - q))) for p, q in zip(a.get_weights(), b.get_weights()))
+out, models = {"devices": len(jax.devices())}, {}
+
+def train(name, door):
+    model = mlp(losses[name])
+    data = dict(x=x, y=targets[name], batch_size=7, sample_weight=weights, shuffle=False, verbose=0)
+    history = model.fit(**data) if door == "model.fit" else accum_train.fit(model, **data, **cuts[name])
+    return model, history.history["loss"][0]
+
+for name in losses:
+    models[name] = [train(name, "model.fit"), train(name, "accum_train.fit")]  # one device
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+for name in losses:
+    (keras_own, keras_loss), (one, one_loss) = models[name]
+    two, two_loss = train(name, "accum_train.fit")
+    models[name] = two
+    sharding = two.trainable_variables[0].value.sharding
+    out[name] = {
+        "2 devices v 1": apart(two, one), "2 devices v model.fit": apart(two, keras_own),
+        "moved": apart(one, mlp(losses[name])), "losses": [two_loss, one_loss, keras_loss],
+        "replicated": [len(sharding.device_set), sharding.is_fully_replicated],
+    }
+
+# the update's compiled HLO: its all-reduce instructions, and the computation each one is in
+model = models["mse"]  # trained on 2 devices
+backend = active()
+engine = backend.accumulator_for(model, backend.KerasObjective(model), model.optimizer, subdivisions=3)
+batches = stacked([(x[i : i + 2], targets["mse"][i : i + 2], weights[i : i + 2]) for i in range(0, 12, 2)])
+hlo = engine._update.lower(*engine._state(), batches, np.float32(12)).compile().as_text()
+computation, found = None, []
+for line in hlo.splitlines():
+    if line and not line.startswith(" "):
+        computation = line.split(" ")[0]
+    if re.search(r"\ball-reduce\(", line):
+        found.append([computation, line.split("all-reduce(")[1].split(")")[0].count("%")])  # its operands
+out["all-reduces"] = found
+out["trainable variables"] = len(model.trainable_variables)
+out["engine"] = [type(engine).__name__, engine.replicas, engine.replica_ids]
+
+layout = keras.distribution.LayoutMap(keras.distribution.DeviceMesh((1, 2), ["batch", "model"]))
+keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch"))
+try:
+    accum_train.fit(mlp("mse"), x, targets["mse"], batch_size=7, shuffle=False, verbose=0)
+except UserError as err:
+    out["ModelParallel"] = str(err)
+print("CASES " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def cases():
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+    done = subprocess.run([sys.executable, "-c", CASES], capture_output=True, text=True, timeout=300, env=env)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("CASES ")), None)
+    assert line is not None, done.stderr[-3000:]
+    return json.loads(line.removeprefix("CASES "))
+
+
+@pytest.mark.parametrize("case", ["mse", "weighted mean"])
+def test_two_devices_equal_one_and_keras_whole_batch_fit(cases, case):
+    got = cases[case]
+    assert cases["devices"] == 2
+    assert got["moved"] > 1e-2  # 4 updates of Adam(0.05) move the weights: the equalities below are not vacuous
+    assert got["2 devices v 1"] <= 1e-5
+    assert got["2 devices v model.fit"] <= 1e-5
+    two, one, keras_loss = got["losses"]
+    assert abs(two - keras_loss) <= 1e-5 * max(1.0, abs(keras_loss)) and abs(one - keras_loss) <= 1e-5
+    assert got["replicated"] == [2, True]  # DataParallel's layout: every device holds the whole weights
+
+
+def test_one_all_reduce_per_update_outside_the_micro_step_loop(cases):
+    """XLA's compiled update holds one all-reduce, of the cache (one operand per trainable variable) and the
+    totals, in the entry computation: after the micro-steps' while loop, not in its body."""
+    ((computation, operands),) = cases["all-reduces"]
+    assert computation == "ENTRY"
+    assert operands == cases["trainable variables"] + 1
+    assert cases["engine"] == ["DataParallelAccumulator", 2, [0, 1]]
+
+
+def test_a_distribution_other_than_data_parallel_is_refused_in_one_line(cases):
+    assert cases["ModelParallel"] == (
+        "accum_train.fit: keras.distribution.ModelParallel over 1 process(es) is not supported: use "
+        "keras.distribution.DataParallel in one process"
+    )
