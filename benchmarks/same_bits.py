@@ -17,7 +17,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,27 +69,13 @@ def main():
     args = parser.parse_args()
     old_commit = versus.git("rev-parse", "--short", f"{args.rev}^{{commit}}")
     report = {"old": old_commit, "new": versus.provenance.commit(), "cases": {}}
-    with tempfile.TemporaryDirectory(prefix="same-bits-") as folder:
-        scratch = Path(folder)
-        old_tree = scratch / "old"
-        versus.git("worktree", "add", "--detach", str(old_tree), old_commit)
-        try:
-            trees = {
-                "old": (old_tree, versus.environment(versus.package_layout(old_tree, scratch / "layout-old"))),
-                "new": (versus.ROOT, versus.environment(versus.package_layout(versus.ROOT, scratch / "layout-new"))),
-            }
-            for tree, env in trees.values():
-                versus.check_imports(tree, env)
-            for name in args.case or list(CASES):
-                walls = {
-                    side: train(tree, env, CASES[name], scratch / name / side) for side, (tree, env) in trees.items()
-                }
-                result = {**compare(scratch / name / "old", scratch / name / "new"), "wall_s": walls}
-                report["cases"][name] = result
-                verdict = "the same bits" if result.get("identical") else f"DIFFERENT: {result}"
-                print(f"{name}: {verdict} ({walls['old']:.0f} s old, {walls['new']:.0f} s new)", flush=True)
-        finally:
-            versus.git("worktree", "remove", "--force", str(old_tree))
+    with versus.two_trees(old_commit, "same-bits-") as (scratch, trees, _imports):
+        for name in args.case or list(CASES):
+            walls = {side: train(tree, env, CASES[name], scratch / name / side) for side, (tree, env) in trees.items()}
+            result = {**compare(scratch / name / "old", scratch / name / "new"), "wall_s": walls}
+            report["cases"][name] = result
+            verdict = "the same bits" if result.get("identical") else f"DIFFERENT: {result}"
+            print(f"{name}: {verdict} ({walls['old']:.0f} s old, {walls['new']:.0f} s new)", flush=True)
     if args.output is not None:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
     sys.exit(0 if all(case.get("identical") for case in report["cases"].values()) else 1)

@@ -28,7 +28,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -135,48 +134,34 @@ def main():
         parser.error("give REV, the earlier commit")
     old_commit = versus.git("rev-parse", "--short", f"{args.rev}^{{commit}}")
     report = {"old": old_commit, "new": versus.provenance.commit(), "methods": {}}
-    with tempfile.TemporaryDirectory(prefix="same-graph-") as folder:
-        scratch = Path(folder)
-        old_tree = scratch / "old"
-        versus.git("worktree", "add", "--detach", str(old_tree), old_commit)
-        try:
-            trees = {
-                "old": (old_tree, versus.environment(versus.package_layout(old_tree, scratch / "layout-old"))),
-                "new": (versus.ROOT, versus.environment(versus.package_layout(versus.ROOT, scratch / "layout-new"))),
-            }
-            for tree, env in trees.values():
-                versus.check_imports(tree, env)
-            for method in args.method or ["(a) accum-train"]:
-                outs = {}
-                for side, (_, env) in trees.items():
-                    outs[side] = scratch / f"{len(report['methods'])}-{side}"
-                    outs[side].mkdir()
-                    command = [sys.executable, __file__, "--serve", method, str(outs[side])]
-                    done = subprocess.run(
-                        [*command, "--updates", str(args.updates)],
-                        cwd=Path(__file__).parent,  # this tree's peers_causal_lm.py: the same model and data for both
-                        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
-                        capture_output=True,
-                        text=True,
-                    )
-                    if done.returncode != 0:
-                        raise SystemExit(
-                            f"{method} failed in the {side} tree ({done.returncode}):\n{done.stderr[-3000:]}"
-                        )
-                result = report["methods"][method] = compare(outs["old"], outs["new"])
-                said = ", ".join(f"{name} {'equal' if same else 'DIFFERENT'}" for name, same in result["same"].items())
-                if "graphs" in result:
-                    found = result["graphs"]
-                    alone = "in name-scope counters alone" if found["equal_but_name_counters"] else "in ops"
-                    said += f" ({found['differing_lines']} lines, {alone}; first: {found['first']})"
-                cpu = {side: f"{r['graph_cpu_s']:.3f} + {r['host_cpu_s']:.3f}" for side, r in result["cpu"].items()}
-                print(
-                    f"{method}: {said}; CPU s of a call of {args.updates} updates, graph + host: old {cpu['old']}, "
-                    f"new {cpu['new']}",
-                    flush=True,
+    with versus.two_trees(old_commit, "same-graph-") as (scratch, trees, _imports):
+        for method in args.method or ["(a) accum-train"]:
+            outs = {}
+            for side, (_, env) in trees.items():
+                outs[side] = scratch / f"{len(report['methods'])}-{side}"
+                outs[side].mkdir()
+                command = [sys.executable, __file__, "--serve", method, str(outs[side])]
+                done = subprocess.run(
+                    [*command, "--updates", str(args.updates)],
+                    cwd=Path(__file__).parent,  # this tree's peers_causal_lm.py: the same model and data for both
+                    env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                    capture_output=True,
+                    text=True,
                 )
-        finally:
-            versus.git("worktree", "remove", "--force", str(old_tree))
+                if done.returncode != 0:
+                    raise SystemExit(f"{method} failed in the {side} tree ({done.returncode}):\n{done.stderr[-3000:]}")
+            result = report["methods"][method] = compare(outs["old"], outs["new"])
+            said = ", ".join(f"{name} {'equal' if same else 'DIFFERENT'}" for name, same in result["same"].items())
+            if "graphs" in result:
+                found = result["graphs"]
+                alone = "in name-scope counters alone" if found["equal_but_name_counters"] else "in ops"
+                said += f" ({found['differing_lines']} lines, {alone}; first: {found['first']})"
+            cpu = {side: f"{r['graph_cpu_s']:.3f} + {r['host_cpu_s']:.3f}" for side, r in result["cpu"].items()}
+            print(
+                f"{method}: {said}; CPU s of a call of {args.updates} updates, graph + host: old {cpu['old']}, "
+                f"new {cpu['new']}",
+                flush=True,
+            )
     if args.output is not None:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
     sys.exit(0 if all(all(r["same"].values()) for r in report["methods"].values()) else 1)

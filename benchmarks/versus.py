@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import contextlib
 import json
 import os
 import subprocess
@@ -101,6 +102,26 @@ def check_imports(tree: Path, env: dict) -> str:
     return found
 
 
+@contextlib.contextmanager
+def two_trees(rev: str, prefix: str):
+    """(scratch folder, {"old": (tree, env), "new": (tree, env)}, {side: where it imports accum_train from}):
+    REV checked out in a temporary worktree beside this one, each tree importing its own sources (checked); the
+    worktree removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        scratch = Path(folder)
+        old_tree = scratch / "old"
+        git("worktree", "add", "--detach", str(old_tree), rev)
+        try:
+            trees = {
+                "old": (old_tree, environment(package_layout(old_tree, scratch / "layout-old"))),
+                "new": (ROOT, environment(package_layout(ROOT, scratch / "layout-new"))),
+            }
+            imports = {side: check_imports(tree, env) for side, (tree, env) in trees.items()}
+            yield scratch, trees, imports
+        finally:
+            git("worktree", "remove", "--force", str(old_tree))
+
+
 def figure(path: Path, keys: str, spec: str) -> float:
     """The number at ``keys`` (dot-joined) in the JSON file ``path``."""
     if not path.is_file():
@@ -165,33 +186,22 @@ def main():
 
     old_commit = git("rev-parse", "--short", f"{args.rev}^{{commit}}")
     new_commit = provenance.commit()  # "+changes" where the code differs from HEAD
-    with tempfile.TemporaryDirectory(prefix="versus-") as folder:
-        scratch = Path(folder)
-        started = time.perf_counter()
-        old_tree = scratch / "old"
-        git("worktree", "add", "--detach", str(old_tree), old_commit)
-        try:
-            trees = {
-                "old": (old_tree, environment(package_layout(old_tree, scratch / "layout-old"))),
-                "new": (ROOT, environment(package_layout(ROOT, scratch / "layout-new"))),
-            }
-            imports = {side: check_imports(tree, env) for side, (tree, env) in trees.items()}
-            setup_s = time.perf_counter() - started
-            print(
-                f"versus: {args.rev} ({old_commit}) against this tree ({new_commit}), {args.rounds} rounds, old and "
-                f"new alternately first; set-up {setup_s:.1f} s (worktree, package folders, an import check each)",
-                flush=True,
-            )
-            samples = {"old": [], "new": []}
-            for r in range(args.rounds):
-                for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                    tree, env = trees[side]
-                    sample = run(command, tree, env, scratch / "runs" / f"{r + 1}-{side}", specs)
-                    samples[side].append(sample)
-                    shown = ", ".join(f"{value:.6g}" for value in sample["figures"])
-                    print(f"  round {r + 1} {side}: {shown} ({sample['wall_s']:.0f} s)", flush=True)
-        finally:
-            git("worktree", "remove", "--force", str(old_tree))
+    started = time.perf_counter()
+    with two_trees(old_commit, "versus-") as (scratch, trees, imports):
+        setup_s = time.perf_counter() - started
+        print(
+            f"versus: {args.rev} ({old_commit}) against this tree ({new_commit}), {args.rounds} rounds, old and "
+            f"new alternately first; set-up {setup_s:.1f} s (worktree, package folders, an import check each)",
+            flush=True,
+        )
+        samples = {"old": [], "new": []}
+        for r in range(args.rounds):
+            for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                tree, env = trees[side]
+                sample = run(command, tree, env, scratch / "runs" / f"{r + 1}-{side}", specs)
+                samples[side].append(sample)
+                shown = ", ".join(f"{value:.6g}" for value in sample["figures"])
+                print(f"  round {r + 1} {side}: {shown} ({sample['wall_s']:.0f} s)", flush=True)
 
     target = "<= 1.0" if args.better == "lower" else ">= 1.0"
     report = {}
