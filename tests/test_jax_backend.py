@@ -12,7 +12,12 @@ import os
 import subprocess
 import sys
 
+import accum_train
+import keras
+import numpy as np
 import pytest
+from accum_train.errors import UserError
+from accum_train.trainer.data.array_feed import ArrayFeed
 
 pytest.importorskip("jax")
 
@@ -63,6 +68,23 @@ for part_x, part_y, part_weights in halves:
 engine.finish()
 out["accumulate, finish"] = max(float(np.max(np.abs(a - b))) for a, b in zip(in_one_call, trained.get_weights()))
 
+# shuffle=True and "batch" (seed 9): 2 epochs of 4 updates of 5 examples, each in 3 micro-batches (1, 2, 2), against
+# shuffle=False on the two epochs' arrays in one call, each epoch in the order trainer/data/order.py draws for it
+from accum_train.trainer.data.order import epoch_order
+
+gap = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a.get_weights(), b.get_weights()))
+for shuffle in (True, "batch"):
+    ours, stored, orders = mlp(), mlp(), [epoch_order(9, epoch, 20, shuffle, 5) for epoch in range(2)]
+    accum_train.fit(ours, x[:20], y[:20], batch_size=5, sample_weight=weights[:20], epochs=2, shuffle=shuffle, seed=9,
+                    subdivisions=3, verbose=0)
+    rows = np.concatenate(orders)
+    accum_train.fit(stored, x[rows], y[rows], batch_size=5, sample_weight=weights[rows], shuffle=False, subdivisions=3,
+                    verbose=0)
+    out[f"shuffle={shuffle!r}"] = [gap(ours, stored), gap(ours, mlp()), [rows.tolist() for rows in orders]]
+drawn = mlp()  # fit's defaults: shuffle=True, seed=None (a seed drawn afresh)
+loss = accum_train.fit(drawn, x[:20], y[:20], batch_size=5, subdivisions=3, verbose=0).history["loss"][0]
+out["seed=None"] = [gap(drawn, mlp()), loss]
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -71,7 +93,7 @@ def refusal(name, make, **given):
 
 refusal("BatchNormalization", lambda: mlp(extra=[keras.layers.BatchNormalization()]), subdivisions=2)
 refusal("validation_split", mlp, validation_split=0.2)
-refusal("shuffle", mlp, shuffle=True)
+refusal("shuffle", mlp, shuffle="yes")
 refusal("subdivisions=0", mlp, subdivisions=0)  # fit's own checks, as on TensorFlow
 refusal("class_weight, sample_weight", mlp, class_weight={0: 2.0}, sample_weight=weights)
 refusal("class_weight list", mlp, class_weight=[2.0, 1.0])
@@ -249,7 +271,6 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
     [
         ("BatchNormalization", f"accum_train.fit: a model with non-trainable variables (batch_normalization) {LATER}"),
         ("validation_split", f"accum_train.fit: validation_split=0.2 {LATER}"),
-        ("shuffle", f"accum_train.fit: shuffle=True (pass shuffle=False) {LATER}"),
         ("subdivisions=0", "accum_train.fit: subdivisions=0 must be an integer >= 1"),
         (
             "class_weight, sample_weight",  # model.fit refuses the pair: TensorFlow's door's line
@@ -265,6 +286,31 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
 )
 def test_what_the_jax_backend_does_not_cover_yet_is_refused_in_one_line(cases, case, message):
     assert cases[case] == message
+
+
+@pytest.mark.parametrize("shuffle", [True, "batch"])
+def test_a_shuffled_fit_on_jax_trains_on_each_epoch_in_tensorflow_s_order(cases, shuffle):
+    """Two shuffled epochs equal shuffle=False on the arrays permuted per epoch by order.py, and that order is the one
+    TensorFlow's door trains on (its ArrayFeed's): with the same seed both backends visit the examples alike."""
+    apart, moved, orders = cases[f"shuffle={shuffle!r}"]
+    assert apart < 1e-6 and moved > 1e-2
+    feed = ArrayFeed(np.zeros((20, 5)), np.zeros((20, 3)), None, None, batch_size=5, shuffle=shuffle, seed=9,
+                     steps_per_epoch=None)  # fmt: skip
+    assert [feed._pass_order(epoch).tolist() for epoch in range(2)] == orders
+    assert orders[0] != orders[1] and list(range(20)) not in orders
+
+
+def test_a_fit_on_jax_with_fit_s_defaults_shuffles_by_a_drawn_seed(cases):
+    """shuffle=True and seed=None, as a Keras user's first call: it trains."""
+    moved, loss = cases["seed=None"]
+    assert moved > 1e-2 and np.isfinite(loss)
+
+
+def test_a_bad_shuffle_is_refused_on_jax_in_tensorflow_s_door_s_line(cases):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    with pytest.raises(UserError) as raised:
+        accum_train.fit(model, np.zeros((4, 5)), np.zeros((4, 3)), shuffle="yes")
+    assert cases["shuffle"] == str(raised.value) == "accum_train.fit: shuffle='yes' must be True, False or 'batch'"
 
 
 def test_the_jax_accumulator_answers_the_engine_protocol(cases):

@@ -29,12 +29,13 @@ LEAVES = {f"{PACKAGE}.{name}" for name in ("config", "defaults", "errors", "text
 CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
 SEAM = f"{PACKAGE}.backends"
 # What a backend's folder may import besides its own: the leaves, Keras' internals (keras_private), and the rooms of
-# trainer/ that every backend shares: the noise scale's estimate, the feed's held batch, the batch arithmetic and
-# trim_padding's cut in the data pipeline; and what the accumulator needs of a network (models/containers).
+# trainer/ that every backend shares: the noise scale's estimate, the feed's held batch, the batch arithmetic, the
+# data order (fit's door on JAX shuffles as TensorFlow's ArrayFeed) and trim_padding's cut in the data pipeline; and
+# what the accumulator needs of a network (models/containers).
 BACKEND_MAY_IMPORT = (
     LEAVES
     | {f"{PACKAGE}.keras_private", f"{PACKAGE}.models.containers"}
-    | {f"{PACKAGE}.trainer.{m}" for m in ("noise", "data.feed", "data.batching", "data.trim")}
+    | {f"{PACKAGE}.trainer.{m}" for m in ("noise", "data.feed", "data.batching", "data.order", "data.trim")}
 )
 MAX_LINES = 400
 

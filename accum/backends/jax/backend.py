@@ -19,6 +19,7 @@ from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
 from ...errors import Refused, UserError
 from ...trainer.data.batching import k_for_micro_batch, pieces
+from ...trainer.data.order import epoch_order
 from .devices import DataParallelAccumulator, mesh
 from .engine import Accumulator
 from .objective import LATER, KerasObjective, refused
@@ -72,10 +73,11 @@ def fit(model, given: dict) -> keras.callbacks.History:
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
             raise refused(f"{name}={value!r}", WHERE)
-    if given["shuffle"] is not False:  # TensorFlow's door draws the order with trainer/data/order.py, not here yet
-        raise refused(f"shuffle={given['shuffle']!r} (pass shuffle=False)", WHERE)
-    if given["seed"] is not None:  # Keras' random state, as on TensorFlow (the order is not drawn: shuffle=False)
-        keras.utils.set_random_seed(int(given["seed"]))
+    if (shuffle := given["shuffle"]) not in (True, False, "batch"):  # TensorFlow's door's check and line (train.py)
+        raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
+    if (seed := given["seed"]) is not None:  # Keras' random state; the order's seed below: arguments.order_seed's
+        keras.utils.set_random_seed(int(seed))
+    seed = int(np.random.SeedSequence().generate_state(1)[0] if seed is None and shuffle else seed or 0)
     arrays = (given["x"], given["y"], given["sample_weight"])
     if given["class_weight"] is not None:  # checked by fit's door (arguments.check_class_weight); as train.py
         if keras.tree.is_nested(given["y"]):
@@ -100,17 +102,17 @@ def fit(model, given: dict) -> keras.callbacks.History:
             f"{WHERE}: subdivisions={k} must be <= batch_size={batch_size} (a micro-batch holds at least one example)"
         )
     if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
-        keras_private.symbolic_build(model, _rows(arrays, 0, batch_size))
+        keras_private.symbolic_build(model, _rows(arrays, slice(0, batch_size)))
     engine = accumulator_for(model, KerasObjective(model, WHERE), model.optimizer, subdivisions=k)
     history = keras.callbacks.History()
     history.set_model(model)
     history.on_train_begin()
     for epoch in range(int(given["epochs"])):
-        summed = 0.0
+        summed, order = 0.0, epoch_order(seed, epoch, examples, shuffle, batch_size)  # as TensorFlow's ArrayFeed
         for start in range(0, examples, batch_size):
-            batch = _rows(arrays, start, start + batch_size)
+            batch = _rows(arrays, order[start : start + batch_size])
             n = len(keras.tree.flatten(batch[0])[0])
-            cut = (_rows(batch, s, e) for s, e in pieces(n, k, engine.replicas, engine.replica_ids))
+            cut = (_rows(batch, slice(s, e)) for s, e in pieces(n, k, engine.replicas, engine.replica_ids))
             done = engine.update_from(cut, n, k)
             summed += float(done["loss"]) * n  # Keras' loss tracker: batch losses weighted by their examples
         logs = {"loss": summed / examples}
@@ -136,6 +138,6 @@ def _class_weights(y, class_weight: dict) -> np.ndarray:
     return np.array([class_weight.get(int(label), 1.0) for label in labels], dtype=keras.backend.floatx())
 
 
-def _rows(arrays, start: int, end: int):
-    """Rows [start, end) of each array (None, no sample weights, stays None)."""
-    return keras.tree.map_structure(lambda a: None if a is None else a[start:end], arrays)
+def _rows(arrays, rows):
+    """Rows ``rows`` (a slice, or indices) of each array (None, no sample weights, stays None)."""
+    return keras.tree.map_structure(lambda a: None if a is None else a[rows], arrays)

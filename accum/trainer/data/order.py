@@ -22,8 +22,11 @@ def noisy_batchnorm(examples: int, k: int) -> int:
     return smallest if 0 < smallest < MIN_BATCHNORM_MICRO_BATCH else 0
 
 
-def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> np.ndarray:
-    """The permutation of epoch ``epoch`` (0-based); the stored order without ``shuffle``."""
+def epoch_order(seed: int, epoch: int, n: int, shuffle: bool | str = True, batch_size: int = 1) -> np.ndarray:
+    """The permutation of epoch ``epoch`` (0-based); without ``shuffle`` the stored order; "batch": batches permuted."""
+    if shuffle == "batch":
+        blocks = epoch_order(seed, epoch, -(-n // batch_size))
+        return np.concatenate([np.arange(b * batch_size, min((b + 1) * batch_size, n)) for b in blocks])
     return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
 
 
