@@ -194,6 +194,31 @@ for name, (make, data, targets, given, counter) in MATRIX.items():
 
 # issue 76's install without TensorFlow: a finder put in place before accum_train is imported refuses tensorflow and
 # tensorlayer as if neither were installed; accum_train.fit then trains on arrays, against Keras' own model.fit
+MEMORY = r"""
+# the update's buffers as XLA compiled them (its own analysis: nothing runs), for a net whose activations outweigh its
+# weights: the batch of 64 whole, the same batch as 8 micro-batches of 8, and one micro-batch of 8 alone
+from accum_train import keras_private
+from accum_train.backends.jax.engine import stacked
+
+def compiled(batch, k):
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((128, 16)), keras.layers.Dense(64, activation="relu"),
+                            keras.layers.Dense(64, activation="relu"), keras.layers.GlobalAveragePooling1D(),
+                            keras.layers.Dense(4)])
+    net.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    images, classes = np.zeros((batch, 128, 16), "float32"), np.zeros((batch,), "int32")
+    keras_private.symbolic_build(net, (images[:8], classes[:8], None))
+    engine = backend.accumulator_for(net, backend.KerasObjective(net), net.optimizer, subdivisions=k)
+    micro = batch // k
+    parts = [(images[i * micro : (i + 1) * micro], classes[i * micro : (i + 1) * micro], None) for i in range(k)]
+    analysis = engine._update.lower(*engine._state(), stacked(parts), np.float32(batch)).compile().memory_analysis()
+    state = sum(v.numpy().nbytes for v in [*net.trainable_variables, *net.optimizer.variables])
+    cache = 4 * sum(int(np.prod(v.shape)) for v in net.trainable_variables)  # float32, one normaliser group
+    return [analysis.temp_size_in_bytes, analysis.alias_size_in_bytes, state, cache]
+
+out["memory"] = {f"{batch}/{k}": compiled(batch, k) for batch, k in ((64, 1), (64, 8), (8, 1))}
+"""
+
 WITHOUT_TENSORFLOW = r"""
 import importlib.abc, json, sys
 
@@ -253,7 +278,7 @@ def child(code, *args):
 
 @pytest.fixture(scope="module")
 def cases():
-    return child(CASES + MATRIX)  # one process: each start of one costs seconds
+    return child(CASES + MATRIX + MEMORY)  # one process: each start of one costs seconds
 
 
 @pytest.mark.parametrize("case", ["mse k=3", "weighted mean k=4", "micro_batch_size=4"])
@@ -311,6 +336,17 @@ def test_a_bad_shuffle_is_refused_on_jax_in_tensorflow_s_door_s_line(cases):
     with pytest.raises(UserError) as raised:
         accum_train.fit(model, np.zeros((4, 5)), np.zeros((4, 3)), shuffle="yes")
     assert cases["shuffle"] == str(raised.value) == "accum_train.fit: shuffle='yes' must be True, False or 'batch'"
+
+
+def test_an_update_s_memory_on_jax_follows_the_micro_batch_and_its_state_is_donated(cases):
+    """Issue 76's "buffers donated so that memory follows the micro-batch", in XLA's own analysis of the compiled
+    update: a batch of 64 as 8 micro-batches of 8 needs the temporary memory of one micro-batch of 8 plus the float32
+    cache, far under the whole batch's; and the weights and the optimizer's slots are written in place (donated)."""
+    memory = cases["memory"]
+    (whole, _, state, cache), (cut, donated, _, _), (one, _, _, _) = (memory[key] for key in ("64/1", "64/8", "8/1"))
+    assert cut <= 1.1 * one + cache, memory  # beside a micro-step's own: the cache, the scan's carry, XLA's scratch
+    assert whole > 4 * cut, memory
+    assert donated == state, memory
 
 
 def test_the_jax_accumulator_answers_the_engine_protocol(cases):

@@ -131,10 +131,14 @@ def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_ep
             raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 0")
 
 
-def check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir) -> None:
+def check_keywords(
+    seed, shuffle, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir
+) -> None:
     """model.fit's other keywords, where a wrong one would fail later in another's words (Keras' seed check, a
     division by zero in the epoch loop, a callback list that is an int) or pass silently (validation_steps=0
     validates nothing and logs a loss of 0)."""
+    if shuffle not in (True, False, "batch"):
+        raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None and (not _integer(seed) or not 0 <= seed < 2**32):
         raise UserError(f"{WHERE}: seed={seed!r} must be None or an integer from 0 to 2**32 - 1")
     if callbacks is not None:

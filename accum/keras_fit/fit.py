@@ -94,7 +94,7 @@ def fit(
     given = {name: value for name, value in locals().items() if name != "model"}
     check_model(model)
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
-    check_keywords(seed, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
+    check_keywords(seed, shuffle, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
     check_class_weight(class_weight, sample_weight)
     if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
         return active().fit(model, given)

@@ -53,8 +53,6 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         check_trimmable(model, strategy.num_replicas_in_sync, WHERE)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
-    if shuffle not in (True, False, "batch"):
-        raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
     if seed is not None:
         keras.utils.set_random_seed(seed)
     (x, y, sample_weight), validation_data = split_validation(

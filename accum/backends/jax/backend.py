@@ -73,8 +73,7 @@ def fit(model, given: dict) -> keras.callbacks.History:
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
             raise refused(f"{name}={value!r}", WHERE)
-    if (shuffle := given["shuffle"]) not in (True, False, "batch"):  # TensorFlow's door's check and line (train.py)
-        raise UserError(f"{WHERE}: shuffle={shuffle!r} must be True, False or 'batch'")
+    shuffle = given["shuffle"]  # checked by fit's door (arguments.check_keywords)
     if (seed := given["seed"]) is not None:  # Keras' random state; the order's seed below: arguments.order_seed's
         keras.utils.set_random_seed(int(seed))
     seed = int(np.random.SeedSequence().generate_state(1)[0] if seed is None and shuffle else seed or 0)

@@ -51,7 +51,7 @@ class DataParallelAccumulator(Accumulator):
         mapped = jax.shard_map(
             self._update_fn, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False
         )
-        self._update = jax.jit(mapped)
+        self._update = jax.jit(mapped, donate_argnums=self.DONATED["update"])
 
     def summed(self, cache, totals):
         return jax.lax.psum((cache, totals), self.axis)
