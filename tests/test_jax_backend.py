@@ -22,6 +22,14 @@ from accum_train.trainer.data.array_feed import ArrayFeed
 pytest.importorskip("jax")
 
 CASES = r"""
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):  # TensorFlow and TensorLayer as where they are not installed
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorlayer"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Absent())
 import json, numpy as np, keras, accum_train
 from accum_train.backends import Engine, active
 from accum_train.errors import UserError
@@ -171,6 +179,8 @@ MATRIX = {  # name: (model, x, y, fit's arguments, counterfactual: "averaged" or
 apart = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 without = {}
 for name, (make, data, targets, given, counter) in MATRIX.items():
+    if sys.argv[1:] != ["counterfactual"] and name not in QUICK:  # the rest in the slow suite's run, exact too
+        continue
     runs = ["exact", "counterfactual"] if sys.argv[1:] == ["counterfactual"] else ["exact"]
     keras_own = make()
     keras_own.fit(data, targets, batch_size=10, shuffle=False, verbose=0, **given)
@@ -220,15 +230,7 @@ out["memory"] = {f"{batch}/{k}": compiled(batch, k) for batch, k in ((64, 1), (6
 """
 
 WITHOUT_TENSORFLOW = r"""
-import importlib.abc, json, sys
-
-class Absent(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorlayer"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-
-sys.meta_path.insert(0, Absent())
-import numpy as np, keras, accum_train
+# after the rest, in the same process: none of it, nor this, loaded TensorFlow (CASES blocks its import)
 from accum_train.config import ModelConfig
 from accum_train.errors import UserError
 from accum_train.models import build_model
@@ -278,7 +280,8 @@ def child(code, *args):
 
 @pytest.fixture(scope="module")
 def cases():
-    return child(CASES + MATRIX + MEMORY)  # one process: each start of one costs seconds
+    quick = f"QUICK = {QUICK_MATRIX!r}\n"  # the matrix's cases this process runs
+    return child(CASES + quick + MATRIX + MEMORY + WITHOUT_TENSORFLOW)  # one process: each start costs seconds
 
 
 @pytest.mark.parametrize("case", ["mse k=3", "weighted mean k=4", "micro_batch_size=4"])
@@ -357,6 +360,8 @@ def test_an_update_accumulated_and_finished_in_two_calls_is_the_one_call_s_bits(
     assert cases["accumulate, finish"] == 0.0
 
 
+# the quick suite's cases of the matrix (each also in the slow suite's run of all of them, with its counterfactual)
+QUICK_MATRIX = ("clipnorm", "class_weight", "outputs", "mask mean_with_sample_weight")
 MATRIX_CASES = [
     "clipnorm",
     "clipvalue",
@@ -370,7 +375,7 @@ MATRIX_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", MATRIX_CASES)
+@pytest.mark.parametrize("case", QUICK_MATRIX)
 def test_the_oracle_matrix_on_jax_equals_keras_whole_batch_fit(cases, case):
     """Optimizer options on the accumulated gradient, a schedule counted in updates, the sum reduction, class
     weights, several outputs with loss weights, masks: two ragged updates, each Keras' whole-batch update."""
@@ -392,8 +397,8 @@ def test_each_oracle_case_on_jax_fails_when_trained_the_way_it_guards_against(co
 
 
 @pytest.fixture(scope="module")
-def without_tensorflow():
-    return child(WITHOUT_TENSORFLOW)
+def without_tensorflow(cases):
+    return cases  # the quick cases' one process, where TensorFlow cannot be imported
 
 
 def test_fit_trains_on_jax_where_tensorflow_is_not_installed(without_tensorflow):
@@ -417,6 +422,7 @@ def test_what_needs_more_than_the_jax_door_is_refused_in_one_line_without_tensor
     assert without_tensorflow[case] == message
 
 
+@pytest.mark.slow  # a process of its own, seconds
 def test_the_cli_on_jax_is_refused_in_one_line(tmp_path, repo_root):
     """`KERAS_BACKEND=jax accum-train run configs/smoke.yaml` (the built-in seed_convnet): the CLI has no door on JAX
     yet, and the first call it makes of the seam says so, exit 2, no traceback. The lines TensorFlow prints as it loads

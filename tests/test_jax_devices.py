@@ -14,6 +14,7 @@ import sys
 import pytest
 
 pytest.importorskip("jax")
+pytestmark = pytest.mark.slow  # a process with its own devices, about 15 s: the slow suite (CI runs it)
 
 CASES = r"""
 import json, re, numpy as np, jax, keras, accum_train
