@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from ...errors import UserError
-from .engine import Accumulator
+from .engine import DONATED, Accumulator
 
 
 def mesh(where: str) -> jax.sharding.Mesh | None:
@@ -51,7 +51,7 @@ class DataParallelAccumulator(Accumulator):
         mapped = jax.shard_map(
             self._update_fn, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False
         )
-        self._update = jax.jit(mapped, donate_argnums=self.DONATED["update"])
+        self._update = jax.jit(mapped, donate_argnums=DONATED["update"])
 
     def summed(self, cache, totals):
         return jax.lax.psum((cache, totals), self.axis)

@@ -24,6 +24,11 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+# what each jitted call replaces is donated, as Keras' JAXTrainer donates its state: the weights and the optimizer's
+# slots (and the cache, between micro-steps) are written in place, so an update holds one copy of them beside the
+# micro-batch's activations, not two
+DONATED = {"update": (0, 2), "micro": (2, 3), "apply": (0, 1)}
+
 
 def stacked(micro_batches: list):
     """``(x, y, sample_weight, valid)`` with a leading axis of ``k``: each micro-batch padded with zeros to the
@@ -71,15 +76,10 @@ class Accumulator:
     def set_subdivisions(self, k: int) -> None:
         self._k = int(k)
 
-    # what each call replaces is donated, as Keras' JAXTrainer donates its state: the weights and the optimizer's
-    # slots (and the cache, between micro-steps) are written in place, so an update holds one copy of them beside
-    # the micro-batch's activations, not two
-    DONATED = {"update": (0, 2), "micro": (2, 3), "apply": (0, 1)}
-
     def retrace(self) -> None:
-        self._update = jax.jit(self._update_fn, donate_argnums=self.DONATED["update"])
-        self._micro = jax.jit(self._micro_fn, donate_argnums=self.DONATED["micro"])
-        self._apply = jax.jit(self._apply_fn, donate_argnums=self.DONATED["apply"])
+        self._update = jax.jit(self._update_fn, donate_argnums=DONATED["update"])
+        self._micro = jax.jit(self._micro_fn, donate_argnums=DONATED["micro"])
+        self._apply = jax.jit(self._apply_fn, donate_argnums=DONATED["apply"])
 
     def restored(self) -> None:
         """Nothing held apart from the Keras variables: the state is read from them at each call."""
