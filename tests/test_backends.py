@@ -39,6 +39,7 @@ CLEAN = [
     "accum/trainer/runtime.py",
     "accum/trainer/data/batching.py",
     "accum/trainer/data/order.py",
+    "accum/trainer/data/class_weights.py",
     "accum/trainer/data/timeline.py",
     "accum/trainer/store/metrics_log.py",
     "accum/trainer/store/lock.py",

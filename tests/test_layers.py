@@ -30,12 +30,13 @@ CLI, DATASETS = FOLDERS["cli"], FOLDERS["datasets"]
 SEAM = f"{PACKAGE}.backends"
 # What a backend's folder may import besides its own: the leaves, Keras' internals (keras_private), and the rooms of
 # trainer/ that every backend shares: the noise scale's estimate, the feed's held batch, the batch arithmetic, the
-# data order (fit's door on JAX shuffles as TensorFlow's ArrayFeed) and trim_padding's cut in the data pipeline; and
-# what the accumulator needs of a network (models/containers).
+# data order (fit's door on JAX shuffles as TensorFlow's ArrayFeed), class weights as each example's (arrays alike)
+# and trim_padding's cut in the data pipeline; and what the accumulator needs of a network (models/containers).
 BACKEND_MAY_IMPORT = (
     LEAVES
     | {f"{PACKAGE}.keras_private", f"{PACKAGE}.models.containers"}
-    | {f"{PACKAGE}.trainer.{m}" for m in ("noise", "data.feed", "data.batching", "data.order", "data.trim")}
+    | {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "batching", "order", "trim", "class_weights")}
+    | {f"{PACKAGE}.trainer.noise"}
 )
 MAX_LINES = 400
 

@@ -19,6 +19,7 @@ from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
 from ...errors import Refused, UserError
 from ...trainer.data.batching import k_for_micro_batch, pieces
+from ...trainer.data.class_weights import class_weights_of
 from ...trainer.data.order import epoch_order
 from .devices import DataParallelAccumulator, mesh
 from .engine import Accumulator
@@ -85,7 +86,7 @@ def fit(model, given: dict) -> keras.callbacks.History:
                 f"{WHERE}: class_weight is only supported for a model with one output (this one has "
                 f"{len(keras.tree.flatten(given['y']))}): pass sample_weight per output instead",
             )
-        arrays = (given["x"], given["y"], _class_weights(given["y"], given["class_weight"]))
+        arrays = (given["x"], given["y"], class_weights_of(given["y"], given["class_weight"]))
     if given["y"] is None or not all(isinstance(a, np.ndarray) for a in keras.tree.flatten(arrays) if a is not None):
         raise refused("data other than numpy arrays x, y (and sample_weight)", WHERE)
     examples = len(keras.tree.flatten(given["x"])[0])
@@ -124,17 +125,6 @@ def fit(model, given: dict) -> keras.callbacks.History:
 def _default(value, default) -> bool:
     """Whether an argument was left at its default (or given equal to it; an array never is)."""
     return value is default or (type(value) in (bool, int, float, str) and value == default)
-
-
-def _class_weights(y, class_weight: dict) -> np.ndarray:
-    """Each example's weight from its class's, as Keras' data adapters derive it (data_adapter_utils'
-    class_weight_to_sample_weights): one-hot targets by their argmax, [N, 1] squeezed, rounded; a class not named
-    weighs 1."""
-    labels = np.asarray(y)
-    if labels.ndim > 1:
-        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
-    labels = np.round(labels).astype("int32")
-    return np.array([class_weight.get(int(label), 1.0) for label in labels], dtype=keras.backend.floatx())
 
 
 def _rows(arrays, rows):

@@ -13,7 +13,8 @@ import tensorflow as tf
 from ...datasets.base import stored
 from ...errors import UserError
 from .batching import Cut
-from .conversion import WHERE, _leaves_as_arrays, class_weights_tensor
+from .class_weights import class_weights_of
+from .conversion import WHERE, _leaves_as_arrays
 from .feed import by_plan, endless
 from .order import epoch_order
 from .timeline import Segment
@@ -48,7 +49,7 @@ class ArrayFeed:
         if self.examples == 0:
             raise UserError(f"{WHERE}: x holds no example")
         if class_weight is not None:
-            weights = class_weights_tensor(tf.nest.flatten(arrays[1])[0], class_weight).numpy()
+            weights = class_weights_of(tf.nest.flatten(arrays[1])[0], class_weight)
             if sample_weight is not None:
                 weights = weights * np.asarray(arrays[2], np.float32).reshape(self.examples, -1)[:, 0]
             arrays = (*arrays[:2], weights)

@@ -43,8 +43,8 @@ def _tuples(structure):
 
 
 def class_weights_tensor(y, class_weight: dict):
-    """Sample weights from class weights as model.fit derives them: one-hot targets by their argmax, [N, 1]
-    squeezed, rounded to integers; classes not named weigh 1 (arrays' and a dataset's batches alike)."""
+    """Sample weights from class weights, in tf.data's graph for a stream's batches: class_weights.py's rule
+    (arrays take it in NumPy)."""
     labels = tf.convert_to_tensor(y)
     if labels.shape.rank > 1:
         labels = tf.argmax(labels, axis=-1) if labels.shape[-1] != 1 else tf.squeeze(labels, axis=-1)
