@@ -230,3 +230,8 @@ def initial_epoch(model, given: int) -> int:
     """The epoch to start from after the callbacks' on_train_begin: BackupAndRestore sets model._initial_epoch to
     the epoch it restored, which model.fit then starts from (instead of its initial_epoch)."""
     return getattr(model, "_initial_epoch", None) or given
+
+
+def seed_states(model) -> list:
+    """The state variables of every SeedGenerator ``model``'s layers draw from (a Dropout's, a noise layer's)."""
+    return [generator.state for layer in all_layers(model) for generator in getattr(layer, "_seed_generators", ())]

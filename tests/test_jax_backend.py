@@ -93,6 +93,25 @@ drawn = mlp()  # fit's defaults: shuffle=True, seed=None (a seed drawn afresh)
 loss = accum_train.fit(drawn, x[:20], y[:20], batch_size=5, subdivisions=3, verbose=0).history["loss"][0]
 out["seed=None"] = [gap(drawn, mlp()), loss]
 
+# non-trainable variables, carried through the micro-steps: a frozen layer kept to the bit while the rest trains to
+# model.fit's weights; a Dropout's seed state moved on once per micro-step (k=1: model.fit's masks, to the bit)
+def held(frozen=False, rate=None):
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((5,)), keras.layers.Dense(16, activation="tanh", trainable=not frozen)]
+    layers += [keras.layers.Dropout(rate, seed=4)] if rate else []
+    model = keras.Sequential([*layers, keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+for name, options, k in (("frozen k=3", {"frozen": True}, 3), ("dropout k=1", {"rate": 0.3}, 1),
+                         ("dropout k=3", {"rate": 0.3}, 3)):  # fmt: skip
+    ours, keras_own, start = held(**options), held(**options), held(**options)
+    accum_train.fit(ours, x, y, batch_size=10, shuffle=False, verbose=0, subdivisions=k)  # 3 updates
+    keras_own.fit(x, y, batch_size=10, shuffle=False, verbose=0)
+    first = [float(np.max(np.abs(a - b))) for a, b in zip(ours.layers[0].get_weights(), start.layers[0].get_weights())]
+    seeds = [v.numpy().tolist() for v in ours.non_trainable_variables if v.dtype == "uint32"]
+    out[name] = [gap(ours, keras_own), gap(ours, start), max(first), seeds]
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -297,7 +316,7 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("BatchNormalization", f"accum_train.fit: a model with non-trainable variables (batch_normalization) {LATER}"),
+        ("BatchNormalization", f"accum_train.fit: BatchNormalization (batch_normalization) {LATER}"),
         ("validation_split", f"accum_train.fit: validation_split=0.2 {LATER}"),
         ("subdivisions=0", "accum_train.fit: subdivisions=0 must be an integer >= 1"),
         (
@@ -314,6 +333,21 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
 )
 def test_what_the_jax_backend_does_not_cover_yet_is_refused_in_one_line(cases, case, message):
     assert cases[case] == message
+
+
+def test_a_frozen_layer_on_jax_stays_to_the_bit_while_the_rest_trains_to_keras_weights(cases):
+    apart, moved, frozen_moved, _ = cases["frozen k=3"]
+    assert apart < 1e-5 and moved > 1e-2 and frozen_moved == 0.0
+
+
+@pytest.mark.parametrize("k, masks", [(1, "model.fit's"), (3, "one per micro-step")])
+def test_a_dropout_on_jax_draws_a_mask_per_micro_step_from_its_seed_state(cases, k, masks):
+    """The seed state (seed 4) moves on once per micro-step: 3 updates of k micro-steps leave its counter at 3k. At
+    k=1 that is model.fit's draw, so the weights are model.fit's to the bit; at k=3 each micro-batch has its own mask,
+    other than the whole batch's, so the weights are not."""
+    apart, moved, _, seeds = cases[f"dropout k={k}"]
+    assert seeds == [[4, 3 * k]] and moved > 1e-2
+    assert apart == 0.0 if k == 1 else apart > 1e-3
 
 
 @pytest.mark.parametrize("shuffle", [True, "batch"])

@@ -77,6 +77,32 @@ out["all-reduces"] = found
 out["trainable variables"] = len(model.trainable_variables)
 out["engine"] = [type(engine).__name__, engine.replicas, engine.replica_ids]
 
+# a Dropout on 2 devices: a batch of the same 5 rows twice, each device's share in one micro-batch. Devices that drew
+# one mask would give one device's update on the 5 rows (the counterfactual: the seed states not set apart)
+def dropped():
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dropout(0.5, seed=4)]
+    model = keras.Sequential([*layers, keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    return model
+
+same = dict(x=np.concatenate([x[:5]] * 2), y=np.concatenate([targets["mse"][:5]] * 2), batch_size=10, shuffle=False)
+twice, alike = dropped(), dropped()
+accum_train.fit(twice, **same, verbose=0)
+from accum_train.backends.jax import devices
+apart_per_device = devices.DataParallelAccumulator.spread, devices.DataParallelAccumulator.gathered
+devices.DataParallelAccumulator.spread = devices.DataParallelAccumulator.gathered = lambda self, values: values
+accum_train.fit(alike, **same, verbose=0)
+devices.DataParallelAccumulator.spread, devices.DataParallelAccumulator.gathered = apart_per_device
+keras.distribution.set_distribution(None)
+once = dropped()
+accum_train.fit(once, x[:5], targets["mse"][:5], batch_size=5, shuffle=False, verbose=0)
+seed_state = lambda model: [v.numpy().tolist() for v in model.non_trainable_variables]
+out["dropout"] = {
+    "v one device": apart(twice, once), "one mask v one device": apart(alike, once),
+    "seed states": [seed_state(twice), seed_state(once)],
+}
+
 layout = keras.distribution.LayoutMap(keras.distribution.DeviceMesh((1, 2), ["batch", "model"]))
 keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch"))
 try:
@@ -123,3 +149,14 @@ def test_a_distribution_other_than_data_parallel_is_refused_in_one_line(cases):
         "accum_train.fit: keras.distribution.ModelParallel over 1 process(es) is not supported: use "
         "keras.distribution.DataParallel in one process"
     )
+
+
+def test_devices_draw_their_own_dropout_masks_from_one_replicated_seed_state(cases):
+    """Two devices on the same rows draw different masks (their update is not one device's on those rows), while the
+    seed state they leave is one device's: each update moves it on once per micro-step. Counterfactual: with the seed
+    states not set apart per device, both draw one mask and give one device's update exactly."""
+    got = cases["dropout"]
+    assert got["v one device"] > 1e-2
+    assert got["one mask v one device"] <= 1e-6
+    twice, once = got["seed states"]
+    assert twice == once == [[4, 1]]

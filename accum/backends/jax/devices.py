@@ -7,17 +7,22 @@ sees on one device and every row counts once in ``S`` and ``D``; only the order 
 device scans its micro-batches into its own float32 cache, one ``psum`` adds the caches and totals once per update,
 and every device applies the optimizer to that sum alike: the variables stay replicated (DataParallel's layout). A
 share with no rows (a batch smaller than the mesh) is all padding and adds nothing. ``accumulate``/``finish`` run
-replicated, unshared. ``check_vma=False``: with it, JAX would psum the replicated weights' gradient inside every
-micro-step (the transpose of its implicit ``pvary``), an all-reduce per micro-batch.
+replicated, unshared. A Dropout draws its mask from its seed state, the same on every device: each device moves its
+seed states apart (a counter offset by its index) for its micro-steps and back after them, so that devices draw
+different masks and the state stays replicated, moved on by the micro-steps of one device. ``check_vma=False``:
+with it, JAX would psum the replicated weights' gradient inside every micro-step (the transpose of its implicit
+``pvary``), an all-reduce per micro-batch.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from ... import keras_private
 from ...errors import UserError
 from .engine import DONATED, Accumulator
 
@@ -42,6 +47,8 @@ class DataParallelAccumulator(Accumulator):
     def __init__(self, model, objective, optimizer, *, subdivisions: int, mesh: jax.sharding.Mesh):
         self.mesh, (self.axis,) = mesh, mesh.axis_names
         self.replicas, self.replica_ids = mesh.size, list(range(mesh.size))
+        states = {id(state) for state in keras_private.seed_states(model)}
+        self.seeds = [i for i, v in enumerate(model.non_trainable_variables) if id(v) in states]
         super().__init__(model, objective, optimizer, subdivisions=subdivisions)
 
     def retrace(self) -> None:
@@ -55,3 +62,19 @@ class DataParallelAccumulator(Accumulator):
 
     def summed(self, cache, totals):
         return jax.lax.psum((cache, totals), self.axis)
+
+    def spread(self, non_trainable):
+        return self._offset(non_trainable, 1)
+
+    def gathered(self, non_trainable):
+        return self._offset(non_trainable, -1)
+
+    def _offset(self, non_trainable, sign: int):
+        """The seed states' counters moved by ``sign`` times this device's index times 2**20 (apart from every draw
+        an update of any device makes)."""
+        shift = (jax.lax.axis_index(self.axis) * (1 << 20)).astype("uint32")
+        moved = list(non_trainable)
+        for i in self.seeds:
+            step = jnp.stack([jnp.zeros((), "uint32"), shift])
+            moved[i] = moved[i] + step if sign > 0 else moved[i] - step
+        return moved

@@ -27,7 +27,7 @@ import numpy as np
 # what each jitted call replaces is donated, as Keras' JAXTrainer donates its state: the weights and the optimizer's
 # slots (and the cache, between micro-steps) are written in place, so an update holds one copy of them beside the
 # micro-batch's activations, not two
-DONATED = {"update": (0, 2), "micro": (2, 3), "apply": (0, 1)}
+DONATED = {"update": (0, 1, 2), "micro": (1, 2, 3), "apply": (0, 1)}
 
 
 def stacked(micro_batches: list):
@@ -94,7 +94,7 @@ class Accumulator:
 
     def _empty(self, trainable, non_trainable, batch):
         """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run)."""
-        sums, _ = jax.eval_shape(self.objective.parts, trainable, non_trainable, *batch)
+        sums, _, _ = jax.eval_shape(self.objective.parts, trainable, non_trainable, *batch)
         groups = sums.shape[0]
         return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], jnp.zeros((2, groups), "float32")
 
@@ -106,22 +106,28 @@ class Accumulator:
             [v.value for v in self.optimizer.variables],
         )
 
-    def _write(self, trainable, optimizer_values) -> None:
-        for variable, value in zip(self.model.trainable_variables, trainable):
-            variable.assign(value)
-        for variable, value in zip(self.optimizer.variables, optimizer_values):
-            variable.assign(value)
+    def _write(self, trainable, non_trainable, optimizer_values) -> None:
+        model = self.model
+        for variables, values in (
+            (model.trainable_variables, trainable),
+            (model.non_trainable_variables, non_trainable),
+            (self.optimizer.variables, optimizer_values),
+        ):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
 
     def _micro_fn(self, trainable, non_trainable, cache, totals, batch, n):
-        def scaled(values):
-            sums, counts = self.objective.parts(values, non_trainable, *batch)
-            return sums / n, (sums, counts)
+        """One micro-step: (non-trainable variables as it left them, cache, totals)."""
 
-        scaled_sums, pull, (sums, counts) = jax.vjp(scaled, trainable, has_aux=True)
+        def scaled(values):
+            sums, counts, moved = self.objective.parts(values, non_trainable, *batch)
+            return sums / n, (sums, counts, moved)
+
+        scaled_sums, pull, (sums, counts, moved) = jax.vjp(scaled, trainable, has_aux=True)
         one_hot = jnp.eye(scaled_sums.shape[0], dtype=scaled_sums.dtype)
         grads = [pull(one_hot[g])[0] for g in range(scaled_sums.shape[0])]  # each group's gradient, apart
         cache = [c + jnp.stack([g[i] for g in grads]).astype("float32") for i, c in enumerate(cache)]
-        return cache, totals + jnp.stack([sums, counts])
+        return moved, cache, totals + jnp.stack([sums, counts])
 
     def _apply_fn(self, trainable, optimizer_values, cache, totals, n):
         sums, counts = totals
@@ -140,11 +146,21 @@ class Accumulator:
 
     def _update_fn(self, trainable, non_trainable, optimizer_values, batches, n):
         def step(carry, batch):
-            return self._micro_fn(trainable, non_trainable, *carry, batch, n), None
+            return self._micro_fn(trainable, *carry, batch, n), None
 
         start = self._empty(trainable, non_trainable, jax.tree.map(lambda a: a[0], batches))
-        (cache, totals), _ = jax.lax.scan(step, start, batches)
-        return self._apply_fn(trainable, optimizer_values, *self.summed(cache, totals), n)
+        (non_trainable, cache, totals), _ = jax.lax.scan(step, (self.spread(non_trainable), *start), batches)
+        applied = self._apply_fn(trainable, optimizer_values, *self.summed(cache, totals), n)
+        return self.gathered(non_trainable), *applied
+
+    def spread(self, non_trainable):
+        """The non-trainable variables as this device starts its micro-steps from them: one device's as they are
+        (devices.py sets each device's seed states apart)."""
+        return non_trainable
+
+    def gathered(self, non_trainable):
+        """The non-trainable variables as the update leaves them, from this device's (``spread``'s inverse)."""
+        return non_trainable
 
     def summed(self, cache, totals):
         """The cache and totals over the update's devices: one device's are the batch's (devices.py sums them)."""
@@ -156,10 +172,10 @@ class Accumulator:
         pulled = [next(iterator) for _ in range(pulls * self.replicas)]
         batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
         trainable, non_trainable, optimizer_values = self._state()
-        new, optimizer_new, loss, finite = self._update(
+        non_trainable, new, optimizer_new, loss, finite = self._update(
             trainable, non_trainable, optimizer_values, batches, jnp.float32(n)
         )
-        self._write(new, optimizer_new)
+        self._write(new, non_trainable, optimizer_new)
         return {"loss": loss, "applied": finite, "examples": n}
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
@@ -172,14 +188,16 @@ class Accumulator:
         batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))  # one micro-batch, unstacked
         if self._cache is None:
             self._cache, self._totals = self._empty(trainable, non_trainable, batch)
-        self._cache, self._totals = self._micro(trainable, non_trainable, self._cache, self._totals, batch, n)
+        moved, self._cache, self._totals = self._micro(trainable, non_trainable, self._cache, self._totals, batch, n)
+        for variable, value in zip(self.model.non_trainable_variables, moved):
+            variable.assign(value)
         self._n = n
 
     def finish(self, retry=False, stop=0) -> dict:
         """The accumulated update applied once (skipped where not finite), the cache cleared."""
-        trainable, _, optimizer_values = self._state()
+        trainable, non_trainable, optimizer_values = self._state()
         n = jnp.float32(self._n)
         new, optimizer_new, loss, finite = self._apply(trainable, optimizer_values, self._cache, self._totals, n)
-        self._write(new, optimizer_new)
+        self._write(new, non_trainable, optimizer_new)
         self.reset()
         return {"loss": loss, "applied": finite, "examples": int(n)}

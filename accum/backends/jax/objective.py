@@ -11,9 +11,10 @@ data (a mean divided by its sample weights, a mask) a group of its own. A ``D`` 
 valid token) is read as 1, as Keras' ``divide_no_nan`` reads it. Loss weights are in ``S``. Rows a micro-batch was
 padded with (engine.py stacks micro-batches of unequal size) carry ``valid`` 0: they add nothing to ``S`` or ``D``.
 
-Not covered yet, refused in one line: losses the layers add, weight regularizers, metrics, non-trainable
-variables, a LossScaleOptimizer. ``check`` refuses them before anything is traced, ``parts`` what only a trace
-shows (a layer's loss).
+Not covered yet, refused in one line: losses the layers add, weight regularizers, metrics, BatchNormalization
+(whose statistics the TensorFlow backend pools once per update), a LossScaleOptimizer. Other non-trainable variables
+are carried: frozen weights stay as they are, a Dropout's seed state moves on with each micro-step's draw.
+``check`` refuses what it can before anything is traced, ``parts`` what only a trace shows (a layer's loss).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import keras
 from ... import keras_private
 from ...errors import UserError
 
+BATCH_NORMS = (keras.layers.BatchNormalization,)
 REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
 LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEND=tensorflow"
 
@@ -51,16 +53,20 @@ class KerasObjective:
             raise refused(f"model {model.name!r} compiled with metrics", where)
         if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
             raise refused("a LossScaleOptimizer (mixed_float16)", where)
-        if model.non_trainable_variables:  # BatchNormalization's statistics, a Dropout's seed, frozen weights
-            names = ", ".join(layer.name for layer in model.layers if layer.non_trainable_variables)
-            raise refused(f"a model with non-trainable variables ({names})", where)
+        # a micro-batch's statistics moved into the moving ones k times per update would not be the batch's
+        norms = [layer.name for layer in keras_private.all_layers(model) if isinstance(layer, BATCH_NORMS)]
+        if norms:
+            raise refused(f"BatchNormalization ({', '.join(norms)})", where)
         if any(getattr(v, "regularizer", None) is not None for v in model.trainable_variables):
             raise refused(f"a weight regularizer (model {model.name!r})", where)
 
     def parts(self, trainable, non_trainable, x, y, sample_weight, valid):
-        """(S, D) of one micro-batch (``valid``: 1 for its rows, 0 for padding): float32 vectors, one entry per
-        normaliser group, in the same order for every micro-batch of the same shapes."""
-        y_pred, _, losses = self.model.stateless_call(trainable, non_trainable, x, training=True, return_losses=True)
+        """(S, D, non_trainable) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32
+        vectors, one entry per normaliser group, in the same order for every micro-batch of the same shapes; the
+        non-trainable variables as the forward pass left them (a seed state moved on)."""
+        y_pred, non_trainable, losses = self.model.stateless_call(
+            trainable, non_trainable, x, training=True, return_losses=True
+        )
         if losses:
             added = f"a loss that model {self.model.name!r}'s layers add (add_loss, an activity regularizer)"
             raise refused(added, self.where)
@@ -92,7 +98,8 @@ class KerasObjective:
             else:
                 add(f"output_{i}", weighted, count)
         parts = [groups[name] for name in sorted(groups)]
-        return tuple(jnp.stack([part[j] for part in parts]).astype("float32") for j in (0, 1))
+        sums, counts = (jnp.stack([part[j] for part in parts]).astype("float32") for j in (0, 1))
+        return sums, counts, non_trainable
 
     @staticmethod
     def _apart(loss, y_true, y_pred, sample_weight, valid):
