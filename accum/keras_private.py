@@ -235,3 +235,16 @@ def initial_epoch(model, given: int) -> int:
 def seed_states(model) -> list:
     """The state variables of every SeedGenerator ``model``'s layers draw from (a Dropout's, a noise layer's)."""
     return [generator.state for layer in all_layers(model) for generator in getattr(layer, "_seed_generators", ())]
+
+
+def each_compiled_metric(compiled, y, y_pred, sample_weight) -> list:
+    """(metric, y_true, y_pred, sample_weight) for each metric of ``compiled`` (a CompileMetrics) as its
+    update_state pairs them: an output's targets and predictions, the sample weights for ``weighted_metrics`` only
+    (None for ``metrics``), one set repeated over the outputs where one is given."""
+    if not compiled.built:
+        compiled.build(y, y_pred)
+    y, y_pred = compiled._flatten_y(y), compiled._flatten_y(y_pred)
+    weights = [None] * len(y) if sample_weight is None else compiled._flatten_y(sample_weight)
+    weights = weights if len(weights) >= len(y) else [weights[0]] * len(y)
+    pairs = [(m, t, p, None) for m, t, p in zip(compiled._flat_metrics, y, y_pred) if m]
+    return pairs + [(m, t, p, w) for m, t, p, w in zip(compiled._flat_weighted_metrics, y, y_pred, weights) if m]

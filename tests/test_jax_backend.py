@@ -112,6 +112,40 @@ for name, options, k in (("frozen k=3", {"frozen": True}, 3), ("dropout k=1", {"
     seeds = [v.numpy().tolist() for v in ours.non_trainable_variables if v.dtype == "uint32"]
     out[name] = [gap(ours, keras_own), gap(ours, start), max(first), seeds]
 
+# compiled metrics, updated by each micro-step with its valid rows (the padding of ragged micro-batches weighted 0):
+# 2 epochs of updates of 10, 10, 3 in 4 micro-batches, with sample weights, History's every log against model.fit's
+def metered():
+    model = mlp(weighted_mean, 4)
+    metrics = ["accuracy", keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="entropy")]
+    weighted = [keras.metrics.SparseCategoricalAccuracy(name="weighted_accuracy")]
+    model.compile(keras.optimizers.Adam(0.05), weighted_mean, metrics=metrics, weighted_metrics=weighted)
+    return model
+
+logged = {}
+for door in ("accum_train.fit", "model.fit"):
+    model, data = metered(), dict(batch_size=10, sample_weight=weights, epochs=2, shuffle=False, verbose=0)
+    if door == "model.fit":
+        logged[door] = model.fit(x, labels, **data).history
+    else:
+        logged[door] = accum_train.fit(model, x, labels, **data, subdivisions=4).history
+out["metrics"] = logged
+
+def tagged():  # a per-token output whose mask the loss sees and model.fit's metrics on JAX do not
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((6,)), keras.layers.Embedding(7, 8, mask_zero=True), keras.layers.Dense(3)]
+    model, top2 = keras.Sequential(layers), keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")
+    model.compile(keras.optimizers.Adam(0.05), sce_loss, metrics=["accuracy", top2])
+    return model
+
+sce_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+tokens = rng.integers(1, 7, size=(23, 6)) * (np.arange(6) < rng.integers(1, 7, size=(23, 1)))
+tags = rng.integers(0, 3, size=(23, 6))
+data = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)
+out["tagger metrics"] = {
+    "accum_train.fit": accum_train.fit(tagged(), tokens, tags, **data, subdivisions=4).history,
+    "model.fit": tagged().fit(tokens, tags, **data).history,
+}
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -175,8 +209,8 @@ def tagger(loss):  # an Embedding with mask_zero feeding a per-token Dense: Kera
 
 class Averaged(door.KerasObjective):
     def parts(self, *args):
-        sums, counts = super().parts(*args)
-        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1)
+        sums, counts, held = super().parts(*args)
+        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held
 
 plain = net()
 by_class = {"class_weight": {0: 0.2, 1: 3.0, 3: 0.5}}
@@ -333,6 +367,25 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
 )
 def test_what_the_jax_backend_does_not_cover_yet_is_refused_in_one_line(cases, case, message):
     assert cases[case] == message
+
+
+@pytest.mark.parametrize(
+    "case, names",
+    [
+        ("metrics", ["accuracy", "entropy", "loss", "weighted_accuracy"]),
+        ("tagger metrics", ["accuracy", "loss", "top2"]),
+    ],
+)
+def test_compiled_metrics_on_jax_log_model_fit_s_values(cases, case, names):
+    """Each epoch's logs in History as model.fit's on JAX, the ragged micro-batches' padding counted nowhere: sample
+    weights in ``weighted_metrics`` alone, and a per-token output's mask not in the metrics (Keras' JAX trainer hands
+    its metrics the outputs without it, so that every token counts, the masked ones too)."""
+    ours, keras_own = cases[case]["accum_train.fit"], cases[case]["model.fit"]
+    assert sorted(ours) == sorted(keras_own) == names
+    for name, values in keras_own.items():
+        assert ours[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+    if case == "metrics":
+        assert ours["accuracy"] != ours["weighted_accuracy"]  # the sample weights reach the weighted metric alone
 
 
 def test_a_frozen_layer_on_jax_stays_to_the_bit_while_the_rest_trains_to_keras_weights(cases):

@@ -90,11 +90,21 @@ same = dict(x=np.concatenate([x[:5]] * 2), y=np.concatenate([targets["mse"][:5]]
 twice, alike = dropped(), dropped()
 accum_train.fit(twice, **same, verbose=0)
 from accum_train.backends.jax import devices
-apart_per_device = devices.DataParallelAccumulator.spread, devices.DataParallelAccumulator.gathered
-devices.DataParallelAccumulator.spread = devices.DataParallelAccumulator.gathered = lambda self, values: values
+apart_per_device = devices.DataParallelAccumulator._offset
+devices.DataParallelAccumulator._offset = lambda self, values, sign: values
 accum_train.fit(alike, **same, verbose=0)
-devices.DataParallelAccumulator.spread, devices.DataParallelAccumulator.gathered = apart_per_device
+devices.DataParallelAccumulator._offset = apart_per_device
+# compiled metrics on 2 devices: each device's changes to them summed once per update, in the same psum
+def metered():
+    model = mlp(losses["weighted mean"])
+    weighted = [keras.metrics.SparseCategoricalAccuracy(name="weighted_accuracy")]
+    model.compile(keras.optimizers.Adam(0.05), losses["weighted mean"], metrics=["accuracy"], weighted_metrics=weighted)
+    return model
+
+data = dict(x=x, y=targets["weighted mean"], batch_size=7, sample_weight=weights, epochs=2, shuffle=False, verbose=0)
+metered_two = accum_train.fit(metered(), **data, subdivisions=2).history
 keras.distribution.set_distribution(None)
+out["metrics"] = [metered_two, metered().fit(**data).history]
 once = dropped()
 accum_train.fit(once, x[:5], targets["mse"][:5], batch_size=5, shuffle=False, verbose=0)
 seed_state = lambda model: [v.numpy().tolist() for v in model.non_trainable_variables]
@@ -160,3 +170,10 @@ def test_devices_draw_their_own_dropout_masks_from_one_replicated_seed_state(cas
     assert got["one mask v one device"] <= 1e-6
     twice, once = got["seed states"]
     assert twice == once == [[4, 1]]
+
+
+def test_compiled_metrics_on_two_devices_log_model_fit_s_values(cases):
+    two, keras_own = cases["metrics"]
+    assert sorted(two) == sorted(keras_own) == ["accuracy", "loss", "weighted_accuracy"]
+    for name, values in keras_own.items():
+        assert two[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name

@@ -107,7 +107,9 @@ def fit(model, given: dict) -> keras.callbacks.History:
     history = keras.callbacks.History()
     history.set_model(model)
     history.on_train_begin()
+    compiled = keras_private.compile_metrics(model)
     for epoch in range(int(given["epochs"])):
+        model.reset_metrics()  # as model.fit: each epoch's metrics its own
         summed, order = 0.0, epoch_order(seed, epoch, examples, shuffle, batch_size)  # as TensorFlow's ArrayFeed
         for start in range(0, examples, batch_size):
             batch = _rows(arrays, order[start : start + batch_size])
@@ -116,6 +118,8 @@ def fit(model, given: dict) -> keras.callbacks.History:
             done = engine.update_from(cut, n, k)
             summed += float(done["loss"]) * n  # Keras' loss tracker: batch losses weighted by their examples
         logs = {"loss": summed / examples}
+        if compiled is not None:  # model.fit's logs: the loss, then each compiled metric's result
+            logs.update(keras_private.pythonify_logs(compiled.result()))
         if given["verbose"]:
             print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
         history.on_epoch_end(epoch, logs)

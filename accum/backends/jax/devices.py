@@ -60,14 +60,14 @@ class DataParallelAccumulator(Accumulator):
         )
         self._update = jax.jit(mapped, donate_argnums=DONATED["update"])
 
-    def summed(self, cache, totals):
-        return jax.lax.psum((cache, totals), self.axis)
+    def spread(self, held):
+        return self._offset(held[0], 1), held[1]
 
-    def spread(self, non_trainable):
-        return self._offset(non_trainable, 1)
-
-    def gathered(self, non_trainable):
-        return self._offset(non_trainable, -1)
+    def summed(self, cache, totals, moved, held):
+        # the metrics as each device moved them: their changes summed, on the state every device started from
+        changes = [new - old for new, old in zip(moved[1], held[1])]
+        cache, totals, changes = jax.lax.psum((cache, totals, changes), self.axis)
+        return cache, totals, (self._offset(moved[0], -1), [old + change for old, change in zip(held[1], changes)])
 
     def _offset(self, non_trainable, sign: int):
         """The seed states' counters moved by ``sign`` times this device's index times 2**20 (apart from every draw

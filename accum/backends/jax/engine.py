@@ -92,35 +92,35 @@ class Accumulator:
         objective's groups)."""
         self._cache, self._totals, self._n = None, None, 0
 
-    def _empty(self, trainable, non_trainable, batch):
+    def _empty(self, trainable, held, batch):
         """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run)."""
-        sums, _, _ = jax.eval_shape(self.objective.parts, trainable, non_trainable, *batch)
+        sums, _, _ = jax.eval_shape(self.objective.parts, trainable, held, *batch)
         groups = sums.shape[0]
         return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], jnp.zeros((2, groups), "float32")
 
     def _state(self):
-        model = self.model
-        return (
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
-            [v.value for v in self.optimizer.variables],
-        )
+        """(trainable, held, optimizer's) values; held: the non-trainable variables' and the compiled metrics',
+        which the micro-steps carry from one to the next."""
+        model, read = self.model, lambda variables: [v.value for v in variables]
+        held = (read(model.non_trainable_variables), read(self.objective.metric_variables))
+        return read(model.trainable_variables), held, read(self.optimizer.variables)
 
-    def _write(self, trainable, non_trainable, optimizer_values) -> None:
+    def _write(self, trainable, held, optimizer_values) -> None:
         model = self.model
         for variables, values in (
             (model.trainable_variables, trainable),
-            (model.non_trainable_variables, non_trainable),
+            (model.non_trainable_variables, held[0]),
+            (self.objective.metric_variables, held[1]),
             (self.optimizer.variables, optimizer_values),
         ):
             for variable, value in zip(variables, values):
                 variable.assign(value)
 
-    def _micro_fn(self, trainable, non_trainable, cache, totals, batch, n):
-        """One micro-step: (non-trainable variables as it left them, cache, totals)."""
+    def _micro_fn(self, trainable, held, cache, totals, batch, n):
+        """One micro-step: (held as it left them: _state's, cache, totals)."""
 
         def scaled(values):
-            sums, counts, moved = self.objective.parts(values, non_trainable, *batch)
+            sums, counts, moved = self.objective.parts(values, held, *batch)
             return sums / n, (sums, counts, moved)
 
         scaled_sums, pull, (sums, counts, moved) = jax.vjp(scaled, trainable, has_aux=True)
@@ -144,38 +144,34 @@ class Accumulator:
             finite,
         )
 
-    def _update_fn(self, trainable, non_trainable, optimizer_values, batches, n):
+    def _update_fn(self, trainable, held, optimizer_values, batches, n):
         def step(carry, batch):
             return self._micro_fn(trainable, *carry, batch, n), None
 
-        start = self._empty(trainable, non_trainable, jax.tree.map(lambda a: a[0], batches))
-        (non_trainable, cache, totals), _ = jax.lax.scan(step, (self.spread(non_trainable), *start), batches)
-        applied = self._apply_fn(trainable, optimizer_values, *self.summed(cache, totals), n)
-        return self.gathered(non_trainable), *applied
+        start = self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches))
+        (moved, cache, totals), _ = jax.lax.scan(step, (self.spread(held), *start), batches)
+        cache, totals, moved = self.summed(cache, totals, moved, held)
+        return moved, *self._apply_fn(trainable, optimizer_values, cache, totals, n)
 
-    def spread(self, non_trainable):
-        """The non-trainable variables as this device starts its micro-steps from them: one device's as they are
+    def spread(self, held):
+        """What the micro-steps carry (``_state``'s held) as this device starts them: one device's as they are
         (devices.py sets each device's seed states apart)."""
-        return non_trainable
+        return held
 
-    def gathered(self, non_trainable):
-        """The non-trainable variables as the update leaves them, from this device's (``spread``'s inverse)."""
-        return non_trainable
-
-    def summed(self, cache, totals):
-        """The cache and totals over the update's devices: one device's are the batch's (devices.py sums them)."""
-        return cache, totals
+    def summed(self, cache, totals, moved, held):
+        """The cache, totals and carried state over the update's devices, from this device's and the state it started
+        from (``held``): one device's are the batch's (devices.py sums them)."""
+        return cache, totals, moved
 
     def update_from(self, iterator, n: int, pulls: int, stop=0, size=None, held=False) -> dict:
         """The update of a batch of ``n`` examples whose ``pulls`` micro-batches per replica ``iterator`` yields (in
         batching.py's ``pieces`` order), in one call; stacked replica by replica, each replica's in a row."""
         pulled = [next(iterator) for _ in range(pulls * self.replicas)]
         batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
-        trainable, non_trainable, optimizer_values = self._state()
-        non_trainable, new, optimizer_new, loss, finite = self._update(
-            trainable, non_trainable, optimizer_values, batches, jnp.float32(n)
-        )
-        self._write(new, non_trainable, optimizer_new)
+        trainable, held, optimizer_values = self._state()
+        total = jnp.float32(n)
+        held, new, optimizer_new, loss, finite = self._update(trainable, held, optimizer_values, batches, total)
+        self._write(new, held, optimizer_new)
         return {"loss": loss, "applied": finite, "examples": n}
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
@@ -184,20 +180,19 @@ class Accumulator:
 
     def accumulate(self, x, y, n, sample_weight=None):
         """One micro-batch into the cache, nothing applied."""
-        trainable, non_trainable, _ = self._state()
+        trainable, held, optimizer_values = self._state()
         batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))  # one micro-batch, unstacked
         if self._cache is None:
-            self._cache, self._totals = self._empty(trainable, non_trainable, batch)
-        moved, self._cache, self._totals = self._micro(trainable, non_trainable, self._cache, self._totals, batch, n)
-        for variable, value in zip(self.model.non_trainable_variables, moved):
-            variable.assign(value)
+            self._cache, self._totals = self._empty(trainable, held, batch)
+        held, self._cache, self._totals = self._micro(trainable, held, self._cache, self._totals, batch, n)
+        self._write(trainable, held, optimizer_values)
         self._n = n
 
     def finish(self, retry=False, stop=0) -> dict:
         """The accumulated update applied once (skipped where not finite), the cache cleared."""
-        trainable, non_trainable, optimizer_values = self._state()
+        trainable, held, optimizer_values = self._state()
         n = jnp.float32(self._n)
         new, optimizer_new, loss, finite = self._apply(trainable, optimizer_values, self._cache, self._totals, n)
-        self._write(new, non_trainable, optimizer_new)
+        self._write(new, held, optimizer_new)
         self.reset()
         return {"loss": loss, "applied": finite, "examples": int(n)}

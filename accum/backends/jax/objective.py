@@ -11,7 +11,7 @@ data (a mean divided by its sample weights, a mask) a group of its own. A ``D`` 
 valid token) is read as 1, as Keras' ``divide_no_nan`` reads it. Loss weights are in ``S``. Rows a micro-batch was
 padded with (engine.py stacks micro-batches of unequal size) carry ``valid`` 0: they add nothing to ``S`` or ``D``.
 
-Not covered yet, refused in one line: losses the layers add, weight regularizers, metrics, BatchNormalization
+Not covered yet, refused in one line: losses the layers add, weight regularizers, BatchNormalization
 (whose statistics the TensorFlow backend pools once per update), a LossScaleOptimizer. Other non-trainable variables
 are carried: frozen weights stay as they are, a Dropout's seed state moves on with each micro-step's draw.
 ``check`` refuses what it can before anything is traced, ``parts`` what only a trace shows (a layer's loss).
@@ -49,8 +49,6 @@ class KerasObjective:
         for entry in keras_private.flat_losses(model):
             if entry.loss.reduction not in REDUCTIONS:
                 raise refused(f"loss {entry.loss.name!r} with reduction={entry.loss.reduction!r}", where)
-        if keras_private.compile_metrics(model) is not None:
-            raise refused(f"model {model.name!r} compiled with metrics", where)
         if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
             raise refused("a LossScaleOptimizer (mixed_float16)", where)
         # a micro-batch's statistics moved into the moving ones k times per update would not be the batch's
@@ -60,10 +58,18 @@ class KerasObjective:
         if any(getattr(v, "regularizer", None) is not None for v in model.trainable_variables):
             raise refused(f"a weight regularizer (model {model.name!r})", where)
 
-    def parts(self, trainable, non_trainable, x, y, sample_weight, valid):
-        """(S, D, non_trainable) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32
-        vectors, one entry per normaliser group, in the same order for every micro-batch of the same shapes; the
-        non-trainable variables as the forward pass left them (a seed state moved on)."""
+    @property
+    def metric_variables(self) -> list:
+        """The compiled metrics' variables (none without metrics), which each micro-step updates."""
+        compiled = keras_private.compile_metrics(self.model)
+        return [] if compiled is None else list(compiled.variables)
+
+    def parts(self, trainable, held, x, y, sample_weight, valid):
+        """(S, D, held) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32 vectors, one
+        entry per normaliser group, in the same order for every micro-batch of the same shapes. ``held``: the
+        non-trainable variables' values and the compiled metrics' (``metric_variables``), as the micro-step leaves
+        them: a seed state moved on, the metrics updated with this micro-batch's valid rows."""
+        non_trainable, metrics = held
         y_pred, non_trainable, losses = self.model.stateless_call(
             trainable, non_trainable, x, training=True, return_losses=True
         )
@@ -99,7 +105,33 @@ class KerasObjective:
                 add(f"output_{i}", weighted, count)
         parts = [groups[name] for name in sorted(groups)]
         sums, counts = (jnp.stack([part[j] for part in parts]).astype("float32") for j in (0, 1))
-        return sums, counts, non_trainable
+        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid))
+
+    def _metrics(self, values, y, y_pred, sample_weight, valid):
+        """The compiled metrics' ``values`` updated as model.fit updates them with this micro-batch, its padding rows
+        weighted 0: every metric is given the valid rows as weights (1 on a row counts as no weight: each metric is a
+        weighted sum), ``weighted_metrics`` times the sample weights."""
+        if not values:
+            return values
+
+        def weighed(given):
+            if given is None:
+                return valid
+            rows = jnp.reshape(valid, valid.shape + (1,) * (jnp.ndim(given) - 1))
+            return given * rows.astype(given.dtype)
+
+        # as on model.fit's JAX trainer, whose metrics take the outputs as they leave its gradient's function: a new
+        # array, without the mask the loss saw (Keras on TensorFlow keeps it)
+        y_pred = keras.tree.map_structure(lambda out: out * 1, y_pred)
+        variables, compiled = self.metric_variables, keras_private.compile_metrics(self.model)
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            pairs = keras_private.each_compiled_metric(compiled, y, y_pred, sample_weight)
+            for metric, y_true, y_out, weights in pairs:
+                metric.update_state(y_true, y_out, weighed(weights))
+        return [
+            value if (new := scope.get_current_value(variable)) is None else new
+            for variable, value in zip(variables, values)
+        ]
 
     @staticmethod
     def _apart(loss, y_true, y_pred, sample_weight, valid):
