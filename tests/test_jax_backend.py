@@ -472,7 +472,93 @@ def test_the_oracle_matrix_on_jax_equals_keras_whole_batch_fit(cases, case):
 
 @pytest.fixture(scope="module")
 def counterfactuals():
-    return child(MATRIX, "counterfactual")
+    return child(MATRIX + PRECISION, "counterfactual")
+
+
+# mixed precision on JAX (slow suite: its process is the counterfactuals'): 2 updates in 4 micro-batches against
+# float32 model.fit and model.fit under the same policy. Under mixed_float16 Keras' compile wraps the optimizer in a
+# LossScaleOptimizer: each micro-step's loss is scaled by its dynamic scale, its stateless_apply unscales the summed
+# gradient once. Targets of 1e-4 give float16 gradients that underflow unscaled (the counterfactual: scale 1).
+PRECISION = r"""
+from accum_train.backends.jax import engine as jax_engine
+
+door.KerasObjective = Averaged.__base__  # the matrix's last counterfactual may have left Keras' averaging in place
+OPTIMIZERS = {"mixed_bfloat16": adam(0.01), "mixed_float16": adam(0.01), "bfloat16": lambda: keras.optimizers.SGD(0.1)}
+
+def mixed(policy, like=None):
+    keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=OPTIMIZERS[like or policy](), loss="mse")
+    keras.mixed_precision.set_global_policy("float32")
+    return model
+
+def reference(policy, targets):  # float32 from the policy's first weights (a bfloat16 model's are drawn apart)
+    model = mixed("float32", like=policy)
+    model.set_weights([w.astype("float32") for w in mixed(policy).get_weights()])
+    model.fit(x, targets, batch_size=10, shuffle=False, verbose=0)
+    return model
+
+gap = lambda a, b: max(float(np.max(np.abs(np.float32(u) - np.float32(v)))) for u, v in zip(a, b))
+for policy in OPTIMIZERS:
+    for scale in (1.0, 1e-4):
+        targets = y * scale
+        float32, same, ours = reference(policy, targets), mixed(policy), mixed(policy)
+        same.fit(x, targets, batch_size=10, shuffle=False, verbose=0)
+        engines = []
+        built = jax_engine.Accumulator.__init__
+        def keep(self, *args, **kwargs):
+            built(self, *args, **kwargs)
+            engines.append(self)
+        jax_engine.Accumulator.__init__ = keep
+        accum_train.fit(ours, x, targets, batch_size=10, subdivisions=4, shuffle=False, verbose=0)
+        jax_engine.Accumulator.__init__ = built
+        engine = engines[0]
+        engine.accumulate(x[:5], targets[:5], 5)  # the cache as a micro-step leaves it
+        cache = str(engine._cache[0].dtype)
+        engine.reset()
+        state = lambda model: [float(v.numpy()) for v in model.optimizer.variables[:2]]
+        weights = lambda model: model.get_weights()
+        case = {"v float32": gap(weights(ours), weights(float32)),
+                "v the policy's model.fit": gap(weights(ours), weights(same)),
+                "model.fit v float32": gap(weights(same), weights(float32)),
+                "moved": gap(weights(ours), weights(mixed(policy))),
+                "cache": cache, "weights": str(ours.get_weights()[0].dtype),
+                "optimizer": type(ours.optimizer).__name__}
+        if policy == "mixed_float16":  # the scale and its step counter as model.fit leaves them; then unscaled
+            case["loss scale"] = [state(ours), state(same)]
+            ours = mixed(policy)
+            engine_scale = jax_engine.Accumulator._scale
+            jax_engine.Accumulator._scale = lambda self, values: 1.0
+            accum_train.fit(ours, x, targets, batch_size=10, subdivisions=4, shuffle=False, verbose=0)
+            jax_engine.Accumulator._scale = engine_scale
+            case["unscaled v float32"] = gap(weights(ours), weights(float32))
+        out[f"{policy} targets x{scale:g}"] = case
+"""
+
+
+# each policy's stated tolerance, relative to the targets' scale: the largest weight difference after 2 updates of
+# Adam(0.01) from float32 model.fit's weights, and from model.fit's under the same policy (measured: bfloat16's
+# 8-bit mantissa rounds each micro-batch's sum where model.fit rounds the batch's once)
+TOLERANCE = {"mixed_bfloat16": (5e-3, 3e-3), "mixed_float16": (1e-3, 3e-4), "bfloat16": (3e-2, 2e-2)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", sorted(TOLERANCE))
+@pytest.mark.parametrize("scale", ["1", "0.0001"])
+def test_mixed_precision_on_jax_stays_within_its_stated_tolerance_with_a_float32_cache(counterfactuals, policy, scale):
+    got, (to_float32, to_policy) = counterfactuals[f"{policy} targets x{scale}"], TOLERANCE[policy]
+    assert got["moved"] > 1e-2
+    assert got["v float32"] <= to_float32 and got["model.fit v float32"] <= to_float32, got
+    assert got["v the policy's model.fit"] <= to_policy, got
+    assert got["cache"] == "float32"  # a micro-step's gradient summed in float32 whatever the variables' dtype
+    assert got["weights"] == ("bfloat16" if policy == "bfloat16" else "float32")
+    if policy == "mixed_float16":
+        assert got["optimizer"] == "LossScaleOptimizer"
+        ours, keras_own = got["loss scale"]
+        assert ours == keras_own  # the step counter and the dynamic scale, as model.fit moved them
+        if scale == "0.0001":  # unscaled, float16 gradients of 1e-4 targets underflow: the weights stay off
+            assert got["unscaled v float32"] > 10 * to_float32, got
 
 
 @pytest.mark.slow

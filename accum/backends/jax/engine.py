@@ -61,6 +61,10 @@ class Accumulator:
     def __init__(self, model, objective, optimizer, *, subdivisions: int):
         self.model, self.objective, self.optimizer = model, objective, optimizer
         optimizer.build(model.trainable_variables)
+        # a LossScaleOptimizer's (mixed_float16) dynamic scale, which each micro-step's loss is multiplied by so that
+        # float16 gradients do not underflow; its stateless_apply unscales the summed gradient and moves the scale
+        scale = getattr(optimizer, "dynamic_scale", None)
+        self.scale_at = next((i for i, v in enumerate(optimizer.variables) if v is scale), None)
         self._k = int(subdivisions)
         self.retrace()
         self.reset()
@@ -116,12 +120,16 @@ class Accumulator:
             for variable, value in zip(variables, values):
                 variable.assign(value)
 
-    def _micro_fn(self, trainable, held, cache, totals, batch, n):
-        """One micro-step: (held as it left them: _state's, cache, totals)."""
+    def _scale(self, optimizer_values):
+        return 1.0 if self.scale_at is None else optimizer_values[self.scale_at]
+
+    def _micro_fn(self, trainable, held, cache, totals, batch, n, scale):
+        """One micro-step: (held as it left them: _state's, cache, totals); the cache holds ``scale`` times the
+        gradient (a LossScaleOptimizer's scale, else 1)."""
 
         def scaled(values):
             sums, counts, moved = self.objective.parts(values, held, *batch)
-            return sums / n, (sums, counts, moved)
+            return sums * scale / n, (sums, counts, moved)
 
         scaled_sums, pull, (sums, counts, moved) = jax.vjp(scaled, trainable, has_aux=True)
         one_hot = jnp.eye(scaled_sums.shape[0], dtype=scaled_sums.dtype)
@@ -136,6 +144,8 @@ class Accumulator:
         grads = [jnp.tensordot(factor, c, axes=1).astype(v.dtype) for c, v in zip(cache, trainable)]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
         new_trainable, new_optimizer = self.optimizer.stateless_apply(optimizer_values, grads, trainable)
+        if self.scale_at is not None:  # the LossScaleOptimizer skips a non-finite update itself and halves its scale
+            return list(new_trainable), list(new_optimizer), jnp.sum(sums / counts), finite
         kept = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         return (
             jax.tree.map(kept, list(new_trainable), list(trainable)),
@@ -146,7 +156,7 @@ class Accumulator:
 
     def _update_fn(self, trainable, held, optimizer_values, batches, n):
         def step(carry, batch):
-            return self._micro_fn(trainable, *carry, batch, n), None
+            return self._micro_fn(trainable, *carry, batch, n, self._scale(optimizer_values)), None
 
         start = self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches))
         (moved, cache, totals), _ = jax.lax.scan(step, (self.spread(held), *start), batches)
@@ -184,7 +194,8 @@ class Accumulator:
         batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))  # one micro-batch, unstacked
         if self._cache is None:
             self._cache, self._totals = self._empty(trainable, held, batch)
-        held, self._cache, self._totals = self._micro(trainable, held, self._cache, self._totals, batch, n)
+        scale = self._scale(optimizer_values)
+        held, self._cache, self._totals = self._micro(trainable, held, self._cache, self._totals, batch, n, scale)
         self._write(trainable, held, optimizer_values)
         self._n = n
 

@@ -12,7 +12,7 @@ valid token) is read as 1, as Keras' ``divide_no_nan`` reads it. Loss weights ar
 padded with (engine.py stacks micro-batches of unequal size) carry ``valid`` 0: they add nothing to ``S`` or ``D``.
 
 Not covered yet, refused in one line: losses the layers add, weight regularizers, BatchNormalization
-(whose statistics the TensorFlow backend pools once per update), a LossScaleOptimizer. Other non-trainable variables
+(whose statistics the TensorFlow backend pools once per update). Other non-trainable variables
 are carried: frozen weights stay as they are, a Dropout's seed state moves on with each micro-step's draw.
 ``check`` refuses what it can before anything is traced, ``parts`` what only a trace shows (a layer's loss).
 """
@@ -49,8 +49,6 @@ class KerasObjective:
         for entry in keras_private.flat_losses(model):
             if entry.loss.reduction not in REDUCTIONS:
                 raise refused(f"loss {entry.loss.name!r} with reduction={entry.loss.reduction!r}", where)
-        if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
-            raise refused("a LossScaleOptimizer (mixed_float16)", where)
         # a micro-batch's statistics moved into the moving ones k times per update would not be the batch's
         norms = [layer.name for layer in keras_private.all_layers(model) if isinstance(layer, BATCH_NORMS)]
         if norms:
