@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec
 
 from ... import keras_private
 from ...errors import UserError
-from .engine import DONATED, Accumulator
+from .engine import Accumulator
 
 
 def mesh(where: str) -> jax.sharding.Mesh | None:
@@ -51,14 +51,10 @@ class DataParallelAccumulator(Accumulator):
         self.seeds = [i for i, v in enumerate(model.non_trainable_variables) if id(v) in states]
         super().__init__(model, objective, optimizer, subdivisions=subdivisions)
 
-    def retrace(self) -> None:
-        super().retrace()
+    def mapped(self, update):
         # state and n replicated, the stacked micro-batches cut on their leading axis: each device's k in a row
         specs = (PartitionSpec(),) * 3 + (PartitionSpec(self.axis), PartitionSpec())
-        mapped = jax.shard_map(
-            self._update_fn, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False
-        )
-        self._update = jax.jit(mapped, donate_argnums=DONATED["update"])
+        return jax.shard_map(update, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False)
 
     def spread(self, held):
         return self._offset(held[0], 1), held[1]

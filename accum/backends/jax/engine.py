@@ -81,9 +81,13 @@ class Accumulator:
         self._k = int(k)
 
     def retrace(self) -> None:
-        self._update = jax.jit(self._update_fn, donate_argnums=DONATED["update"])
+        self._update = jax.jit(self.mapped(self._update_fn), donate_argnums=DONATED["update"])
         self._micro = jax.jit(self._micro_fn, donate_argnums=DONATED["micro"])
         self._apply = jax.jit(self._apply_fn, donate_argnums=DONATED["apply"])
+
+    def mapped(self, update):
+        """The update's function as it runs over the devices: on one, itself (devices.py maps it over a mesh)."""
+        return update
 
     def restored(self) -> None:
         """Nothing held apart from the Keras variables: the state is read from them at each call."""
