@@ -37,7 +37,6 @@ from ..backends import active
 from ..defaults import FLUSH_SECONDS
 from ..errors import RunDirError
 from ..files import atomic_write, keras_bytes
-from ..trainer.runtime import is_chief, strategy_name
 from ..trainer.store.checkpoints import checkpoint_numbers
 from ..trainer.store.lock import LOCK
 from ..trainer.store.metrics_log import update_figures
@@ -58,7 +57,7 @@ class FitRunDir(RunDirectory):
 
     def __init__(self, run_dir: Path, model, built, engine, noise, described: dict, say=print, extra=None):
         hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
-        super().__init__(run_dir, is_chief(engine.strategy), "output_dir ", hint)
+        super().__init__(run_dir, active().is_chief(engine.strategy), "output_dir ", hint)
         self.model, self.engine, self.noise, self.described, self.say = model, engine, noise, described, say
         self.lora = built.lora  # run.json records it
         counter = active().state_variable
@@ -97,7 +96,7 @@ class FitRunDir(RunDirectory):
     def started(self, trainer, resumed: bool) -> None:
         """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
         engine = self.engine
-        self.log_start(self.done, self.resumed, strategy_name(engine.strategy), engine.replicas, engine.k)
+        self.log_start(self.done, self.resumed, active().strategy_name(engine.strategy), engine.replicas, engine.k)
 
     def finish(self) -> tuple | None:
         if not self.writer:

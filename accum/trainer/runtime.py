@@ -1,6 +1,6 @@
 """What the runtime is and is given, for either door: the micro-steps in flight ``auto`` chooses and the thread
-pools that go with them, the cluster this process is in and who writes the run, and a strategy's name; what only
-the framework knows (a GPU, a strategy's kind) the backend says (accum/backends/). A config's own set-up of the
+pools that go with them, and the cluster this process is in; what only the framework knows (a GPU, a strategy's
+kind and name, who writes the run) the backend says (accum/backends/). A config's own set-up of the
 runtime (its pools, its strategy) is the CLI's: from_config/startup.py and run.py, through the backend.
 
 Threads, measured on the 2-core development machine (README, "Where the time
@@ -66,13 +66,3 @@ def cluster_workers() -> int:
     """The workers of the cluster this process is in (TF_CONFIG), 1 without one."""
     cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
     return max(1, sum(len(tasks) for role, tasks in cluster.items() if role in ("chief", "worker")))
-
-
-def strategy_name(strategy) -> str:
-    """The config's name for a strategy (``strategy.name``), as history.jsonl records it: the backend's."""
-    return active().strategy_name(strategy)
-
-
-def is_chief(strategy) -> bool:
-    """Whether this process writes the run directory (the chief: task 'chief', or worker 0 when there is none)."""
-    return active().is_chief(strategy)

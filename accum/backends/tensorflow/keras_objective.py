@@ -134,11 +134,6 @@ class KerasObjective:
         other.steps = steps
         return other
 
-    @property
-    def names(self) -> list[str]:
-        """The compiled loss's entries by name (model.fit's ``<name>_loss`` logs with several)."""
-        return [entry.name for entry in self.entries]
-
     def probe(self, element_spec, strategy) -> tuple:
         """The normalisers of the data whose elements ``element_spec`` describes, in a fixed order, found by
         tracing one micro-step (no data read, nothing run). A loss that cannot take the targets fails here,

@@ -27,6 +27,7 @@ from tensorlayer.layers import BatchNorm
 from ... import keras_private
 from ...errors import UserError
 from ...models.containers import leaves
+from .gradient_cache import REPLICA_LOCAL
 
 
 class PendingStats:
@@ -41,9 +42,7 @@ class PendingStats:
     """
 
     def __init__(self, name: str, shape):
-        local = dict(
-            trainable=False, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
-        )
+        local = dict(trainable=False, **REPLICA_LOCAL)
         self.count = tf.Variable(0.0, name=f"{name}_pending_count", **local)
         self.sum = tf.Variable(tf.zeros(shape), name=f"{name}_pending_sum", **local)
         self.sq = tf.Variable(tf.zeros(shape), name=f"{name}_pending_sq", **local)
@@ -81,12 +80,11 @@ class PendingStats:
 
     def values(self) -> list:
         """This replica's sums, in the order ``fold`` takes them."""
-        return [self.count.read_value(), self.sum.read_value(), self.sq.read_value()]
+        return [variable.read_value() for variable in self.variables()]
 
     def clear(self):
-        self.count.assign(0.0)
-        self.sum.assign(tf.zeros(self.sum.shape))  # not zeros_like: no read (a collective, across replicas)
-        self.sq.assign(tf.zeros(self.sq.shape))
+        for variable in self.variables():
+            variable.assign(tf.zeros(variable.shape))  # not zeros_like: no read (a collective, across replicas)
 
 
 def move_statistics(moving_mean, moving_var, momentum, mean, var, seen=True):

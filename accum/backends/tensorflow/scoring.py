@@ -56,9 +56,6 @@ class KerasMetrics:
     def local(self) -> list:
         return [v.read_value() for v in self.variables] if self.sync else []
 
-    def state(self) -> list:
-        return self.variables
-
     def reset(self) -> None:
         self.model.reset_metrics()
 
@@ -88,6 +85,7 @@ class Correct:
 
     def __init__(self):
         self.correct = tf.Variable(0.0, trainable=False, name="correct", **REPLICA_LOCAL)
+        self.variables = [self.correct]
 
     def update(self, x, y, y_pred, sample_weight, steps=None) -> None:
         hits = tf.equal(tf.argmax(y_pred, axis=-1, output_type=tf.int32), tf.cast(y, tf.int32))
@@ -95,9 +93,6 @@ class Correct:
 
     def local(self) -> list:
         return [self.correct.read_value()]
-
-    def state(self) -> list:
-        return [self.correct]
 
     def reset(self) -> None:
         self.correct.assign(0.0)
@@ -176,7 +171,7 @@ class Evaluation:
             self.totals.clear()
         if self.metrics is None:
             return {"loss": loss, "examples": totals["examples"]}
-        state = [] if clear else self.metrics.state()
+        state = [] if clear else self.metrics.variables
         kept = [v.read_value() for v in state]  # results() moves the metrics: put back when only reading them
         logs = self.metrics.results(reduced["metrics"], loss, totals, output_values(totals, self.objective.kinds))
         if not clear:

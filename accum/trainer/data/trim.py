@@ -174,7 +174,7 @@ class TrimmedSplit:
     rest is the split's."""
 
     def __init__(self, split, multiple: int, where: str):
-        self.split, self.where = split, where
+        self.split = split
         self.trim = Held(tuple(p for p in (split.x, split.y, split.weights) if p is not None), multiple, where)
         self.timed, self.by_length = self.trim.timed, self.trim.by_length
         stored = split.tensors()
