@@ -94,6 +94,29 @@ apart_per_device = devices.DataParallelAccumulator._offset
 devices.DataParallelAccumulator._offset = lambda self, values, sign: values
 accum_train.fit(alike, **same, verbose=0)
 devices.DataParallelAccumulator._offset = apart_per_device
+# BatchNormalization on 2 devices: each device normalises its own micro-batches, the pooled sums of both devices move
+# the moving statistics once per update: batches of 10 as 2 + 3 rows per device equal one device's 2, 3, 2, 3
+def normed():
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((5,)), keras.layers.Dense(16, use_bias=False), keras.layers.BatchNormalization(momentum=0.8)]
+    model = keras.Sequential([*layers, keras.layers.Activation("tanh"), keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+statistics = lambda model: [v.numpy() for v in model.non_trainable_variables]
+normed_data = dict(x=x[:20] * 3 + 1, y=targets["mse"][:20], batch_size=10, shuffle=False, verbose=0)
+normed_two = normed()
+accum_train.fit(normed_two, **normed_data, subdivisions=2)
+keras.distribution.set_distribution(None)
+normed_one = normed()
+accum_train.fit(normed_one, **normed_data, subdivisions=4)
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+out["batchnorm"] = {
+    "2 devices v 1": apart(normed_two, normed_one),
+    "statistics": max(float(np.max(np.abs(a - b))) for a, b in zip(statistics(normed_two), statistics(normed_one))),
+    "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(statistics(normed_two), statistics(normed()))),
+}
+
 # compiled metrics on 2 devices: each device's changes to them summed once per update, in the same psum
 def metered():
     model = mlp(losses["weighted mean"])
@@ -177,3 +200,8 @@ def test_compiled_metrics_on_two_devices_log_model_fit_s_values(cases):
     assert sorted(two) == sorted(keras_own) == ["accuracy", "loss", "weighted_accuracy"]
     for name, values in keras_own.items():
         assert two[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+
+
+def test_batchnorm_on_two_devices_pools_its_statistics_once_per_update_as_one_device(cases):
+    got = cases["batchnorm"]
+    assert got["2 devices v 1"] <= 1e-5 and got["statistics"] <= 1e-5 and got["moved"] > 1e-2

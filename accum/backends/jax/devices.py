@@ -57,13 +57,14 @@ class DataParallelAccumulator(Accumulator):
         return jax.shard_map(update, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False)
 
     def spread(self, held):
-        return self._offset(held[0], 1), held[1]
+        return self._offset(held[0], 1), *held[1:]
 
     def summed(self, cache, totals, moved, held):
         # the metrics as each device moved them: their changes summed, on the state every device started from
         changes = [new - old for new, old in zip(moved[1], held[1])]
-        cache, totals, changes = jax.lax.psum((cache, totals, changes), self.axis)
-        return cache, totals, (self._offset(moved[0], -1), [old + change for old, change in zip(held[1], changes)])
+        cache, totals, changes, pending = jax.lax.psum((cache, totals, changes, moved[2]), self.axis)
+        metrics = [old + change for old, change in zip(held[1], changes)]
+        return cache, totals, (self._offset(moved[0], -1), metrics, pending)
 
     def _offset(self, non_trainable, sign: int):
         """The seed states' counters moved by ``sign`` times this device's index times 2**20 (apart from every draw

@@ -98,7 +98,7 @@ class Accumulator:
     def reset(self) -> None:
         """The cache and totals cleared: nothing accumulated (created at the first micro-batch, which tells the
         objective's groups)."""
-        self._cache, self._totals, self._n = None, None, 0
+        self._cache, self._totals, self._n, self._pending = None, None, 0, None
 
     def _empty(self, trainable, held, batch):
         """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run)."""
@@ -110,7 +110,8 @@ class Accumulator:
         """(trainable, held, optimizer's) values; held: the non-trainable variables' and the compiled metrics',
         which the micro-steps carry from one to the next."""
         model, read = self.model, lambda variables: [v.value for v in variables]
-        held = (read(model.non_trainable_variables), read(self.objective.metric_variables))
+        pending = self.objective.norms.zeros() if self._pending is None else self._pending
+        held = (read(model.non_trainable_variables), read(self.objective.metric_variables), pending)
         return read(model.trainable_variables), held, read(self.optimizer.variables)
 
     def _write(self, trainable, held, optimizer_values) -> None:
@@ -165,7 +166,13 @@ class Accumulator:
         start = self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches))
         (moved, cache, totals), _ = jax.lax.scan(step, (self.spread(held), *start), batches)
         cache, totals, moved = self.summed(cache, totals, moved, held)
-        return moved, *self._apply_fn(trainable, optimizer_values, cache, totals, n)
+        new, optimizer_new, loss, finite = self._apply_fn(trainable, optimizer_values, cache, totals, n)
+        return self._folded(moved, finite), new, optimizer_new, loss, finite
+
+    def _folded(self, held, finite):
+        """``held`` with BatchNormalization's moving statistics moved once by its pooled sums (norm.Pooled.fold)."""
+        non_trainable, metrics, pending = held
+        return self.objective.norms.fold(non_trainable, pending, finite), metrics, self.objective.norms.zeros()
 
     def spread(self, held):
         """What the micro-steps carry (``_state``'s held) as this device starts them: one device's as they are
@@ -201,6 +208,7 @@ class Accumulator:
         scale = self._scale(optimizer_values)
         held, self._cache, self._totals = self._micro(trainable, held, self._cache, self._totals, batch, n, scale)
         self._write(trainable, held, optimizer_values)
+        self._pending = held[2]
         self._n = n
 
     def finish(self, retry=False, stop=0) -> dict:
@@ -208,6 +216,6 @@ class Accumulator:
         trainable, held, optimizer_values = self._state()
         n = jnp.float32(self._n)
         new, optimizer_new, loss, finite = self._apply(trainable, optimizer_values, self._cache, self._totals, n)
-        self._write(new, held, optimizer_new)
+        self._write(new, self._folded(held, finite), optimizer_new)
         self.reset()
         return {"loss": loss, "applied": finite, "examples": int(n)}

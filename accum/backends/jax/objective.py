@@ -11,9 +11,9 @@ data (a mean divided by its sample weights, a mask) a group of its own. A ``D`` 
 valid token) is read as 1, as Keras' ``divide_no_nan`` reads it. Loss weights are in ``S``. Rows a micro-batch was
 padded with (engine.py stacks micro-batches of unequal size) carry ``valid`` 0: they add nothing to ``S`` or ``D``.
 
-Not covered yet, refused in one line: losses the layers add, weight regularizers, BatchNormalization
-(whose statistics the TensorFlow backend pools once per update). Other non-trainable variables
-are carried: frozen weights stay as they are, a Dropout's seed state moves on with each micro-step's draw.
+Not covered yet, refused in one line: losses the layers add, weight regularizers, BatchNormalization's renorm.
+Non-trainable variables are carried: frozen weights stay as they are, a Dropout's seed state moves on with each
+micro-step's draw, BatchNormalization's moving statistics move once per update (norm.py).
 ``check`` refuses what it can before anything is traced, ``parts`` what only a trace shows (a layer's loss).
 """
 
@@ -24,8 +24,8 @@ import keras
 
 from ... import keras_private
 from ...errors import UserError
+from .norm import Pooled
 
-BATCH_NORMS = (keras.layers.BatchNormalization,)
 REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
 LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEND=tensorflow"
 
@@ -41,6 +41,7 @@ class KerasObjective:
         self.model, self.where = model, where
         self.check()
         self.entries = keras_private.flat_losses(model)
+        self.norms = Pooled(model)
 
     def check(self) -> None:
         model, where = self.model, self.where
@@ -49,10 +50,9 @@ class KerasObjective:
         for entry in keras_private.flat_losses(model):
             if entry.loss.reduction not in REDUCTIONS:
                 raise refused(f"loss {entry.loss.name!r} with reduction={entry.loss.reduction!r}", where)
-        # a micro-batch's statistics moved into the moving ones k times per update would not be the batch's
-        norms = [layer.name for layer in keras_private.all_layers(model) if isinstance(layer, BATCH_NORMS)]
-        if norms:
-            raise refused(f"BatchNormalization ({', '.join(norms)})", where)
+        renorm = [layer.name for layer in keras_private.all_layers(model) if getattr(layer, "renorm", False)]
+        if renorm:  # its corrections follow moving statistics that move per batch: not pooled here
+            raise refused(f"BatchNormalization with renorm=True ({', '.join(renorm)})", where)
         if any(getattr(v, "regularizer", None) is not None for v in model.trainable_variables):
             raise refused(f"a weight regularizer (model {model.name!r})", where)
 
@@ -66,11 +66,15 @@ class KerasObjective:
         """(S, D, held) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32 vectors, one
         entry per normaliser group, in the same order for every micro-batch of the same shapes. ``held``: the
         non-trainable variables' values and the compiled metrics' (``metric_variables``), as the micro-step leaves
-        them: a seed state moved on, the metrics updated with this micro-batch's valid rows."""
-        non_trainable, metrics = held
-        y_pred, non_trainable, losses = self.model.stateless_call(
-            trainable, non_trainable, x, training=True, return_losses=True
-        )
+        them: a seed state moved on, the metrics updated with this micro-batch's valid rows; and BatchNormalization's
+        sums so far (norm.Pooled), this micro-batch's added."""
+        before, metrics, pending = held
+        pending = list(pending)  # BatchNormalization's sums (norm.py), added to by the call
+        with self.norms.recording(valid, pending):
+            y_pred, non_trainable, losses = self.model.stateless_call(
+                trainable, before, x, training=True, return_losses=True
+            )
+        non_trainable = self.norms.kept(before, non_trainable)  # moved once per update instead (norm.fold)
         if losses:
             added = f"a loss that model {self.model.name!r}'s layers add (add_loss, an activity regularizer)"
             raise refused(added, self.where)
@@ -103,7 +107,7 @@ class KerasObjective:
                 add(f"output_{i}", weighted, count)
         parts = [groups[name] for name in sorted(groups)]
         sums, counts = (jnp.stack([part[j] for part in parts]).astype("float32") for j in (0, 1))
-        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid))
+        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid), pending)
 
     def _metrics(self, values, y, y_pred, sample_weight, valid):
         """The compiled metrics' ``values`` updated as model.fit updates them with this micro-batch, its padding rows
