@@ -82,14 +82,8 @@ def format_plan(result: dict) -> str:
             f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
             f"memory holds {result['parallel_micro_steps']})",
         )
-    augment = [
-        text
-        for on, text in (
-            (data["augment"]["flip"], "flip"),
-            (data["augment"]["crop"], f"crop {data['augment']['crop']}"),
-        )
-        if on
-    ]
+    flip, crop = data["augment"]["flip"], data["augment"]["crop"]
+    augment = [text for on, text in ((flip, "flip"), (crop, f"crop {crop}")) if on]
     if augment:
         add("augment", ", ".join(augment) + " (training images, drawn from seed and update)")
     if data["trim_padding"]:

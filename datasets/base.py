@@ -147,17 +147,17 @@ def convert_task(x, y, weights=None):
     return x, (y if weights is None else (y, tf.cast(weights, tf.float32)))
 
 
-def _rows(structure, pick):
-    """Examples ``pick`` (a slice or indices) of an array or of a dict of arrays."""
+def each(function, structure):
+    """``function`` of an array, or of each array of a dict of them by name (a model with several inputs or
+    outputs)."""
     if isinstance(structure, dict):
-        return {name: array[pick] for name, array in structure.items()}
-    return structure[pick]
+        return {name: function(array) for name, array in structure.items()}
+    return function(structure)
 
 
-def _numbers_in_place(structure):
-    """``in_place`` for each array of numbers of an array or a dict of them (None stays None)."""
-    one = lambda a: in_place(a) if a is not None and np.asarray(a).dtype.kind in NUMBERS else a  # noqa: E731
-    return {name: one(a) for name, a in structure.items()} if isinstance(structure, dict) else one(structure)
+def _number_in_place(array):
+    """``in_place`` for an array of numbers; others (strings, None) as they are."""
+    return in_place(array) if array is not None and np.asarray(array).dtype.kind in NUMBERS else array
 
 
 def first_array(structure) -> np.ndarray:
@@ -165,17 +165,17 @@ def first_array(structure) -> np.ndarray:
     return next(iter(structure.values())) if isinstance(structure, dict) else structure
 
 
-def _described(structure) -> dict:
-    """{"dtype", "shape" per example} of an array; {"arrays": {name: that}} of a dict of them."""
+def described(structure, one=lambda a: {"dtype": str(a.dtype), "shape": list(a.shape[1:])}) -> dict:
+    """``one`` of an array ({"dtype", "shape" per example}); {"arrays": {name: that}} of a dict of them."""
     if isinstance(structure, dict):
-        return {"arrays": {name: _described(array) for name, array in structure.items()}}
-    return {"dtype": str(structure.dtype), "shape": list(structure.shape[1:])}
+        return {"arrays": {name: described(array, one) for name, array in structure.items()}}
+    return one(structure)
 
 
-def _zeros(described: dict):
-    if "arrays" in described:
-        return {name: _zeros(one) for name, one in described["arrays"].items()}
-    return np.zeros((0, *described["shape"]), described["dtype"])
+def _zeros(stored: dict):
+    if "arrays" in stored:
+        return {name: _zeros(one) for name, one in stored["arrays"].items()}
+    return np.zeros((0, *stored["shape"]), stored["dtype"])
 
 
 class TaskSplit:
@@ -188,23 +188,24 @@ class TaskSplit:
     def __init__(self, x, y, weights: np.ndarray | None = None):
         # in place once here: ``tensors`` then reads these very arrays (a read-only or unaligned array, as a
         # loader's np.frombuffer gives, would be copied there and held twice)
-        self.x, self.y, self.weights = _numbers_in_place(x), _numbers_in_place(y), _numbers_in_place(weights)
+        self.x, self.y, self.weights = each(_number_in_place, x), each(_number_in_place, y), _number_in_place(weights)
         self._tensors = None
 
     def __len__(self) -> int:
         return len(first_array(self.y))
 
-    def _part(self, pick) -> TaskSplit:
-        return TaskSplit(_rows(self.x, pick), _rows(self.y, pick), None if self.weights is None else self.weights[pick])
-
     def head(self, n: int) -> TaskSplit:
-        return self._part(slice(0, n))
+        return self.subset(slice(0, n))
 
-    def subset(self, indices: np.ndarray) -> TaskSplit:
-        return self._part(indices)
+    def subset(self, indices) -> TaskSplit:
+        """Examples ``indices`` (or a slice of them)."""
+        rows = lambda a: a[indices]  # noqa: E731
+        return TaskSplit(
+            each(rows, self.x), each(rows, self.y), None if self.weights is None else self.weights[indices]
+        )
 
     def take(self, indices: np.ndarray):
-        part = self._part(indices)
+        part = self.subset(indices)
         return convert_task(part.x, part.y, part.weights)
 
     def tensors(self):
@@ -233,7 +234,7 @@ class TaskSplit:
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (run.json's data keeps them: a run is rebuilt
         from them without its data)."""
-        return {"x": _described(self.x), "y": _described(self.y), "weights": self.weights is not None}
+        return {"x": described(self.x), "y": described(self.y), "weights": self.weights is not None}
 
     @classmethod
     def empty(cls, stored: dict) -> TaskSplit:
@@ -263,8 +264,8 @@ class ArraySplit(TaskSplit):
     images = property(lambda self: self.x)
     labels = property(lambda self: self.y)
 
-    def _part(self, pick) -> ArraySplit:
-        return ArraySplit(self.x[pick], self.y[pick])
+    def subset(self, indices) -> ArraySplit:
+        return ArraySplit(self.x[indices], self.y[indices])
 
     def take(self, indices: np.ndarray):
         return to_inputs(self.x[indices], self.y[indices])

@@ -61,7 +61,7 @@ def load(data_config, run_dir=None) -> Dataset:
     _same_classes(root, classes, _class_folders(root, "test"))
     # The limits are applied before the check: a slice of a large folder is checked, not the folder.
     scanned = {
-        split: _limit(_scan(root / split, classes), limit)
+        split: tuple(array[: limit or None] for array in _scan(root / split, classes))
         for split, limit in (("train", data_config.train_limit), ("test", data_config.test_limit))
     }
     paths = np.concatenate([scanned["train"][0], scanned["test"][0]])
@@ -194,17 +194,13 @@ def _class_folders(root: Path, split: str) -> list[str]:
 
 def _same_classes(root: Path, train: list[str], test: list[str]) -> None:
     missing, extra = sorted(set(train) - set(test)), sorted(set(test) - set(train))
-    more = lambda names: f" (and {len(names) - 1} more)" if len(names) > 1 else ""  # noqa: E731
-    if missing:
-        raise DataError(
-            f"{root / 'test'} has no class folder {missing[0]!r}{more(missing)}, which "
-            f"{root / 'train'} has: train and test need the same class folders"
-        )
-    if extra:
-        raise DataError(
-            f"{root / 'test'} has a class folder {extra[0]!r}{more(extra)}, which "
-            f"{root / 'train'} lacks: train and test need the same class folders"
-        )
+    for names, test_has, train_has in ((missing, "has no", "has"), (extra, "has a", "lacks")):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise DataError(
+                f"{root / 'test'} {test_has} class folder {names[0]!r}{more}, which "
+                f"{root / 'train'} {train_has}: train and test need the same class folders"
+            )
 
 
 def _scan(split_dir: Path, classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -232,11 +228,6 @@ def _images_of(folder: Path) -> list[str]:
             f"{folder} holds no .png, .jpg or .jpeg file{besides}: add the class's images or remove the folder"
         )
     return sorted(found)
-
-
-def _limit(scanned, limit: int | None):
-    paths, labels = scanned
-    return (paths[:limit], labels[:limit]) if limit else (paths, labels)
 
 
 def _keeps(keep: bool | None, shape: tuple[int, int, int], splits: dict[str, tuple[int, bool]]) -> bool:
@@ -302,9 +293,9 @@ class FileSplit:
         return len(self.labels)
 
     def head(self, n: int) -> FileSplit:
-        return FileSplit(self.paths[:n], self.labels[:n], self.input_shape)
+        return self.subset(slice(0, n))
 
-    def subset(self, indices: np.ndarray) -> FileSplit:
+    def subset(self, indices) -> FileSplit:
         return FileSplit(self.paths[indices], self.labels[indices], self.input_shape)
 
     def take(self, indices: np.ndarray):
@@ -347,11 +338,7 @@ class FileSplit:
         images = decode_files(tf.gather(tf.constant(self.paths), indices), self.input_shape)
         return images, tf.gather(tf.constant(self.labels), indices)
 
-    @staticmethod
-    def convert(stored):
-        from .base import to_inputs
-
-        return to_inputs(*stored)
+    convert = staticmethod(ArraySplit.convert)  # ``gather``'s images and labels, as a split in memory converts them
 
 
 class StreamedBatches:

@@ -26,7 +26,7 @@ from ..defaults import SHUFFLE_BUFFER
 from ..errors import DataError
 from ..imports import import_function
 from ..text import first_line
-from .base import Dataset, convert_task, untuned
+from .base import Dataset, convert_task, described, untuned
 
 
 def import_factory(factory: str):
@@ -131,13 +131,8 @@ class StreamSplit:
 
     def stored(self) -> dict:
         """The elements' dtypes and shapes, as the factory gives them (see TaskSplit.stored)."""
-
-        def described(spec):
-            if isinstance(spec, dict):  # several inputs or outputs, by name
-                return {"arrays": {name: described(one) for name, one in spec.items()}}
-            return {"dtype": spec.dtype.name, "shape": list(spec.shape)}
-
-        return {"x": described(self.spec[0]), "y": described(self.spec[1]), "weights": len(self.spec) > 2}
+        one = lambda spec: {"dtype": spec.dtype.name, "shape": list(spec.shape)}  # noqa: E731
+        return {"x": described(self.spec[0], one), "y": described(self.spec[1], one), "weights": len(self.spec) > 2}
 
     def signature(self):
         """(x spec, y spec) of a batch as the update takes it: the factory's element spec, converted as
