@@ -113,19 +113,6 @@ def to_inputs(images, labels):
     return x, tf.cast(labels, tf.int32)
 
 
-def gathered_batches(split, order: np.ndarray, batch_size: int):
-    """The batches of a split held in memory (ArraySplit, TaskSplit) in ``order``: gathered and converted on the
-    tf.data side from one copy in TF memory (``tensors``)."""
-    import tensorflow as tf
-
-    split.tensors()  # made here, eagerly: not inside the map's graph
-    indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-    # One batch made at a time and one waiting: a whole batch is the one input the update holds that
-    # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
-    # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
-    return untuned(indices.map(as_is(lambda idx: split.convert(split.gather(idx)))).prefetch(1))
-
-
 def to_values(x):
     """Inputs of any task: uint8 scaled by 1/255 to float32 (images, as to_inputs), float64 as float32,
     everything else (float32, float16, integer ids) as given."""
@@ -229,7 +216,16 @@ class TaskSplit:
         return convert_task(*stored)
 
     def batches(self, order: np.ndarray, batch_size: int):
-        return gathered_batches(self, order, batch_size)
+        """The batches in ``order``: gathered and converted on the tf.data side from one copy in TF memory
+        (``tensors``)."""
+        import tensorflow as tf
+
+        self.tensors()  # made here, eagerly: not inside the map's graph
+        indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
+        # One batch made at a time and one waiting: a whole batch is the one input the update holds that
+        # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
+        # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
+        return untuned(indices.map(as_is(lambda idx: self.convert(self.gather(idx)))).prefetch(1))
 
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (run.json's data keeps them: a run is rebuilt

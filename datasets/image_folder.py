@@ -312,20 +312,14 @@ class FileSplit:
     def decoded(self, as_stored: bool) -> ArraySplit:
         """Every file decoded once, in order, into memory (data.keep_decoded): uint8 when every image is at the
         size (``as_stored``; converted as ``decode`` converts it), else the float32 images ``decode`` gives."""
-        import tensorflow as tf
-
         shape = self.input_shape
         images = aligned_empty((len(self), *shape), np.uint8 if as_stored else np.float32)
         if len(self) == 0:
             return ArraySplit(images, self.labels)
-        chunks = in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1)
-        iterator, done = iter(untuned(chunks)), 0
-        while done < len(self):
-            try:
-                chunk = next(iterator)[0].numpy()
-            except tf.errors.OpError as err:
-                raise_first_bad(self.paths[done : done + CHUNK], shape[2], err, RESTORE_AND_RERUN)
-            images[done : done + len(chunk)] = chunk
+        chunks = untuned(in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1))
+        done = 0
+        for chunk, _ in read_named(chunks, self.paths, range(len(self)), CHUNK, shape[2], RESTORE_AND_RERUN):
+            images[done : done + len(chunk)] = chunk.numpy()
             done += len(chunk)
         return ArraySplit(images, self.labels)
 
@@ -342,34 +336,34 @@ class FileSplit:
 
 
 class StreamedBatches:
-    """The batches of a FileSplit in a given order: iterate it for (x, y) tensors.
-
-    ``dataset`` is the tf.data pipeline itself; iterating through this class
-    turns a file that breaks during the run into a DataError naming it."""
+    """The batches of a FileSplit in a given order: iterate it for (x, y) tensors; a file that breaks during the
+    run is a DataError naming it (``read_named``)."""
 
     def __init__(self, split: FileSplit, order: np.ndarray, batch_size: int):
         self.split, self.order, self.batch_size = split, order, batch_size
 
-    @property
-    def dataset(self):
+    def __iter__(self):
         split = self.split
         # decoded in chunks (in_chunks), then cut into the caller's batches; one batch waiting, no more (see
-        # base.gathered_batches)
+        # base.TaskSplit.batches)
         chunks = in_chunks(split.paths[self.order], split.labels[self.order], split.input_shape)
-        return untuned(chunks.rebatch(self.batch_size).prefetch(1))
+        dataset = untuned(chunks.rebatch(self.batch_size).prefetch(1))
+        # the failed chunk may reach into the next batch
+        return read_named(dataset, split.paths, self.order, self.batch_size + CHUNK, split.input_shape[2])
 
-    def __iter__(self):
-        import tensorflow as tf
 
-        iterator, done = iter(self.dataset), 0
-        while True:
-            try:
-                x, y = next(iterator)
-            except StopIteration:
-                return
-            except tf.errors.OpError as err:
-                # the failed chunk may reach into the next batch
-                upcoming = self.split.paths[self.order[done : done + self.batch_size + CHUNK]]
-                raise_first_bad(upcoming, self.split.input_shape[2], err)
-            done += int(y.shape[0])
-            yield x, y
+def read_named(dataset, paths: np.ndarray, order, ahead: int, channels: int, fix: str = RESTORE_AND_RESUME):
+    """(images, labels) of ``dataset``, which decodes ``paths[order]``; when it fails, the first of the next
+    ``ahead`` files that fails on its own is named (``raise_first_bad``)."""
+    import tensorflow as tf
+
+    iterator, done = iter(dataset), 0
+    while True:
+        try:
+            x, y = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as err:
+            raise_first_bad(paths[order[done : done + ahead]], channels, err, fix)
+        done += int(y.shape[0])
+        yield x, y

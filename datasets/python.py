@@ -43,7 +43,7 @@ class StreamSplit:
     @staticmethod
     def convert(stored):
         """A micro-batch of the factory's elements as the update takes it (inside its micro-step)."""
-        return convert_task(stored[0], stored[1], stored[2] if len(stored) > 2 else None)
+        return convert_task(*stored)
 
     def __init__(self, make, factory: str, split: str, seed: int, options: dict, shuffle: bool, buffer: int):
         self.make, self.factory, self.split, self.seed = make, factory, split, seed
@@ -135,22 +135,13 @@ class StreamSplit:
         return {"x": described(self.spec[0], one), "y": described(self.spec[1], one), "weights": len(self.spec) > 2}
 
     def signature(self):
-        """(x spec, y spec) of a batch as the update takes it: the factory's element spec, converted as
-        ``convert_task`` converts the examples (nothing read)."""
+        """(x spec, y spec) of a batch as the update takes it: the factory's element spec, batched and traced
+        through ``convert`` itself (nothing read), so that the two cannot disagree."""
         import tensorflow as tf
 
-        def batched(spec, dtype):
-            return tf.TensorSpec([None, *spec.shape], dtype)
-
-        def converted_input(spec):
-            return batched(spec, tf.float32 if spec.dtype in (tf.uint8, tf.float64) else spec.dtype)
-
-        def converted_target(spec):
-            return batched(spec, tf.float32 if spec.dtype == tf.float64 else spec.dtype)
-
-        x = tf.nest.map_structure(converted_input, self.spec[0])
-        y = tf.nest.map_structure(converted_target, self.spec[1])
-        return x, (y if len(self.spec) < 3 else (y, batched(self.spec[2], tf.float32)))
+        batched = tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), self.spec)
+        converted = tf.function(lambda *element: self.convert(element), autograph=False).get_concrete_function(*batched)
+        return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), converted.structured_outputs)
 
 
 def _spec_text(spec) -> str:
