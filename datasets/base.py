@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import DataError
+
 
 def scaled(x):
     """uint8 -> float32 in [0, 1], v / 255 exactly as the division rounds it (numpy's float32 v / 255): a batch
@@ -321,8 +323,6 @@ class Dataset:
         if n == 0:
             return self
         if n >= len(self.train):
-            from ..errors import DataError
-
             raise DataError(
                 f"data.validation={n} leaves no training examples of the {len(self.train)} there are: lower it"
             )

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import user_cache
+from ..files import atomic_write, user_cache
 from .base import untuned
 from .image_decode import decode_uint8
 
@@ -84,8 +84,6 @@ class Checked:
 
     def save(self, run_dir: Path) -> None:
         """The run directory's manifest (the writer calls this once it holds the lock)."""
-        from ..files import atomic_write
-
         atomic_write(Path(run_dir) / MANIFEST, self.manifest)
 
 
@@ -267,8 +265,6 @@ def _read(path: Path, root: Path, channels: int) -> tuple[dict, bytes]:
 
 def _write_cache(path: Path, manifest: bytes) -> str | None:
     """Write the folder's cache whole; the reason it could not be (the run goes on), or None."""
-    from ..files import atomic_write
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, manifest)  # a unique temporary name: processes checking one folder at once are safe

@@ -70,10 +70,7 @@ def load(data_config, run_dir=None) -> Dataset:
         _raise_problems(paths, checked.problems)
     n_train = len(scanned["train"][0])
     sizes = {"train": checked.sizes[:n_train], "test": checked.sizes[n_train:]}
-    if data_config.image_size is not None:
-        height, width = data_config.image_size
-    else:
-        height, width = _common_size(scanned, sizes)
+    height, width = data_config.image_size or _common_size(scanned, sizes)
     shape = (int(height), int(width), channels)
     train, test = (FileSplit(*scanned[split], shape) for split in ("train", "test"))
     as_stored = {split: bool((sizes[split] == shape[:2]).all()) for split in sizes}

@@ -20,6 +20,8 @@ installed packages.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..defaults import SHUFFLE_BUFFER
@@ -57,8 +59,6 @@ class StreamSplit:
         return self.examples if self.limit is None else min(self.examples, self.limit)
 
     def head(self, n: int) -> StreamSplit:
-        import copy
-
         limited = copy.copy(self)
         limited.limit = n if self.limit is None else min(n, self.limit)
         return limited
