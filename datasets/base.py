@@ -194,8 +194,9 @@ class TaskSplit:
         )
 
     def take(self, indices: np.ndarray):
-        part = self.subset(indices)
-        return convert_task(part.x, part.y, part.weights)
+        """Examples ``indices`` as one batch, converted as ``convert`` converts a gathered one."""
+        stored = (self.x, self.y) if self.weights is None else (self.x, self.y, self.weights)
+        return self.convert(tuple(each(lambda a: a[indices], part) for part in stored))
 
     def tensors(self):
         """(x, y) or (x, y, weights) as stored, once, in host memory (what tf.data gathers from)."""
@@ -264,9 +265,6 @@ class ArraySplit(TaskSplit):
 
     def subset(self, indices) -> ArraySplit:
         return ArraySplit(self.x[indices], self.y[indices])
-
-    def take(self, indices: np.ndarray):
-        return to_inputs(self.x[indices], self.y[indices])
 
     @staticmethod
     def convert(stored):

@@ -140,19 +140,18 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
             entries.pop(relative[i], None)  # never remembered: a chmod keeps the mtime
         else:
             entries[relative[i]] = (*stats[i], started_ns, *sizes[i].tolist())
-    done = Checked(
+    # unchanged: the cache's own bytes are the manifest (encoding a large folder's again costs seconds)
+    manifest = cached_bytes if entries == cached else _encoded(entries, root, channels)
+    cache_problem = None if entries == cached else _write_cache(cache, manifest)
+    return Checked(
         sizes=sizes,
         problems=problems,
         remembered=len(paths) - len(unknown),
         decoded=len(unknown),
-        seconds=0.0,
-        # unchanged: the cache's own bytes are the manifest (encoding a large folder's again costs seconds)
-        manifest=cached_bytes if entries == cached else _encoded(entries, root, channels),
+        seconds=time.perf_counter() - started,
+        manifest=manifest,
+        cache_problem=cache_problem,
     )
-    if entries != cached:
-        done.cache_problem = _write_cache(cache, done.manifest)
-    done.seconds = time.perf_counter() - started
-    return done
 
 
 # ----------------------------------------------------------------------------
