@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from ..config import load_config
+from ..defaults import PRECISIONS
 from ..errors import UserError
 from ..from_config.source import default_output_dir
 from ..outcome import EpochLines, ending, last_line
@@ -264,8 +265,6 @@ def bench(config, ks, micro_sizes, steps, precisions, rounds, overrides, output_
 
 
 def _parse_precisions(text: str) -> list:
-    from ..defaults import PRECISIONS
-
     chosen = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     bad = [p for p in chosen if p not in PRECISIONS]
     if not chosen or bad:

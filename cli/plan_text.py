@@ -70,11 +70,9 @@ def format_plan(result: dict) -> str:
     elif full["micro_batches"] is None:
         add("micro-batches", f"chosen when the run starts (subdivisions=auto, memory_limit={result['memory_limit']})")
     else:
-        given = (
-            f"micro_batch_size={result['micro_batch_size']}: subdivisions={result['subdivisions']}"
-            if result["micro_batch_size"]
-            else f"subdivisions={result['subdivisions']}"
-        )
+        given = f"subdivisions={result['subdivisions']}"
+        if result["micro_batch_size"]:
+            given = f"micro_batch_size={result['micro_batch_size']}: {given}"
         add("micro-batches", f"{_split_text(full['size'], full['micro_batches'])} ({given})")
     if not result["baseline"] and result["parallel_micro_steps"] > 1:
         add(
@@ -82,14 +80,8 @@ def format_plan(result: dict) -> str:
             f"{result['parallel_micro_steps']} micro-batches at once (parallel_micro_steps; "
             f"memory holds {result['parallel_micro_steps']})",
         )
-    augment = [
-        text
-        for on, text in (
-            (data["augment"]["flip"], "flip"),
-            (data["augment"]["crop"], f"crop {data['augment']['crop']}"),
-        )
-        if on
-    ]
+    flip, crop = data["augment"]["flip"], data["augment"]["crop"]
+    augment = [text for on, text in ((flip, "flip"), (crop, f"crop {crop}")) if on]
     if augment:
         add("augment", ", ".join(augment) + " (training images, drawn from seed and update)")
     if data["trim_padding"]:

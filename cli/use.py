@@ -12,13 +12,14 @@ formats the results. Errors follow the rest of the tool: one line, exit 2.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import click
 
 from ..config import load_config
 from ..errors import UserError
-from ..files import strict_json
+from ..files import atomic_write, strict_json
 from ..outcome import ending, scores_text
 from ..quiet import quiet_tensorflow
 from .common import output_dir_option, set_option, verbose_option
@@ -148,11 +149,7 @@ def predict(run_dir, files, as_json, top, output, overwrite, verbose):
 
 
 def _write_outputs(path: Path, rows: list) -> None:
-    import io
-
     import numpy as np
-
-    from ..files import atomic_write
 
     if "outputs" in rows[0] and isinstance(rows[0]["outputs"], dict):  # several outputs: outputs_<name>
         arrays = {f"outputs_{k}": np.array([row["outputs"][k] for row in rows], np.float32) for k in rows[0]["outputs"]}

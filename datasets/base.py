@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import DataError
+
 
 def scaled(x):
     """uint8 -> float32 in [0, 1], v / 255 exactly as the division rounds it (numpy's float32 v / 255): a batch
@@ -113,19 +115,6 @@ def to_inputs(images, labels):
     return x, tf.cast(labels, tf.int32)
 
 
-def gathered_batches(split, order: np.ndarray, batch_size: int):
-    """The batches of a split held in memory (ArraySplit, TaskSplit) in ``order``: gathered and converted on the
-    tf.data side from one copy in TF memory (``tensors``)."""
-    import tensorflow as tf
-
-    split.tensors()  # made here, eagerly: not inside the map's graph
-    indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
-    # One batch made at a time and one waiting: a whole batch is the one input the update holds that
-    # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
-    # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
-    return untuned(indices.map(as_is(lambda idx: split.convert(split.gather(idx)))).prefetch(1))
-
-
 def to_values(x):
     """Inputs of any task: uint8 scaled by 1/255 to float32 (images, as to_inputs), float64 as float32,
     everything else (float32, float16, integer ids) as given."""
@@ -147,17 +136,17 @@ def convert_task(x, y, weights=None):
     return x, (y if weights is None else (y, tf.cast(weights, tf.float32)))
 
 
-def _rows(structure, pick):
-    """Examples ``pick`` (a slice or indices) of an array or of a dict of arrays."""
+def each(function, structure):
+    """``function`` of an array, or of each array of a dict of them by name (a model with several inputs or
+    outputs)."""
     if isinstance(structure, dict):
-        return {name: array[pick] for name, array in structure.items()}
-    return structure[pick]
+        return {name: function(array) for name, array in structure.items()}
+    return function(structure)
 
 
-def _numbers_in_place(structure):
-    """``in_place`` for each array of numbers of an array or a dict of them (None stays None)."""
-    one = lambda a: in_place(a) if a is not None and np.asarray(a).dtype.kind in NUMBERS else a  # noqa: E731
-    return {name: one(a) for name, a in structure.items()} if isinstance(structure, dict) else one(structure)
+def _number_in_place(array):
+    """``in_place`` for an array of numbers; others (strings, None) as they are."""
+    return in_place(array) if array is not None and np.asarray(array).dtype.kind in NUMBERS else array
 
 
 def first_array(structure) -> np.ndarray:
@@ -165,17 +154,17 @@ def first_array(structure) -> np.ndarray:
     return next(iter(structure.values())) if isinstance(structure, dict) else structure
 
 
-def _described(structure) -> dict:
-    """{"dtype", "shape" per example} of an array; {"arrays": {name: that}} of a dict of them."""
+def described(structure, one=lambda a: {"dtype": str(a.dtype), "shape": list(a.shape[1:])}) -> dict:
+    """``one`` of an array ({"dtype", "shape" per example}); {"arrays": {name: that}} of a dict of them."""
     if isinstance(structure, dict):
-        return {"arrays": {name: _described(array) for name, array in structure.items()}}
-    return {"dtype": str(structure.dtype), "shape": list(structure.shape[1:])}
+        return {"arrays": {name: described(array, one) for name, array in structure.items()}}
+    return one(structure)
 
 
-def _zeros(described: dict):
-    if "arrays" in described:
-        return {name: _zeros(one) for name, one in described["arrays"].items()}
-    return np.zeros((0, *described["shape"]), described["dtype"])
+def _zeros(stored: dict):
+    if "arrays" in stored:
+        return {name: _zeros(one) for name, one in stored["arrays"].items()}
+    return np.zeros((0, *stored["shape"]), stored["dtype"])
 
 
 class TaskSplit:
@@ -188,24 +177,26 @@ class TaskSplit:
     def __init__(self, x, y, weights: np.ndarray | None = None):
         # in place once here: ``tensors`` then reads these very arrays (a read-only or unaligned array, as a
         # loader's np.frombuffer gives, would be copied there and held twice)
-        self.x, self.y, self.weights = _numbers_in_place(x), _numbers_in_place(y), _numbers_in_place(weights)
+        self.x, self.y, self.weights = each(_number_in_place, x), each(_number_in_place, y), _number_in_place(weights)
         self._tensors = None
 
     def __len__(self) -> int:
         return len(first_array(self.y))
 
-    def _part(self, pick) -> TaskSplit:
-        return TaskSplit(_rows(self.x, pick), _rows(self.y, pick), None if self.weights is None else self.weights[pick])
-
     def head(self, n: int) -> TaskSplit:
-        return self._part(slice(0, n))
+        return self.subset(slice(0, n))
 
-    def subset(self, indices: np.ndarray) -> TaskSplit:
-        return self._part(indices)
+    def subset(self, indices) -> TaskSplit:
+        """Examples ``indices`` (or a slice of them)."""
+        rows = lambda a: a[indices]  # noqa: E731
+        return TaskSplit(
+            each(rows, self.x), each(rows, self.y), None if self.weights is None else self.weights[indices]
+        )
 
     def take(self, indices: np.ndarray):
-        part = self._part(indices)
-        return convert_task(part.x, part.y, part.weights)
+        """Examples ``indices`` as one batch, converted as ``convert`` converts a gathered one."""
+        stored = (self.x, self.y) if self.weights is None else (self.x, self.y, self.weights)
+        return self.convert(tuple(each(lambda a: a[indices], part) for part in stored))
 
     def tensors(self):
         """(x, y) or (x, y, weights) as stored, once, in host memory (what tf.data gathers from)."""
@@ -228,12 +219,21 @@ class TaskSplit:
         return convert_task(*stored)
 
     def batches(self, order: np.ndarray, batch_size: int):
-        return gathered_batches(self, order, batch_size)
+        """The batches in ``order``: gathered and converted on the tf.data side from one copy in TF memory
+        (``tensors``)."""
+        import tensorflow as tf
+
+        self.tensors()  # made here, eagerly: not inside the map's graph
+        indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).batch(batch_size)
+        # One batch made at a time and one waiting: a whole batch is the one input the update holds that
+        # grows with batch_size (its activations follow the micro-batch), so the pipeline keeps no more
+        # of them than it must. AUTOTUNE's parallel map with prefetch(2) held up to four (measured).
+        return untuned(indices.map(as_is(lambda idx: self.convert(self.gather(idx)))).prefetch(1))
 
     def stored(self) -> dict:
         """The arrays' dtypes and shapes per example, as stored (run.json's data keeps them: a run is rebuilt
         from them without its data)."""
-        return {"x": _described(self.x), "y": _described(self.y), "weights": self.weights is not None}
+        return {"x": described(self.x), "y": described(self.y), "weights": self.weights is not None}
 
     @classmethod
     def empty(cls, stored: dict) -> TaskSplit:
@@ -263,11 +263,8 @@ class ArraySplit(TaskSplit):
     images = property(lambda self: self.x)
     labels = property(lambda self: self.y)
 
-    def _part(self, pick) -> ArraySplit:
-        return ArraySplit(self.x[pick], self.y[pick])
-
-    def take(self, indices: np.ndarray):
-        return to_inputs(self.x[indices], self.y[indices])
+    def subset(self, indices) -> ArraySplit:
+        return ArraySplit(self.x[indices], self.y[indices])
 
     @staticmethod
     def convert(stored):
@@ -324,8 +321,6 @@ class Dataset:
         if n == 0:
             return self
         if n >= len(self.train):
-            from ..errors import DataError
-
             raise DataError(
                 f"data.validation={n} leaves no training examples of the {len(self.train)} there are: lower it"
             )

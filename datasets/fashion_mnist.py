@@ -49,22 +49,16 @@ def cache_dir() -> Path:
     return user_cache() / "fashion-mnist"
 
 
-def candidate_dirs(configured: str | None) -> list:
-    """Folders to look in, in order. An explicit choice is never second-guessed."""
-    if configured:
-        return [("data.dir", Path(configured))]
-    if os.environ.get(ENV_VAR):
-        return [(f"${ENV_VAR}", Path(os.environ[ENV_VAR]))]
-    return [("Debian's package", DEBIAN_DIR), ("the cache", cache_dir())]
-
-
 def find_data_dir(configured: str | None, allow_download: bool = True) -> Path:
-    candidates = candidate_dirs(configured)
-    for label, folder in candidates:
+    """The folder of the four files: data.dir, else $ACCUM_TRAIN_DATA, else Debian's package, then the cache."""
+    label, chosen = ("data.dir", configured) if configured else (f"${ENV_VAR}", os.environ.get(ENV_VAR))
+    if chosen:  # an explicit choice is never second-guessed
+        if _missing(Path(chosen)):
+            _explain_missing(label, Path(chosen))
+        return Path(chosen)
+    for folder in (DEBIAN_DIR, cache_dir()):
         if not _missing(folder):
             return folder
-        if label in ("data.dir", f"${ENV_VAR}"):
-            _explain_missing(label, folder)
     if allow_download:
         return download(cache_dir())
     raise DataError(f"Fashion-MNIST not found in {DEBIAN_DIR} or {cache_dir()}: {HOW_TO_GET}")

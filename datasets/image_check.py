@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import user_cache
+from ..files import atomic_write, user_cache
 from .base import untuned
 from .image_decode import decode_uint8
 
@@ -84,8 +84,6 @@ class Checked:
 
     def save(self, run_dir: Path) -> None:
         """The run directory's manifest (the writer calls this once it holds the lock)."""
-        from ..files import atomic_write
-
         atomic_write(Path(run_dir) / MANIFEST, self.manifest)
 
 
@@ -142,19 +140,18 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
             entries.pop(relative[i], None)  # never remembered: a chmod keeps the mtime
         else:
             entries[relative[i]] = (*stats[i], started_ns, *sizes[i].tolist())
-    done = Checked(
+    # unchanged: the cache's own bytes are the manifest (encoding a large folder's again costs seconds)
+    manifest = cached_bytes if entries == cached else _encoded(entries, root, channels)
+    cache_problem = None if entries == cached else _write_cache(cache, manifest)
+    return Checked(
         sizes=sizes,
         problems=problems,
         remembered=len(paths) - len(unknown),
         decoded=len(unknown),
-        seconds=0.0,
-        # unchanged: the cache's own bytes are the manifest (encoding a large folder's again costs seconds)
-        manifest=cached_bytes if entries == cached else _encoded(entries, root, channels),
+        seconds=time.perf_counter() - started,
+        manifest=manifest,
+        cache_problem=cache_problem,
     )
-    if entries != cached:
-        done.cache_problem = _write_cache(cache, done.manifest)
-    done.seconds = time.perf_counter() - started
-    return done
 
 
 # ----------------------------------------------------------------------------
@@ -267,8 +264,6 @@ def _read(path: Path, root: Path, channels: int) -> tuple[dict, bytes]:
 
 def _write_cache(path: Path, manifest: bytes) -> str | None:
     """Write the folder's cache whole; the reason it could not be (the run goes on), or None."""
-    from ..files import atomic_write
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, manifest)  # a unique temporary name: processes checking one folder at once are safe

@@ -61,7 +61,7 @@ def load(data_config, run_dir=None) -> Dataset:
     _same_classes(root, classes, _class_folders(root, "test"))
     # The limits are applied before the check: a slice of a large folder is checked, not the folder.
     scanned = {
-        split: _limit(_scan(root / split, classes), limit)
+        split: tuple(array[: limit or None] for array in _scan(root / split, classes))
         for split, limit in (("train", data_config.train_limit), ("test", data_config.test_limit))
     }
     paths = np.concatenate([scanned["train"][0], scanned["test"][0]])
@@ -70,10 +70,7 @@ def load(data_config, run_dir=None) -> Dataset:
         _raise_problems(paths, checked.problems)
     n_train = len(scanned["train"][0])
     sizes = {"train": checked.sizes[:n_train], "test": checked.sizes[n_train:]}
-    if data_config.image_size is not None:
-        height, width = data_config.image_size
-    else:
-        height, width = _common_size(scanned, sizes)
+    height, width = data_config.image_size or _common_size(scanned, sizes)
     shape = (int(height), int(width), channels)
     train, test = (FileSplit(*scanned[split], shape) for split in ("train", "test"))
     as_stored = {split: bool((sizes[split] == shape[:2]).all()) for split in sizes}
@@ -194,17 +191,13 @@ def _class_folders(root: Path, split: str) -> list[str]:
 
 def _same_classes(root: Path, train: list[str], test: list[str]) -> None:
     missing, extra = sorted(set(train) - set(test)), sorted(set(test) - set(train))
-    more = lambda names: f" (and {len(names) - 1} more)" if len(names) > 1 else ""  # noqa: E731
-    if missing:
-        raise DataError(
-            f"{root / 'test'} has no class folder {missing[0]!r}{more(missing)}, which "
-            f"{root / 'train'} has: train and test need the same class folders"
-        )
-    if extra:
-        raise DataError(
-            f"{root / 'test'} has a class folder {extra[0]!r}{more(extra)}, which "
-            f"{root / 'train'} lacks: train and test need the same class folders"
-        )
+    for names, test_has, train_has in ((missing, "has no", "has"), (extra, "has a", "lacks")):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise DataError(
+                f"{root / 'test'} {test_has} class folder {names[0]!r}{more}, which "
+                f"{root / 'train'} {train_has}: train and test need the same class folders"
+            )
 
 
 def _scan(split_dir: Path, classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -232,11 +225,6 @@ def _images_of(folder: Path) -> list[str]:
             f"{folder} holds no .png, .jpg or .jpeg file{besides}: add the class's images or remove the folder"
         )
     return sorted(found)
-
-
-def _limit(scanned, limit: int | None):
-    paths, labels = scanned
-    return (paths[:limit], labels[:limit]) if limit else (paths, labels)
 
 
 def _keeps(keep: bool | None, shape: tuple[int, int, int], splits: dict[str, tuple[int, bool]]) -> bool:
@@ -302,9 +290,9 @@ class FileSplit:
         return len(self.labels)
 
     def head(self, n: int) -> FileSplit:
-        return FileSplit(self.paths[:n], self.labels[:n], self.input_shape)
+        return self.subset(slice(0, n))
 
-    def subset(self, indices: np.ndarray) -> FileSplit:
+    def subset(self, indices) -> FileSplit:
         return FileSplit(self.paths[indices], self.labels[indices], self.input_shape)
 
     def take(self, indices: np.ndarray):
@@ -321,20 +309,14 @@ class FileSplit:
     def decoded(self, as_stored: bool) -> ArraySplit:
         """Every file decoded once, in order, into memory (data.keep_decoded): uint8 when every image is at the
         size (``as_stored``; converted as ``decode`` converts it), else the float32 images ``decode`` gives."""
-        import tensorflow as tf
-
         shape = self.input_shape
         images = aligned_empty((len(self), *shape), np.uint8 if as_stored else np.float32)
         if len(self) == 0:
             return ArraySplit(images, self.labels)
-        chunks = in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1)
-        iterator, done = iter(untuned(chunks)), 0
-        while done < len(self):
-            try:
-                chunk = next(iterator)[0].numpy()
-            except tf.errors.OpError as err:
-                raise_first_bad(self.paths[done : done + CHUNK], shape[2], err, RESTORE_AND_RERUN)
-            images[done : done + len(chunk)] = chunk
+        chunks = untuned(in_chunks(self.paths, self.labels, shape, as_stored).prefetch(1))
+        done = 0
+        for chunk, _ in read_named(chunks, self.paths, range(len(self)), CHUNK, shape[2], RESTORE_AND_RERUN):
+            images[done : done + len(chunk)] = chunk.numpy()
             done += len(chunk)
         return ArraySplit(images, self.labels)
 
@@ -347,42 +329,38 @@ class FileSplit:
         images = decode_files(tf.gather(tf.constant(self.paths), indices), self.input_shape)
         return images, tf.gather(tf.constant(self.labels), indices)
 
-    @staticmethod
-    def convert(stored):
-        from .base import to_inputs
-
-        return to_inputs(*stored)
+    convert = staticmethod(ArraySplit.convert)  # ``gather``'s images and labels, as a split in memory converts them
 
 
 class StreamedBatches:
-    """The batches of a FileSplit in a given order: iterate it for (x, y) tensors.
-
-    ``dataset`` is the tf.data pipeline itself; iterating through this class
-    turns a file that breaks during the run into a DataError naming it."""
+    """The batches of a FileSplit in a given order: iterate it for (x, y) tensors; a file that breaks during the
+    run is a DataError naming it (``read_named``)."""
 
     def __init__(self, split: FileSplit, order: np.ndarray, batch_size: int):
         self.split, self.order, self.batch_size = split, order, batch_size
 
-    @property
-    def dataset(self):
+    def __iter__(self):
         split = self.split
         # decoded in chunks (in_chunks), then cut into the caller's batches; one batch waiting, no more (see
-        # base.gathered_batches)
+        # base.TaskSplit.batches)
         chunks = in_chunks(split.paths[self.order], split.labels[self.order], split.input_shape)
-        return untuned(chunks.rebatch(self.batch_size).prefetch(1))
+        dataset = untuned(chunks.rebatch(self.batch_size).prefetch(1))
+        # the failed chunk may reach into the next batch
+        return read_named(dataset, split.paths, self.order, self.batch_size + CHUNK, split.input_shape[2])
 
-    def __iter__(self):
-        import tensorflow as tf
 
-        iterator, done = iter(self.dataset), 0
-        while True:
-            try:
-                x, y = next(iterator)
-            except StopIteration:
-                return
-            except tf.errors.OpError as err:
-                # the failed chunk may reach into the next batch
-                upcoming = self.split.paths[self.order[done : done + self.batch_size + CHUNK]]
-                raise_first_bad(upcoming, self.split.input_shape[2], err)
-            done += int(y.shape[0])
-            yield x, y
+def read_named(dataset, paths: np.ndarray, order, ahead: int, channels: int, fix: str = RESTORE_AND_RESUME):
+    """(images, labels) of ``dataset``, which decodes ``paths[order]``; when it fails, the first of the next
+    ``ahead`` files that fails on its own is named (``raise_first_bad``)."""
+    import tensorflow as tf
+
+    iterator, done = iter(dataset), 0
+    while True:
+        try:
+            x, y = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as err:
+            raise_first_bad(paths[order[done : done + ahead]], channels, err, fix)
+        done += int(y.shape[0])
+        yield x, y

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..text import first_line, shape_text
-from .base import ArraySplit, Dataset, TaskSplit, first_array
+from .base import ArraySplit, Dataset, TaskSplit, each, first_array
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
 HOW_TO_SAVE = "numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) (keras.datasets layout)"
@@ -58,7 +58,7 @@ def load_task(path: Path) -> Dataset:
         x, y = (_named(path, arrays, f"{kind}_{split}") for kind in ("x", "y"))
         w = arrays.get(f"w_{split}")
         n = len(first_array(x))
-        flat = flats[split] = _flat(path, arrays, split)
+        flat = flats[split] = _flat(split, x, y, w)
         for key, array in flat:
             if len(array) != n:
                 first = flat[0][0]
@@ -70,7 +70,7 @@ def load_task(path: Path) -> Dataset:
                 f"{path}: w_{split} has shape {w.shape} and its smallest value is {w.min() if w.size else 0:g}: "
                 f"sample weights are one number >= 0 per example, shape ({n},)"
             )
-        splits[split] = TaskSplit(_as32(x), _as32(y), _as32(w))
+        splits[split] = TaskSplit(each(_as32, x), each(_as32, y), _as32(w))
     if len(splits["train"]) == 0:
         raise DataError(f"{path}: x_train holds no examples: it needs at least one")
     train_arrays, test_arrays = dict(flats["train"]), dict(flats["test"])
@@ -113,28 +113,23 @@ def _named(path: Path, arrays: dict, key: str):
     return arrays.get(key, named)
 
 
-def _flat(path: Path, arrays: dict, split: str) -> list:
-    """(key, array) of a split's arrays: inputs, targets, weights."""
+def _flat(split: str, x, y, w) -> list:
+    """(key, array) of a split's arrays: inputs, targets (each an array or a dict by name), weights."""
     pairs = []
-    for kind in ("x", "y"):
-        named = _named(path, arrays, f"{kind}_{split}")
+    for kind, named in (("x", x), ("y", y)):
         pairs += (
             [(f"{kind}_{split}_{name}", a) for name, a in named.items()]
             if isinstance(named, dict)
             else [(f"{kind}_{split}", named)]
         )
-    if f"w_{split}" in arrays:
-        pairs.append((f"w_{split}", arrays[f"w_{split}"]))
+    if w is not None:
+        pairs.append((f"w_{split}", w))
     return pairs
 
 
-def _as32(structure):
-    """float64 arrays as float32 (what the model takes: half the memory)."""
-    if structure is None:
-        return None
-    if isinstance(structure, dict):
-        return {name: _as32(array) for name, array in structure.items()}
-    return structure.astype(np.float32) if structure.dtype == np.float64 else structure
+def _as32(array):
+    """A float64 array as float32 (what the model takes: half the memory); others (and None) as they are."""
+    return array.astype(np.float32) if array is not None and array.dtype == np.float64 else array
 
 
 def train_shape(array: np.ndarray) -> str:
@@ -193,12 +188,9 @@ def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
         )
 
     class_names = _class_names(path, names, num_classes, arrays["y_train"], arrays["y_test"])
-    for key in ("x_train", "x_test"):
-        if arrays[key].dtype == np.float64:  # float32 is what the model takes: half the memory
-            arrays[key] = arrays[key].astype(np.float32)
     return Dataset(
-        train=ArraySplit(arrays["x_train"], arrays["y_train"]),
-        test=ArraySplit(arrays["x_test"], arrays["y_test"]),
+        train=ArraySplit(_as32(arrays["x_train"]), arrays["y_train"]),
+        test=ArraySplit(_as32(arrays["x_test"]), arrays["y_test"]),
         input_shape=tuple(int(n) for n in shapes["train"]),
         class_names=class_names,
         source=str(path.resolve()),

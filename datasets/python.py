@@ -20,13 +20,15 @@ installed packages.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..defaults import SHUFFLE_BUFFER
 from ..errors import DataError
 from ..imports import import_function
 from ..text import first_line
-from .base import Dataset, convert_task, untuned
+from .base import Dataset, convert_task, described, untuned
 
 
 def import_factory(factory: str):
@@ -43,7 +45,7 @@ class StreamSplit:
     @staticmethod
     def convert(stored):
         """A micro-batch of the factory's elements as the update takes it (inside its micro-step)."""
-        return convert_task(stored[0], stored[1], stored[2] if len(stored) > 2 else None)
+        return convert_task(*stored)
 
     def __init__(self, make, factory: str, split: str, seed: int, options: dict, shuffle: bool, buffer: int):
         self.make, self.factory, self.split, self.seed = make, factory, split, seed
@@ -57,8 +59,6 @@ class StreamSplit:
         return self.examples if self.limit is None else min(self.examples, self.limit)
 
     def head(self, n: int) -> StreamSplit:
-        import copy
-
         limited = copy.copy(self)
         limited.limit = n if self.limit is None else min(n, self.limit)
         return limited
@@ -131,31 +131,17 @@ class StreamSplit:
 
     def stored(self) -> dict:
         """The elements' dtypes and shapes, as the factory gives them (see TaskSplit.stored)."""
-
-        def described(spec):
-            if isinstance(spec, dict):  # several inputs or outputs, by name
-                return {"arrays": {name: described(one) for name, one in spec.items()}}
-            return {"dtype": spec.dtype.name, "shape": list(spec.shape)}
-
-        return {"x": described(self.spec[0]), "y": described(self.spec[1]), "weights": len(self.spec) > 2}
+        one = lambda spec: {"dtype": spec.dtype.name, "shape": list(spec.shape)}  # noqa: E731
+        return {"x": described(self.spec[0], one), "y": described(self.spec[1], one), "weights": len(self.spec) > 2}
 
     def signature(self):
-        """(x spec, y spec) of a batch as the update takes it: the factory's element spec, converted as
-        ``convert_task`` converts the examples (nothing read)."""
+        """(x spec, y spec) of a batch as the update takes it: the factory's element spec, batched and traced
+        through ``convert`` itself (nothing read), so that the two cannot disagree."""
         import tensorflow as tf
 
-        def batched(spec, dtype):
-            return tf.TensorSpec([None, *spec.shape], dtype)
-
-        def converted_input(spec):
-            return batched(spec, tf.float32 if spec.dtype in (tf.uint8, tf.float64) else spec.dtype)
-
-        def converted_target(spec):
-            return batched(spec, tf.float32 if spec.dtype == tf.float64 else spec.dtype)
-
-        x = tf.nest.map_structure(converted_input, self.spec[0])
-        y = tf.nest.map_structure(converted_target, self.spec[1])
-        return x, (y if len(self.spec) < 3 else (y, batched(self.spec[2], tf.float32)))
+        batched = tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), self.spec)
+        converted = tf.function(lambda *element: self.convert(element), autograph=False).get_concrete_function(*batched)
+        return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), converted.structured_outputs)
 
 
 def _spec_text(spec) -> str:
