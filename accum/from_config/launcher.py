@@ -112,26 +112,20 @@ def launch(
     """Run the workers to the end; (0, None), or the exit code of the run (OutOfMemory's if a worker ran out of
     memory, a worker's own 130 or 143 if a signal stopped it, else WorkerFailed's) and why it failed. ``env``:
     more variables for every worker."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(workers)]}
     with tempfile.TemporaryDirectory(prefix="accum-train-started-") as flags:
-        return _supervise(run_args, workers, timeout_s, say, Path(flags), env or {})
-
-
-def _supervise(run_args: dict, workers: int, timeout_s: float, say: Callable[[str], None], flags: Path, extra: dict):
-    ports = free_ports(workers)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    pool = []
-    for index in range(workers):
-        command = worker_command(run_args, index)
-        env = {
-            **os.environ,
-            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-            "ACCUM_TRAIN_WORKER": str(index),
-            STARTED_FILE: str(flags / f"worker-{index}"),
-            **extra,
-        }
-        pool.append(_Worker(index, command, env, say))
-    with _forwarding_signals_to(pool[0]):
-        return _watch(pool, workers, timeout_s)
+        pool = []
+        for index in range(workers):
+            variables = {
+                **os.environ,
+                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+                "ACCUM_TRAIN_WORKER": str(index),
+                STARTED_FILE: str(Path(flags) / f"worker-{index}"),
+                **(env or {}),
+            }
+            pool.append(_Worker(index, worker_command(run_args, index), variables, say))
+        with _forwarding_signals_to(pool[0]):
+            return _watch(pool, workers, timeout_s)
 
 
 @contextlib.contextmanager
