@@ -86,10 +86,6 @@ class _Worker:
         for reader in self._readers:
             reader.start()
 
-    @property
-    def started(self) -> bool:
-        return self.started_file.exists()
-
     def _read(self, stream, say):
         for line in stream:
             if self.index == 0:
@@ -165,7 +161,7 @@ def _watch(pool: list, workers: int, timeout_s: float) -> tuple:
                 break
         else:
             # The chief starts training only once every worker has joined.
-            if not pool[0].started and time.monotonic() - launched > timeout_s:
+            if not pool[0].started_file.exists() and time.monotonic() - launched > timeout_s:
                 failure = f"training did not start within {timeout_s:g} s: worker 0 was still waiting for its peers"
         time.sleep(0.1)
     if failure is not None:
