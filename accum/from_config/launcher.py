@@ -121,7 +121,7 @@ def launch(
             }
             pool.append(_Worker(index, worker_command(run_args, index), variables, say))
         with _forwarding_signals_to(pool[0]):
-            return _watch(pool, workers, timeout_s)
+            return _watch(pool, timeout_s)
 
 
 @contextlib.contextmanager
@@ -140,7 +140,7 @@ def _forwarding_signals_to(chief: _Worker):
             signal.signal(sig, handler)
 
 
-def _watch(pool: list, workers: int, timeout_s: float) -> tuple:
+def _watch(pool: list, timeout_s: float) -> tuple:
     launched = time.monotonic()
     failure, exit_code = None, WorkerFailed.exit_code
     while failure is None:
