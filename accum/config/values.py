@@ -15,7 +15,7 @@ from typing import Union
 
 from ..errors import ConfigError
 from .sections import BatchChange, BatchRule, DataConfig
-from .wording import _came_from_set, _show, parse_size
+from .wording import _blamer, _came_from_set, _show, parse_size
 
 # Keys renamed since a release (old dotted name: new). A run directory's config.yaml that an earlier release wrote
 # is read under the new names (parse.py's ``load_run_config``); a config of yours with an old name is refused,
@@ -75,7 +75,7 @@ def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
     for key in raw:
         if key not in fields:
             dotted = prefix + str(key)
-            where = "--set" if _came_from_set(dotted, overridden, under=True) else source
+            where = _blamer(source, overridden)(dotted)
             raise ConfigError(f"{where}: unknown key {dotted!r} ({_hint(str(key), list(fields), prefix)})")
     values = {}
     for name, f in fields.items():
