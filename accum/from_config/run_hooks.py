@@ -92,7 +92,13 @@ class RunHooks:
         raise AssertionError(f"the run's feed ended before update {end}")
 
     def failed(self, reader: Reader, step: int, err) -> None:
-        broken_file(self.run.data.train, reader.indices(step), err)
+        """Raise the DataError that names the image file of update ``step`` behind ``err``, if it was one (an image
+        folder whose file changed after the run's check); nothing otherwise."""
+        split, indices = self.run.data.train, reader.indices(step)
+        if hasattr(split, "paths") and len(indices):
+            from ..datasets.image_folder import raise_first_bad
+
+            raise_first_bad(split.paths[indices], split.input_shape[2], err)
 
     def _flush(self, state: EpochState) -> None:
         """Write the buffered updates' records; before any checkpoint, which must never count an update that
@@ -139,12 +145,3 @@ def micro_batches(run, segments, until: int | None = None) -> int:
         for i in range(updates):
             total += min(k, segment.batch_size, segment.end - segment.start - i * segment.batch_size)
     return total
-
-
-def broken_file(split, indices, err) -> None:
-    """Raise the DataError that names the image file of ``indices`` behind ``err``, if it was one (an image folder
-    whose file changed after the run's check); nothing otherwise."""
-    if hasattr(split, "paths") and len(indices):
-        from ..datasets.image_folder import raise_first_bad
-
-        raise_first_bad(split.paths[indices], split.input_shape[2], err)
