@@ -112,6 +112,7 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="accum-train-started-") as flags:
         pool = []
         for index in range(workers):
+            command = worker_command(run_args, index)  # before the environment: a test's sets variables in it
             variables = {
                 **os.environ,
                 "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
@@ -119,7 +120,7 @@ def launch(
                 STARTED_FILE: str(Path(flags) / f"worker-{index}"),
                 **(env or {}),
             }
-            pool.append(_Worker(index, worker_command(run_args, index), variables, say))
+            pool.append(_Worker(index, command, variables, say))
         with _forwarding_signals_to(pool[0]):
             return _watch(pool, timeout_s)
 
