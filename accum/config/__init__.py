@@ -26,13 +26,11 @@ from .sections import (
     AugmentConfig,
     BatchChange,
     BatchRule,
-    CheckpointConfig,
     DataConfig,
     LossScaleConfig,
     ModelConfig,
     OptimizerConfig,
     ScheduleConfig,
-    StrategyConfig,
 )
 from .wording import parse_size
 
@@ -46,7 +44,6 @@ __all__ = [
     "AugmentConfig",
     "BatchChange",
     "BatchRule",
-    "CheckpointConfig",
     "Config",
     "ConfigError",
     "DataConfig",
@@ -54,7 +51,6 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "ScheduleConfig",
-    "StrategyConfig",
     "as_config",
     "config_from_dict",
     "load_config",

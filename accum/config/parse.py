@@ -93,11 +93,9 @@ def with_overrides(base: Config | dict, overrides, source: str = "config") -> Co
     items = overrides.items() if isinstance(overrides, dict) else [_parse_override(item) for item in overrides]
     if not isinstance(raw, dict):  # (a file of a YAML list) refused in config_from_dict's words
         return config_from_dict(raw, source)
-    overridden: set = set()
     for key, value in items:
         _set_dotted(raw, key, value, source)
-        overridden.add(key)
-    return config_from_dict(raw, source, overridden)
+    return config_from_dict(raw, source, {key for key, _ in items})
 
 
 def as_config(config: str | Path | dict | Config | None, overrides=()) -> Config:

@@ -208,15 +208,21 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
         )
 
 
+def _only_for(section, prefix: str, key: str, owner: str, owners: tuple, where, fix: str | None = None) -> None:
+    """``prefix + key`` away from its default where ``prefix + owner`` is none of ``owners``, the only ones that read
+    it: refused, since it would be silently ignored; ``fix`` (default: set the owner) ends the line."""
+    value, named = getattr(section, owner), " or ".join(owners)
+    if getattr(section, key) != getattr(type(section)(), key) and value not in owners:
+        raise ConfigError(
+            f"{where(prefix + key, prefix + owner)}: {prefix}{key} is only for {prefix}{owner}={named}, not {value}: "
+            f"{fix or f'remove it or set {prefix}{owner}={named}'}"
+        )
+
+
 def _check_optimizer_keys(optimizer: OptimizerConfig, where) -> None:
-    default = OptimizerConfig()
     for key in ADAPTIVE_KEYS:
         owners = ("lars",) if key == "trust_coefficient" else ("lars", "lamb")
-        if getattr(optimizer, key) != getattr(default, key) and optimizer.name not in owners:
-            raise ConfigError(
-                f"{where('optimizer.' + key, 'optimizer.name')}: optimizer.{key} is only for optimizer.name="
-                f"{' or '.join(owners)}, not {optimizer.name}: remove it or change the optimizer"
-            )
+        _only_for(optimizer, "optimizer.", key, "name", owners, where, "remove it or change the optimizer")
     for pattern in optimizer.exclude_from_adaptation or ():
         try:
             re.compile(pattern)
@@ -254,26 +260,13 @@ def _check_model_keys(model: ModelConfig, where) -> None:
                     f"--set 'model={{name: keras_file, path: {model.path}}}'"
                 )
         return
-    for key, hint in (
-        ("path", "remove it or set model.name=keras_file"),
-        ("from_logits", "the built-in models output logits; remove it"),
-    ):
-        if getattr(model, key) != getattr(default, key):
-            raise ConfigError(
-                f"{where('model.' + key, 'model.name')}: model.{key} is only for "
-                f"model.name=keras_file, not {model.name}: {hint}"
-            )
-    if model.norm != "batchnorm" and model.bn_momentum != default.bn_momentum:
-        raise ConfigError(
-            f"{where('model.bn_momentum', 'model.norm')}: model.bn_momentum is only for "
-            f"model.norm=batchnorm, not {model.norm}: remove it or set model.norm=batchnorm"
-        )
+    _only_for(model, "model.", "path", "name", ("keras_file",), where)
+    _only_for(
+        model, "model.", "from_logits", "name", ("keras_file",), where, "the built-in models output logits; remove it"
+    )
+    _only_for(model, "model.", "bn_momentum", "norm", ("batchnorm",), where)
+    _only_for(model, "model.", "groups", "norm", ("groupnorm",), where)
     if model.norm != "groupnorm":
-        if model.groups != default.groups:
-            raise ConfigError(
-                f"{where('model.groups', 'model.norm')}: model.groups is only for "
-                f"model.norm=groupnorm, not {model.norm}: remove it or set model.norm=groupnorm"
-            )
         return
     channels = model.norm_channels
     if any(c % model.groups for c in channels):
@@ -337,13 +330,9 @@ DATA_KEY_HINTS = {
 
 
 def _check_data_keys(data: DataConfig, where) -> None:
-    for key, names in DATA_KEYS_FOR.items():
-        if getattr(data, key) is not None and data.name not in names:
-            hint = DATA_KEY_HINTS.get((key, data.name), f"remove it or set data.name to {' or '.join(names)}")
-            raise ConfigError(
-                f"{where('data.' + key, 'data.name')}: data.{key} is only for data.name="
-                f"{' or '.join(names)}, not {data.name}: {hint}"
-            )
+    for key, names in DATA_KEYS_FOR.items():  # each None by default
+        hint = DATA_KEY_HINTS.get((key, data.name), f"remove it or set data.name to {' or '.join(names)}")
+        _only_for(data, "data.", key, "name", names, where, hint)
     if data.name in DATA_KEYS_FOR["path"] and data.path is None:
         example = "mydata.npz" if data.name == "npz" else "my_images"
         raise ConfigError(

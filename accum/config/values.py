@@ -15,7 +15,7 @@ from typing import Union
 
 from ..errors import ConfigError
 from .sections import BatchChange, BatchRule, DataConfig
-from .wording import _came_from_set, _show, parse_size
+from .wording import _blamer, _came_from_set, _show, parse_size
 
 # Keys renamed since a release (old dotted name: new). A run directory's config.yaml that an earlier release wrote
 # is read under the new names (parse.py's ``load_run_config``); a config of yours with an old name is refused,
@@ -75,7 +75,7 @@ def _build(cls, raw: dict, prefix: str, source: str, overridden: set):
     for key in raw:
         if key not in fields:
             dotted = prefix + str(key)
-            where = "--set" if _came_from_set(dotted, overridden, under=True) else source
+            where = _blamer(source, overridden)(dotted)
             raise ConfigError(f"{where}: unknown key {dotted!r} ({_hint(str(key), list(fields), prefix)})")
     values = {}
     for name, f in fields.items():
@@ -112,8 +112,10 @@ def _check_value(tp, meta, value, key, where, overridden):
         if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
             raise ConfigError(f"{where}: {key}={_show(value)} must be a mapping of keyword arguments")
         return dict(value)
-    if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1] is Ellipsis:  # a list of any length
-        return _check_list(typing.get_args(tp)[0], value, key, where, overridden)
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1] is Ellipsis:  # a list of strings, any length
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{where}: {key}={_show(value)} must be a list of strings, e.g. ['bias', 'norm']")
+        return tuple(value)
     if typing.get_origin(tp) is tuple:  # a fixed-length list of integers, e.g. data.image_size
         size = len(typing.get_args(tp))
         if (
@@ -188,7 +190,7 @@ def _check_schedule(value, key: str, where: str, overridden):
             f"{where}: {key}={_show(value)} must be a list of changes, e.g. [{{epoch: 6, batch_size: 2000}}], "
             f"or a rule, e.g. {{rule: noise_scale, max_batch_size: 16000}}"
         )
-    return _check_list(BatchChange, value, key, where, overridden)
+    return tuple(_build(BatchChange, item, f"{key}[{i}].", where, overridden) for i, item in enumerate(value))
 
 
 def _check_objective(kind: str, value, key: str, where: str):
@@ -218,19 +220,6 @@ def _check_objective(kind: str, value, key: str, where: str):
 
 def _listed(value):
     return list(value) if isinstance(value, tuple) else value
-
-
-def _check_list(item_type, value, key, where, overridden) -> tuple:
-    """A list of strings, or of mappings read as ``item_type`` (a dataclass), each item named key[i]."""
-    if dataclasses.is_dataclass(item_type):
-        first = dataclasses.fields(item_type)[0].name
-        example = f"[{{{first}: ...}}, ...]"
-        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-            raise ConfigError(f"{where}: {key}={_show(value)} must be a list of mappings, e.g. {example}")
-        return tuple(_build(item_type, item, f"{key}[{i}].", where, overridden) for i, item in enumerate(value))
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ConfigError(f"{where}: {key}={_show(value)} must be a list of strings, e.g. ['bias', 'norm']")
-    return tuple(value)
 
 
 def _check_range(value, meta, key, where):

@@ -86,10 +86,6 @@ class _Worker:
         for reader in self._readers:
             reader.start()
 
-    @property
-    def started(self) -> bool:
-        return self.started_file.exists()
-
     def _read(self, stream, say):
         for line in stream:
             if self.index == 0:
@@ -112,26 +108,21 @@ def launch(
     """Run the workers to the end; (0, None), or the exit code of the run (OutOfMemory's if a worker ran out of
     memory, a worker's own 130 or 143 if a signal stopped it, else WorkerFailed's) and why it failed. ``env``:
     more variables for every worker."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(workers)]}
     with tempfile.TemporaryDirectory(prefix="accum-train-started-") as flags:
-        return _supervise(run_args, workers, timeout_s, say, Path(flags), env or {})
-
-
-def _supervise(run_args: dict, workers: int, timeout_s: float, say: Callable[[str], None], flags: Path, extra: dict):
-    ports = free_ports(workers)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    pool = []
-    for index in range(workers):
-        command = worker_command(run_args, index)
-        env = {
-            **os.environ,
-            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-            "ACCUM_TRAIN_WORKER": str(index),
-            STARTED_FILE: str(flags / f"worker-{index}"),
-            **extra,
-        }
-        pool.append(_Worker(index, command, env, say))
-    with _forwarding_signals_to(pool[0]):
-        return _watch(pool, workers, timeout_s)
+        pool = []
+        for index in range(workers):
+            command = worker_command(run_args, index)  # before the environment: a test's sets variables in it
+            variables = {
+                **os.environ,
+                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+                "ACCUM_TRAIN_WORKER": str(index),
+                STARTED_FILE: str(Path(flags) / f"worker-{index}"),
+                **(env or {}),
+            }
+            pool.append(_Worker(index, command, variables, say))
+        with _forwarding_signals_to(pool[0]):
+            return _watch(pool, timeout_s)
 
 
 @contextlib.contextmanager
@@ -150,7 +141,7 @@ def _forwarding_signals_to(chief: _Worker):
             signal.signal(sig, handler)
 
 
-def _watch(pool: list, workers: int, timeout_s: float) -> tuple:
+def _watch(pool: list, timeout_s: float) -> tuple:
     launched = time.monotonic()
     failure, exit_code = None, WorkerFailed.exit_code
     while failure is None:
@@ -171,7 +162,7 @@ def _watch(pool: list, workers: int, timeout_s: float) -> tuple:
                 break
         else:
             # The chief starts training only once every worker has joined.
-            if not pool[0].started and time.monotonic() - launched > timeout_s:
+            if not pool[0].started_file.exists() and time.monotonic() - launched > timeout_s:
                 failure = f"training did not start within {timeout_s:g} s: worker 0 was still waiting for its peers"
         time.sleep(0.1)
     if failure is not None:

@@ -34,6 +34,7 @@ def train(
     ``run_dir``, the others write their (required) checkpoints to a scratch folder
     (rundir.RunDirectory)."""
     from ..backends import active
+    from .build import build_run, load_data
     from .startup import configure
 
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
@@ -45,8 +46,6 @@ def train(
         # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
         source = model_source(cfg, run_dir if resume or not chief else None)
         if data is None:
-            from .build import load_data
-
             # before anything is written: bad data leaves no trace
             data = load_data(cfg, run_dir if resume else None, source)
         else:
@@ -56,8 +55,6 @@ def train(
         progress = Progress()  # the chief reports
     elif not resume:
         check_output_dir(run_dir)
-    from .build import build_run
-
     # (wall, CPU) time from here: the summary's times include building the model
     started = time.time(), time.process_time()
     run = build_run(cfg, data, strategy)  # before any write: a model that does not fit leaves no trace

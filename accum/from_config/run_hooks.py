@@ -45,11 +45,6 @@ class RunHooks:
         self.state = None
         self.step = 0
 
-    @property
-    def log(self):
-        """metrics.jsonl's writer (metrics_log.MetricsLog), which the directory opens when the run starts."""
-        return self.directory.log
-
     def train(self, step: int, stop) -> int:
         """Every epoch from ``step`` (updates done) on, ``stop`` the run's stopping.StopFlag; the step the run ends
         at. The run's length can change on the way (batch_schedule's rule grows the batch at epoch ends)."""
@@ -66,7 +61,7 @@ class RunHooks:
         self.state = EpochState(epoch, step, end, micro_batches(run, whole, until=step))
         self.progress.epoch_start(epoch + 1, run.cfg.epochs, micro_batches(run, whole), self.state.micro_done)
         if step > first:  # a run resumed mid-epoch picks up the losses this epoch already logged
-            self.state.loss_sum, self.state.applied_examples = self.log.epoch_losses(epoch + 1)
+            self.state.loss_sum, self.state.applied_examples = self.directory.log.epoch_losses(epoch + 1)
         return run.reader(), step, end
 
     def update_begin(self, reader: Reader, step: int) -> None:
@@ -97,14 +92,20 @@ class RunHooks:
         raise AssertionError(f"the run's feed ended before update {end}")
 
     def failed(self, reader: Reader, step: int, err) -> None:
-        broken_file(self.run.data.train, reader.indices(step), err)
+        """Raise the DataError that names the image file of update ``step`` behind ``err``, if it was one (an image
+        folder whose file changed after the run's check); nothing otherwise."""
+        split, indices = self.run.data.train, reader.indices(step)
+        if hasattr(split, "paths") and len(indices):
+            from ..datasets.image_folder import raise_first_bad
+
+            raise_first_bad(split.paths[indices], split.input_shape[2], err)
 
     def _flush(self, state: EpochState) -> None:
         """Write the buffered updates' records; before any checkpoint, which must never count an update that
         metrics.jsonl lacks."""
         if not state.pending:
             return
-        loss_sum, examples = self.log.write_updates(state.pending, self.run.timeline)
+        loss_sum, examples = self.directory.log.write_updates(state.pending, self.run.timeline)
         state.loss_sum, state.applied_examples = state.loss_sum + loss_sum, state.applied_examples + examples
         state.pending = []
         self.progress.updates(
@@ -128,7 +129,7 @@ class RunHooks:
             "elapsed_s": elapsed,
             "examples_per_s": state.examples / max(elapsed, 1e-9),
         }
-        self.log.write([record])
+        self.directory.log.write([record])
         run.follow_noise(state.epoch + 1, self.progress.message)  # before the checkpoint that keeps its change
         self.directory.save(state.step)
         self.progress.epoch_end(record)
@@ -144,12 +145,3 @@ def micro_batches(run, segments, until: int | None = None) -> int:
         for i in range(updates):
             total += min(k, segment.batch_size, segment.end - segment.start - i * segment.batch_size)
     return total
-
-
-def broken_file(split, indices, err) -> None:
-    """Raise the DataError that names the image file of ``indices`` behind ``err``, if it was one (an image folder
-    whose file changed after the run's check); nothing otherwise."""
-    if hasattr(split, "paths") and len(indices):
-        from ..datasets.image_folder import raise_first_bad
-
-        raise_first_bad(split.paths[indices], split.input_shape[2], err)

@@ -80,7 +80,6 @@ class Run:
         self.replicas = active().replicas(in_scope)
         with in_scope.scope():
             self.optimizer = make_optimizer(cfg.optimizer, schedule, self.model.trainable_variables)
-        self.keras_loss = isinstance(objective, active().KerasObjective)
         self.engine = build_engine(
             spec,
             self.model,

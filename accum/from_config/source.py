@@ -120,6 +120,4 @@ def names_strategy(config, overrides) -> bool:
     """Whether this call itself names a strategy (then --workers must agree with it)."""
     keys = overrides.keys() if isinstance(overrides, dict) else [override_key(o) for o in overrides]
     named = any(key == "strategy" or key.startswith("strategy.") for key in keys)
-    if isinstance(config, dict):
-        return named or "strategy" in config
-    return named
+    return named or (isinstance(config, dict) and "strategy" in config)
