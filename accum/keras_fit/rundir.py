@@ -76,10 +76,6 @@ class FitRunDir(RunDirectory):
         # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
         self.optional = {"subdivisions": engine.subdivisions}
 
-    def check(self) -> None:
-        if self.writer:
-            self._check(self.described)
-
     def resumes(self) -> bool:
         return bool(checkpoint_numbers(self.path / "checkpoints"))
 
@@ -105,8 +101,10 @@ class FitRunDir(RunDirectory):
         self._save_model("model.keras")
         return self.done, {"epochs": int(self.epoch.numpy())}
 
-    def _check(self, described: dict) -> None:
-        path = self.path
+    def check(self) -> None:
+        if not self.writer:
+            return
+        path, described = self.path, self.described
         if path.exists() and not path.is_dir():
             raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
         check_place(path, "accum_train.fit: output_dir ")
