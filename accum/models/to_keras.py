@@ -56,13 +56,11 @@ def _activation(fn, name):
     if fn is None:
         return []
     # by name: the built-ins' leaky_relu (builtin.py's, slope 0.2, as TF's own leaky_relu) and TF's relu
-    layers = {
-        "leaky_relu": lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu"),
-        "relu": lambda: keras.layers.ReLU(name=f"{name}_relu"),
-    }
-    if getattr(fn, "__name__", None) not in layers:
-        raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
-    return [layers[fn.__name__]()]
+    if getattr(fn, "__name__", None) == "leaky_relu":
+        return [keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")]
+    if getattr(fn, "__name__", None) == "relu":
+        return [keras.layers.ReLU(name=f"{name}_relu")]
+    raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
 
 
 def _converters():
