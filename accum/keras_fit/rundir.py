@@ -64,7 +64,7 @@ class FitRunDir(RunDirectory):
         counter = active().state_variable
         self.epoch, self.update_in_epoch = counter(0, "int64", "epoch"), counter(0, "int64", "update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
-        self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
+        self.start, self.done = (0, 0), 0
         self.tracked = {
             "weights": built.weights,
             "optimizer": engine.optimizer,
@@ -93,7 +93,7 @@ class FitRunDir(RunDirectory):
     def started(self, trainer, resumed: bool) -> None:
         """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
         engine = self.engine
-        self.log_start(self.done, self.resumed, strategy_name(engine.strategy), engine.replicas, engine.k)
+        self.log_start(self.done, resumed, strategy_name(engine.strategy), engine.replicas, engine.k)
 
     def finish(self) -> tuple | None:
         if not self.writer:
@@ -147,7 +147,7 @@ class FitRunDir(RunDirectory):
 
     def restored(self, step: int, trainer) -> None:
         self.done = step
-        self.start, self.resumed = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy())), True
+        self.start = int(self.epoch.numpy()), int(self.update_in_epoch.numpy())
         self.log.truncate_after(self.done, int(self.epoch.numpy()))
         if self.writer:
             self.say(f"accum_train.fit: resuming {self.path} at update {self.done}")
