@@ -202,8 +202,7 @@ class FitRunDir(RunDirectory):
 
 
 def _argument(key: str, value) -> str:
-    """The argument of fit that gives an entry of run.json's "fit": its k is subdivisions (or micro_batch_size,
-    "auto"), its steps steps_per_epoch."""
+    """The argument of fit that gives an entry of run.json's "fit"."""
     if key == "k":
         return "micro_batch_size" if value == "auto" else "subdivisions"
     return "steps_per_epoch" if key == "steps" else key
