@@ -12,10 +12,12 @@ import keras
 import numpy as np
 
 from ..backends import active
+from ..config import config_from_dict
 from ..config.wording import parse_size
 from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FIT_SUBDIVISIONS
 from ..errors import Refused, UserError
 from ..keras_private import storage
+from ..models.keras_file import ends_in_softmax
 from ..models.precision import float8_scales
 from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
@@ -202,7 +204,6 @@ def compile_if_needed(model, strategy, optimizer, learning_rate, labelled=()) ->
                 f"loss='mse')"
             )
     if optimizer is None or isinstance(optimizer, str):
-        from ..config import config_from_dict
         from ..trainer.optim import new_optimizer
 
         # the config's optimizer section, its defaults (the name, the rate) where a keyword is left out
@@ -217,8 +218,6 @@ def compile_if_needed(model, strategy, optimizer, learning_rate, labelled=()) ->
         )
     elif learning_rate is not None:
         raise UserError(f"{WHERE}: optimizer is an object with its own learning rate: leave learning_rate out")
-    from ..models.keras_file import ends_in_softmax
-
     softmax = ends_in_softmax(model)
     with strategy.scope():
         model.compile(
@@ -235,8 +234,6 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
     epoch 1 the batch is ``batch_size`` (model.fit's 32 for arrays when None). ((), None) for None."""
     if batch_schedule is None:
         return (), None
-    from ..config import config_from_dict
-
     # numpy's integers as Python's (model.fit takes both; the config's checks know YAML's types)
     batch_schedule, batch_size, epochs, subdivisions, micro_batch_size = keras.tree.map_structure(
         lambda value: int(value) if isinstance(value, np.integer) else value,
