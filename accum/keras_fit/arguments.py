@@ -12,10 +12,12 @@ import keras
 import numpy as np
 
 from ..backends import active
+from ..config import config_from_dict
 from ..config.wording import parse_size
 from ..defaults import ARRAY_BATCH_SIZE, CHECKPOINT_KEEP, CHECKPOINT_SECONDS, FIT_SUBDIVISIONS
 from ..errors import Refused, UserError
 from ..keras_private import storage
+from ..models.keras_file import ends_in_softmax
 from ..models.precision import float8_scales
 from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
@@ -101,26 +103,22 @@ def _integer(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, bad) -> None:
-    def positive(name, value):
-        if value is not None and (not _integer(value) or value < 1):
-            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1")
+def _at_least_one(name: str, value, allowed: str = "") -> None:
+    """``value`` None or an integer >= 1; the refusal ends with what else is ``allowed``."""
+    if value is not None and (not _integer(value) or value < 1):
+        raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1{allowed}")
 
+
+def check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, bad) -> None:
     for name, value in (
         ("batch_size", batch_size),
         ("subdivisions", subdivisions),
         ("steps_per_epoch", steps_per_epoch),
         ("max_bad_steps", bad),
     ):
-        positive(name, value)
+        _at_least_one(name, value)
     if micro_batch_size != "auto":
-        try:
-            positive("micro_batch_size", micro_batch_size)
-        except UserError:
-            raise UserError(
-                f"{WHERE}: micro_batch_size={micro_batch_size!r} must be an integer >= 1 or 'auto' (the largest "
-                f"that fits)"
-            ) from None
+        _at_least_one("micro_batch_size", micro_batch_size, " or 'auto' (the largest that fits)")
     if subdivisions is not None and micro_batch_size is not None:
         raise UserError(
             f"{WHERE}: give subdivisions or micro_batch_size, not both "
@@ -161,8 +159,7 @@ def check_keywords(
         ("validation_steps", validation_steps, "all of the validation data"),
         ("validation_batch_size", validation_batch_size, "batch_size"),
     ):
-        if value is not None and (not _integer(value) or value < 1):
-            raise UserError(f"{WHERE}: {name}={value!r} must be an integer >= 1 (None: {default})")
+        _at_least_one(name, value, f" (None: {default})")
     # "" would be the working directory, silently
     if output_dir is not None and (not isinstance(output_dir, (str, os.PathLike)) or os.fspath(output_dir) == ""):
         raise UserError(
@@ -207,7 +204,6 @@ def compile_if_needed(model, strategy, optimizer, learning_rate, labelled=()) ->
                 f"loss='mse')"
             )
     if optimizer is None or isinstance(optimizer, str):
-        from ..config import config_from_dict
         from ..trainer.optim import new_optimizer
 
         # the config's optimizer section, its defaults (the name, the rate) where a keyword is left out
@@ -222,8 +218,6 @@ def compile_if_needed(model, strategy, optimizer, learning_rate, labelled=()) ->
         )
     elif learning_rate is not None:
         raise UserError(f"{WHERE}: optimizer is an object with its own learning rate: leave learning_rate out")
-    from ..models.keras_file import ends_in_softmax
-
     softmax = ends_in_softmax(model)
     with strategy.scope():
         model.compile(
@@ -240,11 +234,10 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
     epoch 1 the batch is ``batch_size`` (model.fit's 32 for arrays when None). ((), None) for None."""
     if batch_schedule is None:
         return (), None
-    from ..config import config_from_dict
-
     # numpy's integers as Python's (model.fit takes both; the config's checks know YAML's types)
-    batch_schedule, batch_size, epochs, subdivisions, micro_batch_size = _plain_ints(
-        (batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
+    batch_schedule, batch_size, epochs, subdivisions, micro_batch_size = keras.tree.map_structure(
+        lambda value: int(value) if isinstance(value, np.integer) else value,
+        (batch_schedule, batch_size, epochs, subdivisions, micro_batch_size),
     )
     raw = {"epochs": epochs, "batch_schedule": batch_schedule}
     entries = batch_schedule if isinstance(batch_schedule, (list, tuple)) else ()
@@ -265,17 +258,6 @@ def schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_si
     cfg = config_from_dict(raw, WHERE)
     changes = tuple((change.epoch - 1, change.batch_size) for change in cfg.batch_changes)
     return ((0, cfg.batch_size), *changes), cfg.batch_rule
-
-
-def _plain_ints(value):
-    """``value`` with numpy integers made Python ints, through lists, tuples and dicts."""
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain_ints(v) for v in value)
-    if isinstance(value, dict):
-        return {key: _plain_ints(v) for key, v in value.items()}
-    return value
 
 
 # What a call of fit tells its user to change, in fit's own arguments.

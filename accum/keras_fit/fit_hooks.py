@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import NamedTuple
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -84,7 +84,7 @@ class FitHooks:
         if k != self.cut.k:  # the guard doubled it: the elements are cut for the new k from here on
             self.cut = Cut(k, self.cut.replicas, self.cut.local)
         dataset = self.feed.dataset(self.epoch, first, self.cut, again=self.ran_out_before)
-        return Opened(distribute(self.strategy, dataset), self._planned)
+        return SimpleNamespace(iterator=distribute(self.strategy, dataset), planned=self._planned)
 
     def _planned(self, step: int) -> Planned:
         """Update ``step`` of the epoch: a batch of arrays in ``Cut.pulls`` micro-steps, a stream's in k."""
@@ -229,13 +229,6 @@ class FitHooks:
         logs = as_python(self.evaluation.end())
         callbacks.on_test_end(logs)
         return logs
-
-
-class Opened(NamedTuple):
-    """A stream opened for feed.Reader: its iterator, and each update's Planned."""
-
-    iterator: object
-    planned: object
 
 
 def _ran_out() -> None:

@@ -14,9 +14,7 @@ class FitHistory(keras.callbacks.History, Mapping):
     ``earlier``: (epoch, logs) of the epochs a run directory already holds, so that a resumed call returns
     the history of the whole run."""
 
-    def __init__(self, earlier=()):
-        super().__init__()
-        self.earlier = list(earlier)
+    earlier = ()
 
     def on_train_begin(self, logs=None):
         self.epoch, self.history = [], {}

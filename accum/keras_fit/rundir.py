@@ -63,7 +63,7 @@ class FitRunDir(RunDirectory):
         counter = active().state_variable
         self.epoch, self.update_in_epoch = counter(0, "int64", "epoch"), counter(0, "int64", "update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
-        self.start, self.done, self.resumed = (0, 0), 0, False  # resumed: a checkpoint was restored
+        self.start, self.done = (0, 0), 0
         self.tracked = {
             "weights": built.weights,
             "optimizer": engine.optimizer,
@@ -74,10 +74,6 @@ class FitRunDir(RunDirectory):
         }
         # k: what a run directory of 0.1.0 did not hold, restored when the checkpoint has it
         self.optional = {"subdivisions": engine.subdivisions}
-
-    def check(self) -> None:
-        if self.writer:
-            self._check(self.described)
 
     def resumes(self) -> bool:
         return bool(checkpoint_numbers(self.path / "checkpoints"))
@@ -96,7 +92,7 @@ class FitRunDir(RunDirectory):
     def started(self, trainer, resumed: bool) -> None:
         """history.jsonl's line for this call, once its k is chosen (``micro_batch_size="auto"``)."""
         engine = self.engine
-        self.log_start(self.done, self.resumed, active().strategy_name(engine.strategy), engine.replicas, engine.k)
+        self.log_start(self.done, resumed, active().strategy_name(engine.strategy), engine.replicas, engine.k)
 
     def finish(self) -> tuple | None:
         if not self.writer:
@@ -104,8 +100,10 @@ class FitRunDir(RunDirectory):
         self._save_model("model.keras")
         return self.done, {"epochs": int(self.epoch.numpy())}
 
-    def _check(self, described: dict) -> None:
-        path = self.path
+    def check(self) -> None:
+        if not self.writer:
+            return
+        path, described = self.path, self.described
         if path.exists() and not path.is_dir():
             raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
         check_place(path, "accum_train.fit: output_dir ")
@@ -148,7 +146,7 @@ class FitRunDir(RunDirectory):
 
     def restored(self, step: int, trainer) -> None:
         self.done = step
-        self.start, self.resumed = (int(self.epoch.numpy()), int(self.update_in_epoch.numpy())), True
+        self.start = int(self.epoch.numpy()), int(self.update_in_epoch.numpy())
         self.log.truncate_after(self.done, int(self.epoch.numpy()))
         if self.writer:
             self.say(f"accum_train.fit: resuming {self.path} at update {self.done}")
@@ -203,8 +201,7 @@ class FitRunDir(RunDirectory):
 
 
 def _argument(key: str, value) -> str:
-    """The argument of fit that gives an entry of run.json's "fit": its k is subdivisions (or micro_batch_size,
-    "auto"), its steps steps_per_epoch."""
+    """The argument of fit that gives an entry of run.json's "fit"."""
     if key == "k":
         return "micro_batch_size" if value == "auto" else "subdivisions"
     return "steps_per_epoch" if key == "steps" else key

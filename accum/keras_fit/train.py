@@ -72,10 +72,10 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
     feed = feed_for(x, y, sample_weight, class_weight, trim=trim, **settings)
     replicas = strategy.num_replicas_in_sync
     nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
-    smallest = min([size for _, size in schedule] or [feed.batch_size or 0])
-    if subdivisions is not None and feed.batch_size is not None and subdivisions > smallest:
+    # a batch_schedule's sizes: checked by schedule_of, in the config's words
+    if subdivisions is not None and feed.batch_size is not None and subdivisions > feed.batch_size:
         raise UserError(
-            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={smallest} "
+            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={feed.batch_size} "
             f"(a micro-batch holds at least one example)"
         )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit

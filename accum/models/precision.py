@@ -52,9 +52,7 @@ def _float32_forward(layer, dtype):
 
 
 def set_precision(model: Model, precision: str) -> Model:
-    """Compute in bfloat16/float16 with float32 variables (a Keras mixed policy); logits come out float32.
-
-    Weights, their gradients, BatchNorm statistics and everything the engine keeps stay float32."""
+    """Compute in bfloat16/float16 with float32 variables (a Keras mixed policy); logits come out float32."""
     if precision == "float32":
         return model
     dtype = keras.DTypePolicy(precision).compute_dtype

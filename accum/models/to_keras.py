@@ -11,11 +11,14 @@ outputs: logits, or the file's softmax probabilities.
 
 from __future__ import annotations
 
+import keras
+
+from ..backends import active
+from .containers import KerasModel
+
 
 def to_keras(model, input_shape):
     """The plain Keras model computing what ``model.forward(x, training=False)`` computes."""
-    from .containers import KerasModel
-
     if isinstance(model, KerasModel):
         return _keras_file_model(model)
     return _tensorlayer_model(model.network, input_shape)
@@ -24,8 +27,6 @@ def to_keras(model, input_shape):
 def _keras_file_model(model):
     """The trained network as a model of its own: fresh BatchNormalization layers (the trained ones pool their
     statistics, the backend's norm.py) and the peeled softmax back."""
-    import keras
-
     originals = {id(trained): original for trained, original in model.peeled}
     replaced = []
 
@@ -51,26 +52,19 @@ def _keras_file_model(model):
 
 def _activation(fn, name):
     """The Keras layer of a TL layer's fused activation (none: [])."""
-    import keras
-
     if fn is None:
         return []
     # by name: the built-ins' leaky_relu (builtin.py's, slope 0.2, as TF's own leaky_relu) and TF's relu
-    layers = {
-        "leaky_relu": lambda: keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu"),
-        "relu": lambda: keras.layers.ReLU(name=f"{name}_relu"),
-    }
-    if getattr(fn, "__name__", None) not in layers:
-        raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
-    return [layers[fn.__name__]()]
+    if getattr(fn, "__name__", None) == "leaky_relu":
+        return [keras.layers.LeakyReLU(negative_slope=0.2, name=f"{name}_leaky_relu")]
+    if getattr(fn, "__name__", None) == "relu":
+        return [keras.layers.ReLU(name=f"{name}_relu")]
+    raise NotImplementedError(f"no Keras layer for activation {getattr(fn, '__name__', fn)} of {name}")
 
 
 def _converters():
     """TL layer class -> (Keras layer, the TL variables in that layer's get_weights() order)."""
-    import keras
     from tensorlayer.layers import Conv2d, Dense, Flatten, GlobalMeanPool2d
-
-    from ..backends import active
 
     def present(*variables):
         return [v for v in variables if v is not None]
@@ -109,8 +103,6 @@ def _converters():
 
 def _tensorlayer_model(network, input_shape):
     """A Keras Functional model equal to a TL chain (the built-ins are chains), weights copied."""
-    import keras
-
     # tl.layers.Input is a function; the layer it makes is this (TL exports it under this name)
     from tensorlayer.layers.inputs import _InputLayer
 
