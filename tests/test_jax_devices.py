@@ -180,7 +180,7 @@ def test_one_all_reduce_per_update_outside_the_micro_step_loop(cases):
 def test_a_distribution_other_than_data_parallel_is_refused_in_one_line(cases):
     assert cases["ModelParallel"] == (
         "accum_train.fit: keras.distribution.ModelParallel over 1 process(es) is not supported: use "
-        "keras.distribution.DataParallel in one process"
+        "keras.distribution.DataParallel"
     )
 
 
@@ -205,3 +205,62 @@ def test_compiled_metrics_on_two_devices_log_model_fit_s_values(cases):
 def test_batchnorm_on_two_devices_pools_its_statistics_once_per_update_as_one_device(cases):
     got = cases["batchnorm"]
     assert got["2 devices v 1"] <= 1e-5 and got["statistics"] <= 1e-5 and got["moved"] > 1e-2
+
+
+# Two processes of one CPU device each, joined by jax.distributed (gloo's CPU collectives), under one DataParallel
+# over both: each is handed the same arrays, lays its device's share of every batch into the global batch, and the
+# update's one psum crosses the processes. Each prints its weights' distance from model.fit's (run in-process, after
+# the distribution is unset) and both Histories.
+PROCESS = r"""
+import json, sys, jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"localhost:{sys.argv[2]}", num_processes=2, process_id=int(sys.argv[1]))
+import numpy as np, keras, accum_train
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(22, 5)).astype("float32")  # batches of 7, 7, 7, 1: 3 + 4 rows a process, the last 0 + 1
+y = rng.normal(size=(22, 4)).astype("float32")
+weights = rng.uniform(0.1, 3.0, size=(22,)).astype("float32")
+
+def mlp():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+    return model
+
+data = dict(x=x, y=y, batch_size=7, sample_weight=weights, shuffle=False, verbose=0)
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+ours = mlp()
+history = accum_train.fit(ours, **data, subdivisions=3).history
+trained = [np.asarray(v.value) for v in ours.trainable_variables]
+keras.distribution.set_distribution(None)
+keras_own = mlp()
+keras_history = keras_own.fit(**data).history
+apart = max(float(np.max(np.abs(a - b))) for a, b in zip(trained, keras_own.get_weights()))
+moved = max(float(np.max(np.abs(a - b))) for a, b in zip(trained, mlp().get_weights()))
+out = {"processes": jax.process_count(), "devices": len(jax.devices()), "local": len(jax.local_devices()),
+       "v model.fit": apart, "moved": moved, "history": history, "keras": keras_history}
+print("CASES " + json.dumps(out), flush=True)
+"""
+
+
+def test_two_processes_joined_by_jax_distributed_train_as_model_fit():
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("localhost", 0))
+        port = str(free.getsockname()[1])
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)  # one device a process
+    started = [
+        subprocess.Popen([sys.executable, "-c", PROCESS, str(i), port], env=env, stdout=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    outs = [process.communicate(timeout=300)[0] for process in started]
+    lines = [next((line for line in out.splitlines() if line.startswith("CASES ")), None) for out in outs]
+    assert None not in lines, outs
+    for got in (json.loads(line.removeprefix("CASES ")) for line in lines):
+        assert [got["processes"], got["devices"], got["local"]] == [2, 2, 1]
+        assert got["v model.fit"] <= 1e-5 and got["moved"] > 1e-2
+        for name, values in got["keras"].items():
+            assert got["history"][name] == pytest.approx(values, rel=1e-5, abs=1e-6), name

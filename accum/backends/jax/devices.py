@@ -1,5 +1,6 @@
 """The accumulator over the devices of ``keras.distribution.DataParallel``: its mesh as JAX's, and the update's one
-jitted call mapped over it with ``jax.shard_map``.
+jitted call mapped over it with ``jax.shard_map``. The mesh may span processes joined by ``jax.distributed``: each
+process is handed the same arrays and lays its own devices' shares into the global batch (``placed``).
 
 Each device takes its contiguous share of the batch cut into ``k`` micro-batches (batching.py's ``pieces``, the
 TensorFlow backend's cut over replicas): whole micro-batches, so that a micro-step's forward pass sees the rows it
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ... import keras_private
 from ...errors import UserError
@@ -33,9 +34,11 @@ def mesh(where: str) -> jax.sharding.Mesh | None:
     if given is None:
         return None
     kind, processes = type(given).__name__, given.num_processes
-    if kind != "DataParallel" or processes > 1:  # a model cut over devices, or a batch fed from several hosts
-        one = "keras.distribution.DataParallel in one process"
-        raise UserError(f"{where}: keras.distribution.{kind} over {processes} process(es) is not supported: use {one}")
+    if kind != "DataParallel":  # a model cut over devices
+        raise UserError(
+            f"{where}: keras.distribution.{kind} over {processes} process(es) is not supported: use "
+            f"keras.distribution.DataParallel"
+        )
     named = {f"{device.platform}:{device.id}": device for device in jax.devices()}
     devices = np.vectorize(named.__getitem__, otypes=[object])(given.device_mesh.devices)
     return jax.sharding.Mesh(devices, given.device_mesh.axis_names)
@@ -55,6 +58,13 @@ class DataParallelAccumulator(Accumulator):
         # state and n replicated, the stacked micro-batches cut on their leading axis: each device's k in a row
         specs = (PartitionSpec(),) * 3 + (PartitionSpec(self.axis), PartitionSpec())
         return jax.shard_map(update, mesh=self.mesh, in_specs=specs, out_specs=PartitionSpec(), check_vma=False)
+
+    def placed(self, batches, n):
+        # every process holds the whole batch (each was given the same arrays) and hands its own devices their
+        # shares: one global array, cut on its leading axis, however many processes the mesh spans
+        cut, whole = NamedSharding(self.mesh, PartitionSpec(self.axis)), NamedSharding(self.mesh, PartitionSpec())
+        laid = lambda values: jax.make_array_from_callback(values.shape, cut, lambda index: values[index])  # noqa: E731
+        return jax.tree.map(laid, batches), jax.make_array_from_callback((), whole, lambda index: np.asarray(n))
 
     def spread(self, held):
         return self._offset(held[0], 1), *held[1:]

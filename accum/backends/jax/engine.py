@@ -85,6 +85,11 @@ class Accumulator:
         self._micro = jax.jit(self._micro_fn, donate_argnums=DONATED["micro"])
         self._apply = jax.jit(self._apply_fn, donate_argnums=DONATED["apply"])
 
+    def placed(self, batches, n):
+        """The update's stacked micro-batches and ``n`` where its call takes them: on one device, as they are
+        (devices.py lays them over the mesh's devices, of every process)."""
+        return batches, n
+
     def mapped(self, update):
         """The update's function as it runs over the devices: on one, itself (devices.py maps it over a mesh)."""
         return update
@@ -190,7 +195,7 @@ class Accumulator:
         pulled = [next(iterator) for _ in range(pulls * self.replicas)]
         batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
         trainable, held, optimizer_values = self._state()
-        total = jnp.float32(n)
+        batches, total = self.placed(batches, jnp.float32(n))
         held, new, optimizer_new, loss, finite = self._update(trainable, held, optimizer_values, batches, total)
         self._write(new, held, optimizer_new)
         return {"loss": loss, "applied": finite, "examples": n}
