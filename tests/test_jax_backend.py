@@ -31,6 +31,7 @@ class Absent(importlib.abc.MetaPathFinder):  # TensorFlow and TensorLayer as whe
 
 sys.meta_path.insert(0, Absent())
 import json, numpy as np, keras, accum_train
+from accum_train import keras_private
 from accum_train.backends import Engine, active
 from accum_train.errors import UserError
 
@@ -187,6 +188,32 @@ accum_train.fit(skipped, x[:20] * 3 + 1, bad, batch_size=10, subdivisions=2, shu
 accum_train.fit(first, x[:10] * 3 + 1, y[:10], batch_size=10, subdivisions=2, shuffle=False, verbose=0)
 out["batchnorm skipped"] = [stats_gap(skipped, first), gap(skipped, first), stats_gap(first, normed())]
 
+# the gradient noise scale's record of one update of 10 examples in 4 micro-batches (2, 3, 2, 3): sum |g_i|^2 of the
+# micro-batches' own mean gradients, sum 1/b_i, k, and |G_B|^2 of the whole batch's, against jax.grad of each mean loss
+import jax, jax.numpy as jnp
+from accum_train.trainer.data.batching import pieces
+
+def squared_gradient(model, rows, weighted):
+    def loss(values):
+        out, _ = model.stateless_call(values, [v.value for v in model.non_trainable_variables], x[rows])
+        errors = jnp.mean(jnp.square(out - y[rows]), axis=-1)
+        return jnp.sum(errors * weights[rows]) / jnp.sum(weights[rows]) if weighted else jnp.mean(errors)
+    return float(sum(jnp.vdot(g, g) for g in jax.grad(loss)([v.value for v in model.trainable_variables])))
+
+for weighted in (False, True):
+    reduction = "mean_with_sample_weight" if weighted else "sum_over_batch_size"
+    model = mlp(keras.losses.MeanSquaredError(reduction=reduction))
+    keras_private.symbolic_build(model, (x[:10], y[:10], None))
+    engine = backend.accumulator_for(model, backend.KerasObjective(model), model.optimizer, subdivisions=4)
+    cuts, given = list(pieces(10, 4, 1, [0])), weights if weighted else None
+    direct = [squared_gradient(model, slice(s, e), weighted) for s, e in cuts]
+    sizes = [float(weights[s:e].sum()) if weighted else e - s for s, e in cuts]
+    whole = squared_gradient(model, slice(0, 10), weighted)
+    parts = iter([(x[s:e], y[s:e], None if given is None else given[s:e]) for s, e in cuts])
+    record = engine.update_from(parts, 10, 4)
+    recorded = [np.asarray(record[key]).tolist() for key in ("noise", "noise_batch")]
+    out[f"noise weighted={weighted}"] = [*recorded, [sum(direct), sum(1 / b for b in sizes), 4, whole, sum(sizes)]]
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -250,8 +277,8 @@ def tagger(loss):  # an Embedding with mask_zero feeding a per-token Dense: Kera
 
 class Averaged(door.KerasObjective):
     def parts(self, *args):
-        sums, counts, held = super().parts(*args)
-        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held
+        sums, counts, held, size = super().parts(*args)
+        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held, size
 
 plain = net()
 by_class = {"class_weight": {0: 0.2, 1: 3.0, 3: 0.5}}
@@ -443,6 +470,17 @@ def test_batchnorm_on_jax_moves_its_statistics_once_per_update_from_the_pooled_b
 def test_a_skipped_update_on_jax_leaves_batchnorm_statistics_as_they_were(cases):
     statistics, weights, moved = cases["batchnorm skipped"]
     assert statistics == 0.0 and weights == 0.0 and moved > 1e-2
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_an_update_on_jax_records_the_noise_scale_s_terms_of_its_micro_batches(cases, weighted):
+    """The record the noise scale's estimate folds in (trainer/noise.py): each micro-batch's own mean gradient's squared
+    norm, summed, and its size (its examples, or its sample weights' sum under mean_with_sample_weight), from the one
+    jitted update, equal to jax.grad of each micro-batch's mean loss taken apart."""
+    noise, batch, (squares, inverses, k, whole, total) = cases[f"noise weighted={weighted}"]
+    assert noise == pytest.approx([squares, inverses, k], rel=1e-5)
+    assert batch == pytest.approx([whole, total], rel=1e-5)
+    assert squares > 2 * whole  # micro-batches' gradients are noisier than the batch's: the terms are not vacuous
 
 
 def test_a_frozen_layer_on_jax_stays_to_the_bit_while_the_rest_trains_to_keras_weights(cases):

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from . import noise
+
 # what each jitted call replaces is donated, as Keras' JAXTrainer donates its state: the weights and the optimizer's
 # slots (and the cache, between micro-steps) are written in place, so an update holds one copy of them beside the
 # micro-batch's activations, not two
@@ -106,10 +108,12 @@ class Accumulator:
         self._cache, self._totals, self._n, self._pending = None, None, 0, None
 
     def _empty(self, trainable, held, batch):
-        """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run)."""
-        sums, _, _ = jax.eval_shape(self.objective.parts, trainable, held, *batch)
+        """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run): the
+        totals are each group's S and D, and the noise scale's terms (noise.py)."""
+        sums = jax.eval_shape(self.objective.parts, trainable, held, *batch)[0]
         groups = sums.shape[0]
-        return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], jnp.zeros((2, groups), "float32")
+        totals = (jnp.zeros((2, groups), "float32"), jnp.zeros(noise.terms_size(groups), "float32"))
+        return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], totals
 
     def _state(self):
         """(trainable, held, optimizer's) values; held: the non-trainable variables' and the compiled metrics',
@@ -138,30 +142,34 @@ class Accumulator:
         gradient (a LossScaleOptimizer's scale, else 1)."""
 
         def scaled(values):
-            sums, counts, moved = self.objective.parts(values, held, *batch)
-            return sums * scale / n, (sums, counts, moved)
+            sums, counts, moved, size = self.objective.parts(values, held, *batch)
+            return sums * scale / n, (sums, counts, moved, size)
 
-        scaled_sums, pull, (sums, counts, moved) = jax.vjp(scaled, trainable, has_aux=True)
+        scaled_sums, pull, (sums, counts, moved, size) = jax.vjp(scaled, trainable, has_aux=True)
         one_hot = jnp.eye(scaled_sums.shape[0], dtype=scaled_sums.dtype)
         grads = [pull(one_hot[g])[0] for g in range(scaled_sums.shape[0])]  # each group's gradient, apart
         cache = [c + jnp.stack([g[i] for g in grads]).astype("float32") for i, c in enumerate(cache)]
-        return moved, cache, totals + jnp.stack([sums, counts])
+        return moved, cache, (totals[0] + jnp.stack([sums, counts]), totals[1] + noise.micro_terms(grads, size))
 
     def _apply_fn(self, trainable, optimizer_values, cache, totals, n):
-        sums, counts = totals
+        """(weights, optimizer's, loss, finite, the noise scale's record) after the update's one apply."""
+        (sums, counts), terms = totals
         counts = jnp.where(counts == 0, 1.0, counts)  # a sum's D, or a mean over nothing (divide_no_nan's 0)
         factor = n / counts  # each group's whole-batch normaliser, once: D/n micro-batch means would be biased
-        grads = [jnp.tensordot(factor, c, axes=1).astype(v.dtype) for c, v in zip(cache, trainable)]
+        summed = [jnp.tensordot(factor, c, axes=1) for c in cache]
+        grads = [g.astype(v.dtype) for g, v in zip(summed, trainable)]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
+        measured = noise.update_terms(terms, factor, self._scale(optimizer_values), summed)  # before any clipping
         new_trainable, new_optimizer = self.optimizer.stateless_apply(optimizer_values, grads, trainable)
         if self.scale_at is not None:  # the LossScaleOptimizer skips a non-finite update itself and halves its scale
-            return list(new_trainable), list(new_optimizer), jnp.sum(sums / counts), finite
+            return list(new_trainable), list(new_optimizer), jnp.sum(sums / counts), finite, measured
         kept = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         return (
             jax.tree.map(kept, list(new_trainable), list(trainable)),
             jax.tree.map(kept, list(new_optimizer), list(optimizer_values)),
             jnp.sum(sums / counts),
             finite,
+            measured,
         )
 
     def _update_fn(self, trainable, held, optimizer_values, batches, n):
@@ -171,8 +179,8 @@ class Accumulator:
         start = self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches))
         (moved, cache, totals), _ = jax.lax.scan(step, (self.spread(held), *start), batches)
         cache, totals, moved = self.summed(cache, totals, moved, held)
-        new, optimizer_new, loss, finite = self._apply_fn(trainable, optimizer_values, cache, totals, n)
-        return self._folded(moved, finite), new, optimizer_new, loss, finite
+        new, optimizer_new, loss, finite, measured = self._apply_fn(trainable, optimizer_values, cache, totals, n)
+        return self._folded(moved, finite), new, optimizer_new, loss, finite, measured
 
     def _folded(self, held, finite):
         """``held`` with BatchNormalization's moving statistics moved once by its pooled sums (norm.Pooled.fold)."""
@@ -196,9 +204,11 @@ class Accumulator:
         batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
         trainable, held, optimizer_values = self._state()
         batches, total = self.placed(batches, jnp.float32(n))
-        held, new, optimizer_new, loss, finite = self._update(trainable, held, optimizer_values, batches, total)
+        held, new, optimizer_new, loss, finite, measured = self._update(
+            trainable, held, optimizer_values, batches, total
+        )
         self._write(new, held, optimizer_new)
-        return {"loss": loss, "applied": finite, "examples": n}
+        return {"loss": loss, "applied": finite, "examples": n, **measured}
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
         for _ in range(pulls):
@@ -220,7 +230,9 @@ class Accumulator:
         """The accumulated update applied once (skipped where not finite), the cache cleared."""
         trainable, held, optimizer_values = self._state()
         n = jnp.float32(self._n)
-        new, optimizer_new, loss, finite = self._apply(trainable, optimizer_values, self._cache, self._totals, n)
+        new, optimizer_new, loss, finite, measured = self._apply(
+            trainable, optimizer_values, self._cache, self._totals, n
+        )
         self._write(new, self._folded(held, finite), optimizer_new)
         self.reset()
-        return {"loss": loss, "applied": finite, "examples": int(n)}
+        return {"loss": loss, "applied": finite, "examples": int(n), **measured}

@@ -63,11 +63,12 @@ class KerasObjective:
         return [] if compiled is None else list(compiled.variables)
 
     def parts(self, trainable, held, x, y, sample_weight, valid):
-        """(S, D, held) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32 vectors, one
+        """(S, D, held, b) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32 vectors, one
         entry per normaliser group, in the same order for every micro-batch of the same shapes. ``held``: the
         non-trainable variables' values and the compiled metrics' (``metric_variables``), as the micro-step leaves
         them: a seed state moved on, the metrics updated with this micro-batch's valid rows; and BatchNormalization's
-        sums so far (norm.Pooled), this micro-batch's added."""
+        sums so far (norm.Pooled), this micro-batch's added. ``b``: its size as the noise scale counts it (its one
+        normaliser's count, else its examples: trainer/noise.py)."""
         before, metrics, pending = held
         pending = list(pending)  # BatchNormalization's sums (norm.py), added to by the call
         with self.norms.recording(valid, pending):
@@ -105,9 +106,11 @@ class KerasObjective:
                 add("examples", weighted / per_example, jnp.sum(valid))
             else:
                 add(f"output_{i}", weighted, count)
-        parts = [groups[name] for name in sorted(groups)]
-        sums, counts = (jnp.stack([part[j] for part in parts]).astype("float32") for j in (0, 1))
-        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid), pending)
+        names = sorted(groups)
+        sums, counts = (jnp.stack([groups[name][j] for name in names]).astype("float32") for j in (0, 1))
+        # the micro-batch's size as the noise scale counts it: the count of its one normaliser, else its examples
+        size = counts[0] if len(names) == 1 and names != ["total"] else jnp.sum(valid).astype("float32")
+        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid), pending), size
 
     def _metrics(self, values, y, y_pred, sample_weight, valid):
         """The compiled metrics' ``values`` updated as model.fit updates them with this micro-batch, its padding rows

@@ -3,13 +3,9 @@ update's record of them after the all-reduce, and the running averages as tf.Var
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import tensorflow as tf
 
-from ...defaults import NOISE_DECAY
-from ...trainer.noise import one_update
+from ...trainer.noise import Estimate
 
 
 def terms_size(groups: int) -> int:
@@ -52,11 +48,11 @@ def update_terms(terms, factors: list, loss_scale, gradient) -> dict:
     return {"noise": tf.stack([squares, inverses, micro_batches]), "noise_batch": tf.stack([batch, total])}
 
 
-class NoiseScale:
-    """The running estimate: exponential averages of S_hat and G2_hat (tf.Variables, checkpointed)."""
+class NoiseScale(Estimate):
+    """The running estimate (trainer/noise.py's Estimate), its averages kept in tf.Variables a checkpoint holds."""
 
     def __init__(self, measured: bool = True):
-        self.measured = measured  # False: every update's estimate is left out (None)
+        super().__init__(measured)
         # float64: thousands of updates add into them; outside any strategy's scope, as the run's step is (every
         # worker computes the same values from the same all-reduced sums)
         self.trace = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="noise_trace")
@@ -83,30 +79,3 @@ class NoiseScale:
         if self._host is None:
             self._host = tuple(float(v.numpy()) for v in (self.trace, self.signal, self.weight))
         return self._host
-
-    def add(self, out: dict) -> float | None:
-        """Fold in one update's record (the accumulator's: ``noise``, ``noise_batch``, ``applied``); the noise
-        scale after it."""
-        if self.measured and "noise" in out and bool(out["applied"]):
-            # one copy to the host per vector: iterating a tensor slices it op by op (3 ms an update, profiled)
-            squares, inverses, count = np.asarray(out["noise"], np.float64).tolist()
-            batch_squared, size = np.asarray(out["noise_batch"], np.float64).tolist()
-            estimate = one_update(squares, inverses, count, batch_squared, size)
-            if estimate is not None and all(math.isfinite(v) for v in estimate):
-                # doubles, as the float64 variables add them: a resumed run reads what an uninterrupted one did
-                new = (*estimate, 1.0)
-                self._host = tuple(NOISE_DECAY * old + (1 - NOISE_DECAY) * v for old, v in zip(self._state(), new))
-        return self.value()
-
-    def averages(self) -> tuple[float, float] | None:
-        """(tr(Sigma), |G|^2), bias-corrected; None before any update had an estimate."""
-        trace, signal, weight = self._state()
-        return None if weight <= 0 else (trace / weight, signal / weight)
-
-    def value(self) -> float | None:
-        """B_noise = tr(Sigma) / |G|^2 (examples); None with no estimate yet, or while |G|^2's average is not
-        positive (the gradient lost in its noise: the batch that would see it is beyond measuring)."""
-        averages = self.averages()
-        if averages is None or averages[1] <= 0 or averages[0] < 0:
-            return None
-        return averages[0] / averages[1]
