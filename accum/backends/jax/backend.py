@@ -3,7 +3,8 @@
 
 ``accumulator_for`` gives the accumulator (engine.py) for a compiled Keras model and its loss (objective.py: the
 reductions, masks, sample weights and outputs Keras' compiled loss takes), and ``fit`` is accum_train.fit's door for
-it: arrays (``class_weight`` made per-example weights, as Keras' data adapters make them), ``subdivisions`` or
+it: arrays (``class_weight`` made per-example weights, as Keras' data adapters make them), or a KerasHub task's raw
+examples preprocessed batch by batch as ``Task.fit`` preprocesses them (hub.py), ``subdivisions`` or
 ``micro_batch_size`` micro-batches per update, each update the whole batch's. What the TensorFlow backend answers
 beyond that (the run directory's checkpoints, BatchNorm pooling, strategies, evaluation, the commands) is not here
 yet: asking for any of it raises one line that says so, rather than training something else.
@@ -21,6 +22,7 @@ from ...errors import Refused, UserError
 from ...trainer.data.batching import k_for_micro_batch, pieces
 from ...trainer.data.class_weights import class_weights_of
 from ...trainer.data.order import epoch_order
+from . import hub
 from .devices import DataParallelAccumulator, mesh
 from .engine import Accumulator
 from .objective import LATER, KerasObjective, refused
@@ -78,6 +80,50 @@ def fit(model, given: dict) -> keras.callbacks.History:
     if (seed := given["seed"]) is not None:  # Keras' random state; the order's seed below: arguments.order_seed's
         keras.utils.set_random_seed(int(seed))
     seed = int(np.random.SeedSequence().generate_state(1)[0] if seed is None and shuffle else seed or 0)
+    if hub.preprocesses(model):  # a KerasHub task: its raw examples preprocessed batch by batch (hub.py)
+        epoch_batches = hub.task_batches(model, given, WHERE)
+        first = next(epoch_batches(0))
+        batch_size = len(keras.tree.flatten(first[0])[0])  # a dataset's batches are its own
+    else:
+        epoch_batches, first, batch_size = _array_batches(given, shuffle, seed)
+    micro, k = given["micro_batch_size"], given["subdivisions"]
+    if micro is not None and not isinstance(micro, str):  # per device's share, as on TensorFlow's replicas
+        k = k_for_micro_batch(batch_size, int(micro), getattr(mesh(WHERE), "size", 1))
+    elif micro is not None:
+        raise refused(f"micro_batch_size={micro!r}", WHERE)
+    k = int(k or 1)
+    if k > batch_size:
+        raise UserError(
+            f"{WHERE}: subdivisions={k} must be <= batch_size={batch_size} (a micro-batch holds at least one example)"
+        )
+    if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
+        keras_private.symbolic_build(model, first)
+    engine = accumulator_for(model, KerasObjective(model, WHERE), model.optimizer, subdivisions=k)
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.on_train_begin()
+    compiled = keras_private.compile_metrics(model)
+    for epoch in range(int(given["epochs"])):
+        model.reset_metrics()  # as model.fit: each epoch's metrics its own
+        summed, examples = 0.0, 0
+        for batch in epoch_batches(epoch):
+            n = len(keras.tree.flatten(batch[0])[0])
+            cut = (_rows(batch, slice(s, e)) for s, e in pieces(n, k, engine.replicas, engine.replica_ids))
+            done = engine.update_from(cut, n, k)
+            # Keras' loss tracker: the batch losses weighted by their examples
+            summed, examples = summed + float(done["loss"]) * n, examples + n
+        logs = {"loss": summed / max(examples, 1)}
+        if compiled is not None:  # model.fit's logs: the loss, then each compiled metric's result
+            logs.update(keras_private.pythonify_logs(compiled.result()))
+        if given["verbose"]:
+            print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
+        history.on_epoch_end(epoch, logs)
+    return history
+
+
+def _array_batches(given: dict, shuffle, seed: int):
+    """(a function of the epoch giving its batches of NumPy arrays, the first batch, batch_size) for arrays x, y
+    (sample_weight, class_weight made per-example weights, as Keras' data adapters make them)."""
     arrays = (given["x"], given["y"], given["sample_weight"])
     if given["class_weight"] is not None:  # checked by fit's door (arguments.check_class_weight); as train.py
         if keras.tree.is_nested(given["y"]):
@@ -91,39 +137,13 @@ def fit(model, given: dict) -> keras.callbacks.History:
         raise refused("data other than numpy arrays x, y (and sample_weight)", WHERE)
     examples = len(keras.tree.flatten(given["x"])[0])
     batch_size = int(given["batch_size"] or ARRAY_BATCH_SIZE)
-    micro, k = given["micro_batch_size"], given["subdivisions"]
-    if micro is not None and not isinstance(micro, str):  # per device's share, as on TensorFlow's replicas
-        k = k_for_micro_batch(batch_size, int(micro), getattr(mesh(WHERE), "size", 1))
-    elif micro is not None:
-        raise refused(f"micro_batch_size={micro!r}", WHERE)
-    k = int(k or 1)
-    if k > batch_size:
-        raise UserError(
-            f"{WHERE}: subdivisions={k} must be <= batch_size={batch_size} (a micro-batch holds at least one example)"
-        )
-    if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
-        keras_private.symbolic_build(model, _rows(arrays, slice(0, batch_size)))
-    engine = accumulator_for(model, KerasObjective(model, WHERE), model.optimizer, subdivisions=k)
-    history = keras.callbacks.History()
-    history.set_model(model)
-    history.on_train_begin()
-    compiled = keras_private.compile_metrics(model)
-    for epoch in range(int(given["epochs"])):
-        model.reset_metrics()  # as model.fit: each epoch's metrics its own
-        summed, order = 0.0, epoch_order(seed, epoch, examples, shuffle, batch_size)  # as TensorFlow's ArrayFeed
+
+    def epoch_batches(epoch: int):
+        order = epoch_order(seed, epoch, examples, shuffle, batch_size)  # as TensorFlow's ArrayFeed
         for start in range(0, examples, batch_size):
-            batch = _rows(arrays, order[start : start + batch_size])
-            n = len(keras.tree.flatten(batch[0])[0])
-            cut = (_rows(batch, slice(s, e)) for s, e in pieces(n, k, engine.replicas, engine.replica_ids))
-            done = engine.update_from(cut, n, k)
-            summed += float(done["loss"]) * n  # Keras' loss tracker: batch losses weighted by their examples
-        logs = {"loss": summed / examples}
-        if compiled is not None:  # model.fit's logs: the loss, then each compiled metric's result
-            logs.update(keras_private.pythonify_logs(compiled.result()))
-        if given["verbose"]:
-            print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
-        history.on_epoch_end(epoch, logs)
-    return history
+            yield _rows(arrays, order[start : start + batch_size])
+
+    return epoch_batches, _rows(arrays, slice(0, batch_size)), batch_size
 
 
 def _default(value, default) -> bool:

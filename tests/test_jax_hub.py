@@ -1,0 +1,148 @@
+"""KerasHub tasks through accum_train.fit on Keras' JAX backend (accum/backends/jax/hub.py, issue 76 item 3): raw
+texts batched and preprocessed as ``Task.fit`` feeds them, each update the whole preprocessed batch's, exact against
+``Task.fit`` on JAX (1e-5) with the ragged last batch cut into k micro-batches; LoRA's frozen weights untouched to the
+bit; what a task cannot take refused in one line.
+
+The tiny tasks of hub_tasks.py (built offline, dropout 0). As in test_jax_backend.py, the cases run in one child
+process with KERAS_BACKEND=jax, which leaves each outcome in ``out``; each exact case is trained a second time under
+Keras' own accumulation (each micro-batch's mean, averaged: the ``Averaged`` objective), which must land more than
+1e-5 from Task.fit, so the comparison can fail. Slow: the process compiles each task several times (a minute).
+"""
+
+import pathlib
+
+import pytest
+from test_jax_backend import LATER, child
+
+pytest.importorskip("jax")
+pytest.importorskip("keras_hub")
+pytestmark = pytest.mark.slow
+
+CASES = r"""
+import sys
+sys.path.insert(0, TESTS)
+import json, jax.numpy as jnp, keras, numpy as np, tensorflow as tf, accum_train
+from accum_train.backends.jax import backend as door
+from accum_train.errors import UserError
+from hub_tasks import causal_lm, text_classifier, texts
+
+TEXTS = texts(23, seed=1)  # 1 to 12 words, most short; batches of 10, 10, 3 (or 9, 9, 5): the last ragged
+LABELS = np.arange(23) % 3
+WEIGHTS = np.random.default_rng(0).uniform(0.1, 3.0, size=(23,)).astype("float32")
+sce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+class Averaged(door.KerasObjective):  # Keras' own accumulation: each micro-batch's mean, averaged
+    def parts(self, *args):
+        sums, counts, held = super().parts(*args)
+        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held
+
+def lm(lora=False):
+    keras.utils.set_random_seed(3)
+    model = causal_lm()
+    if lora:
+        model.backbone.enable_lora(2)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=sce, weighted_metrics=["accuracy"])
+    return model
+
+def classifier():
+    keras.utils.set_random_seed(3)
+    model = text_classifier()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=sce, metrics=["accuracy"])
+    return model
+
+def raw_batches():
+    return tf.data.Dataset.from_tensor_slices(TEXTS).batch(10)
+
+apart = lambda a, b: max((float(np.max(np.abs(u - v))) for u, v in zip(a, b)), default=0.0)
+values = lambda variables: [v.numpy() for v in variables]
+EXACT = {  # name: (the task, Task.fit's data, accum_train.fit's own arguments)
+    "causal LM k=3": (lm, dict(x=TEXTS, batch_size=10), dict(subdivisions=3)),
+    "causal LM, a dataset of raw batches, k=2": (lm, dict(x=raw_batches()), dict(subdivisions=2)),
+    "classifier k=2": (classifier, dict(x=list(TEXTS), y=LABELS, sample_weight=WEIGHTS, batch_size=9),
+                       dict(subdivisions=2)),
+    "causal LM with LoRA k=3": (lambda: lm(lora=True), dict(x=TEXTS, batch_size=10), dict(micro_batch_size=4)),
+}
+for name, (make, data, ours) in EXACT.items():
+    keras_own, start = make(), make()
+    logs = keras_own.fit(**data, epochs=2, verbose=0).history
+    got = {}
+    for objective in (Averaged.__base__, Averaged):
+        door.KerasObjective, model = objective, make()
+        fit_data = {**data, "x": raw_batches()} if name.startswith("causal LM, a dataset") else data
+        history = accum_train.fit(model, **fit_data, **ours, epochs=2, shuffle=False, verbose=0).history
+        got[objective.__name__] = [apart(values(model.trainable_variables), values(keras_own.trainable_variables)),
+                                   {key: [a - b for a, b in zip(history[key], logs[key])] for key in logs}]
+    door.KerasObjective = Averaged.__base__
+    trainable = [v.path for v in model.trainable_variables]
+    out[name] = {"exact": got["KerasObjective"], "averaged": got["Averaged"][0],
+                 "moved": apart(values(keras_own.trainable_variables), values(start.trainable_variables)),
+                 "frozen moved": apart(values(model.non_trainable_variables), values(start.non_trainable_variables)),
+                 "frozen": len(model.non_trainable_variables), "trainable": len(trainable),
+                 "lora": sum("lora" in path for path in trainable), "steps": int(model.optimizer.iterations)}
+
+REFUSED = {
+    "class_weight": dict(x=list(TEXTS), y=LABELS, class_weight={0: 2.0}),
+    "an iterator": dict(x=iter([TEXTS[:10]])),
+    "a dataset and batch_size": dict(x=raw_batches(), batch_size=10),
+    "no x": dict(),
+    "trim_padding": dict(x=TEXTS, trim_padding=True),
+    "no labels": dict(x=TEXTS),
+}
+for case, given in REFUSED.items():
+    model = classifier() if case in ("class_weight", "no labels") else lm()
+    try:
+        accum_train.fit(model, **given, verbose=0)
+    except UserError as err:
+        out[case] = str(err).replace(model.name, "NAME")  # a name Keras numbers per process
+"""
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return child(f"TESTS = {str(pathlib.Path(__file__).parent)!r}\n{CASES}")
+
+
+@pytest.mark.parametrize(
+    "case, trainable, steps",
+    [
+        ("causal LM k=3", 20, 6),  # 2 epochs of 10, 10, 3 raw texts in 3 micro-batches (the last 1, 1, 1)
+        ("causal LM, a dataset of raw batches, k=2", 20, 6),
+        ("classifier k=2", 25, 6),  # 9, 9, 5 labelled texts, sample-weighted, in 2 (4/5, 4/5, 2/3)
+        ("causal LM with LoRA k=3", 6, 6),  # micro_batch_size=4: 3 micro-batches of 10, 3 of the last 3
+    ],
+)
+def test_a_kerashub_task_on_jax_ends_at_task_fit_s_weights_and_logs(cases, case, trainable, steps):
+    """Each update the whole preprocessed batch's: Task.fit's weights to 1e-5, its History's loss and accuracy for
+    both epochs; Keras' averaged micro-batch means (the counterfactual) land more than 1e-5 off."""
+    got = cases[case]
+    weights, logs = got["exact"]
+    assert weights < 1e-5 and got["moved"] > 1e-2 and got["averaged"] > 1e-5, got
+    assert sorted(logs) == ["accuracy", "loss"] and all(abs(d) < 1e-5 for key in logs for d in logs[key]), got
+    assert (got["trainable"], got["steps"]) == (trainable, steps)
+
+
+def test_lora_on_jax_trains_the_lora_matrices_alone_and_leaves_the_frozen_weights_to_the_bit(cases):
+    got = cases["causal LM with LoRA k=3"]
+    assert (got["lora"], got["trainable"]) == (4, 6)  # the attention's query and value: their a, b and bias (Keras'
+    # enable_lora leaves a bias trainable)
+    assert got["frozen"] > 10 and got["frozen moved"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("class_weight", f"accum_train.fit: class_weight for model 'NAME', which preprocesses its "
+         f"inputs in fit, {LATER}"),
+        ("an iterator", "accum_train.fit: x is a list_iterator, and model 'NAME' preprocesses its inputs in "
+         "fit: pass arrays or lists of raw examples, or a tf.data.Dataset of raw batches"),
+        ("a dataset and batch_size", "accum_train.fit: x is a tf.data.Dataset of raw batches for model "
+         "'NAME''s preprocessor: leave batch_size out (batch the dataset, and put targets and weights in "
+         "its elements)"),
+        ("no x", "accum_train.fit: x is missing, and model 'NAME' preprocesses its inputs in fit: pass "
+         "arrays or lists of raw examples, or a tf.data.Dataset of raw batches"),
+        ("trim_padding", f"accum_train.fit: trim_padding=True {LATER}"),
+        ("no labels", "accum_train.fit: model 'NAME''s preprocessor gives no targets for x: pass y"),
+    ],
+)  # fmt: skip
+def test_what_a_task_cannot_take_on_jax_is_refused_in_one_line(cases, case, message):
+    assert cases[case] == message
