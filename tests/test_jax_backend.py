@@ -214,6 +214,23 @@ for weighted in (False, True):
     recorded = [np.asarray(record[key]).tolist() for key in ("noise", "noise_batch")]
     out[f"noise weighted={weighted}"] = [*recorded, [sum(direct), sum(1 / b for b in sizes), 4, whole, sum(sizes)]]
 
+# max_bad_steps: NaN targets in the second and third batches make their updates non-finite (skipped): the call stops
+# at the third with the TensorFlow door's line, at the first update's weights
+bad_targets, stopped, first_only = y.copy(), mlp(), mlp()
+bad_targets[12, 0] = bad_targets[21, 1] = np.nan
+try:
+    accum_train.fit(stopped, x, bad_targets, batch_size=10, subdivisions=2, shuffle=False, verbose=0, max_bad_steps=2)
+except Exception as err:
+    out["max_bad_steps"] = [type(err).__name__, str(err)]
+accum_train.fit(first_only, x[:10], y[:10], batch_size=10, subdivisions=2, shuffle=False, verbose=0)
+out["max_bad_steps"].append(gap(stopped, first_only))
+
+# the noise scale logged as TensorFlow's door logs it: the test trains the same weights on TensorFlow and compares
+noisy = mlp()
+out["noise start"] = [w.tolist() for w in noisy.get_weights()]
+noisy_history = accum_train.fit(noisy, x, y, batch_size=10, epochs=3, subdivisions=3, shuffle=False, verbose=0)
+out["noise history"] = noisy_history.history
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -449,7 +466,8 @@ def test_compiled_metrics_on_jax_log_model_fit_s_values(cases, case, names):
     weights in ``weighted_metrics`` alone, and a per-token output's mask not in the metrics (Keras' JAX trainer hands
     its metrics the outputs without it, so that every token counts, the masked ones too)."""
     ours, keras_own = cases[case]["accum_train.fit"], cases[case]["model.fit"]
-    assert sorted(ours) == sorted(keras_own) == names
+    assert sorted(ours) == sorted([*keras_own, "noise_scale"])  # model.fit's keys, and the noise scale (k=4)
+    assert sorted(keras_own) == names
     for name, values in keras_own.items():
         assert ours[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
     if case == "metrics":
@@ -481,6 +499,34 @@ def test_an_update_on_jax_records_the_noise_scale_s_terms_of_its_micro_batches(c
     assert noise == pytest.approx([squares, inverses, k], rel=1e-5)
     assert batch == pytest.approx([whole, total], rel=1e-5)
     assert squares > 2 * whole  # micro-batches' gradients are noisier than the batch's: the terms are not vacuous
+
+
+def test_max_bad_steps_on_jax_stops_the_call_with_tensorflow_s_line_at_the_last_good_weights(cases):
+    kind, message, apart = cases["max_bad_steps"]
+    assert (kind, message) == (
+        "TrainingStopped",
+        "2 updates in a row had a non-finite loss or gradient (max_bad_steps=2), the last at update 3; the weights "
+        "are those of the last good update: lower the optimizer's learning rate or compile it with an optimizer that "
+        "clips (clipnorm)",
+    )
+    assert apart == 0.0
+
+
+def test_the_noise_scale_on_jax_is_tensorflow_s_for_the_same_weights_and_batches(cases):
+    """History's noise_scale per epoch, from the same first weights and the same 3 epochs of 3 updates in 3
+    micro-batches, on JAX (the child) and on TensorFlow (this process): the same estimate, to float rounding."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    model.set_weights([np.asarray(w, "float32") for w in cases["noise start"]])
+    rng = np.random.default_rng(0)  # the child's x and y
+    x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).astype("float32")
+    history = accum_train.fit(model, x, y, batch_size=10, epochs=3, subdivisions=3, shuffle=False, verbose=0).history
+    jax_history = cases["noise history"]
+    assert list(jax_history) == list(history) == ["loss", "noise_scale"]
+    assert all(value > 0 for value in history["noise_scale"])
+    assert jax_history["noise_scale"] == pytest.approx(history["noise_scale"], rel=1e-3)
+    assert jax_history["loss"] == pytest.approx(history["loss"], rel=1e-5)
 
 
 def test_a_frozen_layer_on_jax_stays_to_the_bit_while_the_rest_trains_to_keras_weights(cases):

@@ -197,7 +197,8 @@ def test_devices_draw_their_own_dropout_masks_from_one_replicated_seed_state(cas
 
 def test_compiled_metrics_on_two_devices_log_model_fit_s_values(cases):
     two, keras_own = cases["metrics"]
-    assert sorted(two) == sorted(keras_own) == ["accuracy", "loss", "weighted_accuracy"]
+    assert sorted(keras_own) == ["accuracy", "loss", "weighted_accuracy"]
+    assert sorted(two) == sorted([*keras_own, "noise_scale"])  # and the noise scale: 2 micro-batches an update
     for name, values in keras_own.items():
         assert two[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
 

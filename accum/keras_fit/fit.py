@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..backends import active
 from ..defaults import FIT
-from .arguments import check_class_weight, check_keywords, check_model, check_numbers
+from .arguments import check_class_weight, check_keywords, check_model, check_numbers, train_spec
 
 
 def fit(
@@ -97,7 +97,8 @@ def fit(
     check_keywords(seed, shuffle, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
     check_class_weight(class_weight, sample_weight)
     if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
-        return active().fit(model, given)
+        # (memory_limit: refused there, so not read here)
+        return active().fit(model, given, train_spec(subdivisions, micro_batch_size, None, max_bad_steps))
     # the Trainer's path reads its data through tf.data (trainer/data/): loaded here, not with this module, so that
     # accum_train.fit imports, and the JAX backend's door runs, where TensorFlow is not installed
     from .train import train

@@ -12,16 +12,19 @@ yet: asking for any of it raises one line that says so, rather than training som
 
 from __future__ import annotations
 
+import math
+
 import jax
 import keras
 import numpy as np
 
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
-from ...errors import Refused, UserError
-from ...trainer.data.batching import k_for_micro_batch, pieces
+from ...errors import Refused, UserError, too_many_bad_updates
+from ...trainer.data.batching import pieces
 from ...trainer.data.class_weights import class_weights_of
 from ...trainer.data.order import epoch_order
+from ...trainer.noise import Estimate
 from . import hub
 from .devices import DataParallelAccumulator, mesh
 from .engine import Accumulator
@@ -45,6 +48,7 @@ TAKEN = (
     "subdivisions",
     "micro_batch_size",
     "seed",
+    "max_bad_steps",
 )
 
 
@@ -71,8 +75,9 @@ def built_in(spec, *_):
     raise UserError(f"model.name={spec.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}")
 
 
-def fit(model, given: dict) -> keras.callbacks.History:
-    """accum_train.fit's plain case on JAX; ``given``: its arguments by name (fit.py's)."""
+def fit(model, given: dict, spec) -> keras.callbacks.History:
+    """accum_train.fit's plain case on JAX; ``given``: its arguments by name (fit.py's), ``spec`` what the trainer
+    takes of them (trainer.TrainSpec: the micro-batches' rule, max_bad_steps, the words of its lines)."""
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
             raise refused(f"{name}={value!r}", WHERE)
@@ -86,12 +91,9 @@ def fit(model, given: dict) -> keras.callbacks.History:
         batch_size = len(keras.tree.flatten(first[0])[0])  # a dataset's batches are its own
     else:
         epoch_batches, first, batch_size = _array_batches(given, shuffle, seed)
-    micro, k = given["micro_batch_size"], given["subdivisions"]
-    if micro is not None and not isinstance(micro, str):  # per device's share, as on TensorFlow's replicas
-        k = k_for_micro_batch(batch_size, int(micro), getattr(mesh(WHERE), "size", 1))
-    elif micro is not None:
-        raise refused(f"micro_batch_size={micro!r}", WHERE)
-    k = int(k or 1)
+    if spec.micro.auto:  # the probe and the out-of-memory retry are the Trainer's
+        raise refused(f"micro_batch_size={given['micro_batch_size']!r}", WHERE)
+    k = spec.micro.k_for(batch_size, getattr(mesh(WHERE), "size", 1))  # per device's share, as per replica
     if k > batch_size:
         raise UserError(
             f"{WHERE}: subdivisions={k} must be <= batch_size={batch_size} (a micro-batch holds at least one example)"
@@ -102,7 +104,8 @@ def fit(model, given: dict) -> keras.callbacks.History:
     history = keras.callbacks.History()
     history.set_model(model)
     history.on_train_begin()
-    compiled = keras_private.compile_metrics(model)
+    compiled, noise, bad, done_updates = keras_private.compile_metrics(model), Estimate(), 0, 0
+    measures = k * engine.replicas >= 2  # the noise scale needs two micro-batches an update (trainer/noise.py)
     for epoch in range(int(given["epochs"])):
         model.reset_metrics()  # as model.fit: each epoch's metrics its own
         summed, examples = 0.0, 0
@@ -112,9 +115,15 @@ def fit(model, given: dict) -> keras.callbacks.History:
             done = engine.update_from(cut, n, k)
             # Keras' loss tracker: the batch losses weighted by their examples
             summed, examples = summed + float(done["loss"]) * n, examples + n
+            estimate, done_updates = noise.add(done), done_updates + 1
+            bad = 0 if bool(done["applied"]) else bad + 1  # a skipped update changed nothing
+            if spec.max_bad_steps is not None and bad >= spec.max_bad_steps:
+                raise too_many_bad_updates(bad, spec.max_bad_steps, done_updates, spec.words.bad_fix, "")
         logs = {"loss": summed / max(examples, 1)}
         if compiled is not None:  # model.fit's logs: the loss, then each compiled metric's result
             logs.update(keras_private.pythonify_logs(compiled.result()))
+        if measures:  # as TensorFlow's door logs it: the estimate after the epoch's last update, NaN before one
+            logs["noise_scale"] = math.nan if estimate is None else estimate
         if given["verbose"]:
             print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
         history.on_epoch_end(epoch, logs)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-
 def terms_size(groups: int) -> int:
     """The length of a micro-step's terms: the inner products of ``groups`` gradients, then 1/b, 1 and b."""
     return groups * (groups + 1) // 2 + 3
