@@ -248,3 +248,8 @@ def each_compiled_metric(compiled, y, y_pred, sample_weight) -> list:
     weights = weights if len(weights) >= len(y) else [weights[0]] * len(y)
     pairs = [(m, t, p, None) for m, t, p in zip(compiled._flat_metrics, y, y_pred) if m]
     return pairs + [(m, t, p, w) for m, t, p, w in zip(compiled._flat_weighted_metrics, y, y_pred, weights) if m]
+
+
+def preprocesses(model) -> bool:
+    """Whether ``model`` preprocesses its raw inputs in ``fit`` (a KerasHub task with a preprocessor)."""
+    return getattr(model, "preprocessor", None) is not None and callable(getattr(model, "preprocess_samples", None))

@@ -1,7 +1,8 @@
-"""KerasHub tasks through accum_train.fit on Keras' JAX backend (accum/backends/jax/hub.py, issue 76 item 3): raw
-texts batched and preprocessed as ``Task.fit`` feeds them, each update the whole preprocessed batch's, exact against
-``Task.fit`` on JAX (1e-5) with the ragged last batch cut into k micro-batches; LoRA's frozen weights untouched to the
-bit; what a task cannot take refused in one line.
+"""KerasHub tasks through accum_train.fit on Keras' JAX backend (fit's door preprocesses, accum/backends/jax/backend.py
+trains; issue 76 item 3): raw texts batched and preprocessed as ``Task.fit`` feeds them, each update the whole
+preprocessed batch's, exact against ``Task.fit`` on JAX (1e-5) with the ragged last batch cut into k micro-batches;
+LoRA's frozen weights untouched to the bit; what a task cannot take refused in one line. A plain model on a
+tf.data.Dataset of batches takes the same path.
 
 The tiny tasks of hub_tasks.py (built offline, dropout 0). As in test_jax_backend.py, the cases run in one child
 process with KERAS_BACKEND=jax, which leaves each outcome in ``out``; each exact case is trained a second time under
@@ -53,6 +54,15 @@ def classifier():
 def raw_batches():
     return tf.data.Dataset.from_tensor_slices(TEXTS).batch(10)
 
+def plain():  # not a task: a plain model on a tf.data.Dataset of (x, y) batches, which the JAX door reads as a task's
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=sce, metrics=["accuracy"])
+    return model
+
+FEATURES = np.random.default_rng(4).normal(size=(23, 5)).astype("float32")
+plain_batches = tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(9)
+
 apart = lambda a, b: max((float(np.max(np.abs(u - v))) for u, v in zip(a, b)), default=0.0)
 values = lambda variables: [v.numpy() for v in variables]
 EXACT = {  # name: (the task, Task.fit's data, accum_train.fit's own arguments)
@@ -61,6 +71,7 @@ EXACT = {  # name: (the task, Task.fit's data, accum_train.fit's own arguments)
     "classifier k=2": (classifier, dict(x=list(TEXTS), y=LABELS, sample_weight=WEIGHTS, batch_size=9),
                        dict(subdivisions=2)),
     "causal LM with LoRA k=3": (lambda: lm(lora=True), dict(x=TEXTS, batch_size=10), dict(micro_batch_size=4)),
+    "a plain model on a tf.data.Dataset k=2": (plain, dict(x=plain_batches), dict(subdivisions=2)),
 }
 for name, (make, data, ours) in EXACT.items():
     keras_own, start = make(), make()
@@ -109,6 +120,7 @@ def cases():
         ("causal LM, a dataset of raw batches, k=2", 20, 6),
         ("classifier k=2", 25, 6),  # 9, 9, 5 labelled texts, sample-weighted, in 2 (4/5, 4/5, 2/3)
         ("causal LM with LoRA k=3", 6, 6),  # micro_batch_size=4: 3 micro-batches of 10, 3 of the last 3
+        ("a plain model on a tf.data.Dataset k=2", 4, 6),  # the dataset's batches of 9, 9, 5
     ],
 )
 def test_a_kerashub_task_on_jax_ends_at_task_fit_s_weights_and_logs(cases, case, trainable, steps):
@@ -138,8 +150,7 @@ def test_lora_on_jax_trains_the_lora_matrices_alone_and_leaves_the_frozen_weight
         ("a dataset and batch_size", "accum_train.fit: x is a tf.data.Dataset of raw batches for model "
          "'NAME''s preprocessor: leave batch_size out (batch the dataset, and put targets and weights in "
          "its elements)"),
-        ("no x", "accum_train.fit: x is missing, and model 'NAME' preprocesses its inputs in fit: pass "
-         "arrays or lists of raw examples, or a tf.data.Dataset of raw batches"),
+        ("no x", "accum_train.fit: x is missing: pass raw examples (a list or array) or a tf.data.Dataset"),
         ("trim_padding", f"accum_train.fit: trim_padding=True {LATER}"),
         ("no labels", "accum_train.fit: model 'NAME''s preprocessor gives no targets for x: pass y"),
     ],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..backends import active
 from ..defaults import FIT
+from ..keras_private import preprocesses
 from .arguments import check_class_weight, check_keywords, check_model, check_numbers, train_spec
 
 
@@ -97,6 +98,11 @@ def fit(
     check_keywords(seed, shuffle, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
     check_class_weight(class_weight, sample_weight)
     if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
+        if preprocesses(model):  # a KerasHub task's raw examples batched and preprocessed as on TensorFlow's door
+            from .pipeline import preprocessed  # on tf.data, which KerasHub's preprocessors need on every backend
+
+            batches = preprocessed(model, x, y, sample_weight, batch_size)
+            given.update(x=batches, y=None, sample_weight=None, batch_size=None)
         # (memory_limit: refused there, so not read here)
         return active().fit(model, given, train_spec(subdivisions, micro_batch_size, None, max_bad_steps))
     # the Trainer's path reads its data through tf.data (trainer/data/): loaded here, not with this module, so that

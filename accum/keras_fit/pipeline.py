@@ -25,11 +25,6 @@ from .arguments import WHERE
 from .inputs import split_validation, validation_arrays
 
 
-def preprocesses(model) -> bool:
-    """Whether ``model`` preprocesses its raw inputs in ``fit`` (a KerasHub task with a preprocessor)."""
-    return getattr(model, "preprocessor", None) is not None and callable(getattr(model, "preprocess_samples", None))
-
-
 def task_batches(model, what, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
     """(x, validation_data) for a model that ``preprocesses`` (``x`` of kind ``what``): datasets of preprocessed
     batches, the validation data split off the raw arrays first (model.fit's last fraction)."""

@@ -13,7 +13,7 @@ from .. import keras_private
 from ..backends import active
 from ..defaults import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
 from ..errors import Refused, UserError
-from ..keras_private import all_layers
+from ..keras_private import all_layers, preprocesses
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
 from ..trainer.data.feed import STREAMED, kind
@@ -25,7 +25,7 @@ from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, sc
 from .fit_hooks import FitHooks
 from .history import FitHistory
 from .inputs import check_examples_are_batched, split_validation, validation_feed
-from .pipeline import preprocesses, task_batches
+from .pipeline import task_batches
 from .rundir import FitRunDir
 
 

@@ -3,11 +3,11 @@
 
 ``accumulator_for`` gives the accumulator (engine.py) for a compiled Keras model and its loss (objective.py: the
 reductions, masks, sample weights and outputs Keras' compiled loss takes), and ``fit`` is accum_train.fit's door for
-it: arrays (``class_weight`` made per-example weights, as Keras' data adapters make them), or a KerasHub task's raw
-examples preprocessed batch by batch as ``Task.fit`` preprocesses them (hub.py), ``subdivisions`` or
-``micro_batch_size`` micro-batches per update, each update the whole batch's. What the TensorFlow backend answers
-beyond that (the run directory's checkpoints, BatchNorm pooling, strategies, evaluation, the commands) is not here
-yet: asking for any of it raises one line that says so, rather than training something else.
+it: arrays (``class_weight`` made per-example weights, as Keras' data adapters make them), or a tf.data.Dataset of
+batches (a KerasHub task's raw examples, batched and preprocessed by fit's door as ``Task.fit`` preprocesses them),
+``subdivisions`` or ``micro_batch_size`` micro-batches per update, each update the whole batch's. What the
+TensorFlow backend answers beyond that (the run directory's checkpoints, strategies, evaluation, the commands) is not
+here yet: asking for any of it raises one line that says so, rather than training something else.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from ...trainer.data.batching import pieces
 from ...trainer.data.class_weights import class_weights_of
 from ...trainer.data.order import epoch_order
 from ...trainer.noise import Estimate
-from . import hub
 from .devices import DataParallelAccumulator, mesh
 from .engine import Accumulator
 from .objective import LATER, KerasObjective, refused
@@ -85,8 +84,8 @@ def fit(model, given: dict, spec) -> keras.callbacks.History:
     if (seed := given["seed"]) is not None:  # Keras' random state; the order's seed below: arguments.order_seed's
         keras.utils.set_random_seed(int(seed))
     seed = int(np.random.SeedSequence().generate_state(1)[0] if seed is None and shuffle else seed or 0)
-    if hub.preprocesses(model):  # a KerasHub task: its raw examples preprocessed batch by batch (hub.py)
-        epoch_batches = hub.task_batches(model, given, WHERE)
+    if callable(getattr(given["x"], "as_numpy_iterator", None)):  # a tf.data.Dataset of batches (TensorFlow is here)
+        epoch_batches = _dataset_batches(model, given)
         first = next(epoch_batches(0))
         batch_size = len(keras.tree.flatten(first[0])[0])  # a dataset's batches are its own
     else:
@@ -128,6 +127,29 @@ def fit(model, given: dict, spec) -> keras.callbacks.History:
             print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
         history.on_epoch_end(epoch, logs)
     return history
+
+
+def _dataset_batches(model, given: dict):
+    """A function of the epoch giving a dataset's batches, each ``(x, y, sample_weight)`` of NumPy structures, read
+    afresh each epoch as model.fit reads it (a KerasHub task's: fit's door preprocessed its raw examples into it).
+    Keras never shuffles a dataset: neither does this, whatever ``shuffle`` says."""
+    dataset, name = given["x"], model.name
+    if given["class_weight"] is not None and keras_private.preprocesses(model):
+        raise refused(f"class_weight for model {name!r}, which preprocesses its inputs in fit,", WHERE)
+    for what in ("y", "sample_weight", "class_weight"):  # model.fit's rule: a dataset's elements hold them
+        if given[what] is not None:
+            raise refused(f"{what} beside a tf.data.Dataset (model {name!r})", WHERE)
+
+    def epoch_batches(epoch: int):
+        for element in dataset.as_numpy_iterator():
+            batch = keras.utils.unpack_x_y_sample_weight(element)
+            if batch[1] is None and keras_private.preprocesses(model):  # a classifier's preprocessor given no labels
+                raise UserError(f"{WHERE}: model {name!r}'s preprocessor gives no targets for x: pass y")
+            if batch[1] is None:
+                raise UserError(f"{WHERE}: the tf.data.Dataset's elements hold no targets: make them (x, y)")
+            yield batch
+
+    return epoch_batches
 
 
 def _array_batches(given: dict, shuffle, seed: int):
