@@ -131,6 +131,22 @@ for door in ("accum_train.fit", "model.fit"):
         logged[door] = accum_train.fit(model, x, labels, **data, subdivisions=4).history
 out["metrics"] = logged
 
+def two_outputs():  # model.fit logs each output's own unweighted loss (<output>_loss) beside the weighted total
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    heads = {"a": keras.layers.Dense(3, name="a")(hidden), "b": keras.layers.Dense(4, name="b")(hidden)}
+    model = keras.Model(inputs, heads)
+    losses = {"a": "mse", "b": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
+    model.compile(keras.optimizers.Adam(0.05), losses, loss_weights={"a": 1.0, "b": 0.5})
+    return model
+
+data = dict(x=x, y={"a": y, "b": labels}, batch_size=10, sample_weight=weights, epochs=2, shuffle=False, verbose=0)
+out["per-output losses"] = {
+    "accum_train.fit": accum_train.fit(two_outputs(), **data, subdivisions=3).history,
+    "model.fit": two_outputs().fit(**data).history,
+}
+
 def tagged():  # a per-token output whose mask the loss sees and model.fit's metrics on JAX do not
     keras.utils.set_random_seed(1)
     layers = [keras.Input((6,)), keras.layers.Embedding(7, 8, mask_zero=True), keras.layers.Dense(3)]
@@ -294,8 +310,8 @@ def tagger(loss):  # an Embedding with mask_zero feeding a per-token Dense: Kera
 
 class Averaged(door.KerasObjective):
     def parts(self, *args):
-        sums, counts, held, size = super().parts(*args)
-        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held, size
+        sums, counts, held, extra = super().parts(*args)
+        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held, extra
 
 plain = net()
 by_class = {"class_weight": {0: 0.2, 1: 3.0, 3: 0.5}}
@@ -459,6 +475,7 @@ def test_what_the_jax_backend_does_not_cover_yet_is_refused_in_one_line(cases, c
     [
         ("metrics", ["accuracy", "entropy", "loss", "weighted_accuracy"]),
         ("tagger metrics", ["accuracy", "loss", "top2"]),
+        ("per-output losses", ["a_loss", "b_loss", "loss"]),
     ],
 )
 def test_compiled_metrics_on_jax_log_model_fit_s_values(cases, case, names):

@@ -169,11 +169,12 @@ def test_two_devices_equal_one_and_keras_whole_batch_fit(cases, case):
 
 
 def test_one_all_reduce_per_update_outside_the_micro_step_loop(cases):
-    """XLA's compiled update holds one all-reduce, of the cache (one operand per trainable variable), the totals and
-    the noise scale's terms, in the entry computation: after the micro-steps' while loop, not in its body."""
+    """XLA's compiled update holds one all-reduce, of the cache (one operand per trainable variable), the totals, the
+    noise scale's terms and each loss's own sums, in the entry computation: after the micro-steps' while loop, not in
+    its body."""
     ((computation, operands),) = cases["all-reduces"]
     assert computation == "ENTRY"
-    assert operands == cases["trainable variables"] + 2
+    assert operands == cases["trainable variables"] + 3
     assert cases["engine"] == ["DataParallelAccumulator", 2, [0, 1]]
 
 

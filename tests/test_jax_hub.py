@@ -34,8 +34,8 @@ sce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 class Averaged(door.KerasObjective):  # Keras' own accumulation: each micro-batch's mean, averaged
     def parts(self, *args):
-        sums, counts, held, size = super().parts(*args)
-        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held, size
+        sums, counts, held, extra = super().parts(*args)
+        return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held, extra
 
 def lm(lora=False):
     keras.utils.set_random_seed(3)

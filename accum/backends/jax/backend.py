@@ -104,9 +104,12 @@ def fit(model, given: dict, spec) -> keras.callbacks.History:
     history.set_model(model)
     history.on_train_begin()
     compiled, noise, bad, done_updates = keras_private.compile_metrics(model), Estimate(), 0, 0
+    per_output = keras_private.output_loss_trackers(model)  # <output>_loss where several outputs have a loss
     measures = k * engine.replicas >= 2  # the noise scale needs two micro-batches an update (trainer/noise.py)
     for epoch in range(int(given["epochs"])):
         model.reset_metrics()  # as model.fit: each epoch's metrics its own
+        for tracker in per_output:
+            tracker.reset_state()
         summed, examples = 0.0, 0
         for batch in epoch_batches(epoch):
             n = len(keras.tree.flatten(batch[0])[0])
@@ -115,10 +118,12 @@ def fit(model, given: dict, spec) -> keras.callbacks.History:
             # Keras' loss tracker: the batch losses weighted by their examples
             summed, examples = summed + float(done["loss"]) * n, examples + n
             estimate, done_updates = noise.add(done), done_updates + 1
+            for tracker, value in zip(per_output, np.asarray(done["output_losses"]).tolist()):
+                tracker.update_state(value, sample_weight=n)  # as Keras' compiled loss: each batch by its examples
             bad = 0 if bool(done["applied"]) else bad + 1  # a skipped update changed nothing
             if spec.max_bad_steps is not None and bad >= spec.max_bad_steps:
                 raise too_many_bad_updates(bad, spec.max_bad_steps, done_updates, spec.words.bad_fix, "")
-        logs = {"loss": summed / max(examples, 1)}
+        logs = {"loss": summed / max(examples, 1), **{t.name: float(t.result()) for t in per_output}}
         if compiled is not None:  # model.fit's logs: the loss, then each compiled metric's result
             logs.update(keras_private.pythonify_logs(compiled.result()))
         if measures:  # as TensorFlow's door logs it: the estimate after the epoch's last update, NaN before one

@@ -109,10 +109,11 @@ class Accumulator:
 
     def _empty(self, trainable, held, batch):
         """A zero cache and totals for the normaliser groups the objective gives ``batch`` (traced, not run): the
-        totals are each group's S and D, and the noise scale's terms (noise.py)."""
-        sums = jax.eval_shape(self.objective.parts, trainable, held, *batch)[0]
-        groups = sums.shape[0]
+        totals are each group's S and D, the noise scale's terms (noise.py) and each loss's own S and D."""
+        sums, _, _, extra = jax.eval_shape(self.objective.parts, trainable, held, *batch)
+        groups, outputs = sums.shape[0], extra["outputs"].shape
         totals = (jnp.zeros((2, groups), "float32"), jnp.zeros(noise.terms_size(groups), "float32"))
+        totals += (jnp.zeros(outputs, "float32"),)
         return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], totals
 
     def _state(self):
@@ -142,24 +143,26 @@ class Accumulator:
         gradient (a LossScaleOptimizer's scale, else 1)."""
 
         def scaled(values):
-            sums, counts, moved, size = self.objective.parts(values, held, *batch)
-            return sums * scale / n, (sums, counts, moved, size)
+            sums, counts, moved, extra = self.objective.parts(values, held, *batch)
+            return sums * scale / n, (sums, counts, moved, extra)
 
-        scaled_sums, pull, (sums, counts, moved, size) = jax.vjp(scaled, trainable, has_aux=True)
+        scaled_sums, pull, (sums, counts, moved, extra) = jax.vjp(scaled, trainable, has_aux=True)
         one_hot = jnp.eye(scaled_sums.shape[0], dtype=scaled_sums.dtype)
         grads = [pull(one_hot[g])[0] for g in range(scaled_sums.shape[0])]  # each group's gradient, apart
         cache = [c + jnp.stack([g[i] for g in grads]).astype("float32") for i, c in enumerate(cache)]
-        return moved, cache, (totals[0] + jnp.stack([sums, counts]), totals[1] + noise.micro_terms(grads, size))
+        terms = noise.micro_terms(grads, extra["size"])
+        return moved, cache, (totals[0] + jnp.stack([sums, counts]), totals[1] + terms, totals[2] + extra["outputs"])
 
     def _apply_fn(self, trainable, optimizer_values, cache, totals, n):
         """(weights, optimizer's, loss, finite, the noise scale's record) after the update's one apply."""
-        (sums, counts), terms = totals
+        (sums, counts), terms, (output_sums, output_counts) = totals
         counts = jnp.where(counts == 0, 1.0, counts)  # a sum's D, or a mean over nothing (divide_no_nan's 0)
         factor = n / counts  # each group's whole-batch normaliser, once: D/n micro-batch means would be biased
         summed = [jnp.tensordot(factor, c, axes=1) for c in cache]
         grads = [g.astype(v.dtype) for g, v in zip(summed, trainable)]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
         measured = noise.update_terms(terms, factor, self._scale(optimizer_values), summed)  # before any clipping
+        measured["output_losses"] = output_sums / jnp.where(output_counts == 0, 1.0, output_counts)
         new_trainable, new_optimizer = self.optimizer.stateless_apply(optimizer_values, grads, trainable)
         if self.scale_at is not None:  # the LossScaleOptimizer skips a non-finite update itself and halves its scale
             return list(new_trainable), list(new_optimizer), jnp.sum(sums / counts), finite, measured

@@ -63,12 +63,14 @@ class KerasObjective:
         return [] if compiled is None else list(compiled.variables)
 
     def parts(self, trainable, held, x, y, sample_weight, valid):
-        """(S, D, held, b) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32 vectors, one
-        entry per normaliser group, in the same order for every micro-batch of the same shapes. ``held``: the
-        non-trainable variables' values and the compiled metrics' (``metric_variables``), as the micro-step leaves
-        them: a seed state moved on, the metrics updated with this micro-batch's valid rows; and BatchNormalization's
-        sums so far (norm.Pooled), this micro-batch's added. ``b``: its size as the noise scale counts it (its one
-        normaliser's count, else its examples: trainer/noise.py)."""
+        """(S, D, held, extra) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32
+        vectors, one entry per normaliser group, in the same order for every micro-batch of the same shapes.
+        ``held``: the non-trainable variables' values and the compiled metrics' (``metric_variables``), as the
+        micro-step leaves them: a seed state moved on, the metrics updated with this micro-batch's valid rows;
+        and BatchNormalization's sums so far (norm.Pooled), this micro-batch's added. ``extra``: its ``size`` as
+        the noise scale counts it (its one normaliser's count, else its examples: trainer/noise.py), and
+        ``outputs``, each loss's own unweighted S and D (a [2, losses] array) for model.fit's per-output
+        logs."""
         before, metrics, pending = held
         pending = list(pending)  # BatchNormalization's sums (norm.py), added to by the call
         with self.norms.recording(valid, pending):
@@ -91,6 +93,7 @@ class KerasObjective:
         with keras_private.each_output_loss(self.model, take) as compiled:
             compiled.call(y, y_pred, sample_weight)
         groups = {}  # name: [S, D]; "total" and "examples" shared, one group per output whose D is the data's
+        outputs = []  # each loss's own unweighted [S, D] (D 0 for a sum), which model.fit logs as <output>_loss
 
         def add(name, total, count):
             if name in groups:
@@ -102,15 +105,19 @@ class KerasObjective:
             weighted = total * (1.0 if entry.loss_weights is None else entry.loss_weights)
             if entry.loss.reduction == "sum":
                 add("total", weighted, jnp.zeros(()))
+                outputs.append([total, jnp.zeros(())])
             elif per_example is not None:  # D = examples * per_example: the sum over per_example, the count once
                 add("examples", weighted / per_example, jnp.sum(valid))
+                outputs.append([total, jnp.sum(valid) * per_example])
             else:
                 add(f"output_{i}", weighted, count)
+                outputs.append([total, count])
         names = sorted(groups)
         sums, counts = (jnp.stack([groups[name][j] for name in names]).astype("float32") for j in (0, 1))
         # the micro-batch's size as the noise scale counts it: the count of its one normaliser, else its examples
         size = counts[0] if len(names) == 1 and names != ["total"] else jnp.sum(valid).astype("float32")
-        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid), pending), size
+        extra = {"size": size, "outputs": jnp.stack([jnp.stack(o) for o in outputs]).astype("float32").T}
+        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid), pending), extra
 
     def _metrics(self, values, y, y_pred, sample_weight, valid):
         """The compiled metrics' ``values`` updated as model.fit updates them with this micro-batch, its padding rows
