@@ -247,6 +247,19 @@ out["noise start"] = [w.tolist() for w in noisy.get_weights()]
 noisy_history = accum_train.fit(noisy, x, y, batch_size=10, epochs=3, subdivisions=3, shuffle=False, verbose=0)
 out["noise history"] = noisy_history.history
 
+# precision= for one call: fit's door sets the layers' policies around it (models/precision.py), as on TensorFlow;
+# model.fit under the same policies is the oracle, float32 model.fit the counterfactual (bfloat16 compute moves it)
+from accum_train.models.precision import call_precision
+
+for precision in ("mixed_bfloat16",):
+    ours, keras_own, float32 = mlp(), mlp(), mlp()
+    accum_train.fit(ours, x, y, batch_size=10, subdivisions=3, shuffle=False, verbose=0, precision=precision)
+    with call_precision(keras_own, precision):
+        keras_own.fit(x, y, batch_size=10, shuffle=False, verbose=0)
+    float32.fit(x, y, batch_size=10, shuffle=False, verbose=0)
+    policies = sorted({layer.dtype_policy.name for layer in ours.layers})
+    out[f"precision={precision}"] = [gap(ours, keras_own), gap(ours, float32), gap(keras_own, float32), policies]
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -544,6 +557,14 @@ def test_the_noise_scale_on_jax_is_tensorflow_s_for_the_same_weights_and_batches
     assert all(value > 0 for value in history["noise_scale"])
     assert jax_history["noise_scale"] == pytest.approx(history["noise_scale"], rel=1e-3)
     assert jax_history["loss"] == pytest.approx(history["loss"], rel=1e-5)
+
+
+def test_a_call_s_precision_on_jax_trains_as_model_fit_under_those_policies_and_restores_them(cases):
+    """precision="mixed_bfloat16" for one call: within 3e-3 of model.fit under the same policies (bfloat16 rounds each
+    micro-batch's sums: TOLERANCE's figure), further from float32 model.fit than that, the policies float32 after."""
+    to_policy, to_float32, keras_to_float32, policies = cases["precision=mixed_bfloat16"]
+    assert to_policy <= 3e-3 and keras_to_float32 > to_policy and to_float32 > 1e-4
+    assert policies == ["float32"]
 
 
 def test_a_frozen_layer_on_jax_stays_to_the_bit_while_the_rest_trains_to_keras_weights(cases):

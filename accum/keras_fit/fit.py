@@ -14,9 +14,11 @@ computed as ``subdivisions`` micro-batches per replica (or as many as ``micro_ba
 from __future__ import annotations
 
 from ..backends import active
-from ..defaults import FIT
+from ..defaults import FIT, PRECISIONS
+from ..errors import UserError
 from ..keras_private import preprocesses
-from .arguments import check_class_weight, check_keywords, check_model, check_numbers, train_spec
+from ..models.precision import call_precision
+from .arguments import WHERE, check_class_weight, check_keywords, check_model, check_numbers, train_spec
 
 
 def fit(
@@ -97,6 +99,8 @@ def fit(
     check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
     check_keywords(seed, shuffle, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
     check_class_weight(class_weight, sample_weight)
+    if precision is not None and precision not in PRECISIONS:
+        raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
     if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
         if preprocesses(model):  # a KerasHub task's raw examples batched and preprocessed as on TensorFlow's door
             from .pipeline import preprocessed  # on tf.data, which KerasHub's preprocessors need on every backend
@@ -104,7 +108,8 @@ def fit(
             batches = preprocessed(model, x, y, sample_weight, batch_size)
             given.update(x=batches, y=None, sample_weight=None, batch_size=None)
         # (memory_limit: refused there, so not read here)
-        return active().fit(model, given, train_spec(subdivisions, micro_batch_size, None, max_bad_steps))
+        with call_precision(model, precision):  # the layers' policies for this call, as on TensorFlow's door
+            return active().fit(model, given, train_spec(subdivisions, micro_batch_size, None, max_bad_steps))
     # the Trainer's path reads its data through tf.data (trainer/data/): loaded here, not with this module, so that
     # accum_train.fit imports, and the JAX backend's door runs, where TensorFlow is not installed
     from .train import train

@@ -11,7 +11,7 @@ import keras
 
 from .. import keras_private
 from ..backends import active
-from ..defaults import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL, PRECISIONS
+from ..defaults import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL
 from ..errors import Refused, UserError
 from ..keras_private import all_layers, preprocesses
 from ..models.precision import call_precision
@@ -51,8 +51,6 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
     trim = trim_multiple(trim_padding, WHERE)
     if trim:
         check_trimmable(model, strategy.num_replicas_in_sync, WHERE)
-    if precision is not None and precision not in PRECISIONS:
-        raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
     if seed is not None:
         keras.utils.set_random_seed(seed)
     (x, y, sample_weight), validation_data = split_validation(

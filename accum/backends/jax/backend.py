@@ -48,6 +48,7 @@ TAKEN = (
     "micro_batch_size",
     "seed",
     "max_bad_steps",
+    "precision",  # fit's door sets the layers' policies around the call (models/precision.py)
 )
 
 
