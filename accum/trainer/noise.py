@@ -53,6 +53,28 @@ def one_update(squares: float, inverses: float, count: float, batch_squared: flo
     return trace, batch_squared - trace / n
 
 
+def terms_size(groups: int) -> int:
+    """The length of a micro-step's terms: the inner products of ``groups`` normalisers' gradients, then 1/b, 1 and
+    b (each backend's noise.py computes them in its graph)."""
+    return groups * (groups + 1) // 2 + 3
+
+
+def update_sums(terms, factors, loss_scale) -> tuple:
+    """(sum |g_i|^2, sum 1/b_i, k, B) of an update from its summed ``terms`` (``terms_size``'s layout), in the
+    backend's tensors: ``factors`` each normaliser's multiplier of its cache (scale / D_g), ``loss_scale`` what the
+    caches were multiplied by. g_i = sum_g weight_g x cache_g / b_i, so |g_i|^2 weighs each pair's inner product."""
+    count = len(factors)
+    pairs = count * (count + 1) // 2
+    inverses, micro_batches, total = terms[pairs], terms[pairs + 1], terms[pairs + 2]
+    weights = [f * total / loss_scale for f in factors]
+    squares, index = 0.0, 0
+    for a in range(count):
+        for b in range(a, count):
+            squares += (1.0 if a == b else 2.0) * weights[a] * weights[b] * terms[index]
+            index += 1
+    return squares, inverses, micro_batches, total
+
+
 class Estimate:
     """The running estimate on the host: exponential averages of S_hat and G2_hat over the updates (each backend's
     NoiseScale keeps them where its checkpoints hold them)."""

@@ -139,8 +139,8 @@ def _dataset_batches(model, given: dict):
     """A function of the epoch giving a dataset's batches, each ``(x, y, sample_weight)`` of NumPy structures, read
     afresh each epoch as model.fit reads it (a KerasHub task's: fit's door preprocessed its raw examples into it).
     Keras never shuffles a dataset: neither does this, whatever ``shuffle`` says."""
-    dataset, name = given["x"], model.name
-    if given["class_weight"] is not None and keras_private.preprocesses(model):
+    dataset, name, task = given["x"], model.name, keras_private.preprocesses(model)
+    if given["class_weight"] is not None and task:
         raise refused(f"class_weight for model {name!r}, which preprocesses its inputs in fit,", WHERE)
     for what in ("y", "sample_weight", "class_weight"):  # model.fit's rule: a dataset's elements hold them
         if given[what] is not None:
@@ -149,7 +149,7 @@ def _dataset_batches(model, given: dict):
     def epoch_batches(epoch: int):
         for element in dataset.as_numpy_iterator():
             batch = keras.utils.unpack_x_y_sample_weight(element)
-            if batch[1] is None and keras_private.preprocesses(model):  # a classifier's preprocessor given no labels
+            if batch[1] is None and task:  # a classifier's preprocessor given no labels
                 raise UserError(f"{WHERE}: model {name!r}'s preprocessor gives no targets for x: pass y")
             if batch[1] is None:
                 raise UserError(f"{WHERE}: the tf.data.Dataset's elements hold no targets: make them (x, y)")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from ...trainer.noise import terms_size
 from . import noise
 
 # what each jitted call replaces is donated, as Keras' JAXTrainer donates its state: the weights and the optimizer's
@@ -112,7 +113,7 @@ class Accumulator:
         totals are each group's S and D, the noise scale's terms (noise.py) and each loss's own S and D."""
         sums, _, _, extra = jax.eval_shape(self.objective.parts, trainable, held, *batch)
         groups, outputs = sums.shape[0], extra["outputs"].shape
-        totals = (jnp.zeros((2, groups), "float32"), jnp.zeros(noise.terms_size(groups), "float32"))
+        totals = (jnp.zeros((2, groups), "float32"), jnp.zeros(terms_size(groups), "float32"))
         totals += (jnp.zeros(outputs, "float32"),)
         return [jnp.zeros((groups, *v.shape), "float32") for v in trainable], totals
 

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-
-def terms_size(groups: int) -> int:
-    """The length of a micro-step's terms: the inner products of ``groups`` gradients, then 1/b, 1 and b."""
-    return groups * (groups + 1) // 2 + 3
+from ...trainer.noise import update_sums
 
 
 def micro_terms(gradients: list, size):
@@ -27,14 +24,6 @@ def micro_terms(gradients: list, size):
 def update_terms(terms, factors, loss_scale, gradient) -> dict:
     """An update's record from its summed ``terms``. ``factors``: each group's multiplier of its cache;
     ``loss_scale``: what the caches were multiplied by; ``gradient``: the update's gradient, G_B times the scale."""
-    count = factors.shape[0]
-    pairs = count * (count + 1) // 2
-    inverses, micro_batches, total = terms[pairs], terms[pairs + 1], terms[pairs + 2]
-    weights = factors * total / loss_scale  # g_i = sum_g weight_g x cache_g / b_i
-    squares, index = 0.0, 0
-    for a in range(count):
-        for b in range(a, count):
-            squares += (1.0 if a == b else 2.0) * weights[a] * weights[b] * terms[index]
-            index += 1
+    squares, inverses, micro_batches, total = update_sums(terms, factors, loss_scale)
     batch = sum(jnp.vdot(g, g).astype("float32") for g in gradient) / jnp.square(loss_scale)
     return {"noise": jnp.stack([squares, inverses, micro_batches]), "noise_batch": jnp.stack([batch, total])}

@@ -46,6 +46,7 @@ import tensorflow as tf
 from ... import keras_private
 from ...trainer.data.batching import as_data, held_data
 from ...trainer.data.feed import held, sized
+from ...trainer.noise import terms_size
 from . import noise
 from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
@@ -102,7 +103,7 @@ class Accumulator(Finish):
             self.totals = Totals(self.groups, len(self.objective.kinds))
             if not self.one_pass:
                 self.caches = [GradientCache(self.variables) for _ in self.groups]
-                size = noise.terms_size(len(self.groups))
+                size = terms_size(len(self.groups))
                 self.noise = tf.Variable(tf.zeros([size]), trainable=False, name="noise_cache", **REPLICA_LOCAL)
         self._compile_jit = jit
         self.retrace()

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ...trainer.noise import Estimate
-
-
-def terms_size(groups: int) -> int:
-    """The length of a micro-step's terms: the inner products of ``groups`` gradients, then 1/b, 1 and b."""
-    return groups * (groups + 1) // 2 + 3
+from ...trainer.noise import Estimate, update_sums
 
 
 def micro_terms(gradients: list, size) -> tf.Tensor:
@@ -35,15 +30,7 @@ def update_terms(terms, factors: list, loss_scale, gradient) -> dict:
     """An update's record of the noise (in graph) from its all-reduced ``terms``: ``noise`` [sum |g_i|^2,
     sum 1/b_i, k] and ``noise_batch`` [|G_B|^2, B]. ``factors``: each normaliser's multiplier of its
     cache (scale / D_g); ``loss_scale``: what the caches were multiplied by; ``gradient``: G_B."""
-    count = len(factors)
-    pairs = count * (count + 1) // 2
-    inverses, micro_batches, total = terms[pairs], terms[pairs + 1], terms[pairs + 2]
-    weights = [f * total / loss_scale for f in factors]  # g_i = sum_g weight_g x cache_g / b_i
-    squares, index = tf.constant(0.0), 0
-    for a in range(count):
-        for b in range(a, count):
-            squares += (1.0 if a == b else 2.0) * weights[a] * weights[b] * terms[index]
-            index += 1
+    squares, inverses, micro_batches, total = update_sums(terms, factors, loss_scale)
     batch = 2.0 * tf.add_n([tf.nn.l2_loss(g) for g in gradient])
     return {"noise": tf.stack([squares, inverses, micro_batches]), "noise_batch": tf.stack([batch, total])}
 
