@@ -30,8 +30,10 @@ from keras.src.utils.python_utils import pythonify_logs  # noqa: F401  (re-expor
 
 def storage(variable):
     """The tf.Variable under a Keras 3 variable (outside autocast scopes, ``value`` is it): what an optimizer,
-    a tf.train.Checkpoint and a strategy's scope see."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
+    a tf.train.Checkpoint and a strategy's scope see. On JAX, whose ``value`` is an immutable array, the variable."""
+    if isinstance(variable, keras.Variable) and keras.config.backend() == "tensorflow":
+        return variable.value
+    return variable
 
 
 def masks_of(outputs) -> list:
@@ -147,12 +149,17 @@ def each_output_loss(model, replace):
         loss._flat_losses, loss._metrics = saved_losses, saved_metrics
 
 
-def py_dataset_batches(py_dataset, shuffle: bool):
-    """A keras.utils.PyDataset as the tf.data pipeline of its batches that model.fit reads (its workers and
-    multiprocessing settings included), and the adapter whose ``on_epoch_end`` goes after each epoch."""
+def py_dataset_adapter(py_dataset, shuffle: bool):
+    """Keras' own reader of a keras.utils.PyDataset, as model.fit reads one (its workers and multiprocessing settings
+    included): ``get_tf_dataset``, ``get_numpy_iterator`` and ``on_epoch_end``, which goes after each epoch."""
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
-    adapter = PyDatasetAdapter(py_dataset, shuffle=shuffle)
+    return PyDatasetAdapter(py_dataset, shuffle=shuffle)
+
+
+def py_dataset_batches(py_dataset, shuffle: bool):
+    """A keras.utils.PyDataset as the tf.data pipeline of its batches that model.fit reads, and its adapter."""
+    adapter = py_dataset_adapter(py_dataset, shuffle)
     return adapter.get_tf_dataset(), adapter
 
 

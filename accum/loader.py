@@ -29,7 +29,7 @@ from .npz_values import DATA_HOW, read_targets, read_values
 from .reload import describe_run, load_fit_run, load_run
 from .text import shape_text, traced_error_line
 from .trainer.store.metrics_log import read_metrics
-from .trainer.store.rundir import FIT_RECORD, HISTORY, other_output, read_record
+from .trainer.store.rundir import FIT_RECORD, HISTORY, check_backend, other_output, read_record
 
 
 def read_run(run_dir: Path, for_model: bool = True) -> ConfigRun | FitRun:
@@ -47,6 +47,8 @@ def read_run(run_dir: Path, for_model: bool = True) -> ConfigRun | FitRun:
             or f"{run_dir} is not a run directory (no config.yaml with checkpoints/, nor {FIT_RECORD}): pass a "
             f"directory written by 'accum-train run' or by accum_train.fit(output_dir=...)"
         )
+    if for_model:  # its checkpoint is read: by the backend that wrote it (describe reads the records alone)
+        check_backend(record, run_dir, "run this command with KERAS_BACKEND={backend}")
     return DOORS[record["door"]](run_dir, record)
 
 

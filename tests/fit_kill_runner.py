@@ -5,8 +5,8 @@ batches of 16, 16, 16 and 2 examples, each as 3 micro-batches) into OUTPUT_DIR, 
 weights to RESULT.npz and the returned History (``epoch``, ``history``) to RESULT.json. The model, data and
 order are the same in every process, so a call that resumes OUTPUT_DIR must end where one never stopped does.
 
-ACCUM_FIT_HOLD=WHERE:N (with ACCUM_FIT_MARK=PATH) holds the process still at a known point for the parent to
-kill with SIGKILL: it writes PATH, then sleeps. WHERE is
+KERAS_BACKEND picks the backend it runs on (TensorFlow or JAX). ACCUM_FIT_HOLD=WHERE:N (with ACCUM_FIT_MARK=PATH)
+holds the process still at a known point for the parent to kill with SIGKILL: it writes PATH, then sleeps. WHERE is
   update  after the Nth update of the call, before fit logs it to metrics.jsonl (updates 1 to N-1 are there)
   save    as the Nth checkpoint is about to be written (fit saves one after each epoch, its metrics.jsonl
           record written first)
@@ -58,8 +58,12 @@ class HoldAfterUpdate(keras.callbacks.Callback):
 
 def hold_before_save(n, mark):
     """TensorFlow's CheckpointManager.save is wrapped, not fit's own code: the point stays put whatever fit's
-    private names become."""
-    real, saves = tf.train.CheckpointManager.save, [0]
+    private names become. On JAX, the backend's own checkpoint writer (accum/backends/jax/checkpoints.py)."""
+    if keras.config.backend() == "jax":
+        from accum_train.backends.jax.checkpoints import Checkpoints as owner
+    else:
+        owner = tf.train.CheckpointManager
+    real, saves = owner.save, [0]
 
     def save(self, *args, **kwargs):
         saves[0] += 1
@@ -67,7 +71,7 @@ def hold_before_save(n, mark):
             hold(mark)
         return real(self, *args, **kwargs)
 
-    tf.train.CheckpointManager.save = save
+    owner.save = save
 
 
 def main(output_dir, result):

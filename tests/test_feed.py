@@ -15,7 +15,8 @@ from accum_train.config import load_config
 from accum_train.datasets.python import StreamSplit
 from accum_train.from_config.build import build_run, load_data
 from accum_train.trainer.data.batching import micro_bounds
-from accum_train.trainer.data.feed import kind, plan
+from accum_train.trainer.data.conversion import kind
+from accum_train.trainer.data.layout import plan
 from accum_train.trainer.data.order import epoch_order
 from accum_train.trainer.data.timeline import Segment
 from accum_train.trainer.store.rundir import CheckpointPolicy, RunDirectory

@@ -21,7 +21,49 @@ from accum_train.trainer.data.array_feed import ArrayFeed
 
 pytest.importorskip("jax")
 
-CASES = r"""
+LOOP_DEFS = r"""
+# the one loop (keras_fit/fit_hooks.py) on JAX: model.fit's callbacks in model.fit's order, its validation (every
+# second epoch, 7 examples in batches of 4 and 3) and History, a callback's stop_training, initial_epoch
+class Events(keras.callbacks.Callback):
+    def __init__(self, stop_after=None):
+        super().__init__()
+        self.seen, self.stop_after = [], stop_after
+
+    def note(self, event, at=None, logs=None):
+        self.seen.append([event, at, sorted(k for k in (logs or {}) if k != "noise_scale")])
+
+    on_train_begin = lambda self, logs=None: self.note("train_begin", None, logs)
+    on_epoch_begin = lambda self, epoch, logs=None: self.note("epoch_begin", epoch, logs)
+    on_train_batch_end = lambda self, batch, logs=None: self.note("batch_end", batch, logs)
+    on_test_begin = lambda self, logs=None: self.note("test_begin", None, logs)
+    on_test_batch_end = lambda self, batch, logs=None: self.note("test_batch_end", batch, logs)
+    on_train_end = lambda self, logs=None: self.note("train_end", None, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.note("epoch_end", epoch, logs)
+        if epoch == self.stop_after:
+            self.model.stop_training = True
+
+vx, vy = rng.normal(size=(7, 5)).astype("float32"), rng.normal(size=(7, 3)).astype("float32")
+def metered_mlp():
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+    return model
+
+def logged(name, **given):  # one case: ours against model.fit, with their callbacks' events
+    ours, keras_own = metered_mlp(), metered_mlp()
+    stop_after = given.pop("stop_after", None)
+    events = [Events(stop_after), Events(stop_after)]
+    fixed = dict(batch_size=10, shuffle=False, verbose=0, **given)
+    got = accum_train.fit(ours, x, y, subdivisions=3, callbacks=[events[0]], **fixed).history
+    want = keras_own.fit(x, y, callbacks=[events[1]], **fixed).history
+    apart = {key: max(abs(a / b - 1) for a, b in zip(got[key], want[key])) for key in want}
+    out[name] = [gap(ours, keras_own), apart, sorted(got), events[0].seen == events[1].seen, len(events[0].seen)]
+"""
+
+
+CASES = (
+    r"""
 import importlib.abc, sys
 
 class Absent(importlib.abc.MetaPathFinder):  # TensorFlow and TensorLayer as where they are not installed
@@ -260,6 +302,11 @@ for precision in ("mixed_bfloat16",):
     policies = sorted({layer.dtype_policy.name for layer in ours.layers})
     out[f"precision={precision}"] = [gap(ours, keras_own), gap(ours, float32), gap(keras_own, float32), policies]
 
+"""
+    + LOOP_DEFS
+    + r"""
+logged("validation_data", validation_data=(vx, vy), validation_freq=2, validation_batch_size=4, epochs=4)
+
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -267,16 +314,17 @@ def refusal(name, make, **given):
         out[name] = str(err)
 
 refusal("renorm", lambda: mlp(extra=[keras.layers.BatchNormalization(renorm=True, name="renormed")]), subdivisions=2)
-refusal("validation_split", mlp, validation_split=0.2)
+refusal("memory_limit", mlp, memory_limit="1GB")
 refusal("shuffle", mlp, shuffle="yes")
 refusal("subdivisions=0", mlp, subdivisions=0)  # fit's own checks, as on TensorFlow
 refusal("class_weight, sample_weight", mlp, class_weight={0: 2.0}, sample_weight=weights)
 refusal("class_weight list", mlp, class_weight=[2.0, 1.0])
 try:
-    active().Checkpoints
+    active().Scorer
 except UserError as err:
-    out["Checkpoints"] = str(err)
+    out["Scorer"] = str(err)
 """
+)
 
 
 # issue 76's oracle matrix, each case two updates (batches of 10 and 9, each in 4 micro-batches: 2, 3, 2, 3 and 2, 2,
@@ -423,17 +471,109 @@ class Batches(keras.utils.PyDataset):
     def __getitem__(self, i):
         return x[10 * i : 10 * i + 10], y[10 * i : 10 * i + 10]
 
-sources = {"generator": lambda: iter([(x[:10], y[:10])]), "PyDataset": Batches, "built-in net": None}
-for name, source in sources.items():
-    try:
-        if source is None:
-            build_model(ModelConfig(name="mlp"), 0, (5,), 3)
-        else:
-            accum_train.fit(mlp(), source(), subdivisions=2, shuffle=False, verbose=0)
-    except UserError as err:
-        out[name] = str(err)
+# sources of batches, read without TensorFlow: each trained as model.fit trains on the same batches
+tens = lambda: ((x[i : i + 10], y[i : i + 10]) for i in (0, 10, 20))  # a generator of batches of 10, 10 and 3
+sources = {
+    "generator": (tens, dict()),
+    "generator, steps_per_epoch": (tens, dict(steps_per_epoch=1, epochs=3)),
+    "PyDataset": (Batches, dict(epochs=2)),
+}
+for name, (source, given) in sources.items():
+    ours, keras_own = mlp(), mlp()
+    accum_train.fit(ours, source(), subdivisions=2, shuffle=False, verbose=0, **given)
+    keras_own.fit(source(), shuffle=False, verbose=0, **given)
+    out[name] = [float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights())]
+try:
+    build_model(ModelConfig(name="mlp"), 0, (5,), 3)
+except UserError as err:
+    out["built-in net"] = str(err)
 out["tensorflow loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorlayer"))
 """
+
+
+# the rest of the loop's cases on JAX, in the slow suite (a process of their own: their fits compile for seconds)
+LOOP = (
+    r"""
+import contextlib, io, json, numpy as np, keras, accum_train
+
+def mlp():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).astype("float32")
+gap = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a.get_weights(), b.get_weights()))
+"""
+    + LOOP_DEFS
+    + r"""
+logged("validation_split", validation_split=0.3, epochs=2)
+logged("stop_training, initial_epoch", validation_data=(vx, vy), initial_epoch=1, epochs=5, stop_after=2)
+
+# batch_schedule on JAX, with tests/test_fit_batch_schedule.py's data, model and schedules: each epoch one pass at the
+# batch in force (micro-batches of 4), the call ending where model.fit ends called once per batch size; the
+# noise-scale rule growing the batch as its lines say
+r11 = np.random.default_rng(11)
+X48, Y48 = r11.random((48, 5), dtype=np.float32), r11.random((48, 1), dtype=np.float32)
+
+def small():
+    keras.utils.set_random_seed(5)
+    built = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(1)])
+    built.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return built
+
+def rule_phases(lines, epochs=4, first=8):  # (first epoch, end, batch size) of each size the lines name
+    changes = [line for line in lines if "->" in line]  # "... batch_size 8 -> 12 from epoch 3"
+    starts = [(0, first)] + [(int(line.split()[-1]) - 1, int(line.split("-> ")[1].split()[0])) for line in changes]
+    return tuple((start, end, size) for (start, size), (end, _) in zip(starts, starts[1:] + [(epochs, None)]))
+
+for name, schedule, phases in (
+    ("batch_schedule", [{"epoch": 1, "batch_size": 8}, {"epoch": 3, "batch_size": 20}], ((0, 2, 8), (2, 4, 20))),
+    ("noise rule", {"rule": "noise_scale", "max_batch_size": 24}, None),  # the sizes its lines name
+):
+    ours, keras_own, said = small(), small(), io.StringIO()
+    with contextlib.redirect_stdout(said):
+        accum_train.fit(ours, X48, Y48, epochs=4, batch_size=None if phases else 8, micro_batch_size=4,
+                        batch_schedule=schedule, shuffle=False, verbose=2)
+    lines = [line for line in said.getvalue().splitlines() if line.startswith("noise scale")]
+    for first, end, size in phases or rule_phases(lines):
+        keras_own.fit(X48, Y48, batch_size=size, epochs=end, initial_epoch=first, shuffle=False, verbose=0)
+    out[name] = [gap(ours, keras_own), lines, [size for _, _, size in phases or rule_phases(lines)]]
+
+# micro_batch_size="auto" on JAX: a device that fits micro-batches of 3 examples or fewer (XLA's out-of-memory error
+# otherwise, as the engine's jitted update raises it): each update retried at twice the micro-batches until it fits,
+# to model.fit's weights; a fixed k that does not fit ends the call in one line
+import jax
+from accum_train.backends.jax import engine as jax_engine
+from accum_train.errors import OutOfMemory
+real_retrace = jax_engine.Accumulator.retrace
+
+def small_device(self):
+    real_retrace(self)
+    jitted = self._update
+
+    def update(trainable, held, optimizer_values, batches, n):
+        if batches[0].shape[1] > 3:
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")
+        return jitted(trainable, held, optimizer_values, batches, n)
+
+    self._update = update
+
+jax_engine.Accumulator.retrace = small_device
+ours, keras_own, said = metered_mlp(), metered_mlp(), io.StringIO()
+with contextlib.redirect_stdout(said):
+    accum_train.fit(ours, x, y, batch_size=10, micro_batch_size="auto", epochs=2, shuffle=False, verbose=2)
+keras_own.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+out["auto"] = [gap(ours, keras_own), [line for line in said.getvalue().splitlines() if line.startswith("update")]]
+try:
+    accum_train.fit(mlp(), x, y, batch_size=10, subdivisions=2, verbose=0)
+except OutOfMemory as err:
+    out["auto, fixed k"] = str(err)
+jax_engine.Accumulator.retrace = real_retrace
+
+"""
+)
 
 
 def child(code, *args):
@@ -465,7 +605,7 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
     "case, message",
     [
         ("renorm", f"accum_train.fit: BatchNormalization with renorm=True (renormed) {LATER}"),
-        ("validation_split", f"accum_train.fit: validation_split=0.2 {LATER}"),
+        ("memory_limit", f"accum_train.fit: memory_limit='1GB' {LATER}"),
         ("subdivisions=0", "accum_train.fit: subdivisions=0 must be an integer >= 1"),
         (
             "class_weight, sample_weight",  # model.fit refuses the pair: TensorFlow's door's line
@@ -476,7 +616,7 @@ LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEN
             "class_weight list",  # fit's door checks it before either backend's
             "accum_train.fit: class_weight is a list: pass a dict of class index to weight, such as {0: 1.0, 1: 5.0}",
         ),
-        ("Checkpoints", f"accum-train's 'Checkpoints' {LATER}"),  # a name of the seam the backend has not yet
+        ("Scorer", f"accum-train's 'Scorer' {LATER}"),  # a name of the seam the backend has not yet (the CLI's)
     ],
 )
 def test_what_the_jax_backend_does_not_cover_yet_is_refused_in_one_line(cases, case, message):
@@ -502,6 +642,65 @@ def test_compiled_metrics_on_jax_log_model_fit_s_values(cases, case, names):
         assert ours[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
     if case == "metrics":
         assert ours["accuracy"] != ours["weighted_accuracy"]  # the sample weights reach the weighted metric alone
+
+
+@pytest.fixture(scope="module")
+def loop_cases():
+    return child(LOOP)
+
+
+KEYS = ["loss", "mae", "noise_scale", "val_loss", "val_mae"]
+
+
+@pytest.mark.parametrize(
+    "case, events",
+    [
+        # 4 epochs of 3 updates, 2 events around them, the validation of epochs 2 and 4 in 2 batches
+        ("validation_data", 2 + 4 * (3 + 2) + 2 * (1 + 2)),
+        pytest.param("validation_split", 2 + 2 * (2 + 2) + 2 * (1 + 1), marks=pytest.mark.slow),
+        # epochs 2 and 3 (1-based) of 5: stopped after the second
+        pytest.param("stop_training, initial_epoch", 2 + 2 * (3 + 2 + 1 + 1), marks=pytest.mark.slow),
+    ],
+)
+def test_fit_on_jax_runs_model_fit_s_callbacks_validation_and_history(request, case, events):
+    """The one loop (keras_fit/fit_hooks.py) driving the JAX engine: the weights, every History value (to 1e-5,
+    relative) and every callback event with its logs' keys in model.fit's order, the validation only on the epochs
+    validation_freq names, a callback's stop_training and initial_epoch honoured as model.fit honours them."""
+    found = request.getfixturevalue("cases" if case == "validation_data" else "loop_cases")
+    apart, history, got_keys, same_events, seen = found[case]
+    assert apart < 1e-5 and max(history.values()) < 1e-5
+    assert (got_keys, same_events, seen) == (KEYS, True, events)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["batch_schedule", "noise rule"])
+def test_a_batch_schedule_on_jax_ends_where_model_fit_ends_at_each_batch_size(loop_cases, case):
+    """Each epoch one pass at the batch in force: model.fit's weights called once per batch size. The noise rule's
+    sizes are those its lines name (one a decision at each epoch's end but the last), which grew the batch; its
+    estimate is the TensorFlow door's for the same weights and batches (below), and Keras draws other first weights
+    on JAX, so its lines are JAX's own."""
+    apart, lines, sizes = loop_cases[case]
+    assert apart < 1e-5
+    if case == "noise rule":
+        assert len(lines) == 3 and sizes[-1] > sizes[0] == 8 and sizes == sorted(sizes)
+
+
+@pytest.mark.slow
+def test_micro_batch_size_auto_on_jax_retries_an_update_that_runs_out_of_memory_at_twice_the_micro_batches(
+    loop_cases,
+):
+    """A device that fits 3 examples a micro-batch: the first update tried as 1, 2 and 4 micro-batches (of 10, 5 and
+    3 examples), nothing applied until it fits, the call then at model.fit's weights; a fixed k ends in one line."""
+    apart, lines = loop_cases["auto"]
+    assert apart < 1e-5
+    assert lines == [
+        "update 1 ran out of memory with subdivisions=1: retrying the same batch with subdivisions=2",
+        "update 1 ran out of memory with subdivisions=2: retrying the same batch with subdivisions=4",
+    ]
+    assert loop_cases["auto, fixed k"] == (
+        "update 1 ran out of memory with subdivisions=2 (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        "1.00GiB): pass a smaller micro_batch_size, or micro_batch_size='auto'"
+    )
 
 
 def test_batchnorm_on_jax_at_k_1_is_model_fit_s_to_the_weights_and_statistics(cases):
@@ -759,19 +958,16 @@ def test_fit_trains_on_jax_where_tensorflow_is_not_installed(without_tensorflow)
     assert without_tensorflow["tensorflow loaded"] == []
 
 
-@pytest.mark.parametrize(
-    "case, message",
-    [
-        ("generator", f"accum_train.fit: data other than numpy arrays x, y (and sample_weight) {LATER}"),
-        ("PyDataset", f"accum_train.fit: data other than numpy arrays x, y (and sample_weight) {LATER}"),
-        (
-            "built-in net",
-            "model.name=mlp is a TensorLayer net, which only TensorFlow runs: train it with KERAS_BACKEND=tensorflow",
-        ),
-    ],
-)
-def test_what_needs_more_than_the_jax_door_is_refused_in_one_line_without_tensorflow(without_tensorflow, case, message):
-    assert without_tensorflow[case] == message
+@pytest.mark.parametrize("case", ["generator", "generator, steps_per_epoch", "PyDataset"])
+def test_a_generator_and_a_pydataset_train_on_jax_as_model_fit_without_tensorflow(without_tensorflow, case):
+    """Batches of 10, 10 and 3, each in 2 micro-batches: a generator read once (three epochs of one update each with
+    steps_per_epoch=1), a PyDataset read each epoch; model.fit's weights on the same batches."""
+    assert max(without_tensorflow[case]) < 1e-5
+
+
+def test_a_built_in_net_is_refused_on_jax_in_one_line(without_tensorflow):
+    message = "model.name=mlp is a TensorLayer net, which only TensorFlow runs: train it with KERAS_BACKEND=tensorflow"
+    assert without_tensorflow["built-in net"] == message
 
 
 @pytest.mark.slow  # a process of its own, seconds

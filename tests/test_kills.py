@@ -202,8 +202,12 @@ FIT_RUNNER = Path(__file__).with_name("fit_kill_runner.py")
 FIT_UPDATES, FIT_EPOCHS = 12, 3
 
 
-def call_fit(run_dir, result):
-    return run([sys.executable, str(FIT_RUNNER), str(run_dir), str(result)])
+def on(backend):  # a child's environment: Keras on ``backend`` (JAX on its CPU)
+    return {**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu"}
+
+
+def call_fit(run_dir, result, backend):
+    return run([sys.executable, str(FIT_RUNNER), str(run_dir), str(result)], env=on(backend))
 
 
 def fit_records(run_dir):
@@ -214,15 +218,23 @@ def saved_checkpoints(run_dir):
     return sorted(int(p.name[len("ckpt-") : -len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
 
 
+@pytest.fixture(scope="module", params=["tensorflow", "jax"])
+def fit_backend(request):
+    """The backend each fit case runs on: the run directory, its checkpoints and the resume on either."""
+    if request.param == "jax":
+        pytest.importorskip("jax")
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def fit_reference(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fit-ref")
-    done = call_fit(base / "run", base / "result")
+def fit_reference(tmp_path_factory, fit_backend):
+    base = tmp_path_factory.mktemp(f"fit-ref-{fit_backend}")
+    done = call_fit(base / "run", base / "result", fit_backend)
     assert done.returncode == 0, done.stderr
     return base
 
 
-def kill_fit_when_held(hold, base):
+def kill_fit_when_held(hold, base, backend):
     """Start the call, wait until it holds at ``hold`` (fit_kill_runner's ACCUM_FIT_HOLD), kill -9 it there."""
     mark = base / "held"
     child = subprocess.Popen(
@@ -230,7 +242,7 @@ def kill_fit_when_held(hold, base):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "ACCUM_FIT_HOLD": hold, "ACCUM_FIT_MARK": str(mark)},
+        env={**on(backend), "ACCUM_FIT_HOLD": hold, "ACCUM_FIT_MARK": str(mark)},
     )
     try:
         deadline = time.time() + 180
@@ -247,18 +259,18 @@ def kill_fit_when_held(hold, base):
 
 
 @pytest.fixture(scope="module")
-def fit_killed_then_called_again(tmp_path_factory):
+def fit_killed_then_called_again(tmp_path_factory, fit_backend):
     """hold -> (run directory as the kill left it: last step logged, checkpoints; the base folder after the
     second call). Each case runs once for the tests that read it."""
     done = {}
 
     def case(hold):
         if hold not in done:
-            base = tmp_path_factory.mktemp("fit-" + hold.replace(":", "-"))
-            kill_fit_when_held(hold, base)
+            base = tmp_path_factory.mktemp(f"fit-{fit_backend}-" + hold.replace(":", "-"))
+            kill_fit_when_held(hold, base, fit_backend)
             records = fit_records(base / "run") if (base / "run" / "metrics.jsonl").exists() else []
             left = (records[-1]["step"] if records else 0, saved_checkpoints(base / "run"))
-            again = call_fit(base / "run", base / "result")
+            again = call_fit(base / "run", base / "result", fit_backend)
             assert again.returncode == 0, again.stderr
             done[hold] = left, base
         return done[hold]

@@ -139,10 +139,14 @@ def test_describe_reads_either_door_without_tensorflow(runs, door):
 
 
 def test_both_doors_record_the_run_in_one_run_json_of_one_shape(runs):
-    """One record for either door (rundir.write_record): the door, the TrainSpec's values, the data (the CLI's; fit
-    keeps none), and fit's arguments, which its resume checks; the CLI's config stays in config.yaml."""
+    """One record for either door (rundir.write_record): the door, the Keras backend, the TrainSpec's values, the data
+    (the CLI's; fit keeps none), and fit's arguments, which its resume checks; the CLI's config stays in config.yaml."""
     cli, fit = (json.loads((runs[door][0] / "run.json").read_text()) for door in ("accum-train run", "accum_train.fit"))
-    assert (sorted(cli), sorted(fit)) == (["data", "door", "spec"], ["data", "door", "fit", "spec"])
+    assert (sorted(cli), sorted(fit)) == (
+        ["backend", "data", "door", "spec"],
+        ["backend", "data", "door", "fit", "spec"],
+    )
+    assert cli["backend"] == fit["backend"] == "tensorflow"
     assert (cli["door"], fit["door"], fit["data"], cli["data"]["input_shape"]) == ("config", "fit", None, [6])
     assert (
         sorted(cli["spec"])

@@ -87,8 +87,10 @@ class Backend(Protocol):
     def pool(self, model, where: str, error=..., adapters=None) -> list: ...  # its BatchNormalization layers pooling
     def pooled(self, model, strategy=None, adapters=None, where: str = ...): ...  # ``pool`` within, Keras' own after
     def local_replica_ids(self, strategy) -> list: ...  # the global ids of this process's replicas
+    def several_processes(self, strategy) -> bool: ...  # whether the replicas span processes (each reads its own)
     def engine_state(self, engine: Engine) -> dict: ...  # what a checkpoint holds of the engine, by name
     def state_variable(self, value, dtype: str, name: str) -> Any: ...  # a door's run state a checkpoint holds
+    def elements(self, strategy, dataset, flagged: bool = False) -> Any: ...  # a feed's, as an update pulls it
     def eagerly(self): ...  # a context in which the engine's compiled functions run op by op (run_eagerly=True)
     def make_strategy(self, name: str, cpu_devices: int | None = None) -> Any: ...  # strategy.name's; None: default
     def strategy_in_scope(self, strategy=None) -> Any: ...  # ``strategy``, or (None) the one in scope

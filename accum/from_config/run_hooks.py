@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..trainer.data.feed import Reader
+from ..trainer.data.reader import Reader
 
 
 @dataclass

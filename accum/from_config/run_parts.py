@@ -14,8 +14,9 @@ from ..backends import active
 from ..config import BatchChange, Config
 from ..errors import ConfigError
 from ..trainer.data.batching import Cut, as_data, eval_batch_size
-from ..trainer.data.feed import Feed, Reader
+from ..trainer.data.feed import Feed
 from ..trainer.data.order import epoch_order, first_batch
+from ..trainer.data.reader import Reader
 from ..trainer.data.sources import feed_for
 from ..trainer.data.timeline import Timeline
 from ..trainer.data.trim import TrimmedSplit, check_trimmable

@@ -39,7 +39,7 @@ def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
             return recorded
     if not shuffled:
         return 0
-    if len(active().local_replica_ids(strategy)) < strategy.num_replicas_in_sync:
+    if active().several_processes(strategy):
         raise UserError(
             f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
             f"seed=<int>, the same on every worker"

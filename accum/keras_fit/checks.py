@@ -22,7 +22,7 @@ from ..backends import active
 from ..defaults import MIN_BATCHNORM_MICRO_BATCH
 from ..errors import UserError
 from ..text import traced_error_line
-from ..trainer.data.feed import STREAMED, kind
+from ..trainer.data.conversion import STREAMED, kind
 from ..trainer.data.order import noisy_batchnorm
 from .arguments import WHERE
 

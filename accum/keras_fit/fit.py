@@ -13,12 +13,30 @@ computed as ``subdivisions`` micro-batches per replica (or as many as ``micro_ba
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import keras
+
+from .. import keras_private
 from ..backends import active
 from ..defaults import FIT, PRECISIONS
 from ..errors import UserError
 from ..keras_private import preprocesses
 from ..models.precision import call_precision
-from .arguments import WHERE, check_class_weight, check_keywords, check_model, check_numbers, train_spec
+from ..trainer.data.conversion import kind
+from .arguments import (
+    WHERE,
+    check_class_weight,
+    check_keywords,
+    check_model,
+    check_numbers,
+    order_seed,
+    schedule_of,
+    train_spec,
+)
+from .fit_hooks import FitHooks, train_call
+from .inputs import split_validation, validation_arrays
+from .rundir import FitRunDir, described_call
 
 
 def fit(
@@ -101,17 +119,63 @@ def fit(
     check_class_weight(class_weight, sample_weight)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
-    if active().NAME != "tensorflow":  # issue 76's first step: the JAX backend's own door, for the plain case
-        if preprocesses(model):  # a KerasHub task's raw examples batched and preprocessed as on TensorFlow's door
-            from .pipeline import preprocessed  # on tf.data, which KerasHub's preprocessors need on every backend
-
-            batches = preprocessed(model, x, y, sample_weight, batch_size)
-            given.update(x=batches, y=None, sample_weight=None, batch_size=None)
-        # (memory_limit: refused there, so not read here)
+    if active().NAME != "tensorflow":  # issue 76: the JAX backend's feed and engine, driven by the same loop
         with call_precision(model, precision):  # the layers' policies for this call, as on TensorFlow's door
-            return active().fit(model, given, train_spec(subdivisions, micro_batch_size, None, max_bad_steps))
+            return _on_jax(model, given)
     # the Trainer's path reads its data through tf.data (trainer/data/): loaded here, not with this module, so that
     # accum_train.fit imports, and the JAX backend's door runs, where TensorFlow is not installed
     from .train import train
 
     return train(model, **given)
+
+
+def _on_jax(model, given: dict):
+    """accum_train.fit's checked arguments (``given``, by name) trained on Keras' JAX backend: the backend's feed,
+    accumulator and evaluation (jax/backend.py ``fit_parts``) driven by the loop that drives TensorFlow's
+    (fit_hooks.train_call); a KerasHub task's raw examples preprocessed first, as on TensorFlow's door."""
+    if preprocesses(model):
+        from .pipeline import preprocessed  # on tf.data, which KerasHub's preprocessors need on every backend
+
+        batches = preprocessed(model, given["x"], given["y"], given["sample_weight"], given["batch_size"])
+        given.update(x=batches, y=None, sample_weight=None, batch_size=None)
+    seed, what = given["seed"], kind(given["x"])
+    if seed is not None:  # Keras' random state, as on TensorFlow's door; the data order's seed below
+        keras.utils.set_random_seed(int(seed))
+    shuffled = bool(given["shuffle"]) and what == "arrays"
+    given["seed"] = order_seed(None if seed is None else int(seed), given["output_dir"], None, shuffled)
+    (x, y, sample_weight), validation = split_validation(
+        given["x"],
+        given["y"],
+        given["sample_weight"],
+        given["validation_data"],
+        given["validation_split"],
+        kind(given["x"]),
+    )
+    if isinstance(validation, (tuple, list)):
+        validation = validation_arrays(validation)
+    given.update(x=x, y=y, sample_weight=sample_weight, validation_data=validation, validation_split=0.0)
+    micro_batch_size = given["micro_batch_size"]
+    schedule, rule = schedule_of(
+        given["batch_schedule"], given["batch_size"], given["epochs"], given["subdivisions"], micro_batch_size
+    )
+    if schedule:  # each epoch one pass over the arrays at the batch in force
+        given.update(batch_size=schedule[0][1], batch_schedule=schedule)
+    spec = train_spec(given["subdivisions"], micro_batch_size, None, given["max_bad_steps"])  # (memory_limit: refused)
+    parts = active().fit_parts(model, given, spec)
+    say = print if given["verbose"] else (lambda line: None)
+    auto, engine = spec.micro.auto, parts.engine
+    loop = FitHooks(
+        model, engine, parts.evaluation, parts.feed, parts.cut, parts.validation, parts.nominal, auto=auto, say=say
+    )
+    if schedule:  # k for each batch in force, and the noise-scale rule's
+        loop.k_for = lambda size: spec.micro.k_for(size, parts.cut.replicas)
+        loop.rule, loop.micro_batch_size = rule, micro_batch_size
+    directory = None
+    if given["output_dir"] is not None:
+        order = (given["seed"], given["shuffle"], given["steps_per_epoch"])
+        described = described_call(parts.feed, "auto" if auto else parts.cut.k, *order, schedule, rule)
+        built = keras_private.built(model, None)  # its variables and LoRA layers, for run.json and the checkpoints
+        output_dir = Path(given["output_dir"])
+        directory = FitRunDir(output_dir, model, built, parts.engine, loop.noise, described, say, loop.rule_tracked)
+    names = ("epochs", "initial_epoch", "callbacks", "verbose", "validation_freq", "validation_steps")
+    return train_call(loop, spec, directory, **{name: given[name] for name in names})

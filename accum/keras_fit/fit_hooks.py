@@ -29,8 +29,10 @@ import numpy as np
 from .. import keras_private
 from ..backends import active
 from ..trainer.data.batching import Cut, same_size
-from ..trainer.data.feed import Planned, Reader, distribute, empty_like, endless
+from ..trainer.data.reader import Planned, Reader
 from ..trainer.noise import rule_change
+from ..trainer.trainer import Trainer
+from .history import FitHistory
 
 
 def as_python(logs: dict) -> dict:
@@ -84,7 +86,7 @@ class FitHooks:
         if k != self.cut.k:  # the guard doubled it: the elements are cut for the new k from here on
             self.cut = Cut(k, self.cut.replicas, self.cut.local)
         dataset = self.feed.dataset(self.epoch, first, self.cut, again=self.ran_out_before)
-        return SimpleNamespace(iterator=distribute(self.strategy, dataset), planned=self._planned)
+        return SimpleNamespace(iterator=active().elements(self.strategy, dataset), planned=self._planned)
 
     def _planned(self, step: int) -> Planned:
         """Update ``step`` of the epoch: a batch of arrays in ``Cut.pulls`` micro-steps, a stream's in k."""
@@ -216,8 +218,7 @@ class FitHooks:
         self.model.reset_metrics()
         callbacks.on_test_begin()
         dataset = self.validation.dataset(0, 0, self.cut, pad=False)
-        flagged = dataset.map(lambda *element: (element if len(element) > 1 else element[0], True))
-        iterator = distribute(self.strategy, endless(flagged, (empty_like(dataset.element_spec), False)))
+        iterator = active().elements(self.strategy, dataset, flagged=True)
         step = 0  # where the count is known, no batch is begun past the last one
         limit = min((n for n in (self.validation.updates(0), validation_steps) if n is not None), default=None)
         while limit is None or step < limit:
@@ -229,6 +230,40 @@ class FitHooks:
         logs = as_python(self.evaluation.end())
         callbacks.on_test_end(logs)
         return logs
+
+
+def train_call(loop: FitHooks, spec, directory, *, epochs, initial_epoch, callbacks, verbose, validation_freq,
+               validation_steps) -> FitHistory:  # fmt: skip
+    """One call of accum_train.fit through the Trainer (trainer/trainer.py), on either backend: ``loop`` its hooks,
+    ``spec`` the trainer's (trainer.TrainSpec), ``directory`` its run directory (rundir.py; None: none); model.fit's
+    History, from the first update of the run where ``directory`` resumes one."""
+    engine = loop.engine
+    loop.trainer = Trainer(spec, engine, loop.model, loop.noise, loop.nominal, loop.say)
+    loop.checkpoints = directory
+    history = FitHistory()
+
+    def drive(stop):
+        loop.stop = stop
+        if directory is not None:
+            loop.follow_restored_rule()
+            history.earlier = directory.earlier_epochs()
+        if loop.auto:  # the k the probe chose, or a resume had come to
+            loop.cut = Cut(engine.k, loop.cut.replicas, loop.cut.local)
+        loop.run(
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
+            verbose=verbose,
+            validation_freq=validation_freq,
+            validation_steps=validation_steps,
+            start=directory.start if directory is not None else (0, 0),
+        )
+
+    # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the probe
+    # measures a micro-step's memory, not its loss)
+    first = keras.utils.unpack_x_y_sample_weight(loop.feed.first_batch())[:2]
+    loop.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
+    return history
 
 
 def _ran_out() -> None:

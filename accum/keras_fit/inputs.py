@@ -8,8 +8,7 @@ import keras
 import numpy as np
 
 from ..errors import Refused, UserError
-from ..trainer.data.feed import STREAMED, kind
-from ..trainer.data.sources import feed_for
+from ..trainer.data.conversion import STREAMED, kind
 from .arguments import WHERE
 
 
@@ -36,7 +35,9 @@ def split_validation(x, y, sample_weight, validation_data, validation_split, wha
 
 
 def validation_feed(validation_data, batch_size, trim=0):
-    """model.fit's validation data as a feed, cut as ``trim`` says (trim_padding)."""
+    """model.fit's validation data as a feed on tf.data, cut as ``trim`` says (trim_padding)."""
+    from ..trainer.data.sources import feed_for  # tf.data's: this module's other calls serve JAX's door too
+
     what = kind(validation_data)
     if what == "generator":
         raise Refused(

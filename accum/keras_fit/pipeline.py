@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ..defaults import ARRAY_BATCH_SIZE
 from ..errors import Refused, UserError
-from ..trainer.data.feed import kind
+from ..trainer.data.conversion import kind
 from .arguments import WHERE
 from .inputs import split_validation, validation_arrays
 

@@ -40,7 +40,23 @@ from ..files import atomic_write, keras_bytes
 from ..trainer.store.checkpoints import checkpoint_numbers
 from ..trainer.store.lock import LOCK
 from ..trainer.store.metrics_log import update_figures
-from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_place, read_record, write_record
+from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_backend, check_place, read_record, write_record
+
+
+def described_call(feed, k, seed, shuffle, steps, schedule=(), rule=None) -> dict:
+    """What run.json records of a call, which its resume checks: what the data order depends on (the feed's batch
+    size and examples, ``k`` or "auto", the order's ``seed``, ``shuffle``, ``steps`` per epoch) and its
+    batch_schedule (its ``rule``'s settings, else its entries as [1-based epoch, batch size])."""
+    described = dict(batch_size=feed.batch_size, k=k, seed=seed, shuffle=shuffle, steps=steps)
+    if getattr(feed, "examples", None) is not None:  # arrays: the order and the epoch's updates follow them
+        described["examples"] = feed.examples
+    if schedule:  # a directory of a call without one records no such key
+        described["batch_schedule"] = (
+            {"max_batch_size": rule.max_batch_size, "every_epochs": rule.every_epochs}
+            if rule
+            else [[e + 1, size] for e, size in schedule]
+        )
+    return described
 
 
 def recorded_seed(run_dir: Path):
@@ -109,7 +125,14 @@ class FitRunDir(RunDirectory):
         check_place(path, "accum_train.fit: output_dir ")
         if not path.is_dir() or not any(p.name != LOCK for p in path.iterdir()):
             return
-        before = (read_record(path) or {}).get("fit")
+        record = read_record(path) or {}
+        before = record.get("fit")
+        if before is not None:
+            check_backend(
+                record,
+                f"accum_train.fit: output_dir {path}",
+                "resume it with KERAS_BACKEND={backend}, or choose a new output_dir",
+            )
         if before is None:
             raise RunDirError(
                 f"accum_train.fit: output_dir {path} is not empty and was not written by accum_train.fit: "

@@ -16,17 +16,16 @@ from ..errors import Refused, UserError
 from ..keras_private import all_layers, preprocesses
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
-from ..trainer.data.feed import STREAMED, kind
+from ..trainer.data.conversion import STREAMED, kind
 from ..trainer.data.sources import feed_for
 from ..trainer.data.trim import check_trimmable, trim_multiple
-from ..trainer.trainer import Trainer, build_engine
+from ..trainer.trainer import build_engine
 from . import checks
 from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, schedule_of, strategy_of, train_spec
-from .fit_hooks import FitHooks
-from .history import FitHistory
+from .fit_hooks import FitHooks, train_call
 from .inputs import check_examples_are_batched, split_validation, validation_feed
 from .pipeline import task_batches
-from .rundir import FitRunDir
+from .rundir import FitRunDir, described_call
 
 
 def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
@@ -131,46 +130,21 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
-        loop.trainer = Trainer(spec, engine, model, loop.noise, nominal, say)
         directory = None
         if output_dir is not None:
-            described = dict(
-                batch_size=feed.batch_size, k="auto" if auto else k, seed=seed, shuffle=shuffle, steps=steps_per_epoch
-            )
-            if getattr(feed, "examples", None) is not None:  # arrays: the order and the epoch's updates follow them
-                described["examples"] = feed.examples
-            if schedule:  # a directory of a call without one records no such key
-                described["batch_schedule"] = (
-                    {"max_batch_size": rule.max_batch_size, "every_epochs": rule.every_epochs}
-                    if rule
-                    else [[e + 1, size] for e, size in schedule]
-                )
+            described = described_call(feed, "auto" if auto else k, seed, shuffle, steps_per_epoch, schedule, rule)
             directory = FitRunDir(Path(output_dir), model, facts, engine, loop.noise, described, say, loop.rule_tracked)
-            loop.checkpoints = directory
-        history = FitHistory()
-
-        def drive(stop):
-            loop.stop = stop
-            if directory is not None:
-                loop.follow_restored_rule()
-                history.earlier = directory.earlier_epochs()
-            if auto:  # the k the probe chose, or a resume had come to
-                loop.cut = Cut(engine.k, replicas, cut.local)
-            loop.run(
-                epochs=epochs,
-                initial_epoch=initial_epoch,
-                callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
-                verbose=verbose,
-                validation_freq=validation_freq,
-                validation_steps=validation_steps,
-                start=directory.start if directory is not None else (0, 0),
-            )
-
-        # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the
-        # probe measures a micro-step's memory, not its loss)
-        first = keras.utils.unpack_x_y_sample_weight(feed.first_batch())[:2]
-        loop.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
-    return history
+        return train_call(
+            loop,
+            spec,
+            directory,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            callbacks=callbacks,
+            verbose=verbose,
+            validation_freq=validation_freq,
+            validation_steps=validation_steps,
+        )
 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes

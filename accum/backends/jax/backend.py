@@ -1,18 +1,19 @@
-"""Keras' JAX backend as the trainer calls it: the first step of issue 76, accum/backends/__init__.py's
-``Backend`` answered for the plain case only.
+"""Keras' JAX backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered so far for
+accum_train.fit (issue 76).
 
-``accumulator_for`` gives the accumulator (engine.py) for a compiled Keras model and its loss (objective.py: the
-reductions, masks, sample weights and outputs Keras' compiled loss takes), and ``fit`` is accum_train.fit's door for
-it: arrays (``class_weight`` made per-example weights, as Keras' data adapters make them), or a tf.data.Dataset of
-batches (a KerasHub task's raw examples, batched and preprocessed by fit's door as ``Task.fit`` preprocesses them),
-``subdivisions`` or ``micro_batch_size`` micro-batches per update, each update the whole batch's. What the
-TensorFlow backend answers beyond that (the run directory's checkpoints, strategies, evaluation, the commands) is not
-here yet: asking for any of it raises one line that says so, rather than training something else.
+``fit_parts`` gives fit's door what it drives through the one loop (keras_fit/fit_hooks.py), as it drives the
+TensorFlow backend's: the feed (feed.py: arrays, generators, PyDatasets and tf.data.Datasets read in numpy, so that
+no TensorFlow is needed unless the data is a tf.data.Dataset), the accumulator (engine.py, over the devices of a
+keras.distribution.DataParallel: devices.py) for a compiled Keras model and its loss (objective.py: the
+reductions, masks, sample weights and outputs Keras' compiled loss takes), and the validation's evaluation
+(evaluation.py), and a run directory's checkpoints as numpy files (checkpoints.py). What the TensorFlow backend
+answers beyond that (strategies, the commands) is not here yet: asking for any of it raises one line that says so,
+rather than training something else.
 """
 
 from __future__ import annotations
 
-import math
+from types import SimpleNamespace
 
 import jax
 import keras
@@ -20,17 +21,25 @@ import numpy as np
 
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
-from ...errors import Refused, UserError, too_many_bad_updates
-from ...trainer.data.batching import pieces
-from ...trainer.data.class_weights import class_weights_of
-from ...trainer.data.order import epoch_order
+from ...errors import Refused, UserError
+from ...trainer.data.arrays import check_schedule
+from ...trainer.data.batching import Cut
+from ...trainer.data.conversion import kind
 from ...trainer.noise import Estimate
+from .checkpoints import Checkpoints as Checkpoints  # the Backend's names: a run directory's checkpoints/
+from .checkpoints import checkpoint_problem as checkpoint_problem
+from .checkpoints import engine_state as engine_state
+from .checkpoints import restore_weights as restore_weights  # the readers' (accum/reload.py)
+from .checkpoints import saved_value as saved_value
+from .checkpoints import saved_weight_shapes as saved_weight_shapes
 from .devices import DataParallelAccumulator, mesh
-from .engine import Accumulator
+from .engine import Accumulator, DeviceOutOfMemory
+from .evaluation import Evaluation, KerasMetrics
+from .feed import ArrayBatches, examples, stream_of
 from .objective import LATER, KerasObjective, refused
 
 NAME = "jax"
-OUT_OF_MEMORY = jax.errors.JaxRuntimeError  # XLA's RESOURCE_EXHAUSTED comes as this; no retry on it yet
+OUT_OF_MEMORY = DeviceOutOfMemory  # XLA's RESOURCE_EXHAUSTED, as the engine raises it
 OP_ERROR = jax.errors.JaxRuntimeError
 BAD_INPUT = (TypeError, ValueError)
 WHERE = "accum_train.fit"
@@ -47,9 +56,91 @@ TAKEN = (
     "subdivisions",
     "micro_batch_size",
     "seed",
+    "output_dir",  # the run directory (keras_fit/rundir.py) is fit's door's, its checkpoints checkpoints.py's
     "max_bad_steps",
     "precision",  # fit's door sets the layers' policies around the call (models/precision.py)
+    "callbacks",
+    "initial_epoch",
+    "steps_per_epoch",
+    "validation_split",  # split off by fit's door
+    "validation_data",
+    "validation_freq",
+    "validation_steps",
+    "validation_batch_size",
+    "batch_schedule",  # fit's door checked it (arguments.schedule_of): ((0-based epoch, batch size), ...)
 )
+
+
+class NoiseScale(Estimate):
+    """The running estimate on the host (trainer/noise.py), its averages as a checkpoint holds them."""
+
+    def held(self) -> tuple:
+        return self._state()
+
+    def hold(self, averages) -> None:
+        self._host = tuple(float(v) for v in averages)
+
+
+class State:
+    """A door's run state a checkpoint holds by name (an epoch count, a rule's changes as JSON), on the host: its
+    ``numpy()`` as a tf.Variable's (a string as bytes)."""
+
+    def __init__(self, value, dtype: str, name: str):
+        self.dtype, self.name = dtype, name
+        self.assign(value)
+
+    def assign(self, value) -> None:
+        if self.dtype == "string":
+            self.value = value if isinstance(value, bytes) else value.encode()
+        else:
+            self.value = np.asarray(value, self.dtype)
+
+    def numpy(self):
+        return self.value
+
+
+def several_processes(strategy) -> bool:
+    """Whether jax.distributed joined processes (each handed the same data, which they must read alike)."""
+    return jax.process_count() > 1
+
+
+def is_chief(strategy) -> bool:
+    """Whether this process writes the run directory: the first of jax.distributed's processes."""
+    return jax.process_index() == 0
+
+
+def strategy_name(strategy) -> str:
+    """history.jsonl's name for how the replicas are spread: the Keras distribution's, or the config's default."""
+    return "default" if mesh(WHERE) is None else "data_parallel"
+
+
+def batch_spec(arrays):
+    """The spec of a batch of any size of ``arrays`` (a structure), as fit's checks and Keras' build read one."""
+    return keras.tree.map_structure(lambda a: keras.KerasTensor((None, *a.shape[1:]), dtype=str(a.dtype)), arrays)
+
+
+def allocator_peak_bytes() -> int | None:
+    """The first local device's allocator peak since the process started (XLA keeps no statistics on a CPU: None)."""
+    stats = jax.local_devices()[0].memory_stats()
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def state_variable(value, dtype: str, name: str) -> State:
+    return State(value, dtype, name)
+
+
+def elements(strategy, dataset, flagged: bool = False):
+    """A feed's elements (feed.py's, a Python iterator) as an update pulls them; ``flagged``: each paired with True,
+    then (None, False) for ever (the validation's: evaluation.Evaluation.step reads the flag)."""
+    if not flagged:
+        return iter(dataset)
+
+    def paired():
+        yield from ((element, True) for element in dataset)
+        while True:
+            yield None, False
+
+    return paired()
 
 
 def __getattr__(name: str):
@@ -62,11 +153,13 @@ def __getattr__(name: str):
 def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options) -> Accumulator:
     """The Accumulator training ``model`` (a compiled Keras model) on ``objective`` (objective.py's), over the
     devices of the Keras distribution in force (devices.py), else on one."""
+    # ``metrics``: evaluation.KerasMetrics, model.fit's logs after each update; ``retried``: updates may be retried
+    taken = {name: options.pop(name) for name in ("metrics", "retried") if name in options}
     if options:
         raise refused(f"the accumulator's {', '.join(sorted(options))}", WHERE)
     if (devices := mesh(WHERE)) is not None:
-        return DataParallelAccumulator(model, objective, optimizer, subdivisions=subdivisions, mesh=devices)
-    return Accumulator(model, objective, optimizer, subdivisions=subdivisions)
+        return DataParallelAccumulator(model, objective, optimizer, subdivisions=subdivisions, mesh=devices, **taken)
+    return Accumulator(model, objective, optimizer, subdivisions=subdivisions, **taken)
 
 
 def built_in(spec, *_):
@@ -75,119 +168,99 @@ def built_in(spec, *_):
     raise UserError(f"model.name={spec.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}")
 
 
-def fit(model, given: dict, spec) -> keras.callbacks.History:
-    """accum_train.fit's plain case on JAX; ``given``: its arguments by name (fit.py's), ``spec`` what the trainer
-    takes of them (trainer.TrainSpec: the micro-batches' rule, max_bad_steps, the words of its lines)."""
+def fit_parts(model, given: dict, spec) -> SimpleNamespace:
+    """What accum_train.fit's door (fit.py) trains ``model`` with on JAX, from fit's arguments by name (``given``)
+    and what the trainer takes of them (``spec``: trainer.TrainSpec): the feed and the validation's (feed.py, in
+    numpy), the accumulator and its evaluation, the cut of a batch and the batch size in force (``nominal``). The
+    door drives them through the one loop (keras_fit/fit_hooks.py), as it drives TensorFlow's."""
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
             raise refused(f"{name}={value!r}", WHERE)
     shuffle = given["shuffle"]  # checked by fit's door (arguments.check_keywords)
-    if (seed := given["seed"]) is not None:  # Keras' random state; the order's seed below: arguments.order_seed's
-        keras.utils.set_random_seed(int(seed))
-    seed = int(np.random.SeedSequence().generate_state(1)[0] if seed is None and shuffle else seed or 0)
-    if callable(getattr(given["x"], "as_numpy_iterator", None)):  # a tf.data.Dataset of batches (TensorFlow is here)
-        epoch_batches = _dataset_batches(model, given)
-        first = next(epoch_batches(0))
-        batch_size = len(keras.tree.flatten(first[0])[0])  # a dataset's batches are its own
-    else:
-        epoch_batches, first, batch_size = _array_batches(given, shuffle, seed)
-    if spec.micro.auto:  # the probe and the out-of-memory retry are the Trainer's
-        raise refused(f"micro_batch_size={given['micro_batch_size']!r}", WHERE)
-    k = spec.micro.k_for(batch_size, getattr(mesh(WHERE), "size", 1))  # per device's share, as per replica
-    if k > batch_size:
+    seed = given["seed"]  # the data order's: fit's door's (arguments.order_seed), as on TensorFlow
+    x, y, sample_weight, validation_data = given["x"], given["y"], given["sample_weight"], given["validation_data"]
+    feed = _feed(model, kind(x), x, y, sample_weight, given, shuffle, seed)
+    first = feed.first_batch()
+    nominal = feed.batch_size or examples(first)  # a stream's batches are its own: its first one's size
+    replicas = getattr(mesh(WHERE), "size", 1)
+    if spec.micro.auto and feed.once:  # as on TensorFlow (train.py)
+        raise Refused(
+            "auto-generator",
+            f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
+            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
+        )
+    k = spec.micro.k_for(nominal, replicas) or 1  # per device's share, as per replica; auto starts at one
+    if feed.batch_size is not None and k > feed.batch_size:
         raise UserError(
-            f"{WHERE}: subdivisions={k} must be <= batch_size={batch_size} (a micro-batch holds at least one example)"
+            f"{WHERE}: subdivisions={k} must be <= batch_size={feed.batch_size} (a micro-batch holds at least one "
+            f"example)"
         )
     if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
         keras_private.symbolic_build(model, first)
-    engine = accumulator_for(model, KerasObjective(model, WHERE), model.optimizer, subdivisions=k)
-    history = keras.callbacks.History()
-    history.set_model(model)
-    history.on_train_begin()
-    compiled, noise, bad, done_updates = keras_private.compile_metrics(model), Estimate(), 0, 0
-    per_output = keras_private.output_loss_trackers(model)  # <output>_loss where several outputs have a loss
-    measures = k * engine.replicas >= 2  # the noise scale needs two micro-batches an update (trainer/noise.py)
-    for epoch in range(int(given["epochs"])):
-        model.reset_metrics()  # as model.fit: each epoch's metrics its own
-        for tracker in per_output:
-            tracker.reset_state()
-        summed, examples = 0.0, 0
-        for batch in epoch_batches(epoch):
-            n = len(keras.tree.flatten(batch[0])[0])
-            cut = (_rows(batch, slice(s, e)) for s, e in pieces(n, k, engine.replicas, engine.replica_ids))
-            done = engine.update_from(cut, n, k)
-            # Keras' loss tracker: the batch losses weighted by their examples
-            summed, examples = summed + float(done["loss"]) * n, examples + n
-            estimate, done_updates = noise.add(done), done_updates + 1
-            for tracker, value in zip(per_output, np.asarray(done["output_losses"]).tolist()):
-                tracker.update_state(value, sample_weight=n)  # as Keras' compiled loss: each batch by its examples
-            bad = 0 if bool(done["applied"]) else bad + 1  # a skipped update changed nothing
-            if spec.max_bad_steps is not None and bad >= spec.max_bad_steps:
-                raise too_many_bad_updates(bad, spec.max_bad_steps, done_updates, spec.words.bad_fix, "")
-        logs = {"loss": summed / max(examples, 1), **{t.name: float(t.result()) for t in per_output}}
-        if compiled is not None:  # model.fit's logs: the loss, then each compiled metric's result
-            logs.update(keras_private.pythonify_logs(compiled.result()))
-        if measures:  # as TensorFlow's door logs it: the estimate after the epoch's last update, NaN before one
-            logs["noise_scale"] = math.nan if estimate is None else estimate
-        if given["verbose"]:
-            print(f"{WHERE}: epoch {epoch + 1}/{given['epochs']}: loss {logs['loss']:.6g}")
-        history.on_epoch_end(epoch, logs)
-    return history
+    objective = KerasObjective(model, WHERE)
+    metrics = KerasMetrics(model)
+    engine = accumulator_for(
+        model, objective, model.optimizer, subdivisions=k, metrics=metrics, retried=spec.micro.auto
+    )
+    validation = evaluation = None
+    if validation_data is not None:
+        validation = _validation(validation_data, given["validation_batch_size"] or feed.batch_size or nominal)
+        evaluation = Evaluation(objective, metrics, engine.replicas)
+    cut = Cut(k, engine.replicas, tuple(engine.replica_ids))
+    return SimpleNamespace(
+        feed=feed, validation=validation, engine=engine, evaluation=evaluation, cut=cut, nominal=nominal
+    )
 
 
-def _dataset_batches(model, given: dict):
-    """A function of the epoch giving a dataset's batches, each ``(x, y, sample_weight)`` of NumPy structures, read
-    afresh each epoch as model.fit reads it (a KerasHub task's: fit's door preprocessed its raw examples into it).
-    Keras never shuffles a dataset: neither does this, whatever ``shuffle`` says."""
-    dataset, name, task = given["x"], model.name, keras_private.preprocesses(model)
-    if given["class_weight"] is not None and task:
-        raise refused(f"class_weight for model {name!r}, which preprocesses its inputs in fit,", WHERE)
-    for what in ("y", "sample_weight", "class_weight"):  # model.fit's rule: a dataset's elements hold them
-        if given[what] is not None:
-            raise refused(f"{what} beside a tf.data.Dataset (model {name!r})", WHERE)
-
-    def epoch_batches(epoch: int):
-        for element in dataset.as_numpy_iterator():
-            batch = keras.utils.unpack_x_y_sample_weight(element)
-            if batch[1] is None and task:  # a classifier's preprocessor given no labels
-                raise UserError(f"{WHERE}: model {name!r}'s preprocessor gives no targets for x: pass y")
-            if batch[1] is None:
-                raise UserError(f"{WHERE}: the tf.data.Dataset's elements hold no targets: make them (x, y)")
-            yield batch
-
-    return epoch_batches
-
-
-def _array_batches(given: dict, shuffle, seed: int):
-    """(a function of the epoch giving its batches of NumPy arrays, the first batch, batch_size) for arrays x, y
-    (sample_weight, class_weight made per-example weights, as Keras' data adapters make them)."""
-    arrays = (given["x"], given["y"], given["sample_weight"])
-    if given["class_weight"] is not None:  # checked by fit's door (arguments.check_class_weight); as train.py
-        if keras.tree.is_nested(given["y"]):
+def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed):
+    """The feed of ``x`` of kind ``what`` (conversion.kind's): arrays laid out as on TensorFlow, else a stream."""
+    class_weight, steps, schedule = given["class_weight"], given["steps_per_epoch"], given["batch_schedule"] or ()
+    check_schedule(schedule, what, x, "x", steps, shuffle)
+    if what == "arrays":
+        if class_weight is not None and keras.tree.is_nested(y):  # as train.py
             raise Refused(
                 "class-weight-outputs",
                 f"{WHERE}: class_weight is only supported for a model with one output (this one has "
-                f"{len(keras.tree.flatten(given['y']))}): pass sample_weight per output instead",
+                f"{len(keras.tree.flatten(y))}): pass sample_weight per output instead",
             )
-        arrays = (given["x"], given["y"], class_weights_of(given["y"], given["class_weight"]))
-    if given["y"] is None or not all(isinstance(a, np.ndarray) for a in keras.tree.flatten(arrays) if a is not None):
-        raise refused("data other than numpy arrays x, y (and sample_weight)", WHERE)
-    examples = len(keras.tree.flatten(given["x"])[0])
-    batch_size = int(given["batch_size"] or ARRAY_BATCH_SIZE)
+        batch_size = int(given["batch_size"] or ARRAY_BATCH_SIZE)
+        settings = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, steps_per_epoch=steps, schedule=schedule)
+        return ArrayBatches(x, y, sample_weight, class_weight, **settings)
+    if what not in ("dataset", "pydataset", "generator"):
+        raise UserError(f"{WHERE}: x is missing: pass arrays, a generator or a keras.utils.PyDataset")
+    task = keras_private.preprocesses(model)
+    if class_weight is not None and task:
+        raise refused(f"class_weight for model {model.name!r}, which preprocesses its inputs in fit,", WHERE)
+    source = {"dataset": "x is a tf.data.Dataset", "pydataset": "x is a PyDataset, which gives its own batches"}
+    for name in ("y", "sample_weight", "batch_size"):  # model.fit's rule: a source of batches holds them
+        if given[name] is not None:  # TensorFlow's door's words (sources.fed)
+            raise UserError(
+                f"{WHERE}: {source.get(what, 'x is a generator, which gives its own batches')}: leave {name} out"
+            )
+    missing = f"model {model.name!r}'s preprocessor gives no targets for x: pass y" if task else None
+    return stream_of(x, what, "x", steps_per_epoch=steps, class_weight=class_weight, shuffle=shuffle, missing=missing)
 
-    def epoch_batches(epoch: int):
-        order = epoch_order(seed, epoch, examples, shuffle, batch_size)  # as TensorFlow's ArrayFeed
-        for start in range(0, examples, batch_size):
-            yield _rows(arrays, order[start : start + batch_size])
 
-    return epoch_batches, _rows(arrays, slice(0, batch_size)), batch_size
+def _validation(validation_data, batch_size: int):
+    """model.fit's validation data as a feed: arrays in batches of ``batch_size``, in order; a dataset or a
+    PyDataset as it batches itself. A generator is refused, as on TensorFlow (inputs.validation_feed)."""
+    what = kind(validation_data)
+    if what == "generator":
+        raise Refused(
+            "generator-validation",
+            f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
+            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
+        )
+    if what in ("dataset", "pydataset"):
+        return stream_of(
+            validation_data, what, "validation_data", steps_per_epoch=None, class_weight=None, shuffle=False
+        )
+    x, y, weights = validation_data  # fit's door unpacked it (inputs.validation_arrays)
+    names = ("validation_data's x", "validation_data's y", "validation_data's sample_weight")
+    settings = dict(batch_size=batch_size, shuffle=False, seed=0, steps_per_epoch=None, names=names)
+    return ArrayBatches(x, y, weights, None, **settings)
 
 
 def _default(value, default) -> bool:
     """Whether an argument was left at its default (or given equal to it; an array never is)."""
     return value is default or (type(value) in (bool, int, float, str) and value == default)
-
-
-def _rows(arrays, rows):
-    """Rows ``rows`` (a slice, or indices) of each array (None, no sample weights, stays None)."""
-    return keras.tree.map_structure(lambda a: None if a is None else a[rows], arrays)

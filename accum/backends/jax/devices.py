@@ -47,12 +47,12 @@ def mesh(where: str) -> jax.sharding.Mesh | None:
 class DataParallelAccumulator(Accumulator):
     """engine.py's Accumulator with each update's micro-batches shared over ``mesh``'s devices."""
 
-    def __init__(self, model, objective, optimizer, *, subdivisions: int, mesh: jax.sharding.Mesh):
+    def __init__(self, model, objective, optimizer, *, subdivisions: int, mesh: jax.sharding.Mesh, **options):
         self.mesh, (self.axis,) = mesh, mesh.axis_names
         self.replicas, self.replica_ids = mesh.size, list(range(mesh.size))
         states = {id(state) for state in keras_private.seed_states(model)}
         self.seeds = [i for i, v in enumerate(model.non_trainable_variables) if id(v) in states]
-        super().__init__(model, objective, optimizer, subdivisions=subdivisions)
+        super().__init__(model, objective, optimizer, subdivisions=subdivisions, **options)
 
     def mapped(self, update):
         # state and n replicated, the stacked micro-batches cut on their leading axis: each device's k in a row

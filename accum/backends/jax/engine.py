@@ -26,11 +26,18 @@ import numpy as np
 
 from ...trainer.noise import terms_size
 from . import noise
+from .checkpoints import Counter
 
 # what each jitted call replaces is donated, as Keras' JAXTrainer donates its state: the weights and the optimizer's
 # slots (and the cache, between micro-steps) are written in place, so an update holds one copy of them beside the
 # micro-batch's activations, not two
 DONATED = {"update": (0, 1, 2), "micro": (1, 2, 3), "apply": (0, 1)}
+
+
+class DeviceOutOfMemory(RuntimeError):
+    """An update that XLA could not fit in the device's memory (its RESOURCE_EXHAUSTED): the backend's
+    ``OUT_OF_MEMORY``, which the memory guard retries at twice the micro-batches. Any other failure of an update
+    stays jax.errors.JaxRuntimeError (``OP_ERROR``)."""
 
 
 def stacked(micro_batches: list):
@@ -61,8 +68,15 @@ class Accumulator:
 
     replicas, replica_ids, one_pass, norm_layers, dynamic = 1, [0], False, [], False
 
-    def __init__(self, model, objective, optimizer, *, subdivisions: int):
+    def __init__(self, model, objective, optimizer, *, subdivisions: int, metrics=None, retried=False):
         self.model, self.objective, self.optimizer = model, objective, optimizer
+        # ``retried``: an update that runs out of memory is tried again (micro_batch_size="auto") from the state it
+        # started from, which donating it to the failed call would lose: a second copy of the state instead
+        self.donated = {} if retried else DONATED
+        # evaluation.KerasMetrics: model.fit's logs after each update (None: no logs, the record alone)
+        self.metrics, self.strategy = metrics, None
+        # updates skipped in a row and in all: not read back unless max_bad_steps, a summary or a checkpoint asks
+        self._bad, self._skipped = jnp.zeros((), "int32"), jnp.zeros((), "int32")
         optimizer.build(model.trainable_variables)
         # a LossScaleOptimizer's (mixed_float16) dynamic scale, which each micro-step's loss is multiplied by so that
         # float16 gradients do not underflow; its stateless_apply unscales the summed gradient and moves the scale
@@ -80,13 +94,24 @@ class Accumulator:
     def one_process(self) -> bool:
         return True
 
+    @property
+    def skipped_updates(self):
+        """The updates skipped so far, as summary.json reads them (``numpy()``)."""
+        return Counter(self, "_skipped")
+
+    @property
+    def subdivisions(self):
+        """k as a run directory checkpoints it (``numpy()``, ``assign``): a resume goes on at the k it had."""
+        return Counter(self, "_k", dtype=None)
+
     def set_subdivisions(self, k: int) -> None:
         self._k = int(k)
 
     def retrace(self) -> None:
-        self._update = jax.jit(self.mapped(self._update_fn), donate_argnums=DONATED["update"])
-        self._micro = jax.jit(self._micro_fn, donate_argnums=DONATED["micro"])
-        self._apply = jax.jit(self._apply_fn, donate_argnums=DONATED["apply"])
+        donated = self.donated
+        self._update = jax.jit(self.mapped(self._update_fn), donate_argnums=donated.get("update", ()))
+        self._micro = jax.jit(self._micro_fn, donate_argnums=donated.get("micro", ()))
+        self._apply = jax.jit(self._apply_fn, donate_argnums=donated.get("apply", ()))
 
     def placed(self, batches, n):
         """The update's stacked micro-batches and ``n`` where its call takes them: on one device, as they are
@@ -162,8 +187,13 @@ class Accumulator:
         summed = [jnp.tensordot(factor, c, axes=1) for c in cache]
         grads = [g.astype(v.dtype) for g, v in zip(summed, trainable)]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
-        measured = noise.update_terms(terms, factor, self._scale(optimizer_values), summed)  # before any clipping
+        scale = self._scale(optimizer_values)
+        measured = noise.update_terms(terms, factor, scale, summed)  # before any clipping
         measured["output_losses"] = output_sums / jnp.where(output_counts == 0, 1.0, output_counts)
+        # metrics.jsonl's figures of the update: its gradient's global norm before clipping, the rate it is applied at
+        measured["grad_norm"] = jnp.sqrt(sum(jnp.vdot(g, g) for g in summed)) / scale
+        with keras.StatelessScope(state_mapping=list(zip(self.optimizer.variables, optimizer_values))):
+            measured["learning_rate"] = jnp.asarray(self.optimizer.learning_rate, "float32")
         new_trainable, new_optimizer = self.optimizer.stateless_apply(optimizer_values, grads, trainable)
         if self.scale_at is not None:  # the LossScaleOptimizer skips a non-finite update itself and halves its scale
             return list(new_trainable), list(new_optimizer), jnp.sum(sums / counts), finite, measured
@@ -202,17 +232,33 @@ class Accumulator:
         return cache, totals, moved
 
     def update_from(self, iterator, n: int, pulls: int, stop=0, size=None, held=False) -> dict:
-        """The update of a batch of ``n`` examples whose ``pulls`` micro-batches per replica ``iterator`` yields (in
-        batching.py's ``pieces`` order), in one call; stacked replica by replica, each replica's in a row."""
+        """The update of the batch whose ``pulls`` micro-batches per replica ``iterator`` yields (in batching.py's
+        ``pieces`` order), in one call; stacked replica by replica, each replica's in a row. Its examples are counted
+        from what is pulled (``n``, the batch size in force, may be more: a short last batch, a stream's); none, at
+        the end of a feed's data, is no update. ``stop``: a signal's number, handed back in the record."""
         pulled = [next(iterator) for _ in range(pulls * self.replicas)]
+        n = sum(len(keras.tree.flatten(part[0])[0]) for part in pulled)
+        if n == 0:
+            return {"examples": 0, "stop": stop}
         batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
         trainable, held, optimizer_values = self._state()
         batches, total = self.placed(batches, jnp.float32(n))
-        held, new, optimizer_new, loss, finite, measured = self._update(
-            trainable, held, optimizer_values, batches, total
-        )
+        try:
+            held, new, optimizer_new, loss, finite, measured = self._update(
+                trainable, held, optimizer_values, batches, total
+            )
+        except jax.errors.JaxRuntimeError as err:
+            if "RESOURCE_EXHAUSTED" in str(err):
+                raise DeviceOutOfMemory(str(err).splitlines()[0]) from None
+            raise
         self._write(new, held, optimizer_new)
-        return {"loss": loss, "applied": finite, "examples": n, **measured}
+        self._bad = jnp.where(finite, 0, self._bad + 1)
+        self._skipped = self._skipped + jnp.where(finite, 0, 1)
+        out = {"loss": loss, "applied": finite, "examples": n, "stop": stop, "bad_updates_in_a_row": self._bad}
+        out.update(measured)
+        if self.metrics is not None:
+            out["logs"] = self.metrics.logged(out)
+        return out
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
         for _ in range(pulls):

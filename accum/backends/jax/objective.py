@@ -62,7 +62,7 @@ class KerasObjective:
         compiled = keras_private.compile_metrics(self.model)
         return [] if compiled is None else list(compiled.variables)
 
-    def parts(self, trainable, held, x, y, sample_weight, valid):
+    def parts(self, trainable, held, x, y, sample_weight, valid, training=True):
         """(S, D, held, extra) of one micro-batch (``valid``: 1 for its rows, 0 for padding): S and D float32
         vectors, one entry per normaliser group, in the same order for every micro-batch of the same shapes.
         ``held``: the non-trainable variables' values and the compiled metrics' (``metric_variables``), as the
@@ -70,12 +70,12 @@ class KerasObjective:
         and BatchNormalization's sums so far (norm.Pooled), this micro-batch's added. ``extra``: its ``size`` as
         the noise scale counts it (its one normaliser's count, else its examples: trainer/noise.py), and
         ``outputs``, each loss's own unweighted S and D (a [2, losses] array) for model.fit's per-output
-        logs."""
+        logs. ``training``: False for the validation's inference-mode forward pass."""
         before, metrics, pending = held
         pending = list(pending)  # BatchNormalization's sums (norm.py), added to by the call
         with self.norms.recording(valid, pending):
             y_pred, non_trainable, losses = self.model.stateless_call(
-                trainable, before, x, training=True, return_losses=True
+                trainable, before, x, training=training, return_losses=True
             )
         non_trainable = self.norms.kept(before, non_trainable)  # moved once per update instead (norm.fold)
         if losses:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from ...trainer.data.feed import distribute, empty_like, endless
 from .augment import Augment
 from .checkpoints import Checkpoints, checkpoint_problem, engine_state
 from .commands import batch_spec, gradients, outputs_in_batches, restore_weights, saved_value, saved_weight_shapes
@@ -61,6 +62,7 @@ __all__ = [
     "combine",
     "dense",
     "eagerly",
+    "elements",
     "engine_state",
     "gradients",
     "graph",
@@ -78,6 +80,7 @@ __all__ = [
     "saved_value",
     "saved_weight_shapes",
     "set_thread_pools",
+    "several_processes",
     "state_variable",
     "strategy_in_scope",
     "strategy_name",
@@ -104,6 +107,20 @@ STRATEGY = tf.distribute.Strategy
 def state_variable(value, dtype: str, name: str) -> tf.Variable:
     """Run state a checkpoint holds by ``name`` (an epoch count, a rule's changes as JSON), as it always has."""
     return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+
+def several_processes(strategy) -> bool:
+    """Whether ``strategy``'s replicas span processes (workers), which must then agree on what each reads."""
+    return len(local_replica_ids(strategy)) < strategy.num_replicas_in_sync
+
+
+def elements(strategy, dataset: tf.data.Dataset, flagged: bool = False):
+    """A feed's ``dataset`` as an update pulls it under ``strategy``; ``flagged``: each element paired with True, then
+    unreal empty ones for ever, paired with False (the validation's: scoring.Evaluation.step reads the flag)."""
+    if flagged:
+        paired = dataset.map(lambda *element: (element if len(element) > 1 else element[0], True))
+        dataset = endless(paired, (empty_like(dataset.element_spec), False))
+    return distribute(strategy, dataset)
 
 
 @contextlib.contextmanager

@@ -1,15 +1,37 @@
 """model.fit's values as accum_train.fit's pipeline carries them: a structure of arrays as numpy (floats as
 float32, as model.fit casts them to floatx; lists as tuples, as tf.data carries them), and class weights as the
-sample weights model.fit derives from them; for arrays in memory (array_feed.py) and streams (stream_feed.py)."""
+sample weights model.fit derives from them; for arrays in memory (arrays.py) and streams (stream_feed.py)."""
 
 from __future__ import annotations
 
+import collections.abc
+import sys
+
+import keras
 import numpy as np
-import tensorflow as tf
 
 from ...errors import UserError
 
 WHERE = "accum_train.fit"  # these sources are accum_train.fit's arguments (the CLI's splits come from datasets/)
+
+
+def kind(source) -> str | None:
+    """What ``source`` is, the one place either door asks (sources.feed_for): a keras.utils.PyDataset, a
+    tf.data.Dataset, a generator (any iterator of batches), a datasets/ split (its elements ``convert``ed in the
+    update) read front to back (a stream) or by index, arrays (anything else numpy reads), or None."""
+    if isinstance(source, keras.utils.PyDataset):
+        return "pydataset"
+    tensorflow = sys.modules.get("tensorflow")  # a tf.data.Dataset exists only where TensorFlow has been imported
+    if tensorflow is not None and isinstance(source, tensorflow.data.Dataset):
+        return "dataset"
+    if isinstance(source, collections.abc.Iterator):
+        return "generator"
+    if hasattr(source, "convert") and hasattr(source, "batches"):  # a split's two calls (a PIL image has a convert)
+        return "stream" if getattr(source, "streamed", False) else "split"
+    return None if source is None else "arrays"
+
+
+STREAMED = ("pydataset", "dataset", "generator", "stream")  # read batch by batch as they come, never held
 
 
 def _leaves_as_arrays(structure, name: str):
@@ -31,7 +53,7 @@ def _leaves_as_arrays(structure, name: str):
             raise UserError(f"{WHERE}: {name} is a scalar: pass an array [N, ...] with one row per example")
         return array
 
-    return _tuples(tf.nest.map_structure(convert, structure))
+    return _tuples(keras.tree.map_structure(convert, structure))
 
 
 def _tuples(structure):
@@ -40,18 +62,3 @@ def _tuples(structure):
     if isinstance(structure, dict):
         return {k: _tuples(v) for k, v in structure.items()}
     return structure
-
-
-def class_weights_tensor(y, class_weight: dict):
-    """Sample weights from class weights, in tf.data's graph for a stream's batches: class_weights.py's rule
-    (arrays take it in NumPy)."""
-    labels = tf.convert_to_tensor(y)
-    if labels.shape.rank > 1:
-        labels = tf.argmax(labels, axis=-1) if labels.shape[-1] != 1 else tf.squeeze(labels, axis=-1)
-    labels = tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int64)
-    size = max(int(c) for c in class_weight) + 1
-    table = np.ones(size, np.float32)
-    for c, w in class_weight.items():
-        table[int(c)] = w
-    inside = tf.logical_and(labels >= 0, labels < size)
-    return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)

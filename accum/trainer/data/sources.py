@@ -21,10 +21,11 @@ import keras
 
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE
-from ...errors import Refused, UserError
+from ...errors import UserError
 from .array_feed import ArrayFeed
-from .conversion import WHERE
-from .feed import STREAMED, Feed, kind
+from .arrays import check_schedule
+from .conversion import WHERE, kind
+from .feed import Feed
 from .stream_feed import DatasetFeed, GeneratorFeed
 
 
@@ -42,19 +43,7 @@ def fed(
 ):
     """The feed for ``x`` of kind ``what`` (with ``y`` and sample ``weights`` as model.fit takes them); bad input in
     one line. ``trim``: cut each micro-batch's padding (trim_padding); ``schedule``: batch_schedule's (arrays only)."""
-    if schedule and what in STREAMED:
-        raise Refused(
-            "schedule-stream",
-            f"{WHERE}: batch_schedule cuts arrays into batches, and {name} is a {type(x).__name__} that gives "
-            f"its own: pass arrays, or call accum_train.fit once per batch size with initial_epoch",
-        )
-    if schedule and (steps_per_epoch is not None or shuffle == "batch"):
-        given = f"steps_per_epoch={steps_per_epoch}" if steps_per_epoch is not None else "shuffle='batch'"
-        raise Refused(
-            "schedule-fixed-steps",
-            f"{WHERE}: batch_schedule makes each epoch one pass over the arrays at the batch in force, which "
-            f"{given} would change: leave {given.split('=')[0]} out",
-        )
+    check_schedule(schedule, what, x, name, steps_per_epoch, shuffle)
     common = dict(class_weight=class_weight, steps_per_epoch=steps_per_epoch, trim=trim)
     own = (("y", y), ("sample_weight", weights), ("batch_size", batch_size))  # what a source of batches has
     if what == "pydataset":

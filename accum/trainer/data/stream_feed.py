@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import tensorflow as tf
 
 from ... import keras_private
 from ...errors import UserError
 from .batching import Cut
-from .conversion import WHERE, _leaves_as_arrays, class_weights_tensor
+from .conversion import WHERE, _leaves_as_arrays
 from .feed import cut_stream, endless
 from .trim import any_length, stream_timed, uncut_steps
 
@@ -149,3 +150,18 @@ def _with_class_weights(element, class_weight):
     if len(element) > 2:
         weights = weights * tf.cast(tf.reshape(element[2], [tf.shape(weights)[0], -1])[:, 0], tf.float32)
     return x, y, weights
+
+
+def class_weights_tensor(y, class_weight: dict):
+    """Sample weights from class weights, in tf.data's graph for a stream's batches: class_weights.py's rule
+    (arrays take it in NumPy)."""
+    labels = tf.convert_to_tensor(y)
+    if labels.shape.rank > 1:
+        labels = tf.argmax(labels, axis=-1) if labels.shape[-1] != 1 else tf.squeeze(labels, axis=-1)
+    labels = tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int64)
+    size = max(int(c) for c in class_weight) + 1
+    table = np.ones(size, np.float32)
+    for c, w in class_weight.items():
+        table[int(c)] = w
+    inside = tf.logical_and(labels >= 0, labels < size)
+    return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)

@@ -219,11 +219,25 @@ def run_figures(engine, noise, started: tuple) -> dict:
 
 def write_record(path: Path, door: str, spec, data: dict | None, **door_fields) -> None:
     """run.json, both doors' one writer, atomically (a reader or a resume never finds half of it): the ``door``
-    ("config": 'accum-train run', whose config.yaml beside it holds the config; "fit": accum_train.fit), the
-    trainer.TrainSpec ``spec``'s values but its wording, the ``data`` description (None: the door keeps no data) and
-    what the door's resume checks and its readers need (fit's ``fit``: its arguments and LoRA layers)."""
+    ("config": 'accum-train run', whose config.yaml beside it holds the config; "fit": accum_train.fit), the Keras
+    ``backend`` it ran on, the trainer.TrainSpec ``spec``'s values but its wording, the ``data`` description (None:
+    the door keeps no data) and what the door's resume checks and its readers need (fit's ``fit``: its arguments and
+    LoRA layers)."""
     values = {key: value for key, value in dataclasses.asdict(spec).items() if key != "words"}
-    write_json(Path(path) / RECORD, {"door": door, "spec": values, "data": data, **door_fields})
+    record = {"door": door, "backend": active().NAME, "spec": values, "data": data, **door_fields}
+    write_json(Path(path) / RECORD, record)
+
+
+def check_backend(record: dict | None, path: Path, how: str) -> None:
+    """A run directory written on another Keras backend than the one running (run.json's ``backend``; none before
+    JAX: TensorFlow) refused in one line: each backend writes its own checkpoints. ``how``: what to do, after "with
+    KERAS_BACKEND=<its backend>"."""
+    written = (record or {}).get("backend", "tensorflow")
+    if written != active().NAME:
+        raise RunDirError(
+            f"{path} was written on Keras' {written} backend, whose checkpoints the {active().NAME} backend does not "
+            f"read: {how.format(backend=written)}"
+        )
 
 
 def read_record(path: Path) -> dict | None:
