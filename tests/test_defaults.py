@@ -79,7 +79,7 @@ def _fit_schedule_before_its_first_entry():
 
 
 def _trim_padding_true():
-    from accum_train.trainer.data.trim import trim_multiple
+    from accum_train.trainer.data.lengths import trim_multiple
 
     return trim_multiple(True, "accum_train.fit"), defaults.TRIM_MULTIPLE
 

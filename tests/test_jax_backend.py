@@ -21,6 +21,19 @@ from accum_train.trainer.data.array_feed import ArrayFeed
 
 pytest.importorskip("jax")
 
+# a plain regression MLP and its data, for the processes that need no more
+PLAIN = r"""
+def mlp():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).astype("float32")
+"""
+
+
 LOOP_DEFS = r"""
 # the one loop (keras_fit/fit_hooks.py) on JAX: model.fit's callbacks in model.fit's order, its validation (every
 # second epoch, 7 examples in batches of 4 and 3) and History, a callback's stop_training, initial_epoch
@@ -370,8 +383,8 @@ def tagger(loss):  # an Embedding with mask_zero feeding a per-token Dense: Kera
     return make
 
 class Averaged(door.KerasObjective):
-    def parts(self, *args):
-        sums, counts, held, extra = super().parts(*args)
+    def parts(self, *args, **kwargs):
+        sums, counts, held, extra = super().parts(*args, **kwargs)
         return jnp.sum(sums / jnp.where(counts == 0, 1.0, counts))[None], jnp.ones(1), held, extra
 
 plain = net()
@@ -444,20 +457,16 @@ def compiled(batch, k):
 out["memory"] = {f"{batch}/{k}": compiled(batch, k) for batch, k in ((64, 1), (64, 8), (8, 1))}
 """
 
-WITHOUT_TENSORFLOW = r"""
+WITHOUT_TENSORFLOW = (
+    r"""
 # after the rest, in the same process: none of it, nor this, loaded TensorFlow (CASES blocks its import)
 from accum_train.config import ModelConfig
 from accum_train.errors import UserError
 from accum_train.models import build_model
 
-def mlp():
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
-    return model
-
-rng = np.random.default_rng(0)
-x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).astype("float32")
+"""
+    + PLAIN
+    + r"""
 ours, keras_own = mlp(), mlp()
 accum_train.fit(ours, x, y, batch_size=10, subdivisions=3, epochs=2, shuffle=False, verbose=0)
 keras_own.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
@@ -489,6 +498,7 @@ except UserError as err:
     out["built-in net"] = str(err)
 out["tensorflow loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorlayer"))
 """
+)
 
 
 # the rest of the loop's cases on JAX, in the slow suite (a process of their own: their fits compile for seconds)
@@ -496,14 +506,9 @@ LOOP = (
     r"""
 import contextlib, io, json, numpy as np, keras, accum_train
 
-def mlp():
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
-    return model
-
-rng = np.random.default_rng(0)
-x, y = rng.normal(size=(23, 5)).astype("float32"), rng.normal(size=(23, 3)).astype("float32")
+"""
+    + PLAIN
+    + r"""
 gap = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a.get_weights(), b.get_weights()))
 """
     + LOOP_DEFS
@@ -574,6 +579,63 @@ jax_engine.Accumulator.retrace = real_retrace
 
 """
 )
+
+
+# trim_padding on JAX: a masked tagger (Embedding(mask_zero=True), LSTM) on sequences of 1 to 24 steps, its padding
+# weighted 0, each update's micro-batches cut after the batch's longest sequence rounded up to the multiple: model.fit's
+# weights and History (validation too) uncut, for a loss that averages every position and one that divides by its
+# weights; the update's shapes compiled, one per length a batch rounds to; what the cut would change, refused
+TRIM = r"""
+import json, numpy as np, keras, accum_train
+from accum_train.backends.jax import engine as jax_engine
+from accum_train.errors import UserError
+
+rng = np.random.default_rng(2)
+lengths = np.sort(rng.integers(1, 25, size=40))  # in order: each batch of 10 has a longest of its own
+tokens = rng.integers(1, 30, size=(40, 24)) * (np.arange(24) < lengths[:, None])
+tags, w = rng.integers(0, 3, size=(40, 24)), (tokens != 0).astype("float32")
+
+def tagger(reduction="sum_over_batch_size", metrics=None, masked=True, steps_apart=False):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((None,), dtype="int32")
+    h = keras.layers.Embedding(30, 8, mask_zero=masked)(inputs)
+    if steps_apart:  # no mask, each step on its own: the padding's weight 0 keeps it out of the sum, not the count
+        h = keras.layers.Dense(8, activation="tanh")(h)
+    else:
+        h = keras.layers.LSTM(8, return_sequences=True)(h) if masked else keras.layers.Conv1D(8, 3, padding="same")(h)
+    model = keras.Model(inputs, keras.layers.Dense(3)(h))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss=loss, weighted_metrics=["accuracy"], metrics=metrics)
+    return model
+
+shapes = set()
+real_stacked = jax_engine.stacked
+def seen(micro_batches):
+    stack = real_stacked(micro_batches)
+    shapes.add(stack[0].shape)
+    return stack
+jax_engine.stacked = seen
+fixed = dict(sample_weight=w, batch_size=10, epochs=2, shuffle=False, verbose=0)
+val = (tokens[::5], tags[::5], w[::5])
+for reduction in ("sum_over_batch_size", "mean_with_sample_weight", "every position"):
+    for multiple in (1, 8):
+        make = lambda: tagger(masked=False, steps_apart=True) if reduction == "every position" else tagger(reduction)
+        ours, keras_own = make(), make()
+        shapes.clear()
+        got = accum_train.fit(ours, tokens, tags, subdivisions=2, trim_padding=multiple, validation_data=val, **fixed)
+        updates = sorted({shape for shape in shapes if shape[0] == 2})  # check_trim's single micro-batch apart
+        want = keras_own.fit(tokens, tags, validation_data=val, **fixed)
+        apart = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights()))
+        logs = max(abs(got.history[k][-1] / want.history[k][-1] - 1) for k in want.history)
+        out[f"{reduction} {multiple}"] = [apart, logs, [list(shape) for shape in updates]]
+jax_engine.stacked = real_stacked
+out["longest"] = [int(lengths[i]) for i in (9, 19, 29, 39)]  # each batch's
+for name, model in (("unweighted metric", tagger(metrics=["accuracy"])), ("unmasked", tagger(masked=False))):
+    try:
+        accum_train.fit(model, tokens, tags, subdivisions=2, trim_padding=4, **fixed)
+    except UserError as err:
+        out[name] = str(err).replace(model.name, "NAME")
+"""
 
 
 def child(code, *args):
@@ -701,6 +763,49 @@ def test_micro_batch_size_auto_on_jax_retries_an_update_that_runs_out_of_memory_
         "update 1 ran out of memory with subdivisions=2 (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
         "1.00GiB): pass a smaller micro_batch_size, or micro_batch_size='auto'"
     )
+
+
+@pytest.fixture(scope="module")
+def trim_cases():
+    return child(TRIM)
+
+
+@pytest.mark.slow
+# "every position": sum_over_batch_size unmasked, which divides by every step, the ones cut away too (24 a sequence)
+@pytest.mark.parametrize("reduction", ["sum_over_batch_size", "mean_with_sample_weight", "every position"])
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_trim_padding_on_jax_is_model_fit_uncut_and_compiles_one_update_per_rounded_length(
+    trim_cases, reduction, multiple
+):
+    """Batches of 10 sequences in order of length: 2 micro-batches of 5 each, cut to the batch's longest rounded up
+    to the multiple; 4 batches give 4 shapes at a multiple of 1 and 3 at 8 (their longest: 7 to 24 steps)."""
+    apart, logs, shapes = trim_cases[f"{reduction} {multiple}"]
+    assert apart < 1e-5 and logs < 1e-5
+    rounded = sorted({-(-longest // multiple) * multiple for longest in trim_cases["longest"]})
+    assert shapes == [[2, 5, length] for length in rounded] and len(shapes) == {1: 4, 8: 3}[multiple]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            "unweighted metric",
+            "accum_train.fit: trim_padding changes the compiled metric 'accuracy' of model 'NAME' on Keras' JAX "
+            "backend, whose trainer gives metrics the outputs without their mask, so that they count the padding "
+            "steps the cut takes away: weigh the padding 0 (sample_weight, and the metric in weighted_metrics), or "
+            "leave trim_padding out",
+        ),
+        (
+            "unmasked",
+            "accum_train.fit: trim_padding changes the loss summed of model 'NAME' (a micro-batch cut from 24 to 4 "
+            "steps): padding must change nothing, so mask it (Embedding(mask_zero=True), Masking) and keep layers "
+            "that mix time steps masked, or leave trim_padding out",
+        ),
+    ],
+)
+def test_what_trim_padding_would_change_on_jax_is_refused_in_one_line(trim_cases, case, message):
+    assert trim_cases[case] == message
 
 
 def test_batchnorm_on_jax_at_k_1_is_model_fit_s_to_the_weights_and_statistics(cases):

@@ -31,9 +31,9 @@ SEAM = f"{PACKAGE}.backends"
 # What a backend's folder may import besides its own: the leaves, Keras' internals (keras_private), and the rooms of
 # trainer/ that every backend shares: the noise scale's estimate, the feed's held batch and its pipeline, the batch
 # arithmetic and layout, the data order, the arrays' checks and plan (JAX reads them as TensorFlow's ArrayFeed does),
-# the sources' kinds, class weights as each example's and trim_padding's cut in the data pipeline; and what the
+# the sources' kinds, class weights as each example's and trim_padding's policy and cut; and what the
 # accumulator needs of a network (models/containers).
-DATA_ROOMS = ("feed", "batching", "layout", "order", "arrays", "conversion", "trim", "class_weights")
+DATA_ROOMS = ("feed", "batching", "layout", "order", "arrays", "conversion", "lengths", "trim", "class_weights")
 BACKEND_MAY_IMPORT = (
     LEAVES
     | {f"{PACKAGE}.keras_private", f"{PACKAGE}.models.containers"}

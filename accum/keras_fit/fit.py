@@ -35,7 +35,7 @@ from .arguments import (
     train_spec,
 )
 from .fit_hooks import FitHooks, train_call
-from .inputs import split_validation, validation_arrays
+from .inputs import check_validation_source, split_validation, validation_arrays
 from .rundir import FitRunDir, described_call
 
 
@@ -151,7 +151,7 @@ def _on_jax(model, given: dict):
         given["validation_split"],
         kind(given["x"]),
     )
-    if isinstance(validation, (tuple, list)):
+    if check_validation_source(validation) == "arrays":
         validation = validation_arrays(validation)
     given.update(x=x, y=y, sample_weight=sample_weight, validation_data=validation, validation_split=0.0)
     micro_batch_size = given["micro_batch_size"]

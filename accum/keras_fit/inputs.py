@@ -38,6 +38,17 @@ def validation_feed(validation_data, batch_size, trim=0):
     """model.fit's validation data as a feed on tf.data, cut as ``trim`` says (trim_padding)."""
     from ..trainer.data.sources import feed_for  # tf.data's: this module's other calls serve JAX's door too
 
+    what = check_validation_source(validation_data)
+    if what in ("dataset", "pydataset"):
+        x, y, weights, batch_size = validation_data, None, None, None  # it gives its own batches
+    else:
+        x, y, weights = validation_arrays(validation_data)
+    settings = dict(batch_size=batch_size, shuffle=False, seed=0, steps_per_epoch=None, name="validation_data")
+    return feed_for(x, y, weights, None, trim=trim, **settings)
+
+
+def check_validation_source(validation_data) -> str | None:
+    """What kind of source ``validation_data`` is (conversion.kind), a generator refused in one line."""
     what = kind(validation_data)
     if what == "generator":
         raise Refused(
@@ -45,12 +56,7 @@ def validation_feed(validation_data, batch_size, trim=0):
             f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
             f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
         )
-    if what in ("dataset", "pydataset"):
-        x, y, weights, batch_size = validation_data, None, None, None  # it gives its own batches
-    else:
-        x, y, weights = validation_arrays(validation_data)
-    settings = dict(batch_size=batch_size, shuffle=False, seed=0, steps_per_epoch=None, name="validation_data")
-    return feed_for(x, y, weights, None, trim=trim, **settings)
+    return what
 
 
 def validation_arrays(validation_data) -> tuple:

@@ -17,8 +17,8 @@ from ..keras_private import all_layers, preprocesses
 from ..models.precision import call_precision
 from ..trainer.data.batching import Cut
 from ..trainer.data.conversion import STREAMED, kind
+from ..trainer.data.lengths import check_trimmable, trim_multiple
 from ..trainer.data.sources import feed_for
-from ..trainer.data.trim import check_trimmable, trim_multiple
 from ..trainer.trainer import build_engine
 from . import checks
 from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, schedule_of, strategy_of, train_spec

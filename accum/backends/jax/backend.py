@@ -25,6 +25,7 @@ from ...errors import Refused, UserError
 from ...trainer.data.arrays import check_schedule
 from ...trainer.data.batching import Cut
 from ...trainer.data.conversion import kind
+from ...trainer.data.lengths import check_trimmable, trim_multiple
 from ...trainer.noise import Estimate
 from .checkpoints import Checkpoints as Checkpoints  # the Backend's names: a run directory's checkpoints/
 from .checkpoints import checkpoint_problem as checkpoint_problem
@@ -37,6 +38,7 @@ from .engine import Accumulator, DeviceOutOfMemory
 from .evaluation import Evaluation, KerasMetrics
 from .feed import ArrayBatches, examples, stream_of
 from .objective import LATER, KerasObjective, refused
+from .trim import check_trim
 
 NAME = "jax"
 OUT_OF_MEMORY = DeviceOutOfMemory  # XLA's RESOURCE_EXHAUSTED, as the engine raises it
@@ -67,6 +69,7 @@ TAKEN = (
     "validation_freq",
     "validation_steps",
     "validation_batch_size",
+    "trim_padding",
     "batch_schedule",  # fit's door checked it (arguments.schedule_of): ((0-based epoch, batch size), ...)
 )
 
@@ -179,7 +182,10 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
     shuffle = given["shuffle"]  # checked by fit's door (arguments.check_keywords)
     seed = given["seed"]  # the data order's: fit's door's (arguments.order_seed), as on TensorFlow
     x, y, sample_weight, validation_data = given["x"], given["y"], given["sample_weight"], given["validation_data"]
-    feed = _feed(model, kind(x), x, y, sample_weight, given, shuffle, seed)
+    trim = trim_multiple(given["trim_padding"], WHERE)
+    if trim:
+        check_trimmable(model, 1, WHERE)  # a model of fixed length refused (several devices cut alike: one shape)
+    feed = _feed(model, kind(x), x, y, sample_weight, given, shuffle, seed, trim)
     first = feed.first_batch()
     nominal = feed.batch_size or examples(first)  # a stream's batches are its own: its first one's size
     replicas = getattr(mesh(WHERE), "size", 1)
@@ -197,22 +203,26 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
         )
     if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
         keras_private.symbolic_build(model, first)
-    objective = KerasObjective(model, WHERE)
+    objective = KerasObjective(model, WHERE, steps=feed.steps)
+    if trim:  # refused in one line where the cut would change the update
+        check_trim(objective, first, -(-nominal // (k * replicas)), WHERE)
     metrics = KerasMetrics(model)
     engine = accumulator_for(
         model, objective, model.optimizer, subdivisions=k, metrics=metrics, retried=spec.micro.auto
     )
     validation = evaluation = None
     if validation_data is not None:
-        validation = _validation(validation_data, given["validation_batch_size"] or feed.batch_size or nominal)
-        evaluation = Evaluation(objective, metrics, engine.replicas)
+        validation = _validation(validation_data, given["validation_batch_size"] or feed.batch_size or nominal, trim)
+        # the validation data as its own uncut length counts (trim_padding): the same loss
+        scored = objective if validation.steps == feed.steps else KerasObjective(model, WHERE, steps=validation.steps)
+        evaluation = Evaluation(scored, metrics, engine.replicas)
     cut = Cut(k, engine.replicas, tuple(engine.replica_ids))
     return SimpleNamespace(
         feed=feed, validation=validation, engine=engine, evaluation=evaluation, cut=cut, nominal=nominal
     )
 
 
-def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed):
+def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed, trim: int):
     """The feed of ``x`` of kind ``what`` (conversion.kind's): arrays laid out as on TensorFlow, else a stream."""
     class_weight, steps, schedule = given["class_weight"], given["steps_per_epoch"], given["batch_schedule"] or ()
     check_schedule(schedule, what, x, "x", steps, shuffle)
@@ -225,7 +235,7 @@ def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed):
             )
         batch_size = int(given["batch_size"] or ARRAY_BATCH_SIZE)
         settings = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, steps_per_epoch=steps, schedule=schedule)
-        return ArrayBatches(x, y, sample_weight, class_weight, **settings)
+        return ArrayBatches(x, y, sample_weight, class_weight, trim=trim, **settings)
     if what not in ("dataset", "pydataset", "generator"):
         raise UserError(f"{WHERE}: x is missing: pass arrays, a generator or a keras.utils.PyDataset")
     task = keras_private.preprocesses(model)
@@ -238,26 +248,20 @@ def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed):
                 f"{WHERE}: {source.get(what, 'x is a generator, which gives its own batches')}: leave {name} out"
             )
     missing = f"model {model.name!r}'s preprocessor gives no targets for x: pass y" if task else None
-    return stream_of(x, what, "x", steps_per_epoch=steps, class_weight=class_weight, shuffle=shuffle, missing=missing)
+    settings = dict(steps_per_epoch=steps, class_weight=class_weight, shuffle=shuffle, missing=missing, trim=trim)
+    return stream_of(x, what, "x", **settings)
 
 
-def _validation(validation_data, batch_size: int):
+def _validation(validation_data, batch_size: int, trim: int):
     """model.fit's validation data as a feed: arrays in batches of ``batch_size``, in order; a dataset or a
-    PyDataset as it batches itself. A generator is refused, as on TensorFlow (inputs.validation_feed)."""
-    what = kind(validation_data)
-    if what == "generator":
-        raise Refused(
-            "generator-validation",
-            f"{WHERE}: validation_data is a generator, which the validation of every epoch would read again: "
-            f"pass arrays, a tf.data.Dataset or a keras.utils.PyDataset",
-        )
+    PyDataset as it batches itself."""
+    what = kind(validation_data)  # a generator refused by fit's door (inputs.check_validation_source)
     if what in ("dataset", "pydataset"):
-        return stream_of(
-            validation_data, what, "validation_data", steps_per_epoch=None, class_weight=None, shuffle=False
-        )
+        settings = dict(steps_per_epoch=None, class_weight=None, shuffle=False, trim=trim)
+        return stream_of(validation_data, what, "validation_data", **settings)
     x, y, weights = validation_data  # fit's door unpacked it (inputs.validation_arrays)
     names = ("validation_data's x", "validation_data's y", "validation_data's sample_weight")
-    settings = dict(batch_size=batch_size, shuffle=False, seed=0, steps_per_epoch=None, names=names)
+    settings = dict(batch_size=batch_size, shuffle=False, seed=0, steps_per_epoch=None, names=names, trim=trim)
     return ArrayBatches(x, y, weights, None, **settings)
 
 

@@ -20,6 +20,7 @@ from ...trainer.data.batching import Cut, pieces
 from ...trainer.data.class_weights import class_weights_of
 from ...trainer.data.conversion import WHERE, _leaves_as_arrays
 from ...trainer.data.layout import plan
+from ...trainer.data.lengths import cut_length, sequence_lengths, uncut_steps
 
 
 def rows(parts, picked):
@@ -39,25 +40,45 @@ def _then_empty(elements, like, pad: bool):
         yield empty
 
 
+def trimmed(element, timed, length: int):
+    """``element`` (x, y, sample_weight) with its ``timed`` leaves (the arrays' structure, True where cut on axis 1)
+    cut to ``length`` steps."""
+    cut = lambda a, t: a[:, :length] if t else a  # noqa: E731
+    return tuple(part if t is None else keras.tree.map_structure(cut, part, t) for part, t in zip(element, timed))
+
+
 class ArrayBatches(Arrays):
     """Arrays in memory, held as numpy (arrays.Arrays), each element gathered by index as the TensorFlow door's
-    ArrayFeed gathers it. ``y`` is required: the objective trains on targets."""
+    ArrayFeed gathers it. ``y`` is required: the objective trains on targets. ``trim``: trim_padding's multiple
+    (0: off): every micro-batch of an update cut to the update's longest sequence, rounded up to it
+    (lengths.cut_length), so that one update's micro-batches stack to one shape and a run compiles one update per
+    length it rounds to."""
 
-    trim, steps, timed = 0, None, None
-
-    def __init__(self, x, y, sample_weight, class_weight, **settings):
+    def __init__(self, x, y, sample_weight, class_weight, *, trim=0, **settings):
         if y is None:
             raise UserError(f"{WHERE}: x is given without y: pass the targets as y")
         super().__init__(x, y, sample_weight, class_weight, **settings)
         self.parts = (*self.arrays, None)[:3]  # (x, y, sample_weight or None)
+        self.trim, self.steps, self.timed = int(trim), None, None
+        if self.trim:
+            self.lengths, timed = sequence_lengths(self.arrays, WHERE)
+            self.steps = uncut_steps(self.arrays, timed)
+            self.timed = (*timed, None)[:3]
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False):
         """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless empty
         ones); ``again`` is a stream's."""
         order, segments = self.segments(epoch, first)
         layout = plan(segments, lambda _: cut.k, cut.replicas, cut.local)
-        taken = (rows(self.parts, order[start:end]) for start, end in zip(layout.starts, layout.ends))
-        return _then_empty(taken, self.parts, pad)
+        picked = [order[start:end] for start, end in zip(layout.starts, layout.ends)]
+        if not self.trim:
+            return _then_empty((rows(self.parts, indices) for indices in picked), self.parts, pad)
+        longest = {}  # update: its longest sequence
+        for update, indices in zip(layout.where[:, 0].tolist(), picked):
+            longest[update] = max(longest.get(update, 0), int(self.lengths[indices].max(initial=0)))
+        lengths = [cut_length(longest[update], self.trim, self.steps) for update in layout.where[:, 0].tolist()]
+        taken = (trimmed(rows(self.parts, i), self.timed, n) for i, n in zip(picked, lengths))
+        return _then_empty(taken, trimmed(self.parts, self.timed, self.trim), pad)
 
 
 class StreamBatches:
@@ -66,7 +87,7 @@ class StreamBatches:
     once (a generator), each epoch going on where the last stopped; ``continues``: with ``steps_per_epoch``, one
     stream from epoch to epoch (model.fit's reading of a dataset); ``end_of_epoch``: a PyDataset's."""
 
-    sizes, schedule, batch_size, examples, trim, steps, timed = False, (), None, None, 0, None, None
+    sizes, schedule, batch_size, examples, steps, timed = False, (), None, None, None, None
 
     def __init__(
         self,
@@ -80,7 +101,9 @@ class StreamBatches:
         ends=None,
         missing=None,
         restart=None,
+        trim=0,
     ):
+        self.trim = int(trim)  # trim_padding's multiple (0: off): each batch cut to its longest, rounded up to it
         self.read, self.name, self.class_weight, self.ends, self.restart = read, name, class_weight, ends, restart
         # what a batch without targets is told (a KerasHub task's: its preprocessor was given no labels)
         self.missing = missing or f"{name}'s batches hold no targets: make them (x, y) or (x, y, sample_weight)"
@@ -98,6 +121,8 @@ class StreamBatches:
                 self.read = lambda: stream
             elif self.restart is not None:  # a PyDataset's workers, which went on reading ahead
                 self.restart()
+            if self.trim:  # the length before the cut (``steps``), which the objective counts a mean over
+                self._trimmed(self.first)
         return self.first
 
     def _batch(self, batch):
@@ -109,9 +134,7 @@ class StreamBatches:
         while parts and parts[-1] is None:  # (x, None) and (x, y, None) are (x,) and (x, y), as in model.fit
             parts.pop()
         if len(parts) < 2 or parts[1] is None:
-            raise UserError(
-                f"{WHERE}: {self.name}'s batches hold no targets: make them (x, y) or (x, y, sample_weight)"
-            )
+            raise UserError(f"{WHERE}: {self.missing}")
         x, y, *weights = _leaves_as_arrays(tuple(parts), f"a batch of {self.name}")
         weights = weights[0] if weights else None
         if self.class_weight is not None:
@@ -124,10 +147,28 @@ class StreamBatches:
     def updates(self, epoch: int) -> int | None:
         return self.steps_per_epoch if self.steps_per_epoch is not None else self.cardinality
 
+    def _trimmed(self, batch):
+        """``batch`` with its time axis cut after its longest sequence, rounded up to the multiple. Every batch must
+        have the first one's length before the cut (``steps``), which a mean over every position divides by."""
+        given = tuple(part for part in batch if part is not None)
+        lengths, timed = sequence_lengths(given, WHERE)
+        steps = uncut_steps(given, timed)
+        if self.steps is None:
+            self.steps = steps
+        elif steps != self.steps:
+            raise UserError(
+                f"{WHERE}: trim_padding on Keras' JAX backend needs every batch of {self.name} to be one length on "
+                f"axis 1 before the cut (the first is {self.steps}, a later one {steps}): pad them to one length"
+            )
+        self.timed = (*timed, None)[: len(batch)]
+        return trimmed(batch, self.timed, cut_length(lengths.max(initial=0), self.trim, steps))
+
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False):
         """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
         ``again``: the stream ran out before this epoch and starts over, as model.fit's does)."""
         like = self.first_batch()
+        if self.trim:
+            like = self._trimmed(like)
         batches = (self._batch(b) for b in self.read()) if not self.once else self.read()
         skip = first
         if self.once:  # the one stream, as it stands: passed over to ``first`` when first opened (a resume)
@@ -142,7 +183,8 @@ class StreamBatches:
             batches = itertools.islice(batches, skip, None)
 
         def cut_up():
-            for batch in batches:
+            for read in batches:
+                batch = self._trimmed(read) if self.trim else read
                 n = examples(batch)
                 for start, end in pieces(n, cut.k, cut.replicas, cut.local):
                     yield rows(batch, slice(start, end))
@@ -154,11 +196,13 @@ class StreamBatches:
             self.ends()
 
 
-def stream_of(source, what: str, name: str, *, steps_per_epoch, class_weight, shuffle, missing=None) -> StreamBatches:
+def stream_of(
+    source, what: str, name: str, *, steps_per_epoch, class_weight, shuffle, missing=None, trim=0
+) -> StreamBatches:
     """The StreamBatches of a source of batches of kind ``what`` (conversion.kind's): a tf.data.Dataset read afresh
     each epoch, a PyDataset through Keras' own adapter (its workers, its shuffling, its ``on_epoch_end``), a
     generator once."""
-    settings = dict(steps_per_epoch=steps_per_epoch, class_weight=class_weight, missing=missing)
+    settings = dict(steps_per_epoch=steps_per_epoch, class_weight=class_weight, missing=missing, trim=trim)
     if what == "dataset":
         known = int(source.cardinality())
         return StreamBatches(source.as_numpy_iterator, name, cardinality=known if known >= 0 else None, **settings)

@@ -37,8 +37,11 @@ def refused(what: str, where: str) -> UserError:
 class KerasObjective:
     """``model``'s compiled loss, taken apart per micro-batch: ``parts`` gives (S, D) as Keras would reduce it."""
 
-    def __init__(self, model: keras.Model, where: str = "accum_train.fit"):
+    def __init__(self, model: keras.Model, where: str = "accum_train.fit", steps: int | None = None):
         self.model, self.where = model, where
+        # trim_padding: the time axis' length before the cut (lengths.uncut_steps), which a mean over every
+        # position still divides by
+        self.steps = steps
         self.check()
         self.entries = keras_private.flat_losses(model)
         self.norms = Pooled(model)
@@ -82,10 +85,12 @@ class KerasObjective:
             added = f"a loss that model {self.model.name!r}'s layers add (add_loss, an activity regularizer)"
             raise refused(added, self.where)
         taken = [None] * len(self.entries)
+        # the time axis as cut (trim_padding): x's inputs of two axes or more all have it (lengths._time_steps)
+        cut = next((a.shape[1] for a in keras.tree.flatten(x) if jnp.ndim(a) >= 2), None) if self.steps else None
 
         def take(index, entry):
             def apart(y_true, y_out, weights):
-                taken[index] = self._apart(entry.loss, y_true, y_out, weights, valid)
+                taken[index] = self._apart(entry.loss, y_true, y_out, weights, valid, self.steps, cut)
                 return jnp.zeros(())
 
             return apart
@@ -117,14 +122,27 @@ class KerasObjective:
         # the micro-batch's size as the noise scale counts it: the count of its one normaliser, else its examples
         size = counts[0] if len(names) == 1 and names != ["total"] else jnp.sum(valid).astype("float32")
         extra = {"size": size, "outputs": jnp.stack([jnp.stack(o) for o in outputs]).astype("float32").T}
-        return sums, counts, (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid), pending), extra
+        return (
+            sums,
+            counts,
+            (non_trainable, self._metrics(metrics, y, y_pred, sample_weight, valid, cut), pending),
+            extra,
+        )
 
-    def _metrics(self, values, y, y_pred, sample_weight, valid):
+    def _metrics(self, values, y, y_pred, sample_weight, valid, cut=None):
         """The compiled metrics' ``values`` updated as model.fit updates them with this micro-batch, its padding rows
         weighted 0: every metric is given the valid rows as weights (1 on a row counts as no weight: each metric is a
-        weighted sum), ``weighted_metrics`` times the sample weights."""
+        weighted sum), ``weighted_metrics`` times the sample weights. A time axis that trim_padding cut to ``cut``
+        steps is padded back to ``steps``, the steps cut away weighted 0 (Keras' mean metrics average an example
+        over its time axis, so every micro-batch must have model.fit's length; an unweighted metric, which counts
+        the padding, is refused by trim.py's check)."""
         if not values:
             return values
+        if cut is not None and cut != self.steps:
+            back = lambda t: t if t is None or jnp.ndim(t) < 2 or t.shape[1] != cut else _padded(t, self.steps)  # noqa: E731
+            if sample_weight is None:  # the steps cut away weighed 0, the rest 1
+                sample_weight = jnp.ones(jnp.shape(keras.tree.flatten(y)[0])[:2], "float32")
+            y, y_pred, sample_weight = (keras.tree.map_structure(back, part) for part in (y, y_pred, sample_weight))
 
         def weighed(given):
             if given is None:
@@ -146,11 +164,12 @@ class KerasObjective:
         ]
 
     @staticmethod
-    def _apart(loss, y_true, y_pred, sample_weight, valid):
+    def _apart(loss, y_true, y_pred, sample_weight, valid, steps=None, cut=None):
         """(S, D, per_example): ``loss(y_true, y_pred, sample_weight) == S / D`` over the valid rows, as
         Loss.__call__, apply_mask and reduce_weighted_values reduce (the mask merged into the weights, which are
         brought to the values' rank first). ``per_example``: the values per example where ``D`` is the valid rows
-        times it (no mask, no sample-weighted divisor), else None."""
+        times it (no mask, no sample-weighted divisor), else None. ``steps``: trim_padding's length before the cut,
+        ``cut`` the micro-batch's: a time axis of ``cut`` steps counts ``steps`` of them."""
         in_mask = keras_private.get_keras_mask(y_pred)
         y_pred = keras.ops.convert_to_tensor(y_pred, dtype=loss.dtype)
         y_true = keras.ops.convert_to_tensor(y_true, dtype=loss.dtype)
@@ -180,6 +199,11 @@ class KerasObjective:
         if mask is not None:  # Keras weighs each valid entry size(mask) / valid: D is the valid entries per element
             return total, jnp.sum(mask) * (values.size / mask.size), None
         per_example = 1
-        for size in values.shape[1:]:
-            per_example *= size
+        for axis, size in enumerate(values.shape[1:], 1):  # a time axis cut by trim_padding counts uncut
+            per_example *= steps if axis == 1 and steps and size == cut else size
         return total, None, per_example
+
+
+def _padded(t, steps: int):
+    """``t`` with zeros after its axis 1, to ``steps`` of it."""
+    return jnp.pad(t, [(0, 0), (0, steps - t.shape[1])] + [(0, 0)] * (jnp.ndim(t) - 2))

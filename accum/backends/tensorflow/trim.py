@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from ... import keras_private
-from ...errors import Refused
+from ...trainer.data.lengths import differ, judge_trim
 from ...trainer.data.trim import by_length, cut_after
 from .graphs import graph
 
@@ -53,31 +53,8 @@ def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where
     # of the size of the others: each gradient is held to its own size or a thousandth of the largest, if more.
     largest = max((float(np.max(np.abs(g), initial=0.0)) for g in grads), default=0.0)
     named += [(f"the gradient of {v.path}", g, c, 1e-3 * largest) for v, g, c in zip(variables, grads, cut_grads)]
-    if objective.steps is None and any(_differ(counts[g], cut_counts[g]) for g in counts):
-        raise Refused(
-            "trim-divisor",
-            f"{where}: trim_padding changes the number of values the loss of model {model.name!r} averages (a "
-            f"micro-batch cut from {time_steps} to {length} steps): it divides by every position, padding included "
-            f"(reduction 'sum_over_batch_size'), and the batches' length before the cut is not fixed: pad every "
-            f"batch to one length, or leave trim_padding out",
-        )
-    for what, whole_value, cut_value, floor in named:
-        if _differ(whole_value, cut_value, floor):
-            raise Refused(
-                "trim-changes-result",
-                f"{where}: trim_padding changes {what} of model {model.name!r} (a micro-batch cut from "
-                f"{time_steps} to {length} steps): padding must change nothing, so mask it "
-                f"(Embedding(mask_zero=True), Masking) and keep layers that mix time steps masked, or leave "
-                f"trim_padding out",
-            )
-
-
-def _differ(whole, cut, floor: float = 0.0) -> bool:
-    """Whether two values of one micro-batch differ by more than the rounding of a sum taken over other lengths:
-    1e-4 of their own size, or of ``floor`` where that is larger (and of 1e-6 at least)."""
-    whole, cut = np.asarray(whole, np.float64), np.asarray(cut, np.float64)
-    size = max(np.max(np.abs(whole), initial=0.0), floor, 1e-6)
-    return bool(np.max(np.abs(whole - cut), initial=0.0) > 1e-4 * size)
+    divisor = any(differ(counts[g], cut_counts[g]) for g in counts)
+    judge_trim(named, divisor and objective.steps is None, model.name, time_steps, length, where)
 
 
 def uncut(y, y_pred, sample_weight, steps: int):
