@@ -63,13 +63,14 @@ def metered_mlp():
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
     return model
 
-def logged(name, **given):  # one case: ours against model.fit, with their callbacks' events
-    ours, keras_own = metered_mlp(), metered_mlp()
+def logged(name, source=None, **given):  # one case: ours against model.fit, with their callbacks' events
+    ours, keras_own = metered_mlp(), metered_mlp()  # source(): the data, a source of batches (default: x, y by 10)
     stop_after = given.pop("stop_after", None)
     events = [Events(stop_after), Events(stop_after)]
-    fixed = dict(batch_size=10, shuffle=False, verbose=0, **given)
-    got = accum_train.fit(ours, x, y, subdivisions=3, callbacks=[events[0]], **fixed).history
-    want = keras_own.fit(x, y, callbacks=[events[1]], **fixed).history
+    fixed = dict(shuffle=False, verbose=0, **given, **({} if source else {"batch_size": 10}))
+    data = source or (lambda: (x, y))
+    got = accum_train.fit(ours, *data(), subdivisions=3, callbacks=[events[0]], **fixed).history
+    want = keras_own.fit(*data(), callbacks=[events[1]], **fixed).history
     apart = {key: max(abs(a / b - 1) for a, b in zip(got[key], want[key])) for key in want}
     out[name] = [gap(ours, keras_own), apart, sorted(got), events[0].seen == events[1].seen, len(events[0].seen)]
 """
@@ -516,6 +517,23 @@ gap = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a.get_weight
 logged("validation_split", validation_split=0.3, epochs=2)
 logged("stop_training, initial_epoch", validation_data=(vx, vy), initial_epoch=1, epochs=5, stop_after=2)
 
+# a tf.data.Dataset read on from epoch to epoch (steps_per_epoch: 3 epochs of 2 updates over batches of 10, 10, 3
+# repeated), validated on a PyDataset; a dataset validated on a dataset
+import tensorflow as tf
+
+class Validation(keras.utils.PyDataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return vx[4 * i : 4 * i + 4], vy[4 * i : 4 * i + 4]
+
+batches = lambda: (tf.data.Dataset.from_tensor_slices((x, y)).batch(10),)
+logged("a dataset read on, a PyDataset's validation", source=lambda: (batches()[0].repeat(),), steps_per_epoch=2,
+       epochs=3, validation_data=Validation())
+logged("a dataset's validation", source=batches, epochs=2,
+       validation_data=tf.data.Dataset.from_tensor_slices((vx, vy)).batch(4))
+
 # batch_schedule on JAX, with tests/test_fit_batch_schedule.py's data, model and schedules: each epoch one pass at the
 # batch in force (micro-batches of 4), the call ending where model.fit ends called once per batch size; the
 # noise-scale rule growing the batch as its lines say
@@ -722,6 +740,11 @@ KEYS = ["loss", "mae", "noise_scale", "val_loss", "val_mae"]
         pytest.param("validation_split", 2 + 2 * (2 + 2) + 2 * (1 + 1), marks=pytest.mark.slow),
         # epochs 2 and 3 (1-based) of 5: stopped after the second
         pytest.param("stop_training, initial_epoch", 2 + 2 * (3 + 2 + 1 + 1), marks=pytest.mark.slow),
+        # 3 epochs of 2 updates, each validated on 2 batches
+        pytest.param(
+            "a dataset read on, a PyDataset's validation", 2 + 3 * (2 + 2) + 3 * (1 + 2), marks=pytest.mark.slow
+        ),
+        pytest.param("a dataset's validation", 2 + 2 * (3 + 2) + 2 * (1 + 2), marks=pytest.mark.slow),
     ],
 )
 def test_fit_on_jax_runs_model_fit_s_callbacks_validation_and_history(request, case, events):
