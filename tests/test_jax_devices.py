@@ -136,6 +136,25 @@ out["dropout"] = {
     "seed states": [seed_state(twice), seed_state(once)],
 }
 
+# validation and a run directory on 2 devices: 2 epochs into output_dir, then a call with epochs=3 resuming it, against
+# 3 epochs on one device (each device's share of a validation batch evaluated, the checkpoint's replicated state)
+import shutil, tempfile
+run_dir, held_out = tempfile.mkdtemp(), (x[:9], targets["mse"][:9])
+fitted = dict(x=x, y=targets["mse"], batch_size=7, shuffle=False, verbose=0, validation_data=held_out)
+resumed = mlp("mse")
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+accum_train.fit(resumed, **fitted, epochs=2, subdivisions=2, output_dir=run_dir)
+resumed = mlp("mse")  # a new process's model, from its first weights: the checkpoint's are restored into it
+two_logs = accum_train.fit(resumed, **fitted, epochs=3, subdivisions=2, output_dir=run_dir).history
+keras.distribution.set_distribution(None)
+single = mlp("mse")
+one_logs = accum_train.fit(single, **fitted, epochs=3, subdivisions=4).history
+shutil.rmtree(run_dir)
+out["run directory"] = {
+    "2 devices, resumed v 1": apart(resumed, single),
+    "history": {key: max(abs(a / b - 1) for a, b in zip(two_logs[key], one_logs[key])) for key in one_logs},
+}
+
 layout = keras.distribution.LayoutMap(keras.distribution.DeviceMesh((1, 2), ["batch", "model"]))
 keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch"))
 try:
@@ -202,6 +221,14 @@ def test_compiled_metrics_on_two_devices_log_model_fit_s_values(cases):
     assert sorted(two) == sorted([*keras_own, "noise_scale"])  # and the noise scale: 2 micro-batches an update
     for name, values in keras_own.items():
         assert two[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+
+
+def test_a_run_directory_on_two_devices_resumes_with_its_validation_as_one_device_trains(cases):
+    """2 epochs into output_dir on 2 devices, a second call to epoch 3 resuming it: one device's 3 epochs, the
+    History of the whole run (its validation evaluated over the devices' shares) the same."""
+    found = cases["run directory"]
+    assert found["2 devices, resumed v 1"] < 1e-5
+    assert sorted(found["history"]) == ["loss", "noise_scale", "val_loss"] and max(found["history"].values()) < 1e-5
 
 
 def test_batchnorm_on_two_devices_pools_its_statistics_once_per_update_as_one_device(cases):
