@@ -60,6 +60,7 @@ class Backend(Protocol):
     backend's distribution of the replicas (a tf.distribute strategy; None: the one in scope)."""
 
     NAME: str  # keras.config.backend()'s name for it
+    MEASURES_PEAK: bool  # whether memory_limit's allocator peak is measured (the guard's peak_during)
     OUT_OF_MEMORY: type[Exception]  # an update ran out of device memory: the guard retries at twice the micro-batches
     OP_ERROR: type[Exception]  # any other failed op of an update (a broken file): the door's ``failed`` names it
     BAD_INPUT: type[Exception]  # an op refused the values or shapes given (the commands' data): they name the data

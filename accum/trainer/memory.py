@@ -69,7 +69,7 @@ def rematerialiser(network, engine) -> Callable[[], bool] | None:
 UNMEASURED = (
     "{name}: no memory_limit, so nothing is measured before training: the first update runs as {first}, and an "
     "update that runs out of memory is retried at twice the micro-batches (a GPU reports running out; a CPU's memory "
-    "is the machine's: set memory_limit there)"
+    "is the machine's{advice})"
 )
 
 
@@ -80,7 +80,9 @@ def probe(engine, spec, take: Callable, batch: int, say: Callable[[str], None], 
     if not spec.micro.auto or spec.baseline:
         return
     if spec.memory_limit is None:
-        say(UNMEASURED.format(name=spec.words.auto, first="one micro-batch per replica"))
+        # memory_limit where the backend measures a peak (on JAX it does not: XLA keeps none on a CPU)
+        advice = ": set memory_limit there" if active().MEASURES_PEAK else ""
+        say(UNMEASURED.format(name=spec.words.auto, first="one micro-batch per replica", advice=advice))
         return
     limit_bytes, limit = spec.memory_limit
     choose_subdivisions(engine, take, batch, limit, limit_bytes, say, spec.words.auto, remat)

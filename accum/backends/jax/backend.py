@@ -41,6 +41,7 @@ from .objective import LATER, KerasObjective, refused
 from .trim import check_trim
 
 NAME = "jax"
+MEASURES_PEAK = False  # memory_limit refused: XLA keeps no allocator peak on a CPU, and a GPU's is untested here
 OUT_OF_MEMORY = DeviceOutOfMemory  # XLA's RESOURCE_EXHAUSTED, as the engine raises it
 OP_ERROR = jax.errors.JaxRuntimeError
 BAD_INPUT = (TypeError, ValueError)

@@ -38,6 +38,7 @@ from .update import local_replica_ids
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
 __all__ = [
     "BAD_INPUT",
+    "MEASURES_PEAK",
     "NAME",
     "OP_ERROR",
     "OUT_OF_MEMORY",
@@ -98,6 +99,7 @@ def __getattr__(name: str):
 
 
 NAME = "tensorflow"
+MEASURES_PEAK = True  # memory_limit's peak: TensorFlow's allocator keeps one on every device
 OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
 OP_ERROR = tf.errors.OpError
 BAD_INPUT = tf.errors.InvalidArgumentError
