@@ -96,12 +96,14 @@ class WorkersInterrupted(Exception):
         self.exit_code = exit_code
 
 
-class Interrupted(Exception):
+class Interrupted(KeyboardInterrupt):
     """A signal stopped the run; exit 128 + the signal's number.
 
     After one signal the update in hand finished and a checkpoint of ``step``
     was written. A second signal stops at once (``forced``): ``step`` is then
-    the last checkpoint, which is intact."""
+    the last checkpoint, which is intact. A KeyboardInterrupt, as Ctrl-C is
+    without a run directory: a script's ``except KeyboardInterrupt`` catches
+    it, and an ``except Exception`` does not swallow it."""
 
     def __init__(self, signum: int, run_dir, step: int, forced: bool = False, resume: str = ""):
         self.signum, self.run_dir, self.step, self.forced = signum, run_dir, step, forced

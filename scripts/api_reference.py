@@ -126,12 +126,12 @@ def _class_block(cls, name: str) -> str:
 
 
 def public_errors(errors) -> list[type]:
-    """The exceptions accum/errors.py defines (UserError and its subclasses first), in the order it defines
-    them: each is what a run can end with."""
+    """The exceptions accum/errors.py defines (UserError and its subclasses first; Interrupted, a KeyboardInterrupt,
+    among them), in the order it defines them: each is what a run can end with."""
     found = [
         value
         for value in vars(errors).values()
-        if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__
+        if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == errors.__name__
     ]
     return sorted(found, key=lambda cls: not issubclass(cls, errors.UserError))  # stable: source order within
 

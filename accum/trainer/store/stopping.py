@@ -4,7 +4,8 @@ The loop reads ``signum`` after each update (under several processes it rides
 in the next update's all-reduce, so that every process stops after the same
 update), checkpoints and stops. A second signal means it: ``forced(signum)``
 is raised at once. Only the main thread can install signal handlers; elsewhere
-the flag stays 0 and Python's own handling applies.
+the flag stays 0 and Python's own handling applies. A signal the process
+ignores as it enters (``python train.py &`` ignores SIGINT) stays ignored.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ class StopFlag:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                # a signal the process was started ignoring stays ignored (a background job's Ctrl-C is the shell's)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
