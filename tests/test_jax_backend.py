@@ -21,6 +21,19 @@ from accum_train.trainer.data.array_feed import ArrayFeed
 
 pytest.importorskip("jax")
 
+# TensorFlow and TensorLayer made unimportable in a process, as where they are not installed
+BLOCKED = r"""
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):  # TensorFlow and TensorLayer as where they are not installed
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorlayer"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Absent())
+"""
+
+
 # a plain regression MLP and its data, for the processes that need no more
 PLAIN = r"""
 def mlp():
@@ -78,14 +91,9 @@ def logged(name, source=None, **given):  # one case: ours against model.fit, wit
 
 CASES = (
     r"""
-import importlib.abc, sys
-
-class Absent(importlib.abc.MetaPathFinder):  # TensorFlow and TensorLayer as where they are not installed
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorlayer"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-
-sys.meta_path.insert(0, Absent())
+"""
+    + BLOCKED
+    + r"""
 import json, numpy as np, keras, accum_train
 from accum_train import keras_private
 from accum_train.backends import Engine, active
@@ -316,11 +324,6 @@ for precision in ("mixed_bfloat16",):
     policies = sorted({layer.dtype_policy.name for layer in ours.layers})
     out[f"precision={precision}"] = [gap(ours, keras_own), gap(ours, float32), gap(keras_own, float32), policies]
 
-"""
-    + LOOP_DEFS
-    + r"""
-logged("validation_data", validation_data=(vx, vy), validation_freq=2, validation_batch_size=4, epochs=4)
-
 def refusal(name, make, **given):
     try:
         accum_train.fit(make(), x, y, batch_size=10, shuffle=given.pop("shuffle", False), verbose=0, **given)
@@ -474,6 +477,23 @@ keras_own.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
 out["arrays"] = [float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights())]
 out["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), mlp().get_weights()))
 
+try:
+    build_model(ModelConfig(name="mlp"), 0, (5,), 3)
+except UserError as err:
+    out["built-in net"] = str(err)
+out["tensorflow loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorlayer"))
+"""
+)
+
+
+# sources of batches on JAX without TensorFlow, in the slow suite (a process of their own: six fits compile)
+SOURCES = (
+    BLOCKED
+    + r"""
+import json, numpy as np, keras, accum_train
+"""
+    + PLAIN
+    + r"""
 class Batches(keras.utils.PyDataset):
     def __len__(self):
         return 3
@@ -493,10 +513,6 @@ for name, (source, given) in sources.items():
     accum_train.fit(ours, source(), subdivisions=2, shuffle=False, verbose=0, **given)
     keras_own.fit(source(), shuffle=False, verbose=0, **given)
     out[name] = [float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights())]
-try:
-    build_model(ModelConfig(name="mlp"), 0, (5,), 3)
-except UserError as err:
-    out["built-in net"] = str(err)
 out["tensorflow loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorlayer"))
 """
 )
@@ -514,6 +530,7 @@ gap = lambda a, b: max(float(np.max(np.abs(u - v))) for u, v in zip(a.get_weight
 """
     + LOOP_DEFS
     + r"""
+logged("validation_data", validation_data=(vx, vy), validation_freq=2, validation_batch_size=4, epochs=4)
 logged("validation_split", validation_split=0.3, epochs=2)
 logged("stop_training, initial_epoch", validation_data=(vx, vy), initial_epoch=1, epochs=5, stop_after=2)
 
@@ -737,7 +754,7 @@ KEYS = ["loss", "mae", "noise_scale", "val_loss", "val_mae"]
     "case, events",
     [
         # 4 epochs of 3 updates, 2 events around them, the validation of epochs 2 and 4 in 2 batches
-        ("validation_data", 2 + 4 * (3 + 2) + 2 * (1 + 2)),
+        pytest.param("validation_data", 2 + 4 * (3 + 2) + 2 * (1 + 2), marks=pytest.mark.slow),
         pytest.param("validation_split", 2 + 2 * (2 + 2) + 2 * (1 + 1), marks=pytest.mark.slow),
         # epochs 2 and 3 (1-based) of 5: stopped after the second
         pytest.param("stop_training, initial_epoch", 2 + 2 * (3 + 2 + 1 + 1), marks=pytest.mark.slow),
@@ -752,7 +769,7 @@ def test_fit_on_jax_runs_model_fit_s_callbacks_validation_and_history(request, c
     """The one loop (keras_fit/fit_hooks.py) driving the JAX engine: the weights, every History value (to 1e-5,
     relative) and every callback event with its logs' keys in model.fit's order, the validation only on the epochs
     validation_freq names, a callback's stop_training and initial_epoch honoured as model.fit honours them."""
-    found = request.getfixturevalue("cases" if case == "validation_data" else "loop_cases")
+    found = request.getfixturevalue("loop_cases")
     apart, history, got_keys, same_events, seen = found[case]
     assert apart < 1e-5 and max(history.values()) < 1e-5
     assert (got_keys, same_events, seen) == (KEYS, True, events)
@@ -1090,11 +1107,18 @@ def test_fit_trains_on_jax_where_tensorflow_is_not_installed(without_tensorflow)
     assert without_tensorflow["tensorflow loaded"] == []
 
 
+@pytest.fixture(scope="module")
+def sources_cases():
+    return child(SOURCES)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["generator", "generator, steps_per_epoch", "PyDataset"])
-def test_a_generator_and_a_pydataset_train_on_jax_as_model_fit_without_tensorflow(without_tensorflow, case):
+def test_a_generator_and_a_pydataset_train_on_jax_as_model_fit_without_tensorflow(sources_cases, case):
     """Batches of 10, 10 and 3, each in 2 micro-batches: a generator read once (three epochs of one update each with
-    steps_per_epoch=1), a PyDataset read each epoch; model.fit's weights on the same batches."""
-    assert max(without_tensorflow[case]) < 1e-5
+    steps_per_epoch=1), a PyDataset read each epoch; model.fit's weights on the same batches, TensorFlow never
+    loaded."""
+    assert max(sources_cases[case]) < 1e-5 and sources_cases["tensorflow loaded"] == []
 
 
 def test_a_built_in_net_is_refused_on_jax_in_one_line(without_tensorflow):
