@@ -175,6 +175,12 @@ def restart_py_dataset_workers(adapter) -> None:
             enqueuer.ready_queue.get_nowait()
 
 
+def takes_mask(layer) -> bool:
+    """Whether a built functional graph hands ``layer`` a mask (a Keras mask on any input of its calls)."""
+    nodes = getattr(layer, "_inbound_nodes", [])
+    return any(getattr(t, "_keras_mask", None) is not None for node in nodes for t in node.input_tensors)
+
+
 def all_layers(model) -> list:
     """Every layer of ``model``, nested ones too (a Bidirectional's, a sub-model's)."""
     return list(model._flatten_layers())

@@ -24,6 +24,15 @@ def quantized(model, mode):
     return model
 
 
+def masked_norm():  # a BatchNormalization after an Embedding(mask_zero=True): given the mask, issue 77
+    keras.utils.set_random_seed(1)
+    tokens = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.BatchNormalization(name="norm")(keras.layers.Embedding(10, 4, mask_zero=True)(tokens))
+    model = keras.Model(tokens, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(hidden)), name="masked")
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
 def regression(optimizer="sgd", loss="mse", **compile_options):
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
@@ -602,6 +611,15 @@ BAD = [
         {"micro_batch_size": "auto"},
         "micro_batch_size='auto' retries an update that runs out of memory from the same batch, which a generator "
         "cannot give again: pass subdivisions or a micro_batch_size in examples",
+    ),
+    (
+        "BatchNormalization given a mask",
+        masked_norm,
+        (np.arange(80).reshape(16, 5) % 10, np.zeros((16, 1), "float32")),
+        {"batch_size": 8, "subdivisions": 2},
+        "model 'masked': BatchNormalization 'norm' is given a mask (Embedding(mask_zero=True) or Masking before it), "
+        "which accum-train's pooled statistics do not take: move it before the masking layer, use "
+        "LayerNormalization, or train with model.fit",
     ),
     (
         "a generator as validation_data",

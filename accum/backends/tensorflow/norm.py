@@ -25,7 +25,7 @@ import tensorlayer as tl
 from tensorlayer.layers import BatchNorm
 
 from ... import keras_private
-from ...errors import UserError
+from ...errors import Refused, UserError
 from ...models.containers import leaves
 from .gradient_cache import REPLICA_LOCAL
 
@@ -253,8 +253,19 @@ def batch_norm_layers(model: keras.Model, where: str, error=UserError) -> list:
                     f"{where} has BatchNormalization {layer.name!r} with renorm=True, whose corrections cannot be "
                     f"pooled over micro-batches: use renorm=False"
                 )
+            if keras_private.takes_mask(layer):
+                raise Refused("batchnorm-masked", f"{where}: {_masked(layer)}")
             found.append(layer)
     return found
+
+
+def _masked(layer) -> str:
+    """Why BatchNormalization ``layer``, given a mask, is refused, and what to do."""
+    return (
+        f"BatchNormalization {layer.name!r} is given a mask (Embedding(mask_zero=True) or Masking before it), which "
+        f"accum-train's pooled statistics do not take: move it before the masking layer, use LayerNormalization, or "
+        f"train with model.fit"
+    )
 
 
 def pool(model: keras.Model, where: str = "the model", error=UserError, adapters=None) -> list:
@@ -297,8 +308,8 @@ def pooled_call(layer, keras_call, inputs, training=None, mask=None):
     keras.layers.BatchNormalization gives."""
     if not (training and layer.trainable):
         return keras_call(inputs, training=training, mask=mask)
-    if mask is not None:
-        raise NotImplementedError(f"{layer.name}: masked inputs to BatchNormalization are not supported")
+    if mask is not None:  # its statistics would count the masked steps, which pooling has no weights for
+        raise Refused("batchnorm-masked", _masked(layer.layer))  # a model whose graph did not show it
     x = keras.ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
     axes = keras_private.reduction_axes(layer)
     mean, var = keras.ops.moments(x, axes=axes)
