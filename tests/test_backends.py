@@ -53,12 +53,9 @@ CLEAN = [
     "accum/keras_fit/inputs.py",
     "accum/keras_fit/rundir.py",
 ]
-# Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
-# in its pipeline, KerasHub's preprocessed batches (keras_fit/pipeline.py), and the loaders.
-DATA_LAYER = {
-    *(f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "trim", "sources", "array_feed", "stream_feed", "conversion")),
-    f"{PACKAGE}.keras_fit.pipeline",
-}
+# Where tf.data may stay: the feed (trim_padding's cut in its pipeline among it) and the feeds its one dispatch picks
+# (trainer/data/sources.py; stream_feed.py also makes KerasHub's preprocessed batches), and the loaders.
+DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "array_feed", "stream_feed")}
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING: set[str] = set()
 

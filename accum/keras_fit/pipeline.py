@@ -5,7 +5,7 @@ KerasHub's ``PipelineModel.fit`` batches raw inputs (strings, images) by
 packing and the targets it makes (a causal LM's next tokens and their weights)
 are decided per batch. The micro-batch cut must come after that, or a
 micro-batch would be padded to its own length and the update would differ. So
-raw data become a ``tf.data`` of preprocessed batches here, before the feed
+raw data become a ``tf.data`` of preprocessed batches (stream_feed.py's ``preprocessed``), before the feed
 sees them, and the feed cuts each batch as it cuts any dataset's: the same
 batches in the same order as ``task.fit`` (which never shuffles the batches it
 builds). ``validation_split`` is taken from the raw arrays first, and
@@ -14,13 +14,11 @@ builds). ``validation_split`` is taken from the raw arrays first, and
 
 from __future__ import annotations
 
-import keras
 import numpy as np
-import tensorflow as tf
 
-from ..defaults import ARRAY_BATCH_SIZE
-from ..errors import Refused, UserError
+from ..errors import Refused
 from ..trainer.data.conversion import kind
+from ..trainer.data.stream_feed import preprocessed
 from .arguments import WHERE
 from .inputs import split_validation, validation_arrays
 
@@ -41,37 +39,6 @@ def task_batches(model, what, x, y, sample_weight, batch_size, validation_data, 
     return preprocessed(model, x, y, sample_weight, batch_size), preprocessed_validation(
         model, validation_data, batch_size
     )
-
-
-def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Dataset:
-    """``x`` (with ``y`` and ``sample_weight``) as batches of ``batch_size`` with ``model.preprocess_samples``
-    mapped over each; a ``tf.data.Dataset`` of raw batches is taken as it is, as task.fit takes it."""
-    if kind(x) == "dataset":
-        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
-            if value is not None:
-                raise UserError(
-                    f"{WHERE}: {name} is a tf.data.Dataset of raw batches for model {model.name!r}'s preprocessor: "
-                    f"leave {what} out (batch the dataset, and put targets and weights in its elements)"
-                )
-        batches = x
-    elif kind(x) in ("pydataset", "generator"):
-        raise Refused(
-            "raw-generator",
-            f"{WHERE}: {name} is a {type(x).__name__}, and model {model.name!r} preprocesses its inputs in fit: pass "
-            f"arrays or lists of raw examples, or a tf.data.Dataset of raw batches",
-        )
-    elif x is None:
-        raise UserError(f"{WHERE}: {name} is missing: pass raw examples (a list or array) or a tf.data.Dataset")
-    else:
-        examples = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        try:
-            batches = tf.data.Dataset.from_tensor_slices(examples).batch(batch_size or ARRAY_BATCH_SIZE)
-        except (ValueError, TypeError) as err:
-            raise UserError(
-                f"{WHERE}: {name} cannot be cut into examples for model {model.name!r}'s preprocessor: "
-                f"{str(err).splitlines()[0]} (pass a list or array with one entry per example)"
-            ) from None
-    return batches.map(model.preprocess_samples, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def preprocessed_validation(model, validation_data, batch_size):
