@@ -12,9 +12,10 @@ import keras
 from .. import keras_private
 from ..backends import active
 from ..defaults import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL
-from ..errors import Refused, UserError
+from ..errors import Refused
 from ..keras_private import all_layers, preprocesses
 from ..models.precision import call_precision
+from ..trainer.data.arrays import check_cut
 from ..trainer.data.batching import Cut
 from ..trainer.data.conversion import STREAMED, kind
 from ..trainer.data.lengths import check_trimmable, trim_multiple
@@ -70,18 +71,8 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
     replicas = strategy.num_replicas_in_sync
     nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
     # a batch_schedule's sizes: checked by schedule_of, in the config's words
-    if subdivisions is not None and feed.batch_size is not None and subdivisions > feed.batch_size:
-        raise UserError(
-            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={feed.batch_size} "
-            f"(a micro-batch holds at least one example)"
-        )
     auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
-    if auto and feed.once:
-        raise Refused(
-            "auto-generator",
-            f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
-            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
-        )
+    check_cut(feed, subdivisions, auto)
     validation = None
     if validation_data is not None:
         if type(model).test_step is not keras.Model.test_step:

@@ -22,7 +22,7 @@ import numpy as np
 from ... import keras_private
 from ...defaults import ARRAY_BATCH_SIZE, FIT
 from ...errors import Refused, UserError
-from ...trainer.data.arrays import check_schedule
+from ...trainer.data.arrays import check_cut, check_schedule
 from ...trainer.data.batching import Cut
 from ...trainer.data.conversion import kind
 from ...trainer.data.lengths import check_trimmable, trim_multiple
@@ -190,18 +190,8 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
     first = feed.first_batch()
     nominal = feed.batch_size or examples(first)  # a stream's batches are its own: its first one's size
     replicas = getattr(mesh(WHERE), "size", 1)
-    if spec.micro.auto and feed.once:  # as on TensorFlow (train.py)
-        raise Refused(
-            "auto-generator",
-            f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
-            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
-        )
+    check_cut(feed, given["subdivisions"], spec.micro.auto)  # as on TensorFlow (train.py)
     k = spec.micro.k_for(nominal, replicas) or 1  # per device's share, as per replica; auto starts at one
-    if feed.batch_size is not None and k > feed.batch_size:
-        raise UserError(
-            f"{WHERE}: subdivisions={k} must be <= batch_size={feed.batch_size} (a micro-batch holds at least one "
-            f"example)"
-        )
     if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
         keras_private.symbolic_build(model, first)
     objective = KerasObjective(model, WHERE, steps=feed.steps)

@@ -118,6 +118,23 @@ def check_schedule(schedule, what, x, name, steps_per_epoch, shuffle) -> None:
         )
 
 
+def check_cut(feed, subdivisions, auto: bool) -> None:
+    """Either backend's feed checked against how its batches are cut: ``subdivisions`` (as given, or None) over the
+    feed's batch size, or automatic micro-batches (``auto``), whose retry reads a batch again, on a source read
+    once (a generator), refused in one line."""
+    if subdivisions is not None and feed.batch_size is not None and subdivisions > feed.batch_size:
+        raise UserError(
+            f"{WHERE}: subdivisions={subdivisions} must be <= batch_size={feed.batch_size} "
+            f"(a micro-batch holds at least one example)"
+        )
+    if auto and feed.once:
+        raise Refused(
+            "auto-generator",
+            f"{WHERE}: micro_batch_size='auto' retries an update that runs out of memory from the same batch, which "
+            f"a generator cannot give again: pass subdivisions or a micro_batch_size in examples",
+        )
+
+
 def _rows_differ(given: list, arrays: tuple) -> str:
     """Which arrays disagree on the examples, by the names of ``given`` ((name, part) of x, y, sample_weight):
     x's count against the first part that has another (x's own arrays, where they differ among themselves)."""
