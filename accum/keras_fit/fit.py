@@ -13,8 +13,6 @@ computed as ``subdivisions`` micro-batches per replica (or as many as ``micro_ba
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import keras
 
 from .. import keras_private
@@ -36,7 +34,7 @@ from .arguments import (
 )
 from .fit_hooks import FitHooks, train_call
 from .inputs import check_validation_source, split_validation, validation_arrays
-from .rundir import FitRunDir, described_call
+from .rundir import fit_run_dir
 
 
 def fit(
@@ -144,12 +142,7 @@ def _on_jax(model, given: dict):
     shuffled = bool(given["shuffle"]) and what == "arrays"
     given["seed"] = order_seed(None if seed is None else int(seed), given["output_dir"], None, shuffled)
     (x, y, sample_weight), validation = split_validation(
-        given["x"],
-        given["y"],
-        given["sample_weight"],
-        given["validation_data"],
-        given["validation_split"],
-        kind(given["x"]),
+        given["x"], given["y"], given["sample_weight"], given["validation_data"], given["validation_split"], what
     )
     if check_validation_source(validation) == "arrays":
         validation = validation_arrays(validation)
@@ -163,19 +156,16 @@ def _on_jax(model, given: dict):
     spec = train_spec(given["subdivisions"], micro_batch_size, None, given["max_bad_steps"])  # (memory_limit: refused)
     parts = active().fit_parts(model, given, spec)
     say = print if given["verbose"] else (lambda line: None)
-    auto, engine = spec.micro.auto, parts.engine
     loop = FitHooks(
-        model, engine, parts.evaluation, parts.feed, parts.cut, parts.validation, parts.nominal, auto=auto, say=say
-    )
+        model, parts.engine, parts.evaluation, parts.feed, parts.cut, parts.validation, parts.nominal,
+        auto=spec.micro.auto, say=say,
+    )  # fmt: skip
     if schedule:  # k for each batch in force, and the noise-scale rule's
         loop.k_for = lambda size: spec.micro.k_for(size, parts.cut.replicas)
         loop.rule, loop.micro_batch_size = rule, micro_batch_size
-    directory = None
-    if given["output_dir"] is not None:
-        order = (given["seed"], given["shuffle"], given["steps_per_epoch"])
-        described = described_call(parts.feed, "auto" if auto else parts.cut.k, *order, schedule, rule)
-        built = keras_private.built(model, None)  # its variables and LoRA layers, for run.json and the checkpoints
-        output_dir = Path(given["output_dir"])
-        directory = FitRunDir(output_dir, model, built, parts.engine, loop.noise, described, say, loop.rule_tracked)
+    order = (given["seed"], given["shuffle"], given["steps_per_epoch"], schedule, rule)
+    # its variables and LoRA layers, for run.json and the checkpoints
+    built = keras_private.built(model, None) if given["output_dir"] is not None else None
+    directory = fit_run_dir(given["output_dir"], model, built, loop, parts.cut.k, *order)
     names = ("epochs", "initial_epoch", "callbacks", "verbose", "validation_freq", "validation_steps")
     return train_call(loop, spec, directory, **{name: given[name] for name in names})

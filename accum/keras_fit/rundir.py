@@ -59,6 +59,15 @@ def described_call(feed, k, seed, shuffle, steps, schedule=(), rule=None) -> dic
     return described
 
 
+def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedule=(), rule=None):
+    """The FitRunDir of a call of either backend (None without ``output_dir``): ``loop`` its hooks (fit_hooks.py),
+    ``built`` what fit read of the model (keras_private.built), the rest what run.json records (``described_call``)."""
+    if output_dir is None:
+        return None
+    described = described_call(loop.feed, "auto" if loop.auto else k, seed, shuffle, steps, schedule, rule)
+    return FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, loop.rule_tracked)
+
+
 def recorded_seed(run_dir: Path):
     """The data order's seed a run directory recorded (None: no run there yet)."""
     return ((read_record(run_dir) or {}).get("fit") or {}).get("seed")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from pathlib import Path
 
 import keras
 
@@ -26,7 +25,7 @@ from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, sc
 from .fit_hooks import FitHooks, train_call
 from .inputs import check_examples_are_batched, split_validation, validation_feed
 from .pipeline import task_batches
-from .rundir import FitRunDir, described_call
+from .rundir import fit_run_dir
 
 
 def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
@@ -121,10 +120,7 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
-        directory = None
-        if output_dir is not None:
-            described = described_call(feed, "auto" if auto else k, seed, shuffle, steps_per_epoch, schedule, rule)
-            directory = FitRunDir(Path(output_dir), model, facts, engine, loop.noise, described, say, loop.rule_tracked)
+        directory = fit_run_dir(output_dir, model, facts, loop, k, seed, shuffle, steps_per_epoch, schedule, rule)
         return train_call(
             loop,
             spec,
