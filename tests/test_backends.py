@@ -53,9 +53,11 @@ CLEAN = [
     "accum/keras_fit/inputs.py",
     "accum/keras_fit/rundir.py",
 ]
-# Where tf.data may stay: the feed (trim_padding's cut in its pipeline among it) and the feeds its one dispatch picks
-# (trainer/data/sources.py; stream_feed.py also makes KerasHub's preprocessed batches), and the loaders.
-DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "array_feed", "stream_feed")}
+# Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
+# in its pipeline (trim_feed), KerasHub's preprocessed batches (task_feed), and the loaders.
+DATA_LAYER = {
+    f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "array_feed", "stream_feed", "trim_feed", "task_feed")
+}
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING: set[str] = set()
 

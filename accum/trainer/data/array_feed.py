@@ -1,7 +1,7 @@
 """Arrays in memory (arrays.Arrays) as accum_train.fit's feed on tf.data: stored once and never copied per epoch, each
 element gathering its own examples from them (the run's ``feed.by_plan``) in the order arrays.py lays out; cut into
 this process's micro-batches as batching.Cut says, and with ``trim_padding`` each micro-batch's time axis cut after
-its longest sequence (feed.py)."""
+its longest sequence (trim_feed.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from ...datasets.base import stored
 from .arrays import Arrays
 from .batching import Cut
 from .conversion import WHERE
-from .feed import Held, any_length, by_plan, endless
+from .feed import by_plan, endless
+from .trim_feed import Held, any_length
 
 
 class ArrayFeed(Arrays):

@@ -1,23 +1,22 @@
 """Streamed sources as accum_train.fit's feed: a tf.data.Dataset, a keras.utils.PyDataset or a Python generator,
 read batch by batch as the updates pull them, never into memory; each batch cut into this process's elements in
 pull order by the run's one stream cutter (feed.cut_stream), class weights made sample weights on the way, and with
-``trim_padding`` each element's time axis cut after its longest sequence (feed.py)."""
+``trim_padding`` each element's time axis cut after its longest sequence (trim_feed.py)."""
 
 from __future__ import annotations
 
 import itertools
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from ... import keras_private
-from ...defaults import ARRAY_BATCH_SIZE
-from ...errors import Refused, UserError
+from ...errors import UserError
 from .batching import Cut
-from .conversion import WHERE, _leaves_as_arrays, kind
-from .feed import any_length, cut_stream, endless, stream_timed
+from .conversion import WHERE, _leaves_as_arrays
+from .feed import cut_stream, endless
 from .lengths import uncut_steps
+from .trim_feed import any_length, stream_timed
 
 
 class DatasetFeed:
@@ -167,34 +166,3 @@ def class_weights_tensor(y, class_weight: dict):
         table[int(c)] = w
     inside = tf.logical_and(labels >= 0, labels < size)
     return tf.where(inside, tf.gather(tf.constant(table), tf.clip_by_value(labels, 0, size - 1)), 1.0)
-
-
-def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Dataset:
-    """``x`` (with ``y`` and ``sample_weight``) as batches of ``batch_size`` with ``model.preprocess_samples``
-    mapped over each; a ``tf.data.Dataset`` of raw batches is taken as it is, as task.fit takes it."""
-    if kind(x) == "dataset":
-        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
-            if value is not None:
-                raise UserError(
-                    f"{WHERE}: {name} is a tf.data.Dataset of raw batches for model {model.name!r}'s preprocessor: "
-                    f"leave {what} out (batch the dataset, and put targets and weights in its elements)"
-                )
-        batches = x
-    elif kind(x) in ("pydataset", "generator"):
-        raise Refused(
-            "raw-generator",
-            f"{WHERE}: {name} is a {type(x).__name__}, and model {model.name!r} preprocesses its inputs in fit: pass "
-            f"arrays or lists of raw examples, or a tf.data.Dataset of raw batches",
-        )
-    elif x is None:
-        raise UserError(f"{WHERE}: {name} is missing: pass raw examples (a list or array) or a tf.data.Dataset")
-    else:
-        examples = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        try:
-            batches = tf.data.Dataset.from_tensor_slices(examples).batch(batch_size or ARRAY_BATCH_SIZE)
-        except (ValueError, TypeError) as err:
-            raise UserError(
-                f"{WHERE}: {name} cannot be cut into examples for model {model.name!r}'s preprocessor: "
-                f"{str(err).splitlines()[0]} (pass a list or array with one entry per example)"
-            ) from None
-    return batches.map(model.preprocess_samples, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
