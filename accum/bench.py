@@ -84,8 +84,10 @@ def bench(
     """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
+    from .backends import tensorflow_only
     from .from_config.build import load_data
 
+    tensorflow_only("accum-train bench")
     progress = progress or Progress()
     out_dir = Path(out_dir)
     check_output_dir(out_dir)

@@ -165,6 +165,9 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None) -> dic
 
     The config, the output directory and the data are checked before anything is written."""
     progress = progress or Progress()
+    from .backends import tensorflow_only
+
+    tensorflow_only("accum-train compare")
     if cfg.auto_subdivisions:
         raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): use --set subdivisions=K")
     out_dir = Path(out_dir)

@@ -156,7 +156,7 @@ class FitRun:
     convert = staticmethod(np.asarray)  # the arrays as they are, as they went to fit
 
     def __init__(self, run_dir: Path, record: dict):
-        self.run_dir, self.record = run_dir, record["fit"]
+        self.run_dir, self.record, self._backend = run_dir, record["fit"], record.get("backend", "tensorflow")
 
     def settings(self) -> dict:
         record = self.record
@@ -244,8 +244,45 @@ class FitRun:
         return Evaluated(len(rows), lambda: scores, None, {"batch_size": batch_size}, evaluated_on)
 
 
+class KerasConfigRun(FitRun):
+    """A run directory of 'accum-train run' on a backend other than TensorFlow: fit's (from_config/on_keras.py),
+    with the config it ran beside it, whose test split evaluate measures unless --data names an .npz. Its model
+    gives values, as model.predict does."""
+
+    door = "accum-train run"
+
+    def settings(self) -> dict:
+        return ConfigRun.settings(self)
+
+    def go_on(self) -> str:
+        return f"KERAS_BACKEND={self._backend} accum-train run --resume {self.run_dir}"
+
+    def test_source(self, overrides: Sequence[str], data_file: Path | None):
+        if data_file is not None and overrides:
+            raise ConfigError(f"--set {overrides[0]} changes the config's test data, which --data replaces: drop one")
+        if data_file is not None:
+            return super().test_source((), data_file)
+        return evaluation_config(self.run_dir, overrides)
+
+    def test(self, source) -> Evaluated:
+        """The config's test split (``source``: the config) scored by model.evaluate of the model compiled as it
+        trained, or an .npz's (a path) as fit's directory is."""
+        if isinstance(source, Path):
+            return super().test(source)
+        from .from_config.on_keras import test_split
+
+        examples, scores = test_split(source, self.run_dir, load_fit_run(self.run_dir, compile=True))
+        evaluated_on = {**dataclasses.asdict(source.data)}
+        return Evaluated(examples, scores, None, {"batch_size": self.record.get("batch_size")}, evaluated_on)
+
+
+def _fit_door(run_dir: Path, record: dict) -> FitRun:
+    """fit's reader, or for the CLI's run on JAX (config.yaml beside fit's files) its own."""
+    return (KerasConfigRun if (run_dir / "config.yaml").is_file() else FitRun)(run_dir, record)
+
+
 # The reader of each door, by the door run.json names.
-DOORS = {"config": ConfigRun, "fit": FitRun}
+DOORS = {"config": ConfigRun, "fit": _fit_door}
 
 
 def bare(model):

@@ -44,6 +44,9 @@ BUILT_IN_OBJECTIVE = {
 
 def plan(cfg: Config, data=None) -> dict:
     """The plan of a run of ``cfg``; ``data`` is loaded unless given."""
+    from .backends import tensorflow_only
+
+    tensorflow_only("accum-train plan")
     if data is None:
         from .from_config.build import load_data
 

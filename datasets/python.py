@@ -123,7 +123,11 @@ class StreamSplit:
         """The split in its own order (evaluation reads it front to back; ``order`` must be that order)."""
         if not np.array_equal(order, np.arange(len(order))) or len(order) != len(self):
             raise ValueError("a streamed split is read front to back, whole")
-        return self._batched(self.dataset(0), batch_size)
+        return self.epoch_batches(0, batch_size)
+
+    def epoch_batches(self, epoch: int, batch_size: int):
+        """Epoch ``epoch``'s examples in its order (shuffled for it), converted batch by batch."""
+        return self._batched(self.dataset(epoch), batch_size)
 
     def first(self, n: int):
         """The first ``n`` examples of epoch 0 as one batch (what memory probes and the gradient check use)."""

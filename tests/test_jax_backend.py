@@ -1124,18 +1124,3 @@ def test_a_generator_and_a_pydataset_train_on_jax_as_model_fit_without_tensorflo
 def test_a_built_in_net_is_refused_on_jax_in_one_line(without_tensorflow):
     message = "model.name=mlp is a TensorLayer net, which only TensorFlow runs: train it with KERAS_BACKEND=tensorflow"
     assert without_tensorflow["built-in net"] == message
-
-
-@pytest.mark.slow  # a process of its own, seconds
-def test_the_cli_on_jax_is_refused_in_one_line(tmp_path, repo_root):
-    """`KERAS_BACKEND=jax accum-train run configs/smoke.yaml` (the built-in seed_convnet): the CLI has no door on JAX
-    yet, and the first call it makes of the seam says so, exit 2, no traceback. The lines TensorFlow prints as it loads
-    may come first: the CLI's feed loads it, which Keras' quiet import does not on JAX."""
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    command = ["run", str(repo_root / "configs" / "smoke.yaml"), "--output-dir", str(tmp_path / "run"), "--quiet"]
-    done = subprocess.run(
-        [sys.executable, "-m", "accum_train.cli.main", *command], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert (done.returncode, done.stdout, "Traceback" in done.stderr) == (2, "", False)
-    assert done.stderr.splitlines()[-1] == f"error: accum-train's 'has_gpu' {LATER}"
-    assert not (tmp_path / "run").exists()

@@ -123,3 +123,14 @@ def active() -> Backend:
             f"set KERAS_BACKEND to one of {', '.join(BACKENDS)}"
         )
     return importlib.import_module(f".{name}.backend", __name__)
+
+
+def tensorflow_only(command: str) -> None:
+    """Refuse ``command`` (its words, e.g. "accum-train compare") in one line where Keras runs on another backend:
+    plan, compare and bench measure TensorFlow's engine (``run`` and the readers take either backend)."""
+    name = active().NAME
+    if name != "tensorflow":
+        raise UserError(
+            f"{command} works on TensorFlow's engine only, and Keras runs on {name} (KERAS_BACKEND): run it with "
+            f"KERAS_BACKEND=tensorflow"
+        )

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..config import as_config, with_overrides
 from ..errors import UserError
 from ..progress import Progress
+from ..trainer.store.rundir import check_backend, read_record
 from .source import default_output_dir, model_source, names_strategy, resume_config
 
 
@@ -61,6 +62,8 @@ def run(
                 "a resumed run stays in its own directory; drop --output-dir"
             )
         cfg, run_dir = resume_config(resume, config, overrides), Path(resume)
+        if not workers:  # its checkpoints are read by the backend that wrote them (workers: TensorFlow's only)
+            check_backend(read_record(run_dir), f"--resume {run_dir}", "resume it with KERAS_BACKEND={backend}")
         if workers and not names_strategy(config, overrides) and cfg.strategy.name != "multi_worker":
             # the run goes on over workers, whatever the strategy it ran under before
             cfg = with_overrides(cfg, {"strategy.name": "multi_worker", "strategy.cpu_devices": None}, "--workers")

@@ -40,7 +40,15 @@ from ..files import atomic_write, keras_bytes
 from ..trainer.store.checkpoints import checkpoint_numbers
 from ..trainer.store.lock import LOCK
 from ..trainer.store.metrics_log import update_figures
-from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_backend, check_place, read_record, write_record
+from ..trainer.store.rundir import (
+    CONFIG_FILES,
+    MODEL_COPY,
+    RunDirectory,
+    check_backend,
+    check_place,
+    read_record,
+    write_record,
+)
 
 
 def described_call(feed, k, seed, shuffle, steps, schedule=(), rule=None) -> dict:
@@ -132,7 +140,8 @@ class FitRunDir(RunDirectory):
         if path.exists() and not path.is_dir():
             raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
         check_place(path, "accum_train.fit: output_dir ")
-        if not path.is_dir() or not any(p.name != LOCK for p in path.iterdir()):
+        # the CLI's records alone: its run on JAX, begun (from_config/on_keras.py) before fit wrote anything
+        if not path.is_dir() or not any(p.name not in (LOCK, *CONFIG_FILES) for p in path.iterdir()):
             return
         record = read_record(path) or {}
         before = record.get("fit")

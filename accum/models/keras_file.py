@@ -206,6 +206,14 @@ def _without_softmax(layer):
 
 def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
     """The model in model.path, checked, its BatchNormalization layers made accumulating."""
+    loaded = checked_file(cfg, input_shape, num_classes)
+    last = _output_layer(loaded)
+    return accumulating_clone(loaded, cfg.path, last if not cfg.from_logits else None)
+
+
+def checked_file(cfg: ModelConfig, input_shape, num_classes: int) -> keras.Model:
+    """The model in model.path, loaded and checked against the images and classes it trains on, and against
+    model.from_logits."""
     loaded = load_keras_file(cfg.path)
     _check_interface(loaded, cfg.path, input_shape, num_classes)
     last = _output_layer(loaded)
@@ -222,7 +230,7 @@ def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
             f"ends in a softmax ({type(last).__name__} {last.name!r}), but model.from_logits=true (the default) "
             f"takes its outputs as logits: set model.from_logits=false (it then trains on the logits under it)",
         )
-    return accumulating_clone(loaded, cfg.path, last if not cfg.from_logits else None)
+    return loaded
 
 
 def accumulating_clone(loaded: keras.Model, path: str, softmax=None) -> KerasModel:

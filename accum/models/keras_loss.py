@@ -31,9 +31,20 @@ def keras_loss_model(path: str, element, seed: int, loss, metrics, compiled: dic
     loaded = load_keras_file(path)
     check_data(loaded, path, *element[:2])
     model = accumulating_clone(loaded, path)
+    try:
+        model.network.compile(**compile_arguments(model.network, loss, metrics, compiled))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"loss and metrics do not fit model.path={path}: {first_line(err)}") from None
+    model = set_precision(model, precision)
+    return model, keras_objective(model.network, element, path)
+
+
+def compile_arguments(network, loss, metrics, compiled: dict) -> dict:
+    """compile()'s loss, loss_weights, metrics and weighted_metrics for ``network``: the YAML's ``loss`` (each
+    output's taken on its logits where it gives them) and ``metrics``, else (None) the file's ``compiled``."""
     if loss is not None:
-        names = output_names(model.network)
-        logits = dict(zip(names, outputs_logits(model.network)))
+        names = output_names(network)
+        logits = dict(zip(names, outputs_logits(network)))
         loss, loss_weights = _on_logits(loss, names, logits), None
     else:
         loss, loss_weights = _from_file(compiled["loss"], keras.losses.get), compiled.get("loss_weights")
@@ -42,12 +53,7 @@ def keras_loss_model(path: str, element, seed: int, loss, metrics, compiled: dic
     else:
         metrics = _from_file(compiled.get("metrics"), _file_metric)
         weighted = _from_file(compiled.get("weighted_metrics"), _file_metric)
-    try:
-        model.network.compile(loss=loss, loss_weights=loss_weights, metrics=metrics, weighted_metrics=weighted)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"loss and metrics do not fit model.path={path}: {first_line(err)}") from None
-    model = set_precision(model, precision)
-    return model, keras_objective(model.network, element, path)
+    return dict(loss=loss, loss_weights=loss_weights, metrics=metrics, weighted_metrics=weighted)
 
 
 def keras_objective(network, element, path: str):
