@@ -245,7 +245,7 @@ class FitRun:
 
 
 class KerasConfigRun(FitRun):
-    """A run directory of 'accum-train run' on a backend other than TensorFlow: fit's (from_config/on_keras.py),
+    """A run directory of 'accum-train run' on a backend other than TensorFlow: fit's (accum/on_keras.py),
     with the config it ran beside it, whose test split evaluate measures unless --data names an .npz. Its model
     gives values, as model.predict does."""
 
@@ -269,7 +269,7 @@ class KerasConfigRun(FitRun):
         trained, or an .npz's (a path) as fit's directory is."""
         if isinstance(source, Path):
             return super().test(source)
-        from .from_config.on_keras import test_split
+        from .on_keras import test_split
 
         examples, scores = test_split(source, self.run_dir, load_fit_run(self.run_dir, compile=True))
         evaluated_on = {**dataclasses.asdict(source.data)}

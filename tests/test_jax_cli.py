@@ -1,5 +1,5 @@
 """`KERAS_BACKEND=jax accum-train run` (issue 76, item 8): a config of a keras_file model on npz and factory data,
-trained through accum_train.fit's JAX door (from_config/on_keras.py), ends at the weights the same config reaches
+trained through accum_train.fit's JAX door (accum/on_keras.py), ends at the weights the same config reaches
 under TensorFlow, resumes with --resume, and is read by describe and evaluate. What only TensorFlow runs is refused
 in one line before anything is written. The JAX side runs in a process of its own: the backend is fixed per process."""
 
@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from helpers import max_difference
 
 pytest.importorskip("jax")
+pytestmark = pytest.mark.slow  # three runs under TensorFlow and a process of its own under JAX: about 17 s
 
 PIPELINE = """
 import numpy as np

@@ -198,6 +198,7 @@ COMMANDS = (
     "reload",
     "worker",
     "outcome",
+    "on_keras",  # the config's run on JAX: a config made one call of accum_train.fit, above both front ends
 )
 FRONT_ENDS = (f"{PACKAGE}.from_config", f"{PACKAGE}.keras_fit")
 

@@ -82,6 +82,12 @@ def run(
         # whether the workers' data check takes targets for a Keras loss; a resume reads its copy of the model file
         task = model_source(cfg, run_dir if resume is not None else None).keras_loss
         return launch_workers(cfg, run_dir, resume is not None, workers, progress.message, max_restarts or 0, task)
+    from ..backends import active
+
+    if active().NAME != "tensorflow":  # the config as one call of accum_train.fit, whose door runs on the backend
+        from ..on_keras import train as train_with_fit
+
+        return train_with_fit(cfg, run_dir, progress, resume is not None)
     from .run import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)

@@ -37,11 +37,6 @@ def train(
     from .build import build_run, load_data
     from .startup import configure
 
-    if active().NAME != "tensorflow":  # the config as one call of accum_train.fit, whose door runs on the backend
-        from .on_keras import train as train_with_fit
-
-        return train_with_fit(cfg, Path(run_dir), progress or Progress(), resume)
-
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
     if strategy is None and cfg.strategy.name != "default":
         strategy = active().make_strategy(cfg.strategy.name, cfg.strategy.cpu_devices)  # before any other op

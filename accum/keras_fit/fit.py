@@ -1,5 +1,6 @@
-"""``accum_train.fit``: ``model.fit`` with exact gradient accumulation, for any Keras 3 model, loss and data. This is
-its door, which imports no TensorFlow: on Keras' JAX backend ``fit`` runs where TensorFlow is not installed.
+"""``accum_train.fit``: ``model.fit`` with exact gradient accumulation, for Keras 3 models, losses and data under
+docs/limitations.md's conditions. This is its door, which imports no TensorFlow: on Keras' JAX backend ``fit`` runs
+where TensorFlow is not installed.
 
 A compiled model trains with what ``compile()`` gave it (its loss, per output with ``loss_weights``, its optimizer
 object with its schedule and clipping, its metrics); an uncompiled one with sparse categorical cross-entropy and the

@@ -140,7 +140,7 @@ class FitRunDir(RunDirectory):
         if path.exists() and not path.is_dir():
             raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
         check_place(path, "accum_train.fit: output_dir ")
-        # the CLI's records alone: its run on JAX, begun (from_config/on_keras.py) before fit wrote anything
+        # the CLI's records alone: its run on JAX, begun (accum/on_keras.py) before fit wrote anything
         if not path.is_dir() or not any(p.name not in (LOCK, *CONFIG_FILES) for p in path.iterdir()):
             return
         record = read_record(path) or {}

@@ -276,7 +276,7 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
     written by accum_train.fit is refused: only that call has the model's code and data to go on with it (the
     readers' one loader, accum/loader.py, tells it apart first: ``read_record``)."""
     path, lead = Path(path), f"{flag} " if flag else ""
-    # a run of the CLI on JAX is fit's directory with the config beside it (from_config/on_keras.py)
+    # a run of the CLI on JAX is fit's directory with the config beside it (accum/on_keras.py)
     if (read_record(path) or {}).get("door") == "fit" and not (path / "config.yaml").is_file():
         raise RunDirError(
             f"{lead}{path} was written by accum_train.fit: continue it by calling "
@@ -365,6 +365,6 @@ def save_weights(named_weights: dict, path: Path) -> None:
 # rebuild the model from it (the checkpoint holds the weights), so the run does
 # not depend on model.path staying where it was, or on the call returning.
 MODEL_COPY = "initial_model.keras"
-# what the CLI's run on a backend other than TensorFlow keeps beside fit's files (from_config/on_keras.py): its config,
+# what the CLI's run on a backend other than TensorFlow keeps beside fit's files (accum/on_keras.py): its config,
 # its data's description and the model file it began from, written before fit writes anything
 CONFIG_FILES = ("config.yaml", "data.json", "model_file.keras")

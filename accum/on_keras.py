@@ -1,5 +1,6 @@
 """The CLI's run of a config where Keras runs on a backend other than TensorFlow (JAX): the config turned into one
-call of ``accum_train.fit``, whose door trains on that backend (keras_fit/fit.py), and nothing more.
+call of ``accum_train.fit``, whose door trains on that backend (keras_fit/fit.py), and nothing more. It sits above
+both front ends, as a command does: the config's door (from_config/api.py) hands a run to it on JAX.
 
 What the config names is read as on TensorFlow (the model file, the data, the optimizer and its schedule); the
 model is compiled with the YAML's loss and metrics (or its file's, or cross-entropy on class labels) and fit
@@ -20,16 +21,16 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from ..config import Config
-from ..errors import ConfigError, DataError
-from ..files import atomic_write
-from ..progress import Progress
-from ..trainer.data.batching import as_data, eval_batch_size
-from ..trainer.data.order import describe_split
-from ..trainer.data.timeline import Timeline
-from ..trainer.store.rundir import CONFIG_FILES, check_output_dir, write_json
-from .optim import make_optimizer, run_schedule
-from .source import ModelSource, compile_config
+from .config import Config
+from .errors import ConfigError, DataError
+from .files import atomic_write
+from .from_config.optim import make_optimizer, run_schedule
+from .from_config.source import ModelSource, compile_config
+from .progress import Progress
+from .trainer.data.batching import as_data, eval_batch_size
+from .trainer.data.order import describe_split
+from .trainer.data.timeline import Timeline
+from .trainer.store.rundir import CONFIG_FILES, check_output_dir, write_json
 
 # config.yaml, then what the run trains on (its Dataset's describe(): a resume loads the data as it was) and the
 # model file it began from (a resume builds and compiles the model from it again)
@@ -39,8 +40,8 @@ _, DATA_RECORD, MODEL_FILE = CONFIG_FILES
 def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     """Train ``cfg`` in ``run_dir`` through accum_train.fit on the backend Keras runs on; summary.json's content,
     with the test scores. ``resume``: continue ``run_dir`` from its newest checkpoint."""
-    from ..backends import active
-    from .build import load_data
+    from .backends import active
+    from .from_config.build import load_data
 
     backend = active().NAME
     refuse(cfg, backend)
@@ -57,7 +58,7 @@ def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     if not (run_dir / MODEL_FILE).is_file():
         atomic_write(run_dir / MODEL_FILE, Path(source.config.path).read_bytes())
 
-    from ..keras_fit.fit import fit
+    from .keras_fit.fit import fit
 
     k = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)
     if cfg.micro_batch_size is None and not cfg.auto_subdivisions:
@@ -133,7 +134,7 @@ def refuse(cfg: Config, backend: str) -> None:
 def _source(cfg: Config, run_dir: Path | None) -> ModelSource:
     """The model a run builds and whether it trains with a Keras loss: on a resume, the run directory's copy of the
     model file and the task its data.json recorded."""
-    from .source import model_source
+    from .from_config.source import model_source
 
     if run_dir is None or not (run_dir / MODEL_FILE).is_file():
         return model_source(cfg)
@@ -147,13 +148,13 @@ def compiled(cfg: Config, data, source: ModelSource):
     """The model file loaded and checked for ``data``, compiled as the config says: its optimizer (the schedule's
     rate at each update, optimizer.clip_norm as a global norm), and the YAML's loss and metrics, the file's, or
     cross-entropy on class labels with accuracy."""
-    from ..models.keras_file import checked_file
-    from ..models.keras_loss import compile_arguments
+    from .models.keras_file import checked_file
+    from .models.keras_loss import compile_arguments
 
     keras.utils.set_random_seed(cfg.seed)
     path = source.config.path
     if source.keras_loss:
-        from ..models.keras_file import check_data, load_keras_file
+        from .models.keras_file import check_data, load_keras_file
 
         model = load_keras_file(path)
         check_data(model, path, *as_data(data.signature())[:2])
@@ -225,7 +226,7 @@ def _scorer(model, split, batch_size: int):
 def test_split(cfg: Config, run_dir: Path, model) -> tuple:
     """(its examples, its scores) of the test split ``cfg`` names, for ``model`` of the run in ``run_dir`` (the
     readers' evaluate); refused in one line where it is empty."""
-    from .build import load_data
+    from .from_config.build import load_data
 
     split = load_data(cfg, run_dir, _source(cfg, run_dir)).test
     if not len(split):
