@@ -101,10 +101,16 @@ def training(part, name, args, n):
     return model, lambda: model.fit(x, y, sample_weight=w, batch_size=size, epochs=1, shuffle=False, verbose=0)
 
 
+def iterations(model) -> int:
+    import keras
+
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 def serve(part, name, args):
     """A timing child: one untimed round, then one timed round per "go"."""
     model, run = training(part, name, args, args.updates * args.k * args.micro)
-    updates = lambda: int(model.optimizer.iterations.numpy())  # noqa: E731
+    updates = lambda: iterations(model)  # noqa: E731
     started = time.perf_counter()
     run()
     print(json.dumps({"ready": True, "warmup_wall_s": time.perf_counter() - started, "updates": updates()}), flush=True)
@@ -131,7 +137,7 @@ def peak(part, name, args):
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = status_kib("VmRSS")
     run()
-    if int(model.optimizer.iterations.numpy()) != 2:
+    if iterations(model) != 2:
         raise RuntimeError(f"{name}: not 2 updates")
     print(json.dumps({"peak_added_bytes": 1024 * (status_kib("VmHWM") - before), "rss_before_bytes": 1024 * before}))
 

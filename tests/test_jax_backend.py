@@ -386,6 +386,14 @@ def tagger(loss):  # an Embedding with mask_zero feeding a per-token Dense: Kera
         return model
     return make
 
+def convnet():  # a Conv1D: on a CPU its micro-steps run unrolled, not in a lax.scan (engine.unrolled_here)
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((5, 1))
+    hidden = keras.layers.Flatten()(keras.layers.Conv1D(4, 3, padding="same", activation="tanh")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
+    model.compile(optimizer=adam()(), loss="mse")
+    return model
+
 class Averaged(door.KerasObjective):
     def parts(self, *args, **kwargs):
         sums, counts, held, extra = super().parts(*args, **kwargs)
@@ -404,6 +412,7 @@ MATRIX = {  # name: (model, x, y, fit's arguments, counterfactual: "averaged" or
     "class_weight": (net(sce("mean_with_sample_weight"), head="b"), x, labels, by_class, "averaged"),
     "outputs": (net(two, head="both", loss_weights={"a": 0.3, "b": 2.0}), x, {"a": y, "b": labels},
                 {"sample_weight": weights}, "averaged"),
+    "convolution, unrolled": (convnet, x[..., None], y, {"sample_weight": weights}, "averaged"),
     "mask": (tagger(sce("sum_over_batch_size")), tokens, tags, {}, "averaged"),
     "mask mean_with_sample_weight": (tagger(sce("mean_with_sample_weight")), tokens, tags,
                                      {"sample_weight": token_weights}, "averaged"),
@@ -431,6 +440,8 @@ for name, (make, data, targets, given, counter) in MATRIX.items():
             if counter != "averaged":
                 without[counter] = model.get_weights()
             out[name].append(apart(model.get_weights(), keras_own.get_weights()))
+from accum_train.backends.jax.engine import unrolled_here
+out["unrolled"] = [unrolled_here(convnet()), unrolled_here(plain())]
 """
 
 
@@ -975,7 +986,7 @@ def test_an_update_accumulated_and_finished_in_two_calls_is_the_one_call_s_bits(
 
 
 # the quick suite's cases of the matrix (each also in the slow suite's run of all of them, with its counterfactual)
-QUICK_MATRIX = ("clipnorm", "class_weight", "outputs", "mask mean_with_sample_weight")
+QUICK_MATRIX = ("clipnorm", "class_weight", "outputs", "convolution, unrolled", "mask mean_with_sample_weight")
 MATRIX_CASES = [
     "clipnorm",
     "clipvalue",
@@ -984,9 +995,14 @@ MATRIX_CASES = [
     "sum",
     "class_weight",
     "outputs",
+    "convolution, unrolled",
     "mask",
     "mask mean_with_sample_weight",
 ]
+
+
+def test_a_model_with_convolutions_runs_its_micro_steps_unrolled_on_a_cpu_and_others_in_a_scan(cases):
+    assert cases["unrolled"] == [True, False]  # the convnet's case of the matrix is the unrolled path's oracle
 
 
 @pytest.mark.parametrize("case", QUICK_MATRIX)

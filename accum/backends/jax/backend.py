@@ -13,6 +13,7 @@ rather than training something else.
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import jax
@@ -194,13 +195,32 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
     k = spec.micro.k_for(nominal, replicas) or 1  # per device's share, as per replica; auto starts at one
     if keras_private.compile_loss(model) is not None:  # its loss, metrics and optimizer built, as model.fit builds
         keras_private.symbolic_build(model, first)
-    objective = KerasObjective(model, WHERE, steps=feed.steps)
+    devices = mesh(WHERE)
+    key = (
+        id(model.optimizer),
+        id(keras_private.compile_loss(model)),
+        id(keras_private.compile_metrics(model)),
+        tuple(id(v) for v in model.trainable_variables),  # a trainable flag changed: another variable list
+        feed.steps,  # trim_padding's uncut length, which the loss may divide by
+        spec.micro.auto,  # a retried update keeps its state: nothing donated
+        given["precision"],
+        None if devices is None else (devices.devices.shape, tuple(d.id for d in devices.devices.flat)),
+    )
+    built = _ENGINES.get(model, {}).get(key)
+    if built is None:  # built once, then reused with its compiled updates by later calls, as Keras reuses its
+        # train function: a call compiles only the shapes it has not run yet
+        objective = KerasObjective(model, WHERE, steps=feed.steps)
+        metrics = KerasMetrics(model)
+        engine = accumulator_for(
+            model, objective, model.optimizer, subdivisions=k, metrics=metrics, retried=spec.micro.auto
+        )
+        _ENGINES[model] = {key: (objective, metrics, engine)}
+    else:
+        objective, metrics, engine = built
+        engine.set_subdivisions(k)
+        engine.begin()
     if trim:  # refused in one line where the cut would change the update
         check_trim(objective, first, -(-nominal // (k * replicas)), WHERE)
-    metrics = KerasMetrics(model)
-    engine = accumulator_for(
-        model, objective, model.optimizer, subdivisions=k, metrics=metrics, retried=spec.micro.auto
-    )
     validation = evaluation = None
     if validation_data is not None:
         validation = _validation(validation_data, given["validation_batch_size"] or feed.batch_size or nominal, trim)
@@ -211,6 +231,11 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
     return SimpleNamespace(
         feed=feed, validation=validation, engine=engine, evaluation=evaluation, cut=cut, nominal=nominal
     )
+
+
+# model -> {what its engine was built for: (objective, metrics, accumulator)}; one entry per model, replaced when
+# anything changes (keras_fit/train.py keeps TensorFlow's alike)
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed, trim: int):

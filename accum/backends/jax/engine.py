@@ -2,16 +2,16 @@
 its train_step (keras/src/backend/jax/trainer.py): ``stateless_call`` for each micro-step's forward pass,
 ``optimizer.stateless_apply`` once for the update, the new state written back to the Keras variables after it.
 
-A batch of ``n`` examples is cut into ``k`` contiguous micro-batches whose sizes differ by at most one
-(batching.py, as on TensorFlow). ``lax.scan`` runs the micro-steps inside the update's one jitted call, so the
-micro-batches are stacked on a leading axis of ``k``: each padded to the largest, its padding marked invalid
-(objective.py counts it nowhere). The objective gives a micro-batch's loss sums ``S`` and normalisers ``D``, one
-per normaliser group; each micro-step adds the gradient of each group's ``S``, divided by ``n`` (the magnitude of
-a batch mean), to that group's float32 cache (one backward pass per group: a group's ``D`` is known only once the
-whole batch is seen), and the ``D`` to the totals. Once per update each group's cache is multiplied by ``n / D``
-(a ``D`` of 0 read as 1, as objective.py says), the groups added, and the optimizer applied once: its clipping,
-its learning-rate schedule and its step count see the whole batch's gradient, once. An update whose gradient is
-not finite is skipped, as accum_train.fit skips it on TensorFlow (state kept, the optimizer's step count too).
+A batch of ``n`` examples is cut into ``k`` contiguous micro-batches whose sizes differ by at most one (batching.py, as
+on TensorFlow). ``lax.scan`` runs the micro-steps inside the update's one jitted call (unrolled where that measures
+faster: ``unrolled_here``), so the micro-batches are stacked on a leading axis of ``k``: each padded to the largest, its
+padding marked invalid (objective.py counts it nowhere). The objective gives a micro-batch's loss sums ``S`` and
+normalisers ``D``, one per normaliser group; each micro-step adds the gradient of each group's ``S``, divided by ``n``
+(the magnitude of a batch mean), to that group's float32 cache (one backward pass per group: a group's ``D`` is known
+only once the whole batch is seen), and the ``D`` to the totals. Once per update each group's cache is multiplied by ``n
+/ D`` (a ``D`` of 0 read as 1, as objective.py says), the groups added, and the optimizer applied once: its clipping,
+its learning-rate schedule and its step count see the whole batch's gradient, once. An update whose gradient is not
+finite is skipped, as accum_train.fit skips it on TensorFlow (state kept, the optimizer's step count too).
 
 ``accumulate``/``finish`` are the same pieces called apart (one jitted micro-step into the cache, one jitted
 apply); ``update_from`` pulls an update's micro-batches from an iterator of ``(x, y, sample_weight)``.
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from ... import keras_private
 from ...trainer.noise import terms_size
 from . import noise
 from .checkpoints import Counter
@@ -62,6 +63,16 @@ def stacked(micro_batches: list):
     return (*data, valid)
 
 
+def unrolled_here(model) -> bool:
+    """Whether an update runs its micro-steps unrolled rather than in a ``lax.scan``: for a model with convolutions on
+    a CPU, where XLA runs a convolution inside a loop's body many times slower than outside one (jax-ml/jax#12868;
+    measured here on the README's convnet, benchmarks/peers_jax.py). Unrolled, XLA's CPU scheduler keeps more than one
+    micro-batch's activations live, which a CPU's memory, the machine's, can afford; a GPU keeps the scan's bound."""
+    if jax.default_backend() != "cpu":
+        return False
+    return any("Conv" in type(layer).__name__ for layer in keras_private.all_layers(model))
+
+
 class Accumulator:
     """``objective`` (objective.py) trained by ``optimizer`` over ``subdivisions`` micro-batches per update, on one
     device: the ``Engine`` of accum/backends/__init__.py."""
@@ -75,16 +86,16 @@ class Accumulator:
         self.donated = {} if retried else DONATED
         # evaluation.KerasMetrics: model.fit's logs after each update (None: no logs, the record alone)
         self.metrics, self.strategy = metrics, None
-        # updates skipped in a row and in all: not read back unless max_bad_steps, a summary or a checkpoint asks
-        self._bad, self._skipped = jnp.zeros((), "int32"), jnp.zeros((), "int32")
         optimizer.build(model.trainable_variables)
         # a LossScaleOptimizer's (mixed_float16) dynamic scale, which each micro-step's loss is multiplied by so that
         # float16 gradients do not underflow; its stateless_apply unscales the summed gradient and moves the scale
         scale = getattr(optimizer, "dynamic_scale", None)
         self.scale_at = next((i for i, v in enumerate(optimizer.variables) if v is scale), None)
         self._k = int(subdivisions)
+        self.unrolled = unrolled_here(model)
         self.retrace()
-        self.reset()
+        # updates skipped in a row and in all: not read back unless max_bad_steps, a summary or a checkpoint asks
+        self.begin()
 
     @property
     def k(self) -> int:
@@ -127,6 +138,11 @@ class Accumulator:
 
     def largest_over_workers(self, value: int) -> int:
         return value
+
+    def begin(self) -> None:
+        """A later call of fit on this accumulator: its counters from zero, nothing accumulated."""
+        self._bad, self._skipped = jnp.zeros((), "int32"), jnp.zeros((), "int32")
+        self.reset()
 
     def reset(self) -> None:
         """The cache and totals cleared: nothing accumulated (created at the first micro-batch, which tells the
@@ -210,8 +226,13 @@ class Accumulator:
         def step(carry, batch):
             return self._micro_fn(trainable, *carry, batch, n, self._scale(optimizer_values)), None
 
-        start = self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches))
-        (moved, cache, totals), _ = jax.lax.scan(step, (self.spread(held), *start), batches)
+        carry = (self.spread(held), *self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches)))
+        if self.unrolled:  # one micro-step after another in the function itself (``unrolled_here``)
+            for i in range(jax.tree.leaves(batches)[0].shape[0]):
+                carry = step(carry, jax.tree.map(lambda a, i=i: a[i], batches))[0]
+        else:  # XLA reuses the loop body's buffers: the update holds one micro-batch's activations
+            carry = jax.lax.scan(step, carry, batches)[0]
+        moved, cache, totals = carry
         cache, totals, moved = self.summed(cache, totals, moved, held)
         new, optimizer_new, loss, finite, measured = self._apply_fn(trainable, optimizer_values, cache, totals, n)
         return self._folded(moved, finite), new, optimizer_new, loss, finite, measured
