@@ -655,13 +655,12 @@ def tagger(reduction="sum_over_batch_size", metrics=None, masked=True, steps_apa
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss=loss, weighted_metrics=["accuracy"], metrics=metrics)
     return model
 
-shapes = set()
-real_stacked = jax_engine.stacked
-def seen(micro_batches):
-    stack = real_stacked(micro_batches)
-    shapes.add(stack[0].shape)
-    return stack
-jax_engine.stacked = seen
+shapes = set()  # the micro-steps' inputs as they were traced: one compile each
+real_micro = jax_engine.Accumulator._micro_fn
+def seen(self, trainable, held, cache, totals, batch, *rest):
+    shapes.add(batch[0].shape)
+    return real_micro(self, trainable, held, cache, totals, batch, *rest)
+jax_engine.Accumulator._micro_fn = seen
 fixed = dict(sample_weight=w, batch_size=10, epochs=2, shuffle=False, verbose=0)
 val = (tokens[::5], tags[::5], w[::5])
 for reduction in ("sum_over_batch_size", "mean_with_sample_weight", "every position"):
@@ -670,13 +669,13 @@ for reduction in ("sum_over_batch_size", "mean_with_sample_weight", "every posit
         ours, keras_own = make(), make()
         shapes.clear()
         got = accum_train.fit(ours, tokens, tags, subdivisions=2, trim_padding=multiple, validation_data=val, **fixed)
-        updates = sorted({shape for shape in shapes if shape[0] == 2})  # check_trim's single micro-batch apart
+        updates = sorted(shapes)
         want = keras_own.fit(tokens, tags, validation_data=val, **fixed)
         apart = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights()))
         logs = max(abs(got.history[k][-1] / want.history[k][-1] - 1) for k in want.history)
         out[f"{reduction} {multiple}"] = [apart, logs, [list(shape) for shape in updates]]
-jax_engine.stacked = real_stacked
-out["longest"] = [int(lengths[i]) for i in (9, 19, 29, 39)]  # each batch's
+jax_engine.Accumulator._micro_fn = real_micro
+out["longest"] = [int(lengths[i]) for i in range(4, 40, 5)]  # each micro-batch's: 5 of each batch of 10
 for name, model in (("unweighted metric", tagger(metrics=["accuracy"])), ("unmasked", tagger(masked=False))):
     try:
         accum_train.fit(model, tokens, tags, subdivisions=2, trim_padding=4, **fixed)
@@ -832,12 +831,13 @@ def trim_cases():
 def test_trim_padding_on_jax_is_model_fit_uncut_and_compiles_one_update_per_rounded_length(
     trim_cases, reduction, multiple
 ):
-    """Batches of 10 sequences in order of length: 2 micro-batches of 5 each, cut to the batch's longest rounded up
-    to the multiple; 4 batches give 4 shapes at a multiple of 1 and 3 at 8 (their longest: 7 to 24 steps)."""
+    """Batches of 10 sequences in order of length: 2 micro-batches of 5 each, each cut to its own longest rounded up
+    to the multiple, its micro-step compiled once per length: 8 micro-batches give 8 shapes at a multiple of 1 and
+    3 at 8 (their longest: 3 to 24 steps)."""
     apart, logs, shapes = trim_cases[f"{reduction} {multiple}"]
     assert apart < 1e-5 and logs < 1e-5
     rounded = sorted({-(-longest // multiple) * multiple for longest in trim_cases["longest"]})
-    assert shapes == [[2, 5, length] for length in rounded] and len(shapes) == {1: 4, 8: 3}[multiple]
+    assert shapes == [[5, length] for length in rounded] and len(shapes) == {1: 8, 8: 3}[multiple]
 
 
 @pytest.mark.slow

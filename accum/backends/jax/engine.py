@@ -261,13 +261,20 @@ class Accumulator:
         n = sum(len(keras.tree.flatten(part[0])[0]) for part in pulled)
         if n == 0:
             return {"examples": 0, "stop": stop}
-        batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
         trainable, held, optimizer_values = self._state()
-        batches, total = self.placed(batches, jnp.float32(n))
+        # micro-batches of several lengths (trim_padding cuts each to its own): ``_by_steps``
+        shapes = {tuple(np.shape(a)[1:] for a in keras.tree.flatten(part)) for part in pulled}
         try:
-            held, new, optimizer_new, loss, finite, measured = self._update(
-                trainable, held, optimizer_values, batches, total
-            )
+            if len(shapes) > 1:
+                held, new, optimizer_new, loss, finite, measured = self._by_steps(
+                    pulled, n, trainable, held, optimizer_values
+                )
+            else:
+                batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
+                batches, total = self.placed(batches, jnp.float32(n))
+                held, new, optimizer_new, loss, finite, measured = self._update(
+                    trainable, held, optimizer_values, batches, total
+                )
         except jax.errors.JaxRuntimeError as err:
             if "RESOURCE_EXHAUSTED" in str(err):
                 raise DeviceOutOfMemory(str(err).splitlines()[0]) from None
@@ -280,6 +287,19 @@ class Accumulator:
         if self.metrics is not None:
             out["logs"] = self.metrics.logged(out)
         return out
+
+    def _by_steps(self, pulled: list, n: int, trainable, held, optimizer_values):
+        """An update of micro-batches of several lengths on one device (trim_padding cuts each to its own): each
+        micro-step a jitted call of its own, compiled once per length, then the one apply; what ``_update`` gives."""
+        scale, total = self._scale(optimizer_values), jnp.float32(n)
+        cache = totals = None
+        for x, y, sample_weight in pulled:
+            batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))
+            if cache is None:
+                cache, totals = self._empty(trainable, held, batch)
+            held, cache, totals = self._micro(trainable, held, cache, totals, batch, total, scale)
+        new, optimizer_new, loss, finite, measured = self._apply(trainable, optimizer_values, cache, totals, total)
+        return self._folded(held, finite), new, optimizer_new, loss, finite, measured
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
         for _ in range(pulls):

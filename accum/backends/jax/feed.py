@@ -73,12 +73,34 @@ class ArrayBatches(Arrays):
         picked = [order[start:end] for start, end in zip(layout.starts, layout.ends)]
         if not self.trim:
             return _then_empty((rows(self.parts, indices) for indices in picked), self.parts, pad)
-        longest = {}  # update: its longest sequence
-        for update, indices in zip(layout.where[:, 0].tolist(), picked):
-            longest[update] = max(longest.get(update, 0), int(self.lengths[indices].max(initial=0)))
-        lengths = [cut_length(longest[update], self.trim, self.steps) for update in layout.where[:, 0].tolist()]
+        updates = layout.where[:, 0].tolist()
+        if cut.replicas == 1:  # each micro-batch of like sequences, cut to its own longest (by_length)
+            picked = by_length(picked, updates, self.lengths)
+            lengths = [cut_length(self.lengths[i].max(initial=0), self.trim, self.steps) for i in picked]
+        else:  # the devices' micro-batches stack into one array: one length for the update
+            longest = {}  # update: its longest sequence
+            for update, indices in zip(updates, picked):
+                longest[update] = max(longest.get(update, 0), int(self.lengths[indices].max(initial=0)))
+            lengths = [cut_length(longest[update], self.trim, self.steps) for update in updates]
         taken = (trimmed(rows(self.parts, i), self.timed, n) for i, n in zip(picked, lengths))
         return _then_empty(taken, trimmed(self.parts, self.timed, self.trim), pad)
+
+
+def by_length(picked: list, updates: list, lengths) -> list:
+    """``picked`` (each micro-batch's indices, of update ``updates[i]``) with each update's examples ordered by
+    length, shortest first, and dealt back into micro-batches of the same sizes: sequences of like length share a
+    micro-batch, which trim_padding then cuts short (the update, a sum over the whole batch, is the same)."""
+    out, start = [], 0
+    while start < len(picked):
+        end = start
+        while end < len(picked) and updates[end] == updates[start]:
+            end += 1
+        together = np.concatenate(picked[start:end])
+        together = together[np.argsort(lengths[together], kind="stable")]
+        bounds = np.cumsum([0, *(len(i) for i in picked[start:end])])
+        out += [together[a:b] for a, b in itertools.pairwise(bounds)]
+        start = end
+    return out
 
 
 class StreamBatches:
