@@ -337,7 +337,10 @@ def regression_example(repo_root):
     body = text.split("<!-- sh example: regression -->\n```sh\n", 1)[1].split("```", 1)[0]
     commands = [line.split("#", 1)[0].strip() for line in body.splitlines() if line.strip()]
     docs = (repo_root / "docs" / "results" / "keras-loss.md").read_text().split("## The regression example", 1)[1]
-    loss, mae = (float(v) for v in re.search(r"test loss\s+([0-9.]+).*?test mae\s+([0-9.]+)", docs, re.S).groups())
+    loss, mae = (
+        float(v)
+        for v in re.search(r"\| test loss[^|]*\| ([0-9.]+) \|.*?\| test mae \| ([0-9.]+) \|", docs, re.S).groups()
+    )
     return commands, loss, mae
 
 

@@ -330,9 +330,8 @@ def test_the_readme_is_short(repo_root):
 
 
 def test_the_guide_pages_name_no_commit(repo_root):
-    """The README and docs/*.md say what holds now: a commit goes with its measured figure under docs/results/,
-    or with its history in docs/results/history.md. A commit is a word of 7 to 40 hex digits with a letter and a
-    digit."""
+    """The README and docs/*.md say what holds now: a commit goes with its measured table under docs/results/ (and
+    what changed when, in CHANGELOG.md). A commit is a word of 7 to 40 hex digits with a letter and a digit."""
     import re
 
     named = []
