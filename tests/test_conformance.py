@@ -508,9 +508,9 @@ def checkpoint_files(keywords, model, directory):
 
 
 def csv_rows(keywords, model, directory):
-    """CSVLogger's file read back, as columns (noise_scale, accum_train.fit's extra column, left out)."""
+    """CSVLogger's file read back, as columns (the noise scale, an update's estimate, is none of them)."""
     rows = list(csv.DictReader(io.StringIO((directory / "log.csv").read_text())))
-    return {f"csv {name}": [float(row[name]) for row in rows] for name in rows[0] if name != "noise_scale"}
+    return {f"csv {name}": [float(row[name]) for row in rows] for name in rows[0]}
 
 
 def tensorboard_scalars(keywords, model, directory):

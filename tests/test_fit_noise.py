@@ -218,3 +218,21 @@ def test_a_model_that_loops_over_time_is_traced_for_its_micro_batch_size(monkeyp
     x = np.random.default_rng(6).normal(size=(N, 5, 3)).astype(np.float32)
     accum_train.fit(model, x, x[:, 0, :1], batch_size=batch_size, subdivisions=2, verbose=0)
     assert sorted(set(seen)) == expected  # the sizes of the traces made
+
+
+def test_the_noise_scale_stays_out_of_the_epoch_logs_so_csvlogger_writes_model_fit_s_columns(tmp_path):
+    """Issue 77: Keras' CSVLogger, given a first epoch's logs without val_ keys, adds val_<key> for every key, and
+    the noise scale among them made an empty val_noise_scale column. The epoch's logs are model.fit's; History and
+    each update's logs keep the noise scale."""
+    x, y = regression(np.random.default_rng(1))
+    headers = []
+    for name, train in (("ours", lambda m, c: accum_train.fit(m, x, y, batch_size=BATCH, subdivisions=2, verbose=0,
+                                                               callbacks=c)),
+                        ("keras", lambda m, c: m.fit(x, y, batch_size=BATCH, verbose=0, callbacks=c))):  # fmt: skip
+        path = tmp_path / f"{name}.csv"
+        history = train(linear(metrics=["mae"]), [keras.callbacks.CSVLogger(str(path))])
+        headers.append(path.read_text().splitlines()[0])
+    assert headers[0] == headers[1] == "epoch,loss,mae,val_loss,val_mae"
+    assert len(history.history["loss"]) == 1 and "noise_scale" not in history.history  # Keras' own History
+    ours = accum_train.fit(linear(), x, y, batch_size=BATCH, subdivisions=2, epochs=2, verbose=0)
+    assert len(ours.history["noise_scale"]) == 2 and all(np.isfinite(ours.history["noise_scale"]))

@@ -202,6 +202,9 @@ class FitHooks:
 
     def epoch_end(self, epoch: int, step: int) -> None:
         epoch_logs = dict(self.logs)
+        # the noise scale is an update's estimate, with no validation twin: kept out of the epoch's logs, where
+        # Keras' CSVLogger would add an empty val_noise_scale column; History (FitHistory) and metrics.jsonl keep it
+        noise = {"noise_scale": epoch_logs.pop("noise_scale")} if "noise_scale" in epoch_logs else {}
         if self.validation is not None and _due(epoch, self.validation_freq):
             val_logs = self.evaluate(self.callbacks, self.validation_steps)
             epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
@@ -211,7 +214,7 @@ class FitHooks:
             self.feed.end_of_epoch()
         self._follow_noise(epoch)
         if self.checkpoints is not None:
-            self.checkpoints.after_epoch(epoch, epoch_logs)
+            self.checkpoints.after_epoch(epoch, {**epoch_logs, **noise})
 
     def evaluate(self, callbacks, validation_steps) -> dict:
         """The validation data's loss and metrics, exact over all of it (one all-reduce at the end)."""

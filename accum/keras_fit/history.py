@@ -17,10 +17,17 @@ class FitHistory(keras.callbacks.History, Mapping):
     earlier = ()
 
     def on_train_begin(self, logs=None):
-        self.epoch, self.history = [], {}
+        self.epoch, self.history, self.noise = [], {}, {}
         for epoch, epoch_logs in self.earlier:
-            self.on_epoch_end(epoch, epoch_logs)
+            super().on_epoch_end(epoch, epoch_logs)
         self.model.history = self
+
+    def on_train_batch_end(self, batch, logs=None):
+        # the last update's noise scale, which the epoch's logs leave out (fit_hooks.FitHooks.epoch_end)
+        self.noise = {"noise_scale": logs["noise_scale"]} if logs and "noise_scale" in logs else {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, {**(logs or {}), **self.noise})
 
     def __getitem__(self, key):
         return self.history[key]
