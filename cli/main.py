@@ -23,6 +23,7 @@ import click
 from ..config import load_config
 from ..defaults import PRECISIONS
 from ..errors import UserError
+from ..from_config.api import resumed
 from ..from_config.source import default_output_dir
 from ..outcome import EpochLines, ending, last_line
 from ..quiet import quiet_tensorflow
@@ -153,6 +154,11 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts,
     accum-train run --resume runs/smoke
     accum-train run configs/smoke.yaml --workers 2 --max-restarts 3
     """
+    with ending():  # a config's or a run directory's error in under a second: before TensorFlow loads
+        if resume_dir is not None:
+            resumed(resume_dir, config, overrides)
+        elif config is not None:
+            load_config(config, overrides)
     quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
     from ..from_config.api import run as run_api
 

@@ -16,6 +16,9 @@ This module imports no backend: ``active()`` imports the one in use when it is f
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -110,6 +113,22 @@ class Backend(Protocol):
     def outputs_in_batches(self, forward: Callable, x, batch_size: int) -> Any: ...  # inference, float32 numpy
     def gradients(self, loss: Callable[[], Any], variables: list) -> list: ...  # None where loss() does not reach
     def batch_spec(self, arrays) -> Any: ...  # a batch of any size of these, as fit's checks and Keras' build read
+
+
+def configured() -> str:
+    """keras.config.backend()'s name without importing Keras where it is not loaded yet (its import loads the backend:
+    seconds, where a run directory's check needs none): KERAS_BACKEND, else the "backend" of keras.json in
+    KERAS_HOME (default ~/.keras), else tensorflow, the order Keras reads them in."""
+    if "keras" in sys.modules:
+        return sys.modules["keras"].config.backend()
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as handle:
+            return json.load(handle).get("backend", "tensorflow")
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
 
 
 def active() -> Backend:

@@ -61,9 +61,7 @@ def run(
                 "--output-dir and --resume name different directories: "
                 "a resumed run stays in its own directory; drop --output-dir"
             )
-        cfg, run_dir = resume_config(resume, config, overrides), Path(resume)
-        if not workers:  # its checkpoints are read by the backend that wrote them (workers: TensorFlow's only)
-            check_backend(read_record(run_dir), f"--resume {run_dir}", "resume it with KERAS_BACKEND={backend}")
+        cfg, run_dir = resumed(resume, config, overrides), Path(resume)
         if workers and not names_strategy(config, overrides) and cfg.strategy.name != "multi_worker":
             # the run goes on over workers, whatever the strategy it ran under before
             cfg = with_overrides(cfg, {"strategy.name": "multi_worker", "strategy.cpu_devices": None}, "--workers")
@@ -91,3 +89,12 @@ def run(
     from .run import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)
+
+
+def resumed(run_dir, config=None, overrides=()):
+    """The config to resume ``run_dir`` with (source.resume_config), refused in one line where the directory was
+    written on another Keras backend: its checkpoints are read by the backend that wrote them. Nothing here imports
+    TensorFlow (the CLI checks a resume with it before TensorFlow loads)."""
+    cfg = resume_config(run_dir, config, overrides)
+    check_backend(read_record(Path(run_dir)), f"--resume {run_dir}", "resume it with KERAS_BACKEND={backend}")
+    return cfg

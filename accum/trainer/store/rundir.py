@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...backends import active
+from ...backends import active, configured
 from ...errors import Interrupted, RunDirError
 from ...files import atomic_write, strict_json
 from .checkpoints import checkpoint_numbers, latest_intact
@@ -232,10 +232,10 @@ def check_backend(record: dict | None, path: Path, how: str) -> None:
     """A run directory written on another Keras backend than the one running (run.json's ``backend``; none before
     JAX: TensorFlow) refused in one line: each backend writes its own checkpoints. ``how``: what to do, after "with
     KERAS_BACKEND=<its backend>"."""
-    written = (record or {}).get("backend", "tensorflow")
-    if written != active().NAME:
+    written, running = (record or {}).get("backend", "tensorflow"), configured()  # Keras not imported for it
+    if written != running:
         raise RunDirError(
-            f"{path} was written on Keras' {written} backend, whose checkpoints the {active().NAME} backend does not "
+            f"{path} was written on Keras' {written} backend, whose checkpoints the {running} backend does not "
             f"read: {how.format(backend=written)}"
         )
 
