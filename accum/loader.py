@@ -5,8 +5,9 @@ rundir.read_record) and returns for the door it names one object with the same i
 run is (``door``, ``settings()``, ``go_on()``: what describe prints), its model with the newest intact checkpoint's
 weights (``model``, loaded when first used; ``keras_model()``, the plain Keras model export writes), what predict
 reads and gives (``class_names`` and ``input_shape`` of a classifier, else ``input_spec()``, ``convert``,
-``outputs()`` and ``output_names()``), and what evaluate measures (``test_source()`` checks --set and --data as the
-door takes them: its config's test data, or the .npz of --data where the directory keeps no data;
+``outputs()`` and ``output_names()``; a KerasHub task's ``preprocessor`` and ``raw_inputs()`` of raw text), and
+what evaluate measures (``test_source()`` checks --set and --data as the door takes them: its config's test data,
+or the .npz, .txt or .jsonl of --data where the directory keeps no data;
 ``test()`` loads it and the model that scores it, as an ``Evaluated``). What differs between the doors is here,
 as the two classes' data and methods, and nowhere in the readers. Reading the records needs no TensorFlow:
 describe answers at once, also while a run trains.
@@ -159,6 +160,7 @@ class FitRun:
     export_name = "export.keras"
     class_names = None
     input_shape = None
+    preprocessor = None  # a KerasHub task's, kept aside as ``model`` loads: it reads raw text (raw_text)
     convert = staticmethod(np.asarray)  # the arrays as they are, as they went to fit
 
     def __init__(self, run_dir: Path, record: dict):
@@ -179,7 +181,7 @@ class FitRun:
     @functools.cached_property
     def model(self):
         model = load_fit_run(self.run_dir, compile=False)
-        self.preprocessor = getattr(model, "preprocessor", None)  # what reads raw text (raw_text), kept aside
+        self.preprocessor = getattr(model, "preprocessor", None)
         return bare(model)
 
     def raw_inputs(self, files: Sequence[Path]) -> tuple:
