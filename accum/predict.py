@@ -12,7 +12,10 @@ A model of values (a run trained with a Keras loss, a run directory of accum_tra
 ``class_names`` is None) gives its outputs instead, for .npz files whose ``x`` (or ``x_<input name>`` per input)
 holds examples of the shapes and dtypes it takes (the loader's ``input_spec()``), converted as the loader says
 (``convert``: as training converted them, or as they are where they went to model.fit as they are). A KerasHub
-task's preprocessor is left out: the arrays are what it made of raw data (token_ids, padding_mask, ...).
+task's preprocessor is left out: the arrays are what it made of raw data (token_ids, padding_mask, ...). Raw
+.txt and .jsonl files of a KerasHub task go through that preprocessor instead (accum/raw_text.py). A sequence
+output [rows, steps, classes] (a causal LM's logits) is given per position: the most probable class (a token,
+decoded by the task's tokenizer where it has one) and its probability.
 """
 
 from __future__ import annotations

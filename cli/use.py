@@ -5,7 +5,8 @@ batch, the updates, the learning rate, warnings); ``evaluate`` measures a
 trained run on its test data and draws its confusion matrix; ``predict``
 gives class probabilities for image or .npz files. Both read a run directory
 of accum_train.fit(output_dir=...) too: evaluate on the arrays of ``--data``,
-predict the model's outputs. The work is in the core
+predict the model's outputs (per position for a sequence), and for a KerasHub
+task raw .txt or .jsonl text through its own preprocessor. The work is in the core
 (accum_train.plan, .evaluate, .predict); this module parses flags and
 formats the results. Errors follow the rest of the tool: one line, exit 2.
 """
