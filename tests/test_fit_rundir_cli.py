@@ -279,6 +279,12 @@ ERRORS = [
         "{tmp}/wide.npz: 'x' holds float32 examples of shape 5, but the model takes float32 examples of shape 6",
     ),
     (
+        "predict raw text of a model without a preprocessor",
+        ["predict", "{tmp}/notes.txt"],
+        "{tmp}/notes.txt: the model of {run} has no preprocessor to read raw text with (a task built with "
+        "preprocessor=None, or no KerasHub task): pass .npz files of the arrays it takes",
+    ),
+    (
         "predict over an existing file",
         ["predict", "{tmp}/no-y.npz", "--output", "{tmp}/wide.npz"],
         "{tmp}/wide.npz exists: pass --overwrite to replace it, or --output another .npz file",
