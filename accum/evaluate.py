@@ -1,15 +1,15 @@
 """A trained run measured again on test data (``accum-train evaluate``).
 
-``evaluate(run_dir, out_dir)`` takes what to measure from the one loader (accum/loader.py): the test data the run
-keeps (a run of 'accum-train run': its config's test split, changed if asked in ``data.*`` keys only: the model and
-how it was trained stay the run's), or where the directory keeps none (accum_train.fit's) the arrays of an .npz
-given with ``--data``; and the model at its latest checkpoint that scores them as the run does. The loss and
-accuracy of the built-in objective are computed the way training does (the same batches, the same sums, so an
-unchanged config reproduces summary.json), with a confusion matrix: rows are the true class, columns the
-predicted one; evaluate.json and evaluate.png (the matrix, counts in the cells) hold them, with per-class
-precision and recall. A model of values (a Keras loss's run; fit's, by ``model.evaluate`` compiled as fit trained
-it, so the numbers are Keras' own for those arrays) gives its loss and metrics, in evaluate.json alone. Bad input
-is refused before anything is written into ``out_dir``.
+``evaluate(run_dir, out_dir)`` takes what to measure from the one loader (accum/loader.py): the test data the run keeps
+(a run of 'accum-train run': its config's test split, changed if asked in ``data.*`` keys only: the model and how it was
+trained stay the run's), or where the directory keeps none (accum_train.fit's) the arrays of an .npz given with
+``--data``, or raw .txt or .jsonl text read through a KerasHub task's own preprocessor; and the model at its latest
+checkpoint that scores them as the run does. The loss and accuracy of the built-in objective are computed the way
+training does (the same batches, the same sums, so an unchanged config reproduces summary.json), with a confusion
+matrix: rows are the true class, columns the predicted one; evaluate.json and evaluate.png (the matrix, counts in the
+cells) hold them, with per-class precision and recall. A model of values (a Keras loss's run; fit's, by
+``model.evaluate`` compiled as fit trained it, so the numbers are Keras' own for those arrays) gives its loss and
+metrics, in evaluate.json alone. Bad input is refused before anything is written into ``out_dir``.
 """
 
 from __future__ import annotations

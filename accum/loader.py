@@ -5,8 +5,9 @@ rundir.read_record) and returns for the door it names one object with the same i
 run is (``door``, ``settings()``, ``go_on()``: what describe prints), its model with the newest intact checkpoint's
 weights (``model``, loaded when first used; ``keras_model()``, the plain Keras model export writes), what predict
 reads and gives (``class_names`` and ``input_shape`` of a classifier, else ``input_spec()``, ``convert``,
-``outputs()`` and ``output_names()``), and what evaluate measures (``test_source()`` checks --set and --data as the
-door takes them: its config's test data, or the .npz of --data where the directory keeps no data;
+``outputs()`` and ``output_names()``; a KerasHub task's ``preprocessor`` and ``raw_inputs()`` of raw text), and
+what evaluate measures (``test_source()`` checks --set and --data as the door takes them: its config's test data,
+or the .npz, .txt or .jsonl of --data where the directory keeps no data;
 ``test()`` loads it and the model that scores it, as an ``Evaluated``). What differs between the doors is here,
 as the two classes' data and methods, and nowhere in the readers. Reading the records needs no TensorFlow:
 describe answers at once, also while a run trains.
@@ -26,6 +27,8 @@ from .config import load_run_config, override_key
 from .defaults import PREDICT_BATCH_SIZE
 from .errors import ConfigError, DataError, RunDirError
 from .npz_values import DATA_HOW, read_targets, read_values
+from .raw_text import SUFFIXES as RAW_SUFFIXES
+from .raw_text import is_raw, read_data, read_inputs
 from .reload import describe_run, load_fit_run, load_run
 from .text import shape_text, traced_error_line
 from .trainer.store.metrics_log import read_metrics
@@ -72,6 +75,7 @@ class ConfigRun:
 
     door = "accum-train run"
     export_name = "model.keras"
+    preprocessor = None  # its models read arrays and images, no raw text
     convert = None  # read_values' own: the arrays converted as training converted them
 
     def __init__(self, run_dir: Path, record: dict):
@@ -108,6 +112,9 @@ class ConfigRun:
 
     def input_spec(self) -> dict:
         return self.record["stored"]  # what the run stored: the inputs are checked before the model loads
+
+    def raw_inputs(self, files: Sequence[Path]):
+        return read_inputs(files, None, self.run_dir)  # refused in one line: its models take arrays and images
 
     def outputs(self, x, files: Sequence[Path]):
         # ``files`` name the inputs where a model refuses them: fit's; these fit the shapes the run stored
@@ -153,6 +160,7 @@ class FitRun:
     export_name = "export.keras"
     class_names = None
     input_shape = None
+    preprocessor = None  # a KerasHub task's, kept aside as ``model`` loads: it reads raw text (raw_text)
     convert = staticmethod(np.asarray)  # the arrays as they are, as they went to fit
 
     def __init__(self, run_dir: Path, record: dict):
@@ -172,7 +180,14 @@ class FitRun:
 
     @functools.cached_property
     def model(self):
-        return bare(load_fit_run(self.run_dir, compile=False))
+        model = load_fit_run(self.run_dir, compile=False)
+        self.preprocessor = getattr(model, "preprocessor", None)
+        return bare(model)
+
+    def raw_inputs(self, files: Sequence[Path]) -> tuple:
+        """(row names, inputs) of raw .txt or .jsonl files, made by the task's own preprocessor."""
+        self.model  # noqa: B018 - loaded, its preprocessor kept
+        return read_inputs(files, self.preprocessor, self.run_dir)
 
     def keras_model(self):
         # written as it is, uncompiled as every export is (the optimizer's state stays in the checkpoint)
@@ -212,8 +227,8 @@ class FitRun:
                 f"with --data FILE.npz, saved by {DATA_HOW}"
             )
         data_file = Path(data_file)
-        if data_file.suffix.lower() != ".npz" or not data_file.is_file():
-            raise DataError(f"--data {data_file} is not an .npz file: save the data with {DATA_HOW}")
+        if data_file.suffix.lower() not in (".npz", *RAW_SUFFIXES) or not data_file.is_file():
+            raise DataError(f"--data {data_file} is not an .npz, .txt or .jsonl file: save the data with {DATA_HOW}")
         return data_file
 
     def test(self, data_file: Path) -> Evaluated:
@@ -223,9 +238,15 @@ class FitRun:
         from .backends import active
         from .keras_fit.checks import check_labels
 
-        model = bare(load_fit_run(self.run_dir, compile=True))
-        rows, x = read_values([data_file], model_inputs(model, self.run_dir), convert=self.convert)
-        y, weights = read_targets(data_file, len(rows))
+        model = load_fit_run(self.run_dir, compile=True)
+        preprocessor = getattr(model, "preprocessor", None)
+        model = bare(model)
+        if is_raw(data_file):  # through the task's own preprocessor, as task.evaluate reads raw data
+            examples, x, y, weights = read_data(data_file, preprocessor, self.run_dir)
+        else:
+            rows, x = read_values([data_file], model_inputs(model, self.run_dir), convert=self.convert)
+            examples = len(rows)
+            y, weights = read_targets(data_file, examples)
         batch_size = self.record.get("batch_size")
         spec = active().batch_spec((x, y))
         try:
@@ -241,7 +262,7 @@ class FitRun:
             ) from None
         scores = {name: float(value) for name, value in scores.items()}
         evaluated_on = {"source": str(data_file.resolve())}
-        return Evaluated(len(rows), lambda: scores, None, {"batch_size": batch_size}, evaluated_on)
+        return Evaluated(examples, lambda: scores, None, {"batch_size": batch_size}, evaluated_on)
 
 
 class KerasConfigRun(FitRun):

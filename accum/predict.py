@@ -12,7 +12,10 @@ A model of values (a run trained with a Keras loss, a run directory of accum_tra
 ``class_names`` is None) gives its outputs instead, for .npz files whose ``x`` (or ``x_<input name>`` per input)
 holds examples of the shapes and dtypes it takes (the loader's ``input_spec()``), converted as the loader says
 (``convert``: as training converted them, or as they are where they went to model.fit as they are). A KerasHub
-task's preprocessor is left out: the arrays are what it made of raw data (token_ids, padding_mask, ...).
+task's preprocessor is left out: the arrays are what it made of raw data (token_ids, padding_mask, ...). Raw
+.txt and .jsonl files of a KerasHub task go through that preprocessor instead (accum/raw_text.py). A sequence
+output [rows, steps, classes] (a causal LM's logits) is given per position: the most probable class (a token,
+decoded by the task's tokenizer where it has one) and its probability.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .defaults import PREDICT_BATCH_SIZE
 from .errors import DataError, UserError
 from .loader import read_run
 from .npz_values import NPZ_KEY, read_named, read_values
+from .raw_text import is_raw
 from .text import shape_text
 
 
@@ -92,8 +96,15 @@ def predict(run_dir: Path, paths: Sequence[Path]) -> list[dict]:
     values (trained with a Keras loss, or by accum_train.fit), one {input, outputs: [...]} (its output values)."""
     run = read_run(run_dir)  # refuses a directory that is not a run
     if run.class_names is None:  # a model of values: no classes to give probabilities over
-        names, x = read_values(paths, run.input_spec(), convert=run.convert)
-        return value_rows(names, run.outputs(x, paths), run.output_names())
+        raw = [path for path in paths if is_raw(path)]
+        if raw and len(raw) < len(paths):
+            raise DataError(f"{raw[0]} is raw text and the other files are not: pass raw text or .npz files, not both")
+        names, x = run.raw_inputs(paths) if raw else read_values(paths, run.input_spec(), convert=run.convert)
+        values = run.outputs(x, paths)
+        if isinstance(values, np.ndarray) and values.ndim == 3:  # a sequence's: per position, as a reader reads it
+            mask = x.get("padding_mask") if isinstance(x, dict) else None
+            return token_rows(names, values, mask, getattr(run.preprocessor, "tokenizer", None))
+        return value_rows(names, values, run.output_names())
     names, x = read_inputs(paths, run.input_shape)
     classes = run.class_names
     probs = probabilities(run.model, x)
@@ -116,6 +127,42 @@ def value_rows(names: list, values, outputs: list) -> list[dict]:
             {"input": name, "outputs": {k: v[i].tolist() for k, v in values.items()}} for i, name in enumerate(names)
         ]
     return [{"input": name, "outputs": row.tolist()} for name, row in zip(names, values)]
+
+
+def token_rows(names: list, values: np.ndarray, mask, tokenizer) -> list[dict]:
+    """One {input, tokens: [{position, id, token, probability}], outputs} per row of a sequence output [rows, steps,
+    classes] (a causal LM's logits over its vocabulary, a tagger's over its tags): at each position, up to the
+    padding where ``mask`` gives it, the most probable class id, ``tokenizer``'s text for it (where the run has one)
+    and its probability. Values that are not already probabilities (each position's non-negative, summing to 1)
+    are taken as logits: their softmax."""
+    import keras
+
+    summed = values.sum(-1)
+    is_probability = values.min() >= 0 and np.allclose(summed, 1.0, atol=1e-3)
+    probs = values if is_probability else keras.ops.convert_to_numpy(keras.ops.softmax(values))
+    ids, best = probs.argmax(-1), probs.max(-1)
+    texts = {}
+    if tokenizer is not None:  # each id's text alone: GPT-2's " cat" for the id of "Ġcat"
+        unique = np.unique(ids)
+        texts = dict(zip(unique.tolist(), (_text(t) for t in tokenizer.detokenize(unique[:, np.newaxis]))))
+    rows = []
+    for i, name in enumerate(names):
+        steps = range(ids.shape[1]) if mask is None else np.flatnonzero(mask[i]).tolist()
+        tokens = [
+            {
+                "position": t,
+                "id": int(ids[i, t]),
+                **({"token": texts[int(ids[i, t])]} if texts else {}),
+                "probability": float(best[i, t]),
+            }
+            for t in steps
+        ]
+        rows.append({"input": name, "tokens": tokens, "outputs": values[i]})
+    return rows
+
+
+def _text(token) -> str:
+    return token.decode("utf-8", "replace") if isinstance(token, bytes) else str(token)
 
 
 def top_k(probabilities: dict, k: int) -> list[tuple[str, float]]:

@@ -112,6 +112,10 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
         try:
             with warnings.catch_warnings():  # Keras' warning of a custom compile(): _compiled_as_saved calls it
                 warnings.filterwarnings("ignore", "`compile\\(\\)` was not called", UserWarning)
+                # A KerasHub task compiles itself as it is built, with an optimizer of its own that Keras then fills
+                # from the file's and, where LoRA or a fit's Adam made the two differ, warns that it skipped them:
+                # the readers never train, so that state is not theirs to load (it stays in the checkpoint)
+                warnings.filterwarnings("ignore", "Skipping variable loading for optimizer", UserWarning)
                 model = keras.models.load_model(path, compile=compile)
             if compile:
                 _compiled_as_saved(model, path)

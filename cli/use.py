@@ -5,7 +5,8 @@ batch, the updates, the learning rate, warnings); ``evaluate`` measures a
 trained run on its test data and draws its confusion matrix; ``predict``
 gives class probabilities for image or .npz files. Both read a run directory
 of accum_train.fit(output_dir=...) too: evaluate on the arrays of ``--data``,
-predict the model's outputs. The work is in the core
+predict the model's outputs (per position for a sequence), and for a KerasHub
+task raw .txt or .jsonl text through its own preprocessor. The work is in the core
 (accum_train.plan, .evaluate, .predict); this module parses flags and
 formats the results. Errors follow the rest of the tool: one line, exit 2.
 """
@@ -58,7 +59,9 @@ def plan(config, overrides, as_json, verbose):
     "data_file",
     type=click.Path(path_type=Path),
     default=None,
-    help="A run directory of accum_train.fit: the .npz to evaluate on (arrays x and y, optionally sample_weight).",
+    help="A run directory of accum_train.fit: the .npz to evaluate on (arrays x and y, optionally sample_weight); "
+    'for a KerasHub task trained on raw text, a .txt file (one text a line) or a .jsonl file (one {"x": TEXT, '
+    '"y": LABEL} a line; "y" where its preprocessor takes labels) read through its own preprocessor.',
 )
 @output_dir_option("Directory for evaluate.json and evaluate.png (default: RUN_DIR/evaluate).")
 @verbose_option
@@ -70,6 +73,7 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
     accum-train evaluate runs/smoke
     accum-train evaluate runs/smoke --set data.test_limit=100 --output-dir runs/smoke/eval-100
     accum-train evaluate runs/tagger --data held_out.npz
+    accum-train evaluate runs/lora --data held_out.txt
     """
     quiet_tensorflow(verbose)
     with ending():
@@ -89,7 +93,7 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
     click.echo(f"written: {out_dir / 'evaluate.json'}, {out_dir / 'evaluate.png'}")
 
 
-@click.command(short_help="Class probabilities for image or .npz files from a trained run.")
+@click.command(short_help="Class probabilities, or a model's outputs, for image, .npz or raw text files.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
@@ -97,7 +101,8 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
     "as_json",
     is_flag=True,
     help="Print one JSON document: a list of {input, prediction, probabilities}, or of {input, outputs} for a run "
-    "trained with a Keras loss or by accum_train.fit.",
+    "trained with a Keras loss or by accum_train.fit, or of {input, tokens: [{position, id, token, probability}]} "
+    "for a sequence output.",
 )
 @click.option(
     "--top",
@@ -113,19 +118,23 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write FILE.npz: 'outputs' (the class probabilities, or the output values of a run trained with a "
     "Keras loss or by accum_train.fit; 'outputs_<name>' per output of a model with several) and 'inputs' (the row "
-    "names).",
+    "names); for a sequence output also 'token_ids' and 'probabilities' per position (-1 and 0 past the padding).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the --output file if it exists (atomically).")
 @verbose_option
 def predict(run_dir, files, as_json, top, output, overwrite, verbose):
     """Class probabilities from a trained run for image files (PNG, JPEG) or .npz files (array x); the model's
-    outputs, for .npz files, from a run trained with a Keras loss or a run directory of accum_train.fit.
+    outputs, for .npz files, from a run trained with a Keras loss or a run directory of accum_train.fit. A KerasHub
+    task trained on raw text reads .txt files (one text a line) or .jsonl files (one {"x": TEXT} a line) through
+    its own preprocessor. A sequence output (a causal LM's logits) gives per position the most likely next token
+    and its probability.
 
     \b
     accum-train predict runs/smoke shoe.png shirt.jpg
     accum-train predict runs/smoke images.npz --top 5
     accum-train predict runs/smoke images.npz --json
     accum-train predict runs/tagger sentences.npz --output outputs.npz
+    accum-train predict runs/lora prompts.txt
     """
     quiet_tensorflow(verbose)
     with ending():
@@ -142,7 +151,10 @@ def predict(run_dir, files, as_json, top, output, overwrite, verbose):
             )
         if output is not None:
             _write_outputs(output, rows)
-    if "outputs" in rows[0]:  # a Keras loss's run, or fit's: the values
+    if "tokens" in rows[0]:  # a sequence output: per position (its values only in --output)
+        shown = [{k: v for k, v in row.items() if k != "outputs"} for row in rows]
+        click.echo(strict_json(shown, indent=2) if as_json else format_tokens(rows))
+    elif "outputs" in rows[0]:  # a Keras loss's run, or fit's: the values
         click.echo(strict_json(rows, indent=2) if as_json else format_values(rows))
     else:
         click.echo(strict_json(rows, indent=2) if as_json else format_predictions(rows, top or 3))
@@ -157,6 +169,14 @@ def _write_outputs(path: Path, rows: list) -> None:
         arrays = {"outputs": np.array([row["outputs"] for row in rows], np.float32)}
     else:
         arrays = {"outputs": np.array([list(row["probabilities"].values()) for row in rows], np.float32)}
+    if "tokens" in rows[0]:  # per position: -1 and 0 past the padding
+        steps = len(rows[0]["outputs"])
+        arrays["token_ids"] = np.full((len(rows), steps), -1, np.int32)
+        arrays["probabilities"] = np.zeros((len(rows), steps), np.float32)
+        for i, row in enumerate(rows):
+            for token in row["tokens"]:
+                arrays["token_ids"][i, token["position"]] = token["id"]
+                arrays["probabilities"][i, token["position"]] = token["probability"]
     buffer = io.BytesIO()
     np.savez(buffer, **arrays, inputs=np.array([row["input"] for row in rows]))
     atomic_write(path, buffer.getvalue())
@@ -182,6 +202,18 @@ def format_values(rows: list) -> str:
             "; ".join(f"{k}: {shown(v)}" for k, v in outputs.items()) if isinstance(outputs, dict) else shown(outputs)
         )
         lines.append(f"{row['input']:<{width}}  {text}")
+    return "\n".join(lines)
+
+
+def format_tokens(rows: list) -> str:
+    """Two lines per input: its name, then per position the most likely next token (its text where the run has a
+    tokenizer, else its id) and that token's probability."""
+    import json
+
+    lines = []
+    for row in rows:
+        shown = (f"{json.dumps(t['token']) if 'token' in t else t['id']} {t['probability']:.2f}" for t in row["tokens"])
+        lines += [f"{row['input']}: most likely next token (probability) per position", "  " + ", ".join(shown)]
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ checkpoint (one line, no traceback).
 The numbers are the trained model's in memory, to 1e-6."""
 
 import json
+import warnings
 
 import accum_train
 import keras
@@ -203,3 +204,139 @@ def test_inputs_longer_than_the_model_takes_are_one_line_for_predict_and_evaluat
         result = CliRunner().invoke(main, args)
         assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {line}\n")
     assert not (tmp_path / "ev").exists()
+
+
+def test_the_readers_load_a_lora_fine_tune_without_keras_optimizer_warning(lora, tmp_path):
+    """The task's constructor compiles it with a default Adam of 2 variables, and the model file holds fit's Adam of
+    14: Keras warns that it skips the optimizer's variables, which reads as a failure. The readers never train."""
+    run_dir, _, x = lora
+    inputs = {f"x_{key}": value for key, value in x.items()}
+    np.savez(tmp_path / "x.npz", **inputs)
+    np.savez(tmp_path / "xy.npz", **inputs, y=x["token_ids"])
+    commands = [
+        ["export", str(run_dir), "--output", str(tmp_path / "lm.keras")],
+        ["predict", str(run_dir), str(tmp_path / "x.npz")],
+        ["evaluate", str(run_dir), "--data", str(tmp_path / "xy.npz"), "--output-dir", str(tmp_path / "ev")],
+    ]
+    for args in commands:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.stderr
+        said = [str(w.message) for w in caught] + result.stderr.splitlines()
+        assert [line for line in said if "optimizer" in line] == [], args[0]
+
+
+def raw_file(folder, name, lines):
+    path = folder / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_predict_reads_raw_text_through_the_run_s_preprocessor_and_gives_each_position_s_next_token(lora, tmp_path):
+    run_dir, trained, _ = lora
+    sentences = list(texts(4, seed=11))
+    lines = [sentences[0], "", *sentences[1:]]  # a blank line is skipped, the rows keep their line numbers
+    txt, jsonl = raw_file(tmp_path, "a.txt", lines), raw_file(tmp_path, "b.jsonl", [json.dumps({"x": sentences[0]})])
+    result = CliRunner().invoke(main, ["predict", str(run_dir), str(txt), str(jsonl), "--json"])
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["input"] for row in rows] == [f"{txt}:1", f"{txt}:3", f"{txt}:4", f"{txt}:5", f"{jsonl}:1"]
+    x = preprocessed(trained, [*sentences, sentences[0]])
+    probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(bare_outputs(trained, x)))
+    tokenizer = trained.preprocessor.tokenizer
+    for i, row in enumerate(rows):
+        positions = np.flatnonzero(x["padding_mask"][i])  # up to the padding: the text and its start token
+        assert [t["position"] for t in row["tokens"]] == positions.tolist()
+        ids = probabilities[i, positions].argmax(-1)
+        assert [t["id"] for t in row["tokens"]] == ids.tolist()
+        assert [t["token"] for t in row["tokens"]] == [tokenizer.detokenize([[j]])[0] for j in ids]
+        got = [t["probability"] for t in row["tokens"]]
+        assert np.abs(np.array(got) - probabilities[i, positions].max(-1)).max() <= 1e-6
+    # the text table: per row its name, then each position's token and probability
+    printed = CliRunner().invoke(main, ["predict", str(run_dir), str(jsonl)]).stdout.splitlines()
+    first = rows[-1]["tokens"][0]
+    assert printed[0] == f"{jsonl}:1: most likely next token (probability) per position"
+    assert printed[1].startswith(f"  {json.dumps(first['token'])} {first['probability']:.2f}, ")
+    assert len(printed) == 2 and printed[1].count(", ") == len(rows[-1]["tokens"]) - 1
+    # --output keeps the logits, and each position's token id and probability
+    out = tmp_path / "out.npz"
+    assert CliRunner().invoke(main, ["predict", str(run_dir), str(jsonl), "--output", str(out)]).exit_code == 0
+    written = np.load(out)
+    assert np.abs(written["outputs"][0] - bare_outputs(trained, x)[-1]).max() <= 1e-6
+    assert written["token_ids"][0].tolist() == [t["id"] for t in rows[-1]["tokens"]] + [-1] * (
+        x["padding_mask"].shape[1] - len(rows[-1]["tokens"])
+    )
+
+
+def test_evaluate_reads_raw_text_through_the_run_s_preprocessor(lora, classifier, tmp_path):
+    """A causal LM's .txt (its preprocessor makes the targets) and a classifier's .jsonl with labels give
+    model.evaluate's numbers on what the task's preprocessor makes of them."""
+    sentences = list(texts(10, seed=5))
+    labels = np.arange(10) % 3
+    cases = [
+        (lora, raw_file(tmp_path, "lm.txt", sentences), (sentences,)),
+        (
+            classifier,
+            raw_file(tmp_path, "cls.jsonl", [json.dumps({"x": s, "y": int(y)}) for s, y in zip(sentences, labels)]),
+            (sentences, labels),
+        ),
+    ]
+    for (run_dir, trained, *_), data, raw in cases:
+        out = tmp_path / f"eval-{data.stem}"
+        result = CliRunner().invoke(main, ["evaluate", str(run_dir), "--data", str(data), "--output-dir", str(out)])
+        assert result.exit_code == 0, result.stderr
+        x, y, weights = keras.utils.unpack_x_y_sample_weight(trained.preprocessor(*raw))
+        kept = trained.preprocessor
+        trained.preprocessor = None
+        try:
+            expected = trained.evaluate(x, y, sample_weight=weights, batch_size=16, verbose=0, return_dict=True)
+        finally:
+            trained.preprocessor = kept
+        written = json.loads((out / "evaluate.json").read_text())
+        assert written["test_examples"] == 10
+        assert abs(written["test_loss"] - expected["loss"]) <= 1e-6, data.name
+
+
+# (id; the file's name and lines; the command after the run directory, {f} the file; the error line, {f} the file)
+RAW_ERRORS = [
+    ("not JSON", "a.jsonl", ['{"x": "the cat"}', "the cat"], ["predict", "{f}"],
+     '{f} line 2 is not JSON (Expecting value: line 1 column 1 (char 0)): write one {{"x": TEXT, "y": LABEL}} a line'),
+    ("no x", "a.jsonl", ['{"text": "the cat"}'], ["predict", "{f}"],
+     '{f} line 1 has no text "x": write one {{"x": TEXT, "y": LABEL}} a line'),
+    ("other keys", "a.jsonl", ['{"x": "the cat", "label": 1}'], ["predict", "{f}"],
+     '{f} line 1 has keys [\'label\'] besides "x" and "y": write one {{"x": TEXT, "y": LABEL}} a line'),
+    ("blank", "a.txt", ["", " "], ["predict", "{f}"],
+     '{f} holds no examples (every line is blank): pass a .txt file of one text a line, or a .jsonl file of one '
+     '{{"x": TEXT, "y": LABEL}} a line'),
+    ("some labels", "a.jsonl", ['{"x": "the cat", "y": 1}', '{"x": "a dog"}'], ["evaluate", "--data", "{f}"],
+     '{f}:2 has no "y" where other lines have one: give every example its label, or none'),
+    ("no labels", "a.txt", ["the cat"], ["evaluate", "--data", "{f}"],
+     "{f} holds texts without labels, and the task's preprocessor makes no targets of them: write a .jsonl file "
+     'of one {{"x": TEXT, "y": LABEL}} a line'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "lines_name, lines, args, line", [case[1:] for case in RAW_ERRORS], ids=[c[0] for c in RAW_ERRORS]
+)
+def test_a_bad_raw_text_file_is_one_line_and_nothing_is_written(classifier, tmp_path, lines_name, lines, args, line):
+    run_dir = classifier[0]
+    path = raw_file(tmp_path, lines_name, lines)
+    out = tmp_path / "ev"
+    args = [a.format(f=path) for a in args] + (["--output-dir", str(out)] if args[0] == "evaluate" else [])
+    result = CliRunner().invoke(main, [args[0], str(run_dir), *args[1:]])
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {line.format(f=path)}\n")
+    assert not out.exists()
+
+
+def test_predict_refuses_raw_text_beside_npz_files_in_one_line(lora, tmp_path):
+    run_dir, _, x = lora
+    np.savez(tmp_path / "x.npz", **{f"x_{key}": value for key, value in x.items()})
+    txt = raw_file(tmp_path, "a.txt", ["the cat"])
+    result = CliRunner().invoke(main, ["predict", str(run_dir), str(tmp_path / "x.npz"), str(txt)])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert (
+        result.stderr
+        == f"error: {txt} is raw text and the other files are not: pass raw text or .npz files, not both\n"
+    )

@@ -190,6 +190,31 @@ def run_offline(block, capsys):
     return capsys.readouterr().out.splitlines()
 
 
+def test_the_guide_s_opening_example_runs_as_written_offline_and_its_run_reads_raw_text(
+    repo_root, tmp_path, monkeypatch, capsys
+):
+    """keras-hub.md opens with a task built from its config, with an inline vocabulary: it runs as written (no
+    preset: nothing to download), trains, and predict reads raw text of its run through its preprocessor."""
+    from accum_train.cli.main import main
+    from click.testing import CliRunner
+
+    monkeypatch.chdir(tmp_path)
+    block = guide_example(repo_root, "keras-hub offline")
+    assert "from_preset" not in block
+    exec(compile(block, "keras-hub.md", "exec"), {})
+    (printed,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loss: ")]
+    losses = json.loads(printed.removeprefix("loss: "))
+    assert len(losses) == 3 and losses[2] < losses[0]
+    run_dir = tmp_path / "runs" / "tiny-lm"
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12  # 64 texts, 16 per update, 3 epochs
+    (tmp_path / "prompts.txt").write_text("the cat\n")
+    result = CliRunner().invoke(main, ["predict", str(run_dir), "prompts.txt", "--json"])
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    # up to the padding: the start token, "the cat" as this vocabulary splits it (t, h, e, " c", a, t), the end token
+    assert (row["input"], [t["position"] for t in row["tokens"]]) == ("prompts.txt:1", list(range(8)))
+
+
 def test_the_guide_s_causal_lm_example_runs_offline_and_the_same_call_again_resumes(
     repo_root, tmp_path, monkeypatch, capsys
 ):

@@ -228,6 +228,7 @@ def bad_inputs(tmp):
     np.savez(tmp / "wide.npz", x=np.zeros((4, 5), np.float32))
     np.savez(tmp / "both-y.npz", x=X, y=Y, y_price=Y)
     (tmp / "notes.txt").write_text("x")
+    (tmp / "notes.csv").write_text("x")
 
 
 # (id; command and arguments after the run directory; the error line, {run} the run directory, {tmp} the folder)
@@ -247,8 +248,14 @@ ERRORS = [
     (
         "evaluate a text file",
         ["evaluate", "--data", "{tmp}/notes.txt"],
-        "--data {tmp}/notes.txt is not an .npz file: save the data with numpy.savez(FILE, x=inputs, y=targets[, "
-        "sample_weight=weights])",
+        "{tmp}/notes.txt: the model of {run} has no preprocessor to read raw text with (a task built with "
+        "preprocessor=None, or no KerasHub task): pass .npz files of the arrays it takes",
+    ),
+    (
+        "evaluate a csv file",
+        ["evaluate", "--data", "{tmp}/notes.csv"],
+        "--data {tmp}/notes.csv is not an .npz, .txt or .jsonl file: save the data with numpy.savez(FILE, "
+        "x=inputs, y=targets[, sample_weight=weights])",
     ),
     (
         "evaluate without y",
@@ -270,6 +277,12 @@ ERRORS = [
         "predict inputs of another shape",
         ["predict", "{tmp}/wide.npz"],
         "{tmp}/wide.npz: 'x' holds float32 examples of shape 5, but the model takes float32 examples of shape 6",
+    ),
+    (
+        "predict raw text of a model without a preprocessor",
+        ["predict", "{tmp}/notes.txt"],
+        "{tmp}/notes.txt: the model of {run} has no preprocessor to read raw text with (a task built with "
+        "preprocessor=None, or no KerasHub task): pass .npz files of the arrays it takes",
     ),
     (
         "predict over an existing file",

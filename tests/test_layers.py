@@ -195,6 +195,7 @@ COMMANDS = (
     "npz_values",
     "plan",
     "predict",
+    "raw_text",
     "reload",
     "worker",
     "outcome",

@@ -40,6 +40,8 @@ INTERFACE = {
     "class_names",
     "input_shape",
     "convert",
+    "preprocessor",
+    "raw_inputs",
     "settings",
     "go_on",
     "model",
