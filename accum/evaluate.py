@@ -34,14 +34,20 @@ def evaluation_dir(run_dir: Path) -> Path:
 
 
 def evaluate(
-    run_dir: Path, out_dir: Path | None = None, overrides: Sequence[str] = (), data_file: Path | None = None
+    run_dir: Path,
+    out_dir: Path | None = None,
+    overrides: Sequence[str] = (),
+    data_file: Path | None = None,
+    loading=lambda: None,
 ) -> dict:
     """Evaluate ``run_dir`` on its (possibly changed) test data, or on the .npz ``data_file`` where it keeps none;
     write evaluate.json (and for a classifier evaluate.png) into ``out_dir`` (default RUN_DIR/evaluate). Like every
-    output directory of the tool, it must be new or empty: an earlier evaluation is never overwritten."""
+    output directory of the tool, it must be new or empty: an earlier evaluation is never overwritten. ``loading``:
+    called once the request is checked, before the model and the data load (the CLI imports Keras quietly then)."""
     run = read_run(run_dir)  # refuses a directory that is not a run
     source = run.test_source(overrides, data_file)
     out_dir = _output_dir(run.run_dir, out_dir)
+    loading()  # nothing above imported TensorFlow: a bad request is refused at once
     test = run.test(source)
     if run.class_names is None:  # a model of values: its loss and metrics, no classes to confuse
         result = {f"test_{name}": value for name, value in test.scores().items()}

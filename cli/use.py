@@ -75,13 +75,15 @@ def evaluate(run_dir, overrides, data_file, output_dir, verbose):
     accum-train evaluate runs/tagger --data held_out.npz
     accum-train evaluate runs/lora --data held_out.txt
     """
-    quiet_tensorflow(verbose)
     with ending():
         from ..evaluate import evaluate as run_evaluate
         from ..evaluate import evaluation_dir
 
         out_dir = Path(output_dir) if output_dir else evaluation_dir(run_dir)
-        result = run_evaluate(run_dir, output_dir, overrides, data_file=data_file)
+        # the request checked before TensorFlow loads: a bad one is refused at once
+        result = run_evaluate(
+            run_dir, output_dir, overrides, data_file=data_file, loading=lambda: quiet_tensorflow(verbose)
+        )
     if "correct" not in result:  # a Keras loss's run, or fit's: its loss and metrics
         click.echo(f"{scores_text(result, 'test')} on {result['test_examples']} examples")
         click.echo(f"written: {out_dir / 'evaluate.json'}")

@@ -33,6 +33,10 @@ def folder(tmp_path):
     (other / "config.yaml").write_text("model: {name: mlp}\n")
     (other / "checkpoints").mkdir()
     (other / "run.json").write_text(json.dumps({"door": "config", "backend": "jax", "spec": None, "data": None}))
+    fit = tmp_path / "fit-run"  # what accum_train.fit(output_dir=...) records, as far as evaluate reads it first
+    fit.mkdir()
+    record = {"door": "fit", "backend": "tensorflow", "spec": None, "data": None, "fit": {"batch_size": 8}}
+    (fit / "run.json").write_text(json.dumps(record))
     return tmp_path
 
 
@@ -44,6 +48,11 @@ def folder(tmp_path):
          "'accum-train run'"),
         (["run", "--resume", "jax-run"], "error: --resume jax-run was written on Keras' jax backend, whose checkpoints "
          "the tensorflow backend does not read: resume it with KERAS_BACKEND=jax"),
+        (["evaluate", "fit-run"], "error: fit-run was written by accum_train.fit, which keeps no data: pass the data "
+         "to evaluate on with --data FILE.npz, saved by numpy.savez(FILE, x=inputs, y=targets[, "
+         "sample_weight=weights])"),
+        (["evaluate", "fit-run", "--set", "data.test_limit=3"], "error: --set data.test_limit=3: fit-run was written "
+         "by accum_train.fit and keeps no config to change: pass the data to evaluate on with --data FILE.npz"),
         (["plan", "typo.yaml"], "error: typo.yaml: unknown key 'batch_sise' (did you mean 'batch_size'?)"),
         (["describe", "nowhere"], "error: nowhere is not a run directory (no config.yaml with checkpoints/, nor "
          "fit.json): pass a directory written by 'accum-train run' or by accum_train.fit(output_dir=...)"),
