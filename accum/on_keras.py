@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from .config import Config
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, Refused
 from .files import atomic_write
 from .from_config.optim import make_optimizer, run_schedule
 from .from_config.source import ModelSource, compile_config
@@ -105,7 +105,10 @@ def refuse(cfg: Config, backend: str) -> None:
     on = f"KERAS_BACKEND={backend}"
     tensorflow = "train it with KERAS_BACKEND=tensorflow"
     if cfg.model.name != "keras_file":
-        raise ConfigError(f"model.name={cfg.model.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}")
+        raise Refused(
+            "jax-builtin-net",
+            f"model.name={cfg.model.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}",
+        )
     data, every = cfg.data, cfg.checkpoint.every_steps
     refused = (  # (given, what is named, why)
         (data.name == "image_folder", "data.name=image_folder", "streams image files through tf.data's decoder"),
@@ -122,12 +125,13 @@ def refuse(cfg: Config, backend: str) -> None:
     )
     for given, named, why in refused:
         if given:
-            raise ConfigError(f"{named} {why}, which {on} does not run: {tensorflow}, or remove it")
+            raise Refused("jax-cli-key", f"{named} {why}, which {on} does not run: {tensorflow}, or remove it")
     scale = cfg.optimizer.scale_learning_rate
     if cfg.batch_rule is not None and scale.rule != "none":
-        raise ConfigError(
+        raise Refused(
+            "jax-cli-key",
             f"optimizer.scale_learning_rate with batch_schedule's rule is the TensorFlow door's: on {on} the rule "
-            f"keeps the learning rate; {tensorflow}, or remove one of them"
+            f"keeps the learning rate; {tensorflow}, or remove one of them",
         )
 
 

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import UserError
+from ..errors import Refused
 
 # keras.config.backend()'s names of the backends that have a folder here (accum/backends/NAME/backend.py).
 BACKENDS = ("tensorflow", "jax")
@@ -88,7 +88,7 @@ class Backend(Protocol):
     def graph(self, function: Callable, **options) -> Callable: ...  # ``function`` compiled, traced per signature
     def dense(self, gradient) -> Any: ...  # a gradient as one dense array (an Embedding's come as slices)
     def cache_line(self, engine: Engine, frozen: int) -> str: ...  # what its gradient caches hold, as fit says it
-    def pool(self, model, where: str, error=..., adapters=None) -> list: ...  # its BatchNormalization layers pooling
+    def pool(self, model, where: str, adapters=None) -> list: ...  # its BatchNormalization layers pooling
     def pooled(self, model, strategy=None, adapters=None, where: str = ...): ...  # ``pool`` within, Keras' own after
     def local_replica_ids(self, strategy) -> list: ...  # the global ids of this process's replicas
     def several_processes(self, strategy) -> bool: ...  # whether the replicas span processes (each reads its own)
@@ -137,9 +137,10 @@ def active() -> Backend:
 
     name = keras.config.backend()
     if name not in BACKENDS:
-        raise UserError(
+        raise Refused(
+            "backend",
             f"Keras runs on {name!r} (KERAS_BACKEND or ~/.keras/keras.json), which accum-train has no engine for: "
-            f"set KERAS_BACKEND to one of {', '.join(BACKENDS)}"
+            f"set KERAS_BACKEND to one of {', '.join(BACKENDS)}",
         )
     return importlib.import_module(f".{name}.backend", __name__)
 
@@ -149,7 +150,8 @@ def tensorflow_only(command: str) -> None:
     plan, compare and bench measure TensorFlow's engine (``run`` and the readers take either backend)."""
     name = active().NAME
     if name != "tensorflow":
-        raise UserError(
+        raise Refused(
+            "tensorflow-only-command",
             f"{command} works on TensorFlow's engine only, and Keras runs on {name} (KERAS_BACKEND): run it with "
-            f"KERAS_BACKEND=tensorflow"
+            f"KERAS_BACKEND=tensorflow",
         )

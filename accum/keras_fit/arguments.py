@@ -40,9 +40,10 @@ def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
     if not shuffled:
         return 0
     if active().several_processes(strategy):
-        raise UserError(
+        raise Refused(
+            "seed-none-workers",
             f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
-            f"seed=<int>, the same on every worker"
+            f"seed=<int>, the same on every worker",
         )
     return int(np.random.SeedSequence().generate_state(1)[0])
 

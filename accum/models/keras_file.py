@@ -249,7 +249,7 @@ def accumulating_clone(loaded: keras.Model, path: str, softmax=None) -> KerasMod
     network = keras.models.clone_model(loaded, clone_function=swap, recursive=True)
     for new, old in peeled:  # clone_model builds the new layer; the weights are the file's
         new.set_weights(old.get_weights())
-    norm_layers = active().pool(network, f"model.path={path}", ConfigError)
+    norm_layers = active().pool(network, f"model.path={path}")
 
     def forward(x, training: bool):
         return network(x, training=training)

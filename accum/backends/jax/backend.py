@@ -152,7 +152,7 @@ def __getattr__(name: str):
     """The rest of ``Backend``'s names: not here yet, in one line (a module attribute that is absent otherwise)."""
     if name.startswith("__"):
         raise AttributeError(name)
-    raise UserError(f"accum-train's {name!r} {LATER}")
+    raise Refused("jax-tensorflow-only", f"accum-train's {name!r} {LATER}")
 
 
 def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options) -> Accumulator:
@@ -161,7 +161,7 @@ def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options
     # ``metrics``: evaluation.KerasMetrics, model.fit's logs after each update; ``retried``: updates may be retried
     taken = {name: options.pop(name) for name in ("metrics", "retried") if name in options}
     if options:
-        raise refused(f"the accumulator's {', '.join(sorted(options))}", WHERE)
+        raise refused("jax-argument", f"the accumulator's {', '.join(sorted(options))}", WHERE)
     if (devices := mesh(WHERE)) is not None:
         return DataParallelAccumulator(model, objective, optimizer, subdivisions=subdivisions, mesh=devices, **taken)
     return Accumulator(model, objective, optimizer, subdivisions=subdivisions, **taken)
@@ -170,7 +170,9 @@ def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options
 def built_in(spec, *_):
     """The CLI's built-in nets are TensorLayer's, which only TensorFlow runs: not a later step, never here."""
     tensorflow = "train it with KERAS_BACKEND=tensorflow"
-    raise UserError(f"model.name={spec.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}")
+    raise Refused(
+        "jax-builtin-net", f"model.name={spec.name} is a TensorLayer net, which only TensorFlow runs: {tensorflow}"
+    )
 
 
 def fit_parts(model, given: dict, spec) -> SimpleNamespace:
@@ -180,7 +182,7 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
     door drives them through the one loop (keras_fit/fit_hooks.py), as it drives TensorFlow's."""
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
-            raise refused(f"{name}={value!r}", WHERE)
+            raise refused("jax-argument", f"{name}={value!r}", WHERE)
     shuffle = given["shuffle"]  # checked by fit's door (arguments.check_keywords)
     seed = given["seed"]  # the data order's: fit's door's (arguments.order_seed), as on TensorFlow
     x, y, sample_weight, validation_data = given["x"], given["y"], given["sample_weight"], given["validation_data"]
@@ -256,7 +258,11 @@ def _feed(model, what, x, y, sample_weight, given: dict, shuffle, seed, trim: in
         raise UserError(f"{WHERE}: x is missing: pass arrays, a generator or a keras.utils.PyDataset")
     task = keras_private.preprocesses(model)
     if class_weight is not None and task:
-        raise refused(f"class_weight for model {model.name!r}, which preprocesses its inputs in fit,", WHERE)
+        raise refused(
+            "jax-task-class-weight",
+            f"class_weight for model {model.name!r}, which preprocesses its inputs in fit,",
+            WHERE,
+        )
     source = {"dataset": "x is a tf.data.Dataset", "pydataset": "x is a PyDataset, which gives its own batches"}
     for name in ("y", "sample_weight", "batch_size"):  # model.fit's rule: a source of batches holds them
         if given[name] is not None:  # TensorFlow's door's words (sources.fed)

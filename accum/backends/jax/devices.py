@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ... import keras_private
-from ...errors import UserError
+from ...errors import Refused
 from .engine import Accumulator
 
 
@@ -35,9 +35,10 @@ def mesh(where: str) -> jax.sharding.Mesh | None:
         return None
     kind, processes = type(given).__name__, given.num_processes
     if kind != "DataParallel":  # a model cut over devices
-        raise UserError(
+        raise Refused(
+            "jax-distribution",
             f"{where}: keras.distribution.{kind} over {processes} process(es) is not supported: use "
-            f"keras.distribution.DataParallel"
+            f"keras.distribution.DataParallel",
         )
     named = {f"{device.platform}:{device.id}": device for device in jax.devices()}
     devices = np.vectorize(named.__getitem__, otypes=[object])(given.device_mesh.devices)

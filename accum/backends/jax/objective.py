@@ -23,15 +23,16 @@ import jax.numpy as jnp
 import keras
 
 from ... import keras_private
-from ...errors import UserError
+from ...errors import Refused
 from .norm import Pooled
 
 REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
 LATER = "is not on Keras' JAX backend yet (issue 76): train it with KERAS_BACKEND=tensorflow"
 
 
-def refused(what: str, where: str) -> UserError:
-    return UserError(f"{where}: {what} {LATER}")
+def refused(key: str, what: str, where: str) -> Refused:
+    """What the JAX door does not take yet, in one line, as the refusal of ``key`` (docs/limitations.md's row)."""
+    return Refused(key, f"{where}: {what} {LATER}")
 
 
 class KerasObjective:
@@ -49,15 +50,17 @@ class KerasObjective:
     def check(self) -> None:
         model, where = self.model, self.where
         if keras_private.compile_loss(model) is None or model.optimizer is None:
-            raise refused(f"model {model.name!r} uncompiled or compiled without a loss", where)
+            raise refused("jax-no-loss", f"model {model.name!r} uncompiled or compiled without a loss", where)
         for entry in keras_private.flat_losses(model):
             if entry.loss.reduction not in REDUCTIONS:
-                raise refused(f"loss {entry.loss.name!r} with reduction={entry.loss.reduction!r}", where)
+                raise refused(
+                    "loss-reduction", f"loss {entry.loss.name!r} with reduction={entry.loss.reduction!r}", where
+                )
         renorm = [layer.name for layer in keras_private.all_layers(model) if getattr(layer, "renorm", False)]
         if renorm:  # its corrections follow moving statistics that move per batch: not pooled here
-            raise refused(f"BatchNormalization with renorm=True ({', '.join(renorm)})", where)
+            raise refused("batchnorm-renorm", f"BatchNormalization with renorm=True ({', '.join(renorm)})", where)
         if any(getattr(v, "regularizer", None) is not None for v in model.trainable_variables):
-            raise refused(f"a weight regularizer (model {model.name!r})", where)
+            raise refused("jax-weight-regularizer", f"a weight regularizer (model {model.name!r})", where)
 
     @property
     def metric_variables(self) -> list:
@@ -83,7 +86,7 @@ class KerasObjective:
         non_trainable = self.norms.kept(before, non_trainable)  # moved once per update instead (norm.fold)
         if losses:
             added = f"a loss that model {self.model.name!r}'s layers add (add_loss, an activity regularizer)"
-            raise refused(added, self.where)
+            raise refused("jax-added-loss", added, self.where)
         taken = [None] * len(self.entries)
         # the time axis as cut (trim_padding): x's inputs of two axes or more all have it (lengths._time_steps)
         cut = next((a.shape[1] for a in keras.tree.flatten(x) if jnp.ndim(a) >= 2), None) if self.steps else None
@@ -177,7 +180,7 @@ class KerasObjective:
         masks = [m for m in (in_mask, keras_private.get_keras_mask(values)) if m is not None]
         values = keras.ops.convert_to_tensor(values, dtype=loss.dtype)
         if values.ndim == 0:
-            raise refused(f"loss {loss.name!r}, which reduces the batch itself", "accum_train.fit")
+            raise refused("loss-reduction", f"loss {loss.name!r}, which reduces the batch itself", "accum_train.fit")
         rows = lambda like: jnp.reshape(valid, valid.shape + (1,) * (like.ndim - 1)).astype(values.dtype)  # noqa: E731
         mask = weights = None
         if masks:  # 0 or 1 per entry, the padding rows' 0 whatever the layers made of their zeros

@@ -25,7 +25,7 @@ import tensorlayer as tl
 from tensorlayer.layers import BatchNorm
 
 from ... import keras_private
-from ...errors import Refused, UserError
+from ...errors import Refused
 from ...models.containers import leaves
 from .gradient_cache import REPLICA_LOCAL
 
@@ -242,16 +242,17 @@ class PooledBatchNorm(DeferredStatistics):
         fold_statistics(self.layer.moving_mean, self.layer.moving_variance, self.layer.momentum, values)
 
 
-def batch_norm_layers(model: keras.Model, where: str, error=UserError) -> list:
+def batch_norm_layers(model: keras.Model, where: str) -> list:
     """The model's BatchNormalization layers (nested models included); renorm refused in one line that starts
-    with ``where`` (the model's file, or accum_train.fit's model), as an ``error``."""
+    with ``where`` (the model's file, or accum_train.fit's model)."""
     found = []
     for layer in leaves(model):
         if isinstance(layer, keras.layers.BatchNormalization):
             if layer.renorm:
-                raise error(
+                raise Refused(
+                    "batchnorm-renorm",
                     f"{where} has BatchNormalization {layer.name!r} with renorm=True, whose corrections cannot be "
-                    f"pooled over micro-batches: use renorm=False"
+                    f"pooled over micro-batches: use renorm=False",
                 )
             if keras_private.takes_mask(layer):
                 raise Refused("batchnorm-masked", f"{where}: {_masked(layer)}")
@@ -268,12 +269,12 @@ def _masked(layer) -> str:
     )
 
 
-def pool(model: keras.Model, where: str = "the model", error=UserError, adapters=None) -> list:
+def pool(model: keras.Model, where: str = "the model", adapters=None) -> list:
     """The model's BatchNormalization layers made to pool their statistics (their ``call`` replaced on the
     instance) until ``unpool``; their ``PooledBatchNorm`` adapters, created in the strategy scope in force (the
     pending sums replica-local), or ``adapters``, made by an earlier call."""
     if adapters is None:
-        adapters = [PooledBatchNorm(layer) for layer in batch_norm_layers(model, where, error)]
+        adapters = [PooledBatchNorm(layer) for layer in batch_norm_layers(model, where)]
     for adapter in adapters:
         layer = adapter.layer
         keras_call = type(layer).call.__get__(layer)

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from ... import keras_private
-from ...errors import UserError
+from ...errors import Refused, UserError
 from .batching import Cut
 from .conversion import WHERE, _leaves_as_arrays
 from .feed import cut_stream, endless
@@ -136,9 +136,10 @@ def _batch_as_arrays(batch, name: str):
     while parts and parts[-1] is None:  # (x, None) and (x, y, None) are (x,) and (x, y), as in model.fit
         parts.pop()
     if any(part is None for part in parts):
-        raise UserError(
+        raise Refused(
+            "weights-without-targets",
             f"{WHERE}: {name} yielded (x, None, sample_weight): sample weights without targets are not "
-            f"supported; yield (x, y, sample_weight)"
+            f"supported; yield (x, y, sample_weight)",
         )
     return _leaves_as_arrays(tuple(parts), f"a batch of {name}")
 
