@@ -2,7 +2,9 @@
 
 What it holds:
 - ``run.json`` (rundir.write_record, as the CLI's): under ``"fit"`` what the data order depends on (batch size, k,
-  seed, shuffle, steps per epoch, examples), checked by a resume, and the layers LoRA is on (earlier: fit.json);
+  seed, shuffle, steps per epoch, examples), checked by a resume (k may change: it cuts the same batches), the layers
+  LoRA is on and what the checkpoint ``holds`` (optimizer class, metric names, variables' paths and shapes), which a
+  resume compares before it restores (earlier: fit.json);
 - ``initial_model.keras``: the model as the first call began it, saved before its first update (a resume keeps
   it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
   of a call that never returned (accum/reload.py);
@@ -118,7 +120,7 @@ class FitRunDir(RunDirectory):
 
     def write_records(self, spec) -> None:
         if self.writer:  # with the layers LoRA is on, which the model file may not rebuild (accum/reload.py)
-            write_record(self.path, "fit", spec, None, fit={**self.described, **self.lora}, holds=self.holds())
+            write_record(self.path, "fit", spec, None, fit={**self.described, **self.lora, "holds": self.holds()})
         # the model before its first update, for the readers: a resume keeps the first (an older directory gains one)
         if self.writer and not (self.path / MODEL_COPY).is_file():
             self._save_model(MODEL_COPY)
@@ -164,8 +166,8 @@ class FitRunDir(RunDirectory):
         ]
         if not changed:
             self.before_k = before.get("k")
-            if record.get("holds") is not None:  # a directory written before run.json held it: the restore says
-                _check_holds(path, record["holds"], self.holds())
+            if before.get("holds") is not None:  # a directory written before run.json held it: the restore says
+                _check_holds(path, before["holds"], self.holds())
             return
         key = changed[0]
         if key == "examples":
