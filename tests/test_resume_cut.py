@@ -3,6 +3,9 @@ doors, and ends within 1e-5 of the uninterrupted run; a resume of another model,
 one line that names what differs."""
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import accum_train
@@ -106,3 +109,48 @@ def test_a_resume_of_another_model_optimizer_or_metrics_names_what_differs(tmp_p
     assert [str(w.message) for w in caught_warnings] == []
     assert capfd.readouterr().err == ""  # no TensorFlow text after the line
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+
+JAX_RUNS = r"""
+import json, sys, keras, numpy as np, accum_train
+rng = np.random.default_rng(7)
+x, y = rng.random((48, 6), dtype=np.float32), rng.random((48, 1), dtype=np.float32)
+
+def model(optimizer="adam"):
+    keras.utils.set_random_seed(1)
+    built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    built.compile(optimizer=keras.optimizers.get(optimizer), loss="mse", metrics=["mae"])
+    return built
+
+def fit(built, epochs, output_dir=None, k=2):
+    accum_train.fit(built, x, y, batch_size=12, subdivisions=k, epochs=epochs, seed=5, verbose=0, output_dir=output_dir)
+    return built
+
+full = fit(model(), 3)
+fit(model(), 1, sys.argv[1])
+resumed = fit(model(), 3, sys.argv[1], k=4)
+difference = max(float(np.max(np.abs(a - b))) for a, b in zip(full.get_weights(), resumed.get_weights()))
+try:
+    fit(model("sgd"), 4, sys.argv[1])
+    refused = None
+except accum_train.UserError as err:
+    refused = str(err)
+print(json.dumps({"difference": difference, "refused": refused}))
+"""
+
+
+@pytest.mark.slow  # a process of its own under Keras' JAX backend, seconds
+def test_fit_on_jax_resumes_with_other_micro_batches_and_names_another_optimizer(tmp_path):
+    pytest.importorskip("jax")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", JAX_RUNS, str(run_dir)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["difference"] < 1e-5
+    assert result["refused"] == (
+        f"accum_train.fit: output_dir {run_dir} holds a checkpoint of another model: the optimizer was Adam, now SGD: "
+        f"pass the model, optimizer and metrics it was trained with, or choose a new output_dir"
+    )
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [(h["event"], h["step"], h["subdivisions"]) for h in history] == [("start", 0, 2), ("resume", 4, 4)]
