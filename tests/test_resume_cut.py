@@ -12,7 +12,10 @@ import accum_train
 import keras
 import numpy as np
 import pytest
-from accum_train.errors import RunDirError
+import tensorflow as tf
+from accum_train.backends.tensorflow.engine import Accumulator
+from accum_train.describe import describe
+from accum_train.errors import OutOfMemory, RunDirError
 from accum_train.trainer.store.metrics_log import read_metrics
 from helpers import max_difference, small_regressor
 
@@ -154,3 +157,38 @@ def test_fit_on_jax_resumes_with_other_micro_batches_and_names_another_optimizer
     )
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [(h["event"], h["step"], h["subdivisions"]) for h in history] == [("start", 0, 2), ("resume", 4, 4)]
+
+
+def test_after_fit_runs_out_of_memory_describe_says_how_to_resume_with_smaller_micro_batches(
+    tmp_path, uninterrupted, monkeypatch
+):
+    """The call stops in its 7th update (k=2 out of memory); describe's way on doubles k, and that call ends at the
+    uninterrupted weights."""
+    calls, original = [0], Accumulator.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real = self.update_from
+
+        def update_from(iterator, n, pulls, stop=0, size=None):
+            calls[0] += 1
+            if calls[0] == 7:
+                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
+            return real(iterator, n, pulls, stop, size)
+
+        self.update_from = update_from
+
+    monkeypatch.setattr(Accumulator, "__init__", init)
+    run_dir = tmp_path / "run"
+    with pytest.raises(OutOfMemory):
+        fit(small_regressor(), 3, run_dir)
+    monkeypatch.undo()
+    assert describe(run_dir)["next"] == (
+        f"resume with smaller micro-batches: call accum_train.fit(model, ..., output_dir={str(run_dir)!r}, "
+        f"subdivisions=4) again"
+    )
+    resumed = small_regressor()
+    fit(resumed, 3, run_dir, subdivisions=4)
+    assert max_difference(resumed.get_weights(), uninterrupted) < 1e-5
+    updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if not r.get("epoch_end")]
+    assert [(r["step"], r["subdivisions"]) for r in updates] == [(s, 2 if s <= 4 else 4) for s in range(1, 13)]
