@@ -197,7 +197,7 @@ class FitRunDir(RunDirectory):
         }
 
     def restore(self, say, found=None) -> int:
-        # the call's k, not the checkpoint's: a resume may cut the same batches otherwise (``check``)
+        # another cut's k, not the checkpoint's: a resume may cut the same batches otherwise (``check``)
         wanted = self.engine.k
         try:
             step = super().restore(say, found)
@@ -206,11 +206,10 @@ class FitRunDir(RunDirectory):
                 f"accum_train.fit: output_dir {self.path} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
             ) from None
-        if self.described["k"] != "auto":
-            self.engine.set_subdivisions(wanted)
-        elif self.before_k != "auto":  # auto after a fixed k: from one micro-batch up, as a start does
-            self.engine.set_subdivisions(1)
-        # else auto again: the k its run had come to, which the checkpoint restored
+        # the same cut as before: the k the checkpoint restored (the k its batch_schedule's batch or auto had come to)
+        if self.described["k"] != self.before_k:
+            # auto after a fixed k: from one micro-batch up, as a start does
+            self.engine.set_subdivisions(1 if self.described["k"] == "auto" else wanted)
         return step
 
     def restored(self, step: int, trainer) -> None:
