@@ -16,7 +16,7 @@ from .loader import json_or_none, read_run, records
 from .trainer.store.checkpoints import checkpoint_numbers
 from .trainer.store.lock import lock_holder
 from .trainer.store.metrics_log import is_epoch_record
-from .trainer.store.rundir import MODEL_COPY
+from .trainer.store.rundir import HISTORY, MODEL_COPY
 
 
 def describe(run_dir: Path) -> dict:
@@ -49,8 +49,20 @@ def describe(run_dir: Path) -> dict:
         ),
         "checkpoints": sorted(checkpoint_numbers(run_dir / "checkpoints")),
         "summary": summary,
-        "next": None if state != "stopped" else go_on,
+        "next": None if state != "stopped" else _after_out_of_memory(run_dir, go_on, last) or go_on,
     }
+
+
+def _after_out_of_memory(run_dir: Path, go_on: str, last: dict) -> str | None:
+    """Where the run's last stop ran out of memory (history.jsonl's last line): the resume with twice the
+    micro-batches, which cuts the same batches (the update and the data order stay), while they fit in a batch."""
+    stop = (records(run_dir, HISTORY) or [{}])[-1]
+    if stop.get("event") != "out_of_memory" or 2 * stop["subdivisions"] > last.get("batch_size", 0):
+        return None
+    more = 2 * stop["subdivisions"]
+    if go_on.endswith(") again"):  # accum_train.fit's
+        return "resume with smaller micro-batches: " + go_on.replace(") again", f", subdivisions={more}) again")
+    return f"resume with smaller micro-batches: {go_on} --set subdivisions={more}"
 
 
 def _finite(value):

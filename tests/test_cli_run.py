@@ -241,7 +241,7 @@ def test_run_dir_errors(tmp_path, repo_root, smoke_run):
         return (
             f"--resume {done}: the config changes {change}, which the run cannot continue with; only epochs, "
             f"log_every, checkpoint.every_steps, checkpoint.keep, data.dir, strategy, optimizer.learning_rate, "
-            f"optimizer.clip_norm may change"
+            f"optimizer.clip_norm, subdivisions, micro_batch_size may change"
         )
 
     cases = [

@@ -64,6 +64,13 @@ out["summary"] = json.load(open("jax-regression/summary.json"))
 out["describe"] = cli("describe", "jax-regression").output.splitlines()
 done = cli("evaluate", "jax-regression")
 out["evaluate"] = [done.exit_code, json.load(open("jax-regression/evaluate/evaluate.json"))]
+# a further epoch at half the micro-batches (fit's door on JAX: the config's k wins over the checkpoint's)
+cli("run", "regression.yaml", "--output-dir", "jax-five", "--set", "epochs=5", "--quiet")
+kept("jax-five", "jax-five")
+done = cli("run", "--resume", "jax-regression", "--set", "epochs=5", "--set", "subdivisions=2", "--quiet")
+history = [json.loads(line) for line in open("jax-regression/history.jsonl")]
+out["recut"] = [done.exit_code, [(h["event"], h["step"], h["subdivisions"]) for h in history]]
+kept("jax-recut", "jax-regression")
 for case, (config, *sets) in REFUSED.items():
     done = cli("run", config, "--output-dir", f"refused-{case}", *sum((["--set", s] for s in sets), []))
     out[case] = [done.exit_code, done.output.strip(), os.path.exists(f"refused-{case}")]
@@ -141,6 +148,12 @@ def test_a_jax_run_of_the_cli_resumes_to_the_uninterrupted_weights_with_every_up
     assert max_difference(weights(folder / "jax-resumed.npz"), weights(folder / "jax-four.npz")) == 0
     assert out["updates logged"] == list(range(1, 13))
     assert (out["summary"]["steps"], out["summary"]["subdivisions"], out["summary"]["backend"]) == (12, 4, "jax")
+
+
+def test_a_jax_run_of_the_cli_resumes_with_other_subdivisions_to_the_uninterrupted_weights(runs):
+    folder, out = runs
+    assert out["recut"] == [0, [["start", 0, 4], ["resume", 6, 4], ["resume", 12, 2]]]
+    assert max_difference(weights(folder / "jax-recut.npz"), weights(folder / "jax-five.npz")) < 1e-5
 
 
 def test_describe_and_evaluate_read_a_jax_run_of_the_cli(runs):

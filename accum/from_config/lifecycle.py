@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..backends import active
+from ..config import load_run_config
 from ..errors import RunDirError
 from ..files import atomic_write
 from ..processes import announce_started, restarts
@@ -57,6 +58,12 @@ class ConfigRunDir(RunDirectory):
         self.run, self.progress, self.resume, self.threads = run, progress, resume, threads
         self.tracked, self.optional, self.began = run.tracked, run.optional, started
         self.first_step, self.hooks = 0, None
+        # how the run's config.yaml cut the batch, read before this call rewrites it: a resume's other cut wins over
+        # the checkpoint's k (a worker that starts after the chief rewrote it reads the new one)
+        self.cut_before = None
+        if resume and (Path(run_dir) / "config.yaml").is_file():
+            before = load_run_config(run_dir)
+            self.cut_before = before.subdivisions, before.micro_batch_size
 
     def check(self) -> None:
         # with no intact checkpoint the run directory stays as it was
@@ -86,7 +93,11 @@ class ConfigRunDir(RunDirectory):
                 f"note: the cosine schedule ends at update {end} (decay_steps={schedule.decay_steps}, "
                 f"fixed when the run started); later updates use its final learning rate"
             )
-        if not cfg.baseline:
+        if cfg.baseline:
+            return
+        if self.cut_before is not None and self.cut_before != (cfg.subdivisions, cfg.micro_batch_size):
+            _cut_anew(run, trainer, self.progress, run.timeline.batch_size(step))
+        else:
             _adapt_to_replicas(run, trainer, self.progress, run.timeline.batch_size(step))
 
     def write_records(self, spec) -> None:
@@ -225,6 +236,23 @@ def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: in
     progress.message(
         f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
+        f"learning-rate schedule and update count unchanged"
+    )
+
+
+def _cut_anew(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
+    """After a restore, where the resume's config cuts the batch otherwise than the checkpoint's: its k wins over
+    the checkpoint's (auto: measured again, as a start does). ``batch``: the batch size in force."""
+    k_before, cfg = run.subdivisions, run.cfg
+    if cfg.auto_subdivisions:
+        run.engine.set_subdivisions(1)
+        probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
+    else:
+        run.engine.set_subdivisions(cfg.subdivisions_for(batch, run.replicas))
+    run.saved_replicas.assign(run.replicas)
+    progress.message(
+        f"subdivisions {k_before} -> {run.subdivisions} since the checkpoint (micro-batches of up to "
+        f"{largest_micro_batch(batch, run.replicas, run.subdivisions)} examples); batch_size, data order, "
         f"learning-rate schedule and update count unchanged"
     )
 

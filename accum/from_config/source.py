@@ -80,6 +80,8 @@ RESUMABLE_CHANGES = (
     "strategy",
     "optimizer.learning_rate",
     "optimizer.clip_norm",
+    "subdivisions",
+    "micro_batch_size",
 )
 
 

@@ -2,7 +2,9 @@
 
 What it holds:
 - ``run.json`` (rundir.write_record, as the CLI's): under ``"fit"`` what the data order depends on (batch size, k,
-  seed, shuffle, steps per epoch, examples), checked by a resume, and the layers LoRA is on (earlier: fit.json);
+  seed, shuffle, steps per epoch, examples), checked by a resume (k may change: it cuts the same batches), the layers
+  LoRA is on and what the checkpoint ``holds`` (optimizer class, metric names, variables' paths and shapes), which a
+  resume compares before it restores (earlier: fit.json);
 - ``initial_model.keras``: the model as the first call began it, saved before its first update (a resume keeps
   it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
   of a call that never returned (accum/reload.py);
@@ -97,6 +99,7 @@ class FitRunDir(RunDirectory):
         self.epoch, self.update_in_epoch = counter(0, "int64", "epoch"), counter(0, "int64", "update_in_epoch")
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done = (0, 0), 0
+        self.before_k = None  # the k (or "auto") run.json recorded, which this call's may replace
         self.tracked = {
             "weights": built.weights,
             "optimizer": engine.optimizer,
@@ -117,7 +120,7 @@ class FitRunDir(RunDirectory):
 
     def write_records(self, spec) -> None:
         if self.writer:  # with the layers LoRA is on, which the model file may not rebuild (accum/reload.py)
-            write_record(self.path, "fit", spec, None, fit={**self.described, **self.lora})
+            write_record(self.path, "fit", spec, None, fit={**self.described, **self.lora, "holds": self.holds()})
         # the model before its first update, for the readers: a resume keeps the first (an older directory gains one)
         if self.writer and not (self.path / MODEL_COPY).is_file():
             self._save_model(MODEL_COPY)
@@ -156,9 +159,15 @@ class FitRunDir(RunDirectory):
                 f"accum_train.fit: output_dir {path} is not empty and was not written by accum_train.fit: "
                 f"choose an empty or new directory"
             )
-        # examples: what a directory of 0.2.0 did not record (its resume is not checked for it)
-        changed = [k for k in described if before.get(k) != described[k] and (k in before or k != "examples")]
+        # examples: what a directory of 0.2.0 did not record (its resume is not checked for it); k: how the batch is
+        # cut, which changes neither the batches nor the update (a resume after running out of memory takes more)
+        changed = [
+            k for k in described if k != "k" and before.get(k) != described[k] and (k in before or k != "examples")
+        ]
         if not changed:
+            self.before_k = before.get("k")
+            if before.get("holds") is not None:  # a directory written before run.json held it: the restore says
+                _check_holds(path, before["holds"], self.holds())
             return
         key = changed[0]
         if key == "examples":
@@ -176,14 +185,32 @@ class FitRunDir(RunDirectory):
             f"batches; pass {was} or choose a new output_dir"
         )
 
+    def holds(self) -> dict:
+        """What the checkpoint holds, as run.json records it for a resume to compare before restoring: the
+        optimizer's class, the metrics (by name, as their variables' paths begin) and the variables' paths and
+        shapes."""
+        metrics = dict.fromkeys(v.path.rsplit("/", 1)[0] for v in self.model.metrics_variables)
+        return {
+            "optimizer": type(self.engine.optimizer).__name__,
+            "metrics": list(metrics),
+            "variables": [[_path(v), list(v.shape)] for v in self.tracked["weights"]],
+        }
+
     def restore(self, say, found=None) -> int:
+        # another cut's k, not the checkpoint's: a resume may cut the same batches otherwise (``check``)
+        wanted = self.engine.k
         try:
-            return super().restore(say, found)
+            step = super().restore(say, found)
         except (AssertionError, ValueError, active().OP_ERROR) as err:
             raise RunDirError(
                 f"accum_train.fit: output_dir {self.path} holds a checkpoint of another model "
                 f"({str(err).splitlines()[0][:160]}): pass the same model, or choose a new output_dir"
             ) from None
+        # the same cut as before: the k the checkpoint restored (the k its batch_schedule's batch or auto had come to)
+        if self.described["k"] != self.before_k:
+            # auto after a fixed k: from one micro-batch up, as a start does
+            self.engine.set_subdivisions(1 if self.described["k"] == "auto" else wanted)
+        return step
 
     def restored(self, step: int, trainer) -> None:
         self.done = step
@@ -239,6 +266,45 @@ class FitRunDir(RunDirectory):
 
     def _save_model(self, name: str) -> None:  # a reader or a resume never finds half a file
         atomic_write(self.path / name, keras_bytes(self.model, name, folder=self.path))
+
+
+def _path(variable) -> str:
+    """A variable's path in its model, without the model's name (which a process numbers) or TensorFlow's ":0"."""
+    path = (getattr(variable, "path", None) or variable.name).split(":")[0]
+    return path.split("/", 1)[-1]
+
+
+def _shaped(variables: list) -> list:
+    return [f"{path} {tuple(shape)}" for path, shape in variables] or ["none"]
+
+
+def _check_holds(path: Path, before: dict, now: dict) -> None:
+    """A resume of a model, optimizer or metrics other than the checkpoint's, refused in one line that names what
+    differs (run.json's ``holds`` against this call's), before the restore's own error and warnings."""
+    differences = []
+    if before["optimizer"] != now["optimizer"]:
+        differences.append(f"the optimizer was {before['optimizer']}, now {now['optimizer']}")
+    # restored in order, not by name (a model built again in one process has other layer names): compared by shape
+    was, is_now = before["variables"], now["variables"]
+    if [shape for _, shape in was] != [shape for _, shape in is_now]:
+        first = next((i for i, (a, b) in enumerate(zip(was, is_now)) if a[1] != b[1]), min(len(was), len(is_now)))
+        differences.append(
+            f"the checkpoint holds {len(was)} variables, the model {len(is_now)} (from variable {first + 1} on: "
+            f"the checkpoint's {_few(_shaped(was[first:]))}; the model's {_few(_shaped(is_now[first:]))})"
+        )
+    if before["metrics"] != now["metrics"]:
+        differences.append(f"the metrics were {_few(before['metrics'])}, now {_few(now['metrics'])}")
+    if differences:
+        raise RunDirError(
+            f"accum_train.fit: output_dir {path} holds a checkpoint of another model: {'; '.join(differences)}: "
+            f"pass the model, optimizer and metrics it was trained with, or choose a new output_dir"
+        )
+
+
+def _few(names: list, shown: int = 3) -> str:
+    """The first ``shown`` of ``names``, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return (", ".join(names[:shown]) or "none") + more
 
 
 def _argument(key: str, value) -> str:

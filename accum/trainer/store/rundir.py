@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...backends import active, configured
-from ...errors import Interrupted, RunDirError
+from ...errors import Interrupted, OutOfMemory, RunDirError
 from ...files import atomic_write, strict_json
 from .checkpoints import checkpoint_numbers, latest_intact
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
@@ -118,6 +118,7 @@ class RunDirectory:
             held.enter_context(writing(self.path, self.flag))
             if begun:  # after the lock's entry: runs before its release, which removes a directory it made
                 held.push(self._forget_if_failed)
+            held.push(self._note_out_of_memory)
         else:
             self.local = Path(held.enter_context(tempfile.TemporaryDirectory(prefix="accum-train-worker-")))
         held.callback(lambda: self.log is not None and self.log.close())  # first of the exits: before any removal
@@ -131,6 +132,13 @@ class RunDirectory:
                     shutil.rmtree(entry)
                 elif entry.name != LOCK:
                     entry.unlink()
+        return False  # the error goes on
+
+    def _note_out_of_memory(self, kind, error, trace) -> bool:
+        """history.jsonl's line for a run that ran out of memory, at the k it ran: what ``describe`` reads to
+        suggest a resume with smaller micro-batches."""
+        if kind is not None and issubclass(kind, OutOfMemory) and self.checkpoints is not None:
+            self._history("out_of_memory", self.step, self.engine.replicas, self.engine.k)
         return False  # the error goes on
 
     def keep(self, tracked: dict, policy: CheckpointPolicy, engine, noise, optional=None) -> None:
@@ -184,12 +192,16 @@ class RunDirectory:
     def log_start(self, step: int, resume: bool, strategy: str, replicas: int, subdivisions: int) -> None:
         """history.jsonl's line for a start or a resume at ``step``: where, on which strategy and workers, how the
         batch is cut (informational; appended)."""
+        self._history("resume" if resume else "start", step, replicas, subdivisions, strategy=strategy)
+
+    def _history(self, event: str, step: int, replicas: int, subdivisions: int, **more) -> None:
+        """A line of history.jsonl: ``event`` at ``step`` (the newest checkpoint's update after a stop)."""
         from ..runtime import cluster_workers
 
         entry = {
             "step": step,
-            "event": "resume" if resume else "start",
-            "strategy": strategy,
+            "event": event,
+            **more,
             "workers": cluster_workers(),
             # started by 'accum-train run --workers' (its supervisor holds the lock): describe's way to go on
             "launcher": os.environ.get(LOCK_HELD) == str(self.path.resolve()),
