@@ -26,7 +26,7 @@ process's: after one untimed update, the kernel's resident high-water mark (VmHW
 /proc/self/clear_refs), one more update runs, and its peak is VmHWM minus the resident size (VmRSS) just before it:
 what the update's activations, gradients and buffers added at their highest, for (a), (c) and (e) of the lm.
 
-    python benchmarks/peers_jax.py --output docs/results/peers-jax.json
+    python benchmarks/peers_jax.py --updates 20 --output docs/peers-jax.json
 """
 
 from __future__ import annotations

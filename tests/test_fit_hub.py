@@ -190,6 +190,7 @@ def run_offline(block, capsys):
     return capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow  # about 10 s: the guide's whole example, trained
 def test_the_guide_s_opening_example_runs_as_written_offline_and_its_run_reads_raw_text(
     repo_root, tmp_path, monkeypatch, capsys
 ):
