@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import paired
 import peers_causal_lm as lm
+import tables
 
 A, C, B, E = "(a) accum_train.fit", "(c) accum_train.fit, trim_padding", "(b) keras accumulation", "(e) whole batch"
 METHODS = {"seed": (A, B, E), "lm": (A, C, B, E)}
@@ -196,6 +197,43 @@ def time_part(part, args) -> dict:
     }
 
 
+LABELS = {"seed": "seed net's Keras twin", "lm": "GPT-2 causal LM"}
+
+
+def markdown_table(report) -> str:
+    """The results page's tables from the JSON ``--output`` wrote (scripts/results_tables.py)."""
+    machine, command = report["machine"], report["command"]
+    if "--rounds" not in command:  # the first runs recorded the command without them
+        command += f" --rounds {report['rounds']} --output docs/peers-jax.json"
+    versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
+    caption = (
+        f"Measured on {machine['cpus']} CPUs ({machine['cpu']}), {versions}, commit {machine['commit']}: `{command}`"
+    )
+    lines = [
+        caption,
+        "",
+        "| model | method | examples per CPU-second | examples per wall-second |",
+        "|---|---|---:|---:|",
+    ]
+    for part, methods in report["times"].items():
+        for name, times in methods.items():
+            lines.append(
+                f"| {LABELS[part]} | {name} | {1 / times['cpu_s_per_example']:.1f} | "
+                f"{1 / times['wall_s_per_example']:.1f} |"
+            )
+    lines += ["", caption + "; paired rounds, median [95% interval]; peaks: the resident set one update adds", ""]
+    lines += ["| ratio | target | measured |", "|---|---|---|"]
+    for row in report["results"]:
+        r, better = row["ratio"], row["target"].startswith(">=")  # rounded against accum-train (tables.py)
+        figure = tables.interval(r, better) if r["low"] != r["high"] else tables.against(r["median"], better)
+        if row["theirs"] == E and row["measure"] in ("cpu", "wall"):  # a cost: seconds per example, ours over its
+            name = f"{LABELS[row['part']]}: {row['ours']}'s {row['measure']} seconds per example over {row['theirs']}'s"
+        else:
+            name = f"{LABELS[row['part']]}: {row['ours']} over {row['theirs']}, {row['measure']}"
+        lines.append(f"| {name} | {row['target']} | {figure}: {'met' if row['met'] else 'NOT met'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, default in (("V", 1000), ("L", 2), ("heads", 4), ("D", 64), ("T", 128)):
@@ -254,7 +292,9 @@ def main():
         from provenance import machine
 
         report = {
-            "command": "python benchmarks/peers_jax.py " + " ".join(f"--{k} {v}" for k, v in shared(args)[:-1]),
+            "command": "python benchmarks/peers_jax.py "
+            + " ".join(f"--{k} {v}" for k, v in shared(args)[:-1])
+            + f" --rounds {args.rounds} --output {args.output}",
             "rounds": args.rounds,
             "versions": {"jax": jax.__version__, "keras": keras.__version__},
             "machine": machine(),

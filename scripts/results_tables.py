@@ -50,6 +50,7 @@ MAKERS = {
     "peers-masked.json": ("peers_masked", {"results": "markdown_table"}),
     "peers-masked-threads.json": ("peers_masked", {"results": "markdown_table"}),
     "peers-causal-lm.json": ("peers_causal_lm", {"results": "markdown_table"}),
+    "peers-jax.json": ("peers_jax", {"results": "markdown_table"}),
     "memory-batch.json": ("memory_batch", {"rows": "table"}),
     "remat-memory.json": ("remat_memory", {"rows": "table"}),
     "image-folder.json": ("image_folder", {"check": "check_table", "train": "train_table"}),

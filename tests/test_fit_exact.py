@@ -346,3 +346,26 @@ def test_a_keras_io_convnet_with_validation_split_ends_at_model_fit_s_weights_an
     assert list(expected.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
     for name, values in expected.history.items():
         assert history.history[name] == pytest.approx(values, rel=1e-5, abs=1e-6), name
+
+
+def test_batchnorm_at_k_4_trains_the_weights_keras_accumulation_trains_from_equal_micro_batches():
+    """Issue 77: the quick suite's BatchNorm case at k > 1 that trains weights. Each micro-batch is normalised by
+    its own rows, as Keras' own gradient_accumulation_steps normalises each of its steps: with micro-batches of one
+    size and a mean loss, the two updates are one (the mean of k means is then the batch's mean), so the trainable
+    weights match Keras' after 2 epochs of 3 updates of 4 micro-batches of 4, under the suite's thread pools
+    (tests/conftest.py: 1 intra-op, 2 inter-op threads; oneDNN splits its sums by thread) and SGD(0.1). The moving
+    statistics are not compared: Keras moves them at every micro-step, accum-train once per update."""
+    x, y = X[:48], Y_VALUE[:48]
+    keras.utils.set_random_seed(1)
+    model, loss, _ = batchnorm()
+    oracle = keras.models.clone_model(model)
+    oracle.set_weights(model.get_weights())
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    oracle.compile(optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=4), loss=loss)
+    start = [w.copy() for w in model.get_weights()]
+    accum_train.fit(model, x, y, batch_size=16, subdivisions=4, epochs=2, shuffle=False, verbose=0)
+    oracle.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    trainable = lambda m: [v.numpy() for v in m.trainable_variables]  # noqa: E731
+    assert max_difference(trainable(model), trainable(oracle), relative=True) < 1e-5
+    assert max_difference(model.get_weights(), start) > 1e-2  # it trained
+    assert int(oracle.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 6

@@ -294,6 +294,27 @@ FIGURES = [
         for_accum,
     ),
     quote(
+        "README: fit on JAX against Keras' accumulation on JAX",
+        "README.md",
+        "trains a GPT-2 causal LM at {}x the examples per CPU-second ({}x with `trim_padding`), and the seed net's "
+        "Keras twin at {}x per CPU-second and {}x per wall-second",
+        "peers-jax.json",
+        lambda r: tuple(
+            next(
+                x["ratio"]["median"]
+                for x in r["results"]
+                if (x["part"], x["ours"][:3], x["theirs"][:3], x["measure"]) == key
+            )
+            for key in (
+                ("lm", "(a)", "(b)", "cpu"),
+                ("lm", "(c)", "(b)", "cpu"),
+                ("seed", "(a)", "(b)", "cpu"),
+                ("seed", "(a)", "(b)", "wall"),
+            )
+        ),
+        for_accum,
+    ),
+    quote(
         "fit: the tagger against Keras, without trim_padding",
         "docs/fit.md",
         "Without `trim_padding`: {}x per CPU-second and {}x per wall-second.",
