@@ -202,3 +202,26 @@ def run_keras_file(folder: Path, model, arrays: dict, settings: str, data: str =
     result = CliRunner().invoke(main, ["run", str(folder / "run.yaml"), "--output-dir", str(folder / "run")])
     assert result.exit_code == 0, result.output
     return folder / "run"
+
+
+def out_of_memory_at(monkeypatch, update: int) -> None:
+    """TensorFlow's accumulator runs out of memory (ResourceExhaustedError, injected) in its ``update``-th update,
+    counting over every accumulator built from now on."""
+    import tensorflow as tf
+    from accum_train.backends.tensorflow.engine import Accumulator
+
+    calls, original = [0], Accumulator.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        real = self.update_from
+
+        def update_from(iterator, n, pulls, stop=0, size=None):
+            calls[0] += 1
+            if calls[0] == update:
+                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
+            return real(iterator, n, pulls, stop, size)
+
+        self.update_from = update_from
+
+    monkeypatch.setattr(Accumulator, "__init__", init)

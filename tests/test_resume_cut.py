@@ -12,12 +12,10 @@ import accum_train
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.describe import describe
 from accum_train.errors import OutOfMemory, RunDirError
 from accum_train.trainer.store.metrics_log import read_metrics
-from helpers import max_difference, small_regressor
+from helpers import max_difference, out_of_memory_at, small_regressor
 
 N, BATCH, K, SEED = 48, 12, 2, 5
 RNG = np.random.default_rng(7)
@@ -164,21 +162,7 @@ def test_after_fit_runs_out_of_memory_describe_says_how_to_resume_with_smaller_m
 ):
     """The call stops in its 7th update (k=2 out of memory); describe's way on doubles k, and that call ends at the
     uninterrupted weights."""
-    calls, original = [0], Accumulator.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        real = self.update_from
-
-        def update_from(iterator, n, pulls, stop=0, size=None):
-            calls[0] += 1
-            if calls[0] == 7:
-                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
-            return real(iterator, n, pulls, stop, size)
-
-        self.update_from = update_from
-
-    monkeypatch.setattr(Accumulator, "__init__", init)
+    out_of_memory_at(monkeypatch, 7)
     run_dir = tmp_path / "run"
     with pytest.raises(OutOfMemory):
         fit(small_regressor(), 3, run_dir)

@@ -5,12 +5,10 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.cli.main import main
 from accum_train.describe import describe
 from click.testing import CliRunner
-from helpers import max_difference, records, run_keras_file, small_regressor
+from helpers import max_difference, out_of_memory_at, records, run_keras_file, small_regressor
 
 # a Keras model without BatchNorm (which normalises each micro-batch: another k changes its sums' terms), 48
 # examples in updates of 12: 4 per epoch, k=2 as the run starts
@@ -54,21 +52,7 @@ def test_after_running_out_of_memory_describe_says_how_to_resume_with_smaller_mi
 ):
     """The run stops in its 7th update (k=2 out of memory); describe's way on doubles k, and that resume ends at
     the uninterrupted weights."""
-    calls, original = [0], Accumulator.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        real = self.update_from
-
-        def update_from(iterator, n, pulls, stop=0, size=None):
-            calls[0] += 1
-            if calls[0] == 7:
-                raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
-            return real(iterator, n, pulls, stop, size)
-
-        self.update_from = update_from
-
-    monkeypatch.setattr(Accumulator, "__init__", init)
+    out_of_memory_at(monkeypatch, 7)
     (tmp_path / "model").mkdir()
     with pytest.raises(AssertionError, match="error: out of memory: update 7 ran out of memory"):  # exit code 3
         run_keras_file(tmp_path / "model", small_regressor(), ARRAYS, SETTINGS + "epochs: 2\n")
