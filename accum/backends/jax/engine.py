@@ -293,12 +293,22 @@ class Accumulator:
         micro-step a jitted call of its own, compiled once per length, then the one apply; what ``_update`` gives."""
         scale, total = self._scale(optimizer_values), jnp.float32(n)
         cache = totals = None
-        for x, y, sample_weight in pulled:
-            batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))
-            if cache is None:
-                cache, totals = self._empty(trainable, held, batch)
-            held, cache, totals = self._micro(trainable, held, cache, totals, batch, total, scale)
-        new, optimizer_new, loss, finite, measured = self._apply(trainable, optimizer_values, cache, totals, total)
+        for part in pulled:
+            held, cache, totals = self._micro_step(trainable, held, cache, totals, part, total, scale)
+        return self._applied(trainable, held, optimizer_values, cache, totals, total)
+
+    def _micro_step(self, trainable, held, cache, totals, part, n, scale):
+        """One micro-batch ``part`` (x, y, sample_weight) into ``cache`` and ``totals`` (None: made for its groups);
+        (held, cache, totals) after it."""
+        batch = jax.tree.map(lambda a: a[0], stacked([part]))  # one micro-batch, unstacked
+        if cache is None:
+            cache, totals = self._empty(trainable, held, batch)
+        return self._micro(trainable, held, cache, totals, batch, n, scale)
+
+    def _applied(self, trainable, held, optimizer_values, cache, totals, n):
+        """(held with the moving statistics folded, weights, optimizer's, loss, finite, record) of the one jitted
+        apply of ``cache``: what ``_update`` gives."""
+        new, optimizer_new, loss, finite, measured = self._apply(trainable, optimizer_values, cache, totals, n)
         return self._folded(held, finite), new, optimizer_new, loss, finite, measured
 
     def accumulate_from(self, iterator, n: int, pulls: int, size=None, held=False):
@@ -308,11 +318,8 @@ class Accumulator:
     def accumulate(self, x, y, n, sample_weight=None):
         """One micro-batch into the cache, nothing applied."""
         trainable, held, optimizer_values = self._state()
-        batch = jax.tree.map(lambda a: a[0], stacked([(x, y, sample_weight)]))  # one micro-batch, unstacked
-        if self._cache is None:
-            self._cache, self._totals = self._empty(trainable, held, batch)
-        scale = self._scale(optimizer_values)
-        held, self._cache, self._totals = self._micro(trainable, held, self._cache, self._totals, batch, n, scale)
+        scale, part = self._scale(optimizer_values), (x, y, sample_weight)
+        held, self._cache, self._totals = self._micro_step(trainable, held, self._cache, self._totals, part, n, scale)
         self._write(trainable, held, optimizer_values)
         self._pending = held[2]
         self._n = n
@@ -321,9 +328,9 @@ class Accumulator:
         """The accumulated update applied once (skipped where not finite), the cache cleared."""
         trainable, held, optimizer_values = self._state()
         n = jnp.float32(self._n)
-        new, optimizer_new, loss, finite, measured = self._apply(
-            trainable, optimizer_values, self._cache, self._totals, n
+        held, new, optimizer_new, loss, finite, measured = self._applied(
+            trainable, held, optimizer_values, self._cache, self._totals, n
         )
-        self._write(new, self._folded(held, finite), optimizer_new)
+        self._write(new, held, optimizer_new)
         self.reset()
         return {"loss": loss, "applied": finite, "examples": int(n), **measured}
