@@ -60,6 +60,17 @@ def compile_metrics(model):
     return getattr(model, "_compile_metrics", None)
 
 
+def compiled_state(model) -> tuple:
+    """What a ``compile()`` makes anew (the optimizer, the compiled loss and metrics) and a changed trainable flag
+    (the trainable variables' list), by identity: an engine built for a model is reused while all of it stays."""
+    return (
+        id(model.optimizer),
+        id(compile_loss(model)),
+        id(compile_metrics(model)),
+        tuple(id(v) for v in model.trainable_variables),
+    )
+
+
 def loss_tracker(model):
     """The ``loss`` Mean that model.fit's logs report (built by compile())."""
     return getattr(model, "_loss_tracker", None)

@@ -143,16 +143,13 @@ def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tup
     graphs (a compile() makes a new optimizer and loss, a trainable flag another variable list)."""
     return (
         id(strategy),
-        id(model.optimizer),
-        id(keras_private.compile_loss(model)),
-        id(keras_private.compile_metrics(model)),
+        *keras_private.compiled_state(model),
         k,
         nominal,
         precision,
         repr(feed.element_spec),
         feed.steps,  # trim_padding's uncut length, which the loss may divide by
         None if validation is None else (repr(validation.element_spec), validation.steps),
-        tuple(id(v) for v in model.trainable_variables),
     )
 
 

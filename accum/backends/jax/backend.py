@@ -199,10 +199,7 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
         keras_private.symbolic_build(model, first)
     devices = mesh(WHERE)
     key = (
-        id(model.optimizer),
-        id(keras_private.compile_loss(model)),
-        id(keras_private.compile_metrics(model)),
-        tuple(id(v) for v in model.trainable_variables),  # a trainable flag changed: another variable list
+        *keras_private.compiled_state(model),
         feed.steps,  # trim_padding's uncut length, which the loss may divide by
         spec.micro.auto,  # a retried update keeps its state: nothing donated
         given["precision"],
