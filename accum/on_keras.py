@@ -13,6 +13,7 @@ refused in one line before anything is read or written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -64,7 +65,7 @@ def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     if cfg.micro_batch_size is None and not cfg.auto_subdivisions:
         progress.message(describe_split(cfg.batch_size, k))
     x, y, weights, steps = _training(data.train, cfg)
-    test = _scorer(model, data.test, eval_batch_size(cfg.batch_size, k if isinstance(k, int) else 1))
+    test = _scorer(model, data.test, _eval_batch_size(cfg))
     watch = Watch(progress, cfg, k, test)
     validation = None if data.validation is None else _arrays(data.validation)
     fit(
@@ -90,7 +91,8 @@ def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.update(
-        {f"test_{name}": value for name, value in test().items()},
+        # the last epoch's, which its end scored (a resume with no epoch left to run scores them here)
+        watch.scores if watch.scores is not None else {f"test_{name}": value for name, value in test().items()},
         batch_size=cfg.batch_size,
         baseline=cfg.baseline,
         precision=cfg.precision,
@@ -144,7 +146,7 @@ def _source(cfg: Config, run_dir: Path | None) -> ModelSource:
         return model_source(cfg)
     copy = str(run_dir / MODEL_FILE)
     recorded = json.loads((run_dir / DATA_RECORD).read_text()) if (run_dir / DATA_RECORD).is_file() else {}
-    model = type(cfg.model)(**{**cfg.model.__dict__, "path": copy})
+    model = dataclasses.replace(cfg.model, path=copy)
     return ModelSource(model, recorded.get("task") == "keras_loss", compile_config(copy))
 
 
@@ -180,15 +182,21 @@ def compiled(cfg: Config, data, source: ModelSource):
     return model
 
 
+def _eval_batch_size(cfg: Config) -> int:
+    """The batch the test split is scored in, during training and by evaluate alike."""
+    k = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)
+    return eval_batch_size(cfg.batch_size, k if isinstance(k, int) else 1, cfg.micro_batch_size)
+
+
 def _arrays(split) -> tuple:
     """A split held in memory as numpy (x, y, sample weights or None), converted as the TensorFlow door converts
     its batches (uint8 inputs scaled by 1/255, float64 as float32, class labels as int32)."""
-    batch = keras.tree.map_structure(np.asarray, split.take(np.arange(len(split))))
-    return _unpacked(batch)
+    return _unpacked(split.take(np.arange(len(split))))
 
 
 def _unpacked(batch) -> tuple:
-    x, y = batch[0], batch[1]
+    """A converted batch, (x, y) or (x, (y, sample weights)), as numpy (x, y, sample weights or None)."""
+    x, y = keras.tree.map_structure(np.asarray, tuple(batch[:2]))
     if isinstance(y, tuple):  # (targets, sample weights)
         return x, y[0], y[1]
     return x, y, None
@@ -204,7 +212,7 @@ def _training(split, cfg: Config) -> tuple:
     def batches():
         for epoch in range(cfg.epochs):
             for batch in split.epoch_batches(epoch, cfg.batch_size):
-                yield tuple(part for part in _unpacked(keras.tree.map_structure(np.asarray, batch)) if part is not None)
+                yield tuple(part for part in _unpacked(batch) if part is not None)
 
     return batches(), None, None, steps
 
@@ -217,9 +225,7 @@ def _scorer(model, split, batch_size: int):
         if not len(split):
             return {}
         if getattr(split, "streamed", False):
-            batches = (
-                _unpacked(keras.tree.map_structure(np.asarray, batch)) for batch in split.epoch_batches(0, batch_size)
-            )
+            batches = (_unpacked(batch) for batch in split.epoch_batches(0, batch_size))
             return model.evaluate(batches, verbose=0, return_dict=True)
         x, y, weights = _arrays(split)
         return model.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0, return_dict=True)
@@ -235,7 +241,7 @@ def test_split(cfg: Config, run_dir: Path, model) -> tuple:
     split = load_data(cfg, run_dir, _source(cfg, run_dir)).test
     if not len(split):
         raise DataError("the test split is empty: nothing to evaluate")
-    return len(split), _scorer(model, split, eval_batch_size(cfg.batch_size, 1, cfg.micro_batch_size))
+    return len(split), _scorer(model, split, _eval_batch_size(cfg))
 
 
 def _schedule(cfg: Config):
@@ -255,6 +261,7 @@ class Watch(keras.callbacks.Callback):
         self.progress, self.cfg, self.test = progress, cfg, test
         self.k = k if isinstance(k, int) else 1
         self.started = time.time()
+        self.scores = None  # the last epoch's test scores, as summary.json's test_ keys
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started, self.updates = time.time(), 0
@@ -270,7 +277,7 @@ class Watch(keras.callbacks.Callback):
             self.progress.updates(self.updates * self.k, float(logs["loss"]), self._rate())
 
     def on_epoch_end(self, epoch, logs=None):
-        scores = {f"test_{name}": float(value) for name, value in self.test().items()}
+        self.scores = scores = {f"test_{name}": float(value) for name, value in self.test().items()}
         logs.update(scores)
         validation = {f"validation_{name[4:]}": value for name, value in logs.items() if name.startswith("val_")}
         self.progress.epoch_end(
