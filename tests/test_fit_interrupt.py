@@ -5,36 +5,29 @@ with SIGINT ignored (a background job: ``python train.py &``) keeps ignoring it,
 in a process of its own, which sends itself SIGINT after its second update."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow  # a process per case, seconds each
 
 SCRIPT = r"""
-import json, os, signal, sys, numpy as np, keras, accum_train
+import json, signal, sys, numpy as np, keras, accum_train
+from helpers import signal_after
 
 mode, output_dir = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
 if mode == "ignored":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
 
-class Interrupt(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.updates = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.updates += 1
-        if self.updates == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-
 keras.utils.set_random_seed(1)
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
 model.compile(optimizer="sgd", loss="mse")
 x, y = np.ones((40, 3), "float32"), np.ones((40, 1), "float32")
-callback = Interrupt()
+callback = signal_after(2)  # SIGINT after the second update
 fit = lambda: accum_train.fit(model, x, y, batch_size=10, subdivisions=2, epochs=2, verbose=0, output_dir=output_dir,
                               callbacks=[callback])
 if mode == "uncaught":
@@ -47,7 +40,7 @@ elif mode == "except Exception":
 else:
     try:
         fit()
-        print(json.dumps({"finished": int(model.optimizer.iterations), "updates": callback.updates,
+        print(json.dumps({"finished": int(model.optimizer.iterations), "updates": callback.seen,
                           "SIGINT": str(signal.getsignal(signal.SIGINT))}))
     except KeyboardInterrupt as err:
         print(json.dumps({"caught by": "KeyboardInterrupt", "type": type(err).__name__, "line": str(err),
@@ -56,8 +49,9 @@ else:
 
 
 def call(mode, *args):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", SCRIPT, mode, *map(str, args)], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300, env=env)  # fmt: skip
 
 
 def said(done) -> dict:
