@@ -126,6 +126,17 @@ weighted_mean = keras.losses.SparseCategoricalCrossentropy(from_logits=True, red
 classifier = lambda: mlp(weighted_mean, 4)
 oracle("weighted mean k=4", classifier, labels, subdivisions=4)  # 2, 3, 2, 3 and 0, 1, 1, 1: an empty micro-batch
 trained = oracle("micro_batch_size=4", mlp, y, micro_batch_size=4)
+# a second call on the same compiled model reuses the first's engine and its compiled update, as Keras reuses its
+# train function: no update traced again; a compile() makes a new one
+from accum_train.backends.jax import engine as jax_engine
+traced, real_update = [], jax_engine.Accumulator._update_fn
+jax_engine.Accumulator._update_fn = lambda self, *args: traced.append(1) or real_update(self, *args)
+accum_train.fit(trained, x, y, batch_size=10, micro_batch_size=4, shuffle=False, verbose=0)
+again = len(traced)
+trained.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+accum_train.fit(trained, x, y, batch_size=10, micro_batch_size=4, shuffle=False, verbose=0)
+out["traced again"] = [again, len(traced) > again]
+jax_engine.Accumulator._update_fn = real_update
 backend = active()
 engine = backend.accumulator_for(trained, backend.KerasObjective(trained), trained.optimizer, subdivisions=2)
 out["answers Engine"] = [backend.NAME, isinstance(engine, Engine), engine.k]
@@ -975,6 +986,10 @@ def test_an_update_s_memory_on_jax_follows_the_micro_batch_and_its_state_is_dona
     assert cut <= 1.1 * one + cache, memory  # beside a micro-step's own: the cache, the scan's carry, XLA's scratch
     assert whole > 4 * cut, memory
     assert donated == state, memory
+
+
+def test_a_later_fit_call_reuses_the_engine_and_its_compiled_update_until_a_compile(cases):
+    assert cases["traced again"] == [0, True]
 
 
 def test_the_jax_accumulator_answers_the_engine_protocol(cases):
