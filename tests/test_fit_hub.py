@@ -66,7 +66,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+# the LoRA classifier's case, about 10 s, in the slow suite: the quick suite keeps LoRA through the causal LM's
+SLOW = {"text classifier with LoRA: a list of strings, validation_split"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_a_task_with_its_preprocessor_ends_at_task_fit_s_weights(case):
     build, theirs, ours = CASES[case]
 
