@@ -459,16 +459,22 @@ out["unrolled"] = [unrolled_here(convnet()), unrolled_here(plain())]
 # issue 76's install without TensorFlow: a finder put in place before accum_train is imported refuses tensorflow and
 # tensorlayer as if neither were installed; accum_train.fit then trains on arrays, against Keras' own model.fit
 MEMORY = r"""
-# the update's buffers as XLA compiled them (its own analysis: nothing runs), for a net whose activations outweigh its
-# weights: the batch of 64 whole, the same batch as 8 micro-batches of 8, and one micro-batch of 8 alone
+# the update's buffers as XLA compiled them (its own analysis: nothing runs), for nets whose activations outweigh their
+# weights: the batch of 64 whole, the same batch as 8 micro-batches of 8, and one micro-batch of 8 alone; the dense
+# net's micro-steps run in a lax.scan, the convnet's unrolled (engine.unrolled_here)
 from accum_train import keras_private
 from accum_train.backends.jax.engine import stacked
 
-def compiled(batch, k):
+NETS = {
+    "dense": lambda: [keras.Input((128, 16)), keras.layers.Dense(64, activation="relu"),
+                      keras.layers.Dense(64, activation="relu"), keras.layers.GlobalAveragePooling1D()],
+    "conv": lambda: [keras.Input((128, 16)), keras.layers.Conv1D(64, 3, padding="same", activation="relu"),
+                     keras.layers.Conv1D(64, 3, padding="same", activation="relu"), keras.layers.GlobalAveragePooling1D()],
+}
+
+def compiled(batch, k, kind="dense"):
     keras.utils.set_random_seed(0)
-    net = keras.Sequential([keras.Input((128, 16)), keras.layers.Dense(64, activation="relu"),
-                            keras.layers.Dense(64, activation="relu"), keras.layers.GlobalAveragePooling1D(),
-                            keras.layers.Dense(4)])
+    net = keras.Sequential([*NETS[kind](), keras.layers.Dense(4)])
     net.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     images, classes = np.zeros((batch, 128, 16), "float32"), np.zeros((batch,), "int32")
     keras_private.symbolic_build(net, (images[:8], classes[:8], None))
@@ -481,6 +487,7 @@ def compiled(batch, k):
     return [analysis.temp_size_in_bytes, analysis.alias_size_in_bytes, state, cache]
 
 out["memory"] = {f"{batch}/{k}": compiled(batch, k) for batch, k in ((64, 1), (64, 8), (8, 1))}
+out["memory, unrolled"] = {f"{batch}/{k}": compiled(batch, k, "conv") for batch, k in ((64, 1), (64, 8), (8, 1))}
 """
 
 WITHOUT_TENSORFLOW = (
@@ -977,13 +984,18 @@ def test_a_bad_shuffle_is_refused_on_jax_in_tensorflow_s_door_s_line(cases):
     assert cases["shuffle"] == str(raised.value) == "accum_train.fit: shuffle='yes' must be True, False or 'batch'"
 
 
-def test_an_update_s_memory_on_jax_follows_the_micro_batch_and_its_state_is_donated(cases):
+@pytest.mark.parametrize("loop", ["memory", "memory, unrolled"])
+def test_an_update_s_memory_on_jax_follows_the_micro_batch_and_its_state_is_donated(cases, loop):
     """Issue 76's "buffers donated so that memory follows the micro-batch", in XLA's own analysis of the compiled
     update: a batch of 64 as 8 micro-batches of 8 needs the temporary memory of one micro-batch of 8 plus the float32
-    cache, far under the whole batch's; and the weights and the optimizer's slots are written in place (donated)."""
-    memory = cases["memory"]
+    cache, far under the whole batch's; and the weights and the optimizer's slots are written in place (donated).
+    Both loops: the scan's, and the unrolled micro-steps of a convnet on a CPU, which engine.after runs one after
+    another (XLA would otherwise run them side by side, holding all 8 micro-batches' activations)."""
+    memory = cases[loop]
     (whole, _, state, cache), (cut, donated, _, _), (one, _, _, _) = (memory[key] for key in ("64/1", "64/8", "8/1"))
-    assert cut <= 1.1 * one + cache, memory  # beside a micro-step's own: the cache, the scan's carry, XLA's scratch
+    # beside a micro-step's own: the cache, the carry, XLA's scratch; unrolled, XLA keeps a little of one micro-step
+    # beside the next (measured 1.26x one's; 6.2x with the micro-steps side by side)
+    assert cut <= (1.1 if loop == "memory" else 1.3) * one + cache, memory
     assert whole > 4 * cut, memory
     assert donated == state, memory
 

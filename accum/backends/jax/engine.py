@@ -65,12 +65,26 @@ def stacked(micro_batches: list):
 
 def unrolled_here(model) -> bool:
     """Whether an update runs its micro-steps unrolled rather than in a ``lax.scan``: for a model with convolutions on
-    a CPU, where XLA runs a convolution inside a loop's body many times slower than outside one (jax-ml/jax#12868;
-    measured here on the README's convnet, benchmarks/peers_jax.py). Unrolled, XLA's CPU scheduler keeps more than one
-    micro-batch's activations live, which a CPU's memory, the machine's, can afford; a GPU keeps the scan's bound."""
+    a CPU, where XLA runs a convolution inside a loop's body many times slower than outside one (jax-ml/jax#12868:
+    in a loop's body the filter gradient's convolution keeps a layout the CPU's convolution library does not take;
+    measured here on the README's convnet, benchmarks/peers_jax.py). ``after`` keeps the unrolled micro-steps one
+    micro-batch's buffers apart, as the scan does."""
     if jax.default_backend() != "cpu":
         return False
     return any("Conv" in type(layer).__name__ for layer in keras_private.all_layers(model))
+
+
+def after(cache: list, batch):
+    """``batch`` with its inputs made to depend on ``cache``, so that an unrolled micro-step starts only once the one
+    before it has added its gradient. Without it XLA's CPU scheduler runs the micro-steps side by side, layer by layer,
+    and holds every micro-batch's activations at once: on the README's convnet at k=8, 48 MiB of temporary buffers,
+    over glibc's 32 MiB ceiling for reusing a freed block, so that each update mapped its buffers anew (12,000 page
+    faults and a quarter more CPU time than Keras' accumulation). An optimization barrier does not order them: XLA
+    removes barriers before it schedules. The dependency is a test that is always true, on the bits of the cache (so
+    that no value, NaN included, changes it), which XLA cannot fold away; the inputs pass through it unchanged."""
+    bits = sum(jax.lax.bitcast_convert_type(c.reshape(-1)[0], "int32") for c in cache)
+    ready = (bits | 1) != 0
+    return (jax.tree.map(lambda a: jnp.where(ready, a, jnp.zeros((), a.dtype)), batch[0]), *batch[1:])
 
 
 class Accumulator:
@@ -229,7 +243,7 @@ class Accumulator:
         carry = (self.spread(held), *self._empty(trainable, held, jax.tree.map(lambda a: a[0], batches)))
         if self.unrolled:  # one micro-step after another in the function itself (``unrolled_here``)
             for i in range(jax.tree.leaves(batches)[0].shape[0]):
-                carry = step(carry, jax.tree.map(lambda a, i=i: a[i], batches))[0]
+                carry = step(carry, after(carry[1], jax.tree.map(lambda a, i=i: a[i], batches)))[0]
         else:  # XLA reuses the loop body's buffers: the update holds one micro-batch's activations
             carry = jax.lax.scan(step, carry, batches)[0]
         moved, cache, totals = carry
