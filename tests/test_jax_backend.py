@@ -468,8 +468,8 @@ from accum_train.backends.jax.engine import stacked
 NETS = {
     "dense": lambda: [keras.Input((128, 16)), keras.layers.Dense(64, activation="relu"),
                       keras.layers.Dense(64, activation="relu"), keras.layers.GlobalAveragePooling1D()],
-    "conv": lambda: [keras.Input((128, 16)), keras.layers.Conv1D(64, 3, padding="same", activation="relu"),
-                     keras.layers.Conv1D(64, 3, padding="same", activation="relu"), keras.layers.GlobalAveragePooling1D()],
+    "conv": lambda: [keras.Input((128, 16)), *(keras.layers.Conv1D(64, 3, padding="same", activation="relu")
+                                                for _ in range(2)), keras.layers.GlobalAveragePooling1D()],
 }
 
 def compiled(batch, k, kind="dense"):
