@@ -460,8 +460,8 @@ out["unrolled"] = [unrolled_here(convnet()), unrolled_here(plain())]
 # tensorlayer as if neither were installed; accum_train.fit then trains on arrays, against Keras' own model.fit
 MEMORY = r"""
 # the update's buffers as XLA compiled them (its own analysis: nothing runs), for nets whose activations outweigh their
-# weights: the batch of 64 whole, the same batch as 8 micro-batches of 8, and one micro-batch of 8 alone; the dense
-# net's micro-steps run in a lax.scan, the convnet's unrolled (engine.unrolled_here)
+# weights: a batch whole, the same batch as micro-batches of 8, and one micro-batch of 8 alone; the dense net's
+# micro-steps run in a lax.scan, the convnet's unrolled (engine.unrolled_here)
 from accum_train import keras_private
 from accum_train.backends.jax.engine import stacked
 
@@ -486,8 +486,10 @@ def compiled(batch, k, kind="dense"):
     cache = 4 * sum(int(np.prod(v.shape)) for v in net.trainable_variables)  # float32, one normaliser group
     return [analysis.temp_size_in_bytes, analysis.alias_size_in_bytes, state, cache]
 
-out["memory"] = {f"{batch}/{k}": compiled(batch, k) for batch, k in ((64, 1), (64, 8), (8, 1))}
-out["memory, unrolled"] = {f"{batch}/{k}": compiled(batch, k, "conv") for batch, k in ((64, 1), (64, 8), (8, 1))}
+SIZES = {"memory": ("dense", 64, 8), "memory, unrolled": ("conv", 32, 4)}  # the convnet's unrolled steps compile apart
+for name, (kind, batch, k) in SIZES.items():
+    shapes = {"whole": (batch, 1), "cut": (batch, k), "one": (8, 1)}
+    out[name] = {key: compiled(*shape, kind) for key, shape in shapes.items()}
 """
 
 WITHOUT_TENSORFLOW = (
@@ -987,16 +989,16 @@ def test_a_bad_shuffle_is_refused_on_jax_in_tensorflow_s_door_s_line(cases):
 @pytest.mark.parametrize("loop", ["memory", "memory, unrolled"])
 def test_an_update_s_memory_on_jax_follows_the_micro_batch_and_its_state_is_donated(cases, loop):
     """Issue 76's "buffers donated so that memory follows the micro-batch", in XLA's own analysis of the compiled
-    update: a batch of 64 as 8 micro-batches of 8 needs the temporary memory of one micro-batch of 8 plus the float32
-    cache, far under the whole batch's; and the weights and the optimizer's slots are written in place (donated).
-    Both loops: the scan's, and the unrolled micro-steps of a convnet on a CPU, which engine.after runs one after
-    another (XLA would otherwise run them side by side, holding all 8 micro-batches' activations)."""
+    update: a batch as micro-batches of 8 (64 as 8, in a scan; a convnet's 32 as 4, unrolled on a CPU) needs the
+    temporary memory of one micro-batch of 8 plus the float32 cache, far under the whole batch's; and the weights and
+    the optimizer's slots are written in place (donated). Unrolled, engine.after runs the micro-steps one after
+    another; without it XLA runs them side by side and holds every micro-batch's activations."""
     memory = cases[loop]
-    (whole, _, state, cache), (cut, donated, _, _), (one, _, _, _) = (memory[key] for key in ("64/1", "64/8", "8/1"))
+    (whole, _, state, cache), (cut, donated, _, _), (one, _, _, _) = (memory[key] for key in ("whole", "cut", "one"))
     # beside a micro-step's own: the cache, the carry, XLA's scratch; unrolled, XLA keeps a little of one micro-step
-    # beside the next (measured 1.26x one's; 6.2x with the micro-steps side by side)
+    # beside the next
     assert cut <= (1.1 if loop == "memory" else 1.3) * one + cache, memory
-    assert whole > 4 * cut, memory
+    assert whole > 2.5 * cut, memory
     assert donated == state, memory
 
 
