@@ -694,6 +694,23 @@ for reduction in ("sum_over_batch_size", "mean_with_sample_weight", "every posit
         apart = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights()))
         logs = max(abs(got.history[k][-1] / want.history[k][-1] - 1) for k in want.history)
         out[f"{reduction} {multiple}"] = [apart, logs, [list(shape) for shape in updates]]
+
+class Batches(keras.utils.PyDataset):  # the same batches of 10 as a stream, long and short sequences interleaved
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        rows = 10 * i + np.array([0, 9, 1, 8, 2, 7, 3, 6, 4, 5])
+        return tokens[rows], tags[rows], w[rows]
+
+for multiple in (1, 8):
+    ours, keras_own = tagger(), tagger()
+    shapes.clear()
+    accum_train.fit(ours, Batches(), subdivisions=2, trim_padding=multiple, epochs=2, shuffle=False, verbose=0)
+    updates = sorted(shapes)
+    keras_own.fit(Batches(), epochs=2, shuffle=False, verbose=0)
+    apart = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.get_weights(), keras_own.get_weights()))
+    out[f"stream {multiple}"] = [apart, [list(shape) for shape in updates]]
 jax_engine.Accumulator._micro_fn = real_micro
 out["longest"] = [int(lengths[i]) for i in range(4, 40, 5)]  # each micro-batch's: 5 of each batch of 10
 for name, model in (("unweighted metric", tagger(metrics=["accuracy"])), ("unmasked", tagger(masked=False))):
@@ -858,6 +875,17 @@ def test_trim_padding_on_jax_is_model_fit_uncut_and_compiles_one_update_per_roun
     assert apart < 1e-5 and logs < 1e-5
     rounded = sorted({-(-longest // multiple) * multiple for longest in trim_cases["longest"]})
     assert shapes == [[5, length] for length in rounded] and len(shapes) == {1: 8, 8: 3}[multiple]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_trim_padding_on_jax_cuts_a_stream_s_micro_batches_as_it_cuts_arrays(trim_cases, multiple):
+    """The same batches from a PyDataset, long and short sequences interleaved: each batch ordered by length and
+    each micro-batch cut to its own longest, the arrays' shapes; Keras' weights, uncut."""
+    apart, shapes = trim_cases[f"stream {multiple}"]
+    assert apart < 1e-5
+    rounded = sorted({-(-longest // multiple) * multiple for longest in trim_cases["longest"]})
+    assert shapes == [[5, length] for length in rounded]
 
 
 @pytest.mark.slow

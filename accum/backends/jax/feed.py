@@ -50,9 +50,9 @@ def trimmed(element, timed, length: int):
 class ArrayBatches(Arrays):
     """Arrays in memory, held as numpy (arrays.Arrays), each element gathered by index as the TensorFlow door's
     ArrayFeed gathers it. ``y`` is required: the objective trains on targets. ``trim``: trim_padding's multiple
-    (0: off): every micro-batch of an update cut to the update's longest sequence, rounded up to it
-    (lengths.cut_length), so that one update's micro-batches stack to one shape and a run compiles one update per
-    length it rounds to."""
+    (0: off): on one device each micro-batch of like sequences cut to its own longest, rounded up to it
+    (lengths.cut_length; a compiled micro-step per length), over devices every micro-batch of an update to the
+    update's longest, so that they stack to one shape."""
 
     def __init__(self, x, y, sample_weight, class_weight, *, trim=0, **settings):
         if y is None:
@@ -125,7 +125,7 @@ class StreamBatches:
         restart=None,
         trim=0,
     ):
-        self.trim = int(trim)  # trim_padding's multiple (0: off): each batch cut to its longest, rounded up to it
+        self.trim = int(trim)  # trim_padding's multiple (0: off): each micro-batch cut to its longest, rounded up
         self.read, self.name, self.class_weight, self.ends, self.restart = read, name, class_weight, ends, restart
         # what a batch without targets is told (a KerasHub task's: its preprocessor was given no labels)
         self.missing = missing or f"{name}'s batches hold no targets: make them (x, y) or (x, y, sample_weight)"
@@ -144,7 +144,7 @@ class StreamBatches:
             elif self.restart is not None:  # a PyDataset's workers, which went on reading ahead
                 self.restart()
             if self.trim:  # the length before the cut (``steps``), which the objective counts a mean over
-                self._trimmed(self.first)
+                self._lengths(self.first)
         return self.first
 
     def _batch(self, batch):
@@ -169,9 +169,9 @@ class StreamBatches:
     def updates(self, epoch: int) -> int | None:
         return self.steps_per_epoch if self.steps_per_epoch is not None else self.cardinality
 
-    def _trimmed(self, batch):
-        """``batch`` with its time axis cut after its longest sequence, rounded up to the multiple. Every batch must
-        have the first one's length before the cut (``steps``), which a mean over every position divides by."""
+    def _lengths(self, batch):
+        """Each sequence's length in ``batch``. Every batch must have the first one's length before the cut
+        (``steps``), which a mean over every position divides by."""
         given = tuple(part for part in batch if part is not None)
         lengths, timed = sequence_lengths(given, WHERE)
         steps = uncut_steps(given, timed)
@@ -183,7 +183,26 @@ class StreamBatches:
                 f"axis 1 before the cut (the first is {self.steps}, a later one {steps}): pad them to one length"
             )
         self.timed = (*timed, None)[: len(batch)]
-        return trimmed(batch, self.timed, cut_length(lengths.max(initial=0), self.trim, steps))
+        return lengths
+
+    def _trimmed(self, batch, lengths=None):
+        """``batch`` with its time axis cut after its longest sequence (of ``lengths``, where measured), rounded up
+        to the multiple."""
+        lengths = self._lengths(batch) if lengths is None else lengths
+        return trimmed(batch, self.timed, cut_length(lengths.max(initial=0), self.trim, self.steps))
+
+    def _elements(self, batch, cut: Cut):
+        """``batch``'s elements in the order the engine pulls them. With trim_padding on one device its sequences
+        are ordered by length, dealt into the micro-batches and each cut to its own longest, as ArrayBatches cuts
+        them (by_length); over devices, whose micro-batches stack into one array, the batch keeps one length."""
+        bounds = pieces(examples(batch), cut.k, cut.replicas, cut.local)
+        if self.trim and cut.replicas == 1:
+            lengths = self._lengths(batch)
+            order = np.argsort(lengths, kind="stable")
+            picked = (order[start:end] for start, end in bounds)
+            return (self._trimmed(rows(batch, i), lengths[i]) for i in picked)
+        batch = self._trimmed(batch) if self.trim else batch
+        return (rows(batch, slice(start, end)) for start, end in bounds)
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False):
         """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
@@ -204,14 +223,8 @@ class StreamBatches:
                 skip += epoch * self.steps_per_epoch
             batches = itertools.islice(batches, skip, None)
 
-        def cut_up():
-            for read in batches:
-                batch = self._trimmed(read) if self.trim else read
-                n = examples(batch)
-                for start, end in pieces(n, cut.k, cut.replicas, cut.local):
-                    yield rows(batch, slice(start, end))
-
-        return _then_empty(cut_up(), like, pad)
+        elements = itertools.chain.from_iterable(self._elements(batch, cut) for batch in batches)
+        return _then_empty(elements, like, pad)
 
     def end_of_epoch(self) -> None:
         if self.ends is not None:
