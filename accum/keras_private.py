@@ -116,6 +116,7 @@ class Built:
     losses: int  # the compiled loss's entries (0: compiled without one)
     sparse: list  # (path, ignore_class) of each entry that is a sparse categorical cross-entropy: takes class indices
     outputs: Callable  # () -> the outputs' structure of specs (a subclassed model's: a symbolic call, when asked)
+    compiled: tuple  # compiled_state once built (the build makes the variables): what an engine for it depends on
 
 
 def built(model, x, data_batch=None) -> Built:
@@ -132,6 +133,7 @@ def built(model, x, data_batch=None) -> Built:
         len(entries),
         [(entry.path, getattr(entry.loss, "_fn_kwargs", {}).get("ignore_class")) for entry in sparse],
         lambda: symbolic_call(model, symbolic(x)) if structure is None else structure,
+        compiled_state(model),
     )
 
 

@@ -102,7 +102,10 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
             inputs = checks.inputs_of(specs)
             facts = checks.as_user_error(model, specs, names, keras_private.built, model, inputs, specs)
         checks.check_labels(model.name, facts, class_weight, labelled)
-        key = (*_engine_key(model, strategy, "auto" if auto else k, nominal, precision, feed, validation), limit)
+        key = (
+            *_engine_key(facts.compiled, strategy, "auto" if auto else k, nominal, precision, feed, validation),
+            limit,
+        )
         built = _ENGINES.get(model, {}).get(key)
         if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
             adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
@@ -138,12 +141,13 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _engine_key(model, strategy, k, nominal, precision, feed, validation) -> tuple:
+def _engine_key(compiled: tuple, strategy, k, nominal, precision, feed, validation) -> tuple:
     """What a built engine depends on: a later call that matches all of it reuses the engine and its traced
-    graphs (a compile() makes a new optimizer and loss, a trainable flag another variable list)."""
+    graphs (``compiled``, keras_private.compiled_state: a compile() makes a new optimizer and loss, a trainable
+    flag another variable list)."""
     return (
         id(strategy),
-        *keras_private.compiled_state(model),
+        *compiled,
         k,
         nominal,
         precision,
