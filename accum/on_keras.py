@@ -160,11 +160,11 @@ def compiled(cfg: Config, data, source: ModelSource):
     keras.utils.set_random_seed(cfg.seed)
     path = source.config.path
     if source.keras_loss:
-        from .models.keras_file import check_data, load_keras_file
+        from .models.keras_file import check_data, load_keras_file, logits_by_output
 
         model = load_keras_file(path)
         check_data(model, path, *as_data(data.signature())[:2])
-        arguments = compile_arguments(model, cfg.loss, cfg.metrics, source.compiled)
+        arguments = compile_arguments(logits_by_output(model), cfg.loss, cfg.metrics, source.compiled)
     else:
         model = checked_file(source.config, data.input_shape, data.num_classes)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=source.config.from_logits)

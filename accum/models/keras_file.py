@@ -181,6 +181,11 @@ def ends_in_softmax(model: keras.Model) -> bool:
         return False
 
 
+def logits_by_output(model: keras.Model) -> dict:
+    """Per output name (``output_names``): whether it gives logits (``outputs_logits``)."""
+    return dict(zip(output_names(model), outputs_logits(model)))
+
+
 def outputs_logits(model: keras.Model) -> list[bool]:
     """Per output: whether its layer ends in no activation, so that it gives logits (a softmax, a sigmoid or a
     layer with no activation to read gives False)."""

@@ -17,7 +17,7 @@ from ..backends import active
 from ..errors import ConfigError
 from ..imports import import_function
 from ..text import first_line, shape_text, traced_error_line
-from .keras_file import accumulating_clone, check_data, load_keras_file, output_names, outputs_logits
+from .keras_file import accumulating_clone, check_data, load_keras_file, logits_by_output
 from .precision import set_precision
 
 SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
@@ -31,21 +31,21 @@ def keras_loss_model(path: str, element, seed: int, loss, metrics, compiled: dic
     loaded = load_keras_file(path)
     check_data(loaded, path, *element[:2])
     model = accumulating_clone(loaded, path)
+    logits = logits_by_output(model.network)
     try:
-        model.network.compile(**compile_arguments(model.network, loss, metrics, compiled))
+        model.network.compile(**compile_arguments(logits, loss, metrics, compiled))
     except (ValueError, TypeError) as err:
         raise ConfigError(f"loss and metrics do not fit model.path={path}: {first_line(err)}") from None
     model = set_precision(model, precision)
     return model, keras_objective(model.network, element, path)
 
 
-def compile_arguments(network, loss, metrics, compiled: dict) -> dict:
-    """compile()'s loss, loss_weights, metrics and weighted_metrics for ``network``: the YAML's ``loss`` (each
-    output's taken on its logits where it gives them) and ``metrics``, else (None) the file's ``compiled``."""
+def compile_arguments(logits: dict, loss, metrics, compiled: dict) -> dict:
+    """compile()'s loss, loss_weights, metrics and weighted_metrics for a network whose outputs give ``logits``
+    (keras_file.logits_by_output): the YAML's ``loss`` (each output's taken on its logits where it gives them) and
+    ``metrics``, else (None) the file's ``compiled``."""
     if loss is not None:
-        names = output_names(network)
-        logits = dict(zip(names, outputs_logits(network)))
-        loss, loss_weights = _on_logits(loss, names, logits), None
+        loss, loss_weights = _on_logits(loss, list(logits), logits), None
     else:
         loss, loss_weights = _from_file(compiled["loss"], keras.losses.get), compiled.get("loss_weights")
     if metrics is not None:
