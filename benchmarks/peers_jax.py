@@ -203,8 +203,6 @@ LABELS = {"seed": "seed net's Keras twin", "lm": "GPT-2 causal LM"}
 def markdown_table(report) -> str:
     """The results page's tables from the JSON ``--output`` wrote (scripts/results_tables.py)."""
     machine, command = report["machine"], report["command"]
-    if "--rounds" not in command:  # the first runs recorded the command without them
-        command += f" --rounds {report['rounds']} --output docs/peers-jax.json"
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
     caption = (
         f"Measured on {machine['cpus']} CPUs ({machine['cpu']}), {versions}, commit {machine['commit']}: `{command}`"

@@ -45,7 +45,7 @@ def compile_arguments(logits: dict, loss, metrics, compiled: dict) -> dict:
     (keras_file.logits_by_output): the YAML's ``loss`` (each output's taken on its logits where it gives them) and
     ``metrics``, else (None) the file's ``compiled``."""
     if loss is not None:
-        loss, loss_weights = _on_logits(loss, list(logits), logits), None
+        loss, loss_weights = _on_logits(loss, logits), None
     else:
         loss, loss_weights = _from_file(compiled["loss"], keras.losses.get), compiled.get("loss_weights")
     if metrics is not None:
@@ -136,10 +136,10 @@ def _loss(name: str, key: str = "loss"):
         raise ConfigError(f"{key}={name!r} is not a Keras loss: {hint}") from None
 
 
-def _on_logits(spec, names: list, logits: dict):
+def _on_logits(spec, logits: dict):
     """The YAML's loss as Keras objects; a Keras cross-entropy named for an output that ends in no activation
     takes that output's logits: Keras' own default (from_logits=False) would take them for probabilities and
-    train on nonsense without a word (``logits``: per output of ``names``, whether it ends in none). Your
+    train on nonsense without a word (``logits``: per output name, in order, whether it ends in none). Your
     functions (``module:function``) are taken as they are."""
 
     def one(name, key, outputs):
@@ -157,7 +157,8 @@ def _on_logits(spec, names: list, logits: dict):
 
     if isinstance(spec, dict):  # one name per output (config/values.py: a name, or a mapping of them)
         return {output: one(name, f"loss.{output}", [output]) for output, name in spec.items()}
-    if len(names) > 1 and len({logits[output] for output in names}) > 1:  # outputs of both kinds: one loss each
+    names = list(logits)
+    if len(names) > 1 and len(set(logits.values())) > 1:  # outputs of both kinds: one loss each
         return [one(spec, "loss", [output]) for output in names]
     return one(spec, "loss", names)
 
