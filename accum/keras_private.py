@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import keras
 from keras.src.backend import compute_output_spec, get_keras_mask, set_keras_mask
-from keras.src.losses import ALL_OBJECTS_DICT as LOSSES
+from keras.src.losses import ALL_OBJECTS_DICT as LOSSES  # noqa: F401  (re-exported)
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank  # noqa: F401  (re-exported)
-from keras.src.metrics import ALL_OBJECTS_DICT as METRICS
+from keras.src.metrics import ALL_OBJECTS_DICT as METRICS  # noqa: F401  (re-exported)
 from keras.src.trainers.compile_utils import CompileLoss
 from keras.src.utils.python_utils import pythonify_logs  # noqa: F401  (re-exported)
 
@@ -170,12 +170,6 @@ def py_dataset_adapter(py_dataset, shuffle: bool):
     return PyDatasetAdapter(py_dataset, shuffle=shuffle)
 
 
-def py_dataset_batches(py_dataset, shuffle: bool):
-    """A keras.utils.PyDataset as the tf.data pipeline of its batches that model.fit reads, and its adapter."""
-    adapter = py_dataset_adapter(py_dataset, shuffle)
-    return adapter.get_tf_dataset(), adapter
-
-
 def restart_py_dataset_workers(adapter) -> None:
     """Stop a PyDataset's workers (if it has any) after a read that ended early (the look at its first batch), and
     drop what they fetched. Left running, they go on from where that read stopped, and the next reading waits
@@ -240,16 +234,6 @@ def hold_all_reduce(optimizer) -> None:
 def release_all_reduce(optimizer) -> None:
     if "_all_reduce_sum_gradients" in vars(optimizer):
         del optimizer._all_reduce_sum_gradients
-
-
-def loss_names() -> list[str]:
-    """Every name keras.losses.get takes (its aliases too: mse, bce, ...), for a did-you-mean."""
-    return sorted(LOSSES)
-
-
-def metric_names() -> list[str]:
-    """Every name keras.metrics.get takes, for a did-you-mean."""
-    return sorted(METRICS)
 
 
 def initial_epoch(model, given: int) -> int:

@@ -19,7 +19,7 @@ from ..errors import Refused, UserError
 from ..keras_private import storage
 from ..models.keras_file import ends_in_softmax
 from ..models.precision import float8_scales
-from ..trainer.store.rundir import CheckpointPolicy
+from ..trainer.store.rundir import CheckpointPolicy, read_record
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 
 WHERE = "accum_train.fit"
@@ -32,9 +32,7 @@ def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
     if seed is not None:
         return seed
     if output_dir is not None:  # first: a resume that changed shuffle is then refused for that, not for the seed
-        from .rundir import recorded_seed
-
-        recorded = recorded_seed(Path(output_dir))
+        recorded = ((read_record(Path(output_dir)) or {}).get("fit") or {}).get("seed")
         if recorded is not None:
             return recorded
     if not shuffled:

@@ -53,11 +53,16 @@ from ..trainer.store.rundir import (
 )
 
 
-def described_call(feed, k, seed, shuffle, steps, schedule=(), rule=None) -> dict:
-    """What run.json records of a call, which its resume checks: what the data order depends on (the feed's batch
-    size and examples, ``k`` or "auto", the order's ``seed``, ``shuffle``, ``steps`` per epoch) and its
-    batch_schedule (its ``rule``'s settings, else its entries as [1-based epoch, batch size])."""
-    described = dict(batch_size=feed.batch_size, k=k, seed=seed, shuffle=shuffle, steps=steps)
+def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedule=(), rule=None):
+    """The FitRunDir of a call of either backend (None without ``output_dir``): ``loop`` its hooks (fit_hooks.py),
+    ``built`` what fit read of the model (keras_private.built). run.json records what its resume checks: what the
+    data order depends on (the feed's batch size and examples, ``k`` or "auto", the order's ``seed``, ``shuffle``,
+    ``steps`` per epoch) and its batch_schedule (its ``rule``'s settings, else its entries as [1-based epoch, batch
+    size])."""
+    if output_dir is None:
+        return None
+    feed = loop.feed
+    described = dict(batch_size=feed.batch_size, k="auto" if loop.auto else k, seed=seed, shuffle=shuffle, steps=steps)
     if getattr(feed, "examples", None) is not None:  # arrays: the order and the epoch's updates follow them
         described["examples"] = feed.examples
     if schedule:  # a directory of a call without one records no such key
@@ -66,21 +71,7 @@ def described_call(feed, k, seed, shuffle, steps, schedule=(), rule=None) -> dic
             if rule
             else [[e + 1, size] for e, size in schedule]
         )
-    return described
-
-
-def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedule=(), rule=None):
-    """The FitRunDir of a call of either backend (None without ``output_dir``): ``loop`` its hooks (fit_hooks.py),
-    ``built`` what fit read of the model (keras_private.built), the rest what run.json records (``described_call``)."""
-    if output_dir is None:
-        return None
-    described = described_call(loop.feed, "auto" if loop.auto else k, seed, shuffle, steps, schedule, rule)
     return FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, loop.rule_tracked)
-
-
-def recorded_seed(run_dir: Path):
-    """The data order's seed a run directory recorded (None: no run there yet)."""
-    return ((read_record(run_dir) or {}).get("fit") or {}).get("seed")
 
 
 class FitRunDir(RunDirectory):
@@ -140,25 +131,22 @@ class FitRunDir(RunDirectory):
         if not self.writer:
             return
         path, described = self.path, self.described
-        if path.exists() and not path.is_dir():
-            raise RunDirError(f"accum_train.fit: output_dir {path} is a file: name a directory")
         check_place(path, "accum_train.fit: output_dir ")
         # the CLI's records alone: its run on JAX, begun (accum/on_keras.py) before fit wrote anything
         if not path.is_dir() or not any(p.name not in (LOCK, *CONFIG_FILES) for p in path.iterdir()):
             return
         record = read_record(path) or {}
         before = record.get("fit")
-        if before is not None:
-            check_backend(
-                record,
-                f"accum_train.fit: output_dir {path}",
-                "resume it with KERAS_BACKEND={backend}, or choose a new output_dir",
-            )
         if before is None:
             raise RunDirError(
                 f"accum_train.fit: output_dir {path} is not empty and was not written by accum_train.fit: "
                 f"choose an empty or new directory"
             )
+        check_backend(
+            record,
+            f"accum_train.fit: output_dir {path}",
+            "resume it with KERAS_BACKEND={backend}, or choose a new output_dir",
+        )
         # examples: what a directory of 0.2.0 did not record (its resume is not checked for it); k: how the batch is
         # cut, which changes neither the batches nor the update (a resume after running out of memory takes more)
         changed = [

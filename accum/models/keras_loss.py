@@ -130,7 +130,7 @@ def _loss(name: str, key: str = "loss"):
     try:
         return keras.losses.get(name)
     except (ValueError, TypeError):
-        known = keras_private.loss_names()
+        known = sorted(keras_private.LOSSES)  # keras.losses.get's names, aliases too
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "e.g. mse, huber, binary_crossentropy"
         raise ConfigError(f"{key}={name!r} is not a Keras loss: {hint}") from None
@@ -168,7 +168,7 @@ def _metric(name: str, key: str = "metrics"):
         return import_function(name, key, ConfigError)
     if name in ("accuracy", "acc", "crossentropy", "ce"):  # Keras picks the kind for the targets at compile
         return name
-    known = keras_private.metric_names()
+    known = sorted(keras_private.METRICS)
     if name in known:
         return name  # compile() resolves it, and names the metric as model.fit does ("mae", not its function's)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)

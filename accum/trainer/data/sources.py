@@ -48,8 +48,8 @@ def fed(
     own = (("y", y), ("sample_weight", weights), ("batch_size", batch_size))  # what a source of batches has
     if what == "pydataset":
         _leave_out(own, f"{name} is a PyDataset, which gives its own batches")
-        batches, adapter = keras_private.py_dataset_batches(x, shuffle=bool(shuffle))
-        return DatasetFeed(batches, batch_size=None, py_adapter=adapter, **common)
+        adapter = keras_private.py_dataset_adapter(x, shuffle=bool(shuffle))  # model.fit's reader of a PyDataset
+        return DatasetFeed(adapter.get_tf_dataset(), batch_size=None, py_adapter=adapter, **common)
     if what == "dataset":
         _leave_out(own[:2], f"{name} is a tf.data.Dataset", " (put it in its elements)")
         first = keras.tree.flatten(x.element_spec)

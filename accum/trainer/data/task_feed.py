@@ -1,4 +1,4 @@
-"""A KerasHub task's raw examples as the feed's batches (keras_fit/pipeline.py says why): batched as ``task.fit``
+"""A KerasHub task's raw examples as the feed's batches (keras_fit/train.task_batches says why): batched as ``task.fit``
 batches them and preprocessed per whole batch on tf.data, which KerasHub's preprocessors need on every backend."""
 
 from __future__ import annotations

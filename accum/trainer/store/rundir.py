@@ -167,12 +167,21 @@ class RunDirectory:
         self.step, self.saved_at = step, time.time()
 
     def write_summary(self, steps: int, started: tuple, door: dict) -> dict:
-        """summary.json, both doors' one writer: the ``steps`` done, what ``run_figures`` says of every run since
-        ``started`` ((wall, CPU) seconds), how the batch was cut, and the ``door``'s own fields; what it wrote."""
+        """summary.json, both doors' one writer: the ``steps`` done, what it says of every run (its time since
+        ``started`` ((wall, CPU) seconds), memory peaks, skipped updates, loss scale (mixed_float16), last noise-scale
+        estimate and how the batch was cut), and the ``door``'s own fields; what it wrote."""
+        from ..memory import peak_rss_bytes
+
         engine = self.engine
         summary = {
             "steps": steps,
-            **run_figures(engine, self.noise, started),
+            "wall_time_s": time.time() - started[0],
+            "cpu_time_s": time.process_time() - started[1],
+            "peak_memory_bytes": active().allocator_peak_bytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "skipped_updates": int(engine.skipped_updates.numpy()),
+            "loss_scale": float(engine.loss_scale.numpy()) if engine.dynamic else None,
+            "noise_scale": self.noise.value(),
             "subdivisions": 1 if engine.one_pass else engine.k,
             "replicas": engine.replicas,
             **door,
@@ -211,22 +220,6 @@ class RunDirectory:
         }
         with open(self.local / HISTORY, "a") as handle:
             handle.write(strict_json(entry) + "\n")
-
-
-def run_figures(engine, noise, started: tuple) -> dict:
-    """What summary.json says of a run in either door: its time since ``started`` ((wall, CPU) seconds), memory
-    peaks, skipped updates, loss scale (mixed_float16) and last noise-scale estimate."""
-    from ..memory import peak_rss_bytes
-
-    return {
-        "wall_time_s": time.time() - started[0],
-        "cpu_time_s": time.process_time() - started[1],
-        "peak_memory_bytes": active().allocator_peak_bytes(),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "skipped_updates": int(engine.skipped_updates.numpy()),
-        "loss_scale": float(engine.loss_scale.numpy()) if engine.dynamic else None,
-        "noise_scale": noise.value(),
-    }
 
 
 def write_record(path: Path, door: str, spec, data: dict | None, **door_fields) -> None:
@@ -312,8 +305,6 @@ def require_run_dir(path: Path, flag: str = "") -> Path:
 def check_output_dir(path: Path) -> None:
     """Refuse a directory we would damage or cannot use, before anything is written."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"--output-dir {path} is a file: name a directory")
     ours = os.environ.get(LOCK_HELD) == str(path.resolve())  # a --workers supervisor's chief: it holds the lock
     holder = None if ours else lock_holder(path)
     if holder is not None:
@@ -325,7 +316,10 @@ def check_output_dir(path: Path) -> None:
 
 
 def check_place(path: Path, flag: str) -> None:
-    """A run directory can be made at ``path`` or written in: its nearest existing folder is one, and writable."""
+    """A run directory can be made at ``path`` or written in: it is no file, its nearest existing folder is one, and
+    writable."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{flag}{path} is a file: name a directory")
     parent = path if path.is_dir() else next((p for p in path.absolute().parents if p.exists()), Path("/"))
     if not parent.is_dir():
         raise RunDirError(f"{flag}{path}: {parent} is a file, not a directory")
