@@ -29,7 +29,7 @@ from pathlib import Path
 STARTED_FILE = "ACCUM_TRAIN_STARTED_FILE"
 # How many times the supervisor has restarted the workers (summary.json's restarts); unset: none.
 RESTARTS = "ACCUM_TRAIN_RESTARTS"
-# The signals that stop a run after the update in hand (stopping.StopFlag; the supervisor hands them to the
+# The signals that stop a run after the update in hand (rundir.StopFlag; the supervisor hands them to the
 # chief), and the exit codes of a run they stopped (Interrupted: 128 + the signal's number).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 INTERRUPTED_CODES = tuple(128 + sig for sig in STOP_SIGNALS)

@@ -43,7 +43,6 @@ CLEAN = [
     "accum/trainer/data/timeline.py",
     "accum/trainer/store/metrics_log.py",
     "accum/trainer/store/lock.py",
-    "accum/trainer/store/stopping.py",
     "accum/backends/__init__.py",
     *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
     "accum/keras_fit/checks.py",

@@ -46,7 +46,7 @@ class RunHooks:
         self.step = 0
 
     def train(self, step: int, stop) -> int:
-        """Every epoch from ``step`` (updates done) on, ``stop`` the run's stopping.StopFlag; the step the run ends
+        """Every epoch from ``step`` (updates done) on, ``stop`` the run's rundir.StopFlag; the step the run ends
         at. The run's length can change on the way (batch_schedule's rule grows the batch at epoch ends)."""
         run = self.run
         self.step = step

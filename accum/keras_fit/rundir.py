@@ -1,30 +1,17 @@
 """accum_train.fit's ``output_dir``: a run directory kept as training goes, and resumed by the next call.
 
-What it holds:
-- ``run.json`` (rundir.write_record, as the CLI's): under ``"fit"`` what the data order depends on (batch size, k,
-  seed, shuffle, steps per epoch, examples), checked by a resume (k may change: it cuts the same batches), the layers
-  LoRA is on and what the checkpoint ``holds`` (optimizer class, metric names, variables' paths and shapes), which a
-  resume compares before it restores (earlier: fit.json);
-- ``initial_model.keras``: the model as the first call began it, saved before its first update (a resume keeps
-  it): with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and ``evaluate`` read, also
-  of a call that never returned (accum/reload.py);
-- ``checkpoints/``: the model's variables, the optimizer, the metrics' running state, the update and epoch
-  counts and the engine's counters, after every epoch, every ``defaults.CHECKPOINT_SECONDS`` of training and when a
-  SIGINT or SIGTERM stops the call (after the update in hand);
-- ``history.jsonl``: a line for each call's start or resume (the CLI's: step, strategy, workers, replicas, k);
-- ``metrics.jsonl``: one record per update (``step``, ``epoch``, the ``batch_size`` and ``subdivisions`` (k) it
-  ran at, the CLI's ``learning_rate``, ``grad_norm`` and ``skipped`` (metrics_log.update_figures), and the logs
-  the callbacks got) and one per epoch (``"epoch_end": true``, with the ``val_`` logs), written by the CLI's
-  writer (metrics_log.MetricsLog), with the same scalars for TensorBoard under ``tensorboard/``;
-- ``model.keras`` and ``summary.json`` when the call returns (the updates and epochs done, and what the CLI's
-  summary says of every run: time, memory peaks, skipped updates, loss and noise scales, k and replicas).
+docs/python.md lists its files. What is fit's is here: run.json's ``"fit"`` (what the data order depends on, which a
+resume checks: k may change, it cuts the same batches; the layers LoRA is on; what the checkpoint ``holds``, which a
+resume compares before it restores; earlier: fit.json), ``initial_model.keras`` (the model as the first call began
+it, saved before its first update: with the newest checkpoint's weights, what ``accum-train export``, ``predict`` and
+``evaluate`` read, also of a call that never returned: accum/reload.py), the epoch and update-in-epoch counters in
+the checkpoints, metrics.jsonl's records of the callbacks' logs, ``model.keras`` and summary.json's epochs when the
+call returns. The lock, the checkpoints, metrics.jsonl, history.jsonl and the workers' scratch folders are the
+CLI's (trainer/store/rundir.RunDirectory).
 
-A later call with the same ``output_dir`` restores the newest checkpoint that
-reads back whole and continues from its update: the same model and data give
-the weights an uninterrupted call ends at (the data order is a function of the
-seed and the update; a dataset must give the same batches each time it is
-read). The lock, the checkpoints, metrics.jsonl and the workers' scratch
-folders are the CLI's (trainer/store/rundir.RunDirectory); what is fit's is here.
+A later call with the same ``output_dir`` restores the newest checkpoint that reads back whole and continues from its
+update: the same model and data give the weights an uninterrupted call ends at (the data order is a function of the
+seed and the update; a dataset must give the same batches each time it is read).
 """
 
 from __future__ import annotations

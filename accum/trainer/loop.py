@@ -9,7 +9,7 @@ tested once:
   otherwise; a fixed number of micro-batches that runs out of memory ends the
   call in one line;
 - its result is read back at once, so the stop for non-finite updates comes at
-  the update that reaches ``max_bad_steps``, and a signal (stopping.StopFlag)
+  the update that reaches ``max_bad_steps``, and a signal (rundir.StopFlag)
   stops after the update in hand, every process after the same one;
 - the gradient noise scale's running estimate (accum/trainer/noise.py) takes in each
   update.
@@ -46,7 +46,7 @@ from ..backends import active
 
 class Loop:
     """The epochs of one call: ``engine`` (engine.Accumulator) updates through ``guard`` (memory.MemoryGuard);
-    ``noise`` (noise.NoiseScale) follows the updates; ``stop`` (stopping.StopFlag, or None) is the signal flag;
+    ``noise`` (noise.NoiseScale) follows the updates; ``stop`` (rundir.StopFlag, or None) is the signal flag;
     ``max_bad_steps`` (or None) ends the call after that many non-finite updates in a row, with the error ``ends``
     gives (trainer.Trainer)."""
 

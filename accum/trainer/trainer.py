@@ -122,7 +122,7 @@ class Trainer:
         Under the writer lock: the newest intact checkpoint restored where the door resumes, the door's records
         written; on a start, the automatic micro-batches probed on ``take(m)`` (memory.probe) and, where the policy
         says, a first checkpoint saved, so that a run is resumable from its first moment. ``drive(stop)`` runs the
-        door's loop (``train``), ``stop`` the signal flag (stopping.StopFlag; None without a directory); then the
+        door's loop (``train``), ``stop`` the signal flag (rundir.StopFlag; None without a directory); then the
         door's last files and summary.json, with the figures of every run (RunDirectory.write_summary)."""
         self.directory = directory
         with contextlib.ExitStack() as held:
@@ -161,7 +161,7 @@ class Trainer:
 
     def train(self, hooks, first_epoch: int, resumed_at: int, epochs: int, stop=None) -> Loop:
         """Epochs ``first_epoch`` to ``epochs`` (0-based, end excluded) through the door's ``hooks`` (loop.py), the
-        first from update ``resumed_at`` of the run; ``stop``: the signal flag (stopping.StopFlag) or None."""
+        first from update ``resumed_at`` of the run; ``stop``: the signal flag (rundir.StopFlag) or None."""
         loop = Loop(self.engine, self.guard, self.noise, stop, self.spec.max_bad_steps, ends=self)
         loop.run(hooks, first_epoch, resumed_at, epochs)
         return loop

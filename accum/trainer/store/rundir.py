@@ -3,9 +3,9 @@
 Every file accum-train writes goes through ``files.atomic_write`` (write,
 fsync, rename): a reader, or a run resumed after kill -9, sees the old file or
 the new one, never half of one. ``RunDirectory`` is a run directory as either
-door trains into it; its parts have rooms of their own: metrics_log.py
-(metrics.jsonl and TensorBoard), checkpoints.py (damaged checkpoints passed
-over), lock.py (one writer), stopping.py (a signal's stop).
+door trains into it, ``StopFlag`` the stop a signal asks of it; its other parts
+have rooms of their own: metrics_log.py (metrics.jsonl and TensorBoard),
+checkpoints.py (damaged checkpoints passed over), lock.py (one writer).
 
 TensorFlow is imported only where a function needs it, so that paths and
 configs can be checked (and the ``--workers`` supervisor can run) without it.
@@ -19,7 +19,9 @@ import io
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +29,10 @@ from pathlib import Path
 from ...backends import active, configured
 from ...errors import Interrupted, OutOfMemory, RunDirError
 from ...files import atomic_write, strict_json
+from ...processes import STOP_SIGNALS
 from .checkpoints import checkpoint_numbers, latest_intact
 from .lock import LOCK, LOCK_HELD, in_use_error, lock_holder, writing
 from .metrics_log import MetricsLog
-from .stopping import StopFlag
 
 # What a run directory of either door is (``write_record``; an earlier release's fit.json, or config.yaml and
 # dataset.json: ``read_record``), and its record of its starts and resumes, one JSON line each.
@@ -59,7 +61,7 @@ class CheckpointPolicy:
 class RunDirectory:
     """A run directory as a run of either door trains into it: one writer at a time (lock.writing), the one
     checkpoint manager (checkpoints.Checkpoints), the one metrics.jsonl writer (metrics_log.MetricsLog) and the
-    stop a signal asks for (stopping.StopFlag). The door gives run.json its fields (``write_record``) and writes its
+    stop a signal asks for (StopFlag). The door gives run.json its fields (``write_record``) and writes its
     files beside it (the CLI's config.yaml, fit's model files). Only the ``writer`` (the chief) writes ``path``;
     another worker writes the same files to a scratch folder (``local``), removed when it ends, and restores from
     ``path``, the chief's.
@@ -68,8 +70,13 @@ class RunDirectory:
 
     A door's run directory is a subclass: what it checkpoints (``tracked``, and ``optional``, what older
     checkpoints may lack) and the steps of a run's course that are its own, which trainer.Trainer.run calls in
-    this order: ``check`` (before the lock), ``resumes``, then ``restored`` or ``begun``, ``write_records``,
-    ``started``, ``flush`` and ``finish``. The base class adds nothing at any of them."""
+    this order: ``check()`` before the lock and any write (refuse a start the door cannot make here);
+    ``resumes()`` (whether this start goes on from a checkpoint); then ``restored(step, trainer)`` after the
+    restore, or ``begun()``, before any record is written; ``write_records(spec)``: run.json (``write_record``) and
+    the door's files beside it; ``started(trainer, resumed)`` after the probe or the restore, before the first
+    update: the door's lines and history.jsonl's; ``flush()``; ``finish()``: the door's last files, and (updates
+    done, summary.json's fields of the door) or None for no summary. The base class adds nothing at ``begun`` and
+    ``flush``; a door defines the others."""
 
     def __init__(self, path: Path, writer: bool, flag: str, resume_hint: str):
         self.path, self.writer, self.flag, self.resume_hint = Path(path), writer, flag, resume_hint
@@ -81,32 +88,11 @@ class RunDirectory:
         self.found = None  # the checkpoint ``check`` found to resume from, before the lock
         self.began = time.time(), time.process_time()  # (wall, CPU) time the run began at, for summary.json
 
-    def check(self) -> None:
-        """Before the lock and any write: refuse a start this door cannot make here."""
-
-    def resumes(self) -> bool:
-        """Whether this start goes on from a checkpoint."""
-        return False
-
-    def restored(self, step: int, trainer) -> None:
-        """After the newest intact checkpoint (of update ``step``) is restored, before any record is written."""
-
     def begun(self) -> None:
         """A start from nothing, before any record is written."""
 
-    def write_records(self, spec) -> None:
-        """run.json of the run's trainer.TrainSpec ``spec`` (``write_record``) and the door's files beside it."""
-
-    def started(self, trainer, resumed: bool) -> None:
-        """After the probe (a start) or the restore (a resume), before the first update: the door's lines and
-        history.jsonl's."""
-
     def flush(self) -> None:
         """Records the door holds back, into metrics.jsonl (also when the run ends in an exception)."""
-
-    def finish(self) -> tuple | None:
-        """The door's last files; (updates done, summary.json's fields of the door), or None for no summary."""
-        return None
 
     def enter(self, held: contextlib.ExitStack) -> RunDirectory:
         """Hold the writer lock (the writer) or a scratch folder (another worker) until ``held`` closes. A
@@ -220,6 +206,36 @@ class RunDirectory:
         }
         with open(self.local / HISTORY, "a") as handle:
             handle.write(strict_json(entry) + "\n")
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set a flag: the loop finishes the update in hand, checkpoints, stops. Under several
+    processes the flag goes into the next update's all-reduce, and every process stops after that same
+    update. A second signal means it: ``forced(signum)`` is raised at once. Only the main thread can install signal
+    handlers; elsewhere the flag stays 0 and Python's own handling applies. A signal the process ignores as it enters
+    (``python train.py &`` ignores SIGINT) stays ignored."""
+
+    def __init__(self, forced):
+        self.signum = 0
+        self.forced = forced
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                # a signal the process was started ignoring stays ignored (a background job's Ctrl-C is the shell's)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum:
+            raise self.forced(signum)
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def write_record(path: Path, door: str, spec, data: dict | None, **door_fields) -> None:
