@@ -33,7 +33,7 @@ from .arguments import (
     schedule_of,
     train_spec,
 )
-from .fit_hooks import FitHooks, train_call
+from .fit_hooks import FitHooks
 from .inputs import check_validation_source, split_validation, validation_arrays
 from .rundir import fit_run_dir
 
@@ -131,7 +131,7 @@ def fit(
 def _on_jax(model, given: dict):
     """accum_train.fit's checked arguments (``given``, by name) trained on Keras' JAX backend: the backend's feed,
     accumulator and evaluation (jax/backend.py ``fit_parts``) driven by the loop that drives TensorFlow's
-    (fit_hooks.train_call); a KerasHub task's raw examples preprocessed first, as on TensorFlow's door."""
+    (fit_hooks.FitHooks.call); a KerasHub task's raw examples preprocessed first, as on TensorFlow's door."""
     if preprocesses(model):
         from ..trainer.data.task_feed import preprocessed  # tf.data, which KerasHub's preprocessors need on JAX too
 
@@ -169,4 +169,4 @@ def _on_jax(model, given: dict):
     built = keras_private.built(model, None) if given["output_dir"] is not None else None
     directory = fit_run_dir(given["output_dir"], model, built, loop, parts.cut.k, *order)
     names = ("epochs", "initial_epoch", "callbacks", "verbose", "validation_freq", "validation_steps")
-    return train_call(loop, spec, directory, **{name: given[name] for name in names})
+    return loop.call(spec, directory, **{name: given[name] for name in names})

@@ -45,8 +45,8 @@ class FitHooks:
     """accum_train.fit's side of the loop (loop.Loop). ``engine`` (engine.Accumulator) trains, ``evaluation``
     (scoring.Evaluation) validates; ``feed``/``validation`` are inputs.Feed objects; ``cut`` how a batch
     becomes elements (its k may grow: ``auto``); ``nominal`` the batch size the micro-steps divide by;
-    ``checkpoints`` (or None) keeps a run directory's state (rundir.py); ``trainer`` (trainer.Trainer, set
-    before ``run``) runs the loop."""
+    ``checkpoints`` (or None) keeps a run directory's state (rundir.py); ``trainer`` (trainer.Trainer, made by
+    ``call``) runs the loop."""
 
     def __init__(self, model, engine, evaluation, feed, cut, validation, nominal, *, auto=False, say=print):
         self.model, self.engine, self.evaluation = model, engine, evaluation
@@ -61,7 +61,7 @@ class FitHooks:
         self.rule_changes = active().state_variable("[]", "string", "rule_changes")
         # trim_padding's micro-batches are sequences of like length, not the random draws the estimate assumes
         self.noise = active().NoiseScale(measured=not getattr(feed, "trim", 0))
-        self.checkpoints = self.stop = None
+        self.checkpoints = None
         self.ran_out_before = False
         # the updates as the loop and the guard read them (feed.Reader, the CLI's too): the epoch's stream, cut for
         # the accumulator's k; a retry (auto) opens it again from the update, the metrics put back as they were
@@ -97,29 +97,46 @@ class FitHooks:
             size = same_size(n, pulls, self.cut.replicas)
         return Planned(step, self.nominal, self.nominal, pulls, self.cut.k, size)
 
-    def run(self, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps, start=(0, 0)):
-        """Train from epoch ``start[0]``, update ``start[1]`` of it (a History among ``callbacks`` records it)."""
-        model = self.model
-        self.callbacks = keras.callbacks.CallbackList(
-            callbacks,
-            add_history=True,
-            add_progbar=verbose != 0,
-            verbose=verbose,
-            epochs=epochs,
-            steps=self.feed.updates(initial_epoch),
-            model=model,
-        )
-        self.validation_freq, self.validation_steps, self.epochs = validation_freq, validation_steps, epochs
-        model.stop_training = False
-        self.callbacks.on_train_begin()
-        initial_epoch = keras_private.initial_epoch(model, initial_epoch)
-        self.logs, self.training_logs = {}, None
-        first_epoch, first_update = start
-        begin = max(initial_epoch, first_epoch)
-        self.trainer.train(self, begin, first_update if begin == first_epoch else 0, epochs, self.stop)
-        if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
-            model.optimizer.finalize_variable_values(model.trainable_weights)
-        self.callbacks.on_train_end(logs=self.training_logs)
+    def call(self, spec, directory, *, epochs, initial_epoch, callbacks, verbose, validation_freq, validation_steps):
+        """One call of accum_train.fit through the Trainer (trainer/trainer.py), on either backend: ``spec`` the
+        trainer's (trainer.TrainSpec), ``directory`` its run directory (rundir.py; None: none); model.fit's History,
+        from the first update of the run where ``directory`` resumes one."""
+        model, engine = self.model, self.engine
+        self.trainer = Trainer(spec, engine, model, self.noise, self.nominal, self.say)
+        self.checkpoints, self.validation_freq, self.validation_steps = directory, validation_freq, validation_steps
+        self.epochs, self.logs, self.training_logs = epochs, {}, None
+        history = FitHistory()
+
+        def drive(stop):
+            """From epoch ``start[0]``, update ``start[1]`` of it: model.fit's course around the Trainer's loop."""
+            start = (0, 0)
+            if directory is not None:
+                self.follow_restored_rule()
+                history.earlier, start = directory.earlier_epochs(), directory.start
+            if self.auto:  # the k the probe chose, or a resume had come to
+                self.cut = Cut(engine.k, self.cut.replicas, self.cut.local)
+            self.callbacks = keras.callbacks.CallbackList(
+                [*(callbacks or []), history],  # last, as model.fit's: it sees what others add
+                add_history=True,
+                add_progbar=verbose != 0,
+                verbose=verbose,
+                epochs=epochs,
+                steps=self.feed.updates(initial_epoch),
+                model=model,
+            )
+            model.stop_training = False
+            self.callbacks.on_train_begin()
+            begin = max(keras_private.initial_epoch(model, initial_epoch), start[0])
+            self.trainer.train(self, begin, start[1] if begin == start[0] else 0, epochs, stop)
+            if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+                model.optimizer.finalize_variable_values(model.trainable_weights)
+            self.callbacks.on_train_end(logs=self.training_logs)
+
+        # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the
+        # probe measures a micro-step's memory, not its loss)
+        first = keras.utils.unpack_x_y_sample_weight(self.feed.first_batch())[:2]
+        self.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
+        return history
 
     @property
     def stopping(self) -> bool:
@@ -267,45 +284,11 @@ class FitHistory(keras.callbacks.History, Mapping):
         return len(self.history)
 
 
-def train_call(loop: FitHooks, spec, directory, *, epochs, initial_epoch, callbacks, verbose, validation_freq,
-               validation_steps) -> FitHistory:  # fmt: skip
-    """One call of accum_train.fit through the Trainer (trainer/trainer.py), on either backend: ``loop`` its hooks,
-    ``spec`` the trainer's (trainer.TrainSpec), ``directory`` its run directory (rundir.py; None: none); model.fit's
-    History, from the first update of the run where ``directory`` resumes one."""
-    engine = loop.engine
-    loop.trainer = Trainer(spec, engine, loop.model, loop.noise, loop.nominal, loop.say)
-    loop.checkpoints = directory
-    history = FitHistory()
-
-    def drive(stop):
-        loop.stop = stop
-        if directory is not None:
-            loop.follow_restored_rule()
-            history.earlier = directory.earlier_epochs()
-        if loop.auto:  # the k the probe chose, or a resume had come to
-            loop.cut = Cut(engine.k, loop.cut.replicas, loop.cut.local)
-        loop.run(
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            callbacks=[*(callbacks or []), history],  # last, as model.fit's: it sees what others add
-            verbose=verbose,
-            validation_freq=validation_freq,
-            validation_steps=validation_steps,
-            start=directory.start if directory is not None else (0, 0),
-        )
-
-    # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the probe
-    # measures a micro-step's memory, not its loss)
-    first = keras.utils.unpack_x_y_sample_weight(loop.feed.first_batch())[:2]
-    loop.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
-    return history
-
-
 def _ran_out() -> None:
     warnings.warn(  # model.fit's words
         "Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
         "generate at least `steps_per_epoch * epochs` batches.",
-        stacklevel=5,  # the line of keras_fit/train.py that runs the loop, as before the loop was shared
+        stacklevel=5,  # the line of ``call`` that runs the loop
     )
 
 

@@ -24,7 +24,7 @@ from ..trainer.data.task_feed import preprocessed
 from ..trainer.trainer import build_engine
 from . import checks
 from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, schedule_of, strategy_of, train_spec
-from .fit_hooks import FitHooks, train_call
+from .fit_hooks import FitHooks
 from .inputs import check_examples_are_batched, split_validation, validation_arrays, validation_feed
 from .rundir import fit_run_dir
 
@@ -125,8 +125,7 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
         directory = fit_run_dir(output_dir, model, facts, loop, k, seed, shuffle, steps_per_epoch, schedule, rule)
-        return train_call(
-            loop,
+        return loop.call(
             spec,
             directory,
             epochs=epochs,
