@@ -104,10 +104,16 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
 
     from .backends import active
     from .keras_private import storage
+    from .trainer.store.checkpoints import checkpoint_numbers, latest_intact
 
     run_dir = Path(run_dir)
     path = fit_model_file(run_dir) if model is None else None
-    intact, _ = _fit_checkpoint(run_dir, say)
+    if not checkpoint_numbers(run_dir / "checkpoints"):  # a call killed before its first: the way on is fit's
+        raise RunDirError(
+            f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'} yet (fit writes one when an epoch ends and when "
+            f"a signal stops it): call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again, then read it"
+        )
+    intact, _ = latest_intact(run_dir, say or _to_stderr, flag="")
     if model is None:
         try:
             with warnings.catch_warnings():  # Keras' warning of a custom compile(): _compiled_as_saved calls it
@@ -139,19 +145,6 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
             f"{_PASS_THE_MODEL.format(run_dir=str(run_dir))}"
         ) from None
     return model
-
-
-def _fit_checkpoint(run_dir: Path, say) -> tuple:
-    """``latest_intact`` of a fit run directory. None yet (a call killed before its first): the way on is fit's,
-    not the CLI's new run."""
-    from .trainer.store.checkpoints import checkpoint_numbers, latest_intact
-
-    if not checkpoint_numbers(run_dir / "checkpoints"):
-        raise RunDirError(
-            f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'} yet (fit writes one when an epoch ends and when "
-            f"a signal stops it): call accum_train.fit(model, ..., output_dir={str(run_dir)!r}) again, then read it"
-        )
-    return latest_intact(run_dir, say or _to_stderr, flag="")
 
 
 # How to read a run directory whose model the file does not rebuild as fit trained it.

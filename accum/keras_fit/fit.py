@@ -20,7 +20,6 @@ from .. import keras_private
 from ..backends import active
 from ..defaults import FIT, PRECISIONS
 from ..errors import UserError
-from ..keras_private import preprocesses
 from ..models.precision import call_precision
 from ..trainer.data.conversion import kind
 from .arguments import (
@@ -132,7 +131,7 @@ def _on_jax(model, given: dict):
     """accum_train.fit's checked arguments (``given``, by name) trained on Keras' JAX backend: the backend's feed,
     accumulator and evaluation (jax/backend.py ``fit_parts``) driven by the loop that drives TensorFlow's
     (fit_hooks.FitHooks.call); a KerasHub task's raw examples preprocessed first, as on TensorFlow's door."""
-    if preprocesses(model):
+    if keras_private.preprocesses(model):
         from ..trainer.data.task_feed import preprocessed  # tf.data, which KerasHub's preprocessors need on JAX too
 
         batches = preprocessed(model, given["x"], given["y"], given["sample_weight"], given["batch_size"])

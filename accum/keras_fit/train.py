@@ -13,7 +13,7 @@ from .. import keras_private
 from ..backends import active
 from ..defaults import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL
 from ..errors import Refused
-from ..keras_private import all_layers, preprocesses
+from ..keras_private import all_layers
 from ..models.precision import call_precision
 from ..trainer.data.arrays import check_cut
 from ..trainer.data.batching import Cut
@@ -39,7 +39,7 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
     what = kind(x)  # what x is (arrays, a dataset, a generator...), asked once: the steps below are handed it
     # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
     labelled = checks.held_targets(what, y, validation_data)  # before the split too: y's tail is validated on
-    if preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
+    if keras_private.preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
         raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
         x, validation_data = task_batches(model, what, *raw)
         what, y, sample_weight, batch_size = "dataset", None, None, None  # x: preprocessed batches, a tf.data.Dataset
@@ -103,8 +103,18 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
             inputs = checks.inputs_of(specs)
             facts = checks.as_user_error(model, specs, names, keras_private.built, model, inputs, specs)
         checks.check_labels(model.name, facts, class_weight, labelled)
+        # what a built engine depends on: a later call that matches all of it reuses the engine and its traced graphs
+        # (keras_private.compiled_state: a compile() makes a new optimizer and loss, a trainable flag another
+        # variable list)
         key = (
-            *_engine_key(facts.compiled, strategy, "auto" if auto else k, nominal, precision, feed, validation),
+            id(strategy),
+            *facts.compiled,
+            "auto" if auto else k,
+            nominal,
+            precision,
+            repr(feed.element_spec),
+            feed.steps,  # trim_padding's uncut length, which the loss may divide by
+            None if validation is None else (repr(validation.element_spec), validation.steps),
             limit,
         )
         built = _ENGINES.get(model, {}).get(key)
@@ -167,22 +177,6 @@ def task_batches(model, what, x, y, sample_weight, batch_size, validation_data, 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _engine_key(compiled: tuple, strategy, k, nominal, precision, feed, validation) -> tuple:
-    """What a built engine depends on: a later call that matches all of it reuses the engine and its traced
-    graphs (``compiled``, keras_private.compiled_state: a compile() makes a new optimizer and loss, a trainable
-    flag another variable list)."""
-    return (
-        id(strategy),
-        *compiled,
-        k,
-        nominal,
-        precision,
-        repr(feed.element_spec),
-        feed.steps,  # trim_padding's uncut length, which the loss may divide by
-        None if validation is None else (repr(validation.element_spec), validation.steps),
-    )
 
 
 def _engine(model, norm_layers, spec, nominal, strategy, feed, validation, names, cut):

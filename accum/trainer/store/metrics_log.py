@@ -96,10 +96,7 @@ class MetricsLog:
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
             # written again: a line an older release wrote with NaN for null reads as strict JSON from now on
-            if is_epoch_record(record):
-                if record["epoch"] <= epochs_done:
-                    keep.append(strict_json(record))
-            elif record.get("step", 0) <= step:
+            if record["epoch"] <= epochs_done if is_epoch_record(record) else record.get("step", 0) <= step:
                 keep.append(strict_json(record))
         atomic_write(self.path, "".join(line + "\n" for line in keep).encode())
 
