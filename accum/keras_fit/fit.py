@@ -155,10 +155,9 @@ def _on_jax(model, given: dict):
         given.update(batch_size=schedule[0][1], batch_schedule=schedule)
     spec = train_spec(given["subdivisions"], micro_batch_size, None, given["max_bad_steps"])  # (memory_limit: refused)
     parts = active().fit_parts(model, given, spec)
-    say = print if given["verbose"] else (lambda line: None)
     loop = FitHooks(
         model, parts.engine, parts.evaluation, parts.feed, parts.cut, parts.validation, parts.nominal,
-        auto=spec.micro.auto, say=say,
+        auto=spec.micro.auto, verbose=given["verbose"],
     )  # fmt: skip
     if schedule:  # k for each batch in force, and the noise-scale rule's
         loop.k_for = lambda size: spec.micro.k_for(size, parts.cut.replicas)

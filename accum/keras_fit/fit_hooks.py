@@ -48,7 +48,7 @@ class FitHooks:
     ``checkpoints`` (or None) keeps a run directory's state (rundir.py); ``trainer`` (trainer.Trainer, made by
     ``call``) runs the loop."""
 
-    def __init__(self, model, engine, evaluation, feed, cut, validation, nominal, *, auto=False, say=print):
+    def __init__(self, model, engine, evaluation, feed, cut, validation, nominal, *, auto=False, verbose=1):
         self.model, self.engine, self.evaluation = model, engine, evaluation
         self.feed, self.cut, self.validation = feed, cut, validation
         self.nominal, self.auto = int(nominal), auto
@@ -57,7 +57,8 @@ class FitHooks:
         self.k_for = None  # with batch_schedule: the micro-batches per share of each batch size in force
         # batch_schedule's noise-scale rule (config.BatchRule) and its changes so far, checkpointed as JSON
         # [[1-based epoch, batch size], ...] (the CLI's form)
-        self.rule, self.micro_batch_size, self.say = None, None, say
+        self.rule, self.micro_batch_size = None, None
+        self.say = print if verbose else (lambda line: None)  # the lines a call says beside its progress bar
         self.rule_changes = active().state_variable("[]", "string", "rule_changes")
         # trim_padding's micro-batches are sequences of like length, not the random draws the estimate assumes
         self.noise = active().NoiseScale(measured=not getattr(feed, "trim", 0))
@@ -168,11 +169,6 @@ class FitHooks:
         self.nominal, self.cut = size, Cut(k, self.cut.replicas, self.cut.local)
         self.trainer.follow_batch(size)
         self.callbacks.set_params({**self.callbacks.params, "steps": updates})
-
-    @property
-    def rule_tracked(self) -> dict:
-        """What a run directory checkpoints for the rule (nothing without one)."""
-        return {"rule_changes": self.rule_changes} if self.rule else {}
 
     def follow_restored_rule(self) -> None:
         """After a restore: the batches the rule had grown to, from its checkpointed changes."""

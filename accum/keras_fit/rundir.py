@@ -58,7 +58,8 @@ def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedul
             if rule
             else [[e + 1, size] for e, size in schedule]
         )
-    return FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, loop.rule_tracked)
+    extra = {"rule_changes": loop.rule_changes} if loop.rule else {}  # the rule's changes, checkpointed
+    return FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, extra)
 
 
 class FitRunDir(RunDirectory):

@@ -130,8 +130,7 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         engine, evaluation = built
         engine.set_subdivisions(k)
         restore.callback(engine.release)
-        say = print if verbose else (lambda line: None)
-        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, say=say)
+        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, verbose=verbose)
         if schedule:  # k for each batch in force
             loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
         directory = fit_run_dir(output_dir, model, facts, loop, k, seed, shuffle, steps_per_epoch, schedule, rule)
