@@ -218,7 +218,8 @@ class FitHooks:
         # the noise scale is an update's estimate, with no validation twin: kept out of the epoch's logs, where
         # Keras' CSVLogger would add an empty val_noise_scale column; History (FitHistory) and metrics.jsonl keep it
         noise = {"noise_scale": epoch_logs.pop("noise_scale")} if "noise_scale" in epoch_logs else {}
-        if self.validation is not None and _due(epoch, self.validation_freq):
+        freq = self.validation_freq  # model.fit's rule: every that many epochs, or the 1-based epochs it lists
+        if self.validation is not None and ((epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq):
             val_logs = self.evaluate(self.callbacks, self.validation_steps)
             epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
         self.callbacks.on_epoch_end(epoch, epoch_logs)
@@ -286,10 +287,3 @@ def _ran_out() -> None:
         "generate at least `steps_per_epoch * epochs` batches.",
         stacklevel=5,  # the line of ``call`` that runs the loop
     )
-
-
-def _due(epoch: int, validation_freq) -> bool:
-    """model.fit's rule: every ``validation_freq`` epochs, or the 1-based epochs it lists."""
-    if isinstance(validation_freq, int):
-        return (epoch + 1) % validation_freq == 0
-    return epoch + 1 in validation_freq
