@@ -152,13 +152,10 @@ class FitRunDir(RunDirectory):
                 f"a resume continues the same batches; pass the same data (after validation_split) or choose a new "
                 f"output_dir"
             )
-        named, naming = _argument(key, before.get(key)), _argument(key, described[key])
-        was = f"{named}={before.get(key)!r}"
-        # the same argument: its value alone
-        now = repr(described[key]) if naming == named else f"{naming}={described[key]!r}"
+        was = f"{'steps_per_epoch' if key == 'steps' else key}={before.get(key)!r}"  # as fit's argument names it
         raise RunDirError(
-            f"accum_train.fit: output_dir {path} was trained with {was}, not {now}: a resume continues the same "
-            f"batches; pass {was} or choose a new output_dir"
+            f"accum_train.fit: output_dir {path} was trained with {was}, not {described[key]!r}: a resume continues "
+            f"the same batches; pass {was} or choose a new output_dir"
         )
 
     def holds(self) -> dict:
@@ -281,13 +278,6 @@ def _few(names: list, shown: int = 3) -> str:
     """The first ``shown`` of ``names``, then how many more."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return (", ".join(names[:shown]) or "none") + more
-
-
-def _argument(key: str, value) -> str:
-    """The argument of fit that gives an entry of run.json's "fit"."""
-    if key == "k":
-        return "micro_batch_size" if value == "auto" else "subdivisions"
-    return "steps_per_epoch" if key == "steps" else key
 
 
 def _plain(logs: dict) -> dict:
