@@ -111,8 +111,10 @@ class FitHooks:
         def drive(stop):
             """From epoch ``start[0]``, update ``start[1]`` of it: model.fit's course around the Trainer's loop."""
             start = (0, 0)
+            if directory is not None and self.rule:  # the batches the rule had grown to, from its checkpointed changes
+                changes = json.loads(self.rule_changes.numpy().decode())
+                self.feed.schedule = self.feed.schedule[:1] + tuple((epoch - 1, size) for epoch, size in changes)
             if directory is not None:
-                self.follow_restored_rule()
                 history.earlier, start = directory.earlier_epochs(), directory.start
             if self.auto:  # the k the probe chose, or a resume had come to
                 self.cut = Cut(engine.k, self.cut.replicas, self.cut.local)
@@ -169,12 +171,6 @@ class FitHooks:
         self.nominal, self.cut = size, Cut(k, self.cut.replicas, self.cut.local)
         self.trainer.follow_batch(size)
         self.callbacks.set_params({**self.callbacks.params, "steps": updates})
-
-    def follow_restored_rule(self) -> None:
-        """After a restore: the batches the rule had grown to, from its checkpointed changes."""
-        if self.rule:
-            changes = json.loads(self.rule_changes.numpy().decode())
-            self.feed.schedule = self.feed.schedule[:1] + tuple((epoch - 1, size) for epoch, size in changes)
 
     def _follow_noise(self, epoch: int) -> None:
         """The rule at the end of ``epoch`` (0-based): the batch of the epochs after it, from the noise scale
