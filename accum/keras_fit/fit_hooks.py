@@ -111,10 +111,10 @@ class FitHooks:
         def drive(stop):
             """From epoch ``start[0]``, update ``start[1]`` of it: model.fit's course around the Trainer's loop."""
             start = (0, 0)
-            if directory is not None and self.rule:  # the batches the rule had grown to, from its checkpointed changes
-                changes = json.loads(self.rule_changes.numpy().decode())
-                self.feed.schedule = self.feed.schedule[:1] + tuple((epoch - 1, size) for epoch, size in changes)
             if directory is not None:
+                if self.rule:  # the batches the rule had grown to, from its checkpointed changes
+                    changes = json.loads(self.rule_changes.numpy().decode())
+                    self.feed.schedule = self.feed.schedule[:1] + tuple((epoch - 1, size) for epoch, size in changes)
                 history.earlier, start = directory.earlier_epochs(), directory.start
             if self.auto:  # the k the probe chose, or a resume had come to
                 self.cut = Cut(engine.k, self.cut.replicas, self.cut.local)
