@@ -46,7 +46,14 @@ def evaluate(
     called once the request is checked, before the model and the data load (the CLI imports Keras quietly then)."""
     run = read_run(run_dir)  # refuses a directory that is not a run
     source = run.test_source(overrides, data_file)
-    out_dir = _output_dir(run.run_dir, out_dir)
+    if out_dir is None:
+        out_dir = evaluation_dir(run.run_dir)
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            raise RunDirError(
+                f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, or remove it"
+            )
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)  # new or empty
     loading()  # nothing above imported TensorFlow: a bad request is refused at once
     test = run.test(source)
     if run.class_names is None:  # a model of values: its loss and metrics, no classes to confuse
@@ -61,19 +68,6 @@ def evaluate(
     else:
         write_result(out_dir, "evaluate", result, plot_confusion)
     return result
-
-
-def _output_dir(run_dir: Path, out_dir: Path | None) -> Path:
-    """``out_dir`` (default RUN_DIR/evaluate), checked to be new or empty."""
-    if out_dir is None:
-        out_dir = evaluation_dir(run_dir)
-        if out_dir.is_dir() and any(out_dir.iterdir()):
-            raise RunDirError(
-                f"{out_dir} already holds an evaluation: pass --output-dir DIR for another one, or remove it"
-            )
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir)
-    return out_dir
 
 
 def measure(test, class_names: Sequence[str]) -> dict:
