@@ -12,7 +12,7 @@ what the sources import, is empty): the TensorLayer nets, which only TensorFlow 
 ``active().built_in``), and accum_train.fit's door (keras_fit/fit.py) loads the Trainer's path, which reads tf.data,
 only on a backend that trains under the Trainer (test_jax_backend.py trains on JAX with TensorFlow unimportable).
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
-gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
+gradient: the backend's backend.py); keras_private reaches Keras' internals through keras.tree; quiet sets
 TensorFlow's environment before Keras loads it.
 """
 

@@ -1,31 +1,32 @@
 """The TensorFlow backend as the trainer calls it: accum/backends/__init__.py's ``Backend``, answered.
 
-The accumulator (engine.py, set up in engine_for.py) runs an update as one graph call on any tf.distribute strategy
-(distribute.py makes one and answers the questions about it); augment.py draws data.augment's crops and flips inside
-the micro-step. An update that runs out of memory raises ``tf.errors.ResourceExhaustedError``, a failed op (a broken
-file read inside the graph) ``tf.errors.OpError``, its parent, which the loop catches second; inputs a model cannot
-take, ``tf.errors.InvalidArgumentError``. The commands' calls (a checkpoint read back, outputs in batches, compare's
-gradient) are commands.py's. A checkpoint (checkpoints.py) holds the engine's counters as tf.Variables, by the names
-``engine_state`` gives them, and a door's own run state as a ``state_variable``. The allocator's peak is read here:
-``peak_during`` is the one probe, which runs a piece of work and reads the peak over it (the memory guard,
-``subdivisions: auto``'s probe, bench and summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a
-peak).
+The accumulator (engine.py, set up by its ``accumulator_for``) runs an update as one graph call on any tf.distribute
+strategy (distribute.py makes one and answers the questions about it); ``Augment`` draws data.augment's crops and flips
+inside the micro-step. An update that runs out of memory raises ``tf.errors.ResourceExhaustedError``, a failed op (a
+broken file read inside the graph) ``tf.errors.OpError``, its parent, which the loop catches second; inputs a model
+cannot take, ``tf.errors.InvalidArgumentError``. The commands' calls (a checkpoint read back, outputs in batches,
+compare's gradient, the spec of a batch of any size that fit's checks read) are answered here; their checkpoint is
+tf.train.Checkpoint's (a JAX backend answers them from the files its own saving writes). A checkpoint (checkpoints.py)
+holds the engine's counters as tf.Variables, by the names ``engine_state`` gives them, and a door's own run state as a
+``state_variable``. The allocator's peak is read here: ``peak_during`` is the one probe, which runs a piece of work and
+reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and summary.json use it; tests replace
+``allocator_peak_bytes`` here to fake a peak).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 
 from ...trainer.data.feed import distribute, empty_like, endless
-from .augment import Augment
 from .checkpoints import Checkpoints, checkpoint_problem, engine_state
-from .commands import batch_spec, gradients, outputs_in_batches, restore_weights, saved_value, saved_weight_shapes
 from .distribute import has_gpu, is_chief, make_strategy, replicas, set_thread_pools, strategy_in_scope, strategy_name
-from .engine_for import accumulator_for
+from .engine import accumulator_for
 from .gradient_cache import cache_line, dense
 from .graphs import graph
 from .keras_objective import KerasObjective
@@ -160,3 +161,90 @@ def peak_during(work: Callable[[], tf.Tensor]):
     for tensor in tf.nest.flatten(result):
         tensor.numpy()  # wait for the work, then read its peak
     return result, allocator_peak_bytes()
+
+
+def restore_weights(prefix: str, weights: list) -> None:
+    """The checkpoint ``prefix``'s "weights" (the run's and fit's alike hold the model's variables under it) into
+    ``weights``, nothing else; a file that does not match raises (AssertionError, ValueError or an op's error)."""
+    tf.train.Checkpoint(weights=weights).restore(prefix).expect_partial().assert_existing_objects_matched()
+
+
+def saved_value(prefix: str, name: str):
+    """The value the checkpoint ``prefix`` holds for its variable ``name`` (a top-level one), None if none."""
+    reader, key = tf.train.load_checkpoint(prefix), f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    return reader.get_tensor(key) if reader.has_tensor(key) else None
+
+
+def saved_weight_shapes(prefix: str) -> list:
+    """The shapes of the checkpoint ``prefix``'s "weights", in their order (model.variables')."""
+    found = {}
+    for name, shape in tf.train.list_variables(prefix):
+        match = re.fullmatch(r"weights/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE", name)
+        if match:
+            found[int(match.group(1))] = tuple(shape)
+    return [found[i] for i in sorted(found)]
+
+
+def outputs_in_batches(forward, x, batch_size: int):
+    """``forward(inputs, False)`` over ``x`` (arrays), ``batch_size`` examples at a time, as float32 numpy: one
+    graph, traced as training traces the model."""
+    spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), x)
+    batch_outputs = graph(
+        lambda inputs: tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), forward(inputs, False)),
+        input_signature=[spec],
+    )
+    n = len(tf.nest.flatten(x)[0])
+    batches = [
+        batch_outputs(tf.nest.map_structure(lambda a, s=start: a[s : s + batch_size], x))
+        for start in range(0, n, batch_size)
+    ]
+    return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]), *batches)
+
+
+def gradients(loss, variables) -> list:
+    """The gradient of ``loss()`` with respect to ``variables`` (None for one it does not reach)."""
+    with tf.GradientTape() as tape:
+        value = loss()
+    return tape.gradient(value, variables)
+
+
+def batch_spec(arrays):
+    """The spec of a batch of any size of ``arrays`` (a structure), as fit's checks and Keras' build read one."""
+    return tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype), arrays)
+
+
+class Augment:
+    """Random crops and flips of the training images (data.augment), reproducible, drawn inside the micro-step's
+    graph (a JAX backend would draw them with jax.random inside its jitted step).
+
+    Every draw is a stateless function of (seed, update, position in the global batch): a resumed run, a retried
+    update (subdivisions: auto) and a worker that holds only its part of the batch all see exactly the images one
+    uninterrupted single-device run sees. The draws are made for the whole global batch and each process keeps its
+    own rows, so the split across workers changes nothing."""
+
+    def __init__(self, flip: bool, crop: int, seed: int):
+        self.flip, self.crop, self.seed = flip, crop, seed
+
+    @property
+    def active(self) -> bool:
+        return self.flip or self.crop > 0
+
+    def rows(self, x, step, n, begin=0):
+        """``x``, rows [begin, begin + len(x)) of update ``step``'s global batch of ``n`` (in a graph: the
+        micro-step's, or eagerly)."""
+        return self._augment(x, tf.cast(step, tf.int64), tf.cast(n, tf.int32), tf.cast(begin, tf.int32))
+
+    def _augment(self, x, step, n, begin):
+        rows = tf.shape(x)[0]
+        seed = tf.stack([tf.constant(self.seed, tf.int64), step])
+        if self.crop:
+            pad, height, width = self.crop, x.shape[1], x.shape[2]
+            # one (top, left) per example of the global batch: shifts of -crop..crop pixels
+            corner = tf.random.stateless_uniform([n, 2], seed, 0, 2 * pad + 1, tf.int32)[begin : begin + rows]
+            padded = tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+            padded = tf.gather(padded, corner[:, :1] + tf.range(height)[None], axis=1, batch_dims=1)
+            x = tf.gather(padded, corner[:, 1:] + tf.range(width)[None], axis=2, batch_dims=1)
+        if self.flip:
+            mirrored = tf.random.stateless_uniform([n], seed + [0, 1 << 40], 0, 2, tf.int32)[begin : begin + rows] > 0
+            x = tf.where(mirrored[:, None, None, None], tf.reverse(x, [2]), x)
+        return x
