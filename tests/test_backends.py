@@ -39,7 +39,7 @@ CLEAN = [
     "accum/trainer/runtime.py",
     "accum/trainer/data/batching.py",
     "accum/trainer/data/order.py",
-    "accum/trainer/data/class_weights.py",
+    "accum/trainer/data/conversion.py",
     "accum/trainer/data/timeline.py",
     "accum/trainer/store/metrics_log.py",
     "accum/trainer/store/lock.py",
@@ -54,10 +54,8 @@ CLEAN = [
     "accum/keras_fit/rundir.py",
 ]
 # Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
-# in its pipeline (trim_feed), KerasHub's preprocessed batches (task_feed), and the loaders.
-DATA_LAYER = {
-    f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "array_feed", "stream_feed", "trim_feed", "task_feed")
-}
+# in its pipeline (feed), KerasHub's preprocessed batches (sources), and the loaders.
+DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources")}
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING: set[str] = set()
 

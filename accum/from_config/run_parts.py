@@ -14,13 +14,12 @@ from ..backends import active
 from ..config import BatchChange, Config
 from ..errors import ConfigError
 from ..trainer.data.batching import Cut, as_data, eval_batch_size
-from ..trainer.data.feed import Feed
+from ..trainer.data.feed import Feed, TrimmedSplit
 from ..trainer.data.lengths import check_trimmable
 from ..trainer.data.order import epoch_order, first_batch
 from ..trainer.data.reader import Reader
 from ..trainer.data.sources import feed_for
 from ..trainer.data.timeline import Timeline
-from ..trainer.data.trim_feed import TrimmedSplit
 from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
 from .optim import make_optimizer, run_schedule

@@ -1,4 +1,4 @@
-"""trim_padding's graphs (the cut itself: accum/trainer/data/trim_feed.py; the policy: lengths.py): the check that
+"""trim_padding's graphs (the cut itself: accum/trainer/data/feed.py; the policy: lengths.py): the check that
 cutting the padding changes nothing the update computes, and a cut micro-batch padded back for the compiled metrics."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from ... import keras_private
+from ...trainer.data.feed import by_length, cut_after
 from ...trainer.data.lengths import differ, judge_trim
-from ...trainer.data.trim_feed import by_length, cut_after
 from .graphs import graph
 
 
