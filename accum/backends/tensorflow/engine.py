@@ -67,7 +67,7 @@ class Accumulator(Finish):
     ``objective``: an objective (objective.py), or a per-example ``loss_fn(x, y)``. ``subdivisions``: k for
     a held batch (``update``; a variable: a new k retraces only for a new micro-batch size). ``groups``: the
     normalisers the data gives (the objective's own by default). ``sized``: trace an update for its micro-batch
-    size where every micro-batch holds the same number of examples (feed.with_rows): a model that loops over
+    size where every micro-batch holds the same number of examples (feed.sized): a model that loops over
     time (a recurrent layer) runs about a fifth faster on a CPU so, while convolutions ran 5 to 17% slower
     (docs/performance.md). ``shared`` are Update's keyword arguments (clip_norm, norm_layers, strategy,
     loss_scale, growth_steps)."""
@@ -310,11 +310,11 @@ class Accumulator(Finish):
             p.add_sums(sums)
         self.noise.assign_add(terms)
 
-    def _one_at_a_time(self, fetch, prepare, k, n):
-        in_turn(k, lambda i: self._micro(fetch(i), n, prepare))
-
     def _steps(self, fetch, prepare, k, n):
-        (self._carried if self.parallel > 1 else self._one_at_a_time)(fetch, prepare, k, n)
+        if self.parallel > 1:
+            self._carried(fetch, prepare, k, n)
+        else:  # one at a time
+            in_turn(k, lambda i: self._micro(fetch(i), n, prepare))
 
     # -- pulled from a pipeline
 

@@ -140,13 +140,6 @@ class Update:
         """What a micro-batch differentiates: its loss share times the update's loss scale."""
         return loss * self.loss_scale if self.dynamic else loss
 
-    def _unscaled(self, grads):
-        """The reduced gradients without the update's loss scale (unscaled once, for the whole update)."""
-        if not self.dynamic:
-            return grads
-        scale = self.loss_scale.read_value()
-        return [g * (1.0 / scale) for g in grads]
-
     def _settle(self, loss, grads, reduced: dict, used):
         """Replica context, after the all-reduce: the finite check, clipping, then apply once, skip (not
         finite) or drop (retry) in cross-replica context; the update's record. ``grads``: the global,
@@ -281,7 +274,9 @@ class Finish(Update):
         grads = [
             tf.add_n([f * cache[i] for f, cache in zip(factors, reduced["grads"])]) for i in range(len(self.variables))
         ]
-        grads = self._unscaled(grads)
+        if self.dynamic:  # the loss scale taken out once, for the whole update
+            scale = self.loss_scale.read_value()
+            grads = [g * (1.0 / scale) for g in grads]
         data_grads = grads
         penalty, penalty_grads = self._regularization()
         grads = [g if p is None else g + dense(p) for g, p in zip(grads, penalty_grads)]

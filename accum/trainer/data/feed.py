@@ -52,19 +52,14 @@ def empty_like(spec):
     )
 
 
-def with_rows(data, size: int):
-    """``data`` (tensors of one batch) known to hold ``size`` examples, with that size in their static shape: a
-    micro-step traced for one micro-batch size runs leaner gradients (no shape arithmetic at every step of an
+def sized(element, size: int):
+    """An element, (data, where), whose data are known to hold ``size`` examples, with that size in their static
+    shape: a micro-step traced for one micro-batch size runs leaner gradients (no shape arithmetic at every step of an
     LSTM's loop, for one). The same values up to rounding: TensorFlow may pick other kernels for a known shape
     (BatchNorm's sums do), so paths compared bit for bit trace alike. A wrong size fails the update
     (tf.ensure_shape)."""
-    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size, *t.shape[1:]]) if t.shape.rank else t, data)
-
-
-def sized(element, size: int):
-    """An element, (data, where), whose data hold ``size`` examples (``with_rows``)."""
     data, where = element
-    return with_rows(data, size), where
+    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size, *t.shape[1:]]) if t.shape.rank else t, data), where
 
 
 def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:

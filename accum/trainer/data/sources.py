@@ -98,11 +98,10 @@ class ArrayFeed(Arrays):
         self.stored = tf.nest.map_structure(lambda a: stored(a, copy=True), arrays)
         self.parallel_gather = tf.data.AUTOTUNE
         self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
-        self.held = Held(arrays, self.trim, WHERE) if self.trim else None
-        self.timed = self.held.timed if self.trim else None
-        self.steps = self.held.steps if self.trim else None
-        if self.trim:  # each batch's examples longest first (feed.by_plan asks for it)
-            self.by_length = self.held.by_length
+        self.held = self.timed = self.steps = None
+        if self.trim:  # each batch's examples longest first (feed.by_plan asks for by_length)
+            self.held = Held(arrays, self.trim, WHERE)
+            self.timed, self.steps, self.by_length = self.held.timed, self.held.steps, self.held.by_length
 
     @property
     def element_spec(self):
@@ -164,9 +163,7 @@ class DatasetFeed:
         return first
 
     def updates(self, epoch: int) -> int | None:
-        if self.steps_per_epoch is not None:
-            return self.steps_per_epoch
-        return self.cardinality
+        return self.cardinality if self.steps_per_epoch is None else self.steps_per_epoch
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
@@ -279,12 +276,9 @@ def preprocessed(model, x, y, sample_weight, batch_size, name="x") -> tf.data.Da
     over each whole batch on tf.data, which KerasHub's preprocessors need on every backend; a ``tf.data.Dataset`` of
     raw batches is taken as it is, as task.fit takes it."""
     if kind(x) == "dataset":
-        for what, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
-            if value is not None:
-                raise UserError(
-                    f"{WHERE}: {name} is a tf.data.Dataset of raw batches for model {model.name!r}'s preprocessor: "
-                    f"leave {what} out (batch the dataset, and put targets and weights in its elements)"
-                )
+        given = (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size))
+        source = f"{name} is a tf.data.Dataset of raw batches for model {model.name!r}'s preprocessor"
+        _leave_out(given, source, " (batch the dataset, and put targets and weights in its elements)")
         batches = x
     elif kind(x) in ("pydataset", "generator"):
         raise Refused(
