@@ -68,18 +68,16 @@ def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
     return elements.concatenate(tf.data.Dataset.from_tensors(tail).repeat())
 
 
-def gathered(split, order: np.ndarray, layout: Layout) -> tf.data.Dataset:
-    """Elements of a split read by index (``split.gather(indices)``: its stored values of those examples)."""
+def gathered(gather, order: np.ndarray, layout: Layout, parallel=None) -> tf.data.Dataset:
+    """Elements read by index (``gather(indices)``: the stored values of those examples; ``parallel``: the gathers
+    run side by side, the split's ``parallel_gather``)."""
     lengths = layout.ends - layout.starts
     splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with tf.device("CPU:0"):
         indices = tf.constant(np.asarray(order, np.int64)[positions(layout)])
-    if hasattr(split, "tensors"):
-        split.tensors()  # made here, eagerly: not inside the map's graph
     bounds = tf.data.Dataset.from_tensor_slices((splits[:-1], splits[1:], layout.where))
-    parallel = getattr(split, "parallel_gather", None)
     return bounds.map(
-        as_is(lambda a, b, where: (split.gather(indices[a:b]), where)),
+        as_is(lambda a, b, where: (gather(indices[a:b]), where)),
         **({"num_parallel_calls": parallel, "deterministic": True} if parallel else {}),
     )
 
@@ -142,16 +140,6 @@ def distribute(strategy, elements: tf.data.Dataset):
     return iter(strategy.distribute_datasets_from_function(lambda context: elements))
 
 
-class _Held:
-    """A batch in memory as a split ``gathered`` reads: its tensors, gathered by index."""
-
-    def __init__(self, data):
-        self.data = tf.nest.map_structure(tf.convert_to_tensor, data)
-
-    def gather(self, indices):
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.data)
-
-
 def held(engine, data, n=None, updates: int = 1):
     """A batch held in memory as one update's pipeline, laid out and cut as every feed's: (iterator, n, pulls,
     size) for the engine's ``update_from`` or ``accumulate_from``. ``data``: this process's examples of the global
@@ -162,7 +150,9 @@ def held(engine, data, n=None, updates: int = 1):
     cut = Cut(engine.k, engine.replicas, tuple(engine.replica_ids))
     offset = share(n, engine.replica_ids[0], engine.replicas)[0]  # where this process's examples start
     layout = lay_out([(0, -offset, cut.bounds(n))])
-    elements = gathered(_Held(data), np.arange(local, dtype=np.int64), layout).repeat(updates)
+    data = tf.nest.map_structure(tf.convert_to_tensor, data)
+    gather = lambda indices: tf.nest.map_structure(lambda t: tf.gather(t, indices), data)  # noqa: E731
+    elements = gathered(gather, np.arange(local, dtype=np.int64), layout).repeat(updates)
     pulls = cut.pulls(n)
     return distribute(engine.strategy, elements), n, pulls, same_size(n, pulls, engine.replicas)
 
@@ -180,8 +170,11 @@ def by_plan(split, order, epoch: int, segments, k_for, replicas: int, local):
                 order[first:end] = split.by_length(order[first:end])
     stream = kind(split) == "stream"
     layout = plan(segments, k_for, replicas, local, chunk_first=stream)
-    elements = streamed(split, epoch, layout, replicas, local) if stream else gathered(split, order, layout)
-    return elements, layout, order
+    if stream:
+        return streamed(split, epoch, layout, replicas, local), layout, order
+    if hasattr(split, "tensors"):
+        split.tensors()  # made here, eagerly: not inside the map's graph
+    return gathered(split.gather, order, layout, getattr(split, "parallel_gather", None)), layout, order
 
 
 class Feed:

@@ -109,7 +109,7 @@ class ArrayFeed(Arrays):
         return any_length(spec, self.timed) if self.trim else spec
 
     def gather(self, indices):
-        """Examples ``indices`` (a tensor) of every array (feed.gathered's reader); with ``trim``, the time axis
+        """Examples ``indices`` (a tensor) of every array (feed.gathered's ``gather``); with ``trim``, the time axis
         cut after the longest of them, rounded up to a multiple of ``trim``."""
         rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
         return self.held.cut(rows, indices) if self.trim else rows
