@@ -51,7 +51,7 @@ import keras
 import tensorflow as tf
 
 from ... import keras_private
-from ...trainer.data.batching import as_data, held_data
+from ...trainer.data.batching import as_data
 from ...trainer.data.feed import held, sized
 from ...trainer.noise import terms_size
 from . import noise
@@ -319,9 +319,9 @@ class Accumulator(Finish):
     # -- pulled from a pipeline
 
     def _prepare_for(self, size, held=False):
-        """``prepare`` (a held batch's elements: ``held_data``, as they are), each element's examples fixed at
-        ``size`` first when that is known (feed.sized)."""
-        prepare = held_data if held else self.prepare
+        """``prepare`` (a held batch's elements, (data, where): their data as they are), each element's examples
+        fixed at ``size`` first when that is known (feed.sized)."""
+        prepare = (lambda element, n: as_data(element[0])) if held else self.prepare
         return prepare if size is None else lambda element, n: prepare(sized(element, size), n)
 
     def _pull(self, iterator, n, pulls, size, held=False):

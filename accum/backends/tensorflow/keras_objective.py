@@ -193,7 +193,8 @@ class KerasObjective:
             else:
                 add(f"output_{i}", total * weight, count)
                 parts.outputs.append([tf.cast(total, tf.float32), tf.cast(count, tf.float32)])
-        added = self.added_losses()
+        losses = self.model.losses  # those the model's layers added in this call, then the weight regularizers
+        added = [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses[: len(losses) - len(self.regularized)]]
         if added:  # means over the batch's examples (Keras' activity regularizers divide by the batch size)
             add(EXAMPLES, tf.add_n(added) * tf.cast(n, tf.float32), n)
         if groups and not set(parts.sums) <= set(groups):
@@ -203,12 +204,6 @@ class KerasObjective:
             if group != TOTAL:
                 parts.counts.setdefault(group, tf.constant(0.0))
         return parts
-
-    def added_losses(self) -> list:
-        """The losses the model's layers added in the call just made (not the weight regularizers)."""
-        losses = self.model.losses
-        data = losses[: len(losses) - len(self.regularized)]  # Layer.losses lists the weight regularizers last
-        return [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in data]
 
     def regularization(self):
         """The weight regularizers' sum (counted once per update), or None."""

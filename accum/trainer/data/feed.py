@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...datasets.base import as_is, untuned
-from .batching import Cut, pieces, same_size, share
+from .batching import Cut, micro_bounds, pieces, same_size
 from .conversion import kind
 from .lengths import _time_steps, sequence_lengths, uncut_steps
 from .reader import Layout, Planned, lay_out, plan, positions
@@ -148,7 +148,7 @@ def held(engine, data, n=None, updates: int = 1):
     local = len(tf.nest.flatten(data)[0])
     n = local if n is None else int(n)
     cut = Cut(engine.k, engine.replicas, tuple(engine.replica_ids))
-    offset = share(n, engine.replica_ids[0], engine.replicas)[0]  # where this process's examples start
+    offset = micro_bounds(engine.replica_ids[0], n, engine.replicas)[0]  # where this process's share starts
     layout = lay_out([(0, -offset, cut.bounds(n))])
     data = tf.nest.map_structure(tf.convert_to_tensor, data)
     gather = lambda indices: tf.nest.map_structure(lambda t: tf.gather(t, indices), data)  # noqa: E731
