@@ -1,9 +1,7 @@
-"""The end of the accumulator's update (engine.py), ``Finish``: the one all-reduce of the caches, the totals, the
-BatchNorm sums, the noise terms, the metrics, a retry flag and the stop request; each normaliser's cache times n / D,
-the weight regularizers' gradient added once; the caches and totals cleared (a one-pass update, the baseline, sends
-its gradients straight to the same all-reduce). Then ``Update``: the finite check, clipping and one apply (or a
-skip) in cross-replica context, the dynamic loss scale and the skip counters; and the small helpers that hand values
-to and from the graphs of every strategy.
+"""The end of the accumulator's update (engine.py says what its one all-reduce carries): ``Finish`` reduces, combines
+the caches and clears them; ``Update`` then makes the finite check, clipping and one apply (or a skip) in
+cross-replica context, with the dynamic loss scale and the skip counters; and the small helpers that hand values to
+and from the graphs of every strategy.
 
 Norm, clipping and the finite check act on the reduced (global) values, the same on every replica; the
 apply-or-skip decision is a ``tf.cond`` in cross-replica context (``merge_call``), whose apply branch goes back
@@ -255,7 +253,7 @@ class Finish(Update):
 
     def _finish_replica(self, n, retry, stop, local=None):
         """Replica context: the one all-reduce, each normaliser's cache times n / D, the regularizers once, then
-        apply once, skip or drop (update.py); the caches and totals cleared. ``local``: the sums of a one-pass
+        apply once, skip or drop (``_settle``); the caches and totals cleared. ``local``: the sums of a one-pass
         update (default: this replica's caches and totals)."""
         cached = local is None  # the sums are in the caches (a one-pass update's never are)
         if cached:
