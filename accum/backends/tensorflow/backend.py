@@ -6,7 +6,9 @@ inside the micro-step. An update that runs out of memory raises ``tf.errors.Reso
 broken file read inside the graph) ``tf.errors.OpError``, its parent, which the loop catches second; inputs a model
 cannot take, ``tf.errors.InvalidArgumentError``. The commands' calls (a checkpoint read back, outputs in batches,
 compare's gradient, the spec of a batch of any size that fit's checks read) are answered here; their checkpoint is
-tf.train.Checkpoint's (a JAX backend answers them from the files its own saving writes). A checkpoint (checkpoints.py)
+tf.train.Checkpoint's (a JAX backend answers them from the files its own saving writes). So is ``check_trim``, the
+check that trim_padding's cut (accum/trainer/data/feed.py; the policy: lengths.py) changes nothing the update
+computes. A checkpoint (checkpoints.py)
 holds the engine's counters as tf.Variables, by the names ``engine_state`` gives them, and a door's own run state as a
 ``state_variable``. The allocator's peak is read here: ``peak_during`` is the one probe, which runs a piece of work and
 reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and summary.json use it; tests replace
@@ -20,10 +22,12 @@ import importlib
 import re
 from collections.abc import Callable
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from ...trainer.data.feed import distribute, empty_like, endless
+from ...trainer.data.feed import by_length, cut_after, distribute, empty_like, endless
+from ...trainer.data.lengths import differ, judge_trim
 from .checkpoints import Checkpoints, checkpoint_problem, engine_state
 from .distribute import has_gpu, is_chief, make_strategy, replicas, set_thread_pools, strategy_in_scope, strategy_name
 from .engine import accumulator_for
@@ -33,7 +37,6 @@ from .keras_objective import KerasObjective
 from .noise import NoiseScale
 from .objective import classifier, combine
 from .scoring import Evaluation, KerasMetrics, Scorer
-from .trim import check_trim
 from .update import local_replica_ids
 
 # the Backend's names (accum/backends/__init__.py), which is all the trainer calls here
@@ -105,6 +108,50 @@ OUT_OF_MEMORY = tf.errors.ResourceExhaustedError
 OP_ERROR = tf.errors.OpError
 BAD_INPUT = tf.errors.InvalidArgumentError
 STRATEGY = tf.distribute.Strategy
+
+
+def check_trim(objective, groups, first_batch, timed, spec, cut, strategy, where: str, unpack=None) -> None:
+    """Refuse trim_padding where cutting the padding changes the update: compare the normalisers, loss sums and
+    gradients of the first batch's shortest micro-batch, whole and cut right after its longest sequence (no
+    padding left there, the strictest cut), in inference mode (dropout would draw differently for two shapes).
+    ``first_batch`` is as the feed stores it, ``timed`` its leaves with the time axis, ``spec`` the feed's elements',
+    ``cut`` (batching.Cut) how a batch becomes micro-batches; ``unpack`` makes (x, y, sample_weight) of it (Keras'
+    own by default)."""
+    model = objective.model
+    variables = model.trainable_variables
+    unpack = unpack or keras.utils.unpack_x_y_sample_weight
+    rows, lengths = by_length(tf.nest.map_structure(tf.convert_to_tensor, first_batch))
+    start, end = [b for b in cut.bounds(int(tf.shape(tf.nest.flatten(rows)[0])[0])) if b[1] > b[0]][-1]
+    whole = tf.nest.map_structure(lambda t: t[start:end], rows)  # the shortest micro-batch of the first batch
+    trimmed = cut_after(whole, timed, lengths[start:end], 1)  # right after its longest: the most it can lose
+
+    def steps(data):
+        return next(t.shape[1] for t, cut in zip(tf.nest.flatten(data), tf.nest.flatten(timed)) if cut)
+
+    length, time_steps = steps(trimmed), steps(whole)
+    if length == time_steps:
+        return  # nothing cut here: nothing to compare
+
+    def measure(data):
+        x, y, sample_weight = unpack(data)
+        with tf.GradientTape() as tape:
+            parts, _ = objective.evaluate(x, y, sample_weight, training=False, groups=groups)
+            total = tf.add_n([parts.sums[g] for g in groups])
+        grads = tape.gradient(total, model.trainable_variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+        return parts.sums, parts.counts, grads
+
+    with strategy.scope():  # traced for the feed's elements, as the probe that found ``groups`` was
+        measured = graph(measure).get_concrete_function(spec)
+        (sums, counts, grads), (cut_sums, cut_counts, cut_grads) = measured(whole), measured(trimmed)
+    named = [("the number of values the loss averages", counts[g], cut_counts[g], 0.0) for g in counts]
+    named += [("the loss summed", sums[g], cut_sums[g], 0.0) for g in groups]
+    # A gradient that is zero in exact arithmetic (a key bias under a softmax, which cancels it) is rounding noise
+    # of the size of the others: each gradient is held to its own size or a thousandth of the largest, if more.
+    largest = max((float(np.max(np.abs(g), initial=0.0)) for g in grads), default=0.0)
+    named += [(f"the gradient of {v.path}", g, c, 1e-3 * largest) for v, g, c in zip(variables, grads, cut_grads)]
+    divisor = any(differ(counts[g], cut_counts[g]) for g in counts)
+    judge_trim(named, divisor and objective.steps is None, model.name, time_steps, length, where)
 
 
 def state_variable(value, dtype: str, name: str) -> tf.Variable:

@@ -124,7 +124,7 @@ class KerasObjective:
         self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
         self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"
         self.groups: tuple = ()  # the normalisers of the data the last ``probe`` traced
-        # trim_padding: the time axis' length before the cut (trim.uncut_steps), which a mean over every position
+        # trim_padding: the time axis' length before the cut (lengths.uncut_steps), which a mean over every position
         # still divides by; None: nothing is cut, or the length is not known (then the cut is checked, and refused)
         self.steps = steps
 
