@@ -54,8 +54,8 @@ CLEAN = [
     "accum/keras_fit/rundir.py",
 ]
 # Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
-# in its pipeline (feed), KerasHub's preprocessed batches (sources), and the loaders.
-DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources")}
+# in its pipeline (feed), KerasHub's preprocessed batches (task_feed), and the loaders.
+DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "stream_feed", "task_feed")}
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING: set[str] = set()
 

@@ -298,7 +298,7 @@ def test_fit_cuts_a_stream_s_batch_chunk_first_as_the_cli_does():
     """A batch read from accum_train.fit's stream: micro-step i takes the i-th chunk of the batch, shared by the
     replicas (the CLI's stream cut, ``plan(chunk_first=True)``), not each replica's share cut in k."""
     from accum_train.trainer.data.batching import Cut
-    from accum_train.trainer.data.sources import DatasetFeed
+    from accum_train.trainer.data.stream_feed import DatasetFeed
 
     rows = tf.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.float32)[:, None]).batch(8)
     feed = DatasetFeed(rows, batch_size=None, class_weight=None, steps_per_epoch=None)

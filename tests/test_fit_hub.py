@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 from accum_train.keras_fit.train import _ENGINES
 from accum_train.trainer.data.batching import Cut
-from accum_train.trainer.data.sources import DatasetFeed, preprocessed
+from accum_train.trainer.data.stream_feed import DatasetFeed
+from accum_train.trainer.data.task_feed import preprocessed
 from helpers import max_difference
 from hub_tasks import causal_lm, text_classifier, texts
 

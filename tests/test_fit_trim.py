@@ -16,7 +16,8 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.defaults import TRIM_MULTIPLE
 from accum_train.trainer.data.batching import Cut
 from accum_train.trainer.data.lengths import check_trimmable
-from accum_train.trainer.data.sources import ArrayFeed, DatasetFeed
+from accum_train.trainer.data.sources import ArrayFeed
+from accum_train.trainer.data.stream_feed import DatasetFeed
 from helpers import max_difference
 
 N, BATCH, K, STEPS, VOCABULARY = 40, 16, 3, 24, 30

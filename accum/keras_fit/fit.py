@@ -133,7 +133,7 @@ def _on_jax(model, given: dict):
     accumulator and evaluation (jax/backend.py ``fit_parts``) driven by the loop that drives TensorFlow's
     (fit_hooks.train_call); a KerasHub task's raw examples preprocessed first, as on TensorFlow's door."""
     if preprocesses(model):
-        from ..trainer.data.sources import preprocessed  # tf.data, which KerasHub's preprocessors need on JAX too
+        from ..trainer.data.task_feed import preprocessed  # tf.data, which KerasHub's preprocessors need on JAX too
 
         batches = preprocessed(model, given["x"], given["y"], given["sample_weight"], given["batch_size"])
         given.update(x=batches, y=None, sample_weight=None, batch_size=None)

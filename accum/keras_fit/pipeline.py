@@ -5,7 +5,7 @@ KerasHub's ``PipelineModel.fit`` batches raw inputs (strings, images) by
 packing and the targets it makes (a causal LM's next tokens and their weights)
 are decided per batch. The micro-batch cut must come after that, or a
 micro-batch would be padded to its own length and the update would differ. So
-raw data become a ``tf.data`` of preprocessed batches (trainer/data/sources.py's ``preprocessed``), before the feed
+raw data become a ``tf.data`` of preprocessed batches (task_feed.py's ``preprocessed``), before the feed
 sees them, and the feed cuts each batch as it cuts any dataset's: the same
 batches in the same order as ``task.fit`` (which never shuffles the batches it
 builds). ``validation_split`` is taken from the raw arrays first, and
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import Refused
 from ..trainer.data.conversion import kind
-from ..trainer.data.sources import preprocessed
+from ..trainer.data.task_feed import preprocessed
 from .arguments import WHERE
 from .inputs import split_validation, validation_arrays
 

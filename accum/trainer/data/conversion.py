@@ -2,7 +2,7 @@
 float32, as model.fit casts them to floatx; lists as tuples, as tf.data carries them), and class weights as the
 sample weights model.fit derives from them (``class_weights_of``, in NumPy: for arrays on every backend, the
 TensorFlow feed's ArrayFeed and the JAX door; a stream's batches get the same rule in tf.data's graph,
-sources.class_weights_tensor)."""
+stream_feed.class_weights_tensor)."""
 
 from __future__ import annotations
 

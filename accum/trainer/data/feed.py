@@ -40,7 +40,7 @@ import tensorflow as tf
 from ...datasets.base import as_is, untuned
 from .batching import Cut, micro_bounds, pieces, same_size
 from .conversion import kind
-from .lengths import _time_steps, sequence_lengths, uncut_steps
+from .lengths import sequence_lengths, uncut_steps
 from .reader import Layout, Planned, lay_out, plan, positions
 
 
@@ -202,15 +202,6 @@ class Feed:
         parts = [np.arange(a, b) for a, b in zip(self.layout.starts[mine], self.layout.ends[mine])]
         picked = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return np.asarray(self.order)[picked] if self.order is not None else picked
-
-
-def stream_timed(spec, where: str):
-    """For batches read from a stream (their ``spec``): which leaves are cut on axis 1, the inputs of x with two
-    axes or more and every leaf whose axis 1 is theirs (of unknown size where theirs is: padded_batch)."""
-    leaves = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)
-    shapes = [tuple(s.shape) if s.shape.rank is not None else () for s in leaves]
-    steps = _time_steps(shapes, [s.dtype == tf.string for s in leaves], "x's batches have no input", where)
-    return tf.nest.map_structure(lambda s: (s.shape.rank or 0) >= 2 and s.shape[1] == steps, spec)
 
 
 def lengths_of(element):
