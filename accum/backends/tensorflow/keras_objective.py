@@ -36,12 +36,6 @@ from .graphs import graph
 from .objective import EXAMPLES, TOTAL, Parts
 
 
-def batch_size_of(x) -> tf.Tensor:
-    """The examples in a batch of inputs ``x``, as model.fit counts them (its first input's leading axis)."""
-    first = next(t for t in tf.nest.flatten(x) if t is not None)
-    return tf.shape(first)[0]
-
-
 def _shape(tensor) -> str:
     dims = ["batch" if i == 0 else str(d) for i, d in enumerate(tensor.shape.as_list())]
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
@@ -160,7 +154,7 @@ class KerasObjective:
     def parts(self, x, y, y_pred, sample_weight, groups=()) -> Parts:
         """One micro-batch's sums and normalisers (call after ``y_pred = model(x, training=...)``); every one
         of ``groups`` is there, at zero if this micro-batch has none of it."""
-        n = batch_size_of(x)
+        n = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]  # as model.fit counts: x's first input
         parts = Parts(examples=tf.cast(n, tf.float32))
         taken = [None] * len(self.entries)
 

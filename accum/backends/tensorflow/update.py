@@ -20,7 +20,7 @@ import tensorflow as tf
 from ... import keras_private
 from ...defaults import LOSS_SCALE_GROWTH_STEPS
 from . import noise
-from .gradient_cache import all_finite, dense
+from .gradient_cache import dense
 from .objective import combine, output_values
 
 NAN = float("nan")
@@ -148,7 +148,10 @@ class Update:
         stop = tf.reduce_max(tf.where(reduced["stop"] > 0, tf.range(STOP_REQUESTS), 0))
         scale = self.loss_scale.read_value()
         retry = retried > 0  # any replica of any worker asked for it: all drop the update together
-        finite = all_finite(loss, grads)
+        finite = tf.math.is_finite(loss)
+        for grad in grads:
+            if grad is not None:
+                finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
         # An overflow of the scaled gradient (the loss itself finite): a smaller scale will fix it.
         overflow = (
             tf.logical_and(tf.logical_not(finite), tf.logical_and(tf.math.is_finite(loss), scale > 1.0))
