@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from accum_train.backends.tensorflow.augment import Augment
+from accum_train.backends.tensorflow.backend import Augment
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.config import AugmentConfig, load_config
 from accum_train.datasets import load

@@ -12,7 +12,7 @@ what the sources import, is empty): the TensorLayer nets, which only TensorFlow 
 ``active().built_in``), and accum_train.fit's door (keras_fit/fit.py) loads the Trainer's path, which reads tf.data,
 only on a backend that trains under the Trainer (test_jax_backend.py trains on JAX with TensorFlow unimportable).
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
-gradient: the backend's commands.py); keras_private reaches Keras' internals through keras.tree; quiet sets
+gradient: the backend's backend.py); keras_private reaches Keras' internals through keras.tree; quiet sets
 TensorFlow's environment before Keras loads it.
 """
 
@@ -39,7 +39,7 @@ CLEAN = [
     "accum/trainer/runtime.py",
     "accum/trainer/data/batching.py",
     "accum/trainer/data/order.py",
-    "accum/trainer/data/class_weights.py",
+    "accum/trainer/data/conversion.py",
     "accum/trainer/data/timeline.py",
     "accum/trainer/store/metrics_log.py",
     "accum/trainer/store/lock.py",
@@ -53,10 +53,8 @@ CLEAN = [
     "accum/keras_fit/rundir.py",
 ]
 # Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
-# in its pipeline (trim_feed), KerasHub's preprocessed batches (task_feed), and the loaders.
-DATA_LAYER = {
-    f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "array_feed", "stream_feed", "trim_feed", "task_feed")
-}
+# in its pipeline (feed), KerasHub's preprocessed batches (task_feed), and the loaders.
+DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "stream_feed", "task_feed")}
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING: set[str] = set()
 

@@ -1,5 +1,5 @@
 """data.trim_padding: the CLI's run of a keras_file sequence model from an .npz, each batch's examples ordered by
-length and each micro-batch cut after its longest sequence (accum/trainer/data/trim_feed.py, the cut accum_train.fit
+length and each micro-batch cut after its longest sequence (accum/trainer/data/feed.py, the cut accum_train.fit
 makes).
 The oracle is model.fit on whole, uncut batches: 50 examples in batches of 16 (a short one of 2), k=3, two epochs, SGD;
 sequences of 1 to 24 tokens of which the shortest are cut to a multiple of 8. Every refusal is one line."""
@@ -13,10 +13,8 @@ from accum_train.cli.plan_text import format_plan
 from accum_train.config.parse import config_from_dict
 from accum_train.datasets.base import TaskSplit
 from accum_train.plan import plan
-from accum_train.trainer.data import trim_feed
-from accum_train.trainer.data.feed import Feed
+from accum_train.trainer.data.feed import Feed, Held, TrimmedSplit
 from accum_train.trainer.data.timeline import Segment
-from accum_train.trainer.data.trim_feed import TrimmedSplit
 from helpers import max_difference
 
 N, STEPS, VOCABULARY, BATCH, K, EPOCHS, RATE, MULTIPLE = 50, 24, 30, 16, 3, 2, 0.5, 8
@@ -54,8 +52,8 @@ def written(tmp_path, model, **data):
 
 def test_a_trimmed_run_ends_at_model_fit_s_weights_on_whole_batches(tmp_path, monkeypatch):
     cuts = []  # the run's feed cuts its micro-batches (traced into its pipeline: at least once)
-    uncut = trim_feed.Held.cut
-    monkeypatch.setattr(trim_feed.Held, "cut", lambda self, rows, indices: cuts.append(1) or uncut(self, rows, indices))
+    uncut = Held.cut
+    monkeypatch.setattr(Held, "cut", lambda self, rows, indices: cuts.append(1) or uncut(self, rows, indices))
     config = written(tmp_path, tagger(), trim_padding=MULTIPLE)
     oracle = keras.models.load_model(tmp_path / "model.keras", compile=False)
     oracle.compile(optimizer=keras.optimizers.SGD(RATE), loss=keras.losses.SparseCategoricalCrossentropy(True))

@@ -33,7 +33,7 @@ SEAM = f"{PACKAGE}.backends"
 # arithmetic and layout, the data order, the arrays' checks and plan (JAX reads them as TensorFlow's ArrayFeed does),
 # the sources' kinds, class weights as each example's and trim_padding's policy and cut; and what the
 # accumulator needs of a network (models/containers).
-DATA_ROOMS = ("feed", "trim_feed", "batching", "layout", "order", "arrays", "conversion", "lengths", "class_weights")
+DATA_ROOMS = ("feed", "batching", "reader", "order", "arrays", "conversion", "lengths")
 BACKEND_MAY_IMPORT = (
     LEAVES
     | {f"{PACKAGE}.keras_private", f"{PACKAGE}.models.containers"}

@@ -14,13 +14,12 @@ from ..backends import active
 from ..config import BatchChange, Config
 from ..errors import ConfigError
 from ..trainer.data.batching import Cut, as_data, eval_batch_size
-from ..trainer.data.feed import Feed
+from ..trainer.data.feed import Feed, TrimmedSplit
 from ..trainer.data.lengths import check_trimmable
 from ..trainer.data.order import epoch_order, first_batch
 from ..trainer.data.reader import Reader
 from ..trainer.data.sources import feed_for
 from ..trainer.data.timeline import Timeline
-from ..trainer.data.trim_feed import TrimmedSplit
 from ..trainer.noise import rule_change
 from ..trainer.trainer import build_engine
 from .optim import make_optimizer, run_schedule
@@ -57,7 +56,7 @@ class Run:
                 objective.steps = split.trim.steps  # a mean over every position still counts them uncut
                 objective.probe(as_data(split.signature()), in_scope)
             # refused in one line where the cut would change the update: the first batch's shortest micro-batch,
-            # cut into the k it starts with, measured whole and cut (trim.check_trim)
+            # cut into the k it starts with, measured whole and cut (the backend's check_trim)
             first = split.split.gather(np.arange(min(cfg.batch_size, len(split)), dtype=np.int64))
             k = 1 if cfg.baseline else spec.micro.k_for(cfg.batch_size, in_scope.num_replicas_in_sync) or 1
             unpack = lambda stored: as_data(split.convert(stored))  # noqa: E731

@@ -1,16 +1,12 @@
 """Memory: what the process peaked at, and keeping a run within memory.
 
 The allocator's peak and ``peak_during``, the one probe (a piece of work run on the first batch, the allocator
-peak read over it), are the backend's (accum/backends/: TensorFlow's allocator). Automatic micro-batches (the CLI's
-``subdivisions: auto``, fit's ``micro_batch_size="auto"``) mean one thing in
-both doors: the fewest micro-batches per replica share, 1, 2, 4, ..., that
-fit. Under a memory limit one micro-step per candidate is measured before
-training (``choose_subdivisions``); during training, an update that runs out
-of memory (the backend's ``OUT_OF_MEMORY``), or whose first one peaks over the limit, is retried from the same
-data at twice the micro-batches (``MemoryGuard``). Without a limit only the
+peak read over it), are the backend's (accum/backends/: TensorFlow's allocator); bench reads the same peak over its
+timed updates. Automatic micro-batches (the CLI's ``subdivisions: auto``, fit's ``micro_batch_size="auto"``) mean
+one thing in both doors: the fewest micro-batches per replica share, 1, 2, 4, ..., that fit. Under a memory limit
+one micro-step per candidate is measured before training (``choose_subdivisions``); during training, an update that
+runs out of memory, or whose first one peaks over the limit, is retried (``MemoryGuard``). Without a limit only the
 device's running out of memory says what does not fit (``UNMEASURED``).
-``MemoryGuard`` also probes the first update of a process under a limit
-before applying it; bench reads the same peak over its timed updates.
 """
 
 from __future__ import annotations

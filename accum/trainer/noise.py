@@ -123,20 +123,14 @@ def grown_batch(noise_scale: float | None, batch_size: int, micro_batch_size: in
     return max(batch_size, min(rounded, max_batch_size))
 
 
-def rule_said(noise_scale: float | None, before: int, after: int, next_epoch: int) -> str:
-    """What the rule's change at an epoch's end says, in both doors: the estimate, and the batch from ``next_epoch``
-    (1-based) on."""
-    shown = "none yet" if noise_scale is None else f"{noise_scale:.0f} examples"
-    if after == before:
-        return f"noise scale {shown}: batch_size stays {before}"
-    return f"noise scale {shown}: batch_size {before} -> {after} from epoch {next_epoch}"
-
-
 def rule_change(rule, noise_scale: float | None, epochs_done: int, epochs: int, before: int, micro_batch_size: int):
     """batch_schedule's noise-scale ``rule`` at the end of epoch ``epochs_done`` (1-based) of ``epochs``, in both
-    doors: (the batch from the next epoch on, the line that says so), or None where the rule is not due (between
-    its ``every_epochs``, after the last epoch, or no rule)."""
+    doors: (the batch from the next epoch on, the line that says so: the estimate, and the batch from the next epoch
+    on), or None where the rule is not due (between its ``every_epochs``, after the last epoch, or no rule)."""
     if rule is None or epochs_done % rule.every_epochs or epochs_done >= epochs:
         return None
     after = grown_batch(noise_scale, before, micro_batch_size, rule.max_batch_size)
-    return after, rule_said(noise_scale, before, after, epochs_done + 1)
+    shown = "none yet" if noise_scale is None else f"{noise_scale:.0f} examples"
+    if after == before:
+        return after, f"noise scale {shown}: batch_size stays {before}"
+    return after, f"noise scale {shown}: batch_size {before} -> {after} from epoch {epochs_done + 1}"

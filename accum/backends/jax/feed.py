@@ -17,10 +17,9 @@ from ... import keras_private
 from ...errors import UserError
 from ...trainer.data.arrays import Arrays
 from ...trainer.data.batching import Cut, pieces
-from ...trainer.data.class_weights import class_weights_of
-from ...trainer.data.conversion import WHERE, _leaves_as_arrays
-from ...trainer.data.layout import plan
+from ...trainer.data.conversion import WHERE, _leaves_as_arrays, class_weights_of
 from ...trainer.data.lengths import cut_length, sequence_lengths, uncut_steps
+from ...trainer.data.reader import plan
 
 
 def rows(parts, picked):

@@ -9,15 +9,15 @@ device or on any tf.distribute strategy. ``accum-train run``/``compare``/``bench
   inside the micro-step (the CLI's feed converts and augments its stored values there; fit unpacks its data).
 - ``metrics``: what else a micro-step keeps, read once per update (fit's compiled metrics; none for the CLI).
 
-A batch of ``n`` examples is cut into contiguous micro-batches whose sizes differ by at most one (batching.py);
-under a strategy each replica takes its contiguous share and cuts that. Each micro-step differentiates its
-part of each normaliser's sum, divided by ``n`` (the magnitude of a batch mean, what a 16-bit loss scale
-expects), into that normaliser's cache and adds its part of the normaliser to the totals. The update then makes
-ONE collective (finish.py), an all-reduce of the caches, the totals, the BatchNorm sums, the noise terms, the metrics, a
-retry flag and the stop request; each cache is multiplied by ``n / D`` once (exactly 1 for a per-example loss
-of a whole batch: the bits of dividing by ``n`` in the micro-step), the weight regularizers' gradient is added
-once, and update.py's ``Update`` applies the result once or skips it. Averaging micro-batch means, or dividing
-by ``subdivisions``, is biased as soon as micro-batches differ in size or in valid tokens.
+A batch of ``n`` examples is cut into contiguous micro-batches whose sizes differ by at most one (batching.py); under a
+strategy each replica takes its contiguous share and cuts that. Each micro-step differentiates its part of each
+normaliser's sum, divided by ``n`` (the magnitude of a batch mean, what a 16-bit loss scale expects), into that
+normaliser's cache and adds its part of the normaliser to the totals. The update then makes ONE collective (update.py's
+``Finish``), an all-reduce of the caches, the totals, the BatchNorm sums, the noise terms, the metrics, a retry flag and
+the stop request; each cache is multiplied by ``n / D`` once (exactly 1 for a per-example loss of a whole batch: the
+bits of dividing by ``n`` in the micro-step), the weight regularizers' gradient is added once, and update.py's
+``Update`` applies the result once or skips it. Averaging micro-batch means, or dividing by ``subdivisions``, is biased
+as soon as micro-batches differ in size or in valid tokens.
 
 The micro-batches come from an input pipeline (``update_from``: ``pulls`` elements per local replica, pulled inside
 the graph, so only one micro-batch is ever an input). A batch held in memory (``update``: the tests, the gradient
@@ -32,6 +32,12 @@ micro-batch in all (k=1 on one replica) takes the baseline's route too: a round 
 its gradient to zeros, the same bits, and its noise terms would estimate nothing (noise.py needs two
 micro-batches).
 
+``accumulator_for`` is the one place an Accumulator is set up, for both doors and for compare's gradient check.
+What the model decides is read from it there: the variables the engine writes (Keras' own storage, as the optimizer
+and checkpoints see it), and whether micro-steps are traced for their size (a model that loops over time runs
+leaner so). What a door decides is passed in: k, the micro-steps in flight (trainer/runtime.py's policy), the loss
+scale, the optimizer, and how a pulled element becomes a batch (``prepare``).
+
 The pieces are separately usable: ``accumulate_from``/``accumulate_batch``/``accumulate`` (into the caches,
 nothing applied), ``finish`` (reduce, apply or skip, clear) and ``reset``; the memory guard uses them to look
 at an update's peak, or to let every worker agree on a retry, before anything is applied.
@@ -41,18 +47,18 @@ from __future__ import annotations
 
 import contextlib
 
+import keras
 import tensorflow as tf
 
 from ... import keras_private
-from ...trainer.data.batching import as_data, held_data
+from ...trainer.data.batching import as_data
 from ...trainer.data.feed import held, sized
 from ...trainer.noise import terms_size
 from . import noise
-from .finish import Finish
 from .gradient_cache import REPLICA_LOCAL, GradientCache, dense
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, as_objective, combine, scale_of, units
-from .update import _first, _size
+from .update import Finish, _first, _size
 
 
 class Accumulator(Finish):
@@ -61,7 +67,7 @@ class Accumulator(Finish):
     ``objective``: an objective (objective.py), or a per-example ``loss_fn(x, y)``. ``subdivisions``: k for
     a held batch (``update``; a variable: a new k retraces only for a new micro-batch size). ``groups``: the
     normalisers the data gives (the objective's own by default). ``sized``: trace an update for its micro-batch
-    size where every micro-batch holds the same number of examples (feed.with_rows): a model that loops over
+    size where every micro-batch holds the same number of examples (feed.sized): a model that loops over
     time (a recurrent layer) runs about a fifth faster on a CPU so, while convolutions ran 5 to 17% slower
     (docs/performance.md). ``shared`` are Update's keyword arguments (clip_norm, norm_layers, strategy,
     loss_scale, growth_steps)."""
@@ -304,18 +310,18 @@ class Accumulator(Finish):
             p.add_sums(sums)
         self.noise.assign_add(terms)
 
-    def _one_at_a_time(self, fetch, prepare, k, n):
-        in_turn(k, lambda i: self._micro(fetch(i), n, prepare))
-
     def _steps(self, fetch, prepare, k, n):
-        (self._carried if self.parallel > 1 else self._one_at_a_time)(fetch, prepare, k, n)
+        if self.parallel > 1:
+            self._carried(fetch, prepare, k, n)
+        else:  # one at a time
+            in_turn(k, lambda i: self._micro(fetch(i), n, prepare))
 
     # -- pulled from a pipeline
 
     def _prepare_for(self, size, held=False):
-        """``prepare`` (a held batch's elements: ``held_data``, as they are), each element's examples fixed at
-        ``size`` first when that is known (feed.sized)."""
-        prepare = held_data if held else self.prepare
+        """``prepare`` (a held batch's elements, (data, where): their data as they are), each element's examples
+        fixed at ``size`` first when that is known (feed.sized)."""
+        prepare = (lambda element, n: as_data(element[0])) if held else self.prepare
         return prepare if size is None else lambda element, n: prepare(sized(element, size), n)
 
     def _pull(self, iterator, n, pulls, size, held=False):
@@ -345,3 +351,16 @@ class Accumulator(Finish):
     def _held(self):
         """Each replica's examples in the caches so far (in replica context: no collective)."""
         return self.strategy.run(self.totals.examples.read_value)
+
+
+def accumulator_for(model, objective, optimizer, *, subdivisions: int, **options) -> Accumulator:
+    """The Accumulator training ``model`` (a Keras model, or the CLI's models/containers.py wrapper of one or of a
+    TensorLayer net) on ``objective``; ``options`` are the Accumulator's other keyword arguments."""
+    network = model if isinstance(model, keras.Model) else getattr(model, "network", None)
+    variables = model.trainable_variables
+    if isinstance(model, keras.Model):
+        variables = [keras_private.storage(v) for v in variables]
+    sized = isinstance(network, keras.Model) and keras_private.loops_over_time(network)
+    if isinstance(network, keras.Model):  # a weight's constraint, which Keras' optimizer reads off its own variable
+        options["constraints"] = [v.constraint for v in network.trainable_variables]
+    return Accumulator(objective, variables, optimizer, subdivisions=subdivisions, sized=sized, **options)

@@ -1,5 +1,5 @@
 """The gradient cache: one replica-local float32 variable per trainable variable, which micro-batches add to and an
-update reads, reduces and clears (engine.py: one cache per normaliser of the loss), and the finite check.
+update reads, reduces and clears (engine.py: one cache per normaliser of the loss).
 
 Replica-local (``ON_READ``, ``SUM``): under a strategy each replica adds to its own, and no collective runs while
 micro-batches accumulate; the engine's one all-reduce sums them per update."""
@@ -59,11 +59,3 @@ def cache_line(engine, frozen: int) -> str:
 def dense(gradient) -> tf.Tensor:
     """A gradient as the cache adds it: dense (an Embedding's tf.IndexedSlices summed per row), float32."""
     return tf.cast(tf.convert_to_tensor(gradient), tf.float32)
-
-
-def all_finite(loss, gradients):
-    finite = tf.math.is_finite(loss)
-    for grad in gradients:
-        if grad is not None:
-            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
-    return finite

@@ -36,12 +36,6 @@ from .graphs import graph
 from .objective import EXAMPLES, TOTAL, Parts
 
 
-def batch_size_of(x) -> tf.Tensor:
-    """The examples in a batch of inputs ``x``, as model.fit counts them (its first input's leading axis)."""
-    first = next(t for t in tf.nest.flatten(x) if t is not None)
-    return tf.shape(first)[0]
-
-
 def _shape(tensor) -> str:
     dims = ["batch" if i == 0 else str(d) for i, d in enumerate(tensor.shape.as_list())]
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
@@ -124,7 +118,7 @@ class KerasObjective:
         self.regularized = [v for v in model.trainable_weights if getattr(v, "regularizer", None) is not None]
         self.kinds: list = ["data"] * len(self.entries)  # per compiled loss: "sum", "examples" or "data"
         self.groups: tuple = ()  # the normalisers of the data the last ``probe`` traced
-        # trim_padding: the time axis' length before the cut (trim.uncut_steps), which a mean over every position
+        # trim_padding: the time axis' length before the cut (lengths.uncut_steps), which a mean over every position
         # still divides by; None: nothing is cut, or the length is not known (then the cut is checked, and refused)
         self.steps = steps
 
@@ -160,7 +154,7 @@ class KerasObjective:
     def parts(self, x, y, y_pred, sample_weight, groups=()) -> Parts:
         """One micro-batch's sums and normalisers (call after ``y_pred = model(x, training=...)``); every one
         of ``groups`` is there, at zero if this micro-batch has none of it."""
-        n = batch_size_of(x)
+        n = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]  # as model.fit counts: x's first input
         parts = Parts(examples=tf.cast(n, tf.float32))
         taken = [None] * len(self.entries)
 
@@ -193,7 +187,8 @@ class KerasObjective:
             else:
                 add(f"output_{i}", total * weight, count)
                 parts.outputs.append([tf.cast(total, tf.float32), tf.cast(count, tf.float32)])
-        added = self.added_losses()
+        losses = self.model.losses  # those the model's layers added in this call, then the weight regularizers
+        added = [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses[: len(losses) - len(self.regularized)]]
         if added:  # means over the batch's examples (Keras' activity regularizers divide by the batch size)
             add(EXAMPLES, tf.add_n(added) * tf.cast(n, tf.float32), n)
         if groups and not set(parts.sums) <= set(groups):
@@ -203,12 +198,6 @@ class KerasObjective:
             if group != TOTAL:
                 parts.counts.setdefault(group, tf.constant(0.0))
         return parts
-
-    def added_losses(self) -> list:
-        """The losses the model's layers added in the call just made (not the weight regularizers)."""
-        losses = self.model.losses
-        data = losses[: len(losses) - len(self.regularized)]  # Layer.losses lists the weight regularizers last
-        return [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in data]
 
     def regularization(self):
         """The weight regularizers' sum (counted once per update), or None."""

@@ -151,16 +151,18 @@ class AccumBatchNorm(DeferredStatistics, BatchNorm):
         channels = inputs.shape[-1]
         x = inputs if len(inputs.shape) == 4 else tf.reshape(inputs, [-1, 1, 1, channels])
         empty = tf.zeros([0], tf.float32)
-        if self.is_train:
-            y, mean, var, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x,
-                scale=self.gamma,
-                offset=self.beta,
-                mean=empty,
-                variance=empty,
-                epsilon=self.epsilon,
-                is_training=True,
-            )
+        training = bool(self.is_train)
+        # the raw op: tf.nn.fused_batch_norm raises epsilon to at least 1.001e-5
+        y, mean, var, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+            x=x,
+            scale=self.gamma,
+            offset=self.beta,
+            mean=empty if training else self.moving_mean,
+            variance=empty if training else self.moving_var,
+            epsilon=self.epsilon,
+            is_training=training,
+        )
+        if training:
             count = tf.cast(tf.size(x) // channels, tf.float32)
             var = var * tf.maximum(count - 1.0, 0.0) / tf.maximum(count, 1.0)  # the op's variance is Bessel's
             if self._nodes_fixed:
@@ -168,17 +170,6 @@ class AccumBatchNorm(DeferredStatistics, BatchNorm):
                     self.pending.add(count, mean, var, self.moving_mean)
                 else:
                     move_statistics(self.moving_mean, self.moving_var, self.decay, mean, var)
-        else:
-            # the raw op: tf.nn.fused_batch_norm raises epsilon to at least 1.001e-5
-            y = tf.raw_ops.FusedBatchNormV3(
-                x=x,
-                scale=self.gamma,
-                offset=self.beta,
-                mean=self.moving_mean,
-                variance=self.moving_var,
-                epsilon=self.epsilon,
-                is_training=False,
-            )[0]
         outputs = tf.reshape(y, shape)
         return self.act(outputs) if self.act else outputs
 

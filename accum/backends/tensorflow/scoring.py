@@ -9,6 +9,8 @@ means. fit's validation pulls its micro-batches from the input pipeline; a run's
 - ``KerasMetrics``: a Keras model's compiled metrics and loss trackers, as model.fit keeps them (exact across
   replicas at no extra collective: their replica-local state rides in the one all-reduce);
 - ``Correct``: the built-in classifier's correct predictions (accuracy is counted, then divided on the host).
+
+A micro-batch cut by trim_padding is padded back for the compiled metrics (``uncut``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from ...trainer.data.batching import as_data
 from .gradient_cache import REPLICA_LOCAL
 from .graphs import graph, in_turn
 from .objective import Parts, Totals, combine, output_values, scale_of
-from .trim import uncut
 from .update import _first
 
 
@@ -42,7 +43,7 @@ class KerasMetrics:
 
     def update(self, x, y, y_pred, sample_weight, steps=None) -> None:
         """One micro-batch into the compiled metrics (replica context); ``steps``: its time axis' length before
-        trim_padding's cut, which the metrics see it at (trim.uncut)."""
+        trim_padding's cut, which the metrics see it at (``uncut``)."""
         compiled = keras_private.compile_metrics(self.model)
         if not self.custom and compiled is None:
             return  # the loss trackers alone, which ``results`` updates
@@ -237,3 +238,34 @@ class Scorer:
             else:
                 scores[f"{prefix}_loss"], scores[f"{prefix}_accuracy"] = self.evaluate(split)
         return scores
+
+
+def uncut(y, y_pred, sample_weight, steps: int):
+    """A cut micro-batch's targets, outputs and sample weights as the compiled metrics take them: every leaf whose
+    time axis was cut (of unknown length where traced) padded back to ``steps``, the steps cut away masked. Keras'
+    mean metrics average each example over its time axis, and count it by its weights' mean over that axis: two
+    micro-batches of different lengths would weigh their steps differently, where model.fit's uncut batch weighs
+    every step alike."""
+
+    def cut(t):
+        return t is not None and t.shape.rank is not None and t.shape.rank >= 2 and t.shape[1] is None
+
+    def pad(t):
+        return tf.pad(t, [[0, 0], [0, steps - tf.shape(t)[1]]] + [[0, 0]] * (t.shape.rank - 2))
+
+    def output(t):
+        if not cut(t):
+            return t
+        mask = keras_private.get_keras_mask(t)
+        padded = pad(t)
+        keras_private.set_keras_mask(padded, pad(tf.ones(tf.shape(t)[:2], tf.bool) if mask is None else mask))
+        return padded
+
+    def other(t):
+        return pad(t) if cut(t) else t
+
+    return (
+        tf.nest.map_structure(other, y),
+        tf.nest.map_structure(output, y_pred),
+        tf.nest.map_structure(other, sample_weight),
+    )

@@ -1,6 +1,7 @@
-"""What an update does after its one all-reduce (engine.py's accumulator): the finite check, clipping and one
-apply (or a skip) in cross-replica context, the dynamic loss scale and the skip counters; and the small helpers
-that hand values to and from the graphs of every strategy.
+"""The end of the accumulator's update (engine.py says what its one all-reduce carries): ``Finish`` reduces, combines
+the caches and clears them; ``Update`` then makes the finite check, clipping and one apply (or a skip) in
+cross-replica context, with the dynamic loss scale and the skip counters; and the small helpers that hand values to
+and from the graphs of every strategy.
 
 Norm, clipping and the finite check act on the reduced (global) values, the same on every replica; the
 apply-or-skip decision is a ``tf.cond`` in cross-replica context (``merge_call``), whose apply branch goes back
@@ -18,7 +19,9 @@ import tensorflow as tf
 
 from ... import keras_private
 from ...defaults import LOSS_SCALE_GROWTH_STEPS
-from .gradient_cache import all_finite
+from . import noise
+from .gradient_cache import dense
+from .objective import combine, output_values
 
 NAN = float("nan")
 # A stop request is a small integer (0: none; the training loop sends a signal's number): every process learns
@@ -135,13 +138,6 @@ class Update:
         """What a micro-batch differentiates: its loss share times the update's loss scale."""
         return loss * self.loss_scale if self.dynamic else loss
 
-    def _unscaled(self, grads):
-        """The reduced gradients without the update's loss scale (unscaled once, for the whole update)."""
-        if not self.dynamic:
-            return grads
-        scale = self.loss_scale.read_value()
-        return [g * (1.0 / scale) for g in grads]
-
     def _settle(self, loss, grads, reduced: dict, used):
         """Replica context, after the all-reduce: the finite check, clipping, then apply once, skip (not
         finite) or drop (retry) in cross-replica context; the update's record. ``grads``: the global,
@@ -152,7 +148,10 @@ class Update:
         stop = tf.reduce_max(tf.where(reduced["stop"] > 0, tf.range(STOP_REQUESTS), 0))
         scale = self.loss_scale.read_value()
         retry = retried > 0  # any replica of any worker asked for it: all drop the update together
-        finite = all_finite(loss, grads)
+        finite = tf.math.is_finite(loss)
+        for grad in grads:
+            if grad is not None:
+                finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
         # An overflow of the scaled gradient (the loss itself finite): a smaller scale will fix it.
         overflow = (
             tf.logical_and(tf.logical_not(finite), tf.logical_and(tf.math.is_finite(loss), scale > 1.0))
@@ -240,3 +239,78 @@ class Update:
         """Forget a half-done update (pooled BatchNorm statistics)."""
         for layer in self.norm_layers:
             layer.discard()
+
+
+class Finish(Update):
+    """An update's finish, in replica context, for the accumulator (engine.Accumulator), which holds what it
+    reads: the caches, totals and noise terms, the objective and its groups, the metrics, the variables the loss
+    reaches (``used``) and, for a one-pass update, the micro-step (``_gradients``)."""
+
+    def _one_pass(self, inputs, n, stop):
+        parts, shares, gradients = self._gradients(*inputs, n)
+        grads = [
+            [tf.zeros(v.shape) if g is None else dense(g) for g, v in zip(one, self.variables)] for one in gradients
+        ]
+        local = {"grads": grads, "totals": self.totals.plus(self.totals.zeros(), parts, shares)}
+        return self._finish_replica(n, False, stop, local)
+
+    def _finish_replica(self, n, retry, stop, local=None):
+        """Replica context: the one all-reduce, each normaliser's cache times n / D, the regularizers once, then
+        apply once, skip or drop (``_settle``); the caches and totals cleared. ``local``: the sums of a one-pass
+        update (default: this replica's caches and totals)."""
+        cached = local is None  # the sums are in the caches (a one-pass update's never are)
+        if cached:
+            local = {"grads": [cache.gradients() for cache in self.caches], "totals": self.totals.values()}
+            local["terms"] = self.noise.read_value()
+        payload = {
+            **local,
+            "stats": [layer.pending.values() for layer in self.norm_layers],  # [count, sum, sum of squares] each
+            "retry": tf.cast(retry, tf.float32),
+            "stop": tf.one_hot(tf.convert_to_tensor(stop, tf.int32), STOP_REQUESTS),  # which requests were made
+            "metrics": self.metrics.local() if self.metrics is not None else [],
+        }
+        reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, payload)
+        totals = reduced["totals"]
+        factors, loss = combine(totals, self.groups, n)
+        grads = [
+            tf.add_n([f * cache[i] for f, cache in zip(factors, reduced["grads"])]) for i in range(len(self.variables))
+        ]
+        if self.dynamic:  # the loss scale taken out once, for the whole update
+            scale = self.loss_scale.read_value()
+            grads = [g * (1.0 / scale) for g in grads]
+        data_grads = grads
+        penalty, penalty_grads = self._regularization()
+        grads = [g if p is None else g + dense(p) for g, p in zip(grads, penalty_grads)]
+        used = [u or p is not None for u, p in zip(self.used, penalty_grads)]
+        # an update that holds no example (a stream's end) changes nothing: dropped as a retry is
+        reduced["retry"] = tf.where(totals["examples"] > 0, reduced["retry"], 1.0)
+        out = self._settle(loss + penalty, grads, reduced, used)
+        out["examples"] = totals["examples"]
+        if "terms" in reduced:
+            scale = self.loss_scale.read_value() if self.dynamic else tf.constant(1.0)
+            out.update(noise.update_terms(reduced["terms"], factors, scale, data_grads))
+        if self.metrics is not None:
+            values = output_values(totals, self.objective.kinds)
+            out["logs"] = self.metrics.results(reduced["metrics"], loss + penalty, totals, values)
+        if cached:
+            self._clear()
+        return out
+
+    def _regularization(self):
+        """The weight regularizers' value and gradients (once per update, the same on every replica)."""
+        with tf.GradientTape() as tape:
+            value = self.objective.regularization()
+        if value is None:
+            return tf.constant(0.0), [None] * len(self.variables)
+        return value, tape.gradient(value, self.variables)
+
+    def _clear(self):
+        for cache in self.caches:
+            cache.clear()
+        self.totals.clear()
+        self.noise.assign(tf.zeros(self.noise.shape))
+
+    def _reset_replica(self):
+        if not self.one_pass:
+            self._clear()
+        super().reset()

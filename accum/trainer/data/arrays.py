@@ -1,7 +1,7 @@
 """Arrays in memory as accum_train.fit's feed, on any backend: x, y and sample weights checked and held as numpy
 (class weights made sample weights), and each epoch laid out as updates in an order that is a pure function of the
 seed and the pass (order.py), so a resumed fit sees the same batches. Each backend's feed reads its elements from
-this plan (TensorFlow's array_feed.py through tf.data, JAX's jax/feed.py in numpy)."""
+this plan (TensorFlow's sources.ArrayFeed through tf.data, JAX's jax/feed.py in numpy)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import keras
 import numpy as np
 
 from ...errors import Refused, UserError
-from .class_weights import class_weights_of
-from .conversion import STREAMED, WHERE, _leaves_as_arrays
+from .conversion import STREAMED, WHERE, _leaves_as_arrays, class_weights_of
 from .order import epoch_order
 from .timeline import Segment
 

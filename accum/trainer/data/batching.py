@@ -17,11 +17,6 @@ def micro_bounds(i, n, k):
     return (i * n) // k, ((i + 1) * n) // k
 
 
-def share(n, r, replicas: int):
-    """[start, end) of replica ``r``'s contiguous share of a batch of ``n`` (shares differ by at most one)."""
-    return micro_bounds(r, n, replicas)
-
-
 def largest_share(batch_size: int, replicas: int = 1) -> int:
     """The largest replica share of a batch of ``batch_size`` (shares differ by at most one)."""
     return math.ceil(batch_size / replicas)
@@ -50,8 +45,8 @@ def pieces(n, k: int, replicas: int, local, chunk_first: bool = False) -> list:
                 c0, c1 = micro_bounds(i, n, k)
                 s0, s1 = micro_bounds(r, c1 - c0, replicas)
                 out.append((c0 + s0, c0 + s1))
-            else:
-                s0, s1 = share(n, r, replicas)
+            else:  # replica r's contiguous share of the batch
+                s0, s1 = micro_bounds(r, n, replicas)
                 m0, m1 = micro_bounds(i, s1 - s0, k)
                 out.append((s0 + m0, s0 + m1))
     return out
@@ -96,11 +91,6 @@ def as_data(element, n=None):
     if not weights and isinstance(y, tuple) and len(y) == 2:
         y, weights = y[0], [y[1]]
     return x, y, (weights[0] if weights else None)
-
-
-def held_data(element, n=None):
-    """An element of a held batch's pipeline (feed.held: (data, where)) as ``as_data`` gives it."""
-    return as_data(element[0])
 
 
 def eval_batch_size(batch_size: int, subdivisions: int, micro_batch_size: int | None = None) -> int:

@@ -1,6 +1,8 @@
 """model.fit's values as accum_train.fit's pipeline carries them: a structure of arrays as numpy (floats as
 float32, as model.fit casts them to floatx; lists as tuples, as tf.data carries them), and class weights as the
-sample weights model.fit derives from them; for arrays in memory (arrays.py) and streams (stream_feed.py)."""
+sample weights model.fit derives from them (``class_weights_of``, in NumPy: for arrays on every backend, the
+TensorFlow feed's ArrayFeed and the JAX door; a stream's batches get the same rule in tf.data's graph,
+stream_feed.class_weights_tensor)."""
 
 from __future__ import annotations
 
@@ -62,3 +64,18 @@ def _tuples(structure):
     if isinstance(structure, dict):
         return {k: _tuples(v) for k, v in structure.items()}
     return structure
+
+
+def class_weights_of(y, class_weight: dict) -> np.ndarray:
+    """float32 weights as model.fit derives them: one-hot targets by their argmax, [N, 1] squeezed, rounded to
+    integers; classes not named weigh 1."""
+    labels = np.asarray(y)
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
+    labels = np.round(labels.astype(np.float32)).astype(np.int64)
+    size = max(int(c) for c in class_weight) + 1
+    table = np.ones(size, np.float32)
+    for c, w in class_weight.items():
+        table[int(c)] = w
+    inside = (labels >= 0) & (labels < size)
+    return np.where(inside, table[np.clip(labels, 0, size - 1)], np.float32(1.0))

@@ -24,6 +24,12 @@ that computes it. On a GPU the whole batch is never an input of the graph,
 so it never lands on the device. The element stream is followed by empty
 elements for ever (``endless``): under several workers tf.distribute then
 needs no collective per pull to learn whether one is left.
+
+``trim_padding``'s cut in the pipeline (its policy, on any backend: lengths.py): a batch's examples are put in order of
+length and each micro-batch is cut after its longest sequence (arrays held in memory by index, ``Held``: fit's arrays
+and the CLI's npz; fit's streams in their pipeline, ``cut_stream``): the update is still the whole batch's, as it sums
+over the batch whatever the grouping, provided that the padding cut away changes neither the loss nor its gradient
+(the backend's ``check_trim``).
 """
 
 from __future__ import annotations
@@ -32,11 +38,10 @@ import numpy as np
 import tensorflow as tf
 
 from ...datasets.base import as_is, untuned
-from .batching import Cut, pieces, same_size, share
+from .batching import Cut, micro_bounds, pieces, same_size
 from .conversion import kind
-from .layout import Layout, lay_out, plan, positions
-from .reader import Planned
-from .trim_feed import by_length, cut_after
+from .lengths import sequence_lengths, uncut_steps
+from .reader import Layout, Planned, lay_out, plan, positions
 
 
 def empty_like(spec):
@@ -47,19 +52,14 @@ def empty_like(spec):
     )
 
 
-def with_rows(data, size: int):
-    """``data`` (tensors of one batch) known to hold ``size`` examples, with that size in their static shape: a
-    micro-step traced for one micro-batch size runs leaner gradients (no shape arithmetic at every step of an
+def sized(element, size: int):
+    """An element, (data, where), whose data are known to hold ``size`` examples, with that size in their static
+    shape: a micro-step traced for one micro-batch size runs leaner gradients (no shape arithmetic at every step of an
     LSTM's loop, for one). The same values up to rounding: TensorFlow may pick other kernels for a known shape
     (BatchNorm's sums do), so paths compared bit for bit trace alike. A wrong size fails the update
     (tf.ensure_shape)."""
-    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size, *t.shape[1:]]) if t.shape.rank else t, data)
-
-
-def sized(element, size: int):
-    """An element, (data, where), whose data hold ``size`` examples (``with_rows``)."""
     data, where = element
-    return with_rows(data, size), where
+    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size, *t.shape[1:]]) if t.shape.rank else t, data), where
 
 
 def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
@@ -68,18 +68,16 @@ def endless(elements: tf.data.Dataset, value=None) -> tf.data.Dataset:
     return elements.concatenate(tf.data.Dataset.from_tensors(tail).repeat())
 
 
-def gathered(split, order: np.ndarray, layout: Layout) -> tf.data.Dataset:
-    """Elements of a split read by index (``split.gather(indices)``: its stored values of those examples)."""
+def gathered(gather, order: np.ndarray, layout: Layout, parallel=None) -> tf.data.Dataset:
+    """Elements read by index (``gather(indices)``: the stored values of those examples; ``parallel``: the gathers
+    run side by side, the split's ``parallel_gather``)."""
     lengths = layout.ends - layout.starts
     splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with tf.device("CPU:0"):
         indices = tf.constant(np.asarray(order, np.int64)[positions(layout)])
-    if hasattr(split, "tensors"):
-        split.tensors()  # made here, eagerly: not inside the map's graph
     bounds = tf.data.Dataset.from_tensor_slices((splits[:-1], splits[1:], layout.where))
-    parallel = getattr(split, "parallel_gather", None)
     return bounds.map(
-        as_is(lambda a, b, where: (split.gather(indices[a:b]), where)),
+        as_is(lambda a, b, where: (gather(indices[a:b]), where)),
         **({"num_parallel_calls": parallel, "deterministic": True} if parallel else {}),
     )
 
@@ -142,16 +140,6 @@ def distribute(strategy, elements: tf.data.Dataset):
     return iter(strategy.distribute_datasets_from_function(lambda context: elements))
 
 
-class _Held:
-    """A batch in memory as a split ``gathered`` reads: its tensors, gathered by index."""
-
-    def __init__(self, data):
-        self.data = tf.nest.map_structure(tf.convert_to_tensor, data)
-
-    def gather(self, indices):
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), self.data)
-
-
 def held(engine, data, n=None, updates: int = 1):
     """A batch held in memory as one update's pipeline, laid out and cut as every feed's: (iterator, n, pulls,
     size) for the engine's ``update_from`` or ``accumulate_from``. ``data``: this process's examples of the global
@@ -160,9 +148,11 @@ def held(engine, data, n=None, updates: int = 1):
     local = len(tf.nest.flatten(data)[0])
     n = local if n is None else int(n)
     cut = Cut(engine.k, engine.replicas, tuple(engine.replica_ids))
-    offset = share(n, engine.replica_ids[0], engine.replicas)[0]  # where this process's examples start
+    offset = micro_bounds(engine.replica_ids[0], n, engine.replicas)[0]  # where this process's share starts
     layout = lay_out([(0, -offset, cut.bounds(n))])
-    elements = gathered(_Held(data), np.arange(local, dtype=np.int64), layout).repeat(updates)
+    data = tf.nest.map_structure(tf.convert_to_tensor, data)
+    gather = lambda indices: tf.nest.map_structure(lambda t: tf.gather(t, indices), data)  # noqa: E731
+    elements = gathered(gather, np.arange(local, dtype=np.int64), layout).repeat(updates)
     pulls = cut.pulls(n)
     return distribute(engine.strategy, elements), n, pulls, same_size(n, pulls, engine.replicas)
 
@@ -180,8 +170,11 @@ def by_plan(split, order, epoch: int, segments, k_for, replicas: int, local):
                 order[first:end] = split.by_length(order[first:end])
     stream = kind(split) == "stream"
     layout = plan(segments, k_for, replicas, local, chunk_first=stream)
-    elements = streamed(split, epoch, layout, replicas, local) if stream else gathered(split, order, layout)
-    return elements, layout, order
+    if stream:
+        return streamed(split, epoch, layout, replicas, local), layout, order
+    if hasattr(split, "tensors"):
+        split.tensors()  # made here, eagerly: not inside the map's graph
+    return gathered(split.gather, order, layout, getattr(split, "parallel_gather", None)), layout, order
 
 
 class Feed:
@@ -209,3 +202,97 @@ class Feed:
         parts = [np.arange(a, b) for a, b in zip(self.layout.starts[mine], self.layout.ends[mine])]
         picked = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return np.asarray(self.order)[picked] if self.order is not None else picked
+
+
+def lengths_of(element):
+    """Each example's length in a batch (tensors), as ``sequence_lengths`` reads arrays: one past its last step
+    where any input of x is nonzero."""
+    parts = element if isinstance(element, tuple) else (element,)
+    lengths = None
+    for t in tf.nest.flatten(parts[0]):
+        if t.shape.rank < 2:
+            continue
+        used = tf.not_equal(t, tf.zeros([], t.dtype))
+        if t.shape.rank > 2:
+            used = tf.reduce_any(used, axis=list(range(2, t.shape.rank)))
+        steps = tf.shape(used, out_type=tf.int64)[1]
+        last = steps - tf.argmax(tf.cast(tf.reverse(used, [1]), tf.int32), axis=1, output_type=tf.int64)
+        found = tf.where(tf.reduce_any(used, axis=1), last, tf.zeros_like(last))
+        lengths = found if lengths is None else tf.maximum(lengths, found)
+    return lengths
+
+
+def by_length(element):
+    """A batch's rows longest first (ties in their order), and their lengths."""
+    lengths = lengths_of(element)
+    order = tf.argsort(-lengths, stable=True)
+    return tf.nest.map_structure(lambda t: tf.gather(t, order), element), tf.gather(lengths, order)
+
+
+def any_length(spec, timed):
+    """``spec`` with the time axis of every ``timed`` leaf of unknown length (what a cut gives)."""
+    return tf.nest.map_structure(
+        lambda s, cut: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype) if cut else s, spec, timed
+    )
+
+
+def cut_after(data, timed, lengths, multiple):
+    """``data`` with its ``timed`` leaves cut after the longest of ``lengths``, rounded up to ``multiple`` (at least
+    one multiple: an empty micro-batch, or one of empty sequences, keeps a time axis a model can run)."""
+    steps = tf.shape(next(t for t, cut in zip(tf.nest.flatten(data), tf.nest.flatten(timed)) if cut), tf.int64)[1]
+    longest = tf.reduce_max(tf.concat([tf.ones([1], tf.int64), tf.cast(lengths, tf.int64)], 0))
+    end = tf.minimum((longest + multiple - 1) // multiple * multiple, steps)
+    return tf.nest.map_structure(lambda t, cut: t[:, :end] if cut else t, data, timed)
+
+
+class Held:
+    """trim_padding for examples held in memory and read by index (fit's arrays, the CLI's npz): each example's
+    length found once, a batch's examples ordered longest first (``by_length``) and each gathered micro-batch
+    cut after its longest (``cut``)."""
+
+    def __init__(self, arrays, multiple: int, where: str):
+        self.multiple = multiple
+        self.lengths, self.timed = sequence_lengths(arrays, where)
+        self._lengths = tf.constant(self.lengths)
+        self.steps = uncut_steps(arrays, self.timed)
+
+    def by_length(self, batch: np.ndarray) -> np.ndarray:
+        """A batch's indices, longest first (ties in their order): each micro-batch then holds sequences of like
+        length, and the update is the same, as it sums over the whole batch."""
+        return batch[np.argsort(-self.lengths[batch], kind="stable")]
+
+    def cut(self, rows, indices):
+        """``rows`` gathered at ``indices`` (a tensor), cut after their longest sequence, rounded up to the
+        multiple (gathered, then cut: a cut of the stored arrays would copy every example's kept steps)."""
+        return cut_after(rows, self.timed, tf.gather(self._lengths, indices), self.multiple)
+
+
+class TrimmedSplit:
+    """A split held in memory (datasets/base.py's TaskSplit: the CLI's npz) read with ``data.trim_padding``: what
+    ``gather`` gives cut after each micro-batch's longest sequence, and ``by_length`` for each batch's order; the
+    rest is the split's."""
+
+    def __init__(self, split, multiple: int, where: str):
+        self.split = split
+        self.trim = Held(tuple(p for p in (split.x, split.y, split.weights) if p is not None), multiple, where)
+        self.timed, self.by_length = self.trim.timed, self.trim.by_length
+        stored = split.tensors()
+        self.spec = any_length(  # of what ``gather`` gives
+            tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), stored), self.timed
+        )
+
+    def signature(self):
+        """(x spec, y spec) of a batch as the update takes it: the split's, of any length where it is cut."""
+        signature = self.split.signature()
+        # (x, y) or (x, (y, weights)): leaves in the order of the stored (x, y[, weights]) that ``timed`` is of
+        flat = tf.nest.flatten(signature)
+        return tf.nest.pack_sequence_as(signature, any_length(flat, tf.nest.flatten(self.timed)))
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getattr__(self, name):
+        return getattr(self.split, name)
+
+    def gather(self, indices):
+        return self.trim.cut(self.split.gather(indices), indices)

@@ -1,4 +1,4 @@
-"""``trim_padding``'s policy, on any backend (the cut in tf.data's pipeline: trim_feed.py; on JAX: jax/feed.py): which
+"""``trim_padding``'s policy, on any backend (the cut in tf.data's pipeline: feed.py; on JAX: jax/feed.py): which
 steps of each example are padding, the multiple a cut length is rounded up to, and what the option asks of the model.
 ``where`` begins every refusal: the door's name for the option."""
 

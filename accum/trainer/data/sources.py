@@ -1,31 +1,34 @@
-"""One dispatch from a data source to the feed that serves it, both doors': ``feed_for`` asks ``kind`` (feed.py) what
-a source is. A datasets/ split (the CLI's: Fashion-MNIST, npz, a task's arrays, image folders; a factory's stream)
-is fed an epoch at a time by ``Feed``; accum_train.fit's arrays (numpy or anything numpy reads, held tensors; dicts
-and lists of them for several inputs or outputs) by ``ArrayFeed``, a ``tf.data.Dataset`` (of batches, or of single
-examples with ``batch_size``; KerasHub's preprocessed batches too) or a ``keras.utils.PyDataset`` by
-``DatasetFeed``, a Python generator (any iterator) of batches by ``GeneratorFeed``; what a source gives itself
-(y, batch_size) is refused here, once.
+"""One dispatch from a data source to the feed that serves it, both doors': ``feed_for`` asks ``kind`` (conversion.py)
+what a source is. A datasets/ split (the CLI's: Fashion-MNIST, npz, a task's arrays, image folders; a factory's
+stream) is fed an epoch at a time by ``Feed``; accum_train.fit's arrays (numpy or anything numpy reads, held tensors;
+dicts and lists of them for several inputs or outputs) by ``ArrayFeed``, a ``tf.data.Dataset`` (of batches, or of
+single examples with ``batch_size``; KerasHub's preprocessed batches too) or a ``keras.utils.PyDataset`` by
+``DatasetFeed``, a Python generator (any iterator) of batches by ``GeneratorFeed`` (stream_feed.py); what a source
+gives itself (y, batch_size) is refused here, once.
 
 Every source becomes a ``tf.data`` pipeline (the data layer Keras reads on every backend) of this process's
 micro-batches in pull order, (data, where), cut as batching.Cut cuts a batch (a stream's, known once read, chunk
-first). Arrays are stored once and never copied per epoch: each element gathers its own examples (``feed.by_plan``)
-in an order that is a pure function of the seed and the pass, so a resumed fit sees the same batches. A stream is
-read batch by batch as the updates pull it, never into memory; where its length is not known, the loop learns it
-from the endless empty micro-batches after every source's end (an update that pulls one changes nothing; under
-several workers tf.distribute then needs no collective per pull to agree that one is left).
+first), and with ``trim_padding`` each micro-batch's time axis cut after its longest sequence (feed.py). Arrays
+(arrays.Arrays) are stored once in host memory and never copied per epoch: each element gathers its own examples
+(``feed.by_plan``) in an order that is a pure function of the seed and the pass, so a resumed fit sees the same
+batches. A stream is read batch by batch as the updates pull it, never into memory; where its length is not known,
+the loop learns it from the endless empty micro-batches after every source's end (an update that pulls one changes
+nothing; under several workers tf.distribute then needs no collective per pull to agree that one is left).
 """
 
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
 from ... import keras_private
+from ...datasets.base import stored
 from ...defaults import ARRAY_BATCH_SIZE
 from ...errors import UserError
-from .array_feed import ArrayFeed
-from .arrays import check_schedule
+from .arrays import Arrays, check_schedule
+from .batching import Cut
 from .conversion import WHERE, kind
-from .feed import Feed
+from .feed import Feed, Held, any_length, by_plan, endless
 from .stream_feed import DatasetFeed, GeneratorFeed
 
 
@@ -77,3 +80,39 @@ def _leave_out(given, source: str, why: str = "") -> None:
     for what, value in given:
         if value is not None:
             raise UserError(f"{WHERE}: {source}: leave {what} out{why}")
+
+
+class ArrayFeed(Arrays):
+    """Arrays in memory (arrays.Arrays), read through tf.data; ``trim``: cut each micro-batch's time axis to a multiple
+    of it (trim_padding)."""
+
+    def __init__(self, x, y, sample_weight, class_weight, *, trim=0, **settings):
+        super().__init__(x, y, sample_weight, class_weight, **settings)
+        arrays = self.arrays
+        # once, in host memory: what every epoch gathers from; a copy, as the caller's arrays may change while
+        # fit trains (a callback's in-place edit), and what it trains on must not
+        self.stored = tf.nest.map_structure(lambda a: stored(a, copy=True), arrays)
+        self.parallel_gather = tf.data.AUTOTUNE
+        self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
+        self.held = self.timed = self.steps = None
+        if self.trim:  # each batch's examples longest first (feed.by_plan asks for by_length)
+            self.held = Held(arrays, self.trim, WHERE)
+            self.timed, self.steps, self.by_length = self.held.timed, self.held.steps, self.held.by_length
+
+    @property
+    def element_spec(self):
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.stored)
+        return any_length(spec, self.timed) if self.trim else spec
+
+    def gather(self, indices):
+        """Examples ``indices`` (a tensor) of every array (feed.gathered's ``gather``); with ``trim``, the time axis
+        cut after the longest of them, rounded up to a multiple of ``trim``."""
+        rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
+        return self.held.cut(rows, indices) if self.trim else rows
+
+    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
+        """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
+        empty ones)."""
+        order, segments = self.segments(epoch, first)
+        elements = by_plan(self, order, epoch, segments, lambda _: cut.k, cut.replicas, cut.local)[0]
+        return endless(elements) if pad else elements

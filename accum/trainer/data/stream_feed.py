@@ -1,7 +1,7 @@
 """Streamed sources as accum_train.fit's feed: a tf.data.Dataset, a keras.utils.PyDataset or a Python generator,
 read batch by batch as the updates pull them, never into memory; each batch cut into this process's elements in
 pull order by the run's one stream cutter (feed.cut_stream), class weights made sample weights on the way, and with
-``trim_padding`` each element's time axis cut after its longest sequence (trim_feed.py)."""
+``trim_padding`` each element's time axis cut after its longest sequence (feed.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from ... import keras_private
 from ...errors import Refused, UserError
 from .batching import Cut
 from .conversion import WHERE, _leaves_as_arrays
-from .feed import cut_stream, endless
-from .lengths import uncut_steps
-from .trim_feed import any_length, stream_timed
+from .feed import any_length, cut_stream, endless
+from .lengths import _time_steps, uncut_steps
 
 
 class DatasetFeed:
@@ -60,9 +59,7 @@ class DatasetFeed:
         return first
 
     def updates(self, epoch: int) -> int | None:
-        if self.steps_per_epoch is not None:
-            return self.steps_per_epoch
-        return self.cardinality
+        return self.cardinality if self.steps_per_epoch is None else self.steps_per_epoch
 
     def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
         """This process's elements from update ``first`` of ``epoch`` on (``pad``: then endless empty ones;
@@ -125,6 +122,15 @@ class GeneratorFeed(DatasetFeed):
         return batches if self.steps_per_epoch is None else batches.take(self.steps_per_epoch - first)
 
 
+def stream_timed(spec, where: str):
+    """For batches read from a stream (their ``spec``): which leaves are cut on axis 1, the inputs of x with two
+    axes or more and every leaf whose axis 1 is theirs (of unknown size where theirs is: padded_batch)."""
+    leaves = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)
+    shapes = [tuple(s.shape) if s.shape.rank is not None else () for s in leaves]
+    steps = _time_steps(shapes, [s.dtype == tf.string for s in leaves], "x's batches have no input", where)
+    return tf.nest.map_structure(lambda s: (s.shape.rank or 0) >= 2 and s.shape[1] == steps, spec)
+
+
 def _batch_as_arrays(batch, name: str):
     """One batch a generator yielded, checked, as arrays (floats as float32, as model.fit casts them)."""
     if not isinstance(batch, tuple) or not 1 <= len(batch) <= 3:
@@ -155,7 +161,7 @@ def _with_class_weights(element, class_weight):
 
 
 def class_weights_tensor(y, class_weight: dict):
-    """Sample weights from class weights, in tf.data's graph for a stream's batches: class_weights.py's rule
+    """Sample weights from class weights, in tf.data's graph for a stream's batches: conversion.class_weights_of's rule
     (arrays take it in NumPy)."""
     labels = tf.convert_to_tensor(y)
     if labels.shape.rank > 1:

@@ -77,11 +77,11 @@ class Timeline:
         self._firsts = [s.first_step for s in self.segments]
         # an empty training set (a run rebuilt to evaluate or export) has no updates: every epoch starts at 0
         self._epoch_first = [next((s.first_step for s in self.segments if s.epoch == e), step) for e in range(epochs)]
-        self.phases = [Phase(s.first_step, s.epoch, s.batch_size) for s in self._changes()]
-
-    def _changes(self) -> list[Segment]:
-        """The segments where the batch size differs from the update before (the first one included)."""
-        return [s for i, s in enumerate(self.segments) if i == 0 or s.batch_size != self.segments[i - 1].batch_size]
+        # where the batch size differs from the update before (the first segment included)
+        new_sizes = [
+            s for i, s in enumerate(self.segments) if i == 0 or s.batch_size != self.segments[i - 1].batch_size
+        ]
+        self.phases = [Phase(s.first_step, s.epoch, s.batch_size) for s in new_sizes]
 
     def segment(self, step: int) -> Segment:
         """The segment update ``step`` (0-based) belongs to."""
