@@ -15,6 +15,7 @@ import keras
 
 from ..backends import active
 from .containers import KerasModel
+from .keras_file import clone_swapping
 
 
 def to_keras(model, input_shape):
@@ -28,22 +29,15 @@ def _keras_file_model(model):
     """The trained network as a model of its own: fresh BatchNormalization layers (the trained ones pool their
     statistics, the backend's norm.py) and the peeled softmax back."""
     originals = {id(trained): original for trained, original in model.peeled}
-    replaced = []
 
     def swap(layer):
         if id(layer) in originals:
-            new = type(originals[id(layer)]).from_config(originals[id(layer)].get_config())
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            new = keras.layers.BatchNormalization.from_config(layer.get_config())
-        else:
-            return layer
-        replaced.append((layer, new))
-        return new
+            return type(originals[id(layer)]).from_config(originals[id(layer)].get_config())
+        if isinstance(layer, keras.layers.BatchNormalization):
+            return keras.layers.BatchNormalization.from_config(layer.get_config())
+        return None
 
-    exported = keras.models.clone_model(model.network, clone_function=swap, recursive=True)
-    for trained, new in replaced:
-        new.set_weights(trained.get_weights())
-    return exported
+    return clone_swapping(model.network, swap)[0]
 
 
 # ----------------------------------------------------------------------------
