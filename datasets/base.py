@@ -108,8 +108,7 @@ def to_inputs(images, labels):
     """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
     import tensorflow as tf
 
-    x = tf.convert_to_tensor(images)
-    x = scaled(x) if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+    x = tf.cast(to_values(images), tf.float32)
     if x.shape.rank == 3:
         x = x[..., tf.newaxis]
     return x, tf.cast(labels, tf.int32)
@@ -268,7 +267,6 @@ class ArraySplit(TaskSplit):
 
     @staticmethod
     def convert(stored):
-        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
         return to_inputs(*stored)
 
 
@@ -339,7 +337,7 @@ class Dataset:
             "task": "classification" if self.classification else "keras_loss",
             **({} if self.classification else {"stored": self.train.stored()}),
             "train_examples": len(self.train),
-            "test_examples": 0 if self.test is None else len(self.test),
+            "test_examples": len(self.test),
         }
         if self.validation is not None:
             described["validation_examples"] = len(self.validation)

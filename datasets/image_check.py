@@ -1,12 +1,13 @@
 """The check of an image folder before training: every file decoded once, in parallel, and remembered.
 
 Decoding is what finds a truncated or corrupt file, so the check decodes each
-file with training's own decoder (here: the one of training, the check and predict). That is the slow part of a large folder's
-start (a million files), so it runs on every core (a parallel tf.data map)
-and its outcome is remembered per file: (path, size, mtime, result), where
-the result is the decoded height and width, or "does not decode". A file
-whose size and mtime (ns) are what they were when it was checked is not
-decoded again; a changed, new or moved-back file is.
+file with training's own decoder (here: the one of training, the check and
+predict). That is the slow part of a large folder's start (a million files),
+so it runs on every core (a parallel tf.data map) and its outcome is
+remembered per file: (path, size, mtime, result), where the result is the
+decoded height and width, or "does not decode". A file whose size and mtime
+(ns) are what they were when it was checked is not decoded again; a changed,
+new or moved-back file is.
 
 Two memories, both read, both validated file by file in the same way:
 

@@ -35,22 +35,30 @@ NPY_MAGIC = b"\x93NUMPY"
 
 
 def load(data_config, task: bool = False) -> Dataset:
-    """``task``: the model trains with a Keras loss (``load_task``), not on class labels."""
-    if task:
-        return load_task(Path(data_config.path))
-    return load_npz(Path(data_config.path), data_config.num_classes)
+    """The verified arrays of data.path: ``task``: for a model that trains with a Keras loss (``load_task``), else
+    images and class labels (``load_npz``)."""
+    path = Path(data_config.path)
+    with _open(path) as archive:
+        if task:  # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
+            keys = [key for key in archive.files if key.startswith(("x_train", "x_test", "y_train", "y_test", "w_"))]
+        else:
+            missing = [key for key in REQUIRED_KEYS if key not in archive.files]
+            if missing:
+                found = ", ".join(archive.files) or "no arrays"
+                raise DataError(
+                    f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
+                    f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}"
+                )
+            keys = [*REQUIRED_KEYS, *(["class_names"] if "class_names" in archive.files else [])]
+        arrays = {key: read_array(archive, path, key) for key in keys}
+    return load_task(path, arrays) if task else load_npz(path, arrays, data_config.num_classes)
 
 
-def load_task(path: Path) -> Dataset:
+def load_task(path: Path, arrays: dict) -> Dataset:
     """The arrays of any task: ``x_*`` of any shape and numeric dtype (uint8 scaled by 1/255, float64 kept as
     float32, the rest as given), ``y_*`` whatever the loss takes, optional ``w_*`` sample weights [N]. A model
     with several inputs or outputs takes ``x_train_<input name>`` and ``y_train_<output name>`` (and the test
     split's alike) instead of ``x_train`` and ``y_train``."""
-    archive = _open(path)
-    with archive:
-        # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
-        keys = [key for key in archive.files if key.startswith(("x_train", "x_test", "y_train", "y_test", "w_"))]
-        arrays = {key: read_array(archive, path, key) for key in keys}
     for key, array in arrays.items():
         _check_values(path, key, array)
     splits, flats = {}, {}
@@ -115,16 +123,12 @@ def _named(path: Path, arrays: dict, key: str):
 
 def _flat(split: str, x, y, w) -> list:
     """(key, array) of a split's arrays: inputs, targets (each an array or a dict by name), weights."""
-    pairs = []
-    for kind, named in (("x", x), ("y", y)):
-        pairs += (
-            [(f"{kind}_{split}_{name}", a) for name, a in named.items()]
-            if isinstance(named, dict)
-            else [(f"{kind}_{split}", named)]
-        )
-    if w is not None:
-        pairs.append((f"w_{split}", w))
-    return pairs
+    pairs = [
+        (f"{kind}_{split}" if name is None else f"{kind}_{split}_{name}", a)
+        for kind, named in (("x", x), ("y", y))
+        for name, a in (named.items() if isinstance(named, dict) else [(None, named)])
+    ]
+    return pairs if w is None else [*pairs, (f"w_{split}", w)]
 
 
 def _as32(array):
@@ -156,20 +160,9 @@ def _check_values(path: Path, key: str, array: np.ndarray) -> None:
             raise DataError(f"{path}: {key}[{index}] is not finite (NaN or infinite): fix or drop that example")
 
 
-def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
-    """The verified arrays of ``path``; ``num_classes`` is data.num_classes (None: from the file)."""
-    archive = _open(path)
-    with archive:
-        missing = [key for key in REQUIRED_KEYS if key not in archive.files]
-        if missing:
-            found = ", ".join(archive.files) or "no arrays"
-            raise DataError(
-                f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
-                f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}"
-            )
-        arrays = {key: read_array(archive, path, key) for key in REQUIRED_KEYS}
-        names = read_array(archive, path, "class_names") if "class_names" in archive.files else None
-
+def load_npz(path: Path, arrays: dict, num_classes: int | None) -> Dataset:
+    """Images and class labels; ``num_classes`` is data.num_classes (None: from the file)."""
+    names = arrays.pop("class_names", None)
     shapes = {}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
