@@ -125,16 +125,6 @@ def to_values(x):
     return tf.cast(x, tf.float32) if x.dtype == tf.float64 else x
 
 
-def convert_task(x, y, weights=None):
-    """A batch of any task as the update takes it: (inputs, targets) or (inputs, (targets, sample weights)).
-    ``x`` and ``y`` are tensors, or dicts of them by input and output name (a model with several)."""
-    import tensorflow as tf
-
-    y = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, y)
-    x = tf.nest.map_structure(to_values, x)
-    return x, (y if weights is None else (y, tf.cast(weights, tf.float32)))
-
-
 def each(function, structure):
     """``function`` of an array, or of each array of a dict of them by name (a model with several inputs or
     outputs)."""
@@ -214,8 +204,14 @@ class TaskSplit:
 
     @staticmethod
     def convert(stored):
-        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
-        return convert_task(*stored)
+        """What ``gather`` gave, (x, y) or (x, y, weights), as the update takes it (inside its micro-step): (inputs,
+        targets) or (inputs, (targets, sample weights)); ``x`` and ``y`` tensors, or dicts of them by name."""
+        import tensorflow as tf
+
+        x, y, *weights = stored
+        y = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, y)
+        x = tf.nest.map_structure(to_values, x)
+        return x, (y if not weights else (y, tf.cast(weights[0], tf.float32)))
 
     def batches(self, order: np.ndarray, batch_size: int):
         """The batches in ``order``: gathered and converted on the tf.data side from one copy in TF memory
