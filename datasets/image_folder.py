@@ -17,10 +17,8 @@ Otherwise a split holds only paths and labels (``FileSplit``): ``batches`` reads
 decodes and resizes the files CHUNK at a time in a parallel tf.data map, in
 the caller's order, and cuts them into batches, so a set larger than memory
 trains and a resumed run sees the same batches. Both give the same bits.
-Decoding is image_check.py's ``decode`` everywhere: TensorFlow's decoder,
-converted to ``data.channels`` (null: 3, RGB) by the decoder; an image at
-``data.image_size`` is scaled as an .npz's uint8 array is, any other resized
-bilinearly to it. ``read_image`` decodes one file the same way, for ``predict``.
+Decoding is image_check.py's ``decode`` everywhere (``read_image``'s for
+``predict`` too), to ``data.channels`` (null: 3, RGB) and ``data.image_size``.
 
 Before training, every file is decoded once with that same decoder, in
 parallel, and the outcome remembered (image_check.py: a file unchanged since

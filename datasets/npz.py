@@ -91,8 +91,8 @@ def load_task(path: Path, arrays: dict) -> Dataset:
         test = test_arrays[test_key]
         if key != "w_train" and train.shape[1:] != test.shape[1:]:
             raise DataError(
-                f"{path}: {test_key} holds examples of shape {train_shape(test)} but {key} "
-                f"{train_shape(train)}: both splits need one shape per example"
+                f"{path}: {test_key} holds examples of shape {test.shape[1:]} but {key} "
+                f"{train.shape[1:]}: both splits need one shape per example"
             )
     return Dataset(
         train=splits["train"],
@@ -134,10 +134,6 @@ def _flat(split: str, x, y, w) -> list:
 def _as32(array):
     """A float64 array as float32 (what the model takes: half the memory); others (and None) as they are."""
     return array.astype(np.float32) if array is not None and array.dtype == np.float64 else array
-
-
-def train_shape(array: np.ndarray) -> str:
-    return str(tuple(int(n) for n in array.shape[1:]))
 
 
 def first_non_finite(array: np.ndarray) -> int | None:
