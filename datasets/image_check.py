@@ -135,8 +135,7 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
     wanted = set(relative)
     entries = {rel: entry for rel, entry in known.items() if rel in wanted}
     for i in checked_now:
-        unreadable = stats[i] is None or problems.get(i) not in (None, UNDECODABLE)
-        if unreadable:
+        if stats[i] is None or problems.get(i) not in (None, UNDECODABLE):  # it could not be read
             entries.pop(relative[i], None)  # never remembered: a chmod keeps the mtime
         else:
             entries[relative[i]] = (*stats[i], started_ns, *sizes[i].tolist())

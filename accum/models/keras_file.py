@@ -207,8 +207,7 @@ def _without_softmax(layer):
 def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
     """The model in model.path, checked, its BatchNormalization layers made accumulating."""
     loaded = checked_file(cfg, input_shape, num_classes)
-    last = _output_layer(loaded)
-    return accumulating_clone(loaded, cfg.path, last if not cfg.from_logits else None)
+    return accumulating_clone(loaded, cfg.path, None if cfg.from_logits else _output_layer(loaded))
 
 
 def checked_file(cfg: ModelConfig, input_shape, num_classes: int) -> keras.Model:

@@ -102,7 +102,6 @@ def _tensorlayer_model(network, input_shape):
 
     converters = _converters()
     x = inputs = keras.Input(shape=tuple(input_shape), name="images")
-    weights = []
     for layer in network.all_layers:
         if isinstance(layer, _InputLayer):
             continue
@@ -110,10 +109,7 @@ def _tensorlayer_model(network, input_shape):
             raise NotImplementedError(f"no Keras equivalent for TensorLayer {type(layer).__name__} {layer.name}")
         keras_layer, variables = converters[type(layer)](layer)
         x = keras_layer(x)
-        weights.append((keras_layer, variables))
+        keras_layer.set_weights([v.numpy() for v in variables])  # built by the call above
         for act in _activation(layer.act, layer.name):
             x = act(x)
-    model = keras.Model(inputs, x, name="accum_train_export")
-    for keras_layer, variables in weights:
-        keras_layer.set_weights([v.numpy() for v in variables])
-    return model
+    return keras.Model(inputs, x, name="accum_train_export")
