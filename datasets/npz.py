@@ -158,7 +158,6 @@ def _check_values(path: Path, key: str, array: np.ndarray) -> None:
 
 def load_npz(path: Path, arrays: dict, num_classes: int | None) -> Dataset:
     """Images and class labels; ``num_classes`` is data.num_classes (None: from the file)."""
-    names = arrays.pop("class_names", None)
     shapes = {}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -175,13 +174,11 @@ def load_npz(path: Path, arrays: dict, num_classes: int | None) -> Dataset:
             f"{path}: x_test holds {shape_text(shapes['test'])} images but x_train "
             f"{shape_text(shapes['train'])}: both splits need one image shape"
         )
-
-    class_names = _class_names(path, names, num_classes, arrays["y_train"], arrays["y_test"])
     return Dataset(
         train=ArraySplit(_as32(arrays["x_train"]), arrays["y_train"]),
         test=ArraySplit(_as32(arrays["x_test"]), arrays["y_test"]),
         input_shape=tuple(int(n) for n in shapes["train"]),
-        class_names=class_names,
+        class_names=_class_names(path, arrays.get("class_names"), num_classes, arrays["y_train"], arrays["y_test"]),
         source=str(path.resolve()),
     )
 
