@@ -1,4 +1,4 @@
-"""Your own arrays: one .npz file in the keras.datasets layout (``data.name: npz``).
+"""Your own arrays: one .npz file in the keras.datasets layout (``data.name: npz``); and the readers' .npz files.
 
 The file holds ``x_train``, ``y_train``, ``x_test``, ``y_test`` and, if you
 like, ``class_names`` (a 1-D array of strings). Images are ``[N, H, W]`` (one
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
 from ..text import first_line, shape_text
-from .base import ArraySplit, Dataset, TaskSplit, each, first_array
+from .base import ArraySplit, Dataset, TaskSplit, each, first_array, to_values
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
 HOW_TO_SAVE = "numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) (keras.datasets layout)"
@@ -35,8 +36,7 @@ NPY_MAGIC = b"\x93NUMPY"
 
 
 def load(data_config, task: bool = False) -> Dataset:
-    """The verified arrays of data.path: ``task``: for a model that trains with a Keras loss (``load_task``), else
-    images and class labels (``load_npz``)."""
+    """The verified arrays of data.path for a model that trains with a Keras loss (``task``), else on classes."""
     path = Path(data_config.path)
     with _open(path) as archive:
         if task:  # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
@@ -321,3 +321,79 @@ def _class_names(
             f"two (set data.num_classes if a class has no examples)"
         )
     return tuple(names.tolist()) if names is not None else tuple(str(i) for i in range(count))
+
+
+# ----------------------------------------------------------------------------
+# The readers' .npz files: the inputs of a model of values (predict's, evaluate --data's) and evaluate's targets
+
+
+NPZ_KEY = "x"
+# The arrays evaluate's --data reads, by model.evaluate's names (x_<input name> and y_<output name> for several).
+DATA_HOW = "numpy.savez(FILE, x=inputs, y=targets[, sample_weight=weights])"
+
+
+def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list[str], object]:
+    """(one name per row, the inputs) of .npz files whose ``x`` (or ``x_<input name>`` for a model with several
+    inputs) holds examples of the stored shapes (a dimension None: any size), of the stored dtypes, then
+    ``convert``ed (default: as training converts them, a run trained with a Keras loss)."""
+    convert = convert or (lambda x: to_values(x).numpy())
+    wanted = stored["x"].get("arrays") or {None: stored["x"]}
+    keys = {name: NPZ_KEY if name is None else f"{NPZ_KEY}_{name}" for name in wanted}
+    names, parts = [], []
+    for path in map(Path, paths):
+        how = f"numpy.savez('{path.name}', {', '.join(f'{key}=inputs' for key in keys.values())})"
+        if path.suffix.lower() != ".npz" or not path.is_file():
+            raise DataError(f"{path}: not an .npz file: a run trained with a Keras loss predicts for {how}")
+        with open_npz(path, how) as archive:
+            found = read_named(archive, path, keys.values(), "inputs", how)
+        arrays = {name: found[key] for name, key in keys.items()}
+        rows = {len(a) for a in arrays.values()}
+        for name, x in arrays.items():
+            spec = wanted[name]
+            if not _fits(x.shape, spec["shape"]) or x.dtype.kind not in "biuf":
+                raise DataError(
+                    f"{path}: '{keys[name]}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the "
+                    f"model takes {spec['dtype']} examples of shape {shape_text(spec['shape'])}"
+                )
+        if len(rows) != 1:
+            raise DataError(f"{path}: its arrays {', '.join(keys.values())} hold different numbers of examples")
+        names += [f"{path}[{i}]" for i in range(rows.pop())]
+        parts.append({name: convert(x.astype(wanted[name]["dtype"], copy=False)) for name, x in arrays.items()})
+    joined = {name: np.concatenate([part[name] for part in parts]) for name in wanted}
+    return names, joined.get(None, joined)
+
+
+def read_named(archive, path: Path, keys, what: str, how: str) -> dict:
+    """The arrays ``keys`` of the open .npz ``archive`` by key; the first one missing is refused in one line that
+    names the arrays it holds and how to save the ``what``."""
+    missing = [key for key in keys if key not in archive.files]
+    if missing:
+        found = ", ".join(archive.files) or "none"
+        raise DataError(f"{path} has no array '{missing[0]}' (its arrays: {found}): save the {what} with {how}")
+    return {key: read_array(archive, path, key, how) for key in keys}
+
+
+def _fits(shape, wanted) -> bool:
+    """Whether examples of ``shape`` (the batch axis first) are of shape ``wanted`` (None: any size)."""
+    return len(shape) == len(wanted) + 1 and all(w is None or n == w for n, w in zip(shape[1:], wanted))
+
+
+def read_targets(path: Path, n: int) -> tuple:
+    """(y, or {output name: y} from y_<name>; sample_weight or None) of the .npz ``path``, ``n`` rows each."""
+    with open_npz(path, DATA_HOW) as archive:
+        keys = [key for key in archive.files if key == "y" or key.startswith("y_")] or ["y"]  # none: 'y' missing
+        if "y" in keys and len(keys) > 1:
+            raise DataError(
+                f"{path} has {', '.join(keys)}: give one array y, or one per output name (y_<name>), not both"
+            )
+        optional = [key for key in ("sample_weight",) if key in archive.files]
+        arrays = read_named(archive, path, [*keys, *optional], "data", DATA_HOW)
+    for key, array in arrays.items():
+        if array.ndim == 0 or len(array) != n:
+            raise DataError(
+                f"{path}: the inputs hold {n} examples but {key} {len(array) if array.ndim else 0}: every array "
+                f"needs one row per example"
+            )
+    weights = arrays.pop("sample_weight", None)
+    y = arrays.pop("y", None)
+    return (y if y is not None else {key[len("y_") :]: a for key, a in arrays.items()}), weights
