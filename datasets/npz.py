@@ -36,7 +36,7 @@ NPY_MAGIC = b"\x93NUMPY"
 
 
 def load(data_config, task: bool = False) -> Dataset:
-    """The verified arrays of data.path for a model that trains with a Keras loss (``task``), else on classes."""
+    """The verified arrays of data.path: for a model with a Keras loss (``task``: ``load_task``), else ``load_npz``."""
     path = Path(data_config.path)
     with _open(path) as archive:
         if task:  # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
