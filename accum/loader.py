@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from .config import load_run_config, override_key
+from .datasets.npz import DATA_HOW, read_targets, read_values
 from .defaults import PREDICT_BATCH_SIZE
 from .errors import ConfigError, DataError, RunDirError
-from .npz_values import DATA_HOW, read_targets, read_values
 from .raw_text import SUFFIXES as RAW_SUFFIXES
 from .raw_text import is_raw, read_data, read_inputs
 from .reload import describe_run, load_fit_run, load_run

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .datasets.npz import NPZ_KEY, check_images, open_npz, read_named, read_values
 from .defaults import PREDICT_BATCH_SIZE
 from .errors import DataError, UserError
 from .loader import read_run
-from .npz_values import NPZ_KEY, read_named, read_values
 from .raw_text import is_raw
 from .text import shape_text
 
@@ -36,7 +36,6 @@ from .text import shape_text
 def read_npz(path: Path, input_shape) -> np.ndarray:
     """The images of an .npz's ``x`` as float32 [N,H,W,C], checked and converted as training's are."""
     from .datasets.base import to_inputs
-    from .datasets.npz import check_images, open_npz
 
     how = f"numpy.savez('{path.name}', {NPZ_KEY}=images)"
     with open_npz(path, how) as archive:

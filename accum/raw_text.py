@@ -19,7 +19,6 @@ from .errors import DataError
 
 SUFFIXES = (".txt", ".jsonl")
 RAW_HOW = 'a .txt file of one text a line, or a .jsonl file of one {"x": TEXT, "y": LABEL} a line'
-KEYS = ("x", "y")
 
 
 def is_raw(path) -> bool:
@@ -54,7 +53,7 @@ def _json_example(path: Path, number: int, line: str) -> tuple[str, object]:
         raise DataError(f'{where} is not JSON ({err}): write one {{"x": TEXT, "y": LABEL}} a line') from None
     if not isinstance(example, dict) or not isinstance(example.get("x"), str):
         raise DataError(f'{where} has no text "x": write one {{"x": TEXT, "y": LABEL}} a line')
-    other = sorted(set(example) - set(KEYS))
+    other = sorted(set(example) - {"x", "y"})
     if other:
         raise DataError(f'{where} has keys {other} besides "x" and "y": write one {{"x": TEXT, "y": LABEL}} a line')
     return example["x"], example.get("y")

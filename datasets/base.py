@@ -108,8 +108,7 @@ def to_inputs(images, labels):
     """Images [n,H,W] or [n,H,W,C], uint8 or float -> float32 [n,H,W,C]; labels -> int32."""
     import tensorflow as tf
 
-    x = tf.convert_to_tensor(images)
-    x = scaled(x) if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+    x = tf.cast(to_values(images), tf.float32)
     if x.shape.rank == 3:
         x = x[..., tf.newaxis]
     return x, tf.cast(labels, tf.int32)
@@ -124,16 +123,6 @@ def to_values(x):
     if x.dtype == tf.uint8:
         return scaled(x)
     return tf.cast(x, tf.float32) if x.dtype == tf.float64 else x
-
-
-def convert_task(x, y, weights=None):
-    """A batch of any task as the update takes it: (inputs, targets) or (inputs, (targets, sample weights)).
-    ``x`` and ``y`` are tensors, or dicts of them by input and output name (a model with several)."""
-    import tensorflow as tf
-
-    y = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, y)
-    x = tf.nest.map_structure(to_values, x)
-    return x, (y if weights is None else (y, tf.cast(weights, tf.float32)))
 
 
 def each(function, structure):
@@ -215,8 +204,14 @@ class TaskSplit:
 
     @staticmethod
     def convert(stored):
-        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
-        return convert_task(*stored)
+        """What ``gather`` gave, (x, y) or (x, y, weights), as the update takes it (inside its micro-step): (inputs,
+        targets) or (inputs, (targets, sample weights)); ``x`` and ``y`` tensors, or dicts of them by name."""
+        import tensorflow as tf
+
+        x, y, *weights = stored
+        y = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, y)
+        x = tf.nest.map_structure(to_values, x)
+        return x, (y if not weights else (y, tf.cast(weights[0], tf.float32)))
 
     def batches(self, order: np.ndarray, batch_size: int):
         """The batches in ``order``: gathered and converted on the tf.data side from one copy in TF memory
@@ -268,7 +263,6 @@ class ArraySplit(TaskSplit):
 
     @staticmethod
     def convert(stored):
-        """What ``gather`` gave, as the update takes it (inside its micro-step)."""
         return to_inputs(*stored)
 
 
@@ -339,7 +333,7 @@ class Dataset:
             "task": "classification" if self.classification else "keras_loss",
             **({} if self.classification else {"stored": self.train.stored()}),
             "train_examples": len(self.train),
-            "test_examples": 0 if self.test is None else len(self.test),
+            "test_examples": len(self.test),
         }
         if self.validation is not None:
             described["validation_examples"] = len(self.validation)

@@ -118,15 +118,6 @@ def read_idx_bytes(folder: Path, name: str) -> tuple:
     return path, raw
 
 
-def verify_checksum(path: Path, name: str, raw: bytes) -> None:
-    found = hashlib.sha256(raw).hexdigest()
-    if found != FILES[name]:
-        raise DataError(
-            f"{path} failed its checksum: expected SHA-256 {FILES[name]} of the "
-            f"decompressed file, found {found}; {HOW_TO_GET}"
-        )
-
-
 def parse_idx(raw: bytes, path: str, expect_dims: int) -> np.ndarray:
     """An IDX array of unsigned bytes. The header is checked, not trusted."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
@@ -162,7 +153,12 @@ def load(
             raise DataError(f"{path} holds images of {array.shape[1]}x{array.shape[2]}, expected 28x28")
         if "labels" in name and array.size and array.max() >= len(CLASS_NAMES):
             raise DataError(f"{path} has label {int(array.max())}; labels must be 0..{len(CLASS_NAMES) - 1}")
-        verify_checksum(path, name, raw)
+        found = hashlib.sha256(raw).hexdigest()
+        if found != FILES[name]:
+            raise DataError(
+                f"{path} failed its checksum: expected SHA-256 {FILES[name]} of the "
+                f"decompressed file, found {found}; {HOW_TO_GET}"
+            )
         arrays[name] = array
     splits = [
         ArraySplit(arrays[f"{prefix}-images-idx3-ubyte"], arrays[f"{prefix}-labels-idx1-ubyte"])

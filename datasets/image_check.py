@@ -1,12 +1,13 @@
 """The check of an image folder before training: every file decoded once, in parallel, and remembered.
 
 Decoding is what finds a truncated or corrupt file, so the check decodes each
-file with training's own decoder. That is the slow part of a large folder's
-start (a million files), so it runs on every core (a parallel tf.data map)
-and its outcome is remembered per file: (path, size, mtime, result), where
-the result is the decoded height and width, or "does not decode". A file
-whose size and mtime (ns) are what they were when it was checked is not
-decoded again; a changed, new or moved-back file is.
+file with training's own decoder (here: the one of training, the check and
+predict). That is the slow part of a large folder's start (a million files),
+so it runs on every core (a parallel tf.data map) and its outcome is
+remembered per file: (path, size, mtime, result), where the result is the
+decoded height and width, or "does not decode". A file whose size and mtime
+(ns) are what they were when it was checked is not decoded again; a changed,
+new or moved-back file is.
 
 Two memories, both read, both validated file by file in the same way:
 
@@ -39,8 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import atomic_write, user_cache
-from .base import untuned
-from .image_decode import decode_uint8
+from .base import scaled, untuned
 
 MANIFEST = "image-checks.npz"  # in a run directory
 CACHE_ENV = "ACCUM_TRAIN_CACHE"
@@ -135,8 +135,7 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
     wanted = set(relative)
     entries = {rel: entry for rel, entry in known.items() if rel in wanted}
     for i in checked_now:
-        unreadable = stats[i] is None or problems.get(i) not in (None, UNDECODABLE)
-        if unreadable:
+        if stats[i] is None or problems.get(i) not in (None, UNDECODABLE):  # it could not be read
             entries.pop(relative[i], None)  # never remembered: a chmod keeps the mtime
         else:
             entries[relative[i]] = (*stats[i], started_ns, *sizes[i].tolist())
@@ -155,7 +154,45 @@ def check(root: Path, paths: np.ndarray, channels: int, run_dir: Path | None = N
 
 
 # ----------------------------------------------------------------------------
-# Decoding
+# Decoding: TensorFlow's ``decode_image``, the one decoder of training, the check and predict
+
+
+def decode_uint8(contents, channels: int):
+    """Encoded PNG/JPEG bytes -> uint8 [h, w, channels]: the one decoder of training, the check and predict."""
+    import tensorflow as tf
+
+    return tf.io.decode_image(contents, channels=channels, expand_animations=False)
+
+
+def decode(contents, input_shape):
+    """Encoded PNG/JPEG bytes (a string tensor) -> float32 [H, W, C] in [0, 1]; graph-safe."""
+    import tensorflow as tf
+
+    height, width, channels = input_shape
+    image = decode_uint8(contents, channels)  # uint8 [h, w, C]
+    at_size = tf.reduce_all(tf.equal(tf.shape(image)[:2], [height, width]))
+    # An image at the size is converted as an .npz's uint8 array is (scaled), to the same bits: a kept split
+    # (uint8 in memory) and a streamed one then train alike, and so does the same array in an .npz. Any other
+    # is resized bilinearly, without antialiasing, as image_dataset_from_directory does.
+    image = tf.cond(
+        at_size,
+        lambda: scaled(image),
+        lambda: tf.image.resize(image, (height, width), method="bilinear") / 255.0,
+    )
+    return tf.ensure_shape(image, input_shape)
+
+
+def decode_files(paths, input_shape, as_stored: bool = False):
+    """Files ``paths`` (a string tensor [n]) read and decoded in a loop in the graph: float32 [n, H, W, C] as
+    ``decode`` gives them, or with ``as_stored`` the uint8 images themselves (every one must be at the size)."""
+    import tensorflow as tf
+
+    if as_stored:
+        one = lambda path: tf.ensure_shape(decode_uint8(tf.io.read_file(path), input_shape[2]), input_shape)  # noqa: E731
+    else:
+        one = lambda path: decode(tf.io.read_file(path), input_shape)  # noqa: E731
+    spec = tf.TensorSpec(input_shape, tf.uint8 if as_stored else tf.float32)
+    return tf.map_fn(one, paths, fn_output_signature=spec)
 
 
 UNDECODABLE = "is not a readable PNG or JPEG image (truncated or corrupt)"

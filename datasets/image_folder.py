@@ -17,10 +17,8 @@ Otherwise a split holds only paths and labels (``FileSplit``): ``batches`` reads
 decodes and resizes the files CHUNK at a time in a parallel tf.data map, in
 the caller's order, and cuts them into batches, so a set larger than memory
 trains and a resumed run sees the same batches. Both give the same bits.
-Decoding is image_decode.py's ``decode`` everywhere: TensorFlow's decoder,
-converted to ``data.channels`` (null: 3, RGB) by the decoder; an image at
-``data.image_size`` is scaled as an .npz's uint8 array is, any other resized
-bilinearly to it. ``read_image`` decodes one file the same way, for ``predict``.
+Decoding is image_check.py's ``decode`` everywhere (``read_image``'s for
+``predict`` too), to ``data.channels`` (null: 3, RGB) and ``data.image_size``.
 
 Before training, every file is decoded once with that same decoder, in
 parallel, and the outcome remembered (image_check.py: a file unchanged since
@@ -41,8 +39,7 @@ import numpy as np
 from ..defaults import IMAGE_CHANNELS, KEEP_DECODED_SHARE
 from ..errors import DataError
 from .base import ArraySplit, Dataset, aligned_empty, untuned
-from .image_check import UNDECODABLE, check, problem
-from .image_decode import decode, decode_files
+from .image_check import UNDECODABLE, check, decode, decode_files, problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 CHUNK = 128  # files per map call of the training pipeline
@@ -87,7 +84,7 @@ def load(data_config, run_dir=None) -> Dataset:
 
 
 # ----------------------------------------------------------------------------
-# Decoding in chunks (image_decode.py decodes each file), one file for predict, and the files that fail
+# Decoding in chunks (image_check.py decodes each file), one file for predict, and the files that fail
 
 
 def in_chunks(paths: np.ndarray, labels: np.ndarray, input_shape, as_stored: bool = False):

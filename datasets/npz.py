@@ -1,4 +1,4 @@
-"""Your own arrays: one .npz file in the keras.datasets layout (``data.name: npz``).
+"""Your own arrays: one .npz file in the keras.datasets layout (``data.name: npz``); and the readers' .npz files.
 
 The file holds ``x_train``, ``y_train``, ``x_test``, ``y_test`` and, if you
 like, ``class_names`` (a 1-D array of strings). Images are ``[N, H, W]`` (one
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
 from ..text import first_line, shape_text
-from .base import ArraySplit, Dataset, TaskSplit, each, first_array
+from .base import ArraySplit, Dataset, TaskSplit, each, first_array, to_values
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
 HOW_TO_SAVE = "numpy.savez(FILE, x_train=..., y_train=..., x_test=..., y_test=...) (keras.datasets layout)"
@@ -35,22 +36,29 @@ NPY_MAGIC = b"\x93NUMPY"
 
 
 def load(data_config, task: bool = False) -> Dataset:
-    """``task``: the model trains with a Keras loss (``load_task``), not on class labels."""
-    if task:
-        return load_task(Path(data_config.path))
-    return load_npz(Path(data_config.path), data_config.num_classes)
+    """The verified arrays of data.path: for a model with a Keras loss (``task``: ``load_task``), else ``load_npz``."""
+    path = Path(data_config.path)
+    with _open(path) as archive:
+        if task:  # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
+            keys = [key for key in archive.files if key.startswith(("x_train", "x_test", "y_train", "y_test", "w_"))]
+        else:
+            missing = [key for key in REQUIRED_KEYS if key not in archive.files]
+            if missing:
+                found = ", ".join(archive.files) or "no arrays"
+                raise DataError(
+                    f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
+                    f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}"
+                )
+            keys = [*REQUIRED_KEYS, *(["class_names"] if "class_names" in archive.files else [])]
+        arrays = {key: read_array(archive, path, key) for key in keys}
+    return load_task(path, arrays) if task else load_npz(path, arrays, data_config.num_classes)
 
 
-def load_task(path: Path) -> Dataset:
+def load_task(path: Path, arrays: dict) -> Dataset:
     """The arrays of any task: ``x_*`` of any shape and numeric dtype (uint8 scaled by 1/255, float64 kept as
     float32, the rest as given), ``y_*`` whatever the loss takes, optional ``w_*`` sample weights [N]. A model
     with several inputs or outputs takes ``x_train_<input name>`` and ``y_train_<output name>`` (and the test
     split's alike) instead of ``x_train`` and ``y_train``."""
-    archive = _open(path)
-    with archive:
-        # the inputs, targets and weights; other arrays (class_names, say) are not the loss's
-        keys = [key for key in archive.files if key.startswith(("x_train", "x_test", "y_train", "y_test", "w_"))]
-        arrays = {key: read_array(archive, path, key) for key in keys}
     for key, array in arrays.items():
         _check_values(path, key, array)
     splits, flats = {}, {}
@@ -83,8 +91,8 @@ def load_task(path: Path) -> Dataset:
         test = test_arrays[test_key]
         if key != "w_train" and train.shape[1:] != test.shape[1:]:
             raise DataError(
-                f"{path}: {test_key} holds examples of shape {train_shape(test)} but {key} "
-                f"{train_shape(train)}: both splits need one shape per example"
+                f"{path}: {test_key} holds examples of shape {test.shape[1:]} but {key} "
+                f"{train.shape[1:]}: both splits need one shape per example"
             )
     return Dataset(
         train=splits["train"],
@@ -115,25 +123,17 @@ def _named(path: Path, arrays: dict, key: str):
 
 def _flat(split: str, x, y, w) -> list:
     """(key, array) of a split's arrays: inputs, targets (each an array or a dict by name), weights."""
-    pairs = []
-    for kind, named in (("x", x), ("y", y)):
-        pairs += (
-            [(f"{kind}_{split}_{name}", a) for name, a in named.items()]
-            if isinstance(named, dict)
-            else [(f"{kind}_{split}", named)]
-        )
-    if w is not None:
-        pairs.append((f"w_{split}", w))
-    return pairs
+    pairs = [
+        (f"{kind}_{split}" if name is None else f"{kind}_{split}_{name}", a)
+        for kind, named in (("x", x), ("y", y))
+        for name, a in (named.items() if isinstance(named, dict) else [(None, named)])
+    ]
+    return pairs if w is None else [*pairs, (f"w_{split}", w)]
 
 
 def _as32(array):
     """A float64 array as float32 (what the model takes: half the memory); others (and None) as they are."""
     return array.astype(np.float32) if array is not None and array.dtype == np.float64 else array
-
-
-def train_shape(array: np.ndarray) -> str:
-    return str(tuple(int(n) for n in array.shape[1:]))
 
 
 def first_non_finite(array: np.ndarray) -> int | None:
@@ -156,20 +156,8 @@ def _check_values(path: Path, key: str, array: np.ndarray) -> None:
             raise DataError(f"{path}: {key}[{index}] is not finite (NaN or infinite): fix or drop that example")
 
 
-def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
-    """The verified arrays of ``path``; ``num_classes`` is data.num_classes (None: from the file)."""
-    archive = _open(path)
-    with archive:
-        missing = [key for key in REQUIRED_KEYS if key not in archive.files]
-        if missing:
-            found = ", ".join(archive.files) or "no arrays"
-            raise DataError(
-                f"{path} has no {', '.join(missing)} (it has {found}): data.name=npz needs "
-                f"x_train, y_train, x_test, y_test; save them with {HOW_TO_SAVE}"
-            )
-        arrays = {key: read_array(archive, path, key) for key in REQUIRED_KEYS}
-        names = read_array(archive, path, "class_names") if "class_names" in archive.files else None
-
+def load_npz(path: Path, arrays: dict, num_classes: int | None) -> Dataset:
+    """Images and class labels; ``num_classes`` is data.num_classes (None: from the file)."""
     shapes = {}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -186,13 +174,11 @@ def load_npz(path: Path, num_classes: int | None = None) -> Dataset:
             f"{path}: x_test holds {shape_text(shapes['test'])} images but x_train "
             f"{shape_text(shapes['train'])}: both splits need one image shape"
         )
-
-    class_names = _class_names(path, names, num_classes, arrays["y_train"], arrays["y_test"])
     return Dataset(
         train=ArraySplit(_as32(arrays["x_train"]), arrays["y_train"]),
         test=ArraySplit(_as32(arrays["x_test"]), arrays["y_test"]),
         input_shape=tuple(int(n) for n in shapes["train"]),
-        class_names=class_names,
+        class_names=_class_names(path, arrays.get("class_names"), num_classes, arrays["y_train"], arrays["y_test"]),
         source=str(path.resolve()),
     )
 
@@ -335,3 +321,79 @@ def _class_names(
             f"two (set data.num_classes if a class has no examples)"
         )
     return tuple(names.tolist()) if names is not None else tuple(str(i) for i in range(count))
+
+
+# ----------------------------------------------------------------------------
+# The readers' .npz files: the inputs of a model of values (predict's, evaluate --data's) and evaluate's targets
+
+
+NPZ_KEY = "x"
+# The arrays evaluate's --data reads, by model.evaluate's names (x_<input name> and y_<output name> for several).
+DATA_HOW = "numpy.savez(FILE, x=inputs, y=targets[, sample_weight=weights])"
+
+
+def read_values(paths: Sequence[Path], stored: dict, convert=None) -> tuple[list[str], object]:
+    """(one name per row, the inputs) of .npz files whose ``x`` (or ``x_<input name>`` for a model with several
+    inputs) holds examples of the stored shapes (a dimension None: any size), of the stored dtypes, then
+    ``convert``ed (default: as training converts them, a run trained with a Keras loss)."""
+    convert = convert or (lambda x: to_values(x).numpy())
+    wanted = stored["x"].get("arrays") or {None: stored["x"]}
+    keys = {name: NPZ_KEY if name is None else f"{NPZ_KEY}_{name}" for name in wanted}
+    names, parts = [], []
+    for path in map(Path, paths):
+        how = f"numpy.savez('{path.name}', {', '.join(f'{key}=inputs' for key in keys.values())})"
+        if path.suffix.lower() != ".npz" or not path.is_file():
+            raise DataError(f"{path}: not an .npz file: a run trained with a Keras loss predicts for {how}")
+        with open_npz(path, how) as archive:
+            found = read_named(archive, path, keys.values(), "inputs", how)
+        arrays = {name: found[key] for name, key in keys.items()}
+        rows = {len(a) for a in arrays.values()}
+        for name, x in arrays.items():
+            spec = wanted[name]
+            if not _fits(x.shape, spec["shape"]) or x.dtype.kind not in "biuf":
+                raise DataError(
+                    f"{path}: '{keys[name]}' holds {x.dtype} examples of shape {shape_text(x.shape[1:])}, but the "
+                    f"model takes {spec['dtype']} examples of shape {shape_text(spec['shape'])}"
+                )
+        if len(rows) != 1:
+            raise DataError(f"{path}: its arrays {', '.join(keys.values())} hold different numbers of examples")
+        names += [f"{path}[{i}]" for i in range(rows.pop())]
+        parts.append({name: convert(x.astype(wanted[name]["dtype"], copy=False)) for name, x in arrays.items()})
+    joined = {name: np.concatenate([part[name] for part in parts]) for name in wanted}
+    return names, joined.get(None, joined)
+
+
+def read_named(archive, path: Path, keys, what: str, how: str) -> dict:
+    """The arrays ``keys`` of the open .npz ``archive`` by key; the first one missing is refused in one line that
+    names the arrays it holds and how to save the ``what``."""
+    missing = [key for key in keys if key not in archive.files]
+    if missing:
+        found = ", ".join(archive.files) or "none"
+        raise DataError(f"{path} has no array '{missing[0]}' (its arrays: {found}): save the {what} with {how}")
+    return {key: read_array(archive, path, key, how) for key in keys}
+
+
+def _fits(shape, wanted) -> bool:
+    """Whether examples of ``shape`` (the batch axis first) are of shape ``wanted`` (None: any size)."""
+    return len(shape) == len(wanted) + 1 and all(w is None or n == w for n, w in zip(shape[1:], wanted))
+
+
+def read_targets(path: Path, n: int) -> tuple:
+    """(y, or {output name: y} from y_<name>; sample_weight or None) of the .npz ``path``, ``n`` rows each."""
+    with open_npz(path, DATA_HOW) as archive:
+        keys = [key for key in archive.files if key == "y" or key.startswith("y_")] or ["y"]  # none: 'y' missing
+        if "y" in keys and len(keys) > 1:
+            raise DataError(
+                f"{path} has {', '.join(keys)}: give one array y, or one per output name (y_<name>), not both"
+            )
+        optional = [key for key in ("sample_weight",) if key in archive.files]
+        arrays = read_named(archive, path, [*keys, *optional], "data", DATA_HOW)
+    for key, array in arrays.items():
+        if array.ndim == 0 or len(array) != n:
+            raise DataError(
+                f"{path}: the inputs hold {n} examples but {key} {len(array) if array.ndim else 0}: every array "
+                f"needs one row per example"
+            )
+    weights = arrays.pop("sample_weight", None)
+    y = arrays.pop("y", None)
+    return (y if y is not None else {key[len("y_") :]: a for key, a in arrays.items()}), weights

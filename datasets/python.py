@@ -28,7 +28,7 @@ from ..defaults import SHUFFLE_BUFFER
 from ..errors import DataError
 from ..imports import import_function
 from ..text import first_line
-from .base import Dataset, convert_task, described, untuned
+from .base import Dataset, TaskSplit, described, untuned
 
 
 def import_factory(factory: str):
@@ -42,10 +42,7 @@ class StreamSplit:
     targets_as_given = True  # the loss takes the targets as they come (not class labels)
     streamed = True  # read front to back (accum.feed.streamed), not by index
 
-    @staticmethod
-    def convert(stored):
-        """A micro-batch of the factory's elements as the update takes it (inside its micro-step)."""
-        return convert_task(*stored)
+    convert = staticmethod(TaskSplit.convert)  # a micro-batch of the factory's elements, as the update takes it
 
     def __init__(self, make, factory: str, split: str, seed: int, options: dict, shuffle: bool, buffer: int):
         self.make, self.factory, self.split, self.seed = make, factory, split, seed

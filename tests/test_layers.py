@@ -192,7 +192,6 @@ COMMANDS = (
     "evaluate",
     "export",
     "loader",
-    "npz_values",
     "plan",
     "predict",
     "raw_text",

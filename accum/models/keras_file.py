@@ -182,20 +182,15 @@ def ends_in_softmax(model: keras.Model) -> bool:
 
 
 def logits_by_output(model: keras.Model) -> dict:
-    """Per output name (``output_names``): whether it gives logits (``outputs_logits``)."""
-    return dict(zip(output_names(model), outputs_logits(model)))
-
-
-def outputs_logits(model: keras.Model) -> list[bool]:
-    """Per output: whether its layer ends in no activation, so that it gives logits (a softmax, a sigmoid or a
-    layer with no activation to read gives False)."""
+    """Per output name (``output_names``): whether its layer ends in no activation, so that it gives logits (a
+    softmax, a sigmoid or a layer with no activation to read gives False)."""
 
     def linear(layer) -> bool:
         while isinstance(getattr(layer, "layer", None), keras.layers.Layer):  # TimeDistributed, Bidirectional
             layer = layer.layer
         return getattr(layer, "activation", None) is keras.activations.linear
 
-    return [linear(_output_layer(model, index)) for index in range(len(model.outputs))]
+    return {name: linear(_output_layer(model, index)) for index, name in enumerate(output_names(model))}
 
 
 def _is_softmax(layer) -> bool:
@@ -212,8 +207,7 @@ def _without_softmax(layer):
 def keras_file(cfg: ModelConfig, input_shape, num_classes: int) -> KerasModel:
     """The model in model.path, checked, its BatchNormalization layers made accumulating."""
     loaded = checked_file(cfg, input_shape, num_classes)
-    last = _output_layer(loaded)
-    return accumulating_clone(loaded, cfg.path, last if not cfg.from_logits else None)
+    return accumulating_clone(loaded, cfg.path, None if cfg.from_logits else _output_layer(loaded))
 
 
 def checked_file(cfg: ModelConfig, input_shape, num_classes: int) -> keras.Model:
@@ -242,21 +236,29 @@ def accumulating_clone(loaded: keras.Model, path: str, softmax=None) -> KerasMod
     """A clone of ``loaded`` (read from ``path``) with the file's weights, its BatchNormalization layers pooling
     their statistics for as long as the model lives, and ``softmax`` (the output layer, when given) computing
     the logits under it."""
-    peeled = []
-
-    def swap(layer):
-        if layer is not softmax:
-            return layer  # reused as it is: its weights stay the file's
-        new = _without_softmax(layer)
-        peeled.append((new, layer))
-        return new
-
-    network = keras.models.clone_model(loaded, clone_function=swap, recursive=True)
-    for new, old in peeled:  # clone_model builds the new layer; the weights are the file's
-        new.set_weights(old.get_weights())
+    # every other layer is reused as it is: its weights stay the file's
+    network, peeled = clone_swapping(loaded, lambda layer: _without_softmax(layer) if layer is softmax else None)
     norm_layers = active().pool(network, f"model.path={path}")
 
     def forward(x, training: bool):
         return network(x, training=training)
 
     return KerasModel(network=network, forward=forward, norm_layers=norm_layers, peeled=peeled)
+
+
+def clone_swapping(network: keras.Model, swap):
+    """(a clone of ``network`` in which each layer that ``swap(layer)`` gives a new one for (None: none) is
+    replaced by it, with the replaced layer's weights; the [(new, replaced)] pairs)."""
+    replaced = []
+
+    def clone_function(layer):
+        new = swap(layer)
+        if new is None:
+            return layer
+        replaced.append((new, layer))
+        return new
+
+    clone = keras.models.clone_model(network, clone_function=clone_function, recursive=True)
+    for new, old in replaced:  # clone_model builds the new layer; the weights are the replaced one's
+        new.set_weights(old.get_weights())
+    return clone, replaced

@@ -31,9 +31,8 @@ def keras_loss_model(path: str, element, seed: int, loss, metrics, compiled: dic
     loaded = load_keras_file(path)
     check_data(loaded, path, *element[:2])
     model = accumulating_clone(loaded, path)
-    logits = logits_by_output(model.network)
     try:
-        model.network.compile(**compile_arguments(logits, loss, metrics, compiled))
+        model.network.compile(**compile_arguments(logits_by_output(model.network), loss, metrics, compiled))
     except (ValueError, TypeError) as err:
         raise ConfigError(f"loss and metrics do not fit model.path={path}: {first_line(err)}") from None
     model = set_precision(model, precision)

@@ -15,6 +15,7 @@ import keras
 
 from ..backends import active
 from .containers import KerasModel
+from .keras_file import clone_swapping
 
 
 def to_keras(model, input_shape):
@@ -28,22 +29,15 @@ def _keras_file_model(model):
     """The trained network as a model of its own: fresh BatchNormalization layers (the trained ones pool their
     statistics, the backend's norm.py) and the peeled softmax back."""
     originals = {id(trained): original for trained, original in model.peeled}
-    replaced = []
 
     def swap(layer):
         if id(layer) in originals:
-            new = type(originals[id(layer)]).from_config(originals[id(layer)].get_config())
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            new = keras.layers.BatchNormalization.from_config(layer.get_config())
-        else:
-            return layer
-        replaced.append((layer, new))
-        return new
+            return type(originals[id(layer)]).from_config(originals[id(layer)].get_config())
+        if isinstance(layer, keras.layers.BatchNormalization):
+            return keras.layers.BatchNormalization.from_config(layer.get_config())
+        return None
 
-    exported = keras.models.clone_model(model.network, clone_function=swap, recursive=True)
-    for trained, new in replaced:
-        new.set_weights(trained.get_weights())
-    return exported
+    return clone_swapping(model.network, swap)[0]
 
 
 # ----------------------------------------------------------------------------
@@ -108,7 +102,6 @@ def _tensorlayer_model(network, input_shape):
 
     converters = _converters()
     x = inputs = keras.Input(shape=tuple(input_shape), name="images")
-    weights = []
     for layer in network.all_layers:
         if isinstance(layer, _InputLayer):
             continue
@@ -116,10 +109,7 @@ def _tensorlayer_model(network, input_shape):
             raise NotImplementedError(f"no Keras equivalent for TensorLayer {type(layer).__name__} {layer.name}")
         keras_layer, variables = converters[type(layer)](layer)
         x = keras_layer(x)
-        weights.append((keras_layer, variables))
+        keras_layer.set_weights([v.numpy() for v in variables])  # built by the call above
         for act in _activation(layer.act, layer.name):
             x = act(x)
-    model = keras.Model(inputs, x, name="accum_train_export")
-    for keras_layer, variables in weights:
-        keras_layer.set_weights([v.numpy() for v in variables])
-    return model
+    return keras.Model(inputs, x, name="accum_train_export")
