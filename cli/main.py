@@ -2,7 +2,7 @@
 
 Subcommands: ``run`` trains one config, ``compare`` trains the baseline and the
 subdivided run side by side, ``bench`` measures time and memory against k;
-``plan``, ``evaluate`` and ``predict`` (use.py) and ``export`` (export.py) work
+``plan``, ``evaluate``, ``predict``, ``export`` and ``describe`` (use.py) work
 before and after training; the last three also read a run directory of
 accum_train.fit(output_dir=...), which ``run --resume`` refuses (only that
 call has the model's code and the data to go on with). The commands parse
@@ -29,10 +29,12 @@ from ..outcome import EpochLines, ending, last_line
 from ..quiet import quiet_tensorflow
 from ..text import mib_text
 from ..trainer.data.batching import k_for_micro_batch
-from .common import count_option, output_dir_option, set_option, verbose_option
-from .describe import describe
-from .export import export
-from .use import evaluate, plan, predict
+from .use import describe, evaluate, export, output_dir_option, plan, predict, set_option, verbose_option
+
+
+def count_option(name: str, default: int, help_text: str):
+    """A whole number >= 1 with its default shown, e.g. --steps."""
+    return click.option(name, default=default, show_default=True, type=click.IntRange(min=1), help=help_text)
 
 
 class BarProgress(EpochLines):
