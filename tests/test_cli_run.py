@@ -15,7 +15,7 @@ import yaml
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import Interrupted
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from click.testing import CliRunner
 from helpers import InterruptAt, max_difference, records
 

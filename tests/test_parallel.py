@@ -126,7 +126,7 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
 
 NOT_STARTED = """
 import accum_train.cli.main, accum_train.worker, accum_train.bench
-import accum_train.from_config.api, accum_train.from_config.run
+import accum_train.from_config.api, accum_train.from_config.lifecycle
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)  # RuntimeError once TensorFlow's runtime has started
 """

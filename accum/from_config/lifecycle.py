@@ -1,22 +1,25 @@
-"""A built run (run_parts.Run) from its start to its summary: ``train(run, run_dir, writer, ...)``.
+"""The CLI's run of a config, from its start to its summary: ``train(cfg, run_dir)`` resolves the config into what
+the trainer takes and hands it over.
 
-The Trainer (trainer/trainer.py) runs its course, as it runs fit's: the run
-directory locked, the newest intact checkpoint restored or the automatic
-micro-batches probed, the loop, summary.json. What is the CLI's is here, in
-``ConfigRunDir``: ``--resume`` (k adapted to other replicas), config.yaml and
-run.json's fields, the lines a run starts with, weights.npz; run_hooks.RunHooks is
-its side of the loop. The front end (from_config/run.py) has built the run
-before: bad input has left nothing behind. A resume continues from the latest
-checkpoint with the same data order, reaching the weights an uninterrupted run
-would.
+Before anything is written, it sets up the runtime (thread pools, the backend's strategy), loads and checks the
+data for the model the run builds (a resume's, and a worker's, from the run directory's copy), checks the output
+directory and builds the run (build.build_run: the model and its objective, the optimizer and the accumulator):
+bad input leaves nothing behind. The Trainer (trainer/trainer.py) then runs its course, as it runs fit's: the run
+directory locked, the newest intact checkpoint restored or the automatic micro-batches probed, the loop,
+summary.json. What is the CLI's is here, in ``ConfigRunDir``: ``--resume`` (k adapted to other replicas),
+config.yaml and run.json's fields, the lines a run starts with, weights.npz; run_hooks.RunHooks is its side of the
+loop. A resume continues from the latest checkpoint with the same data order, reaching the weights an
+uninterrupted run would.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 
 from ..backends import active
-from ..config import load_run_config
+from ..config import Config, load_run_config
 from ..errors import RunDirError
 from ..files import atomic_write
 from ..processes import announce_started, restarts
@@ -25,21 +28,51 @@ from ..trainer.data.batching import k_for_micro_batch
 from ..trainer.data.order import describe_split, largest_micro_batch
 from ..trainer.memory import probe
 from ..trainer.store.checkpoints import newest_intact_checkpoint
-from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights, write_record
+from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_output_dir, save_weights, write_record
 from ..trainer.trainer import Trainer
 from .advice import split_warnings
+from .build import build_run, load_data
 from .run_hooks import RunHooks
 from .run_parts import Run
+from .source import model_source
+from .startup import configure
 
 
 def train(
-    run: Run, run_dir: Path, writer: bool, progress: Progress, resume: bool, threads: dict, started: tuple
+    cfg: Config,
+    run_dir: Path | None,
+    progress: Progress | None = None,
+    resume: bool = False,
+    data=None,
+    strategy=None,
 ) -> dict:
-    """Train ``run`` in ``run_dir`` to its end; summary.json's content. ``writer``: this process writes the run
-    directory (the chief; holding its writer lock from before its first write to its return), another worker
-    writes a scratch folder (rundir.RunDirectory); ``threads``: what startup.configure set up, for the summary;
-    ``started``: (wall, CPU) time the run began at."""
-    directory = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started)
+    """Train as configured, leaving a complete run directory; returns summary.json's content.
+
+    Under a multi-worker strategy every worker calls this; only the chief writes
+    ``run_dir``, the others write their (required) checkpoints to a scratch folder
+    (rundir.RunDirectory)."""
+    threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
+    if strategy is None and cfg.strategy.name != "default":
+        strategy = active().make_strategy(cfg.strategy.name, cfg.strategy.cpu_devices)  # before any other op
+    chief = active().is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
+    progress = progress or Progress()
+    if data is None or data.for_model is None:
+        # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
+        source = model_source(cfg, run_dir if resume or not chief else None)
+        if data is None:
+            # before anything is written: bad data leaves no trace
+            data = load_data(cfg, run_dir if resume else None, source)
+        else:
+            data = dataclasses.replace(data, for_model=source)
+    run_dir = Path(run_dir)
+    if not chief:
+        progress = Progress()  # the chief reports
+    elif not resume:
+        check_output_dir(run_dir)
+    # (wall, CPU) time from here: the summary's times include building the model
+    started = time.time(), time.process_time()
+    run = build_run(cfg, data, strategy)  # before any write: a model that does not fit leaves no trace
+    directory = ConfigRunDir(run, run_dir, chief, progress, resume, threads, started)
     directory.hooks = hooks = RunHooks(run, directory, progress)
     network = getattr(run.model, "network", None)  # a keras_file's Keras model (rematerialised); None: TensorLayer
     trainer = hooks.trainer = Trainer(run.spec, run.engine, network, run.noise, run.cfg.batch_size, progress.message)
@@ -47,7 +80,10 @@ def train(
 
 
 class ConfigRunDir(RunDirectory):
-    """The run directory of a config's run, with what is the CLI's: ``--resume`` (which must find an intact
+    """The run directory of a config's run, ``writer``: this process writes it (the chief; holding its writer lock
+    from before its first write to its return), another worker writes a scratch folder; ``threads``: what
+    startup.configure set up, for the summary; ``started``: (wall, CPU) time the run began at. With what is the
+    CLI's: ``--resume`` (which must find an intact
     checkpoint), config.yaml, run.json's data and the model file's copy, the lines a run starts with, weights.npz
     and summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
     of the loop (run_hooks.RunHooks)."""

@@ -2,7 +2,7 @@
 thread pools that go with them (trainer/runtime.py has how many and why), which the backend sets.
 
 The pools are fixed once the runtime starts: ``configure`` runs before any other op, the backend's ``make_strategy``
-after it (from_config/run.py). A process that has already started it (a test, a notebook) keeps its threads; the
+after it (lifecycle.train). A process that has already started it (a test, a notebook) keeps its threads; the
 run still works, only slower. TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, if set, are left to rule.
 """
 
