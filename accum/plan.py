@@ -18,7 +18,7 @@ from collections import Counter
 
 from .config import Config
 from .from_config.advice import split_warnings
-from .from_config.startup import parallel_micro_steps
+from .from_config.build import parallel_micro_steps
 from .trainer.data.batching import largest_micro_batch
 from .trainer.data.timeline import Timeline
 

@@ -31,11 +31,10 @@ from ..trainer.store.checkpoints import newest_intact_checkpoint
 from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_output_dir, save_weights, write_record
 from ..trainer.trainer import Trainer
 from .advice import split_warnings
-from .build import build_run, load_data
+from .build import build_run, configure, load_data
 from .run_hooks import RunHooks
 from .run_parts import Run
 from .source import model_source
-from .startup import configure
 
 
 def train(
@@ -82,7 +81,7 @@ def train(
 class ConfigRunDir(RunDirectory):
     """The run directory of a config's run, ``writer``: this process writes it (the chief; holding its writer lock
     from before its first write to its return), another worker writes a scratch folder; ``threads``: what
-    startup.configure set up, for the summary; ``started``: (wall, CPU) time the run began at. With what is the
+    build.configure set up, for the summary; ``started``: (wall, CPU) time the run began at. With what is the
     CLI's: ``--resume`` (which must find an intact
     checkpoint), config.yaml, run.json's data and the model file's copy, the lines a run starts with, weights.npz
     and summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
