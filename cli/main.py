@@ -25,8 +25,7 @@ from ..defaults import PRECISIONS
 from ..errors import UserError
 from ..from_config.api import resumed
 from ..from_config.source import default_output_dir
-from ..outcome import EpochLines, ending, last_line
-from ..quiet import quiet_tensorflow
+from ..outcome import EpochLines, ending, last_line, quiet_tensorflow
 from ..text import mib_text
 from ..trainer.data.batching import k_for_micro_batch
 from .use import describe, evaluate, export, output_dir_option, plan, predict, set_option, verbose_option

@@ -21,8 +21,7 @@ import click
 from ..config import load_config
 from ..errors import UserError
 from ..files import atomic_write, strict_json
-from ..outcome import ending, scores_text
-from ..quiet import quiet_tensorflow
+from ..outcome import ending, quiet_tensorflow, scores_text
 from ..text import counted
 from .plan_text import format_plan
 
