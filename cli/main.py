@@ -26,7 +26,6 @@ from ..errors import UserError
 from ..from_config.api import resumed
 from ..from_config.source import default_output_dir
 from ..outcome import EpochLines, ending, last_line, quiet_tensorflow
-from ..text import mib_text
 from ..trainer.data.batching import k_for_micro_batch
 from .use import describe, evaluate, export, output_dir_option, plan, predict, set_option, verbose_option
 
@@ -287,6 +286,11 @@ def threads_text(row: dict) -> str:
         else f"intra {row['intra_op_threads']}, inter {row['inter_op_threads']}"
     )
     return f"{row['parallel_micro_steps']} in flight, {pools}"
+
+
+def mib_text(n_bytes: int | None) -> str:
+    """Bytes as whole MiB, e.g. '48 MiB'; n/a where nothing was measured."""
+    return f"{n_bytes / 2**20:.0f} MiB" if n_bytes is not None else "n/a"
 
 
 def format_bench(result: dict, out_dir: Path) -> str:

@@ -27,12 +27,9 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
     where = _blamer(source, overridden)
 
     if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
-        # --set of one over the file's other: the later word wins, as for any key
-        by_set = {key: _came_from_set(key, overridden) for key in ("subdivisions", "micro_batch_size")}
-        if by_set["micro_batch_size"] and not by_set["subdivisions"]:
-            cfg = dataclasses.replace(cfg, subdivisions=None)
-        elif by_set["subdivisions"] and not by_set["micro_batch_size"]:
-            cfg = dataclasses.replace(cfg, micro_batch_size=None)
+        by_set, micro_by_set = (_came_from_set(key, overridden) for key in ("subdivisions", "micro_batch_size"))
+        if by_set != micro_by_set:  # --set of one over the file's other: the later word wins, as for any key
+            cfg = dataclasses.replace(cfg, **{"subdivisions" if micro_by_set else "micro_batch_size": None})
     if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
         raise ConfigError(
             f"{where('subdivisions', 'micro_batch_size')}: give subdivisions or micro_batch_size, not both "

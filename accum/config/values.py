@@ -14,6 +14,7 @@ import typing
 from typing import Union
 
 from ..errors import ConfigError
+from .rules import DATA_KEYS_FOR
 from .sections import BatchChange, BatchRule, DataConfig
 from .wording import _blamer, _came_from_set, _show, parse_size
 
@@ -47,17 +48,10 @@ def _hint(key: str, valid: typing.Sequence[str], prefix: str = "") -> str:
     return "valid keys: " + ", ".join(valid)
 
 
-# What data.name=python reads itself; every other key under data: is the factory's.
+# What data.name=python reads itself, every other key under data: being the factory's: the keys no other loader owns
+# (rules.DATA_KEYS_FOR), and trim_padding, which rules.py refuses for it in its own words.
 PYTHON_DATA_KEYS = (
-    "name",
-    "factory",
-    "shuffle_buffer",
-    "options",
-    "shuffle",
-    "train_limit",
-    "test_limit",
-    "validation",
-    "augment",
+    *(f.name for f in dataclasses.fields(DataConfig) if "python" in DATA_KEYS_FOR.get(f.name, ("python",))),
     "trim_padding",
 )
 

@@ -91,10 +91,10 @@ class _Worker:
             if self.index == 0:
                 say(line.rstrip("\n"))
 
-    def stop(self, sig=signal.SIGKILL):
+    def stop(self):
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def finish(self):
         self.process.wait()

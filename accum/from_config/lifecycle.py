@@ -43,7 +43,6 @@ def train(
     progress: Progress | None = None,
     resume: bool = False,
     data=None,
-    strategy=None,
 ) -> dict:
     """Train as configured, leaving a complete run directory; returns summary.json's content.
 
@@ -51,7 +50,8 @@ def train(
     ``run_dir``, the others write their (required) checkpoints to a scratch folder
     (rundir.RunDirectory)."""
     threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
-    if strategy is None and cfg.strategy.name != "default":
+    strategy = None
+    if cfg.strategy.name != "default":
         strategy = active().make_strategy(cfg.strategy.name, cfg.strategy.cpu_devices)  # before any other op
     chief = active().is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
     progress = progress or Progress()
@@ -130,10 +130,8 @@ class ConfigRunDir(RunDirectory):
             )
         if cfg.baseline:
             return
-        if self.cut_before is not None and self.cut_before != (cfg.subdivisions, cfg.micro_batch_size):
-            _cut_anew(run, trainer, self.progress, run.timeline.batch_size(step))
-        else:
-            _adapt_to_replicas(run, trainer, self.progress, run.timeline.batch_size(step))
+        anew = self.cut_before is not None and self.cut_before != (cfg.subdivisions, cfg.micro_batch_size)
+        _recut(run, trainer, self.progress, run.timeline.batch_size(step), anew)
 
     def write_records(self, spec) -> None:
         run, data, local = self.run, self.run.data, self.local
@@ -187,7 +185,7 @@ def _say_split(run: Run, trainer: Trainer, resumed: bool, progress: Progress) ->
     A resume on another number of replicas keeps the global batch, the data
     order and the schedule (all counted in updates) and changes only how a
     replica cuts its share: k is adapted so that no micro-batch is larger than
-    before (re-probed with subdivisions=auto; ``_adapt_to_replicas``)."""
+    before (re-probed with subdivisions=auto; ``_recut``)."""
     cfg = run.cfg
     step = min(trainer.directory.first_step, run.total_steps - 1)
     batch = run.timeline.batch_size(step)
@@ -252,44 +250,29 @@ def describe_phases(run: Run) -> str:
     return "; ".join(parts)
 
 
-def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
-    """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
-    ``batch``: the batch size in force."""
-    cfg = run.cfg
-    before, k_before = int(run.saved_replicas.numpy()), run.subdivisions
-    if before == run.replicas:
+def _recut(run: Run, trainer: Trainer, progress: Progress, batch: int, anew: bool) -> None:
+    """After a restore, k for ``batch``, the batch size in force. ``anew``: the resume's config cuts the batch
+    otherwise than the checkpoint's, and its k wins over the checkpoint's (auto: measured again, as a start does);
+    else k is kept if the replicas are as checkpointed, and adapted (or re-probed) to others. Said in one line."""
+    cfg, k_before, before = run.cfg, run.subdivisions, int(run.saved_replicas.numpy())
+    if not anew and before == run.replicas:
         return
-    if cfg.micro_batch_size is not None:
-        run.follow_batch(batch)
-    elif cfg.auto_subdivisions and cfg.memory_limit is not None:
+    if cfg.auto_subdivisions and (anew or cfg.memory_limit is not None):
         run.engine.set_subdivisions(1)
         probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
+    elif anew or cfg.micro_batch_size is not None:
+        run.engine.set_subdivisions(cfg.subdivisions_for(batch, run.replicas))
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)
     micro = largest_micro_batch(batch, run.replicas, run.subdivisions)
-    progress.message(
-        f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
-        f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
-        f"learning-rate schedule and update count unchanged"
+    said = (
+        f"subdivisions {k_before} -> {run.subdivisions} since the checkpoint (micro-batches of up to {micro} examples"
+        if anew
+        else f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
+        f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before"
     )
-
-
-def _cut_anew(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
-    """After a restore, where the resume's config cuts the batch otherwise than the checkpoint's: its k wins over
-    the checkpoint's (auto: measured again, as a start does). ``batch``: the batch size in force."""
-    k_before, cfg = run.subdivisions, run.cfg
-    if cfg.auto_subdivisions:
-        run.engine.set_subdivisions(1)
-        probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
-    else:
-        run.engine.set_subdivisions(cfg.subdivisions_for(batch, run.replicas))
-    run.saved_replicas.assign(run.replicas)
-    progress.message(
-        f"subdivisions {k_before} -> {run.subdivisions} since the checkpoint (micro-batches of up to "
-        f"{largest_micro_batch(batch, run.replicas, run.subdivisions)} examples); batch_size, data order, "
-        f"learning-rate schedule and update count unchanged"
-    )
+    progress.message(f"{said}); batch_size, data order, learning-rate schedule and update count unchanged")
 
 
 def keep_model_file(run_dir: Path, model_cfg) -> None:
