@@ -80,9 +80,7 @@ def plan(cfg: Config, data=None) -> dict:
         "count": n_train // cfg.batch_size,
         "micro_batches": micro_split(cfg.batch_size, fixed_k) if fixed_k else None,
     }
-    last_batch = None
-    if rest:
-        last_batch = {"size": rest, "micro_batches": micro_split(rest, fixed_k) if fixed_k else None}
+    last_batch = {"size": rest, "micro_batches": micro_split(rest, fixed_k) if fixed_k else None} if rest else None
 
     parameters = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     result = {

@@ -110,10 +110,6 @@ def _check_rule(cfg: Config, where) -> None:
             f"{where('batch_schedule', 'batch_size')}: batch_schedule max_batch_size={rule.max_batch_size} is "
             f"smaller than batch_size={cfg.batch_size} (the rule never shrinks the batch): raise max_batch_size"
         )
-
-
-def _check_rule_relations(cfg: Config, where) -> None:
-    rule = cfg.batch_rule
     if rule.every_epochs >= cfg.epochs:
         raise ConfigError(
             f"{where('batch_schedule', 'epochs')}: batch_schedule every_epochs={rule.every_epochs} leaves no epoch "
@@ -150,8 +146,6 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
             f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)"
         )
-    if cfg.batch_rule is not None:
-        _check_rule_relations(cfg, where)
     if cfg.batch_changes:
         if cfg.auto_subdivisions:
             raise ConfigError(
