@@ -170,9 +170,7 @@ def _watch(pool: list, timeout_s: float) -> tuple:
             worker.stop()
     for worker in pool:
         worker.finish()
-    if failure is None:
-        return 0, None
-    return exit_code, failure
+    return (0, None) if failure is None else (exit_code, failure)
 
 
 def _stopped_together(pool: list, timeout_s: float) -> str:

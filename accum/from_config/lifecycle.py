@@ -180,12 +180,7 @@ def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, rep
 
 def _say_split(run: Run, trainer: Trainer, resumed: bool, progress: Progress) -> None:
     """How the batch in force is split (k set for it), the batch schedule, plan's warnings (a start only), what
-    the noise scale and the precision will do.
-
-    A resume on another number of replicas keeps the global batch, the data
-    order and the schedule (all counted in updates) and changes only how a
-    replica cuts its share: k is adapted so that no micro-batch is larger than
-    before (re-probed with subdivisions=auto; ``_recut``)."""
+    the noise scale and the precision will do."""
     cfg = run.cfg
     step = min(trainer.directory.first_step, run.total_steps - 1)
     batch = run.timeline.batch_size(step)
@@ -252,8 +247,10 @@ def describe_phases(run: Run) -> str:
 
 def _recut(run: Run, trainer: Trainer, progress: Progress, batch: int, anew: bool) -> None:
     """After a restore, k for ``batch``, the batch size in force. ``anew``: the resume's config cuts the batch
-    otherwise than the checkpoint's, and its k wins over the checkpoint's (auto: measured again, as a start does);
-    else k is kept if the replicas are as checkpointed, and adapted (or re-probed) to others. Said in one line."""
+    otherwise than the checkpoint's, and its k wins over the checkpoint's (auto: measured again, as a start does).
+    Else a resume on another number of replicas keeps the global batch, the data order and the schedule (all
+    counted in updates) and changes only how a replica cuts its share: k is adapted so that no micro-batch is larger
+    than before (re-probed with subdivisions=auto under a memory_limit). Said in one line."""
     cfg, k_before, before = run.cfg, run.subdivisions, int(run.saved_replicas.numpy())
     if not anew and before == run.replicas:
         return
