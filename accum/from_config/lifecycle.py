@@ -136,7 +136,11 @@ class ConfigRunDir(RunDirectory):
     def write_records(self, spec) -> None:
         run, data, local = self.run, self.run.data, self.local
         local.mkdir(parents=True, exist_ok=True)
-        keep_model_file(local, data.for_model.config)  # a worker copies the run directory's copy
+        # a keras_file run's copy of its model file, which resume, export, evaluate and predict rebuild the model
+        # from (a worker copies the run directory's copy)
+        model = data.for_model.config
+        if model.name == "keras_file" and not (local / MODEL_COPY).is_file():
+            atomic_write(local / MODEL_COPY, Path(model.path).read_bytes())
         # not in run.json: the user's file of the config as resolved (docs/configuration.md), which --resume reads
         text = run.cfg.to_yaml() + scaled_rate_note(run)
         if not (local / "config.yaml").is_file() or (local / "config.yaml").read_text() != text:
@@ -270,10 +274,3 @@ def _recut(run: Run, trainer: Trainer, progress: Progress, batch: int, anew: boo
         f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before"
     )
     progress.message(f"{said}); batch_size, data order, learning-rate schedule and update count unchanged")
-
-
-def keep_model_file(run_dir: Path, model_cfg) -> None:
-    """A keras_file run's copy of its model file (rundir.MODEL_COPY), which resume, export, evaluate and predict
-    rebuild the model from."""
-    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
-        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
