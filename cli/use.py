@@ -246,10 +246,10 @@ def format_predictions(rows: list, top: int) -> str:
     ]
     header = ("input", "prediction", "probability", f"top {k}")
     widths = [max(len(header[i]), *(len(r[i]) for r in table)) for i in range(3)]
-    lines = []
-    for cells in (header, *table):
-        lines.append(f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]:>{widths[2]}}  {cells[3]}")
-    return "\n".join(lines)
+    return "\n".join(
+        f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]:>{widths[2]}}  {cells[3]}"
+        for cells in (header, *table)
+    )
 
 
 @click.command()

@@ -226,14 +226,9 @@ def _check_range(value, meta, key, where):
 
 def _range_text(meta) -> str:
     lo, hi = meta.get("min"), meta.get("max")
-    if lo is None and hi is None:
-        return ""
-    parts = []
-    if lo is not None:
-        parts.append(f"{'>' if meta.get('exclusive_min') else '>='} {lo}")
-    if hi is not None:
-        parts.append(f"<= {hi}")
-    return " " + " and ".join(parts)
+    parts = [] if lo is None else [f"{'>' if meta.get('exclusive_min') else '>='} {lo}"]
+    parts += [] if hi is None else [f"<= {hi}"]
+    return " " + " and ".join(parts) if parts else ""
 
 
 def _expected(tp, meta) -> str:
