@@ -79,13 +79,12 @@ def train(
 
 
 class ConfigRunDir(RunDirectory):
-    """The run directory of a config's run, ``writer``: this process writes it (the chief; holding its writer lock
-    from before its first write to its return), another worker writes a scratch folder; ``threads``: what
-    build.configure set up, for the summary; ``started``: (wall, CPU) time the run began at. With what is the
-    CLI's: ``--resume`` (which must find an intact
+    """The run directory of a config's run, with what is the CLI's: ``--resume`` (which must find an intact
     checkpoint), config.yaml, run.json's data and the model file's copy, the lines a run starts with, weights.npz
-    and summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
-    of the loop (run_hooks.RunHooks)."""
+    and summary.json's fields of a config. ``writer``: this process writes it (the chief, holding its writer lock
+    from before its first write to its return), another worker a scratch folder; ``threads``: what build.configure
+    set up, for the summary; ``started``: (wall, CPU) time the run began at; ``first_step``: the update the loop
+    starts from; ``hooks``: the CLI's side of the loop (run_hooks.RunHooks)."""
 
     def __init__(self, run, run_dir, writer, progress, resume, threads, started):
         flag = "--resume " if resume else "--output-dir "
