@@ -200,20 +200,16 @@ def _check_objective(kind: str, value, key: str, where: str):
             return item
         if not isinstance(item, list) or not all(isinstance(name, str) and name.strip() for name in item):
             raise ConfigError(f"{where}: {at}={_show(item)} must be {one}")
-        return tuple(item)
+        return list(item)
 
     if isinstance(value, dict):
         if not value:
             raise ConfigError(f"{where}: {key}={{}} is empty: give {one}, or one per output, e.g. {example}")
         # lists, not tuples, inside a mapping: config.yaml is written with YAML's safe dumper
-        return {str(name): _listed(entry(item, f"{key}.{name}")) for name, item in value.items()}
+        return {str(name): entry(item, f"{key}.{name}") for name, item in value.items()}
     if kind == "loss" and isinstance(value, list):
         raise ConfigError(f"{where}: {key}={_show(value)} must be {one}, or a mapping per output name, e.g. {example}")
-    return entry(value, key)
-
-
-def _listed(value):
-    return list(value) if isinstance(value, tuple) else value
+    return entry(value, key) if kind == "loss" else tuple(entry(value, key))
 
 
 def _check_range(value, meta, key, where):

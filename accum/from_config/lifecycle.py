@@ -237,15 +237,11 @@ def describe_phases(run: Run) -> str:
     """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
     from ..trainer.optim import learning_rate_at
 
-    parts = []
-    for phase in run.timeline.phases:
-        k = run.k_for(phase.batch_size)
-        rate = learning_rate_at(run.schedule, phase.step)
-        parts.append(
-            f"batch_size={phase.batch_size} (k={k}, learning rate {rate:.4g}) from update {phase.step + 1} "
-            f"(epoch {phase.epoch + 1})"
-        )
-    return "; ".join(parts)
+    return "; ".join(
+        f"batch_size={phase.batch_size} (k={run.k_for(phase.batch_size)}, learning rate "
+        f"{learning_rate_at(run.schedule, phase.step):.4g}) from update {phase.step + 1} (epoch {phase.epoch + 1})"
+        for phase in run.timeline.phases
+    )
 
 
 def _recut(run: Run, trainer: Trainer, progress: Progress, batch: int, anew: bool) -> None:
