@@ -137,11 +137,8 @@ def run_side(config_path: Path, run_dir: Path, baseline: bool, progress: Progres
 def ratios(baseline: dict, subdivided: dict) -> dict | None:
     if baseline["status"] != "ok" or subdivided["status"] != "ok":
         return None
-    out = {}
-    for key in COST_KEYS:
-        a, b = subdivided["summary"].get(key), baseline["summary"].get(key)
-        out[key] = (a / b) if a is not None and b else None
-    return out
+    pairs = {key: (subdivided["summary"].get(key), baseline["summary"].get(key)) for key in COST_KEYS}
+    return {key: a / b if a is not None and b else None for key, (a, b) in pairs.items()}
 
 
 def check_lines(check: dict) -> list[str]:

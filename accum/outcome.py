@@ -1,19 +1,43 @@
 """What a training process says: one line per epoch, its last line, and how it ends.
 
-The CLI and the core's own child processes (``accum.worker``: a ``--workers``
-worker, a side of ``compare``) print the same lines and end the same way, so
-that a supervisor reads a child as a user reads the CLI: ``ending`` turns the
-exception a run ends with into one line on stderr and its exit code (see
-errors.py), and ``child.last_error`` finds that line again.
+The CLI and the core's own child processes (``accum.worker``: a ``--workers`` worker, a side of ``compare``) print
+the same lines and end the same way, so that a supervisor reads a child as a user reads the CLI: ``ending`` turns the
+exception a run ends with into one line on stderr and its exit code (see errors.py), and ``child.last_error`` finds
+that line again. TensorFlow's own log lines stay off unless asked for (``quiet_tensorflow``): a first run should not
+look like a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from .errors import OUT_OF_MEMORY_LINE, Interrupted, OutOfMemory, TrainingStopped, UserError, WorkersInterrupted
 from .progress import Progress
+
+
+def quiet_tensorflow(verbose: bool, load: bool = True) -> None:
+    """TF_CPP_MIN_LOG_LEVEL=3 silences TensorFlow's logging once it runs (grappler's 'remapper failed' among it);
+    child processes (workers, compare's runs, bench) inherit it. It speaks to the backend and the data layer
+    (tf.data) alike, so it is said before TensorFlow loads, in its environment variable: no import of TensorFlow
+    here. The oneDNN and absl lines printed while TensorFlow loads ignore it, so Keras' import, which loads it, runs
+    with stderr closed. A Python error in the import still shows, after stderr is back. ``load``: import them now (a
+    ``--workers`` supervisor never does)."""
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if not load or "keras" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import keras  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 @contextlib.contextmanager

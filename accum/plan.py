@@ -18,7 +18,7 @@ from collections import Counter
 
 from .config import Config
 from .from_config.advice import split_warnings
-from .from_config.startup import parallel_micro_steps
+from .from_config.build import parallel_micro_steps
 from .trainer.data.batching import largest_micro_batch
 from .trainer.data.timeline import Timeline
 
@@ -80,9 +80,7 @@ def plan(cfg: Config, data=None) -> dict:
         "count": n_train // cfg.batch_size,
         "micro_batches": micro_split(cfg.batch_size, fixed_k) if fixed_k else None,
     }
-    last_batch = None
-    if rest:
-        last_batch = {"size": rest, "micro_batches": micro_split(rest, fixed_k) if fixed_k else None}
+    last_batch = {"size": rest, "micro_batches": micro_split(rest, fixed_k) if fixed_k else None} if rest else None
 
     parameters = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     result = {

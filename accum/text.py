@@ -20,11 +20,6 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
-def mib_text(n_bytes: int | None, missing: str = "n/a") -> str:
-    """Bytes as whole MiB, e.g. '48 MiB'; ``missing`` where nothing was measured."""
-    return f"{n_bytes / 2**20:.0f} MiB" if n_bytes is not None else missing
-
-
 def size_text(n_bytes: int | None, missing: str = "n/a") -> str:
     """Bytes in the largest unit that keeps a whole part, to 4 figures: '36 bytes', '1.417 MiB'; ``missing`` where
     nothing was measured."""

@@ -23,8 +23,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
 
-    from .outcome import EpochLines, ending, last_line
-    from .quiet import quiet_tensorflow
+    from .outcome import EpochLines, ending, last_line, quiet_tensorflow
 
     quiet_tensorflow(verbose=False)
     from .from_config.api import run

@@ -79,8 +79,8 @@ from accum_train.backends.tensorflow.builtin import SEED_STRIDES
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
+from accum_train.from_config.build import parallel_micro_steps
 from accum_train.from_config.optim import make_optimizer
-from accum_train.from_config.startup import parallel_micro_steps
 from accum_train.models import SEED_CHANNELS, build_model
 from accum_train.trainer.data.feed import held
 from accum_train.trainer.runtime import child_environment, thread_pools

@@ -2,7 +2,7 @@
 
 Subcommands: ``run`` trains one config, ``compare`` trains the baseline and the
 subdivided run side by side, ``bench`` measures time and memory against k;
-``plan``, ``evaluate`` and ``predict`` (use.py) and ``export`` (export.py) work
+``plan``, ``evaluate``, ``predict``, ``export`` and ``describe`` (use.py) work
 before and after training; the last three also read a run directory of
 accum_train.fit(output_dir=...), which ``run --resume`` refuses (only that
 call has the model's code and the data to go on with). The commands parse
@@ -25,14 +25,14 @@ from ..defaults import PRECISIONS
 from ..errors import UserError
 from ..from_config.api import resumed
 from ..from_config.source import default_output_dir
-from ..outcome import EpochLines, ending, last_line
-from ..quiet import quiet_tensorflow
-from ..text import mib_text
+from ..outcome import EpochLines, ending, last_line, quiet_tensorflow
 from ..trainer.data.batching import k_for_micro_batch
-from .common import count_option, output_dir_option, set_option, verbose_option
-from .describe import describe
-from .export import export
-from .use import evaluate, plan, predict
+from .use import describe, evaluate, export, output_dir_option, plan, predict, set_option, verbose_option
+
+
+def count_option(name: str, default: int, help_text: str):
+    """A whole number >= 1 with its default shown, e.g. --steps."""
+    return click.option(name, default=default, show_default=True, type=click.IntRange(min=1), help=help_text)
 
 
 class BarProgress(EpochLines):
@@ -278,14 +278,9 @@ def _parse_precisions(text: str) -> list:
     return chosen
 
 
-def threads_text(row: dict) -> str:
-    """The micro-steps in flight and the thread pools a bench worker ran under (0: TensorFlow's default)."""
-    pools = (
-        "defaults"
-        if not row["intra_op_threads"] and not row["inter_op_threads"]
-        else f"intra {row['intra_op_threads']}, inter {row['inter_op_threads']}"
-    )
-    return f"{row['parallel_micro_steps']} in flight, {pools}"
+def mib_text(n_bytes: int | None) -> str:
+    """Bytes as whole MiB, e.g. '48 MiB'; n/a where nothing was measured."""
+    return f"{n_bytes / 2**20:.0f} MiB" if n_bytes is not None else "n/a"
 
 
 def format_bench(result: dict, out_dir: Path) -> str:
@@ -301,13 +296,14 @@ def format_bench(result: dict, out_dir: Path) -> str:
         f"{'TF peak':>9} {'peak RSS':>9} {'time x':>7} {'CPU x':>7} {'memory x':>9}  threads"
     ]
     for r in rows:
-        mem_ratio = r["memory_ratio"]
+        mem_ratio, intra, inter = r["memory_ratio"], r["intra_op_threads"], r["inter_op_threads"]
+        pools = f"intra {intra}, inter {inter}" if intra or inter else "defaults"  # the pools a worker ran under
         lines.append(
             f"{r['precision']:<15} {r['subdivisions']:>4} {r['micro_batch_size']:>6} "
             f"{r['median_s_per_update']:>9.3f} {r['examples_per_s']:>11.0f} "
             f"{1000 * r['cpu_s_per_example']:>15.3f} {mib_text(r['peak_memory_bytes']):>9} "
             f"{mib_text(r['peak_rss_bytes']):>9} {ratio(r['time_ratio']):>7} {ratio(r['cpu_ratio']):>7} "
-            f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}  {threads_text(r)}"
+            f"{(f'{mem_ratio:.2f}x' if mem_ratio else 'n/a'):>9}  {r['parallel_micro_steps']} in flight, {pools}"
         )
     how = (
         f"medians over {result['rounds']} alternating rounds, [min-max] of the per-round ratios"

@@ -90,7 +90,7 @@ def format_plan(result: dict) -> str:
             f"each batch ordered by length, each micro-batch cut after its longest sequence (a multiple of "
             f"{data['trim_padding']} steps)",
         )
-    if result["phases"]:
+    if result["phases"]:  # each phase's line says its last batch
         add("updates", f"{result['total_updates']} in {counted(result['epochs'], 'epoch')}")
         for phase in result["phases"]:
             micro = "one pass" if result["baseline"] else f"k={phase['subdivisions']} of <={phase['micro_batch']}"
@@ -108,18 +108,18 @@ def format_plan(result: dict) -> str:
             f"{result['updates_per_epoch']} per epoch x {counted(result['epochs'], 'epoch')} = "
             f"{result['total_updates']}" + (" at most (fewer as the batch grows)" if rule else ""),
         )
-    if result["phases"]:
-        pass  # each phase's line says its last batch
-    elif last is None:
-        add("last batch", f"none: every batch is full ({data['train_examples']} = {full['count']} x {full['size']})")
-    else:
-        split = (
-            f": {_split_text(last['size'], last['micro_batches'])}"
-            if last["micro_batches"] and not result["baseline"]
-            else ""
-        )
-        only = " (the only batch)" if not full["count"] else ""
-        add("last batch", f"{last['size']} examples{only}{split}")
+        if last is None:
+            add(
+                "last batch", f"none: every batch is full ({data['train_examples']} = {full['count']} x {full['size']})"
+            )
+        else:
+            split = (
+                f": {_split_text(last['size'], last['micro_batches'])}"
+                if last["micro_batches"] and not result["baseline"]
+                else ""
+            )
+            only = " (the only batch)" if not full["count"] else ""
+            add("last batch", f"{last['size']} examples{only}{split}")
     schedule = rate["schedule"]
     settings = [f"{key}={rate[key]}" for key in ("warmup_steps", "decay_steps") if rate[key]]
     scaled = rate["scaled"]

@@ -1,13 +1,13 @@
-"""``accum-train plan``, ``evaluate`` and ``predict``: before and after training.
+"""``accum-train plan``, ``evaluate``, ``predict``, ``export`` and ``describe``: before and after training, and the
+options every command shares.
 
-``plan`` shows what a config will do without training (the split of each
-batch, the updates, the learning rate, warnings); ``evaluate`` measures a
-trained run on its test data and draws its confusion matrix; ``predict``
-gives class probabilities for image or .npz files. Both read a run directory
-of accum_train.fit(output_dir=...) too: evaluate on the arrays of ``--data``,
-predict the model's outputs (per position for a sequence), and for a KerasHub
-task raw .txt or .jsonl text through its own preprocessor. The work is in the core
-(accum_train.plan, .evaluate, .predict); this module parses flags and
+``plan`` shows what a config will do without training (the split of each batch, the updates, the learning rate,
+warnings); ``evaluate`` measures a trained run on its test data and draws its confusion matrix; ``predict`` gives
+class probabilities for image or .npz files; ``export`` writes a run's model as a standard Keras file; ``describe``
+says what a run directory of either door holds, without loading TensorFlow. Evaluate and predict read a run
+directory of accum_train.fit(output_dir=...) too: evaluate on the arrays of ``--data``, predict the model's outputs
+(per position for a sequence), and for a KerasHub task raw .txt or .jsonl text through its own preprocessor. The
+work is in the core (accum_train.plan, .evaluate, .predict, .export, .describe); this module parses flags and
 formats the results. Errors follow the rest of the tool: one line, exit 2.
 """
 
@@ -21,10 +21,21 @@ import click
 from ..config import load_config
 from ..errors import UserError
 from ..files import atomic_write, strict_json
-from ..outcome import ending, scores_text
-from ..quiet import quiet_tensorflow
-from .common import output_dir_option, set_option, verbose_option
+from ..outcome import ending, quiet_tensorflow, scores_text
+from ..text import counted
 from .plan_text import format_plan
+
+
+def set_option(help_text: str):
+    """--set KEY=VALUE, repeatable: a config override."""
+    return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=help_text)
+
+
+def output_dir_option(help_text: str):
+    return click.option("--output-dir", type=click.Path(path_type=Path), default=None, help=help_text)
+
+
+verbose_option = click.option("--verbose", is_flag=True, help="Show TensorFlow's own log lines.")
 
 
 @click.command(short_help="The split of each batch, the updates, the learning rate; trains nothing.")
@@ -235,7 +246,78 @@ def format_predictions(rows: list, top: int) -> str:
     ]
     header = ("input", "prediction", "probability", f"top {k}")
     widths = [max(len(header[i]), *(len(r[i]) for r in table)) for i in range(3)]
-    lines = []
-    for cells in (header, *table):
-        lines.append(f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]:>{widths[2]}}  {cells[3]}")
+    return "\n".join(
+        f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]:>{widths[2]}}  {cells[3]}"
+        for cells in (header, *table)
+    )
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=True, path_type=Path),
+    default=None,
+    help="The .keras file to write (default: RUN_DIR/model.keras; a fit output_dir: RUN_DIR/export.keras).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the output file if it exists (atomically).")
+@verbose_option
+def export(run_dir, output, overwrite, verbose):
+    """Write a run's trained model as a Keras file that keras.models.load_model
+    opens without accum-train (BatchNorm with its trained moving statistics);
+    also the model of a run directory of accum_train.fit at its latest checkpoint.
+
+    \b
+    accum-train export runs/smoke
+    accum-train export runs/smoke --output smoke.keras --overwrite
+    accum-train export runs/tagger --output tagger.keras
+    """
+    quiet_tensorflow(verbose)
+    with ending():
+        from ..export import export_run
+
+        path = export_run(run_dir, output, overwrite)
+    click.echo(f"written: {path}")
+
+
+@click.command(short_help="Which door wrote a run directory, its batch, how far it got, how to go on.")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print it as one JSON document.")
+def describe(run_dir, as_json):
+    """Show what RUN_DIR holds: the door that wrote it ('accum-train run' or accum_train.fit), its batch and
+    micro-batches, the updates logged, the checkpoints kept, whether it finished, and how to go on with it.
+    Reads the files only: nothing is written, and a run that is training is not disturbed.
+
+    \b
+    accum-train describe runs/smoke
+    accum-train describe runs/tagger --json
+    """
+    with ending():
+        from ..describe import describe as describe_run
+
+        result = describe_run(run_dir)
+    click.echo(strict_json(result, indent=2) if as_json else format_description(result))
+
+
+def format_description(d: dict) -> str:
+    k, size = d["subdivisions_in_force"], d["batch_size_in_force"]
+    batch = f"{size} in {counted(k, 'micro-batch', 'micro-batches')}" if k not in (None, "auto") else f"{size} ({k})"
+    state = {
+        "training": f"training (process {d['writer_pid']} writes it)",
+        "finished": "finished",
+        "stopped": "stopped before its end",
+    }[d["state"]]
+    loss = "" if d["last_loss"] is None else f", last loss {d['last_loss']:.4g}"
+    noise = "" if d["noise_scale"] is None else f", noise scale {d['noise_scale']:.4g}"
+    checkpoints = ", ".join(f"ckpt-{n}" for n in d["checkpoints"]) or "none"
+    lines = [
+        f"{d['run_dir']}: written by {d['door']}, {state}",
+        f"  model      {d['model']}" + (f" (its file: {d['model_file']})" if d["model_file"] else ""),
+        f"  batch      {batch}, seed {d['seed']}",
+        f"  progress   {counted(d['updates_logged'], 'update')} logged, {counted(d['epochs_ended'], 'epoch')} ended"
+        f"{loss}{noise}",
+        f"  kept       {checkpoints}",
+    ]
+    if d["next"]:
+        lines.append(f"  go on      {d['next']}")
     return "\n".join(lines)

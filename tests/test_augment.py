@@ -15,7 +15,7 @@ from accum_train.backends.tensorflow.backend import Augment
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.config import AugmentConfig, load_config
 from accum_train.datasets import load
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from accum_train.trainer.data.order import epoch_order
 from accum_train.trainer.store.metrics_log import read_metrics
 from accum_train.trainer.store.rundir import RunDirectory

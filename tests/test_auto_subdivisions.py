@@ -16,7 +16,7 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import OutOfMemory
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from accum_train.progress import Progress
 from click.testing import CliRunner
 from helpers import max_difference, update_records

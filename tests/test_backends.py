@@ -12,8 +12,8 @@ what the sources import, is empty): the TensorLayer nets, which only TensorFlow 
 ``active().built_in``), and accum_train.fit's door (keras_fit/fit.py) loads the Trainer's path, which reads tf.data,
 only on a backend that trains under the Trainer (test_jax_backend.py trains on JAX with TensorFlow unimportable).
 The commands ask the backend for what they need of it (a checkpoint read back, outputs in batches, compare's
-gradient: the backend's backend.py); keras_private reaches Keras' internals through keras.tree; quiet sets
-TensorFlow's environment before Keras loads it.
+gradient: the backend's backend.py); keras_private reaches Keras' internals through keras.tree; outcome's
+quiet_tensorflow sets TensorFlow's environment before Keras loads it.
 """
 
 import ast
@@ -44,7 +44,7 @@ CLEAN = [
     "accum/trainer/store/metrics_log.py",
     "accum/trainer/store/lock.py",
     "accum/backends/__init__.py",
-    *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "quiet", "models/to_keras")),
+    *(f"accum/{m}.py" for m in ("loader", "predict", "reload", "keras_private", "outcome", "models/to_keras")),
     "accum/keras_fit/checks.py",
     "accum/keras_fit/fit.py",
     "accum/models/__init__.py",

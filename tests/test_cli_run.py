@@ -15,7 +15,7 @@ import yaml
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import Interrupted
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from click.testing import CliRunner
 from helpers import InterruptAt, max_difference, records
 
@@ -363,7 +363,7 @@ def test_a_run_starts_quietly_unless_verbose(tmp_path, repo_root):
     assert done.stderr == ""
     assert done.stdout.splitlines()[-1].startswith("test accuracy ")
     check = (
-        "import os, sys; from accum_train.quiet import quiet_tensorflow; quiet_tensorflow(True); "
+        "import os, sys; from accum_train.outcome import quiet_tensorflow; quiet_tensorflow(True); "
         "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), 'tensorflow' in sys.modules)"
     )
     verbose = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, env=env)

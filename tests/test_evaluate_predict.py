@@ -23,7 +23,7 @@ from accum_train.config import load_config
 from accum_train.datasets import load
 from accum_train.datasets.base import to_inputs
 from accum_train.datasets.fashion_mnist import CLASS_NAMES
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from accum_train.reload import load_run
 from click.testing import CliRunner
 from PIL import Image

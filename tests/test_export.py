@@ -22,7 +22,7 @@ from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.datasets import load
 from accum_train.export import export_run
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from accum_train.reload import load_run
 from click.testing import CliRunner
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 from accum_train.cli.main import main
 from accum_train.config import load_config
 from accum_train.errors import TrainingStopped
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from accum_train.reload import load_run
 from click.testing import CliRunner
 from helpers import poison, records

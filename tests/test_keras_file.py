@@ -28,8 +28,8 @@ from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
 from accum_train.datasets import load
 from accum_train.errors import ConfigError, Interrupted, UserError
+from accum_train.from_config.lifecycle import train
 from accum_train.from_config.optim import make_optimizer
-from accum_train.from_config.run import train
 from accum_train.models import KerasModel, build_model
 from accum_train.trainer.data.order import epoch_order
 from click.testing import CliRunner

@@ -321,8 +321,8 @@ def test_the_checks_see_what_they_check(tmp_path):
 
     assert f"{PACKAGE}.files" in of(f"{DATASETS}.fashion_mnist")
     assert {f"{PACKAGE}.config", f"{PACKAGE}.errors"} <= of(f"{PACKAGE}.from_config.source", True)
-    assert f"{PACKAGE}.from_config.run" in of(f"{PACKAGE}.from_config.api")  # inside run()
-    assert f"{PACKAGE}.from_config.run" not in of(f"{PACKAGE}.from_config.api", True)
+    assert f"{PACKAGE}.from_config.lifecycle" in of(f"{PACKAGE}.from_config.api")  # inside run()
+    assert f"{PACKAGE}.from_config.lifecycle" not in of(f"{PACKAGE}.from_config.api", True)
     assert f"{PACKAGE}.from_config.api" in of(PACKAGE)  # the root's own imports are read
     assert f"{PACKAGE}.cli.main" in imports(ROOT / "tests" / "test_worker.py", "tests.test_worker", modules)
     # a room's sub-rooms are read too (trainer/store/), their ``...`` and ``..`` resolved from their depth

@@ -10,7 +10,7 @@ import tensorflow as tf
 import yaml
 from accum_train.config import load_config
 from accum_train.errors import Interrupted, TrainingStopped
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from accum_train.from_config.source import resume_config
 from accum_train.progress import Progress
 from accum_train.trainer.store.rundir import RunDirectory

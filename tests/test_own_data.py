@@ -23,7 +23,7 @@ from accum_train.datasets import load, npz
 from accum_train.datasets.base import ArraySplit
 from accum_train.datasets.image_folder import FileSplit, read_image
 from accum_train.errors import DataError, Interrupted
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from click.testing import CliRunner
 from helpers import InterruptAt, iterated_autotuning, load_file, max_difference
 from PIL import Image

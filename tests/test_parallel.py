@@ -12,7 +12,7 @@ import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.config import ModelConfig, OptimizerConfig, config_from_dict
-from accum_train.from_config import startup
+from accum_train.from_config import build
 from accum_train.from_config.optim import make_optimizer
 from accum_train.models import build_model
 from accum_train.trainer import runtime
@@ -110,7 +110,7 @@ BASE = {"batch_size": 256, "subdivisions": 8}
 def test_parallel_micro_steps_auto_and_configured(monkeypatch, changes, gpu, cores, expected):
     monkeypatch.setattr(runtime, "cpu_cores", lambda: cores)
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["gpu:0"] if gpu else [])
-    assert startup.parallel_micro_steps(config_from_dict({**BASE, **changes})) == expected
+    assert build.parallel_micro_steps(config_from_dict({**BASE, **changes})) == expected
 
 
 def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
@@ -119,14 +119,14 @@ def test_configure_in_a_started_runtime_keeps_its_pools_and_says_so():
         tf.config.threading.get_intra_op_parallelism_threads(),
         tf.config.threading.get_inter_op_parallelism_threads(),
     )
-    got = startup.configure(config_from_dict(BASE))
+    got = build.configure(config_from_dict(BASE))
     assert (got["intra_op_threads"], got["inter_op_threads"]) == before
-    assert got["parallel_micro_steps"] == startup.parallel_micro_steps(config_from_dict(BASE))
+    assert got["parallel_micro_steps"] == build.parallel_micro_steps(config_from_dict(BASE))
 
 
 NOT_STARTED = """
 import accum_train.cli.main, accum_train.worker, accum_train.bench
-import accum_train.from_config.api, accum_train.from_config.run
+import accum_train.from_config.api, accum_train.from_config.lifecycle
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)  # RuntimeError once TensorFlow's runtime has started
 """
@@ -185,7 +185,7 @@ CONFIGURE = """
 import json
 import tensorflow as tf
 from accum_train.config import config_from_dict
-from accum_train.from_config.startup import configure
+from accum_train.from_config.build import configure
 reported = configure(config_from_dict({"batch_size": 256, "subdivisions": 8}))
 tf.constant(1.0)  # the runtime starts with what configure left for it
 print(json.dumps({**reported, "set_in_process": [tf.config.threading.get_intra_op_parallelism_threads(),

@@ -13,8 +13,8 @@ from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.backends.tensorflow.objective import sparse_softmax_loss
 from accum_train.cli.main import main
 from accum_train.config import ModelConfig, OptimizerConfig, load_config
+from accum_train.from_config.lifecycle import train
 from accum_train.from_config.optim import make_optimizer
-from accum_train.from_config.run import train
 from accum_train.models import build_model
 from accum_train.trainer.store.metrics_log import read_metrics
 from click.testing import CliRunner

@@ -14,7 +14,7 @@ from accum_train import UserError
 from accum_train.config import as_config, load_config
 from accum_train.datasets.python import import_factory
 from accum_train.errors import Interrupted
-from accum_train.from_config.run import train
+from accum_train.from_config.lifecycle import train
 from helpers import InterruptAt, iterated_autotuning, max_difference, update_records
 
 N = 50

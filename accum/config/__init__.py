@@ -6,11 +6,6 @@ applies ``--set key=value`` overrides, checks every key and value against the
 dataclasses here, and returns a frozen ``Config``. Nothing else in the project
 reads raw dicts. Each error names the key, the value and what is allowed, in
 one line, and says where the value came from (the file or ``--set``).
-
-One module per job: ``schema`` (the ``Config`` and its top-level keys), ``sections`` (the registries of names
-and the nested sections' keys, their defaults and help), ``parse`` (YAML and overrides), ``values`` (each key and
-value against its type, range and choices), ``rules`` (what ties keys together), ``wording`` (how errors name
-values and where they came from).
 """
 
 from ..errors import ConfigError

@@ -27,12 +27,9 @@ def resolve_batches(cfg: Config, batch_size_given: bool, source: str, overridden
     where = _blamer(source, overridden)
 
     if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
-        # --set of one over the file's other: the later word wins, as for any key
-        by_set = {key: _came_from_set(key, overridden) for key in ("subdivisions", "micro_batch_size")}
-        if by_set["micro_batch_size"] and not by_set["subdivisions"]:
-            cfg = dataclasses.replace(cfg, subdivisions=None)
-        elif by_set["subdivisions"] and not by_set["micro_batch_size"]:
-            cfg = dataclasses.replace(cfg, micro_batch_size=None)
+        by_set, micro_by_set = (_came_from_set(key, overridden) for key in ("subdivisions", "micro_batch_size"))
+        if by_set != micro_by_set:  # --set of one over the file's other: the later word wins, as for any key
+            cfg = dataclasses.replace(cfg, **{"subdivisions" if micro_by_set else "micro_batch_size": None})
     if cfg.subdivisions is not None and cfg.micro_batch_size is not None:
         raise ConfigError(
             f"{where('subdivisions', 'micro_batch_size')}: give subdivisions or micro_batch_size, not both "
@@ -113,10 +110,6 @@ def _check_rule(cfg: Config, where) -> None:
             f"{where('batch_schedule', 'batch_size')}: batch_schedule max_batch_size={rule.max_batch_size} is "
             f"smaller than batch_size={cfg.batch_size} (the rule never shrinks the batch): raise max_batch_size"
         )
-
-
-def _check_rule_relations(cfg: Config, where) -> None:
-    rule = cfg.batch_rule
     if rule.every_epochs >= cfg.epochs:
         raise ConfigError(
             f"{where('batch_schedule', 'epochs')}: batch_schedule every_epochs={rule.every_epochs} leaves no epoch "
@@ -153,8 +146,6 @@ def check_relations(cfg: Config, source: str, overridden: set) -> None:
             f"{where('subdivisions', 'batch_size')}: subdivisions={cfg.subdivisions} "
             f"must be <= batch_size={cfg.batch_size} (a micro-batch holds at least one example)"
         )
-    if cfg.batch_rule is not None:
-        _check_rule_relations(cfg, where)
     if cfg.batch_changes:
         if cfg.auto_subdivisions:
             raise ConfigError(

@@ -14,6 +14,7 @@ import typing
 from typing import Union
 
 from ..errors import ConfigError
+from .rules import DATA_KEYS_FOR
 from .sections import BatchChange, BatchRule, DataConfig
 from .wording import _blamer, _came_from_set, _show, parse_size
 
@@ -47,17 +48,10 @@ def _hint(key: str, valid: typing.Sequence[str], prefix: str = "") -> str:
     return "valid keys: " + ", ".join(valid)
 
 
-# What data.name=python reads itself; every other key under data: is the factory's.
+# What data.name=python reads itself, every other key under data: being the factory's: the keys no other loader owns
+# (rules.DATA_KEYS_FOR), and trim_padding, which rules.py refuses for it in its own words.
 PYTHON_DATA_KEYS = (
-    "name",
-    "factory",
-    "shuffle_buffer",
-    "options",
-    "shuffle",
-    "train_limit",
-    "test_limit",
-    "validation",
-    "augment",
+    *(f.name for f in dataclasses.fields(DataConfig) if "python" in DATA_KEYS_FOR.get(f.name, ("python",))),
     "trim_padding",
 )
 
@@ -206,20 +200,16 @@ def _check_objective(kind: str, value, key: str, where: str):
             return item
         if not isinstance(item, list) or not all(isinstance(name, str) and name.strip() for name in item):
             raise ConfigError(f"{where}: {at}={_show(item)} must be {one}")
-        return tuple(item)
+        return list(item)
 
     if isinstance(value, dict):
         if not value:
             raise ConfigError(f"{where}: {key}={{}} is empty: give {one}, or one per output, e.g. {example}")
         # lists, not tuples, inside a mapping: config.yaml is written with YAML's safe dumper
-        return {str(name): _listed(entry(item, f"{key}.{name}")) for name, item in value.items()}
+        return {str(name): entry(item, f"{key}.{name}") for name, item in value.items()}
     if kind == "loss" and isinstance(value, list):
         raise ConfigError(f"{where}: {key}={_show(value)} must be {one}, or a mapping per output name, e.g. {example}")
-    return entry(value, key)
-
-
-def _listed(value):
-    return list(value) if isinstance(value, tuple) else value
+    return entry(value, key) if kind == "loss" else tuple(entry(value, key))
 
 
 def _check_range(value, meta, key, where):
@@ -232,14 +222,9 @@ def _check_range(value, meta, key, where):
 
 def _range_text(meta) -> str:
     lo, hi = meta.get("min"), meta.get("max")
-    if lo is None and hi is None:
-        return ""
-    parts = []
-    if lo is not None:
-        parts.append(f"{'>' if meta.get('exclusive_min') else '>='} {lo}")
-    if hi is not None:
-        parts.append(f"<= {hi}")
-    return " " + " and ".join(parts)
+    parts = [] if lo is None else [f"{'>' if meta.get('exclusive_min') else '>='} {lo}"]
+    parts += [] if hi is None else [f"<= {hi}"]
+    return " " + " and ".join(parts) if parts else ""
 
 
 def _expected(tp, meta) -> str:

@@ -86,7 +86,7 @@ def run(
         from ..on_keras import train as train_with_fit
 
         return train_with_fit(cfg, run_dir, progress, resume is not None)
-    from .run import train
+    from .lifecycle import train
 
     return train(cfg, run_dir, progress=progress, resume=resume is not None)
 

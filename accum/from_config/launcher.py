@@ -91,10 +91,10 @@ class _Worker:
             if self.index == 0:
                 say(line.rstrip("\n"))
 
-    def stop(self, sig=signal.SIGKILL):
+    def stop(self):
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def finish(self):
         self.process.wait()
@@ -170,9 +170,7 @@ def _watch(pool: list, timeout_s: float) -> tuple:
             worker.stop()
     for worker in pool:
         worker.finish()
-    if failure is None:
-        return 0, None
-    return exit_code, failure
+    return (0, None) if failure is None else (exit_code, failure)
 
 
 def _stopped_together(pool: list, timeout_s: float) -> str:

@@ -1,22 +1,25 @@
-"""A built run (run_parts.Run) from its start to its summary: ``train(run, run_dir, writer, ...)``.
+"""The CLI's run of a config, from its start to its summary: ``train(cfg, run_dir)`` resolves the config into what
+the trainer takes and hands it over.
 
-The Trainer (trainer/trainer.py) runs its course, as it runs fit's: the run
-directory locked, the newest intact checkpoint restored or the automatic
-micro-batches probed, the loop, summary.json. What is the CLI's is here, in
-``ConfigRunDir``: ``--resume`` (k adapted to other replicas), config.yaml and
-run.json's fields, the lines a run starts with, weights.npz; run_hooks.RunHooks is
-its side of the loop. The front end (from_config/run.py) has built the run
-before: bad input has left nothing behind. A resume continues from the latest
-checkpoint with the same data order, reaching the weights an uninterrupted run
-would.
+Before anything is written, it sets up the runtime (thread pools, the backend's strategy), loads and checks the
+data for the model the run builds (a resume's, and a worker's, from the run directory's copy), checks the output
+directory and builds the run (build.build_run: the model and its objective, the optimizer and the accumulator):
+bad input leaves nothing behind. The Trainer (trainer/trainer.py) then runs its course, as it runs fit's: the run
+directory locked, the newest intact checkpoint restored or the automatic micro-batches probed, the loop,
+summary.json. What is the CLI's is here, in ``ConfigRunDir``: ``--resume`` (k adapted to other replicas),
+config.yaml and run.json's fields, the lines a run starts with, weights.npz; run_hooks.RunHooks is its side of the
+loop. A resume continues from the latest checkpoint with the same data order, reaching the weights an
+uninterrupted run would.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 
 from ..backends import active
-from ..config import load_run_config
+from ..config import Config, load_run_config
 from ..errors import RunDirError
 from ..files import atomic_write
 from ..processes import announce_started, restarts
@@ -25,21 +28,50 @@ from ..trainer.data.batching import k_for_micro_batch
 from ..trainer.data.order import describe_split, largest_micro_batch
 from ..trainer.memory import probe
 from ..trainer.store.checkpoints import newest_intact_checkpoint
-from ..trainer.store.rundir import MODEL_COPY, RunDirectory, save_weights, write_record
+from ..trainer.store.rundir import MODEL_COPY, RunDirectory, check_output_dir, save_weights, write_record
 from ..trainer.trainer import Trainer
 from .advice import split_warnings
+from .build import build_run, configure, load_data
 from .run_hooks import RunHooks
 from .run_parts import Run
+from .source import model_source
 
 
 def train(
-    run: Run, run_dir: Path, writer: bool, progress: Progress, resume: bool, threads: dict, started: tuple
+    cfg: Config,
+    run_dir: Path | None,
+    progress: Progress | None = None,
+    resume: bool = False,
+    data=None,
 ) -> dict:
-    """Train ``run`` in ``run_dir`` to its end; summary.json's content. ``writer``: this process writes the run
-    directory (the chief; holding its writer lock from before its first write to its return), another worker
-    writes a scratch folder (rundir.RunDirectory); ``threads``: what startup.configure set up, for the summary;
-    ``started``: (wall, CPU) time the run began at."""
-    directory = ConfigRunDir(run, run_dir, writer, progress, resume, threads, started)
+    """Train as configured, leaving a complete run directory; returns summary.json's content.
+
+    Under a multi-worker strategy every worker calls this; only the chief writes
+    ``run_dir``, the others write their (required) checkpoints to a scratch folder
+    (rundir.RunDirectory)."""
+    threads = configure(cfg)  # before any op: thread pools are fixed when the runtime starts
+    strategy = None
+    if cfg.strategy.name != "default":
+        strategy = active().make_strategy(cfg.strategy.name, cfg.strategy.cpu_devices)  # before any other op
+    chief = active().is_chief(strategy)  # the process that writes the run directory (any process outside a cluster)
+    progress = progress or Progress()
+    if data is None or data.for_model is None:
+        # the model file: a resume's copy of it, and a worker's beside the chief (the same bytes as the chief's)
+        source = model_source(cfg, run_dir if resume or not chief else None)
+        if data is None:
+            # before anything is written: bad data leaves no trace
+            data = load_data(cfg, run_dir if resume else None, source)
+        else:
+            data = dataclasses.replace(data, for_model=source)
+    run_dir = Path(run_dir)
+    if not chief:
+        progress = Progress()  # the chief reports
+    elif not resume:
+        check_output_dir(run_dir)
+    # (wall, CPU) time from here: the summary's times include building the model
+    started = time.time(), time.process_time()
+    run = build_run(cfg, data, strategy)  # before any write: a model that does not fit leaves no trace
+    directory = ConfigRunDir(run, run_dir, chief, progress, resume, threads, started)
     directory.hooks = hooks = RunHooks(run, directory, progress)
     network = getattr(run.model, "network", None)  # a keras_file's Keras model (rematerialised); None: TensorLayer
     trainer = hooks.trainer = Trainer(run.spec, run.engine, network, run.noise, run.cfg.batch_size, progress.message)
@@ -49,8 +81,10 @@ def train(
 class ConfigRunDir(RunDirectory):
     """The run directory of a config's run, with what is the CLI's: ``--resume`` (which must find an intact
     checkpoint), config.yaml, run.json's data and the model file's copy, the lines a run starts with, weights.npz
-    and summary.json's fields of a config. ``first_step``: the update the loop starts from; ``hooks``: the CLI's side
-    of the loop (run_hooks.RunHooks)."""
+    and summary.json's fields of a config. ``writer``: this process writes it (the chief, holding its writer lock
+    from before its first write to its return), another worker a scratch folder; ``threads``: what build.configure
+    set up, for the summary; ``started``: (wall, CPU) time the run began at; ``first_step``: the update the loop
+    starts from; ``hooks``: the CLI's side of the loop (run_hooks.RunHooks)."""
 
     def __init__(self, run, run_dir, writer, progress, resume, threads, started):
         flag = "--resume " if resume else "--output-dir "
@@ -95,15 +129,17 @@ class ConfigRunDir(RunDirectory):
             )
         if cfg.baseline:
             return
-        if self.cut_before is not None and self.cut_before != (cfg.subdivisions, cfg.micro_batch_size):
-            _cut_anew(run, trainer, self.progress, run.timeline.batch_size(step))
-        else:
-            _adapt_to_replicas(run, trainer, self.progress, run.timeline.batch_size(step))
+        anew = self.cut_before is not None and self.cut_before != (cfg.subdivisions, cfg.micro_batch_size)
+        _recut(run, trainer, self.progress, run.timeline.batch_size(step), anew)
 
     def write_records(self, spec) -> None:
         run, data, local = self.run, self.run.data, self.local
         local.mkdir(parents=True, exist_ok=True)
-        keep_model_file(local, data.for_model.config)  # a worker copies the run directory's copy
+        # a keras_file run's copy of its model file, which resume, export, evaluate and predict rebuild the model
+        # from (a worker copies the run directory's copy)
+        model = data.for_model.config
+        if model.name == "keras_file" and not (local / MODEL_COPY).is_file():
+            atomic_write(local / MODEL_COPY, Path(model.path).read_bytes())
         # not in run.json: the user's file of the config as resolved (docs/configuration.md), which --resume reads
         text = run.cfg.to_yaml() + scaled_rate_note(run)
         if not (local / "config.yaml").is_file() or (local / "config.yaml").read_text() != text:
@@ -147,12 +183,7 @@ def adapt_subdivisions(batch_size: int, replicas_before: int, k_before: int, rep
 
 def _say_split(run: Run, trainer: Trainer, resumed: bool, progress: Progress) -> None:
     """How the batch in force is split (k set for it), the batch schedule, plan's warnings (a start only), what
-    the noise scale and the precision will do.
-
-    A resume on another number of replicas keeps the global batch, the data
-    order and the schedule (all counted in updates) and changes only how a
-    replica cuts its share: k is adapted so that no micro-batch is larger than
-    before (re-probed with subdivisions=auto; ``_adapt_to_replicas``)."""
+    the noise scale and the precision will do."""
     cfg = run.cfg
     step = min(trainer.directory.first_step, run.total_steps - 1)
     batch = run.timeline.batch_size(step)
@@ -206,59 +237,35 @@ def describe_phases(run: Run) -> str:
     """The batch schedule as run: each batch size, its k and learning rate, and the update it starts at."""
     from ..trainer.optim import learning_rate_at
 
-    parts = []
-    for phase in run.timeline.phases:
-        k = run.k_for(phase.batch_size)
-        rate = learning_rate_at(run.schedule, phase.step)
-        parts.append(
-            f"batch_size={phase.batch_size} (k={k}, learning rate {rate:.4g}) from update {phase.step + 1} "
-            f"(epoch {phase.epoch + 1})"
-        )
-    return "; ".join(parts)
+    return "; ".join(
+        f"batch_size={phase.batch_size} (k={run.k_for(phase.batch_size)}, learning rate "
+        f"{learning_rate_at(run.schedule, phase.step):.4g}) from update {phase.step + 1} (epoch {phase.epoch + 1})"
+        for phase in run.timeline.phases
+    )
 
 
-def _adapt_to_replicas(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
-    """After a restore: keep k if the replicas are as checkpointed, else adapt (or re-probe) it and say so.
-    ``batch``: the batch size in force."""
-    cfg = run.cfg
-    before, k_before = int(run.saved_replicas.numpy()), run.subdivisions
-    if before == run.replicas:
+def _recut(run: Run, trainer: Trainer, progress: Progress, batch: int, anew: bool) -> None:
+    """After a restore, k for ``batch``, the batch size in force. ``anew``: the resume's config cuts the batch
+    otherwise than the checkpoint's, and its k wins over the checkpoint's (auto: measured again, as a start does).
+    Else a resume on another number of replicas keeps the global batch, the data order and the schedule (all
+    counted in updates) and changes only how a replica cuts its share: k is adapted so that no micro-batch is larger
+    than before (re-probed with subdivisions=auto under a memory_limit). Said in one line."""
+    cfg, k_before, before = run.cfg, run.subdivisions, int(run.saved_replicas.numpy())
+    if not anew and before == run.replicas:
         return
-    if cfg.micro_batch_size is not None:
-        run.follow_batch(batch)
-    elif cfg.auto_subdivisions and cfg.memory_limit is not None:
+    if cfg.auto_subdivisions and (anew or cfg.memory_limit is not None):
         run.engine.set_subdivisions(1)
         probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
+    elif anew or cfg.micro_batch_size is not None:
+        run.engine.set_subdivisions(cfg.subdivisions_for(batch, run.replicas))
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)
     micro = largest_micro_batch(batch, run.replicas, run.subdivisions)
-    progress.message(
-        f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
-        f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before); batch_size, data order, "
-        f"learning-rate schedule and update count unchanged"
+    said = (
+        f"subdivisions {k_before} -> {run.subdivisions} since the checkpoint (micro-batches of up to {micro} examples"
+        if anew
+        else f"replicas changed since the checkpoint: {before} -> {run.replicas}; subdivisions {k_before} -> "
+        f"{run.subdivisions} (micro-batches of up to {micro} examples, at most as before"
     )
-
-
-def _cut_anew(run: Run, trainer: Trainer, progress: Progress, batch: int) -> None:
-    """After a restore, where the resume's config cuts the batch otherwise than the checkpoint's: its k wins over
-    the checkpoint's (auto: measured again, as a start does). ``batch``: the batch size in force."""
-    k_before, cfg = run.subdivisions, run.cfg
-    if cfg.auto_subdivisions:
-        run.engine.set_subdivisions(1)
-        probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
-    else:
-        run.engine.set_subdivisions(cfg.subdivisions_for(batch, run.replicas))
-    run.saved_replicas.assign(run.replicas)
-    progress.message(
-        f"subdivisions {k_before} -> {run.subdivisions} since the checkpoint (micro-batches of up to "
-        f"{largest_micro_batch(batch, run.replicas, run.subdivisions)} examples); batch_size, data order, "
-        f"learning-rate schedule and update count unchanged"
-    )
-
-
-def keep_model_file(run_dir: Path, model_cfg) -> None:
-    """A keras_file run's copy of its model file (rundir.MODEL_COPY), which resume, export, evaluate and predict
-    rebuild the model from."""
-    if model_cfg.name == "keras_file" and not (Path(run_dir) / MODEL_COPY).is_file():
-        atomic_write(Path(run_dir) / MODEL_COPY, Path(model_cfg.path).read_bytes())
+    progress.message(f"{said}); batch_size, data order, learning-rate schedule and update count unchanged")

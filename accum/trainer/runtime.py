@@ -1,7 +1,7 @@
 """What the runtime is and is given, for either door: the micro-steps in flight ``auto`` chooses and the thread
 pools that go with them, and the cluster this process is in; what only the framework knows (a GPU, a strategy's
 kind and name, who writes the run) the backend says (accum/backends/). A config's own set-up of the
-runtime (its pools, its strategy) is the CLI's: from_config/startup.py and run.py, through the backend.
+runtime (its pools, its strategy) is the CLI's: from_config/build.py and lifecycle.py, through the backend.
 
 Threads, measured on the 2-core development machine (README, "Where the time
 goes"): a micro-batch of 32 is too small for TensorFlow's intra-op threads to
