@@ -6,6 +6,7 @@ import gc
 import importlib.util
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import weakref
@@ -19,6 +20,12 @@ import tensorflow as tf
 # KerasHub tasks at import are left out of the collection, not failed in it
 HUB_FILES = ("test_fit_hub.py", "test_fit_dir_readers.py", "test_jax_hub.py")
 collect_ignore = [] if importlib.util.find_spec("keras_hub") else list(HUB_FILES)
+
+# The suite started as a background job of a non-interactive shell (`make test &`) inherits SIGINT ignored, and a run
+# leaves an ignored SIGINT ignored (rundir.StopFlag): the in-process signal tests would see no stop. They send
+# SIGINT to this process as Ctrl-C would reach a foreground run, so it is Python's default here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Every test process runs under the same thread pools, whichever test starts TensorFlow's runtime first
 # (a run's threads.configure would otherwise fix them for the rest of the session) and however
