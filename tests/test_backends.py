@@ -52,9 +52,10 @@ CLEAN = [
     "accum/keras_fit/inputs.py",
     "accum/keras_fit/rundir.py",
 ]
-# Where tf.data may stay: the feed and the feeds its one dispatch picks (trainer/data/sources.py), trim_padding's cut
-# in its pipeline (feed), KerasHub's preprocessed batches (task_feed), and the loaders.
-DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "sources", "stream_feed", "task_feed")}
+# Where tf.data may stay: the feed (with trim_padding's cut in its pipeline), the feeds that the one dispatch
+# (trainer/data/sources.py, which speaks no TensorFlow itself) picks, KerasHub's preprocessed batches (task_feed), and
+# the loaders.
+DATA_LAYER = {f"{PACKAGE}.trainer.data.{m}" for m in ("feed", "array_feed", "stream_feed", "task_feed")}
 # The next to move (the module docstring says why each speaks TensorFlow): a module made clean leaves this list.
 STILL_SPEAKING: set[str] = set()
 

@@ -202,7 +202,7 @@ def test_fit_gathers_from_its_own_copy_of_the_caller_s_arrays():
     """accum_train.fit's arrays are the caller's: an edit of them after fit has stored them (a callback's) is not
     what it trains on, even where the caller's array could be read in place."""
     from accum_train.datasets.base import in_place
-    from accum_train.trainer.data.sources import ArrayFeed
+    from accum_train.trainer.data.array_feed import ArrayFeed
 
     x, y = in_place(np.arange(12, dtype=np.float32).reshape(6, 2)), in_place(np.arange(6, dtype=np.int32))
     feed = ArrayFeed(x, y, None, None, batch_size=2, shuffle=False, seed=0, steps_per_epoch=None)

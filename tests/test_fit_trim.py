@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 from accum_train.backends.tensorflow.engine import Accumulator
 from accum_train.defaults import TRIM_MULTIPLE
+from accum_train.trainer.data.array_feed import ArrayFeed
 from accum_train.trainer.data.batching import Cut
 from accum_train.trainer.data.lengths import check_trimmable
-from accum_train.trainer.data.sources import ArrayFeed
 from accum_train.trainer.data.stream_feed import DatasetFeed
 from helpers import max_difference
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 from accum_train.errors import UserError
-from accum_train.trainer.data.sources import ArrayFeed
+from accum_train.trainer.data.array_feed import ArrayFeed
 
 pytest.importorskip("jax")
 

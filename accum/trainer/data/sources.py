@@ -1,10 +1,11 @@
 """One dispatch from a data source to the feed that serves it, both doors': ``feed_for`` asks ``kind`` (conversion.py)
 what a source is. A datasets/ split (the CLI's: Fashion-MNIST, npz, a task's arrays, image folders; a factory's
 stream) is fed an epoch at a time by ``Feed``; accum_train.fit's arrays (numpy or anything numpy reads, held tensors;
-dicts and lists of them for several inputs or outputs) by ``ArrayFeed``, a ``tf.data.Dataset`` (of batches, or of
-single examples with ``batch_size``; KerasHub's preprocessed batches too) or a ``keras.utils.PyDataset`` by
-``DatasetFeed``, a Python generator (any iterator) of batches by ``GeneratorFeed`` (stream_feed.py); what a source
-gives itself (y, batch_size) is refused here, once.
+dicts and lists of them for several inputs or outputs) by ``ArrayFeed`` (array_feed.py), a ``tf.data.Dataset`` (of
+batches, or of single examples with ``batch_size``; KerasHub's preprocessed batches too) or a
+``keras.utils.PyDataset`` by ``DatasetFeed``, a Python generator (any iterator) of batches by ``GeneratorFeed``
+(stream_feed.py); what a source gives itself (y, batch_size) is refused here, once. This dispatch imports no
+TensorFlow: the feeds it picks do.
 
 Every source becomes a ``tf.data`` pipeline (the data layer Keras reads on every backend) of this process's
 micro-batches in pull order, (data, where), cut as batching.Cut cuts a batch (a stream's, known once read, chunk
@@ -19,16 +20,14 @@ nothing; under several workers tf.distribute then needs no collective per pull t
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from ... import keras_private
-from ...datasets.base import stored
 from ...defaults import ARRAY_BATCH_SIZE
 from ...errors import UserError
-from .arrays import Arrays, check_schedule
-from .batching import Cut
+from .array_feed import ArrayFeed
+from .arrays import check_schedule
 from .conversion import WHERE, kind
-from .feed import Feed, Held, any_length, by_plan, endless
+from .feed import Feed
 from .stream_feed import DatasetFeed, GeneratorFeed
 
 
@@ -80,39 +79,3 @@ def _leave_out(given, source: str, why: str = "") -> None:
     for what, value in given:
         if value is not None:
             raise UserError(f"{WHERE}: {source}: leave {what} out{why}")
-
-
-class ArrayFeed(Arrays):
-    """Arrays in memory (arrays.Arrays), read through tf.data; ``trim``: cut each micro-batch's time axis to a multiple
-    of it (trim_padding)."""
-
-    def __init__(self, x, y, sample_weight, class_weight, *, trim=0, **settings):
-        super().__init__(x, y, sample_weight, class_weight, **settings)
-        arrays = self.arrays
-        # once, in host memory: what every epoch gathers from; a copy, as the caller's arrays may change while
-        # fit trains (a callback's in-place edit), and what it trains on must not
-        self.stored = tf.nest.map_structure(lambda a: stored(a, copy=True), arrays)
-        self.parallel_gather = tf.data.AUTOTUNE
-        self.trim = int(trim)  # 0, or cut each micro-batch's time axis to a multiple of it (trim_padding)
-        self.held = self.timed = self.steps = None
-        if self.trim:  # each batch's examples longest first (feed.by_plan asks for by_length)
-            self.held = Held(arrays, self.trim, WHERE)
-            self.timed, self.steps, self.by_length = self.held.timed, self.held.steps, self.held.by_length
-
-    @property
-    def element_spec(self):
-        spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.stored)
-        return any_length(spec, self.timed) if self.trim else spec
-
-    def gather(self, indices):
-        """Examples ``indices`` (a tensor) of every array (feed.gathered's ``gather``); with ``trim``, the time axis
-        cut after the longest of them, rounded up to a multiple of ``trim``."""
-        rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.stored)
-        return self.held.cut(rows, indices) if self.trim else rows
-
-    def dataset(self, epoch: int, first: int, cut: Cut, pad: bool = True, again: bool = False) -> tf.data.Dataset:
-        """This process's elements for updates ``first``.. of ``epoch`` (0-based) (``pad``: then endless
-        empty ones)."""
-        order, segments = self.segments(epoch, first)
-        elements = by_plan(self, order, epoch, segments, lambda _: cut.k, cut.replicas, cut.local)[0]
-        return endless(elements) if pad else elements
