@@ -8,11 +8,10 @@ cannot take, ``tf.errors.InvalidArgumentError``. The commands' calls (a checkpoi
 compare's gradient, the spec of a batch of any size that fit's checks read) are answered here; their checkpoint is
 tf.train.Checkpoint's (a JAX backend answers them from the files its own saving writes). So is ``check_trim``, the
 check that trim_padding's cut (accum/trainer/data/feed.py; the policy: lengths.py) changes nothing the update
-computes. A checkpoint (checkpoints.py)
-holds the engine's counters as tf.Variables, by the names ``engine_state`` gives them, and a door's own run state as a
-``state_variable``. The allocator's peak is read here: ``peak_during`` is the one probe, which runs a piece of work and
-reads the peak over it (the memory guard, ``subdivisions: auto``'s probe, bench and summary.json use it; tests replace
-``allocator_peak_bytes`` here to fake a peak).
+computes. A checkpoint (checkpoints.py) holds the engine's counters as tf.Variables, by the names ``engine_state``
+gives them, and a door's own run state as a ``state_variable``. The allocator's peak is read here: ``peak_during`` is
+the one probe, which runs a piece of work and reads the peak over it (the memory guard, ``subdivisions: auto``'s
+probe, bench and summary.json use it; tests replace ``allocator_peak_bytes`` here to fake a peak).
 """
 
 from __future__ import annotations
