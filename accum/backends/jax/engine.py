@@ -188,8 +188,7 @@ class Accumulator:
             (self.objective.metric_variables, held[1]),
             (self.optimizer.variables, optimizer_values),
         ):
-            for variable, value in zip(variables, values):
-                variable.assign(value)
+            keras_private.write(variables, values)
 
     def _scale(self, optimizer_values):
         return 1.0 if self.scale_at is None else optimizer_values[self.scale_at]
@@ -285,7 +284,7 @@ class Accumulator:
                 )
             else:
                 batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
-                batches, total = self.placed(batches, jnp.float32(n))
+                batches, total = self.placed(batches, np.float32(n))
                 held, new, optimizer_new, loss, finite, measured = self._update(
                     trainable, held, optimizer_values, batches, total
                 )
@@ -305,7 +304,7 @@ class Accumulator:
     def _by_steps(self, pulled: list, n: int, trainable, held, optimizer_values):
         """An update of micro-batches of several lengths on one device (trim_padding cuts each to its own): each
         micro-step a jitted call of its own, compiled once per length, then the one apply; what ``_update`` gives."""
-        scale, total = self._scale(optimizer_values), jnp.float32(n)
+        scale, total = self._scale(optimizer_values), np.float32(n)
         cache = totals = None
         for part in pulled:
             held, cache, totals = self._micro_step(trainable, held, cache, totals, part, total, scale)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ... import keras_private
 from .engine import stacked
@@ -27,18 +26,31 @@ class KerasMetrics:
         self.compiled = keras_private.compile_metrics(model)
         trackers = [self.loss, *self.outputs, *([self.compiled] if self.compiled is not None else [])]
         self.variables = [v for tracker in trackers for v in tracker.variables]
+        self._track = jax.jit(_tracked)
 
     def logged(self, out: dict) -> dict:
         """The logs after update ``out`` (the engine's record): its loss and each output's added, by its examples."""
-        n = out["examples"]
-        self.loss.update_state(out["loss"], sample_weight=n)
-        for tracker, value in zip(self.outputs, np.asarray(out["output_losses"]).tolist()):
-            tracker.update_state(value, sample_weight=n)
-        return self.results({"loss": self.loss.result(), **{t.name: t.result() for t in self.outputs}})
+        trackers = [self.loss, *self.outputs]
+        states = [(t.total.value, t.count.value) for t in trackers]
+        states, results = self._track(states, out["loss"], out["output_losses"], out["examples"])
+        for tracker, (total, count) in zip(trackers, states):
+            tracker.total.assign(total)
+            tracker.count.assign(count)
+        return self.results(dict(zip(["loss", *(t.name for t in self.outputs)], results)))
 
     def results(self, losses: dict) -> dict:
         """``losses``, then each compiled metric's result (model.fit's order)."""
         return {**losses, **(self.compiled.result() if self.compiled is not None else {})}
+
+
+def _tracked(states: list, loss, output_losses, n):
+    """Each loss tracker (a keras.metrics.Mean: total, count) moved by its loss (``loss``, then each output's)
+    weighted by the update's ``n`` examples, as its ``update_state(loss, sample_weight=n)`` moves it, and its result:
+    in one jitted call, not a dozen eager ones an update (about 2 ms of host time an update on the README's
+    convnet)."""
+    losses = [loss, *(output_losses[i] for i in range(len(states) - 1))]
+    moved = [(total + value * n, count + n) for (total, count), value in zip(states, losses)]
+    return moved, [jnp.where(count == 0, 0.0, total / count) for total, count in moved]
 
 
 class Evaluation:
