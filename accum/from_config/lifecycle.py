@@ -256,10 +256,8 @@ def _recut(run: Run, trainer: Trainer, progress: Progress, batch: int, anew: boo
     if cfg.auto_subdivisions and (anew or cfg.memory_limit is not None):
         run.engine.set_subdivisions(1)
         probe(run.engine, trainer.spec, run.first_examples, batch, trainer.say, trainer.remat)
-    elif anew:
+    elif anew or cfg.micro_batch_size is not None:  # (a baseline, one pass, never comes here: ``restored``)
         run.engine.set_subdivisions(cfg.subdivisions_for(batch, run.replicas))
-    elif cfg.micro_batch_size is not None:
-        run.follow_batch(batch)  # k_for's rule: a baseline keeps its k
     else:
         run.engine.set_subdivisions(adapt_subdivisions(batch, before, k_before, run.replicas))
     run.saved_replicas.assign(run.replicas)

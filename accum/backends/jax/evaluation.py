@@ -33,9 +33,8 @@ class KerasMetrics:
         trackers = [self.loss, *self.outputs]
         states = [(t.total.value, t.count.value) for t in trackers]
         states, results = self._track(states, out["loss"], out["output_losses"], out["examples"])
-        for tracker, (total, count) in zip(trackers, states):
-            tracker.total.assign(total)
-            tracker.count.assign(count)
+        for tracker, state in zip(trackers, states):
+            keras_private.write([tracker.total, tracker.count], state)
         return self.results(dict(zip(["loss", *(t.name for t in self.outputs)], results)))
 
     def results(self, losses: dict) -> dict:
@@ -86,8 +85,7 @@ class Evaluation:
         held = ([v.value for v in model.non_trainable_variables], [v.value for v in variables])
         held += (self.objective.norms.zeros(),)
         groups, outputs, moved = self._parts([v.value for v in model.trainable_variables], held, batch)
-        for variable, value in zip(variables, moved):
-            variable.assign(value)
+        keras_private.write(variables, moved)
         self.totals = (groups, outputs) if self.totals is None else (self.totals[0] + groups, self.totals[1] + outputs)
 
     def so_far(self) -> dict:
