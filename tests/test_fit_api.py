@@ -3,6 +3,7 @@ model's keywords, and bad input in one line. (Exactness for every kind of loss: 
 
 import contextlib
 import csv
+import gc
 import importlib
 import io
 import itertools
@@ -251,6 +252,28 @@ def test_a_py_dataset_read_by_worker_threads_gives_the_weights_of_the_arrays(fro
     caller.join(120)
     assert returned, "accum_train.fit did not return within 120 s"
     assert max_difference(model.get_weights(), from_arrays) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"x": X, "y": Y, "batch_size": BATCH},
+        {"x": tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH), "validation_data": (X[:20], Y[:20])},
+    ],
+    ids=["arrays", "dataset with validation"],
+)
+def test_a_call_lets_its_pipelines_go_as_it_returns(source):
+    """No tf.data iterator of the call outlives it, garbage included: a pipeline's threads stop as fit returns,
+    not at Python's next full collection (whose timing no one controls)."""
+    iterator_type = type(iter(tf.data.Dataset.range(1)))
+    gc.collect()
+    gc.disable()  # what a cycle holds stays among gc.get_objects() until a collection
+    try:
+        accum_train.fit(regression(), subdivisions=2, epochs=2, verbose=0, **source)
+        left = [o for o in gc.get_objects() if type(o) is iterator_type]  # isinstance would load lazy modules
+    finally:
+        gc.enable()
+    assert left == []
 
 
 def test_a_stream_is_pulled_as_the_updates_need_it_never_read_whole():

@@ -138,7 +138,11 @@ class FitHooks:
         # memory.choose_subdivisions' take(m): the first batch's first m examples, as (x, y) (no sample weights: the
         # probe measures a micro-step's memory, not its loss)
         first = keras.utils.unpack_x_y_sample_weight(self.feed.first_batch())[:2]
-        self.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
+        try:
+            self.trainer.run(directory, drive, lambda m: keras.tree.map_structure(lambda t: t[:m], first))
+        finally:  # the last epoch's pipeline let go as the call ends, not at Python's next full collection: the
+            # reader and these hooks hold each other (its ``open`` is theirs), a cycle only that collection frees
+            self.reader.close()
         return history
 
     @property
