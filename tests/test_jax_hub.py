@@ -93,15 +93,28 @@ for name, (make, data, ours) in EXACT.items():
                  "frozen": len(model.non_trainable_variables), "trainable": len(trainable),
                  "lora": sum("lora" in path for path in trainable), "steps": int(model.optimizer.iterations)}
 
+# raw validation texts, given or split off, preprocessed as Task.fit preprocesses them: both against Task.fit given
+# the split's last 7 of 23 (validation_split=0.3 keeps int(23 * 0.7) = 16 to train on)
+keras_own, held = classifier(), (list(TEXTS[16:]), LABELS[16:])
+fixed = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+logs = keras_own.fit(list(TEXTS[:16]), LABELS[:16], validation_data=held, **fixed).history
+for name, given in (("validation_data", dict(x=list(TEXTS[:16]), y=LABELS[:16], validation_data=held)),
+                    ("validation_split", dict(x=list(TEXTS), y=LABELS, validation_split=0.3))):
+    model = classifier()
+    history = accum_train.fit(model, **given, subdivisions=2, **fixed).history
+    out[name] = [apart(values(model.trainable_variables), values(keras_own.trainable_variables)),
+                 {key: [a - b for a, b in zip(history[key], logs[key])] for key in logs}]
+
 REFUSED = {
     "class_weight": dict(x=list(TEXTS), y=LABELS, class_weight={0: 2.0}),
+    "batch_schedule": dict(x=list(TEXTS), y=LABELS, batch_schedule=[{"epoch": 1, "batch_size": 8}]),
     "an iterator": dict(x=iter([TEXTS[:10]])),
     "a dataset and batch_size": dict(x=raw_batches(), batch_size=10),
     "no x": dict(),
     "no labels": dict(x=TEXTS),
 }
 for case, given in REFUSED.items():
-    model = classifier() if case in ("class_weight", "no labels") else lm()
+    model = classifier() if case in ("class_weight", "batch_schedule", "no labels") else lm()
     try:
         accum_train.fit(model, **given, verbose=0)
     except UserError as err:
@@ -142,11 +155,24 @@ def test_lora_on_jax_trains_the_lora_matrices_alone_and_leaves_the_frozen_weight
     assert got["frozen"] > 10 and got["frozen moved"] == 0.0
 
 
+@pytest.mark.parametrize("case", ["validation_data", "validation_split"])
+def test_a_task_s_raw_validation_on_jax_is_preprocessed_as_task_fit_preprocesses_it(cases, case):
+    """Validation texts, given or split off the raw examples, batched and preprocessed as on TensorFlow's door:
+    Task.fit's weights and every History value, val_ ones too, to 1e-5."""
+    weights, logs = cases[case]
+    assert weights < 1e-5
+    assert sorted(logs) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    assert all(abs(d) < 1e-5 for key in logs for d in logs[key]), logs
+
+
 @pytest.mark.parametrize(
     "case, message",
     [
         ("class_weight", f"accum_train.fit: class_weight for model 'NAME', which preprocesses its "
          f"inputs in fit, {LATER}"),
+        ("batch_schedule", "accum_train.fit: batch_schedule re-cuts arrays into batches each epoch, and model "
+         "'NAME' preprocesses whole batches of raw examples: leave batch_schedule out, or preprocess the data "
+         "yourself and pass the model with preprocessor=None"),
         ("an iterator", "accum_train.fit: x is a list_iterator, and model 'NAME' preprocesses its inputs in "
          "fit: pass arrays or lists of raw examples, or a tf.data.Dataset of raw batches"),
         ("a dataset and batch_size", "accum_train.fit: x is a tf.data.Dataset of raw batches for model "

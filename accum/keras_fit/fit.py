@@ -33,7 +33,7 @@ from .arguments import (
     train_spec,
 )
 from .fit_hooks import FitHooks
-from .inputs import check_validation_source, split_validation, validation_arrays
+from .inputs import check_validation_source, split_validation, task_batches, validation_arrays
 from .rundir import fit_run_dir
 
 
@@ -130,12 +130,12 @@ def fit(
 def _on_jax(model, given: dict):
     """accum_train.fit's checked arguments (``given``, by name) trained on Keras' JAX backend: the backend's feed,
     accumulator and evaluation (jax/backend.py ``fit_parts``) driven by the loop that drives TensorFlow's
-    (fit_hooks.FitHooks.call); a KerasHub task's raw examples preprocessed first, as on TensorFlow's door."""
-    if keras_private.preprocesses(model):
-        from ..trainer.data.task_feed import preprocessed  # tf.data, which KerasHub's preprocessors need on JAX too
-
-        batches = preprocessed(model, given["x"], given["y"], given["sample_weight"], given["batch_size"])
-        given.update(x=batches, y=None, sample_weight=None, batch_size=None)
+    (fit_hooks.FitHooks.call); a KerasHub task's raw examples and validation preprocessed first, as on
+    TensorFlow's door (inputs.task_batches)."""
+    if keras_private.preprocesses(model):  # raw examples and their validation, as TensorFlow's door takes them
+        raw = ("x", "y", "sample_weight", "batch_size", "validation_data", "validation_split", "batch_schedule")
+        x, validation = task_batches(model, kind(given["x"]), *(given[name] for name in raw))
+        given.update(x=x, y=None, sample_weight=None, batch_size=None, validation_data=validation, validation_split=0.0)
     seed, what = given["seed"], kind(given["x"])
     if seed is not None:  # Keras' random state, as on TensorFlow's door; the data order's seed below
         keras.utils.set_random_seed(int(seed))

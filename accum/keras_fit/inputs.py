@@ -79,3 +79,33 @@ def check_examples_are_batched(model, feed, batch_size, what) -> None:
             f"{WHERE}: x gives single examples (its inputs have shape {tuple(given.shape)}, the model takes "
             f"{tuple(wanted.shape)}): pass batch_size, or batch the dataset"
         )
+
+
+def task_batches(model, what, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
+    """(x, validation_data) for a model that ``preprocesses`` (a KerasHub task; ``x`` of kind ``what``), fed as its own
+    ``fit`` feeds it. KerasHub's ``PipelineModel.fit`` batches raw inputs (strings, images) by ``batch_size`` and maps
+    the preprocessor over each whole batch, so padding, packing and the targets it makes (a causal LM's next tokens
+    and their weights) are decided per batch. The micro-batch cut must come after that, or a micro-batch would be
+    padded to its own length and the update would differ: so raw data become a tf.data of preprocessed batches
+    (task_feed.py), which the feed cuts as any dataset's, the same batches in the same order as ``task.fit`` (which
+    never shuffles the batches it builds). ``validation_split`` is taken from the raw arrays first (model.fit's last
+    fraction); ``validation_data``, a dataset of raw batches or (x, y[, sample_weight]) batched by ``batch_size``, is
+    preprocessed the same way."""
+    if batch_schedule is not None:
+        raise Refused(
+            "schedule-preprocessor",
+            f"{WHERE}: batch_schedule re-cuts arrays into batches each epoch, and model {model.name!r} preprocesses "
+            f"whole batches of raw examples: leave batch_schedule out, or preprocess the data yourself and pass "
+            f"the model with preprocessor=None",
+        )
+    from ..trainer.data.task_feed import preprocessed  # tf.data's, which KerasHub's preprocessors need on JAX too
+
+    # a Python list of examples (strings) is one array to split and slice, not a structure of inputs
+    arrays = (np.asarray(a) if isinstance(a, list) else a for a in (x, y, sample_weight))
+    (x, y, sample_weight), validation_data = split_validation(*arrays, validation_data, validation_split, what)
+    x = preprocessed(model, x, y, sample_weight, batch_size)
+    if validation_data is None:
+        return x, None
+    if kind(validation_data) == "dataset":
+        return x, preprocessed(model, validation_data, None, None, None, "validation_data")
+    return x, preprocessed(model, *validation_arrays(validation_data), batch_size, "validation_data")

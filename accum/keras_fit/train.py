@@ -7,7 +7,6 @@ import contextlib
 import weakref
 
 import keras
-import numpy as np
 
 from .. import keras_private
 from ..backends import active
@@ -20,12 +19,11 @@ from ..trainer.data.batching import Cut
 from ..trainer.data.conversion import STREAMED, kind
 from ..trainer.data.lengths import check_trimmable, trim_multiple
 from ..trainer.data.sources import feed_for
-from ..trainer.data.task_feed import preprocessed
 from ..trainer.trainer import build_engine
 from . import checks
 from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, schedule_of, strategy_of, train_spec
 from .fit_hooks import FitHooks
-from .inputs import check_examples_are_batched, split_validation, validation_arrays, validation_feed
+from .inputs import check_examples_are_batched, split_validation, task_batches, validation_feed
 from .rundir import fit_run_dir
 
 
@@ -144,34 +142,6 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
             validation_freq=validation_freq,
             validation_steps=validation_steps,
         )
-
-
-def task_batches(model, what, x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule):
-    """(x, validation_data) for a model that ``preprocesses`` (a KerasHub task; ``x`` of kind ``what``), fed as its own
-    ``fit`` feeds it. KerasHub's ``PipelineModel.fit`` batches raw inputs (strings, images) by ``batch_size`` and maps
-    the preprocessor over each whole batch, so padding, packing and the targets it makes (a causal LM's next tokens
-    and their weights) are decided per batch. The micro-batch cut must come after that, or a micro-batch would be
-    padded to its own length and the update would differ: so raw data become a tf.data of preprocessed batches
-    (task_feed.py), which the feed cuts as any dataset's, the same batches in the same order as ``task.fit`` (which
-    never shuffles the batches it builds). ``validation_split`` is taken from the raw arrays first (model.fit's last
-    fraction); ``validation_data``, a dataset of raw batches or (x, y[, sample_weight]) batched by ``batch_size``, is
-    preprocessed the same way."""
-    if batch_schedule is not None:
-        raise Refused(
-            "schedule-preprocessor",
-            f"{WHERE}: batch_schedule re-cuts arrays into batches each epoch, and model {model.name!r} preprocesses "
-            f"whole batches of raw examples: leave batch_schedule out, or preprocess the data yourself and pass "
-            f"the model with preprocessor=None",
-        )
-    # a Python list of examples (strings) is one array to split and slice, not a structure of inputs
-    arrays = (np.asarray(a) if isinstance(a, list) else a for a in (x, y, sample_weight))
-    (x, y, sample_weight), validation_data = split_validation(*arrays, validation_data, validation_split, what)
-    x = preprocessed(model, x, y, sample_weight, batch_size)
-    if validation_data is None:
-        return x, None
-    if kind(validation_data) == "dataset":
-        return x, preprocessed(model, validation_data, None, None, None, "validation_data")
-    return x, preprocessed(model, *validation_arrays(validation_data), batch_size, "validation_data")
 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes
