@@ -14,6 +14,8 @@ computed as ``subdivisions`` micro-batches per replica (or as many as ``micro_ba
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 
 from .. import keras_private
@@ -21,15 +23,19 @@ from ..backends import active
 from ..defaults import FIT, PRECISIONS
 from ..errors import UserError
 from ..models.precision import call_precision
-from ..trainer.data.conversion import kind
+from ..trainer.data.conversion import STREAMED, kind
+from ..trainer.data.lengths import check_trimmable, trim_multiple
+from . import checks
 from .arguments import (
     WHERE,
     check_class_weight,
     check_keywords,
     check_model,
     check_numbers,
+    memory_limit_of,
     order_seed,
     schedule_of,
+    strategy_of,
     train_spec,
 )
 from .fit_hooks import FitHooks
@@ -117,54 +123,70 @@ def fit(
     check_class_weight(class_weight, sample_weight)
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
-    if active().NAME != "tensorflow":  # issue 76: the JAX backend's feed and engine, driven by the same loop
-        with call_precision(model, precision):  # the layers' policies for this call, as on TensorFlow's door
-            return _on_jax(model, given)
-    # the Trainer's path reads its data through tf.data (trainer/data/): loaded here, not with this module, so that
-    # accum_train.fit imports, and the JAX backend's door runs, where TensorFlow is not installed
-    from .train import train
-
-    return train(model, **given)
+    return _train(model, given)
 
 
-def _on_jax(model, given: dict):
-    """accum_train.fit's checked arguments (``given``, by name) trained on Keras' JAX backend: the backend's feed,
-    accumulator and evaluation (jax/backend.py ``fit_parts``) driven by the loop that drives TensorFlow's
-    (fit_hooks.FitHooks.call); a KerasHub task's raw examples and validation preprocessed first, as on
-    TensorFlow's door (inputs.task_batches)."""
-    if keras_private.preprocesses(model):  # raw examples and their validation, as TensorFlow's door takes them
+def _train(model, given: dict):
+    """accum_train.fit's checked arguments (``given``, by name) trained on ``model`` on the Keras backend in force:
+    model.fit's course before training (a task's raw examples preprocessed, the random state seeded, validation split
+    off, the data order's seed, the batch schedule) taken here once for both backends; the feed, the accumulator and
+    the evaluation the backend's (``parts``); then the one loop (fit_hooks.FitHooks) in the run directory."""
+    if active().NAME == "tensorflow":
+        # tf.data's (trainer/data/): loaded here, so that accum_train.fit imports, and runs on Keras' JAX backend,
+        # where TensorFlow is not installed
+        from .train import parts
+
+        strategy = strategy_of(model, given["strategy"])
+    else:  # the JAX backend reads the keras.distribution in force; what it does not take is refused first
+        parts, strategy = _jax_parts, active().check_fit_arguments(given)
+    what = kind(given["x"])  # what x is (arrays, a dataset, a generator...), asked once: the steps below are handed it
+    # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
+    labelled = checks.held_targets(what, given["y"], given["validation_data"])
+    if keras_private.preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
         raw = ("x", "y", "sample_weight", "batch_size", "validation_data", "validation_split", "batch_schedule")
-        x, validation = task_batches(model, kind(given["x"]), *(given[name] for name in raw))
+        x, validation = task_batches(model, what, *(given[name] for name in raw))
         given.update(x=x, y=None, sample_weight=None, batch_size=None, validation_data=validation, validation_split=0.0)
-    seed, what = given["seed"], kind(given["x"])
-    if seed is not None:  # Keras' random state, as on TensorFlow's door; the data order's seed below
-        keras.utils.set_random_seed(int(seed))
-    shuffled = bool(given["shuffle"]) and what == "arrays"
-    given["seed"] = order_seed(None if seed is None else int(seed), given["output_dir"], None, shuffled)
-    (x, y, sample_weight), validation = split_validation(
-        given["x"], given["y"], given["sample_weight"], given["validation_data"], given["validation_split"], what
-    )
-    if check_validation_source(validation) == "arrays":
-        validation = validation_arrays(validation)
-    given.update(x=x, y=y, sample_weight=sample_weight, validation_data=validation, validation_split=0.0)
+        what = "dataset"  # x: preprocessed batches, a tf.data.Dataset
+    limit = memory_limit_of(given["memory_limit"])
     micro_batch_size = given["micro_batch_size"]
     schedule, rule = schedule_of(
         given["batch_schedule"], given["batch_size"], given["epochs"], given["subdivisions"], micro_batch_size
     )
     if schedule:  # each epoch one pass over the arrays at the batch in force
-        given.update(batch_size=schedule[0][1], batch_schedule=schedule)
-    spec = train_spec(given["subdivisions"], micro_batch_size, None, given["max_bad_steps"])  # (memory_limit: refused)
-    parts = active().fit_parts(model, given, spec)
-    loop = FitHooks(
-        model, parts.engine, parts.evaluation, parts.feed, parts.cut, parts.validation, parts.nominal,
-        auto=spec.micro.auto, verbose=given["verbose"],
+        given["batch_size"] = schedule[0][1]
+    trim = trim_multiple(given["trim_padding"], WHERE)
+    if trim:  # on JAX one device's: several devices would cut alike, to one shape
+        check_trimmable(model, strategy.num_replicas_in_sync if strategy is not None else 1, WHERE)
+    seed = None if given["seed"] is None else int(given["seed"])  # numpy's integers as Python's, for Keras and run.json
+    if seed is not None:  # Keras' random state; the data order's seed below
+        keras.utils.set_random_seed(seed)
+    data = (given[name] for name in ("x", "y", "sample_weight", "validation_data", "validation_split"))
+    (x, y, sample_weight), validation = split_validation(*data, what)
+    seed = order_seed(seed, given["output_dir"], strategy, bool(given["shuffle"]) and what not in STREAMED)
+    given.update(
+        x=x, y=y, sample_weight=sample_weight, validation_data=validation, validation_split=0.0, seed=seed,
+        batch_schedule=schedule,
     )  # fmt: skip
-    if schedule:  # k for each batch in force, and the noise-scale rule's
-        loop.k_for = lambda size: spec.micro.k_for(size, parts.cut.replicas)
-        loop.rule, loop.micro_batch_size = rule, micro_batch_size
-    order = (given["seed"], given["shuffle"], given["steps_per_epoch"], schedule, rule)
-    # its variables and LoRA layers, for run.json and the checkpoints
-    built = keras_private.built(model, None) if given["output_dir"] is not None else None
-    directory = fit_run_dir(given["output_dir"], model, built, loop, parts.cut.k, *order)
-    names = ("epochs", "initial_epoch", "callbacks", "verbose", "validation_freq", "validation_steps")
-    return loop.call(spec, directory, **{name: given[name] for name in names})
+    spec = train_spec(given["subdivisions"], micro_batch_size, limit, given["max_bad_steps"])
+    with contextlib.ExitStack() as held:
+        made = parts(model, given, spec, held, what=what, labelled=labelled, strategy=strategy, trim=trim)
+        loop = FitHooks(
+            model, made.engine, made.evaluation, made.feed, made.cut, made.validation, made.nominal,
+            auto=spec.micro.auto, verbose=given["verbose"],
+        )  # fmt: skip
+        if schedule:  # k for each batch in force, and the noise-scale rule's
+            loop.k_for = lambda size: spec.micro.k_for(size, made.cut.replicas)
+            loop.rule, loop.micro_batch_size = rule, micro_batch_size
+        order = (seed, given["shuffle"], given["steps_per_epoch"], schedule, rule)
+        directory = fit_run_dir(given["output_dir"], model, made.built, loop, made.cut.k, *order)
+        names = ("epochs", "initial_epoch", "callbacks", "verbose", "validation_freq", "validation_steps")
+        return loop.call(spec, directory, **{name: given[name] for name in names})
+
+
+def _jax_parts(model, given: dict, spec, held: contextlib.ExitStack, *, what, labelled, strategy, trim):
+    """train.parts on Keras' JAX backend: the layers' policies for the call (as on TensorFlow), validation arrays
+    unpacked, then the backend's feed (in numpy), accumulator and evaluation (jax/backend.py ``fit_parts``)."""
+    held.enter_context(call_precision(model, given["precision"]))
+    if check_validation_source(given["validation_data"]) == "arrays":
+        given["validation_data"] = validation_arrays(given["validation_data"])
+    return active().fit_parts(model, given, spec, trim)

@@ -1,10 +1,11 @@
-"""accum_train.fit on the Trainer, past its door (fit.py): the arguments resolved into a feed (trainer/data/, tf.data),
-the compiled loss taken apart into an engine built once per model and setting, hooks and a run directory."""
+"""accum_train.fit's parts on TensorFlow, past its door (fit.py, which drives them): the arguments resolved into a feed
+(trainer/data/, tf.data) and the compiled loss taken apart into an engine built once per model and setting."""
 
 from __future__ import annotations
 
 import contextlib
 import weakref
+from types import SimpleNamespace
 
 import keras
 
@@ -16,63 +17,42 @@ from ..keras_private import all_layers
 from ..models.precision import call_precision
 from ..trainer.data.arrays import check_cut
 from ..trainer.data.batching import Cut
-from ..trainer.data.conversion import STREAMED, kind
-from ..trainer.data.lengths import check_trimmable, trim_multiple
+from ..trainer.data.conversion import STREAMED
 from ..trainer.data.sources import feed_for
 from ..trainer.trainer import build_engine
 from . import checks
-from .arguments import WHERE, compile_if_needed, memory_limit_of, order_seed, schedule_of, strategy_of, train_spec
-from .fit_hooks import FitHooks
-from .inputs import check_examples_are_batched, split_validation, task_batches, validation_feed
-from .rundir import fit_run_dir
+from .arguments import WHERE, compile_if_needed
+from .inputs import check_examples_are_batched, validation_feed
 
 
-def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
-          class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size,
-          validation_freq, subdivisions, micro_batch_size, trim_padding, seed, precision, strategy, output_dir,
-          max_bad_steps, memory_limit, batch_schedule, optimizer, learning_rate):  # fmt: skip
-    """accum_train.fit's arguments (fit.py's, checked there), trained on ``model``; model.fit's History."""
-    strategy = strategy_of(model, strategy)
-    seed = None if seed is None else int(seed)  # numpy's integers as Python's: Keras' seeding and run.json take these
-    what = kind(x)  # what x is (arrays, a dataset, a generator...), asked once: the steps below are handed it
-    # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
-    labelled = checks.held_targets(what, y, validation_data)  # before the split too: y's tail is validated on
-    if keras_private.preprocesses(model):  # a KerasHub task: raw examples batched, then preprocessed, as task.fit does
-        raw = (x, y, sample_weight, batch_size, validation_data, validation_split, batch_schedule)
-        x, validation_data = task_batches(model, what, *raw)
-        what, y, sample_weight, batch_size = "dataset", None, None, None  # x: preprocessed batches, a tf.data.Dataset
-        validation_split = 0.0
-    limit = memory_limit_of(memory_limit)
-    schedule, rule = schedule_of(batch_schedule, batch_size, epochs, subdivisions, micro_batch_size)
-    if schedule:
-        batch_size = schedule[0][1]
-    trim = trim_multiple(trim_padding, WHERE)
-    if trim:
-        check_trimmable(model, strategy.num_replicas_in_sync, WHERE)
-    if seed is not None:
-        keras.utils.set_random_seed(seed)
-    (x, y, sample_weight), validation_data = split_validation(
-        x, y, sample_weight, validation_data, validation_split, what
-    )
-    seed = order_seed(seed, output_dir, strategy, bool(shuffle) and what not in STREAMED)
-    compile_if_needed(model, strategy, optimizer, learning_rate, labelled)
+def parts(model, given: dict, spec, held: contextlib.ExitStack, *, what, labelled, strategy, trim) -> SimpleNamespace:
+    """What fit's door (fit.py ``_train``) drives through the one loop on TensorFlow, from fit's arguments by name
+    (``given``, its prelude done: validation split off, seeds and schedule resolved) and the trainer's ``spec``: the
+    feed and the validation's (trainer/data/, tf.data), the accumulator and its evaluation (built once per model and
+    setting), the cut of a batch, the batch size in force (``nominal``) and what the run directory records of the
+    model (``built``). The call's contexts (eager, precision, BatchNorm pooling) are entered on ``held``.
+    ``what``: x's kind; ``labelled``: the class labels held in memory (checks.held_targets); ``trim``:
+    trim_padding's multiple (0: none)."""
+    compile_if_needed(model, strategy, given["optimizer"], given["learning_rate"], labelled)
+    class_weight, verbose = given["class_weight"], given["verbose"]
     if class_weight is not None and len(model.outputs or [None]) > 1:
         raise Refused(
             "class-weight-outputs",
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
-    settings = dict(
-        batch_size=batch_size, shuffle=shuffle, seed=seed, steps_per_epoch=steps_per_epoch, schedule=schedule
-    )
-    feed = feed_for(x, y, sample_weight, class_weight, trim=trim, **settings)
+    names = ("batch_size", "shuffle", "seed", "steps_per_epoch")
+    settings = {name: given[name] for name in names}
+    feed = feed_for(
+        given["x"], given["y"], given["sample_weight"], class_weight, trim=trim, schedule=given["batch_schedule"],
+        **settings,
+    )  # fmt: skip
     replicas = strategy.num_replicas_in_sync
     nominal = feed.batch_size or int(keras.tree.flatten(feed.first_batch())[0].shape[0])  # a stream: its first batch
-    # a batch_schedule's sizes: checked by schedule_of, in the config's words
-    auto = micro_batch_size == "auto"  # the whole batch at first; twice the micro-batches each time it does not fit
-    check_cut(feed, subdivisions, auto)
+    auto = spec.micro.auto  # the whole batch at first; twice the micro-batches each time it does not fit
+    check_cut(feed, given["subdivisions"], auto)
     validation = None
-    if validation_data is not None:
+    if given["validation_data"] is not None:
         if type(model).test_step is not keras.Model.test_step:
             raise Refused(
                 "own-test-step",
@@ -80,68 +60,49 @@ def train(model, x, y, batch_size, epochs, verbose, callbacks, validation_split,
                 f"call (it evaluates the compiled loss and metrics itself): leave validation out and call "
                 f"model.evaluate, or train with model.fit",
             )
-        validation = validation_feed(validation_data, validation_batch_size or feed.batch_size, trim)
-
-    spec = train_spec(subdivisions, micro_batch_size, limit, max_bad_steps)
-
-    def k_for(size):  # subdivisions as given, or what keeps micro_batch_size (the trainer's one rule)
-        return spec.micro.k_for(size, replicas)
-
-    k = 1 if auto else k_for(nominal)
+        validation = validation_feed(given["validation_data"], given["validation_batch_size"] or feed.batch_size, trim)
+    k = 1 if auto else spec.micro.k_for(nominal, replicas)
     cut = Cut(k, replicas, tuple(active().local_replica_ids(strategy)))
-    check_examples_are_batched(model, feed, batch_size, what)
-    with contextlib.ExitStack() as restore:
-        if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
-            restore.enter_context(active().eagerly())
-        restore.enter_context(call_precision(model, precision))
-        names = checks.DATA_NAMES["x" if what in STREAMED else "y"]  # the arguments the messages name
-        checks.check_input_kinds(keras_private.built_structures(model)[0], model.name, feed, validation, names)
-        with strategy.scope():  # built, and what fit reads of the model built (its checks, its run directory)
-            specs = feed.element_spec
-            inputs = checks.inputs_of(specs)
-            facts = checks.as_user_error(model, specs, names, keras_private.built, model, inputs, specs)
-        checks.check_labels(model.name, facts, class_weight, labelled)
-        # what a built engine depends on: a later call that matches all of it reuses the engine and its traced graphs
-        # (keras_private.compiled_state: a compile() makes a new optimizer and loss, a trainable flag another
-        # variable list)
-        key = (
-            id(strategy),
-            *facts.compiled,
-            "auto" if auto else k,
-            nominal,
-            precision,
-            repr(feed.element_spec),
-            feed.steps,  # trim_padding's uncut length, which the loss may divide by
-            None if validation is None else (repr(validation.element_spec), validation.steps),
-            limit,
-        )
-        built = _ENGINES.get(model, {}).get(key)
-        if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
-            adapters = restore.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
-            built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
-            _ENGINES[model] = {key: built}
-            if verbose:  # what training holds beyond the model, said once per built engine
-                print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
-        else:
-            restore.enter_context(active().pooled(model, strategy, built[0].norm_layers))
-            built[0].hold()
-        engine, evaluation = built
-        engine.set_subdivisions(k)
-        restore.callback(engine.release)
-        loop = FitHooks(model, engine, evaluation, feed, cut, validation, nominal, auto=auto, verbose=verbose)
-        if schedule:  # k for each batch in force
-            loop.k_for, loop.rule, loop.micro_batch_size = k_for, rule, micro_batch_size
-        directory = fit_run_dir(output_dir, model, facts, loop, k, seed, shuffle, steps_per_epoch, schedule, rule)
-        return loop.call(
-            spec,
-            directory,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            callbacks=callbacks,
-            verbose=verbose,
-            validation_freq=validation_freq,
-            validation_steps=validation_steps,
-        )
+    check_examples_are_batched(model, feed, given["batch_size"], what)
+    if getattr(model, "run_eagerly", False):  # as model.fit honours it: to debug with print and pdb
+        held.enter_context(active().eagerly())
+    held.enter_context(call_precision(model, given["precision"]))
+    names = checks.DATA_NAMES["x" if what in STREAMED else "y"]  # the arguments the messages name
+    checks.check_input_kinds(keras_private.built_structures(model)[0], model.name, feed, validation, names)
+    with strategy.scope():  # built, and what fit reads of the model built (its checks, its run directory)
+        specs = feed.element_spec
+        inputs = checks.inputs_of(specs)
+        facts = checks.as_user_error(model, specs, names, keras_private.built, model, inputs, specs)
+    checks.check_labels(model.name, facts, class_weight, labelled)
+    # what a built engine depends on: a later call that matches all of it reuses the engine and its traced graphs
+    # (keras_private.compiled_state: a compile() makes a new optimizer and loss, a trainable flag another variable list)
+    key = (
+        id(strategy),
+        *facts.compiled,
+        "auto" if auto else k,
+        nominal,
+        given["precision"],
+        repr(feed.element_spec),
+        feed.steps,  # trim_padding's uncut length, which the loss may divide by
+        None if validation is None else (repr(validation.element_spec), validation.steps),
+        spec.memory_limit,
+    )
+    built = _ENGINES.get(model, {}).get(key)
+    if built is None:  # built and traced once, then reused by later calls as Keras reuses its train function
+        adapters = held.enter_context(active().pooled(model, strategy, where=f"{WHERE}: model {model.name!r}"))
+        built = _engine(model, adapters, spec, nominal, strategy, feed, validation, names, cut if trim else None)
+        _ENGINES[model] = {key: built}
+        if verbose:  # what training holds beyond the model, said once per built engine
+            print(f"{WHERE}: {active().cache_line(built[0], len(model.non_trainable_weights))}")
+    else:
+        held.enter_context(active().pooled(model, strategy, built[0].norm_layers))
+        built[0].hold()
+    engine, evaluation = built
+    engine.set_subdivisions(k)
+    held.callback(engine.release)
+    return SimpleNamespace(
+        feed=feed, validation=validation, engine=engine, evaluation=evaluation, cut=cut, nominal=nominal, built=facts
+    )
 
 
 # model -> {what its engine was built for: the engine}; one entry per model, replaced when anything changes

@@ -26,7 +26,6 @@ from ...errors import Refused, UserError
 from ...trainer.data.arrays import check_cut, check_schedule
 from ...trainer.data.batching import Cut
 from ...trainer.data.conversion import kind
-from ...trainer.data.lengths import check_trimmable, trim_multiple
 from ...trainer.noise import Estimate
 from .checkpoints import Checkpoints as Checkpoints  # the Backend's names: a run directory's checkpoints/
 from .checkpoints import checkpoint_problem as checkpoint_problem
@@ -175,20 +174,25 @@ def built_in(spec, *_):
     )
 
 
-def fit_parts(model, given: dict, spec) -> SimpleNamespace:
-    """What accum_train.fit's door (fit.py) trains ``model`` with on JAX, from fit's arguments by name (``given``)
-    and what the trainer takes of them (``spec``: trainer.TrainSpec): the feed and the validation's (feed.py, in
-    numpy), the accumulator and its evaluation, the cut of a batch and the batch size in force (``nominal``). The
-    door drives them through the one loop (keras_fit/fit_hooks.py), as it drives TensorFlow's."""
+def check_fit_arguments(given: dict) -> None:
+    """accum_train.fit's arguments by name (``given``) that this backend does not take yet, refused in one line
+    before anything is read. Returns the tf.distribute strategy fit's door trains under: none here (the accumulator
+    reads the keras.distribution in force)."""
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
             raise refused("jax-argument", f"{name}={value!r}", WHERE)
+    return None
+
+
+def fit_parts(model, given: dict, spec, trim: int) -> SimpleNamespace:
+    """What accum_train.fit's door (fit.py) trains ``model`` with on JAX, from fit's arguments by name (``given``,
+    its prelude done) and what the trainer takes of them (``spec``: trainer.TrainSpec): the feed and the
+    validation's (feed.py, in numpy), the accumulator and its evaluation, the cut of a batch, the batch size in force
+    (``nominal``) and what the run directory records of the model (``built``); ``trim``: trim_padding's multiple
+    (0: none). The door drives them through the one loop (keras_fit/fit_hooks.py), as it drives TensorFlow's."""
     shuffle = given["shuffle"]  # checked by fit's door (arguments.check_keywords)
     seed = given["seed"]  # the data order's: fit's door's (arguments.order_seed), as on TensorFlow
     x, y, sample_weight, validation_data = given["x"], given["y"], given["sample_weight"], given["validation_data"]
-    trim = trim_multiple(given["trim_padding"], WHERE)
-    if trim:
-        check_trimmable(model, 1, WHERE)  # a model of fixed length refused (several devices cut alike: one shape)
     feed = _feed(model, kind(x), x, y, sample_weight, given, shuffle, seed, trim)
     first = feed.first_batch()
     nominal = feed.batch_size or examples(first)  # a stream's batches are its own: its first one's size
@@ -227,8 +231,10 @@ def fit_parts(model, given: dict, spec) -> SimpleNamespace:
         scored = objective if validation.steps == feed.steps else KerasObjective(model, WHERE, steps=validation.steps)
         evaluation = Evaluation(scored, metrics, engine.replicas)
     cut = Cut(k, engine.replicas, tuple(engine.replica_ids))
+    # its variables and LoRA layers, for run.json and the checkpoints
+    facts = keras_private.built(model, None) if given["output_dir"] is not None else None
     return SimpleNamespace(
-        feed=feed, validation=validation, engine=engine, evaluation=evaluation, cut=cut, nominal=nominal
+        feed=feed, validation=validation, engine=engine, evaluation=evaluation, cut=cut, nominal=nominal, built=facts
     )
 
 
