@@ -549,13 +549,13 @@ class TwoWorkers:
     ids=["given", "nothing-to-shuffle", "refused"],
 )
 def test_several_workers_need_a_seed_only_to_shuffle_arrays(seed, shuffled, drawn, monkeypatch):
-    arguments = importlib.import_module("accum_train.keras_fit.arguments")
-    monkeypatch.setattr(active(), "local_replica_ids", lambda strategy: [0])  # what arguments asks the backend
+    inputs = importlib.import_module("accum_train.keras_fit.inputs")
+    monkeypatch.setattr(active(), "local_replica_ids", lambda strategy: [0])  # what inputs asks the backend
     if drawn != "refused":
-        assert arguments.order_seed(seed, None, TwoWorkers(), shuffled) == drawn
+        assert inputs.order_seed(seed, None, TwoWorkers(), shuffled) == drawn
         return
     with pytest.raises(UserError) as caught:
-        arguments.order_seed(seed, None, TwoWorkers(), shuffled)
+        inputs.order_seed(seed, None, TwoWorkers(), shuffled)
     assert str(caught.value) == (
         "accum_train.fit: seed=None on several workers, which would each shuffle the data their own way: pass "
         "seed=<int>, the same on every worker"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from numbers import Integral
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -19,31 +18,10 @@ from ..errors import Refused, UserError
 from ..keras_private import storage
 from ..models.keras_file import ends_in_softmax
 from ..models.precision import float8_scales
-from ..trainer.store.rundir import CheckpointPolicy, read_record
+from ..trainer.store.rundir import CheckpointPolicy
 from ..trainer.trainer import MicroBatches, TrainSpec, Wording
 
 WHERE = "accum_train.fit"
-
-
-def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
-    """The seed of the data order: ``seed`` if given; else the one a run directory being resumed recorded; else
-    a fresh one from the operating system's entropy (NumPy's global state untouched), where arrays are
-    ``shuffled`` (0 where nothing is drawn). Several workers must shuffle alike, so there a seed is needed."""
-    if seed is not None:
-        return seed
-    if output_dir is not None:  # first: a resume that changed shuffle is then refused for that, not for the seed
-        recorded = ((read_record(Path(output_dir)) or {}).get("fit") or {}).get("seed")
-        if recorded is not None:
-            return recorded
-    if not shuffled:
-        return 0
-    if active().several_processes(strategy):
-        raise Refused(
-            "seed-none-workers",
-            f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
-            f"seed=<int>, the same on every worker",
-        )
-    return int(np.random.SeedSequence().generate_state(1)[0])
 
 
 def check_model(model) -> None:

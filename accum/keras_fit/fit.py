@@ -8,8 +8,9 @@ object with its schedule and clipping, its metrics); an uncompiled one with spar
 interrupt leaves it at the last update). Each update is the update of the whole batch (``batch_size`` examples),
 computed as ``subdivisions`` micro-batches per replica (or as many as ``micro_batch_size`` needs), to 1e-5 of
 ``model.fit`` on the whole batch: sample and class weights, masks and several outputs normalise over the whole batch
-(keras_objective.py), the model's own losses count once. It trains on the accumulator ``accum-train run`` trains on
-(engine.py), through the Trainer (train.py).
+(keras_objective.py), the model's own losses count once. It trains on the accumulator ``accum-train run`` trains on,
+through the Trainer: model.fit's course before training is taken here for both Keras backends, and each backend gives
+the feed, the accumulator and the evaluation (train.py on TensorFlow, accum/backends/jax/backend.py on JAX).
 """
 
 from __future__ import annotations
@@ -33,13 +34,12 @@ from .arguments import (
     check_model,
     check_numbers,
     memory_limit_of,
-    order_seed,
     schedule_of,
     strategy_of,
     train_spec,
 )
 from .fit_hooks import FitHooks
-from .inputs import check_validation_source, split_validation, task_batches, validation_arrays
+from .inputs import check_validation_source, order_seed, split_validation, task_batches, validation_arrays
 from .rundir import fit_run_dir
 
 

@@ -1,14 +1,19 @@
-"""What accum_train.fit takes as data, as model.fit takes it: the validation data, given or split off, and the feed
-of each (accum/trainer/data/sources.py's ``feed_for``, both doors' one dispatch by kind of source).
+"""What accum_train.fit takes as data, as model.fit takes it: a KerasHub task's raw examples, the validation data
+(given or split off), the seed of the data order, and the feed of each (accum/trainer/data/sources.py's ``feed_for``,
+both doors' one dispatch by kind of source).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import keras
 import numpy as np
 
+from ..backends import active
 from ..errors import Refused, UserError
 from ..trainer.data.conversion import STREAMED, kind
+from ..trainer.store.rundir import read_record
 from .arguments import WHERE
 
 
@@ -32,6 +37,27 @@ def split_validation(x, y, sample_weight, validation_data, validation_split, wha
         return None if s is None else keras.tree.map_structure(lambda a: np.asarray(a)[pick], s)
 
     return tuple(tuple(rows(s, pick) for s in (x, y, sample_weight)) for pick in (slice(None, at), slice(at, None)))
+
+
+def order_seed(seed, output_dir, strategy, shuffled: bool) -> int:
+    """The seed of the data order: ``seed`` if given; else the one a run directory being resumed recorded; else
+    a fresh one from the operating system's entropy (NumPy's global state untouched), where arrays are
+    ``shuffled`` (0 where nothing is drawn). Several workers must shuffle alike, so there a seed is needed."""
+    if seed is not None:
+        return seed
+    if output_dir is not None:  # first: a resume that changed shuffle is then refused for that, not for the seed
+        recorded = ((read_record(Path(output_dir)) or {}).get("fit") or {}).get("seed")
+        if recorded is not None:
+            return recorded
+    if not shuffled:
+        return 0
+    if active().several_processes(strategy):
+        raise Refused(
+            "seed-none-workers",
+            f"{WHERE}: seed=None on several workers, which would each shuffle the data their own way: pass "
+            f"seed=<int>, the same on every worker",
+        )
+    return int(np.random.SeedSequence().generate_state(1)[0])
 
 
 def validation_feed(validation_data, batch_size, trim=0):

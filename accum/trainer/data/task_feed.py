@@ -1,5 +1,6 @@
-"""A KerasHub task's raw examples as the feed's batches (keras_fit/train.task_batches says why): batched as ``task.fit``
-batches them and preprocessed per whole batch on tf.data, which KerasHub's preprocessors need on every backend."""
+"""A KerasHub task's raw examples as the feed's batches (keras_fit/inputs.task_batches says why): batched as
+``task.fit`` batches them and preprocessed per whole batch on tf.data, which KerasHub's preprocessors need on every
+backend."""
 
 from __future__ import annotations
 
