@@ -137,8 +137,9 @@ def _train(model, given: dict):
         from .train import parts
 
         strategy = strategy_of(model, given["strategy"])
-    else:  # the JAX backend reads the keras.distribution in force; what it does not take is refused first
-        parts, strategy = _jax_parts, active().check_fit_arguments(given)
+    else:  # no tf.distribute strategy: the JAX backend reads the keras.distribution in force
+        active().check_fit_arguments(given)  # what it does not take yet, refused before anything is read
+        parts, strategy = _jax_parts, None
     what = kind(given["x"])  # what x is (arrays, a dataset, a generator...), asked once: the steps below are handed it
     # before a task's preprocessing makes them a stream: class labels held in memory are checked in one line
     labelled = checks.held_targets(what, given["y"], given["validation_data"])

@@ -41,8 +41,7 @@ def parts(model, given: dict, spec, held: contextlib.ExitStack, *, what, labelle
             f"{WHERE}: class_weight is only supported for a model with one output (this one has "
             f"{len(model.outputs)}): pass sample_weight per output instead",
         )
-    names = ("batch_size", "shuffle", "seed", "steps_per_epoch")
-    settings = {name: given[name] for name in names}
+    settings = {name: given[name] for name in ("batch_size", "shuffle", "seed", "steps_per_epoch")}
     feed = feed_for(
         given["x"], given["y"], given["sample_weight"], class_weight, trim=trim, schedule=given["batch_schedule"],
         **settings,

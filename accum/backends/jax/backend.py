@@ -176,12 +176,10 @@ def built_in(spec, *_):
 
 def check_fit_arguments(given: dict) -> None:
     """accum_train.fit's arguments by name (``given``) that this backend does not take yet, refused in one line
-    before anything is read. Returns the tf.distribute strategy fit's door trains under: none here (the accumulator
-    reads the keras.distribution in force)."""
+    before anything is read."""
     for name, value in given.items():
         if name not in TAKEN and not _default(value, FIT[name]):
             raise refused("jax-argument", f"{name}={value!r}", WHERE)
-    return None
 
 
 def fit_parts(model, given: dict, spec, trim: int) -> SimpleNamespace:
@@ -191,7 +189,7 @@ def fit_parts(model, given: dict, spec, trim: int) -> SimpleNamespace:
     (``nominal``) and what the run directory records of the model (``built``); ``trim``: trim_padding's multiple
     (0: none). The door drives them through the one loop (keras_fit/fit_hooks.py), as it drives TensorFlow's."""
     shuffle = given["shuffle"]  # checked by fit's door (arguments.check_keywords)
-    seed = given["seed"]  # the data order's: fit's door's (arguments.order_seed), as on TensorFlow
+    seed = given["seed"]  # the data order's: fit's door's (inputs.order_seed), as on TensorFlow
     x, y, sample_weight, validation_data = given["x"], given["y"], given["sample_weight"], given["validation_data"]
     feed = _feed(model, kind(x), x, y, sample_weight, given, shuffle, seed, trim)
     first = feed.first_batch()
