@@ -189,13 +189,11 @@ def plot(result: dict, path: Path) -> None:
 def _worker(argv) -> None:
     config_path, k, steps = argv[0], int(argv[1]), int(argv[2])
     cfg = load_config(config_path, [f"subdivisions={k}"])
-    from .from_config.build import configure
+    from .from_config.build import configure, load_data
 
     # as a run would, before any op: importing keras_loss imports TensorLayer, whose import makes a Keras variable
     # and so starts the runtime, after which the pools stay TensorFlow's defaults
     threads = configure(cfg)
-    from .from_config.build import load_data
-
     print(json.dumps({**measure(cfg, load_data(cfg), steps), **threads}))
 
 

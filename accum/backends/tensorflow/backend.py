@@ -278,10 +278,7 @@ class Augment:
     def rows(self, x, step, n, begin=0):
         """``x``, rows [begin, begin + len(x)) of update ``step``'s global batch of ``n`` (in a graph: the
         micro-step's, or eagerly)."""
-        return self._augment(x, tf.cast(step, tf.int64), tf.cast(n, tf.int32), tf.cast(begin, tf.int32))
-
-    def _augment(self, x, step, n, begin):
-        rows = tf.shape(x)[0]
+        step, n, begin, rows = tf.cast(step, tf.int64), tf.cast(n, tf.int32), tf.cast(begin, tf.int32), tf.shape(x)[0]
         seed = tf.stack([tf.constant(self.seed, tf.int64), step])
         if self.crop:
             pad, height, width = self.crop, x.shape[1], x.shape[2]
