@@ -167,13 +167,8 @@ class FitRun:
         self.run_dir, self.record, self._backend = run_dir, record["fit"], record.get("backend", "tensorflow")
 
     def settings(self) -> dict:
-        record = self.record
-        return {
-            "model": "keras",
-            "batch_size": record.get("batch_size"),
-            "subdivisions": record.get("k"),
-            "seed": record.get("seed"),
-        }
+        get = self.record.get
+        return {"model": "keras", "batch_size": get("batch_size"), "subdivisions": get("k"), "seed": get("seed")}
 
     def go_on(self) -> str:
         return f"call accum_train.fit(model, ..., output_dir={str(self.run_dir)!r}) again"
