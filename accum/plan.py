@@ -16,11 +16,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from .backends import active, tensorflow_only
 from .config import Config
 from .from_config.advice import split_warnings
-from .from_config.build import parallel_micro_steps
-from .trainer.data.batching import largest_micro_batch
+from .from_config.build import build_with_loss, load_data, parallel_micro_steps
+from .from_config.optim import run_schedule
+from .from_config.source import with_model_source
+from .trainer.data.batching import largest_micro_batch, micro_bounds
 from .trainer.data.timeline import Timeline
+from .trainer.optim import learning_rate_at
 
 
 def micro_split(n: int, subdivisions: int) -> list[list[int]]:
@@ -28,8 +32,6 @@ def micro_split(n: int, subdivisions: int) -> list[list[int]]:
 
     The engine cuts a batch into ``min(subdivisions, n)`` pieces with
     ``micro_bounds`` (sizes differ by at most one); this counts them."""
-    from .trainer.data.batching import micro_bounds
-
     k = min(subdivisions, n)
     sizes = Counter(end - start for start, end in (micro_bounds(i, n, k) for i in range(k)))
     return [[sizes[size], size] for size in sorted(sizes)]
@@ -44,12 +46,8 @@ BUILT_IN_OBJECTIVE = {
 
 def plan(cfg: Config, data=None) -> dict:
     """The plan of a run of ``cfg``; ``data`` is loaded unless given."""
-    from .backends import tensorflow_only
-
     tensorflow_only("accum-train plan")
     if data is None:
-        from .from_config.build import load_data
-
         data = load_data(cfg)  # the same checks, and the same errors, as a run's start
     n_train = len(data.train)
     whole_set, cfg = cfg.whole_set, cfg.for_data(n_train)
@@ -58,13 +56,8 @@ def plan(cfg: Config, data=None) -> dict:
     per_epoch = end - first  # the first epoch's (a batch_schedule's phases list each of theirs)
     total_updates = timeline.total_steps
     cfg = cfg.resolved(total_updates)  # decay_steps as the run would fix it at its start
-    from .from_config.optim import run_schedule
-
     schedule = run_schedule(cfg.optimizer, cfg.batch_size, bool(cfg.batch_changes), timeline)  # the run's rates
-    from .backends import active
-    from .from_config.build import build_with_loss
-    from .from_config.source import with_model_source
-    from .models.keras_loss import describe_loss
+    from .models.keras_loss import describe_loss  # imports TensorLayer, which starts the runtime
 
     data = with_model_source(data, cfg)  # data given without its model: cfg's
     model, loss = build_with_loss(cfg, data)  # a Keras loss traced on the data: bad targets fail here
@@ -152,8 +145,6 @@ def _noise_scale(cfg: Config, subdivisions) -> dict:
 def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
     """Each batch size of a batch_schedule: where it starts, its k, updates per epoch and learning rate there
     (``schedule``: the run's, optim.run_schedule)."""
-    from .trainer.optim import learning_rate_at
-
     phases = []
     for phase in timeline.phases:
         k = 1 if cfg.baseline else cfg.subdivisions_for(phase.batch_size)
@@ -175,8 +166,6 @@ def _phases(cfg: Config, timeline: Timeline, schedule) -> list[dict]:
 def _learning_rates(cfg: Config, timeline: Timeline, schedule) -> dict:
     """The rate the optimizer applies (``schedule``) at the first update, at the end of warm-up and at the last
     update, and how scale_learning_rate scales it."""
-    from .trainer.optim import learning_rate_at
-
     schedule_cfg, total_updates = cfg.optimizer.schedule, timeline.total_steps
     warmup = schedule_cfg.warmup_steps
     scale = cfg.optimizer.scale_learning_rate
