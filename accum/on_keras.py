@@ -22,11 +22,13 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from .backends import active
 from .config import Config
 from .errors import ConfigError, DataError, Refused
 from .files import atomic_write
+from .from_config.build import load_data
 from .from_config.optim import make_optimizer, run_schedule
-from .from_config.source import ModelSource, compile_config
+from .from_config.source import ModelSource, compile_config, model_source
 from .progress import Progress
 from .trainer.data.batching import as_data, eval_batch_size
 from .trainer.data.order import describe_split
@@ -41,9 +43,6 @@ _, DATA_RECORD, MODEL_FILE = CONFIG_FILES
 def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     """Train ``cfg`` in ``run_dir`` through accum_train.fit on the backend Keras runs on; summary.json's content,
     with the test scores. ``resume``: continue ``run_dir`` from its newest checkpoint."""
-    from .backends import active
-    from .from_config.build import load_data
-
     backend = active().NAME
     refuse(cfg, backend)
     run_dir = Path(run_dir)
@@ -140,8 +139,6 @@ def refuse(cfg: Config, backend: str) -> None:
 def _source(cfg: Config, run_dir: Path | None) -> ModelSource:
     """The model a run builds and whether it trains with a Keras loss: on a resume, the run directory's copy of the
     model file and the task its data.json recorded."""
-    from .from_config.source import model_source
-
     if run_dir is None or not (run_dir / MODEL_FILE).is_file():
         return model_source(cfg)
     copy = str(run_dir / MODEL_FILE)
@@ -236,8 +233,6 @@ def _scorer(model, split, batch_size: int):
 def test_split(cfg: Config, run_dir: Path, model) -> tuple:
     """(its examples, its scores) of the test split ``cfg`` names, for ``model`` of the run in ``run_dir`` (the
     readers' evaluate); refused in one line where it is empty."""
-    from .from_config.build import load_data
-
     split = load_data(cfg, run_dir, _source(cfg, run_dir)).test
     if not len(split):
         raise DataError("the test split is empty: nothing to evaluate")

@@ -20,9 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends import active
 from .config import LossScaleConfig, load_run_config
+from .datasets.base import ArraySplit, Dataset, TaskSplit
 from .errors import RunDirError
+from .from_config.source import model_source
 from .text import first_line
+from .trainer.data.batching import eval_batch_size
+from .trainer.store.checkpoints import checkpoint_numbers, latest_intact
 from .trainer.store.rundir import MODEL_COPY, read_record, require_run_dir
 
 
@@ -33,9 +38,6 @@ class Trained:
     trains."""
 
     def __init__(self, cfg, data, model, objective, subdivisions: int):
-        from .backends import active
-        from .trainer.data.batching import eval_batch_size
-
         self.cfg, self.data, self.model, self.objective = cfg, data, model, objective
         self.keras_loss = isinstance(objective, active().KerasObjective)
         size = eval_batch_size(cfg.batch_size, subdivisions, cfg.micro_batch_size)
@@ -44,8 +46,6 @@ class Trained:
     def outputs(self, x, batch_size: int):
         """The model's outputs for the inputs ``x`` in inference mode, ``batch_size`` examples at a time, as float32
         numpy (a Keras loss's run: the values the loss took)."""
-        from .backends import active
-
         return active().outputs_in_batches(self.model.forward, x, batch_size)
 
 
@@ -59,11 +59,7 @@ def load_run(run_dir: Path, data=None, float32: bool = False, say=None) -> Train
     A damaged latest checkpoint is passed over for the newest intact one, in
     one line to ``say`` (default: stderr), and left where it is: a reader
     changes nothing in the run directory. Only the weights are read."""
-    from .backends import active
-    from .datasets.base import ArraySplit, Dataset, TaskSplit
     from .from_config.build import build_with_loss
-    from .from_config.source import model_source
-    from .trainer.store.checkpoints import latest_intact
 
     run_dir = Path(run_dir)
     info = describe_run(run_dir)
@@ -102,9 +98,7 @@ def load_fit_run(run_dir: Path, compile: bool = True, say=None, model=None):
     rebuilds (built as fit's was: for a model the file cannot rebuild)."""
     import keras
 
-    from .backends import active
     from .keras_private import storage
-    from .trainer.store.checkpoints import checkpoint_numbers, latest_intact
 
     run_dir = Path(run_dir)
     path = fit_model_file(run_dir) if model is None else None
