@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .backends import active, tensorflow_only
 from .config import Config, load_config
 from .errors import WorkerFailed
 from .files import atomic_write
@@ -36,7 +37,6 @@ from .trainer.store.rundir import check_output_dir, pyplot, save_figure, write_r
 
 
 def measure(cfg: Config, data, steps: int, warmup: int = 2) -> dict:
-    from .backends import active
     from .from_config.build import build_run
     from .trainer.memory import peak_rss_bytes
 
@@ -84,7 +84,6 @@ def bench(
     """Measure each variant in a fresh process per round; write out_dir/{bench.json, bench.png}.
 
     The output directory and the data are checked here, once, before any worker starts."""
-    from .backends import tensorflow_only
     from .from_config.build import load_data
 
     tensorflow_only("accum-train bench")

@@ -18,11 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends import active, tensorflow_only
 from .config import Config
 from .errors import OutOfMemory, UserError, WorkerFailed
 from .files import atomic_write
+from .from_config.source import with_model_source
 from .processes import error_message, run_child, training_process
 from .progress import Progress
+from .trainer.data.batching import as_data
+from .trainer.data.order import first_batch
 from .trainer.store.metrics_log import is_epoch_record, read_metrics
 from .trainer.store.rundir import check_output_dir, pyplot, save_figure, write_result
 
@@ -35,11 +39,7 @@ def gradient_check(cfg: Config, data) -> dict:
     The accumulated side is the accumulator's own: it fills its caches with the
     k micro-batches of the batch, which are then read and cleared, never
     applied."""
-    from .backends import active
     from .from_config.build import build_with_loss
-    from .from_config.source import with_model_source
-    from .trainer.data.batching import as_data
-    from .trainer.data.order import first_batch
 
     backend = active()
     data = with_model_source(data, cfg)
@@ -162,8 +162,6 @@ def compare(cfg: Config, out_dir: Path, progress: Progress | None = None) -> dic
 
     The config, the output directory and the data are checked before anything is written."""
     progress = progress or Progress()
-    from .backends import tensorflow_only
-
     tensorflow_only("accum-train compare")
     if cfg.auto_subdivisions:
         raise UserError("compare needs a fixed subdivisions (auto is decided inside the run): use --set subdivisions=K")

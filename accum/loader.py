@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends import active
 from .config import load_run_config, override_key
 from .datasets.npz import DATA_HOW, read_targets, read_values
 from .defaults import PREDICT_BATCH_SIZE
@@ -192,8 +193,6 @@ class FitRun:
         return model_inputs(self.model, self.run_dir)
 
     def outputs(self, x, files: Sequence[Path]):
-        from .backends import active
-
         try:
             return self.model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0)
         except (ValueError, active().BAD_INPUT) as err:  # what the stored shapes allow and the model not
@@ -230,7 +229,6 @@ class FitRun:
         """``model.evaluate`` of the model compiled as fit trained it (its loss and metrics are what is measured), at
         the batch size the run trained with (Keras' default where it had none)."""
         from . import keras_private
-        from .backends import active
         from .keras_fit.checks import check_labels
 
         model = load_fit_run(self.run_dir, compile=True)
