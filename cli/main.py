@@ -24,6 +24,7 @@ from ..config import load_config
 from ..defaults import PRECISIONS
 from ..errors import UserError
 from ..from_config.api import resumed
+from ..from_config.api import run as run_api
 from ..from_config.source import default_output_dir
 from ..outcome import EpochLines, ending, last_line, quiet_tensorflow
 from ..trainer.data.batching import k_for_micro_batch
@@ -160,8 +161,6 @@ def run(config, overrides, output_dir, resume_dir, quiet, workers, max_restarts,
         elif config is not None:
             load_config(config, overrides)
     quiet_tensorflow(verbose, load=not workers)  # the --workers supervisor never loads TensorFlow
-    from ..from_config.api import run as run_api
-
     if output_dir is None and resume_dir is None and config is not None:
         output_dir = default_output_dir(config)
     run_dir = resume_dir or output_dir
