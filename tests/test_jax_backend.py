@@ -179,14 +179,20 @@ def held(frozen=False, rate=None):
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
     return model
 
+# the update's traces counted: the last batch of 3 padded to the micro-batches of 10 (one compiled update), but for a
+# model that draws random numbers
+jax_engine.Accumulator._update_fn = lambda self, *args: traced.append(1) or real_update(self, *args)
 for name, options, k in (("frozen k=3", {"frozen": True}, 3), ("dropout k=1", {"rate": 0.3}, 1),
                          ("dropout k=3", {"rate": 0.3}, 3)):  # fmt: skip
     ours, keras_own, start = held(**options), held(**options), held(**options)
+    before = len(traced)
     accum_train.fit(ours, x, y, batch_size=10, shuffle=False, verbose=0, subdivisions=k)  # 3 updates
+    out[f"{name} traces"] = len(traced) - before
     keras_own.fit(x, y, batch_size=10, shuffle=False, verbose=0)
     first = [float(np.max(np.abs(a - b))) for a, b in zip(ours.layers[0].get_weights(), start.layers[0].get_weights())]
     seeds = [v.numpy().tolist() for v in ours.non_trainable_variables if v.dtype == "uint32"]
     out[name] = [gap(ours, keras_own), gap(ours, start), max(first), seeds]
+jax_engine.Accumulator._update_fn = real_update
 
 # compiled metrics, updated by each micro-step with its valid rows (the padding of ragged micro-batches weighted 0):
 # 2 epochs of updates of 10, 10, 3 in 4 micro-batches, with sample weights, History's every log against model.fit's
@@ -977,6 +983,14 @@ def test_a_call_s_precision_on_jax_trains_as_model_fit_under_those_policies_and_
 def test_a_frozen_layer_on_jax_stays_to_the_bit_while_the_rest_trains_to_keras_weights(cases):
     apart, moved, frozen_moved, _ = cases["frozen k=3"]
     assert apart < 1e-5 and moved > 1e-2 and frozen_moved == 0.0
+
+
+@pytest.mark.parametrize("case, traces", [("frozen k=3", 1), ("dropout k=1", 2), ("dropout k=3", 2)])
+def test_a_short_last_batch_on_jax_is_padded_to_the_compiled_update_but_for_a_model_that_draws(cases, case, traces):
+    """Batches of 10, 10 and 3: the last one's micro-batches padded to the others' rows, weighted 0, so one update is
+    compiled for the three. A model with a Dropout draws its mask for the shape it is given, so its last batch keeps
+    its own shape (a second compile) and at k=1 its draws stay model.fit's (the dropout cases' test)."""
+    assert cases[f"{case} traces"] == traces
 
 
 @pytest.mark.parametrize("k, masks", [(1, "model.fit's"), (3, "one per micro-step")])

@@ -41,11 +41,11 @@ class DeviceOutOfMemory(RuntimeError):
     stays jax.errors.JaxRuntimeError (``OP_ERROR``)."""
 
 
-def stacked(micro_batches: list):
+def stacked(micro_batches: list, least: int = 1):
     """``(x, y, sample_weight, valid)`` with a leading axis of ``k``: each micro-batch padded with zeros to the
-    largest; ``valid`` 1 for its rows, 0 for the padding."""
+    largest, and to at least ``least`` rows; ``valid`` 1 for its rows, 0 for the padding."""
     rows = [len(keras.tree.flatten(batch[0])[0]) for batch in micro_batches]
-    largest = max(*rows, 1)
+    largest = max(*rows, least, 1)
 
     def stack(*parts):
         out = np.zeros((len(parts), largest, *np.shape(parts[0])[1:]), dtype=np.asarray(parts[0]).dtype)
@@ -107,6 +107,8 @@ class Accumulator:
         self.scale_at = next((i for i, v in enumerate(optimizer.variables) if v is scale), None)
         self._k = int(subdivisions)
         self.unrolled = unrolled_here(model)
+        # a model that draws random numbers (Dropout) draws them for the shape it is given: see update_from
+        self.draws = bool(keras_private.seed_states(model))
         self.retrace()
         # updates skipped in a row and in all: not read back unless max_bad_steps, a summary or a checkpoint asks
         self.begin()
@@ -271,6 +273,11 @@ class Accumulator:
         from what is pulled (``n``, the batch size in force, may be more: a short last batch, a stream's); none, at
         the end of a feed's data, is no update. ``stop``: a signal's number, handed back in the record."""
         pulled = [next(iterator) for _ in range(pulls * self.replicas)]
+        # A short last batch is padded to the micro-batches of the batch in force (``n``), never past them: a run
+        # compiles one update, not a second for its last batch (where it holds k examples or more). A model that
+        # draws random numbers keeps the short shape, as its draws for a shape differ in every row from its draws
+        # for a smaller one: at k=1 they are model.fit's.
+        least = 1 if self.draws else -(-int(n) // max(len(pulled), self.k * self.replicas))
         n = sum(len(keras.tree.flatten(part[0])[0]) for part in pulled)
         if n == 0:
             return {"examples": 0, "stop": stop}
@@ -283,7 +290,7 @@ class Accumulator:
                     pulled, n, trainable, held, optimizer_values
                 )
             else:
-                batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]])
+                batches = stacked([part for r in range(self.replicas) for part in pulled[r :: self.replicas]], least)
                 batches, total = self.placed(batches, np.float32(n))
                 held, new, optimizer_new, loss, finite, measured = self._update(
                     trainable, held, optimizer_values, batches, total
