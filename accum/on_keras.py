@@ -58,7 +58,7 @@ def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     if not (run_dir / MODEL_FILE).is_file():
         atomic_write(run_dir / MODEL_FILE, Path(source.config.path).read_bytes())
 
-    from .keras_fit.fit import fit
+    from .keras_fit.fit import fit_with_summary
 
     k = 1 if cfg.baseline else cfg.subdivisions_for(cfg.batch_size)
     if cfg.micro_batch_size is None and not cfg.auto_subdivisions:
@@ -67,10 +67,17 @@ def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
     test = _scorer(model, data.test, _eval_batch_size(cfg))
     watch = Watch(progress, cfg, k, test)
     validation = None if data.validation is None else _arrays(data.validation)
-    fit(
+
+    def summary() -> dict:  # the last epoch's scores, which its end scored (or, with no epoch left to run, now)
+        scores = watch.scores if watch.scores is not None else {f"test_{name}": v for name, v in test().items()}
+        return {**scores, "batch_size": cfg.batch_size, "baseline": cfg.baseline, "precision": cfg.precision,
+                "backend": backend}  # fmt: skip
+
+    fit_with_summary(
         model,
-        x,
-        y,
+        summary,
+        x=x,
+        y=y,
         batch_size=None if steps else cfg.batch_size,
         epochs=cfg.epochs,
         verbose=0,
@@ -88,17 +95,7 @@ def train(cfg: Config, run_dir: Path, progress: Progress, resume: bool) -> dict:
         max_bad_steps=cfg.max_bad_steps,
         batch_schedule=_schedule(cfg),
     )
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary.update(
-        # the last epoch's, which its end scored (a resume with no epoch left to run scores them here)
-        watch.scores if watch.scores is not None else {f"test_{name}": value for name, value in test().items()},
-        batch_size=cfg.batch_size,
-        baseline=cfg.baseline,
-        precision=cfg.precision,
-        backend=backend,
-    )
-    write_json(run_dir / "summary.json", summary)
-    return summary
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 def refuse(cfg: Config, backend: str) -> None:

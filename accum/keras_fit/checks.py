@@ -262,5 +262,5 @@ def warn_small_batchnorm(name: str, norm_layers, batch_size: int, micro, replica
             f"{WHERE}: micro-batches of {smallest} examples (under {MIN_BATCHNORM_MICRO_BATCH}) give BatchNorm noisy "
             f"statistics: replace model {name!r}'s BatchNormalization layers (e.g. by GroupNormalization), "
             "or pass a larger micro_batch_size",
-            stacklevel=6,  # the line that called accum_train.fit (through fit, _train, parts and _engine)
+            stacklevel=7,  # the line that called accum_train.fit (through fit, _checked, _train, parts and _engine)
         )

@@ -116,21 +116,35 @@ def fit(
 
     Returns model.fit's History (``history.history``; ``history["loss"]`` works too). Bad arguments raise
     ``accum_train.UserError`` with one line naming what is wrong and how to fix it, before anything trains."""
-    given = {name: value for name, value in locals().items() if name != "model"}
+    return _checked(model, {name: value for name, value in locals().items() if name != "model"})
+
+
+def fit_with_summary(model, summary, **arguments):
+    """``fit(model, **arguments)`` for the CLI's run on Keras (on_keras.py): ``summary()`` gives the fields the CLI
+    adds to summary.json (its test scores, its settings), which the run directory writes once, as the call ends."""
+    return _checked(model, {**FIT, **arguments}, summary)
+
+
+def _checked(model, given: dict, summary=None):
+    """fit's arguments (``given``, by name) checked before anything trains, then trained (``_train``)."""
     check_model(model)
-    check_numbers(batch_size, subdivisions, micro_batch_size, epochs, initial_epoch, steps_per_epoch, max_bad_steps)
-    check_keywords(seed, shuffle, callbacks, validation_freq, validation_steps, validation_batch_size, output_dir)
-    check_class_weight(class_weight, sample_weight)
+    numbers = ("batch_size", "subdivisions", "micro_batch_size", "epochs", "initial_epoch", "steps_per_epoch")
+    check_numbers(*(given[name] for name in numbers), given["max_bad_steps"])
+    keywords = ("seed", "shuffle", "callbacks", "validation_freq", "validation_steps", "validation_batch_size")
+    check_keywords(*(given[name] for name in keywords), given["output_dir"])
+    check_class_weight(given["class_weight"], given["sample_weight"])
+    precision = given["precision"]
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"{WHERE}: precision={precision!r} is not one of {', '.join(PRECISIONS)} (None: the model's)")
-    return _train(model, given)
+    return _train(model, given, summary)
 
 
-def _train(model, given: dict):
+def _train(model, given: dict, summary=None):
     """accum_train.fit's checked arguments (``given``, by name) trained on ``model`` on the Keras backend in force:
     model.fit's course before training (a task's raw examples preprocessed, the random state seeded, validation split
     off, the data order's seed, the batch schedule) taken here once for both backends; the feed, the accumulator and
-    the evaluation the backend's (``parts``); then the one loop (fit_hooks.FitHooks) in the run directory."""
+    the evaluation the backend's (``parts``); then the one loop (fit_hooks.FitHooks) in the run directory, whose
+    summary.json ``summary()`` adds to."""
     if active().NAME == "tensorflow":
         # tf.data's (trainer/data/): loaded here, so that accum_train.fit imports, and runs on Keras' JAX backend,
         # where TensorFlow is not installed
@@ -179,7 +193,7 @@ def _train(model, given: dict):
             loop.k_for = lambda size: spec.micro.k_for(size, made.cut.replicas)
             loop.rule, loop.micro_batch_size = rule, micro_batch_size
         order = (seed, given["shuffle"], given["steps_per_epoch"], schedule, rule)
-        directory = fit_run_dir(given["output_dir"], model, made.built, loop, made.cut.k, *order)
+        directory = fit_run_dir(given["output_dir"], model, made.built, loop, made.cut.k, *order, summary=summary)
         names = ("epochs", "initial_epoch", "callbacks", "verbose", "validation_freq", "validation_steps")
         return loop.call(spec, directory, **{name: given[name] for name in names})
 

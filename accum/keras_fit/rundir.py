@@ -40,12 +40,12 @@ from ..trainer.store.rundir import (
 )
 
 
-def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedule=(), rule=None):
+def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedule=(), rule=None, summary=None):
     """The FitRunDir of a call of either backend (None without ``output_dir``): ``loop`` its hooks (fit_hooks.py),
     ``built`` what fit read of the model (keras_private.built). run.json records what its resume checks: what the
     data order depends on (the feed's batch size and examples, ``k`` or "auto", the order's ``seed``, ``shuffle``,
     ``steps`` per epoch) and its batch_schedule (its ``rule``'s settings, else its entries as [1-based epoch, batch
-    size])."""
+    size]). ``summary()``: more of summary.json's fields (the CLI's run on Keras)."""
     if output_dir is None:
         return None
     feed = loop.feed
@@ -59,7 +59,9 @@ def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedul
             else [[e + 1, size] for e, size in schedule]
         )
     extra = {"rule_changes": loop.rule_changes} if loop.rule else {}  # the rule's changes, checkpointed
-    return FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, extra)
+    directory = FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, extra)
+    directory.summary = summary
+    return directory
 
 
 class FitRunDir(RunDirectory):
@@ -79,6 +81,7 @@ class FitRunDir(RunDirectory):
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done = (0, 0), 0
         self.before_k = None  # the k (or "auto") run.json recorded, which this call's may replace
+        self.summary = None  # what more summary.json says (fit_run_dir's ``summary``)
         self.tracked = {
             "weights": built.weights,
             "optimizer": engine.optimizer,
@@ -113,7 +116,7 @@ class FitRunDir(RunDirectory):
         if not self.writer:
             return None
         self._save_model("model.keras")
-        return self.done, {"epochs": int(self.epoch.numpy())}
+        return self.done, {"epochs": int(self.epoch.numpy()), **(self.summary() if self.summary else {})}
 
     def check(self) -> None:
         if not self.writer:
