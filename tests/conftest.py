@@ -18,9 +18,7 @@ from pathlib import Path
 # TensorFlow and JAX load, and inherited by the processes the tests start.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
-import accum_train  # noqa: F401  (sets the allocator mode before TensorFlow loads)
 import pytest
-import tensorflow as tf
 
 # KerasHub is the hub extra's, installed by its own line (README, `make setup`): without it the files that build
 # KerasHub tasks at import are left out of the collection, not failed in it
@@ -33,39 +31,6 @@ collect_ignore = [] if importlib.util.find_spec("keras_hub") else list(HUB_FILES
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# Every test process runs under the same thread pools, whichever test starts TensorFlow's runtime first
-# (a run's threads.configure would otherwise fix them for the rest of the session) and however
-# pytest-xdist deals the files out: one thread per op and two ops side by side, what a run picks on
-# 2 cores. Results under BatchNorm depend on the pools: oneDNN splits its sums by thread.
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(2)
-# The CPU as two logical devices, which only a process whose runtime has not started can set up: the default suite's
-# two-replica case (test_fit_distribute.py) runs tf.distribute.MirroredStrategy over /cpu:0 and /cpu:1 in this
-# process, not in a fresh one (about 7 s of TensorFlow's start on 2 cores). Both share the process's thread pools;
-# every other op is placed on /cpu:0, as before (no strategy, or the default one, uses only that device).
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
-)
-
-# TensorLayer guards two methods of every layer (tensorlayer/decorators/method_decorator.py) by looking at the
-# caller's frame through inspect.stack(), which also reads every frame's source lines and looks up every frame's
-# module among all of sys.modules: in a test process (a stack of pytest frames, a few thousand modules loaded)
-# that was most of the time a built-in model takes to build (measured: test_plan.py's 12 warning cases, 17.3 CPU
-# seconds with it, 9.8 with the caller's frame taken directly). The same frame, the same check: only how the frame
-# is found changes, in this process (the fresh processes the tests start run TensorLayer as it is).
-import tensorlayer.decorators.method_decorator as _tl_methods  # noqa: E402  (after the pools are set)
-
-
-class _CallerFrame:
-    getmro = staticmethod(__import__("inspect").getmro)
-
-    @staticmethod
-    def stack():
-        # called from func_wrapper: [1][0] is func_wrapper's caller's frame, what inspect.stack()[1][0] was
-        return [None, (sys._getframe(2),)]
-
-
-_tl_methods.inspect = _CallerFrame
 
 # The image folder check's cache (datasets/image_check.py): one per test process, never the user's own,
 # inherited by the processes the tests start.
@@ -88,16 +53,54 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # at the end of the test that left it, no such iterator has stalled a test since. A call of accum_train.fit lets its
 # pipeline go as it returns (fit_hooks.FitHooks.call), so only tests that end in an error collect (13 in a run).
 _LIVE_ITERATORS = weakref.WeakSet()
-_ITERATOR = type(iter(tf.data.Dataset.range(1)))
-_iterator_init = _ITERATOR.__init__
 
 
-def _tracked_init(self, *args, **kwargs):
-    _iterator_init(self, *args, **kwargs)
-    _LIVE_ITERATORS.add(self)
+class _CallerFrame:
+    getmro = staticmethod(__import__("inspect").getmro)
+
+    @staticmethod
+    def stack():
+        # called from func_wrapper: [1][0] is func_wrapper's caller's frame, what inspect.stack()[1][0] was
+        return [None, (sys._getframe(2),)]
 
 
-_ITERATOR.__init__ = _tracked_init
+def _set_up_tensorflow():
+    """What every process that runs tests sets before TensorFlow's runtime starts (pytest_configure)."""
+    import accum_train  # noqa: F401  (sets the allocator mode before TensorFlow loads)
+    import tensorflow as tf
+
+    # Every test process runs under the same thread pools, whichever test starts TensorFlow's runtime first
+    # (a run's threads.configure would otherwise fix them for the rest of the session) and however
+    # pytest-xdist deals the files out: one thread per op and two ops side by side, what a run picks on
+    # 2 cores. Results under BatchNorm depend on the pools: oneDNN splits its sums by thread.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    # The CPU as two logical devices, which only a process whose runtime has not started can set up: the default suite's
+    # two-replica case (test_fit_distribute.py) runs tf.distribute.MirroredStrategy over /cpu:0 and /cpu:1 in this
+    # process, not in a fresh one (about 7 s of TensorFlow's start on 2 cores). Both share the process's thread pools;
+    # every other op is placed on /cpu:0, as before (no strategy, or the default one, uses only that device).
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+
+    # TensorLayer guards two methods of every layer (tensorlayer/decorators/method_decorator.py) by looking at the
+    # caller's frame through inspect.stack(), which also reads every frame's source lines and looks up every frame's
+    # module among all of sys.modules: in a test process (a stack of pytest frames, a few thousand modules loaded)
+    # that was most of the time a built-in model takes to build (measured: test_plan.py's 12 warning cases, 17.3 CPU
+    # seconds with it, 9.8 with the caller's frame taken directly). The same frame, the same check: only how the frame
+    # is found changes, in this process (the fresh processes the tests start run TensorLayer as it is).
+    import tensorlayer.decorators.method_decorator as methods
+
+    methods.inspect = _CallerFrame
+    # tf.data's iterators tracked (_LIVE_ITERATORS)
+    iterator = type(iter(tf.data.Dataset.range(1)))
+    created = iterator.__init__
+
+    def tracked(self, *args, **kwargs):
+        created(self, *args, **kwargs)
+        _LIVE_ITERATORS.add(self)
+
+    iterator.__init__ = tracked
 
 
 @pytest.fixture(autouse=True)
@@ -202,6 +205,10 @@ def pytest_configure(config):
     # test_readme.py (6 slow tests, the longest file) last in the slow suite, one process on it while the other idled
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    # pytest-xdist's controller (make test's first process) deals the files out and runs none: it loads no TensorFlow,
+    # and the workers start about 6 s sooner on 2 cores
+    if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        _set_up_tensorflow()
 
 
 def pytest_collection_modifyitems(config, items):
