@@ -902,3 +902,13 @@ def test_a_metric_s_result_of_any_form_is_logged_as_model_fit_logs_it(case, tmp_
     assert sorted(expected) == sorted(keys + ["loss"] + [f"val_{key}" for key in keys + ["loss"]])
     for key, values in expected.items():
         np.testing.assert_allclose(np.asarray(got[key], np.float64), np.asarray(values, np.float64), rtol=1e-5)
+
+
+def test_the_cli_s_route_into_fit_refuses_a_keyword_fit_does_not_take():
+    """fit_with_summary (the CLI's run on Keras) takes fit's keywords by name: a misspelt one is refused as Python
+    refuses it for fit, not trained with fit's default."""
+    from accum_train.keras_fit.fit import fit_with_summary
+
+    with pytest.raises(TypeError) as refused:
+        fit_with_summary(None, None, micro_batchsize=3)
+    assert str(refused.value) == "fit() got an unexpected keyword argument 'micro_batchsize'"

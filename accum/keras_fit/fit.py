@@ -122,6 +122,9 @@ def fit(
 def fit_with_summary(model, summary, **arguments):
     """``fit(model, **arguments)`` for the CLI's run on Keras (on_keras.py): ``summary()`` gives the fields the CLI
     adds to summary.json (its test scores, its settings), which the run directory writes once, as the call ends."""
+    unknown = sorted(set(arguments) - set(FIT))
+    if unknown:  # as Python refuses it for fit itself
+        raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
     return _checked(model, {**FIT, **arguments}, summary)
 
 

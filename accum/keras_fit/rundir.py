@@ -59,9 +59,7 @@ def fit_run_dir(output_dir, model, built, loop, k, seed, shuffle, steps, schedul
             else [[e + 1, size] for e, size in schedule]
         )
     extra = {"rule_changes": loop.rule_changes} if loop.rule else {}  # the rule's changes, checkpointed
-    directory = FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, extra)
-    directory.summary = summary
-    return directory
+    return FitRunDir(Path(output_dir), model, built, loop.engine, loop.noise, described, loop.say, extra, summary)
 
 
 class FitRunDir(RunDirectory):
@@ -69,9 +67,12 @@ class FitRunDir(RunDirectory):
     check, the epoch and update-in-epoch counters, the model's files, metrics.jsonl flushed every
     ``FLUSH_SECONDS``. A call resumes where the directory holds a checkpoint. ``built``: keras_private.Built (its
     variables, its LoRA layers); ``described``: what run.json records; ``noise``: the NoiseScale, checkpointed with
-    it; ``extra``: more to checkpoint, by name. ``start``: (epoch, update) to go on from; ``done``: updates so far."""
+    it; ``extra``: more to checkpoint, by name; ``summary()``: more of summary.json's fields. ``start``: (epoch,
+    update) to go on from; ``done``: updates so far."""
 
-    def __init__(self, run_dir: Path, model, built, engine, noise, described: dict, say=print, extra=None):
+    def __init__(
+        self, run_dir: Path, model, built, engine, noise, described: dict, say=print, extra=None, summary=None
+    ):
         hint = f"call accum_train.fit again with output_dir={str(run_dir)!r}"
         super().__init__(run_dir, active().is_chief(engine.strategy), "output_dir ", hint)
         self.model, self.engine, self.noise, self.described, self.say = model, engine, noise, described, say
@@ -81,7 +82,7 @@ class FitRunDir(RunDirectory):
         self.pending, self.flushed_at = [], time.time()  # records not yet in metrics.jsonl
         self.start, self.done = (0, 0), 0
         self.before_k = None  # the k (or "auto") run.json recorded, which this call's may replace
-        self.summary = None  # what more summary.json says (fit_run_dir's ``summary``)
+        self.summary = summary
         self.tracked = {
             "weights": built.weights,
             "optimizer": engine.optimizer,
